@@ -1,0 +1,67 @@
+"""tpu_nb: PyTorch on XLA devices (Cloud TPU, XLA:CPU), made visible in Jupyter and Colab.
+
+    import tpu_nb
+    tpu_nb.setup()                 # device, compile-cause analysis: before the first compile
+    with tpu_nb.track("step") as report:
+        ...                        # XLA work
+    print(report)                  # what compiled, why, from which line; what ran; the cost
+
+In a notebook: `%load_ext tpu_nb`, then `%tpu_setup` and `%%on_tpu` cells.
+Importing tpu_nb imports neither torch_xla nor IPython: both load when first needed.
+"""
+
+from tpu_nb.runtime import (
+    Accelerator,
+    CompileEvent,
+    Environment,
+    Frame,
+    MetricsDelta,
+    MetricsSnapshot,
+    Problem,
+    RunReport,
+    TpuNbError,
+    detect,
+    device,
+    last_report,
+    reset_metrics,
+    setup,
+    snapshot,
+    sync,
+    track,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accelerator",
+    "CompileEvent",
+    "Environment",
+    "Frame",
+    "MetricsDelta",
+    "MetricsSnapshot",
+    "Problem",
+    "RunReport",
+    "TpuNbError",
+    "__version__",
+    "detect",
+    "device",
+    "last_report",
+    "reset_metrics",
+    "setup",
+    "snapshot",
+    "sync",
+    "track",
+]
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext tpu_nb`: imported lazily so `import tpu_nb` never pulls in IPython."""
+    from tpu_nb.ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython):
+    from tpu_nb.ipython import unload_ipython_extension as unload
+
+    unload(ipython)

@@ -1,0 +1,36 @@
+"""tpu_nb.runtime: the library every notebook feature is built on.
+
+Layer order (imports flow downward only):
+    tpu_nb.ipython  ->  tpu_nb.display  ->  tpu_nb.runtime  ->  torch / torch_xla
+This package never imports IPython, ipywidgets or matplotlib, and imports torch_xla lazily
+(inside the functions that need it), so it works the same in a plain script and
+`import tpu_nb` stays cheap. It hands plain frozen dataclasses to the layers above.
+"""
+
+from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.environment import Accelerator, Environment, Problem, detect
+from tpu_nb.runtime.configure import setup
+from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot, reset_metrics, snapshot
+from tpu_nb.runtime.compile_log import CompileEvent, Frame
+from tpu_nb.runtime.device import device, sync
+from tpu_nb.runtime.tracking import RunReport, last_report, track
+
+__all__ = [
+    "Accelerator",
+    "CompileEvent",
+    "Environment",
+    "Frame",
+    "MetricsDelta",
+    "MetricsSnapshot",
+    "Problem",
+    "RunReport",
+    "TpuNbError",
+    "detect",
+    "device",
+    "last_report",
+    "reset_metrics",
+    "setup",
+    "snapshot",
+    "sync",
+    "track",
+]

@@ -1,0 +1,162 @@
+"""`setup()`: choose the device and switch on what tpu_nb reads, before torch_xla latches it.
+
+torch_xla reads its settings once, at different moments (checked on torch_xla 2.9):
+  - XLA_IR_DEBUG / XLA_HLO_DEBUG ........ when torch_xla is imported
+  - PJRT_DEVICE / CPU_NUM_DEVICES ........ when the runtime starts (first device use)
+  - the persistent compile cache ......... when the runtime starts
+  - XLA_METRICS_SAMPLES .................. when the first metric is recorded
+  - PT_XLA_DEBUG_LEVEL / _FILE ........... at the first compile
+`setup()` validates everything first, then sets only what can still take effect, and names
+what cannot and why. Calling it again with the same arguments changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import replace
+
+from tpu_nb.runtime.environment import (Environment, detect, detect_accelerator,
+                                        runtime_initialized)
+from tpu_nb.runtime.errors import TpuNbError
+
+DEVICES = ("auto", "tpu", "cpu")
+# Samples kept per metric: enough for percentiles of recent steps, while a metric read (a copy
+# of the buffer) stays ~2 µs instead of ~38 µs at torch_xla's default of 1,024.
+METRICS_SAMPLES = "128"
+
+
+def default_debug_file() -> str:
+    """A per-process file for torch_xla's compile-cause analysis."""
+    folder = os.path.join(tempfile.gettempdir(), f"tpu_nb-{os.getuid()}")
+    return os.path.join(folder, f"compile-analysis-{os.getpid()}.log")
+
+
+def _check_device(device: str, accelerator) -> str:
+    if not isinstance(device, str):
+        raise TpuNbError(f"device must be a string, one of {', '.join(map(repr, DEVICES))}; "
+                         f"got {device!r}.")
+    name = device.strip().lower()
+    if name in ("gpu", "cuda", "rocm"):
+        raise TpuNbError(
+            f"device={device!r}: XLA:GPU was removed from torch_xla 2.9. Fix: use "
+            "device='tpu' on a TPU host or device='cpu' anywhere; for an NVIDIA GPU use plain "
+            "PyTorch with device='cuda' (no tpu_nb.setup needed).")
+    if name not in DEVICES:
+        raise TpuNbError(f"unknown device {device!r}. Fix: use one of "
+                         f"{', '.join(map(repr, DEVICES))}.")
+    if name == "auto":
+        return "tpu" if accelerator.kind == "tpu" else "cpu"
+    if name == "tpu" and accelerator.kind != "tpu":
+        raise TpuNbError("device='tpu' but this machine has no TPU (no TPU_ACCELERATOR_TYPE, "
+                         "/dev/accel* or /dev/vfio). Fix: use device='cpu' (or 'auto'), or "
+                         "switch the notebook to a TPU runtime.")
+    return name
+
+
+def _check_num_devices(num_devices, device: str) -> int | None:
+    if num_devices is None:
+        return None
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise TpuNbError(f"num_devices must be a whole number of at least 1; got "
+                         f"{num_devices!r}. Fix: e.g. num_devices=4.")
+    if device != "cpu":
+        raise TpuNbError("num_devices sets the number of virtual XLA:CPU devices; a TPU host "
+                         "uses all of its chips. Fix: drop num_devices, or use device='cpu'.")
+    return num_devices
+
+
+def _compiled_yet() -> bool:
+    """Whether this process has compiled a graph (PT_XLA_DEBUG_* are latched then)."""
+    if not runtime_initialized():
+        return False
+    xlac = sys.modules["torch_xla._XLAC"]
+    return bool(xlac._xla_counter_value("UncachedCompile")
+                or xlac._xla_counter_value("CachedCompile"))
+
+
+def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: bool = False,
+          hlo_debug: bool | None = None, cache_dir: str | os.PathLike | None = None,
+          compile_analysis: bool = True, debug_file: str | None = None) -> Environment:
+    """Choose the XLA device and switch on compile-cause analysis before the first compile.
+
+    device: "auto" (a TPU if this machine has one, else the CPU), "tpu" or "cpu".
+    num_devices: virtual XLA:CPU devices (CPU_NUM_DEVICES), e.g. 4 for SPMD on a laptop.
+    ir_debug: source locations on IR nodes (XLA_IR_DEBUG) and HLO (XLA_HLO_DEBUG); read when
+        torch_xla is imported, so call setup() before importing it.
+    cache_dir: the persistent compile cache (speeds up restarts on TPU; none on CPU).
+    compile_analysis: why each graph compiled (PT_XLA_DEBUG_LEVEL=1) into `debug_file`
+        (default: a per-process file under the temp dir), so cell output stays clean.
+
+    Returns the Environment, with what was applied and what could not be, and why.
+    """
+    accelerator = detect_accelerator()
+    target = _check_device(device, accelerator)
+    n_devices = _check_num_devices(num_devices, target)
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise TpuNbError(f"cache_dir must be a path; got {cache_dir!r}.")
+    hlo_debug = ir_debug if hlo_debug is None else hlo_debug
+
+    imported = "torch_xla" in sys.modules
+    started = runtime_initialized()
+    compiled = _compiled_yet()
+    wanted: list[tuple[str, str, str | None]] = []   # (variable, value, why it is latched)
+    started_why = ("the XLA runtime already started in this process; restart the kernel and "
+                   "call tpu_nb.setup() first") if started else None
+    wanted.append(("PJRT_DEVICE", target.upper(), started_why))
+    if n_devices is not None:
+        wanted.append(("CPU_NUM_DEVICES", str(n_devices), started_why))
+    if compile_analysis:
+        compiled_why = ("a graph was already compiled in this process, and torch_xla reads "
+                        "PT_XLA_DEBUG_* at the first compile; restart the kernel and call "
+                        "tpu_nb.setup() first") if compiled else None
+        current = os.environ.get("PT_XLA_DEBUG_LEVEL", "")
+        if current.strip() in ("", "0"):
+            wanted.append(("PT_XLA_DEBUG_LEVEL", "1", compiled_why))
+        path = debug_file or os.environ.get("PT_XLA_DEBUG_FILE") or default_debug_file()
+        wanted.append(("PT_XLA_DEBUG_FILE", os.path.abspath(path), compiled_why))
+    if "XLA_METRICS_SAMPLES" not in os.environ:
+        wanted.append(("XLA_METRICS_SAMPLES", METRICS_SAMPLES,
+                       "torch_xla already recorded metrics with its default buffer"
+                       if started else None))
+    imported_why = ("torch_xla was imported before setup(), and it reads this when imported; "
+                    "restart the kernel and call tpu_nb.setup() before importing torch_xla"
+                    ) if imported else None
+    if ir_debug:
+        wanted.append(("XLA_IR_DEBUG", "1", imported_why))
+    if hlo_debug:
+        wanted.append(("XLA_HLO_DEBUG", "1", imported_why))
+    if cache_dir is not None:
+        wanted.append(("XLA_PERSISTENT_CACHE_PATH", os.path.abspath(os.fspath(cache_dir)),
+                       started_why))
+
+    applied, not_applied, changes = [], [], {}
+    for name, value, latched_why in wanted:
+        if os.environ.get(name) == value:
+            continue
+        if latched_why:
+            now = os.environ.get(name)
+            not_applied.append(f"{name}={value} (now {now if now is not None else 'unset'}): "
+                               f"{latched_why}.")
+        else:
+            changes[name] = value
+            applied.append(f"{name}={value}")
+    notes = []
+    if cache_dir is not None and target == "cpu" and not started:
+        notes.append("compile cache on XLA:CPU: executables are written but cannot be loaded "
+                     "back on CPU, so it gives no speed-up there (it does on TPU)")
+    if "PT_XLA_DEBUG_FILE" in changes:
+        os.makedirs(os.path.dirname(changes["PT_XLA_DEBUG_FILE"]), exist_ok=True)
+    if "XLA_PERSISTENT_CACHE_PATH" in changes:
+        os.makedirs(changes["XLA_PERSISTENT_CACHE_PATH"], exist_ok=True)
+        changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
+    os.environ.update(changes)       # everything validated above: all or nothing
+    env = detect()
+    return replace(env, applied=tuple(applied + notes), not_applied=tuple(not_applied))
+
+
+def ensure_setup() -> None:
+    """Run `setup()` with defaults if nothing chose a device yet (called by `device()`)."""
+    if "PJRT_DEVICE" not in os.environ and not runtime_initialized():
+        setup()

@@ -1,0 +1,345 @@
+"""What machine and software this is, and what is wrong with it — without importing torch_xla.
+
+`detect()` reads environment variables, device files and installed package metadata only, so
+it answers before torch_xla is imported and when importing it would crash (a torch that does
+not match fails with an undefined `_XLAC` symbol). Every problem carries the exact fix.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform as _platform
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+
+#: The torch/torch_xla pair this release of tpu_nb is built and tested on.
+TORCH_PAIR = "2.9.0"
+
+# Google's PCI vendor id and the device ids of TPU chips, as torch_xla's own chip count reads
+# them from /sys (torch_xla/_internal/tpu.py). v2 and v3 share one id.
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_TPU_PCI_DEVICES = {"0x0027": "v2/v3", "0x005e": "v4", "0x0063": "v5e", "0x006f": "v6e",
+                    "0x0076": "7x", "0x0056": None, "0x0062": None}
+
+_GPU_NAMES = {"gpu", "cuda", "rocm"}
+_VALID_PJRT = {"TPU", "CPU"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that stops or spoils a run, with the exact fix."""
+
+    code: str           # stable identifier, e.g. "version-mismatch"
+    severity: str       # "error" blocks running; "warning" does not
+    message: str        # what is wrong, one sentence
+    fix: str            # the exact thing to do
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.message} Fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """The XLA device this machine offers: a TPU (type, chip count) or the CPU."""
+
+    kind: str                   # "tpu" or "cpu"
+    tpu_type: str | None = None  # e.g. "v5litepod-8", "v4", when known
+    chips: int = 0              # TPU chips on this host (0 on CPU)
+    evidence: str = ""          # where we saw it: an env var, /dev/accel*, /dev/vfio, PCI ids
+
+    def __str__(self) -> str:
+        if self.kind != "tpu":
+            return "CPU (no TPU found)"
+        name = f"TPU {self.tpu_type}" if self.tpu_type else "TPU"
+        chips = f", {self.chips} chip{'s' if self.chips != 1 else ''}" if self.chips else ""
+        return f"{name}{chips} (from {self.evidence})"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The result of `detect()` and `setup()`: platform, accelerator, versions, problems."""
+
+    platform: str                       # "colab", "kaggle", "tpu-vm" or "local"
+    accelerator: Accelerator
+    versions: dict[str, str | None]     # python, torch, torch_xla, libtpu, ipython, ...
+    pjrt_device: str | None             # PJRT_DEVICE as set now (None: unset)
+    cpu_num_devices: int | None
+    torch_xla_imported: bool
+    runtime_initialized: bool
+    debug_file: str | None              # where compile-cause analysis is written, if on
+    problems: tuple[Problem, ...] = ()
+    # Filled by setup(): what it changed, and what it could not change and why.
+    applied: tuple[str, ...] = ()
+    not_applied: tuple[str, ...] = ()
+    settings: dict[str, str] = field(default_factory=dict)  # the XLA env vars in effect
+
+    @property
+    def blocking(self) -> tuple[Problem, ...]:
+        """The problems that stop torch_xla from running at all."""
+        return tuple(p for p in self.problems if p.severity == "error")
+
+    @property
+    def ok(self) -> bool:
+        return not self.blocking
+
+    def report(self) -> str:
+        """The environment report as plain text (what `python -m tpu_nb doctor` prints)."""
+        v = self.versions
+        lines = [
+            "tpu_nb environment",
+            f"  platform      {self.platform}",
+            f"  accelerator   {self.accelerator}",
+            f"  device        {self.pjrt_device or 'unset (tpu_nb.setup() chooses)'}"
+            + (f", {self.cpu_num_devices} CPU devices" if self.cpu_num_devices else ""),
+            f"  runtime       {'initialized' if self.runtime_initialized else 'not started'}",
+            f"  compile log   {self.debug_file or 'off (tpu_nb.setup() turns it on)'}",
+            "  versions      " + ", ".join(f"{k} {v[k] or '-'}" for k in v),
+        ]
+        lines += [f"  applied       {a}" for a in self.applied]
+        lines += [f"  not applied   {n}" for n in self.not_applied]
+        if self.problems:
+            lines.append(f"problems ({len(self.problems)}):")
+            for p in self.problems:
+                lines.append(f"  {p.severity.upper():8}{p.message}")
+                lines.append(f"  {'':8}fix: {p.fix}")
+        else:
+            lines.append("no problems found")
+        return "\n".join(lines)
+
+    __str__ = report
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str | None) -> tuple[int, ...] | None:
+    """'2.9.0+cu128' -> (2, 9, 0); None when absent or unparsable."""
+    if not version:
+        return None
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def detect_platform(env: os._Environ | dict = os.environ) -> str:
+    if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env or "google.colab" in sys.modules:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env:
+        return "kaggle"
+    if env.get("TPU_ACCELERATOR_TYPE") or _tpu_device_files():
+        return "tpu-vm"
+    return "local"
+
+
+def _tpu_device_files() -> list[str]:
+    accel = glob.glob("/dev/accel[0-9]*")
+    vfio = [p for p in glob.glob("/dev/vfio/[0-9]*")]
+    return accel or vfio
+
+
+def _pci_tpu_chips() -> tuple[int, str | None]:
+    count, generation = 0, None
+    for dev in glob.glob("/sys/bus/pci/devices/*"):
+        try:
+            with open(f"{dev}/vendor") as f:
+                if f.read().strip() != _GOOGLE_PCI_VENDOR:
+                    continue
+            with open(f"{dev}/device") as f:
+                device_id = f.read().strip()
+        except OSError:
+            continue
+        if device_id in _TPU_PCI_DEVICES:
+            count += 1
+            generation = _TPU_PCI_DEVICES[device_id]
+    return count, generation
+
+
+def detect_accelerator(env: os._Environ | dict = os.environ) -> Accelerator:
+    tpu_type = env.get("TPU_ACCELERATOR_TYPE") or None
+    files = _tpu_device_files()
+    pci_chips, generation = _pci_tpu_chips()
+    if files:
+        evidence = "/dev/accel*" if files[0].startswith("/dev/accel") else "/dev/vfio"
+        return Accelerator("tpu", tpu_type or generation, len(files), evidence)
+    if pci_chips:
+        return Accelerator("tpu", tpu_type or generation, pci_chips, "PCI device ids")
+    if tpu_type:
+        return Accelerator("tpu", tpu_type, _chips_from_bounds(env), "TPU_ACCELERATOR_TYPE")
+    return Accelerator("cpu")
+
+
+def _chips_from_bounds(env) -> int:
+    bounds = env.get("TPU_CHIPS_PER_HOST_BOUNDS", "")
+    try:
+        n = 1
+        for b in bounds.split(","):
+            n *= int(b)
+        return n if bounds else 0
+    except ValueError:
+        return 0
+
+
+def _versions() -> dict[str, str | None]:
+    libtpu = _version("libtpu") or _version("libtpu-nightly")
+    return {
+        "python": _platform.python_version(),
+        "torch": _version("torch"),
+        "torch_xla": _version("torch_xla") or _version("torch-xla"),
+        "libtpu": libtpu,
+        "ipython": _version("ipython"),
+        "ipykernel": _version("ipykernel"),
+        "ipywidgets": _version("ipywidgets"),
+    }
+
+
+def pair_install_command(release: str = TORCH_PAIR, tpu: bool = False) -> list[str]:
+    """The pip command (as an argument list) that installs a matching torch/torch_xla pair."""
+    xla = f"torch-xla[tpu]=={release}" if tpu else f"torch-xla=={release}"
+    return [sys.executable, "-m", "pip", "install", f"torch=={release}", xla]
+
+
+def _pip_text(release: str, tpu: bool) -> str:
+    xla = f"'torch-xla[tpu]=={release}'" if tpu else f"torch-xla=={release}"
+    return f"pip install torch=={release} {xla}"
+
+
+def runtime_initialized() -> bool:
+    """Whether this process has started the XLA runtime (never starts it, never imports it)."""
+    xlac = sys.modules.get("torch_xla._XLAC")
+    if xlac is None:
+        return False
+    probe = getattr(xlac, "_xla_runtime_is_initialized", None)
+    try:
+        return bool(probe()) if probe else False
+    except Exception:
+        return False
+
+
+def _problems(versions, accelerator, env) -> list[Problem]:
+    out: list[Problem] = []
+    tpu = accelerator.kind == "tpu"
+    torch_v, xla_v = versions["torch"], versions["torch_xla"]
+    if torch_v is None:
+        out.append(Problem("torch-missing", "error", "torch is not installed.",
+                           _pip_text(TORCH_PAIR, tpu)))
+    if xla_v is None:
+        out.append(Problem("torch-xla-missing", "error", "torch_xla is not installed.",
+                           _pip_text(TORCH_PAIR, tpu)))
+    elif torch_v is not None and _release(torch_v)[:2] != _release(xla_v)[:2]:
+        pair = ".".join(map(str, _release(xla_v)))
+        out.append(Problem(
+            "version-mismatch", "error",
+            f"torch {torch_v} does not match torch_xla {xla_v}: importing torch_xla will fail "
+            "with an undefined _XLAC symbol (the torch_xla wheel does not pin torch).",
+            _pip_text(pair, tpu) + " (then restart the runtime)"))
+    if xla_v is not None and tpu and versions["libtpu"] is None:
+        out.append(Problem("libtpu-missing", "error",
+                           "This host has a TPU but libtpu is not installed.",
+                           _pip_text(".".join(map(str, _release(xla_v))), True)))
+    if xla_v is not None and _version("tensorflow") is not None:
+        out.append(Problem(
+            "tensorflow-installed", "error" if tpu else "warning",
+            f"The full tensorflow {_version('tensorflow')} is installed next to torch_xla; on a "
+            "TPU it claims the device and its bundled libraries conflict with torch_xla's.",
+            "pip uninstall -y tensorflow (install tensorflow-cpu if you still need TensorFlow)"))
+    if env.get("XLA_USE_BF16"):
+        out.append(Problem(
+            "xla-use-bf16", "warning",
+            "XLA_USE_BF16 is set; it is deprecated in torch_xla 2.9 and silently changes every "
+            "float32 tensor to bfloat16.",
+            "unset XLA_USE_BF16 and convert explicitly: model.to(torch.bfloat16), or "
+            "torch.autocast('xla', dtype=torch.bfloat16)"))
+    pjrt = env.get("PJRT_DEVICE")
+    if pjrt and pjrt.lower() in _GPU_NAMES:
+        out.append(Problem(
+            "xla-gpu", "error",
+            f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes "
+            "(\"No PjRtPlugin registered for: CUDA\").",
+            "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (tpu_nb.setup('cpu')); for an NVIDIA GPU "
+            "use plain PyTorch with device='cuda'"))
+    elif pjrt and pjrt.upper() not in _VALID_PJRT:
+        out.append(Problem("pjrt-device-unknown", "error",
+                           f"PJRT_DEVICE={pjrt} is not a device torch_xla 2.9 knows.",
+                           "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (or call tpu_nb.setup())"))
+    elif pjrt and pjrt.upper() == "TPU" and not tpu:
+        out.append(Problem("no-tpu", "error",
+                           "PJRT_DEVICE=TPU but this machine has no TPU.",
+                           "use tpu_nb.setup('cpu') (or PJRT_DEVICE=CPU), or switch the "
+                           "notebook to a TPU runtime"))
+    if runtime_initialized():
+        out.append(Problem(
+            "runtime-initialized", "warning",
+            "The XLA runtime is already running in this process: the device, the number of "
+            "CPU devices and debug settings can no longer change.",
+            "restart the runtime (kernel) and call tpu_nb.setup() before using the device"))
+    return out
+
+
+_XLA_VARS = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE",
+             "XLA_IR_DEBUG", "XLA_HLO_DEBUG", "XLA_USE_BF16", "XLA_PERSISTENT_CACHE_PATH")
+
+
+def detect(*, check_import: bool = False) -> Environment:
+    """Describe this machine, its torch/torch_xla install and what is wrong with it.
+
+    Never imports torch_xla. With `check_import=True`, also tries `import torch_xla` in a
+    subprocess (a few seconds) and reports a failure with its explanation.
+    """
+    env = os.environ
+    versions = _versions()
+    accelerator = detect_accelerator(env)
+    problems = _problems(versions, accelerator, env)
+    if check_import and versions["torch_xla"] and not any(
+            p.code in ("version-mismatch", "torch-missing") for p in problems):
+        failure = _import_failure()
+        if failure:
+            problems.append(failure)
+    try:
+        cpu_devices = int(env["CPU_NUM_DEVICES"]) if env.get("CPU_NUM_DEVICES") else None
+    except ValueError:
+        cpu_devices = None
+    debug_file = env.get("PT_XLA_DEBUG_FILE") if env.get("PT_XLA_DEBUG_LEVEL") else None
+    return Environment(
+        platform=detect_platform(env),
+        accelerator=accelerator,
+        versions=versions,
+        pjrt_device=env.get("PJRT_DEVICE"),
+        cpu_num_devices=cpu_devices,
+        torch_xla_imported="torch_xla" in sys.modules,
+        runtime_initialized=runtime_initialized(),
+        debug_file=debug_file,
+        problems=tuple(problems),
+        settings={k: env[k] for k in _XLA_VARS if k in env},
+    )
+
+
+def _import_failure() -> Problem | None:
+    """Import torch_xla in a child process; explain the failure if it does not import."""
+    code = "import torch, torch_xla"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PJRT_DEVICE": "CPU"})
+    except subprocess.TimeoutExpired:
+        return Problem("import-hangs", "error", "import torch_xla did not finish in 120 s.",
+                       "reinstall the pair: " + _pip_text(TORCH_PAIR, False))
+    if proc.returncode == 0:
+        return None
+    last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+    if "undefined symbol" in last:
+        return Problem("version-mismatch", "error",
+                       "import torch_xla fails with an undefined _XLAC symbol: torch and "
+                       "torch_xla were built for different releases.",
+                       _pip_text(TORCH_PAIR, False) + " (then restart the runtime)")
+    return Problem("import-fails", "error", f"import torch_xla fails: {last}",
+                   "reinstall the pair: " + _pip_text(TORCH_PAIR, False))

@@ -1,0 +1,206 @@
+"""XLA counters and metrics as plain data: `snapshot()` now, `later.since(earlier)` for a delta.
+
+Read straight from `torch_xla._XLAC`, never by parsing `metrics_report()` (~100 µs of text).
+Reading a metric copies its sample buffer (up to 1,024 samples: ~38 µs a read once full), so a
+snapshot reads only the handful of metrics a delta needs, skips a metric whose gating counter
+has not moved since it was last read, and `setup()` bounds the buffer (XLA_METRICS_SAMPLES).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from tpu_nb.runtime._xla import xlac
+
+HOST_READ = "aten::_local_scalar_dense"  # .item(), printing, bool(tensor): a device->host read
+
+# Counters a delta is made of (besides every aten::* counter: the CPU fallbacks).
+_COUNTERS = ("UncachedCompile", "CachedCompile", "ExecuteComputation", "ExecuteReplicated",
+             "MarkStep", "PersistentCacheHit", "PersistentCacheMiss")
+# Time metrics (nanoseconds) a delta needs, each with the counter that moves whenever the
+# metric gets a sample (None: no such counter, always read).
+_METRICS = {
+    "CompileTime": "UncachedCompile",
+    "ExecuteTime": "ExecuteComputation",
+    "ExecuteReplicatedTime": "ExecuteReplicated",
+    "TransferToDeviceTime": None,
+    "TransferFromDeviceTime": None,
+}
+_EMPTY = MappingProxyType({})
+# name -> (gating counter value when read, (samples, accumulator)); see _read_metric.
+_metric_cache: dict[str, tuple[int, tuple[int, float]]] = {}
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """The runtime's counters and time metrics at one moment (`snapshot()`)."""
+
+    counters: Mapping[str, int]
+    metrics: Mapping[str, tuple[int, float]]   # name -> (samples, accumulated value)
+    taken_at: float                             # time.perf_counter()
+
+    def counter(self, name: str) -> int:
+        return self.counters.get(name, 0)
+
+    def since(self, earlier: "MetricsSnapshot") -> "MetricsDelta":
+        """What happened between `earlier` and this snapshot."""
+        return _delta(earlier, self)
+
+
+@dataclass(frozen=True)
+class MetricsDelta:
+    """What the XLA runtime did between two snapshots. Seconds are wall seconds."""
+
+    compiles: int = 0                 # graphs compiled (not found in the in-memory cache)
+    cache_hits: int = 0               # graphs found in the in-memory compile cache
+    compile_seconds: float = 0.0
+    executions: int = 0               # graph executions (single-device and SPMD)
+    execute_seconds: float = 0.0      # complete once device ops were waited for
+    to_device_transfers: int = 0
+    to_device_seconds: float = 0.0
+    from_device_transfers: int = 0
+    from_device_seconds: float = 0.0
+    syncs: int = 0                    # torch_xla.sync() / step markers
+    host_reads: int = 0               # .item(), print(tensor), bool(tensor): device->host reads
+    fallbacks: dict[str, int] = field(default_factory=dict)   # op -> calls run on the CPU
+    persistent_cache_hits: int = 0
+    wall_seconds: float = 0.0         # time between the two snapshots
+    counters: dict[str, int] = field(default_factory=dict)    # every counter that moved
+
+    @property
+    def did_xla_work(self) -> bool:
+        return bool(self.compiles or self.cache_hits or self.executions
+                    or self.to_device_transfers or self.from_device_transfers
+                    or self.host_reads or self.fallbacks)
+
+    def summary(self) -> str:
+        """One line: the figures a user checks first."""
+        parts = [f"{self.compiles} compiled ({self.compile_seconds:.2f}s)",
+                 f"{self.executions} executed ({self.execute_seconds:.3f}s)"]
+        if self.cache_hits:
+            parts.append(f"{self.cache_hits} cache hits")
+        parts.append(f"{self.to_device_transfers}\u2192dev {self.from_device_transfers}\u2192host")
+        if self.host_reads:
+            parts.append(f"{self.host_reads} host reads")
+        if self.fallbacks:
+            parts.append(f"{sum(self.fallbacks.values())} CPU fallbacks "
+                         f"({', '.join(sorted(self.fallbacks))})")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        rows = [
+            ("graphs compiled", f"{self.compiles}", f"{self.compile_seconds:.3f} s"),
+            ("compile cache hits", f"{self.cache_hits}", ""),
+            ("executions", f"{self.executions}", f"{self.execute_seconds:.3f} s"),
+            ("transfers to device", f"{self.to_device_transfers}", f"{self.to_device_seconds:.3f} s"),
+            ("transfers to host", f"{self.from_device_transfers}",
+             f"{self.from_device_seconds:.3f} s"),
+            ("syncs", f"{self.syncs}", ""),
+            ("device->host reads", f"{self.host_reads}", ""),
+        ]
+        lines = [f"  {name:22}{count:>8}  {secs}".rstrip() for name, count, secs in rows]
+        for op, n in sorted(self.fallbacks.items()):
+            lines.append(f"  CPU fallback {op:22}{n:>8}")
+        return "\n".join(lines)
+
+
+def _read_metric(xc, name: str, gate: str | None, counters: Mapping[str, int]):
+    if gate is not None:
+        cached = _metric_cache.get(name)
+        value = counters.get(gate, 0)
+        # Reuse the last read while the gating counter has not moved and every event it
+        # counted already has its sample (ExecuteTime lands when an execution finishes).
+        if cached is not None and cached[0] == value and cached[1][0] >= value:
+            return cached[1]
+    data = xc._xla_metric_data(name)
+    if data is None:
+        return None
+    result = (int(data[0]), float(data[1]))
+    if gate is not None:
+        _metric_cache[name] = (counters.get(gate, 0), result)
+    return result
+
+
+def snapshot(*, full: bool = False) -> MetricsSnapshot:
+    """Read the XLA runtime's counters and time metrics now (cheap: about 10 µs).
+
+    By default only what a `MetricsDelta` needs is read; `full=True` reads every counter and
+    every metric's (samples, accumulator), for complete reports.
+    """
+    xc = xlac()
+    names = xc._xla_counter_names()
+    value = xc._xla_counter_value
+    if full:
+        counters = {n: value(n) for n in names}
+    else:
+        counters = {n: value(n) for n in names if n.startswith("aten::") or n in _COUNTERS}
+    metrics = {}
+    for name, gate in _METRICS.items():
+        data = _read_metric(xc, name, gate, counters)
+        if data is not None:
+            metrics[name] = data
+    if full:
+        for name in xc._xla_metric_names():
+            if name not in metrics:
+                data = xc._xla_metric_data(name)
+                metrics[name] = (int(data[0]), float(data[1]))
+    return MetricsSnapshot(MappingProxyType(counters), MappingProxyType(metrics),
+                           time.perf_counter())
+
+
+def reset_metrics() -> None:
+    """Clear torch_xla's counters and metrics (what `%xla_metrics --reset` does)."""
+    xc = xlac()
+    xc._clear_xla_counters()
+    xc._clear_xla_metrics()
+    _metric_cache.clear()
+
+
+def _diff(later: int, earlier: int) -> int:
+    # Counters only grow; a smaller value means they were cleared in between.
+    return later - earlier if later >= earlier else later
+
+
+def _metric_delta(earlier, later, name: str) -> tuple[int, float]:
+    after = later.metrics.get(name)
+    if after is None:
+        return 0, 0.0
+    before = earlier.metrics.get(name, (0, 0.0))
+    if after[0] < before[0]:
+        before = (0, 0.0)
+    return after[0] - before[0], (after[1] - before[1]) / 1e9
+
+
+def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
+    moved = {}
+    for name, value in later.counters.items():
+        d = _diff(value, earlier.counters.get(name, 0))
+        if d:
+            moved[name] = d
+    fallbacks = {n[6:]: d for n, d in moved.items()
+                 if n.startswith("aten::") and n != HOST_READ}
+    n_compile, compile_s = _metric_delta(earlier, later, "CompileTime")
+    n_exec, exec_s = _metric_delta(earlier, later, "ExecuteTime")
+    n_rep, rep_s = _metric_delta(earlier, later, "ExecuteReplicatedTime")
+    n_to, to_s = _metric_delta(earlier, later, "TransferToDeviceTime")
+    n_from, from_s = _metric_delta(earlier, later, "TransferFromDeviceTime")
+    return MetricsDelta(
+        compiles=moved.get("UncachedCompile", 0),
+        cache_hits=moved.get("CachedCompile", 0),
+        compile_seconds=compile_s,
+        executions=moved.get("ExecuteComputation", 0) + moved.get("ExecuteReplicated", 0),
+        execute_seconds=exec_s + rep_s,
+        to_device_transfers=n_to,
+        to_device_seconds=to_s,
+        from_device_transfers=n_from,
+        from_device_seconds=from_s,
+        syncs=moved.get("MarkStep", 0),
+        host_reads=moved.get(HOST_READ, 0),
+        fallbacks=fallbacks,
+        persistent_cache_hits=moved.get("PersistentCacheHit", 0),
+        wall_seconds=later.taken_at - earlier.taken_at,
+        counters=moved,
+    )

@@ -1,0 +1,126 @@
+"""`track()`: what one piece of work cost on XLA — metrics, compile events, recompilations."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from tpu_nb.runtime._xla import wait_device_ops, xla
+from tpu_nb.runtime.compile_log import CompileEvent, compile_log
+from tpu_nb.runtime.metrics import MetricsDelta, snapshot
+
+# (file, line) of the user code that triggered a compile -> distinct graph hashes, in order,
+# over the life of the process: a line that compiles a second distinct graph recompiled.
+_graphs_by_line: dict[tuple[str, int], list[str]] = {}
+_last: "RunReport | None" = None
+
+
+@dataclass
+class RunReport:
+    """What a tracked run did on XLA. Filled in when the `track()` block exits, also on error."""
+
+    name: str | None = None
+    wall_seconds: float = 0.0          # includes the final sync and the device wait
+    metrics: MetricsDelta = field(default_factory=MetricsDelta)
+    compile_events: list[CompileEvent] = field(default_factory=list)
+    error: BaseException | None = None
+    waited: bool = False               # device ops waited for: execute_seconds is complete
+    compile_analysis: bool = False     # False: compile causes unknown (setup() not called)
+    recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+    complete: bool = False
+
+    @property
+    def recompiled(self) -> bool:
+        """Whether a source line compiled more than one distinct graph (in this run or before)."""
+        return bool(self.recompilations)
+
+    def summary(self) -> str:
+        """One line: wall time and the XLA figures that matter."""
+        head = f"{self.name}: " if self.name else ""
+        line = f"{head}{self.wall_seconds:.3f}s wall, {self.metrics.summary()}"
+        if self.recompiled:
+            line += f", RECOMPILED at {len(self.recompilations)} line(s)"
+        if self.error is not None:
+            line += f", failed: {type(self.error).__name__}"
+        return line
+
+    def __str__(self) -> str:
+        lines = [self.summary(), str(self.metrics)]
+        if self.compile_events:
+            lines.append("  compiles:")
+            lines += [f"    {e.describe()}" for e in self.compile_events]
+        elif self.metrics.compiles and not self.compile_analysis:
+            lines.append("  compile causes unknown: call tpu_nb.setup() before the first "
+                         "compile to record them")
+        for (file, line), hashes in self.recompilations.items():
+            lines.append(f"  recompiled: {file}:{line} has compiled {len(hashes)} distinct "
+                         f"graphs ({', '.join(h[:8] for h in hashes)})")
+        return "\n".join(lines)
+
+
+def _note_recompilations(events: list[CompileEvent]) -> dict[tuple[str, int], tuple[str, ...]]:
+    out = {}
+    for event in events:
+        frame = event.user_frame
+        if frame is None or not event.graph_hash:
+            continue
+        key = (frame.file, frame.line)
+        hashes = _graphs_by_line.setdefault(key, [])
+        if event.graph_hash not in hashes:
+            hashes.append(event.graph_hash)
+        if len(hashes) > 1:
+            out[key] = tuple(hashes)
+    return out
+
+
+@contextmanager
+def track(name: str | None = None, *, sync: bool = True,
+          wait: bool = True) -> Iterator[RunReport]:
+    """Measure what the block does on XLA; the yielded RunReport is complete on exit.
+
+    sync: run the pending graph at the end (torch_xla.sync()), as part of the measured work.
+    wait: wait for the device to finish, so wall and execute times are complete. Waiting
+        ends the overlap of device execution with the next step's tracing; around every step
+        of a loop use wait=False (executions still in flight are counted by the next report).
+    """
+    global _last
+    log = compile_log()
+    offset = log.size() if log is not None else 0
+    report = RunReport(name=name, compile_analysis=log is not None)
+    before = snapshot()
+    start = time.perf_counter()
+    try:
+        yield report
+        if sync:
+            xla().sync()
+        if wait:
+            wait_device_ops()
+            report.waited = True
+    except BaseException as exc:
+        report.error = exc
+        if wait and not isinstance(exc, KeyboardInterrupt):
+            _quiet_wait(report)
+        raise
+    finally:
+        report.wall_seconds = time.perf_counter() - start
+        report.metrics = snapshot().since(before)
+        if log is not None and report.metrics.compiles:
+            report.compile_events = log.events_since(offset)
+            report.recompilations = _note_recompilations(report.compile_events)
+        report.complete = True
+        _last = report
+
+
+def _quiet_wait(report: RunReport) -> None:
+    try:
+        wait_device_ops()
+        report.waited = True
+    except Exception:     # the run already failed; its own error is the one to show
+        pass
+
+
+def last_report() -> RunReport | None:
+    """The most recently completed tracked run (the last `%%on_tpu` cell's report)."""
+    return _last
