@@ -71,7 +71,7 @@ def _compiled_yet() -> bool:
     """Whether this process has compiled a graph (PT_XLA_DEBUG_* are latched then)."""
     if not runtime_initialized():
         return False
-    xlac = sys.modules["torch_xla._XLAC"]
+    xlac = sys.modules["torch_xla"]._XLAC
     return bool(xlac._xla_counter_value("UncachedCompile")
                 or xlac._xla_counter_value("CachedCompile"))
 

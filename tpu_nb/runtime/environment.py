@@ -216,9 +216,7 @@ def _pip_text(release: str, tpu: bool) -> str:
 
 def runtime_initialized() -> bool:
     """Whether this process has started the XLA runtime (never starts it, never imports it)."""
-    xlac = sys.modules.get("torch_xla._XLAC")
-    if xlac is None:
-        return False
+    xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
     probe = getattr(xlac, "_xla_runtime_is_initialized", None)
     try:
         return bool(probe()) if probe else False

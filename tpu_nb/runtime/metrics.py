@@ -32,6 +32,9 @@ _METRICS = {
 _EMPTY = MappingProxyType({})
 # name -> (gating counter value when read, (samples, accumulator)); see _read_metric.
 _metric_cache: dict[str, tuple[int, tuple[int, float]]] = {}
+# Bumped by reset_metrics(): a delta across a reset counts from zero (counters alone cannot
+# tell a reset that landed on the same value).
+_generation = 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class MetricsSnapshot:
     counters: Mapping[str, int]
     metrics: Mapping[str, tuple[int, float]]   # name -> (samples, accumulated value)
     taken_at: float                             # time.perf_counter()
+    generation: int = 0                         # reset_metrics() calls before this snapshot
 
     def counter(self, name: str) -> int:
         return self.counters.get(name, 0)
@@ -148,15 +152,17 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
                 data = xc._xla_metric_data(name)
                 metrics[name] = (int(data[0]), float(data[1]))
     return MetricsSnapshot(MappingProxyType(counters), MappingProxyType(metrics),
-                           time.perf_counter())
+                           time.perf_counter(), _generation)
 
 
 def reset_metrics() -> None:
     """Clear torch_xla's counters and metrics (what `%xla_metrics --reset` does)."""
+    global _generation
     xc = xlac()
     xc._clear_xla_counters()
     xc._clear_xla_metrics()
     _metric_cache.clear()
+    _generation += 1
 
 
 def _diff(later: int, earlier: int) -> int:
@@ -175,6 +181,8 @@ def _metric_delta(earlier, later, name: str) -> tuple[int, float]:
 
 
 def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
+    if earlier.generation != later.generation:
+        earlier = MetricsSnapshot(_EMPTY, _EMPTY, earlier.taken_at, later.generation)
     moved = {}
     for name, value in later.counters.items():
         d = _diff(value, earlier.counters.get(name, 0))

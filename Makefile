@@ -1,0 +1,38 @@
+# Every target builds (once) the cached environment with tools/setup-env, then runs in it.
+# The project itself is used from this checkout (PYTHONPATH), tests on XLA:CPU.
+SHELL := /bin/bash
+ENV = $(shell tools/setup-env)
+PY = $(ENV)/bin/python
+RUN = PYTHONPATH=$(CURDIR) PJRT_DEVICE=CPU $(PY)
+# Colab's notebook stack (IPython 7.34, ipykernel 6.17, ipywidgets 7.7.1), layered over the
+# same torch install.
+COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU $(PY)
+
+.PHONY: demo test test-current test-colab test-notebooks bench env doctor
+
+## The main job: run notebooks/00_getting_started.ipynb headless on XLA:CPU, print its
+## per-cell XLA report.
+demo:
+	$(RUN) tools/run_notebook.py notebooks/00_getting_started.ipynb
+
+## The whole test suite: the library and extension on the current notebook stack, the
+## extension again on Colab's stack, and every notebook with nbval.
+test: test-current test-colab test-notebooks
+
+test-current:
+	$(RUN) -m pytest tests -q
+
+test-colab:
+	$(COLAB) -m pytest tests -q -m stack
+
+test-notebooks:
+	$(RUN) -m pytest -q --nbval notebooks --nbval-sanitize-with tools/nbval-sanitize.cfg -p no:randomly
+
+bench:
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(RUN) $$b || exit 1; done
+
+doctor:
+	$(RUN) -m tpu_nb doctor
+
+env:
+	@echo $(ENV)

@@ -1,0 +1,50 @@
+"""Shared test set-up: every test runs on the real torch_xla runtime, on XLA:CPU.
+
+This process calls `tpu_nb.setup("cpu")` before anything compiles, so compile-cause analysis
+is on for in-process tests. Tests that need other latched settings (debug level, IR debug,
+device count) run a subprocess with `run_python` — torch_xla reads those once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+os.environ["PJRT_DEVICE"] = "CPU"
+ROOT = Path(__file__).resolve().parents[1]
+
+import tpu_nb  # noqa: E402
+
+tpu_nb.setup("cpu")
+
+
+def run_python(code: str, *, env: dict | None = None, timeout: float = 240,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh Python process (tpu_nb importable, PJRT_DEVICE=CPU unless `env`
+    says otherwise; XLA debug variables of this process are not inherited)."""
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("PT_XLA_DEBUG", "XLA_", "CPU_NUM_DEVICES"))}
+    full_env["PJRT_DEVICE"] = "CPU"
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p)
+    for name, value in (env or {}).items():   # a value of None removes the variable
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=full_env, timeout=timeout, cwd=str(ROOT))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n"
+                             f"{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture
+def py():
+    return run_python

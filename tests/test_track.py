@@ -1,0 +1,131 @@
+"""track(): compile events name the right cause and line; reports are complete on exit."""
+
+import inspect
+
+import pytest
+import torch
+import torch_xla
+
+import tpu_nb
+
+
+def _line_of(marker, fn):
+    src, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(src):
+        if marker in line:
+            return start + i
+    raise AssertionError(marker)
+
+
+def _mlp(dev, width=33):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10)).to(dev)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_first_training_step_compiles_at_the_sync_line():
+    dev = tpu_nb.device()
+    model, opt = _mlp(dev)
+    x, y = torch.randn(8, 33, device=dev), torch.randint(0, 10, (8,), device=dev)
+    torch_xla.sync()
+
+    def train_step():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        torch_xla.sync()  # SYNC-LINE
+
+    with tpu_nb.track("step") as report:
+        train_step()
+    assert report.complete and report.error is None and report.waited
+    assert report.metrics.compiles >= 1
+    events = report.compile_events
+    assert len(events) == report.metrics.compiles
+    first = events[0]
+    assert first.kind == "sync" and "torch_xla.sync" in first.cause
+    assert first.user_frame.file == __file__
+    assert first.user_frame.line == _line_of("SYNC-LINE", test_first_training_step_compiles_at_the_sync_line)
+    assert first.user_frame.function == "train_step"
+    assert len(first.graph_hash) == 32 and first.inputs > 0 and first.outputs > 0
+    assert "graph output" in first.sizes_gb
+    assert report.wall_seconds >= report.metrics.compile_seconds > 0
+
+
+def test_item_before_sync_is_a_value_access_at_its_line():
+    dev = tpu_nb.device()
+    a = torch.randn(4, 4, device=dev)
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        b = (a @ a + 3.25).mean()
+        value = b.item()  # ITEM-LINE
+    assert isinstance(value, float)
+    assert report.metrics.host_reads == 1
+    access = [e for e in report.compile_events if e.kind == "value-access"]
+    assert len(access) == 1
+    assert access[0].user_frame.line == _line_of("ITEM-LINE", test_item_before_sync_is_a_value_access_at_its_line)
+    assert "access tensor value" in access[0].cause
+
+
+def test_shape_change_is_reported_as_a_recompilation():
+    dev = tpu_nb.device()
+    w = torch.randn(16, 16, device=dev)
+    torch_xla.sync()
+
+    def run(batch):
+        out = torch.randn(batch, 16, device=dev) @ w
+        torch_xla.sync()  # SHAPE-LINE
+        return out
+
+    with tpu_nb.track() as first:
+        run(3)
+    assert not first.recompiled
+    with tpu_nb.track() as second:
+        run(5)                       # a new shape: a new graph from the same line
+    assert second.metrics.compiles == 1
+    line = _line_of("SHAPE-LINE", test_shape_change_is_reported_as_a_recompilation)
+    assert second.recompiled
+    (key, hashes), = second.recompilations.items()
+    assert key == (__file__, line) and len(hashes) == 2
+    assert hashes[0] == first.compile_events[0].graph_hash
+    assert "recompiled" in str(second)
+    with tpu_nb.track() as third:
+        run(5)                       # cached: no compile, nothing new
+    assert third.metrics.compiles == 0 and third.metrics.cache_hits == 1
+
+
+def test_histc_fallback_counted_with_its_compile_line():
+    dev = tpu_nb.device()
+    with tpu_nb.track() as report:
+        data = torch.linspace(-2, 2, 40, device=dev) * 1.5
+        hist = torch.histc(data, bins=4)  # HISTC-LINE
+        total = hist.sum()
+    assert report.metrics.fallbacks == {"histc": 1}
+    # histc runs on the CPU, so its input is computed and read back first: a compile whose
+    # cause is a value access, triggered from the histc line.
+    line = _line_of("HISTC-LINE", test_histc_fallback_counted_with_its_compile_line)
+    lines = {e.user_frame.line for e in report.compile_events if e.kind == "value-access"}
+    assert line in lines
+    assert float(total.cpu()) == 40
+
+
+def test_report_is_complete_on_error_and_error_propagates():
+    dev = tpu_nb.device()
+    with pytest.raises(ZeroDivisionError):
+        with tpu_nb.track("boom") as report:
+            (torch.ones(6, device=dev) * 2).sum().item()
+            1 / 0
+    assert report.complete
+    assert isinstance(report.error, ZeroDivisionError)
+    assert report.metrics.host_reads == 1
+    assert tpu_nb.last_report() is report
+    assert "failed: ZeroDivisionError" in report.summary()
+
+
+def test_track_without_wait_does_not_block_and_counts_later():
+    dev = tpu_nb.device()
+    x = torch.randn(32, 32, device=dev)
+    with tpu_nb.track(wait=False) as report:
+        (x @ x).sum()
+    assert not report.waited and report.metrics.syncs == 1
