@@ -145,11 +145,15 @@ def test_setup_after_runtime_started_names_what_cannot_apply(py):
         for line in env.not_applied: print("NOT", line)
         for line in env.applied: print("APPLIED", line)
         print([p.code for p in env.problems])
+        t = torch.ones(2, device=torch_xla.device()) + 1
+        print("IR", torch_xla._XLAC._get_xla_tensors_text([t]))
     """).stdout
     assert "NOT CPU_NUM_DEVICES=4 (now unset): the XLA runtime already started" in out
-    assert "NOT XLA_IR_DEBUG=1 (now unset): torch_xla was imported before setup()" in out
     assert "NOT PT_XLA_DEBUG_LEVEL=1 (now unset): a graph was already compiled" in out
-    assert "APPLIED" not in out            # PJRT_DEVICE was already CPU: nothing to change
+    # Source locations can still be switched on: they apply to graphs traced from now on.
+    assert "APPLIED XLA_IR_DEBUG=1" in out and "APPLIED XLA_HLO_DEBUG=1" in out
+    assert "PJRT_DEVICE" not in out        # already CPU: nothing to change
+    assert "location=" in out.split("IR ", 1)[1]
     assert "runtime-initialized" in out
 
 

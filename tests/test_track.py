@@ -123,9 +123,28 @@ def test_report_is_complete_on_error_and_error_propagates():
     assert "failed: ZeroDivisionError" in report.summary()
 
 
-def test_track_without_wait_does_not_block_and_counts_later():
+def test_track_without_wait_does_not_block():
     dev = tpu_nb.device()
     x = torch.randn(32, 32, device=dev)
     with tpu_nb.track(wait=False) as report:
-        (x @ x).sum()
-    assert not report.waited and report.metrics.syncs == 1
+        kept = (x @ x).sum()
+    assert not report.waited and report.metrics.syncs == 1 and kept.dim() == 0
+
+
+def test_sync_skipped_when_the_block_already_synced_and_done_when_work_is_pending():
+    dev = tpu_nb.device()
+    x = torch.randn(16, 16, device=dev)
+    torch_xla.sync()
+    with tpu_nb.track(wait=False) as synced:
+        y = x @ x
+        torch_xla.sync()             # the block's own sync leaves nothing pending
+    assert synced.metrics.syncs == 1
+    with tpu_nb.track(wait=False) as pending:
+        z = (y @ x).relu()
+        torch_xla.sync()
+        z.add_(1)                    # in-place work after the sync: pending
+    assert pending.metrics.syncs == 2
+    with tpu_nb.track(wait=False) as unsynced:
+        w = z * 2                    # no sync of its own: track() runs it
+    assert unsynced.metrics.syncs == 1 and unsynced.metrics.executions == 1
+    assert torch.allclose(w.cpu(), z.cpu() * 2)

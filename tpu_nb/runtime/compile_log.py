@@ -219,9 +219,9 @@ _logs: dict[str, CompileLog] = {}
 def compile_log() -> CompileLog | None:
     """The reader of this process's compile-cause file, or None when analysis is off."""
     path = os.environ.get("PT_XLA_DEBUG_FILE")
-    if not path or os.environ.get("PT_XLA_DEBUG_LEVEL", "0").strip() in ("", "0"):
-        return None
     log = _logs.get(path)
-    if log is None:
+    if log is None and path:
+        if os.environ.get("PT_XLA_DEBUG_LEVEL", "0").strip() in ("", "0"):
+            return None
         log = _logs[path] = CompileLog(path)
     return log

@@ -1,7 +1,8 @@
 """`setup()`: choose the device and switch on what tpu_nb reads, before torch_xla latches it.
 
 torch_xla reads its settings once, at different moments (checked on torch_xla 2.9):
-  - XLA_IR_DEBUG / XLA_HLO_DEBUG ........ when torch_xla is imported
+  - XLA_IR_DEBUG ......................... when torch_xla is imported (then _set_ir_debug)
+  - XLA_HLO_DEBUG ........................ at each lowering (any time)
   - PJRT_DEVICE / CPU_NUM_DEVICES ........ when the runtime starts (first device use)
   - the persistent compile cache ......... when the runtime starts
   - XLA_METRICS_SAMPLES .................. when the first metric is recorded
@@ -83,8 +84,8 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
 
     device: "auto" (a TPU if this machine has one, else the CPU), "tpu" or "cpu".
     num_devices: virtual XLA:CPU devices (CPU_NUM_DEVICES), e.g. 4 for SPMD on a laptop.
-    ir_debug: source locations on IR nodes (XLA_IR_DEBUG) and HLO (XLA_HLO_DEBUG); read when
-        torch_xla is imported, so call setup() before importing it.
+    ir_debug: source locations on IR nodes (XLA_IR_DEBUG) and HLO (XLA_HLO_DEBUG), for
+        graphs traced from now on.
     cache_dir: the persistent compile cache (speeds up restarts on TPU; none on CPU).
     compile_analysis: why each graph compiled (PT_XLA_DEBUG_LEVEL=1) into `debug_file`
         (default: a per-process file under the temp dir), so cell output stays clean.
@@ -120,13 +121,11 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
         wanted.append(("XLA_METRICS_SAMPLES", METRICS_SAMPLES,
                        "torch_xla already recorded metrics with its default buffer"
                        if started else None))
-    imported_why = ("torch_xla was imported before setup(), and it reads this when imported; "
-                    "restart the kernel and call tpu_nb.setup() before importing torch_xla"
-                    ) if imported else None
+    # XLA_IR_DEBUG is read at import; after it, torch_xla's _set_ir_debug switches it on.
     if ir_debug:
-        wanted.append(("XLA_IR_DEBUG", "1", imported_why))
+        wanted.append(("XLA_IR_DEBUG", "1", None))
     if hlo_debug:
-        wanted.append(("XLA_HLO_DEBUG", "1", imported_why))
+        wanted.append(("XLA_HLO_DEBUG", "1", None))     # read at each lowering
     if cache_dir is not None:
         wanted.append(("XLA_PERSISTENT_CACHE_PATH", os.path.abspath(os.fspath(cache_dir)),
                        started_why))
@@ -152,6 +151,8 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
         os.makedirs(changes["XLA_PERSISTENT_CACHE_PATH"], exist_ok=True)
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
     os.environ.update(changes)       # everything validated above: all or nothing
+    if ir_debug and imported:
+        sys.modules["torch_xla"]._XLAC._set_ir_debug(True)
     env = detect()
     return replace(env, applied=tuple(applied + notes), not_applied=tuple(not_applied))
 

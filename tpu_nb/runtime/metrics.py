@@ -32,6 +32,8 @@ _METRICS = {
 _EMPTY = MappingProxyType({})
 # name -> (gating counter value when read, (samples, accumulator)); see _read_metric.
 _metric_cache: dict[str, tuple[int, tuple[int, float]]] = {}
+# Counter names only grow (until a reset): the names a snapshot reads, computed once per list.
+_wanted_names: tuple[int, tuple[str, ...]] = (-1, ())
 # Bumped by reset_metrics(): a delta across a reset counts from zero (counters alone cannot
 # tell a reset that landed on the same value).
 _generation = 0
@@ -134,13 +136,17 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     By default only what a `MetricsDelta` needs is read; `full=True` reads every counter and
     every metric's (samples, accumulator), for complete reports.
     """
+    global _wanted_names
     xc = xlac()
     names = xc._xla_counter_names()
     value = xc._xla_counter_value
     if full:
         counters = {n: value(n) for n in names}
     else:
-        counters = {n: value(n) for n in names if n.startswith("aten::") or n in _COUNTERS}
+        if _wanted_names[0] != len(names):
+            _wanted_names = (len(names), tuple(n for n in names
+                                               if n.startswith("aten::") or n in _COUNTERS))
+        counters = {n: value(n) for n in _wanted_names[1]}
     metrics = {}
     for name, gate in _METRICS.items():
         data = _read_metric(xc, name, gate, counters)
@@ -157,11 +163,12 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
 
 def reset_metrics() -> None:
     """Clear torch_xla's counters and metrics (what `%xla_metrics --reset` does)."""
-    global _generation
+    global _generation, _wanted_names
     xc = xlac()
     xc._clear_xla_counters()
     xc._clear_xla_metrics()
     _metric_cache.clear()
+    _wanted_names = (-1, ())
     _generation += 1
 
 
