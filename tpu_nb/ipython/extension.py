@@ -1,0 +1,133 @@
+"""Loading and unloading the extension: settings, the per-cell hook, magics, formatters.
+
+`%reload_ext tpu_nb` and `%unload_ext tpu_nb` leave no duplicate hook, magic or formatter:
+everything registered is recorded in one `_Loaded` per shell and removed from there.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from traitlets import Bool
+from traitlets.config import Configurable
+
+from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot
+
+
+class TpuNb(Configurable):
+    """tpu_nb settings: `%config TpuNb.show_xla_line = False`."""
+
+    show_xla_line = Bool(
+        True, help="After each cell that did XLA work outside %%on_tpu, print one line: "
+                   "graphs compiled, executions, transfers, host reads, CPU fallbacks.",
+    ).tag(config=True)
+    show_report = Bool(
+        True, help="Show the expandable report after each %%on_tpu cell (--quiet turns it "
+                   "off for one cell).",
+    ).tag(config=True)
+
+
+class CellWatcher:
+    """pre/post_run_cell hooks: what each cell did on XLA, and the compact line after it.
+
+    Never imports torch_xla: a cell that has not touched it costs a dict lookup.
+    """
+
+    def __init__(self, settings: TpuNb):
+        self.settings = settings
+        self.before: MetricsSnapshot | None = None
+        self.last_delta: MetricsDelta | None = None
+        self.reported_by_magic = False     # %%on_tpu shows its own, fuller report
+
+    def pre_run_cell(self, info=None) -> None:
+        self.reported_by_magic = False
+        self.before = _snapshot_if_loaded()
+
+    def post_run_cell(self, result=None) -> None:
+        after = _snapshot_if_loaded()
+        if after is None:
+            return
+        before = self.before or MetricsSnapshot({}, {}, after.taken_at, after.generation)
+        delta = after.since(before)
+        self.last_delta = delta
+        if self.settings.show_xla_line and delta.did_xla_work and not self.reported_by_magic:
+            print(f"XLA: {delta.summary()}")
+
+
+def _snapshot_if_loaded() -> MetricsSnapshot | None:
+    if "torch_xla" not in sys.modules:
+        return None
+    from tpu_nb.runtime.metrics import snapshot
+
+    try:
+        return snapshot()
+    except Exception:        # a broken runtime must not break every cell
+        return None
+
+
+@dataclass
+class _Loaded:
+    settings: TpuNb
+    watcher: CellWatcher
+    magic_names: dict[str, list[str]] = field(default_factory=dict)
+    formatter_types: list[type] = field(default_factory=list)
+
+
+_loaded: dict[int, _Loaded] = {}
+
+
+def get_state(shell) -> _Loaded:
+    return _loaded[id(shell)]
+
+
+def _register_formatters(shell, state: _Loaded) -> None:
+    from tpu_nb.display.reports import EnvironmentView, RunView, TimingView
+    from tpu_nb.runtime.environment import Environment
+    from tpu_nb.runtime.timing import DeviceTiming
+    from tpu_nb.runtime.tracking import RunReport
+
+    html = shell.display_formatter.formatters["text/html"]
+    plain = shell.display_formatter.formatters["text/plain"]
+    views = {Environment: EnvironmentView, RunReport: RunView, DeviceTiming: TimingView}
+    for typ, view in views.items():
+        html.for_type(typ, lambda obj, view=view: view(obj)._repr_html_())
+        plain.for_type(typ, lambda obj, p, cycle, view=view: p.text(repr(view(obj))))
+        state.formatter_types.append(typ)
+
+
+def load_ipython_extension(shell) -> None:
+    if id(shell) in _loaded:          # %load_ext twice: already there
+        return
+    from tpu_nb.ipython.magics import TpuMagics
+
+    settings = TpuNb(parent=shell)
+    shell.configurables.append(settings)
+    watcher = CellWatcher(settings)
+    state = _Loaded(settings, watcher)
+    _loaded[id(shell)] = state
+    shell.events.register("pre_run_cell", watcher.pre_run_cell)
+    shell.events.register("post_run_cell", watcher.post_run_cell)
+    magics = TpuMagics(shell, state)
+    shell.register_magics(magics)
+    state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
+    _register_formatters(shell, state)
+
+
+def unload_ipython_extension(shell) -> None:
+    state = _loaded.pop(id(shell), None)
+    if state is None:
+        return
+    shell.events.unregister("pre_run_cell", state.watcher.pre_run_cell)
+    shell.events.unregister("post_run_cell", state.watcher.post_run_cell)
+    manager = shell.magics_manager
+    for kind, names in state.magic_names.items():
+        for name in names:
+            manager.magics[kind].pop(name, None)
+    manager.registry.pop("TpuMagics", None)
+    for fmt in ("text/html", "text/plain"):
+        formatter = shell.display_formatter.formatters[fmt]
+        for typ in state.formatter_types:
+            formatter.pop(typ, None)
+    if state.settings in shell.configurables:
+        shell.configurables.remove(state.settings)

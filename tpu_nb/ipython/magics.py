@@ -1,0 +1,261 @@
+"""The magics. Each parses its arguments, calls a public tpu_nb function, shows the result.
+
+User mistakes raise UsageError (one line, no traceback); `-h/--help` prints the help.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from contextlib import ExitStack
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from tpu_nb.runtime.errors import TpuNbError
+
+_LATER = {
+    "live": "--live (the live dashboard) is not available in this version of tpu_nb yet",
+    "graph": "--graph (the pending-graph viewer) is not available in this version of tpu_nb yet",
+}
+
+
+def _parse(magic, line: str):
+    """parse_argstring, with -h/--help printing the help instead of running."""
+    try:
+        args = parse_argstring(magic, line)
+    except UsageError:
+        raise
+    except SystemExit:                          # argparse's exit on a bad value
+        raise UsageError(f"could not parse arguments {line!r}; see --help") from None
+    if getattr(args, "help", False):
+        print(magic.parser.format_help())
+        return None
+    return args
+
+
+class _CellCode:
+    """A cell body compiled the way %%time runs it: statements, then the last expression.
+
+    The body is registered with IPython's compiler under the cell's execution number, so
+    tracebacks say "Cell In[n], line k" with k the line in the whole cell (the magic line is 1).
+    """
+
+    def __init__(self, shell, body: str, magic_lines: int = 1):
+        self.source = "\n" * magic_lines + shell.transform_cell(body)
+        self.filename = shell.compile.cache(self.source, shell.execution_count,
+                                            raw_code=self.source)
+        tree = ast.parse(self.source, filename=self.filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        self.statements = shell.compile(tree, self.filename, "exec")
+        self.expression = shell.compile(last, self.filename, "eval") if last else None
+
+    def run(self, shell):
+        __tracebackhide__ = True   # noqa: F841  (IPython hides this frame in tracebacks)
+        exec(self.statements, shell.user_global_ns, shell.user_ns)
+        if self.expression is not None:
+            return eval(self.expression, shell.user_global_ns, shell.user_ns)
+        return None
+
+
+@magics_class
+class TpuMagics(Magics):
+    def __init__(self, shell, state):
+        super().__init__(shell)
+        self.state = state
+
+    # -- %tpu_setup -------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="show this help and exit")
+    @argument("--device", default="auto", metavar="{auto,tpu,cpu}",
+              help="the XLA device: a TPU if there is one (auto), or tpu, or cpu")
+    @argument("--devices", type=int, default=None, metavar="N",
+              help="number of virtual XLA:CPU devices (for SPMD on a CPU)")
+    @argument("--ir-debug", action="store_true",
+              help="record the Python line of each IR node (for the graph viewer)")
+    @argument("--cache", default=None, metavar="DIR",
+              help="persistent compile cache directory (faster restarts on TPU)")
+    @argument("--check", action="store_true",
+              help="only check the environment (imports torch_xla in a subprocess); change nothing")
+    @argument("--install", action="store_true",
+              help="pip-install the matching torch/torch_xla pair (with [tpu] on TPU hosts)")
+    @argument("--dry-run", action="store_true", help="with --install: show what pip would do")
+    @line_magic
+    def tpu_setup(self, line=""):
+        """Check the environment, choose the XLA device, switch on compile-cause analysis.
+
+        Run it before the first XLA work of the kernel: torch_xla reads its settings once.
+        """
+        args = _parse(self.tpu_setup, line)
+        if args is None:
+            return
+        from tpu_nb.runtime import detect, setup
+        from tpu_nb.runtime.install import install_pair
+
+        if args.install:
+            status, restart = install_pair(dry_run=args.dry_run)
+            if status != 0:
+                raise UsageError(f"pip exited with status {status}; see its output above")
+            if restart:
+                print("torch was already imported in this kernel: restart the runtime "
+                      "(Colab: Runtime > Restart session) for the new install to take effect.")
+            return display(detect())
+        if args.check:
+            return display(detect(check_import=True))
+        try:
+            env = setup(args.device, num_devices=args.devices, ir_debug=args.ir_debug,
+                        cache_dir=args.cache)
+        except TpuNbError as exc:
+            raise UsageError(str(exc)) from None
+        display(env)
+
+    # -- %%on_tpu ---------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="show this help and exit")
+    @argument("-o", dest="output", action="store_true",
+              help="return the RunReport (like %%timeit -o)")
+    @argument("--no-sync", action="store_true",
+              help="do not sync at the end of the cell (pending work stays pending)")
+    @argument("--quiet", action="store_true", help="do not show the report")
+    @argument("--max-graphs", type=int, default=None, metavar="N",
+              help="fail when the steps of this cell trace more than N distinct graphs")
+    @argument("--live", action="store_true", help="attach the live dashboard")
+    @argument("--graph", action="store_true", help="show the pending graph before the sync")
+    @cell_magic
+    def on_tpu(self, line, cell):
+        """Run the cell on the XLA device and report what compiled, ran and cost.
+
+        Inside the cell, tensors and modules created without device= land on the XLA
+        device. The cell syncs and waits for the device at the end (unless --no-sync).
+        """
+        __tracebackhide__ = True   # noqa: F841
+        args = _parse(self.on_tpu, line)
+        if args is None:
+            return
+        for flag, message in _LATER.items():
+            if getattr(args, flag):
+                raise UsageError(message)
+        if args.max_graphs is not None and args.max_graphs < 1:
+            raise UsageError("--max-graphs needs a whole number of at least 1, e.g. "
+                             "--max-graphs 2")
+        code = _CellCode(self.shell, cell)     # a syntax error stops here, nothing run
+        return self._run_on_tpu(code, args)
+
+    def _run_on_tpu(self, code: _CellCode, args):
+        __tracebackhide__ = True   # noqa: F841
+        from tpu_nb.runtime import device, track
+        from tpu_nb.runtime.defaults import default_device
+        from tpu_nb.runtime.guard import max_graphs
+
+        try:
+            dev = device()
+        except TpuNbError as exc:
+            raise UsageError(str(exc)) from None
+        self.state.watcher.reported_by_magic = True
+        report = None
+        try:
+            with ExitStack() as stack:
+                report = stack.enter_context(track(f"In[{self.shell.execution_count}]",
+                                                   sync=not args.no_sync))
+                stack.enter_context(default_device(dev))
+                if args.max_graphs is not None:
+                    stack.enter_context(max_graphs(args.max_graphs))
+                value = code.run(self.shell)
+        finally:
+            if report is not None and report.complete:
+                self._show(report, code, args)
+        return report if args.output else value
+
+    def _show(self, report, code: _CellCode, args) -> None:
+        if args.quiet or not self.state.settings.show_report:
+            return
+        from tpu_nb.display.reports import RunView
+        from tpu_nb.runtime.attribution import attribute
+
+        findings = attribute(report, code.source, code.filename)
+        display(RunView(report, findings))
+
+    # -- %tpu_time --------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="show this help and exit")
+    @argument("-n", dest="number", type=int, default=None,
+              help="runs per repeat (default: enough for about 0.2 s)")
+    @argument("-r", dest="repeat", type=int, default=7, help="repeats (default 7)")
+    @argument("-o", dest="output", action="store_true", help="return the DeviceTiming")
+    @argument("statement", nargs="*", help="what to time (line mode)")
+    @line_cell_magic
+    def tpu_time(self, line, cell=None):
+        """Time code on the XLA device: every run synced and waited for.
+
+        %time/%timeit on XLA time only the tracing (the work runs later). This reports the
+        first run (tracing + compile + execute) apart from the steady state, and says when
+        the steady state still recompiles.
+        """
+        args = _parse(self.tpu_time, line)
+        if args is None:
+            return
+        body = cell if cell is not None else " ".join(args.statement)
+        if not body.strip():
+            raise UsageError("nothing to time. Fix: %tpu_time step() or a %%tpu_time cell")
+        code = _CellCode(self.shell, body, magic_lines=1 if cell is not None else 0)
+        from tpu_nb.runtime import device
+        from tpu_nb.runtime.defaults import default_device
+        from tpu_nb.runtime.timing import time_device
+
+        try:
+            dev = device()
+            with default_device(dev):
+                timing = time_device(lambda: code.run(self.shell), number=args.number,
+                                     repeat=args.repeat)
+        except TpuNbError as exc:
+            raise UsageError(str(exc)) from None
+        self.state.watcher.reported_by_magic = True
+        if args.output:
+            return timing
+        display(timing)
+
+    # -- %xla_metrics -----------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="show this help and exit")
+    @argument("--since-cell", action="store_true", help="what the previous cell did")
+    @argument("--all", action="store_true", help="every counter and metric of the runtime")
+    @argument("--reset", action="store_true", help="clear the runtime's counters and metrics")
+    @line_magic
+    def xla_metrics(self, line=""):
+        """XLA counters, timings, CPU fallbacks and device->host reads, readable."""
+        args = _parse(self.xla_metrics, line)
+        if args is None:
+            return
+        if sum((args.since_cell, args.all, args.reset)) > 1:
+            raise UsageError("choose one of --since-cell, --all, --reset")
+        from tpu_nb.display.reports import MetricsView
+
+        if args.since_cell:
+            delta = self.state.watcher.last_delta
+            if delta is None:
+                print("the previous cell did no XLA work")
+                return
+            return display(MetricsView("XLA work of the previous cell", delta=delta))
+        if "torch_xla" not in sys.modules:
+            print("no XLA work in this kernel yet")
+            return
+        from tpu_nb.runtime.metrics import MetricsSnapshot, reset_metrics, snapshot
+
+        if args.reset:
+            reset_metrics()
+            print("XLA counters and metrics cleared")
+            return
+        if args.all:
+            return display(MetricsView("XLA counters and metrics", full=snapshot(full=True)))
+        now = snapshot()
+        start = MetricsSnapshot({}, {}, now.taken_at, now.generation)
+        display(MetricsView("XLA work since the kernel started (or the last --reset)",
+                            delta=now.since(start)))

@@ -1,0 +1,100 @@
+"""`time_device()`: timing that waits for the device.
+
+`%time`/`%timeit` on XLA time only the tracing: the work runs later, asynchronously. Here
+every run is synced and waited for, the first run (tracing + compile + execute) is reported
+apart from the steady state, and compiles during the steady state are called out.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from tpu_nb.runtime._xla import wait_device_ops, xla
+from tpu_nb.runtime.metrics import snapshot
+
+
+@dataclass(frozen=True)
+class DeviceTiming:
+    """First run apart from the steady state; seconds per run, device work included."""
+
+    first_seconds: float
+    first_compiles: int
+    per_run: tuple[float, ...]     # one figure per repeat: mean seconds of its `number` runs
+    number: int
+    steady_compiles: int           # graphs compiled during the steady state (should be 0)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.per_run)
+
+    @property
+    def best(self) -> float:
+        return min(self.per_run)
+
+    @property
+    def worst(self) -> float:
+        return max(self.per_run)
+
+    @property
+    def recompiles(self) -> bool:
+        return self.steady_compiles > 0
+
+    def summary(self) -> str:
+        first = (f"first run {_fmt(self.first_seconds)} ({self.first_compiles} graph"
+                 f"{'s' if self.first_compiles != 1 else ''} compiled)")
+        steady = (f"steady state {_fmt(self.median)} per run (median of {len(self.per_run)} "
+                  f"repeats \u00d7 {self.number} runs; range {_fmt(self.best)}\u2013"
+                  f"{_fmt(self.worst)})")
+        tail = (f"; STILL RECOMPILING: {self.steady_compiles} graphs compiled in the steady "
+                "state (shapes or Python values change between runs)") if self.recompiles \
+            else "; no recompilation"
+        return f"{first}; {steady}{tail}"
+
+    __str__ = summary
+
+
+def _fmt(seconds: float) -> str:
+    for unit, scale in (("s", 1), ("ms", 1e3), ("us", 1e6)):
+        if seconds * scale >= 1 or unit == "us":
+            return f"{seconds * scale:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def _run_once(fn, sync) -> float:
+    start = time.perf_counter()
+    result = fn()         # kept alive over the sync, so a returned tensor is computed too
+    sync()
+    wait_device_ops()
+    del result
+    return time.perf_counter() - start
+
+
+def time_device(fn: Callable[[], object], *, number: int | None = None,
+                repeat: int = 7) -> DeviceTiming:
+    """Time `fn()` on the XLA device: each run synced and waited for.
+
+    number: runs per repeat; default: enough for a repeat to take about 0.2 s.
+    repeat: repeats of the steady state; the median of their per-run means is reported.
+    """
+    if repeat < 1 or (number is not None and number < 1):
+        from tpu_nb.runtime.errors import TpuNbError
+        raise TpuNbError("number and repeat must be at least 1. Fix: e.g. number=10, repeat=7.")
+    sync = xla().sync
+    sync()                    # work pending from before is not part of the timing
+    wait_device_ops()
+    before = snapshot()
+    first = _run_once(fn, sync)
+    first_compiles = snapshot().since(before).compiles
+    if number is None:
+        probe = _run_once(fn, sync)
+        number = max(1, min(10_000, int(0.2 / max(probe, 1e-6))))
+    steady_start = snapshot()
+    per_run = []
+    for _ in range(repeat):
+        total = sum(_run_once(fn, sync) for _ in range(number))
+        per_run.append(total / number)
+    steady = snapshot().since(steady_start)
+    return DeviceTiming(first, first_compiles, tuple(per_run), number, steady.compiles)
