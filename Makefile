@@ -6,7 +6,7 @@ PY = $(ENV)/bin/python
 RUN = PYTHONPATH=$(CURDIR) PJRT_DEVICE=CPU $(PY)
 # Colab's notebook stack (IPython 7.34, ipykernel 6.17, ipywidgets 7.7.1), layered over the
 # same torch install.
-COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU $(PY)
+COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU TPU_NB_STACK=colab $(PY)
 
 .PHONY: demo test test-current test-colab test-notebooks bench env doctor
 

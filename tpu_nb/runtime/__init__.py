@@ -14,23 +14,31 @@ from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot, reset_metrics,
 from tpu_nb.runtime.compile_log import CompileEvent, Frame
 from tpu_nb.runtime.device import device, sync
 from tpu_nb.runtime.tracking import RunReport, last_report, track
+from tpu_nb.runtime.defaults import default_device
+from tpu_nb.runtime.guard import RecompilationError, max_graphs
+from tpu_nb.runtime.timing import DeviceTiming, time_device
 
 __all__ = [
     "Accelerator",
     "CompileEvent",
+    "DeviceTiming",
     "Environment",
     "Frame",
     "MetricsDelta",
     "MetricsSnapshot",
     "Problem",
+    "RecompilationError",
     "RunReport",
     "TpuNbError",
+    "default_device",
     "detect",
     "device",
     "last_report",
+    "max_graphs",
     "reset_metrics",
     "setup",
     "snapshot",
     "sync",
+    "time_device",
     "track",
 ]

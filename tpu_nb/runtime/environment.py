@@ -33,7 +33,7 @@ class Problem:
     """Something that stops or spoils a run, with the exact fix."""
 
     code: str           # stable identifier, e.g. "version-mismatch"
-    severity: str       # "error" blocks running; "warning" does not
+    severity: str       # "error" blocks running; "warning" spoils it; "info" is worth knowing
     message: str        # what is wrong, one sentence
     fix: str            # the exact thing to do
 
@@ -277,7 +277,7 @@ def _problems(versions, accelerator, env) -> list[Problem]:
                            "notebook to a TPU runtime"))
     if runtime_initialized():
         out.append(Problem(
-            "runtime-initialized", "warning",
+            "runtime-initialized", "info",
             "The XLA runtime is already running in this process: the device, the number of "
             "CPU devices and debug settings can no longer change.",
             "restart the runtime (kernel) and call tpu_nb.setup() before using the device"))

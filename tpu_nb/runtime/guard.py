@@ -2,15 +2,19 @@
 
 torch_xla's recompilation guard (the dynamic-shape detector behind
 `torch_xla.compile(max_different_graphs=n)`) compares the traces of successive calls of one
-session. Here each step between two syncs is one call: the session is renewed at every sync,
-so a training loop whose batch shape changes fails at the line that traced the new graph.
-Its "Got/Expected" message becomes a RecompilationError that says what differed.
+session. Here each step between two syncs is one call, and steps are grouped by the line
+that syncs them: at every sync the session is renewed under that line's name, so the steps of
+a loop are compared with each other (set-up code before the loop is not), and a loop whose
+batch shape changes fails at the line that traced the new graph. The guard's "Got/Expected"
+message becomes a RecompilationError that says what differed.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -55,6 +59,16 @@ def as_recompilation_error(exc: BaseException, limit: int) -> RecompilationError
     return RecompilationError(limit, got.group(1) if got else "", expected)
 
 
+def _sync_site() -> str:
+    """file:line of the user code that called the sync now running (called in a closure)."""
+    frame = sys._getframe(2)
+    library = tuple(os.path.dirname(getattr(sys.modules.get(m), "__file__", "") or "") + os.sep
+                    for m in ("torch_xla", "torch", "tpu_nb"))
+    while frame is not None and frame.f_code.co_filename.startswith(library):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "?"
+
+
 @contextmanager
 def max_graphs(limit: int) -> Iterator[None]:
     """Raise RecompilationError when the steps of the block trace more than `limit` graphs."""
@@ -66,11 +80,14 @@ def max_graphs(limit: int) -> Iterator[None]:
     from torch_xla.core import xla_model
 
     xc = torch_xla._XLAC
-    session = f"tpu_nb-{next(_ids)}"
+    prefix = f"tpu_nb-{next(_ids)}"
+    sessions = {f"{prefix}:start"}
     state = {"active": True}
 
     def renew():
         if state["active"]:
+            session = f"{prefix}:{_sync_site()}"
+            sessions.add(session)
             xc._dynamic_shape_detector_end_session()
             xc._dynamic_shape_detector_start_session(session)
             xla_model.add_step_closure(renew)
@@ -78,7 +95,7 @@ def max_graphs(limit: int) -> Iterator[None]:
     torch_xla.sync()                     # work pending from before is not this block's
     saved = xc._dynamic_shape_detector_get_max_different_graphs()
     xc._dynamic_shape_detector_set_max_different_graphs(limit)
-    xc._dynamic_shape_detector_start_session(session)
+    xc._dynamic_shape_detector_start_session(f"{prefix}:start")
     xla_model.add_step_closure(renew)
     try:
         yield
@@ -90,5 +107,6 @@ def max_graphs(limit: int) -> Iterator[None]:
     finally:
         state["active"] = False
         xc._dynamic_shape_detector_end_session()
-        xc._dynamic_shape_detector_remove_session(session)
+        for session in sessions:
+            xc._dynamic_shape_detector_remove_session(session)
         xc._dynamic_shape_detector_set_max_different_graphs(saved)
