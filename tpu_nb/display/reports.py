@@ -79,7 +79,9 @@ class EnvironmentView:
 # -- a run (a cell) ---------------------------------------------------------------------------
 
 def _where(finding: LineFinding) -> str:
-    return f"line {finding.line}" if finding.line else "outside this cell"
+    if finding.line:
+        return f"line {finding.line}"
+    return finding.place or "outside this cell"
 
 
 class RunView:
@@ -188,6 +190,40 @@ class MetricsView:
             parts.append(_table([(e(a), e(b), e(c)) for a, b, c in self._full_rows()],
                                 ("name", "value", "")))
         return "".join(parts) + "</div>"
+
+
+class CellsView:
+    """`%xla_metrics --cells`: one row per cell that did XLA work."""
+
+    HEADER = ("cell", "graphs compiled", "compile", "executions", "execute", "to device",
+              "to host", "host reads", "CPU fallbacks", "code")
+
+    def __init__(self, history: list[tuple[int, str, MetricsDelta]]):
+        self.history = history
+
+    def rows(self) -> list[tuple[str, ...]]:
+        out = []
+        for count, first_line, d in self.history:
+            code = first_line if len(first_line) <= 40 else first_line[:39] + "…"
+            out.append((f"[{count}]", str(d.compiles), _seconds(d.compile_seconds),
+                        str(d.executions), _seconds(d.execute_seconds),
+                        str(d.to_device_transfers), str(d.from_device_transfers),
+                        str(d.host_reads),
+                        ", ".join(f"{op}×{n}" for op, n in sorted(d.fallbacks.items()))
+                        or "-", code))
+        return out
+
+    def __repr__(self) -> str:
+        rows = [self.HEADER] + self.rows()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        if not self.history:
+            lines.append("no cell did XLA work yet")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        return (f"{_STYLE}<div class='tpunb'>" + _table(
+            [tuple(escape(c) for c in r) for r in self.rows()], self.HEADER) + "</div>")
 
 
 class TimingView:

@@ -39,9 +39,13 @@ class CellWatcher:
         self.before: MetricsSnapshot | None = None
         self.last_delta: MetricsDelta | None = None
         self.reported_by_magic = False     # %%on_tpu shows its own, fuller report
+        self.history: list[tuple[int, str, MetricsDelta]] = []   # cells that did XLA work
+        self._first_line = ""
 
     def pre_run_cell(self, info=None) -> None:
         self.reported_by_magic = False
+        raw = getattr(info, "raw_cell", "") or ""
+        self._first_line = next((l.strip() for l in raw.splitlines() if l.strip()), "")
         self.before = _snapshot_if_loaded()
 
     def post_run_cell(self, result=None) -> None:
@@ -51,6 +55,9 @@ class CellWatcher:
         before = self.before or MetricsSnapshot({}, {}, after.taken_at, after.generation)
         delta = after.since(before)
         self.last_delta = delta
+        if delta.did_xla_work:
+            count = getattr(result, "execution_count", None) or len(self.history) + 1
+            self.history.append((count, self._first_line, delta))
         if self.settings.show_xla_line and delta.did_xla_work and not self.reported_by_magic:
             print(f"XLA: {delta.summary()}")
 

@@ -228,16 +228,19 @@ class TpuMagics(Magics):
     @argument("--since-cell", action="store_true", help="what the previous cell did")
     @argument("--all", action="store_true", help="every counter and metric of the runtime")
     @argument("--reset", action="store_true", help="clear the runtime's counters and metrics")
+    @argument("--cells", action="store_true", help="one row per cell that did XLA work")
     @line_magic
     def xla_metrics(self, line=""):
         """XLA counters, timings, CPU fallbacks and device->host reads, readable."""
         args = _parse(self.xla_metrics, line)
         if args is None:
             return
-        if sum((args.since_cell, args.all, args.reset)) > 1:
-            raise UsageError("choose one of --since-cell, --all, --reset")
-        from tpu_nb.display.reports import MetricsView
+        if sum((args.since_cell, args.all, args.reset, args.cells)) > 1:
+            raise UsageError("choose one of --since-cell, --all, --reset, --cells")
+        from tpu_nb.display.reports import CellsView, MetricsView
 
+        if args.cells:
+            return display(CellsView(self.state.watcher.history))
         if args.since_cell:
             delta = self.state.watcher.last_delta
             if delta is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from tpu_nb.runtime import tracking
 from tpu_nb.runtime.compile_log import CompileEvent
 from tpu_nb.runtime.tracking import RunReport
 
@@ -31,10 +32,11 @@ _FALLBACK_HINTS = {
 class LineFinding:
     """Something a line did, with what to do about it."""
 
-    line: int            # 1-based line in the source
+    line: int            # 1-based line in the source; 0 when not on a line of it
     kind: str            # "compile", "recompile", "fallback", "host-read"
     what: str            # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
     hint: str = ""
+    place: str = ""      # where, when not a line: "end of cell" (the final sync)
 
 
 def fallback_hint(op: str) -> str:
@@ -78,6 +80,9 @@ def attribute(report: RunReport, source: str, filename: str) -> list[LineFinding
     for event in report.compile_events:
         line = _line_in(event, filename)
         if line is None:
+            if _line_in(event, tracking.__file__) is not None:   # track()'s final sync
+                findings.append(LineFinding(0, "compile", event.describe().split(" at ")[0],
+                                            place="end of cell"))
             continue
         kind = "recompile" if event.graph_hash in recompiled else "compile"
         hint = ("this line compiled a different graph before: shapes, dtypes or Python values "

@@ -9,9 +9,10 @@ block with sizes. `CompileLog` reads only the bytes appended since its last read
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-import sys
+import sysconfig
 from dataclasses import dataclass, field, replace
 
 _COMPILE = "Compilation Analysis: "
@@ -68,11 +69,12 @@ class CompileEvent:
 
     @property
     def user_frame(self) -> Frame | None:
-        """The innermost frame in user code (not torch, torch_xla or tpu_nb)."""
+        """The innermost frame in the user's code (not the stdlib, an installed package or
+        tpu_nb); None when the compile came from library code alone (e.g. tpu_nb's sync)."""
         for frame in self.frames:
             if not _is_library(frame.file):
                 return frame
-        return self.frames[-1] if self.frames else None
+        return None
 
     def describe(self) -> str:
         where = self.user_frame
@@ -80,21 +82,18 @@ class CompileEvent:
         return f"graph {self.graph_hash[:8]} compiled: {self.cause}{at}"
 
 
+@functools.lru_cache(maxsize=None)
 def _library_dirs() -> tuple[str, ...]:
-    dirs = []
-    for name in ("torch", "torch_xla", "tpu_nb"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if path:
-            dirs.append(os.path.dirname(path) + os.sep)
-    return tuple(dirs)
+    """Directories of code that is not the user's: the stdlib, installed packages, tpu_nb."""
+    paths = sysconfig.get_paths()
+    dirs = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    return tuple(os.path.join(d, "") for d in dirs if d)
 
 
 def _is_library(path: str) -> bool:
-    if path.startswith(_library_dirs()):
-        return True
-    return any(f"{os.sep}{pkg}{os.sep}" in path and "site-packages" in path
-               for pkg in ("torch", "torch_xla", "tpu_nb"))
+    return (path.startswith(_library_dirs()) or "site-packages" in path
+            or "dist-packages" in path or path.startswith("<frozen"))
 
 
 def _field(line: str, name: str) -> str | None:
