@@ -1,6 +1,7 @@
 """detect() and setup(): environment facts, problems with exact fixes, all-or-nothing setup."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_mismatch_is_reported_with_the_pip_command(py, tmp_path):
 
 def test_doctor_exit_status(py):
     import subprocess, sys
-    from tests.conftest import ROOT
+    ROOT = Path(__file__).resolve().parents[1]
     ok = subprocess.run([sys.executable, "-m", "tpu_nb", "doctor"], capture_output=True,
                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert ok.returncode == 0 and "no problems found" in ok.stdout

@@ -1,0 +1,171 @@
+"""The extension in a real kernel (jupyter_client / nbclient): what a notebook user sees.
+
+Marked `stack`: runs on the current stack and on Colab's (ipykernel 6.17, IPython 7.34).
+"""
+
+import os
+import time
+from contextlib import contextmanager
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = [pytest.mark.stack, pytest.mark.kernel, pytest.mark.timeout(240)]
+
+
+@contextmanager
+def kernel_environment():
+    """Kernels inherit this process's environment, but not its latched XLA debug settings:
+    each kernel's %tpu_setup chooses its own."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _notebook(*sources):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    return nb
+
+
+def execute(nb, allow_errors=False):
+    with kernel_environment():
+        NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=allow_errors,
+                       resources={"metadata": {"path": str(ROOT)}}).execute()
+    return nb
+
+
+def _texts(cell):
+    out = []
+    for o in cell.outputs:
+        if o.output_type == "stream":
+            out.append((o.name, o.text))
+        elif o.output_type in ("display_data", "execute_result"):
+            out.append((o.output_type, o.data.get("text/plain", "")))
+        elif o.output_type == "error":
+            out.append(("error", o.ename + ": " + o.evalue))
+    return out
+
+
+def test_failing_cell_stops_the_notebook_and_shows_report_and_one_traceback():
+    nb = _notebook("%load_ext tpu_nb\n%tpu_setup --device cpu",
+                   "import torch, torch_xla",
+                   "%%on_tpu\nx = torch.ones(3)\ny = (x * 2).sum().item()\nraise KeyError('boom')",
+                   "print('must not run')")
+    with pytest.raises(CellExecutionError) as info:
+        execute(nb)
+    assert "KeyError" in str(info.value)
+    failing = nb.cells[2]
+    kinds = [k for k, _ in _texts(failing)]
+    assert kinds.count("error") == 1
+    report = [t for k, t in _texts(failing) if k == "display_data"][0]
+    assert "failed: KeyError" in report and "1 compiled" in report
+    tb = "\n".join(line for o in failing.outputs if o.output_type == "error"
+                   for line in o.traceback)
+    assert "raise KeyError('boom')" in tb
+    assert "tpu_nb/ipython/magics.py" not in tb or "skipping hidden" in tb
+    assert nb.cells[3].outputs == []              # nbclient stopped at the failure
+
+
+def test_next_cell_runs_normally_after_a_failure_and_outputs_are_clean():
+    nb = _notebook("%load_ext tpu_nb\n%tpu_setup --device cpu",
+                   "import torch, torch_xla",
+                   "%%on_tpu\nraise ValueError('first')",
+                   "%%on_tpu\n(torch.ones(4) * 2).sum()",
+                   "v = (torch.ones(2, device=torch_xla.device()) + 1).sum().item()\nprint(v)")
+    execute(nb, allow_errors=True)
+    assert _texts(nb.cells[2])[-1][0] == "error"
+    after = _texts(nb.cells[3])
+    assert ("execute_result", "tensor(8., device='xla:0')") in after
+    (kind, text), = _texts(nb.cells[4])       # the print, then the post-cell XLA line
+    assert kind == "stdout"
+    printed, xla_line = text.splitlines()
+    assert printed == "4.0" and xla_line.startswith("XLA: 1 compiled")
+    assert xla_line.endswith("1 host reads")
+    for cell in nb.cells:
+        assert not [t for k, t in _texts(cell) if k == "stderr"], _texts(cell)
+
+
+def test_interrupt_stops_a_long_cell_within_a_second_and_next_cell_runs():
+    with kernel_environment():
+        km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
+    try:
+        kc.execute_interactive("%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
+                               timeout=120)
+        msg_id = kc.execute("%%on_tpu\nw = torch.randn(64, 64)\nfor i in range(10**7):\n"
+                            "    w = (w @ w).tanh()\n    torch_xla.sync()\n")
+        time.sleep(8)                             # well into the loop
+        start = time.perf_counter()
+        km.interrupt_kernel()
+        while True:
+            reply = kc.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        stopped = time.perf_counter() - start
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert stopped < 1.0, stopped
+        # ipykernel aborts requests that arrive while it handles the interrupt (as a frontend
+        # cancels queued cells); the user's next cell comes after.
+        time.sleep(1)
+        follow = kc.execute_interactive("print((torch.ones(3, device=torch_xla.device()) * 3).sum().item())",
+                                        timeout=60)
+        assert follow["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_classic_guide_blocks_through_on_tpu():
+    """The code of the classic "PyTorch on TPUs" guide, each block through %%on_tpu."""
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla\n"
+        "import torch.nn.functional as F\ndev = torch_xla.device()",
+        # tensors
+        "%%on_tpu -o\nt = torch.randn(2, 2)\nt.device.type",
+        # add, mul, matmul
+        "%%on_tpu -o\nt1 = torch.ones(3, 3)\nt2 = torch.full((3, 3), 2.0)\n"
+        "print(t1 + t2)\nprint(t1 * t2)\nprint(t1 @ t2)",
+        # conv1d
+        "%%on_tpu -o\nfilters = torch.ones(8, 4, 3)\ninputs = torch.ones(1, 4, 5)\n"
+        "print(F.conv1d(inputs, filters).sum().item())",
+        # CPU <-> device copies
+        "%%on_tpu -o\ncpu_t = torch.zeros(2, 2, device='cpu')\nxla_t = cpu_t.to(dev)\n"
+        "xla_t.add_(1)\nprint(cpu_t.sum().item(), xla_t.cpu().sum().item())",
+        # a Linear module with autograd
+        "%%on_tpu -o\nlin = torch.nn.Linear(4, 2)\nout = lin(torch.ones(3, 4)).sum()\nout.backward()\n"
+        "print(lin.weight.grad.device, lin.weight.grad.shape)",
+        # a training step
+        "%%on_tpu -o\nnet = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor _ in range(3):\n    opt.zero_grad()\n"
+        "    loss = F.cross_entropy(net(torch.ones(5, 4)), torch.zeros(5, dtype=torch.long))\n"
+        "    loss.backward()\n    opt.step()\n    torch_xla.sync()\n",
+        # collect what each report said
+        "import tpu_nb\nprint(_2.metrics.executions >= 1, _3.metrics.host_reads, _4.metrics.host_reads,\n"
+        "      _5.metrics.to_device_transfers >= 1, _6.metrics.executions >= 1, _7.metrics.syncs,\n"
+        "      _7.metrics.executions, _7.metrics.fallbacks)",
+    )
+    execute(nb)
+
+    def stdout(cell):
+        return "".join(t for k, t in _texts(cell) if k == "stdout")
+
+    assert ("tensor([[3., 3., 3.],\n        [3., 3., 3.],\n        [3., 3., 3.]], "
+            "device='xla:0')\n") in stdout(nb.cells[2])
+    assert "288.0\n" in stdout(nb.cells[3])          # 8 filters x 3 positions x (4 x 3) ones
+    assert "0.0 4.0\n" in stdout(nb.cells[4])
+    assert "xla:0 torch.Size([2, 4])\n" in stdout(nb.cells[5])
+    summary = stdout(nb.cells[-1]).split()
+    # tensors: executed; printing tensors is no .item(); conv1d: one .item(); the copies
+    # moved data to the device; Linear+autograd executed; the training loop: 3 syncs, 3
+    # executions (the cell's final sync had nothing left to run), no CPU fallback
+    assert summary == ["True", "0", "1", "True", "True", "3", "3", "{}"]
