@@ -36,18 +36,23 @@ class Layout:
     height: float
     layer: list[int]
     routes: list[list[Point]]   # per input edge: from the source's bottom to the target's top
-    crossings: int              # edge crossings between adjacent layers
+    crossings: int              # crossings between adjacent layers (edges with virtual nodes)
     virtual_nodes: int
+    direct_edges: int           # edges too long for virtual nodes: drawn straight
 
 
 def layered_layout(sizes: Sequence[tuple[float, float]], edges: Sequence[tuple[int, int]], *,
                    node_gap: float = 18.0, layer_gap: float = 40.0, margin: float = 12.0,
-                   sweeps: int | None = None) -> Layout:
-    """Lay out nodes 0..len(sizes)-1 (width, height each) joined by directed `edges`."""
+                   sweeps: int | None = None, max_virtual: int | None = None) -> Layout:
+    """Lay out nodes 0..len(sizes)-1 (width, height each) joined by directed `edges`.
+
+    `max_virtual` caps the virtual nodes long edges get (default: 50,000 or 4 per node);
+    longer edges are drawn straight to their target (see _Layered).
+    """
     n = len(sizes)
     dag, flipped = _acyclic(n, edges)
     layer = _layers(n, dag)
-    net = _Layered(n, layer, dag)
+    net = _Layered(n, layer, dag, max(50_000, 4 * n) if max_virtual is None else max_virtual)
     if sweeps is None:
         sweeps = 8 if net.size < 60_000 else 4
     crossings = _order(net, sweeps)
@@ -59,7 +64,7 @@ def layered_layout(sizes: Sequence[tuple[float, float]], edges: Sequence[tuple[i
     width = max((x[v] + widths[v] / 2 for v in range(net.size)), default=0.0) + margin
     routes = _routes(edges, flipped, net, x, y, sizes)
     return Layout(x=x[:n], y=y[:n], width=width, height=height, layer=layer, routes=routes,
-                  crossings=crossings, virtual_nodes=net.size - n)
+                  crossings=crossings, virtual_nodes=net.size - n, direct_edges=len(net.long))
 
 
 # -- 1. cycles -----------------------------------------------------------------------------
@@ -112,37 +117,66 @@ def _topological(n: int, succ: list[list[int]], indeg: list[int]) -> list[int]:
 
 
 def _layers(n: int, dag: list[tuple[int, int]]) -> list[int]:
+    """Two cheap layerings, keeping the one with shorter edges in total (fewer virtual nodes).
+
+    As early as possible, then nodes with more out-edges than in-edges (device data,
+    constants, weights) slide down next to their first consumer; or as late as possible, which
+    also brings down chains that only feed a late consumer (an optimizer's bias correction),
+    then nodes with more in-edges than out-edges (results, updated weights) rise to their
+    last input instead of all sinking to the bottom layer.
+    """
     succ: list[list[int]] = [[] for _ in range(n)]
     pred: list[list[int]] = [[] for _ in range(n)]
     for u, v in dag:
         succ[u].append(v)
         pred[v].append(u)
     order = _topological(n, succ, [len(p) for p in pred])
-    layer = [0] * n
+    early = [0] * n
     for v in order:
         if pred[v]:
-            layer[v] = max(layer[u] for u in pred[v]) + 1
-    # Slide nodes with more out-edges than in-edges down: each step shortens more edges than
-    # it lengthens (what network simplex would find for most of them).
+            early[v] = max(early[u] for u in pred[v]) + 1
     for v in reversed(order):
         if succ[v] and len(succ[v]) > len(pred[v]):
-            layer[v] = min(layer[w] for w in succ[v]) - 1
-    return layer
+            early[v] = min(early[w] for w in succ[v]) - 1
+    late = [0] * n
+    for v in reversed(order):
+        if succ[v]:
+            late[v] = min(late[w] for w in succ[v]) - 1
+    for v in order:                       # and the mirror image: results rise to their inputs
+        if pred[v] and len(pred[v]) > len(succ[v]):
+            late[v] = max(late[u] for u in pred[v]) + 1
+    lowest = min(late, default=0)
+    late = [v - lowest for v in late]
+    length = lambda layer: sum(layer[v] - layer[u] for u, v in dag)   # noqa: E731
+    return late if length(late) < length(early) else early
 
 
 # -- 3. virtual nodes ----------------------------------------------------------------------
 
 class _Layered:
-    """Nodes (real, then virtual) on layers, with every edge between adjacent layers."""
+    """Nodes (real, then virtual) on layers, with every edge between adjacent layers, except
+    edges longer than `span_limit` layers: those are drawn directly and left out of ordering.
 
-    def __init__(self, n: int, layer: list[int], dag: list[tuple[int, int]]) -> None:
+    In a training step, activations saved in the forward pass are read in the backward pass
+    thousands of layers later: virtual nodes for every such edge grow with the square of the
+    depth (8.9 million for a 21,000-node, 40-layer transformer step). Up to `max_virtual`
+    virtual nodes are spent on the shortest edges; the rest go straight to their target.
+    """
+
+    def __init__(self, n: int, layer: list[int], dag: list[tuple[int, int]],
+                 max_virtual: int) -> None:
         self.n = n
         self.layer = list(layer)
         self.up: list[list[int]] = [[] for _ in range(n)]
         self.down: list[list[int]] = [[] for _ in range(n)]
         self.chains: dict[tuple[int, int], list[int]] = {}
+        self.span_limit = _span_limit([layer[v] - layer[u] for u, v in dag], max_virtual)
+        self.long: set[tuple[int, int]] = set()
         for u, v in dag:
-            self._connect(u, v)
+            if layer[v] - layer[u] > self.span_limit:
+                self.long.add((u, v))
+            else:
+                self._connect(u, v)
         depth = max(self.layer, default=-1) + 1
         self.layers: list[list[int]] = [[] for _ in range(depth)]
         self.pos = [0] * len(self.layer)
@@ -152,6 +186,7 @@ class _Layered:
         return len(self.layer)
 
     def _connect(self, u: int, v: int) -> None:
+        """Join u to v through one virtual node per layer in between."""
         prev, chain = u, []
         for level in range(self.layer[u] + 1, self.layer[v]):
             d = len(self.layer)
@@ -171,6 +206,20 @@ class _Layered:
         for row in layers:
             for i, v in enumerate(row):
                 pos[v] = i
+
+
+def _span_limit(spans: list[int], max_virtual: int) -> int:
+    """The longest span whose edges (with all shorter ones) fit in `max_virtual` nodes."""
+    used, limit = 0, 1
+    counts: dict[int, int] = {}
+    for s in spans:
+        counts[s] = counts.get(s, 0) + 1
+    for span in sorted(counts):
+        used += (span - 1) * counts[span]
+        if used > max_virtual:
+            return limit
+        limit = span
+    return limit
 
 
 # -- 4. order within layers ----------------------------------------------------------------
@@ -310,65 +359,60 @@ def count_layer_crossings(net: _Layered) -> int:
 
 
 def count_crossings(routes: Sequence[Sequence[Point]], levels: Sequence[float]) -> int:
-    """Edge crossings of any top-to-bottom drawing, counted like `count_layer_crossings`.
+    """Edge crossings of any top-to-bottom drawing, counted the same way for every layout.
 
-    `routes` are polylines (for splines, sampled points) and `levels` the y of each rank. Each
-    route is cut at every level it spans; between two adjacent levels, two routes cross when
-    their order at the upper level is the reverse of their order at the lower one (routes
-    that share an end point there, as edges of one node do, do not count).
+    `routes` are polylines from the centre of an edge's source node to the centre of its
+    target (splines: sampled points); `levels` are the y of the node ranks. Between two
+    adjacent levels, two routes cross when their left-to-right order at the upper level is the
+    reverse of their order at the lower one. Routes that meet at a point there (the edges of
+    one node) do not count. Uses numpy: a 20,000-node drawing has millions of route pieces.
     """
-    levels = sorted(set(levels))
-    at_level: list[list[tuple[float, int]]] = [[] for _ in levels]
-    for k, route in enumerate(routes):
-        pts = sorted(route, key=lambda p: p[1]) if route[0][1] > route[-1][1] else list(route)
-        first = bisect_left(levels, pts[0][1] - 0.5)
-        last = bisect_right(levels, pts[-1][1] + 0.5)
-        for li in range(first, last):
-            at_level[li].append((_x_at(pts, levels[li]), k))
-    total = 0
-    for li in range(len(levels) - 1):
-        upper = {k: x for x, k in at_level[li]}
-        lower = {k: x for x, k in at_level[li + 1]}
-        both = [(upper[k], lower[k]) for k in upper if k in lower]
-        total += _crossing_pairs(both)
-    return total
+    import numpy as np
 
-
-def _x_at(points: Sequence[Point], y: float) -> float:
-    if y <= points[0][1]:
-        return points[0][0]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if y0 <= y <= y1:
-            return x0 if y1 == y0 else x0 + (x1 - x0) * (y - y0) / (y1 - y0)
-    return points[-1][0]
-
-
-def _crossing_pairs(segments: list[tuple[float, float]]) -> int:
-    """Pairs (a, b) with a strictly left of b at the top and strictly right at the bottom."""
-    if len(segments) < 2:
+    segments = [(x0, y0, x1, y1) if y0 <= y1 else (x1, y1, x0, y0)
+                for route in routes for (x0, y0), (x1, y1) in zip(route, route[1:])
+                if y0 != y1]
+    if not segments:
         return 0
-    tops = sorted({round(t, 3) for t, _ in segments})
-    bottoms = sorted({round(b, 3) for _, b in segments})
-    rank = {b: i for i, b in enumerate(bottoms)}
-    by_top: dict[float, list[int]] = {}
-    for t, b in segments:
-        by_top.setdefault(round(t, 3), []).append(rank[round(b, 3)])
-    tree = [0] * (len(bottoms) + 1)
-    inserted, total = 0, 0
-    for t in tops:
-        group = by_top[t]
-        for value in group:               # count against earlier tops only (ties excluded)
-            i, not_above = value + 1, 0
-            while i > 0:
-                not_above += tree[i]
-                i -= i & -i
-            total += inserted - not_above
-        for value in group:
-            i = value + 1
-            while i < len(tree):
-                tree[i] += 1
-                i += i & -i
-        inserted += len(group)
+    lv = np.unique(np.asarray(levels, dtype=float))
+    seg = np.asarray(segments, dtype=float)
+    x0, y0, x1, y1 = seg.T
+    first = np.searchsorted(lv, y0 - 1e-6)                 # first level at or below the top
+    last = np.searchsorted(lv, y1 + 1e-6, side="right") - 1
+    total = 0
+    for i in range(len(lv) - 1):
+        active = np.flatnonzero((first <= i) & (last >= i + 1))
+        if len(active) < 2:
+            continue
+        slope = (x1[active] - x0[active]) / (y1[active] - y0[active])
+        top = np.round(x0[active] + slope * (lv[i] - y0[active]), 3)
+        bottom = np.round(x0[active] + slope * (lv[i + 1] - y0[active]), 3)
+        order = np.lexsort((bottom, top))
+        total += _strict_inversions(np.unique(bottom, return_inverse=True)[1][order])
+    return int(total)
+
+
+def _strict_inversions(values) -> int:
+    """Pairs i < j with values[i] > values[j] (integers), by bottom-up merge counting."""
+    import numpy as np
+
+    a = np.asarray(values, dtype=np.int64).ravel()
+    n, span, total = len(a), 1, 0
+    scale = int(a.max()) + 1 if n else 1
+    while span < n:
+        block = np.arange(n) // (2 * span)
+        right = (np.arange(n) // span) % 2 == 1
+        keys = block * scale + a                   # each block pair sorted in isolation
+        left_keys = np.where(right, -1, keys)
+        left_sorted = np.sort(left_keys[left_keys >= 0])
+        r_keys = keys[right]
+        # left elements in the same block pair that are greater than each right element
+        greater = (np.searchsorted(left_sorted, block[right] * scale + scale - 1, side="right")
+                   - np.searchsorted(left_sorted, r_keys, side="right"))
+        total += int(greater.sum())
+        order = np.argsort(keys, kind="stable")
+        a = a[order]
+        span *= 2
     return total
 
 
@@ -378,15 +422,14 @@ def _x_positions(net: _Layered, widths: list[float], node_gap: float) -> list[fl
     x = [0.0] * net.size
     for row in net.layers:
         _pack(row, widths, node_gap, x)
-    weight = [1.0] * net.n + [4.0] * (net.size - net.n)
     for i in range(6):
         downward = i % 2 == 0
         rows = range(1, len(net.layers)) if downward else range(len(net.layers) - 2, -1, -1)
         for r in rows:
-            _place_row(net, net.layers[r], net.up if downward else net.down, widths, weight,
+            _place_row(net, net.layers[r], net.up if downward else net.down, widths,
                        node_gap, x)
     for row in net.layers:                # last: balance between both neighbour layers
-        _place_row(net, row, None, widths, weight, node_gap, x)
+        _place_row(net, row, None, widths, node_gap, x)
     return x
 
 
@@ -406,13 +449,30 @@ def _gap(widths: list[float], a: int, b: int, gap: float) -> float:
     return (widths[a] + widths[b]) / 2 + space
 
 
-def _place_row(net: _Layered, row: list[int], neighbours, widths, weight, gap,
+def _pull(net: _Layered, v: int, u: int) -> float:
+    """How strongly v wants to sit above/below its neighbour u. The inner pieces of a long
+    edge stay straight (virtual to virtual); a long edge may bend where it leaves or enters a
+    node, rather than push a chain of real nodes sideways into a staircase."""
+    v_real, u_real = v < net.n, u < net.n
+    if v_real and u_real:
+        return 1.0
+    if not v_real and not u_real:
+        return 8.0
+    return 0.3 if v_real else 0.05
+
+
+def _place_row(net: _Layered, row: list[int], neighbours, widths, gap,
                x: list[float]) -> None:
     targets, weights = [], []
     for v in row:
         adj = neighbours[v] if neighbours is not None else net.up[v] + net.down[v]
-        targets.append(sum(x[u] for u in adj) / len(adj) if adj else x[v])
-        weights.append(weight[v] * (len(adj) or 0.25))
+        total = pulled = 0.0
+        for u in adj:
+            w = _pull(net, v, u)
+            total += w
+            pulled += w * x[u]
+        targets.append(pulled / total if total else x[v])
+        weights.append(total or 0.05)
     offsets = [0.0]
     for i in range(1, len(row)):
         offsets.append(offsets[-1] + _gap(widths, row[i - 1], row[i], gap))

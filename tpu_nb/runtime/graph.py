@@ -426,13 +426,14 @@ class Graph:
 
         return diff_graphs(before=other, after=self)
 
-    def groups(self, by: str = "auto", *, budget: int = NODE_BUDGET,
+    def groups(self, by: str = "auto", *, budget: int = NODE_BUDGET, target: int | None = None,
                expand: Iterable[str] = ()) -> "GroupedGraph":  # noqa: F821
-        """Collapse nodes into groups (by source line, function, file or scope) until at most
-        `budget` remain; `expand` names groups to show node by node. See GroupedGraph."""
+        """Above `budget` nodes, about `target` groups of consecutive nodes by source line
+        (or "function", "file", "scope", "range"); `expand` names groups to open. See
+        tpu_nb.runtime.graph_groups."""
         from tpu_nb.runtime.graph_groups import group_graph   # same layer; avoids a cycle
 
-        return group_graph(self, by=by, budget=budget, expand=expand)
+        return group_graph(self, by=by, budget=budget, target=target, expand=expand)
 
 
 def _output_shape(values: dict, output: int) -> str:

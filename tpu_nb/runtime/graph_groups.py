@@ -1,20 +1,25 @@
-"""Big graphs as at most ~500 boxes: nodes grouped by where they came from, then merged.
+"""Big graphs as about 160 boxes: runs of nodes grouped by where they came from.
 
-A training step is tens of thousands of IR nodes; nobody reads that as a picture. Grouping:
+A training step is tens of thousands of IR nodes; nobody reads that as a picture. Node ids are
+a post-order (every operand comes before its users; the forward pass, then the backward pass,
+then the optimizer's updates), so a stretch of consecutive ids is a connected piece of the
+computation, and boxes made of such stretches only have edges pointing forward: the summary
+keeps the graph's depth and never has cycles. Grouping:
   1. every node gets a key: its source line (or function, file, scope); nodes without a
-     location (autograd's backward pass) inherit "backward of <line>" from an operand; device
-     data and constants join the group of their first consumer;
-  2. nodes with the same key that are connected form one piece ("relu@functional.py:1697 #3"
-     is the third separate place that line ran), so the summary keeps the graph's shape;
-  3. while there are more pieces than the budget, each piece merges with its neighbour that
-     shares its function (else the heaviest edge), a round at a time so pieces grow evenly.
-Without locations or scopes, pieces are runs of consecutive node ids (post-order: operands
-first, so a run is a connected stretch of the computation).
+     location (autograd's backward pass) inherit "backward of <line>" from an operand, else
+     take their first consumer's key, as device data and constants do;
+  2. consecutive nodes with the same key form a run ("relu@functional.py:1697 #3" is the
+     third separate place that line ran);
+  3. while there are more runs than the target, the cheapest neighbouring pair merges: the
+     smallest combined size, much cheaper when both come from the same function.
+Without locations or scopes every key is the same, and runs become even stretches of ids.
+Expanding a group shows its nodes, or, when it is itself too big, its own sub-groups.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import heapq
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterable
@@ -55,7 +60,8 @@ class GroupEdge:
 
 @dataclass(frozen=True)
 class GroupedGraph:
-    """A graph as a view shows it: about `budget` boxes at most (groups or single nodes)."""
+    """A graph as a view shows it: every node when there are at most `budget`, else about
+    `target` groups (plus whatever was expanded)."""
 
     graph: Graph = field(repr=False)
     groups: tuple[Group, ...]
@@ -63,6 +69,7 @@ class GroupedGraph:
     by: str                      # "node" (nothing collapsed), "line", "scope", "range", ...
     expanded: tuple[str, ...] = ()
     budget: int = NODE_BUDGET
+    target: int = NODE_BUDGET // 3
 
     @property
     def collapsed(self) -> bool:
@@ -89,7 +96,8 @@ class GroupedGraph:
     def expand(self, *keys: str) -> "GroupedGraph":
         """The same grouping with the named groups shown node by node."""
         return group_graph(self.graph, by=self.by if self.by in GROUP_BY else "auto",
-                           budget=self.budget, expand=self.expanded + keys)
+                           budget=self.budget, target=self.target,
+                           expand=self.expanded + keys)
 
     def __repr__(self) -> str:
         return (f"GroupedGraph({len(self.groups)} boxes for {len(self.graph.nodes)} nodes, "
@@ -97,26 +105,28 @@ class GroupedGraph:
 
 
 def group_graph(graph: Graph, by: str = "auto", *, budget: int = NODE_BUDGET,
-                expand: Iterable[str] = ()) -> GroupedGraph:
-    """Collapse `graph` into at most `budget` boxes; `expand` names groups (keys, or a source
-    key such as "forward@linear.py:134" for all its pieces) to show node by node."""
+                target: int | None = None, expand: Iterable[str] = ()) -> GroupedGraph:
+    """Collapse a graph of more than `budget` nodes into about `target` boxes (default
+    budget // 3); `expand` names groups (keys, or a source key such as
+    "forward@linear.py:134" for all its runs) to show node by node."""
     with gc_paused():
-        return _group_graph(graph, by, budget, tuple(expand))
+        return _group_graph(graph, by, budget, target or max(2, budget // 3), tuple(expand))
 
 
-def _group_graph(graph: Graph, by: str, budget: int, expand: tuple[str, ...]) -> GroupedGraph:
+def _group_graph(graph: Graph, by: str, budget: int, target: int,
+                 expand: tuple[str, ...]) -> GroupedGraph:
     level = _level(graph, by)
     if len(graph.nodes) <= budget:
         keys = [f"%{n.id}" for n in graph.nodes]
         piece, level = list(range(len(graph.nodes))), "node"
-    elif level == "range":
-        keys, piece = _range_pieces(graph, budget)
     else:
-        keys = _base_keys(graph, level)
-        piece = _components(graph, keys)
-        piece = _coarsen(graph, piece, keys, budget)
-    grouped = _build(graph, piece, keys, level, budget)
-    return _expanded(grouped, expand, keys, piece) if expand else grouped
+        keys = [""] * len(graph.nodes) if level == "range" else _base_keys(graph, level)
+        piece = _merge_runs(keys, 0, len(keys), target)
+    grouped = _build(graph, piece, keys, level, budget, target)
+    for step, name in enumerate(expand):
+        piece = _expand_one(grouped, name, keys, piece, step)
+        grouped = _build(graph, piece, keys, level, budget, target, expand[:step + 1])
+    return grouped
 
 
 def _level(graph: Graph, by: str) -> str:
@@ -163,12 +173,11 @@ def _base_keys(graph: Graph, level: str) -> list[str]:
         if not keys[i] and not _leaf(n):
             keys[i] = _inherited_key(graph, n, own, keys, pos)
     consumers = graph.consumers
-    for i, n in enumerate(graph.nodes):
-        if _leaf(n) and n.id in consumers:
+    for i in range(len(graph.nodes) - 1, -1, -1):     # consumers come later: walk backward
+        n = graph.nodes[i]
+        if (_leaf(n) or not keys[i]) and n.id in consumers:
             keys[i] = keys[pos[consumers[n.id][0]]] or keys[i]
-        if not keys[i]:
-            keys[i] = "(no source)"
-    return keys
+    return [k or "(no source)" for k in keys]
 
 
 def _inherited_key(graph: Graph, n: Node, own: list[str], keys: list[str], pos) -> str:
@@ -184,145 +193,60 @@ def _inherited_key(graph: Graph, n: Node, own: list[str], keys: list[str], pos) 
     return fallback
 
 
-def _range_pieces(graph: Graph, budget: int) -> tuple[list[str], list[int]]:
-    size = -(-len(graph.nodes) // budget)
-    piece = [i // size for i in range(len(graph.nodes))]
-    keys = []
-    for i in range(len(graph.nodes)):
-        first = graph.nodes[piece[i] * size].id
-        last = graph.nodes[min(len(graph.nodes), (piece[i] + 1) * size) - 1].id
-        keys.append(f"%{first}-%{last}")
-    return keys, piece
-
-
-class _UnionFind:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, x: int) -> int:
-        parent = self.parent
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(self, a: int, b: int) -> int:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-        return min(ra, rb)
-
-
-def _node_pairs(graph: Graph) -> list[tuple[int, int]]:
-    """Edges as (position of src, position of dst)."""
-    pos = graph._position
-    return [(pos[e.src], pos[e.dst]) for e in graph.edges if e.src in pos and e.dst in pos]
-
-
-def _components(graph: Graph, keys: list[str]) -> list[int]:
-    """Pieces: connected nodes with the same key. A piece id per node position."""
-    uf = _UnionFind(len(graph.nodes))
-    for a, b in _node_pairs(graph):
-        if keys[a] == keys[b]:
-            uf.union(a, b)
-    return [uf.find(i) for i in range(len(graph.nodes))]
-
-
 def _family(key: str) -> str:
-    """"forward@linear.py:134" -> "forward@linear.py": pieces of one function merge first."""
+    """"forward@linear.py:134" -> "forward@linear.py": runs of one function merge first."""
     head, _, line = key.rpartition(":")
     return head if line.isdigit() else key
 
 
-def _coarsen(graph: Graph, piece: list[int], keys: list[str], budget: int) -> list[int]:
-    """Merge neighbouring pieces, a round at a time, until at most `budget` remain."""
-    uf = _UnionFind(len(piece))
-    size: dict[int, int] = Counter(piece)
-    top: dict[int, tuple[int, str]] = {}          # piece -> (count, its most common key)
-    counts = Counter(zip(piece, keys))
-    for (p, key), c in counts.items():
-        if c > top.get(p, (0, ""))[0]:
-            top[p] = (c, key)
-    state = _Pieces(uf, set(size), size, top)
-    weights = Counter((piece[a], piece[b]) for a, b in _node_pairs(graph)
-                      if piece[a] != piece[b])
-    while len(state.alive) > budget:
-        weights = _shrink(uf, weights)
-        if not _merge_round(state, weights, budget):
-            _merge_unconnected(state, budget)
-    return [uf.find(p) for p in piece]
+def _runs(keys: list[str], lo: int, hi: int) -> list[int]:
+    """Start positions of the runs of equal keys in keys[lo:hi]."""
+    return [i for i in range(lo, hi) if i == lo or keys[i] != keys[i - 1]]
 
 
-@dataclass
-class _Pieces:
-    """Pieces while they merge. `top` approximates each piece's most common source key (the
-    larger of the two merged tops), which is all a merge decision needs."""
-
-    uf: _UnionFind
-    alive: set[int]
-    size: dict[int, int]
-    top: dict[int, tuple[int, str]]
-
-    def family(self, p: int) -> str:
-        return _family(self.top[p][1])
-
-    def merge(self, p: int, q: int) -> None:
-        root = self.uf.union(p, q)
-        other = q if root == p else p
-        self.size[root] = self.size[p] + self.size[q]
-        self.top[root] = max(self.top[p], self.top[q])
-        self.alive.discard(other)
-
-
-def _shrink(uf: _UnionFind, weights: Counter) -> Counter:
-    """Edge weights between current pieces (merged pieces' edges added up)."""
-    out: Counter = Counter()
-    find = uf.find
-    for (a, b), w in weights.items():
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            out[(ra, rb) if ra < rb else (rb, ra)] += w
+def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
+    """A run id (its start position) for each position in [lo, hi), at most `target` runs."""
+    starts = _runs(keys, lo, hi)
+    ends = starts[1:] + [hi]
+    run_of = {s: s for s in starts}
+    nxt = dict(zip(starts, starts[1:]))
+    prv = {b: a for a, b in nxt.items()}
+    end = dict(zip(starts, ends))
+    top = {s: (e - s, keys[s]) for s, e in zip(starts, ends)}   # (count, dominant key)
+    heap = [(_cost(top, end, a, b), a, b) for a, b in nxt.items()]
+    heapq.heapify(heap)
+    alive = len(starts)
+    while alive > target and heap:
+        _, a, b = heapq.heappop(heap)
+        if nxt.get(a) != b or run_of[a] != a or run_of[b] != b:
+            continue                          # stale: one of them merged meanwhile
+        run_of[b] = a
+        end[a] = end[b]
+        top[a] = max(top[a], top[b])
+        alive -= 1
+        nxt.pop(a)
+        if b in nxt:
+            c = nxt.pop(b)
+            nxt[a], prv[c] = c, a
+            heapq.heappush(heap, (_cost(top, end, a, c), a, c))
+        if a in prv:
+            z = prv[a]
+            heapq.heappush(heap, (_cost(top, end, z, a), z, a))
+    out: list[int] = []
+    for s, e in zip(starts, ends):          # starts ascend: a run's root is resolved first
+        run_of[s] = run_of[run_of[s]]
+        out += [run_of[s]] * (e - s)
     return out
 
 
-def _merge_round(state: _Pieces, weights: Counter, budget: int) -> int:
-    """Each piece merges at most once per round: with an unmatched neighbour of the same
-    function if it has one, else along its heaviest edge; smaller neighbours first."""
-    adj: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for (a, b), w in weights.items():
-        adj[a].append((b, w))
-        adj[b].append((a, w))
-    family = {p: state.family(p) for p in state.alive}
-    size, matched, merged = state.size, set(), 0
-    for p in sorted(state.alive, key=lambda p: (size[p], p)):
-        if p in matched:
-            continue
-        best, best_score = None, None
-        for q, w in adj.get(p, ()):
-            if q not in matched:
-                score = (family[p] == family[q], w, -size[q], -q)
-                if best_score is None or score > best_score:
-                    best, best_score = q, score
-        if best is not None:
-            matched.update((p, best))
-            state.merge(p, best)
-            merged += 1
-            if len(state.alive) <= budget:
-                break
-    return merged
+def _cost(top: dict, end: dict, a: int, b: int) -> float:
+    size = (end[a] - a) + (end[b] - b)
+    same = _family(top[a][1]) == _family(top[b][1])
+    return size * (0.35 if same else 1.0)
 
 
-def _merge_unconnected(state: _Pieces, budget: int) -> None:
-    """Pieces with no edges left between them: pair them up, same function first."""
-    order = sorted(state.alive, key=lambda p: (state.family(p), p))
-    for p, q in zip(order[::2], order[1::2]):
-        state.merge(p, q)
-        if len(state.alive) <= budget:
-            return
-
-
-def _build(graph: Graph, piece: list[int], keys: list[str], by: str,
-           budget: int, expanded: tuple[str, ...] = ()) -> GroupedGraph:
+def _build(graph: Graph, piece: list[int], keys: list[str], by: str, budget: int,
+           target: int, expanded: tuple[str, ...] = ()) -> GroupedGraph:
     members: dict[int, list[int]] = {}
     for i, p in enumerate(piece):
         members.setdefault(p, []).append(i)
@@ -334,7 +258,7 @@ def _build(graph: Graph, piece: list[int], keys: list[str], by: str,
                    for k, p in enumerate(order))
     node_group = [index[p] for p in piece]
     return GroupedGraph(graph=graph, groups=groups, edges=_group_edges(graph, node_group),
-                        by=by, expanded=expanded, budget=budget)
+                        by=by, expanded=expanded, budget=budget, target=target)
 
 
 def _label(graph: Graph, positions: list[int], keys: list[str]) -> str:
@@ -391,19 +315,26 @@ def _group_edges(graph: Graph, node_group: list[int]) -> tuple[GroupEdge, ...]:
                  for (a, b), (c, s) in agg.items())
 
 
-def _expanded(grouped: GroupedGraph, expand: tuple[str, ...], keys: list[str],
-              piece: list[int]) -> GroupedGraph:
-    """Split the named groups into single nodes; every other group stays as it was."""
-    targets = set()
-    for name in expand:
-        hits = [g for g in grouped.groups
-                if name in (g.key, g.label) or (g.sources and g.sources[0][0] == name)]
-        if not hits:
-            sample = next((g.key for g in grouped.groups if g.size > 1), grouped.groups[0].key)
-            raise TpuNbError(f"no group named {name!r} to expand. Fix: use a key from "
-                             f"[g.key for g in grouped.groups], e.g. {sample!r}.")
-        targets.update(m for g in hits for m in g.members)
-    graph = grouped.graph
-    fresh = len(piece)
-    split = [fresh + i if n.id in targets else piece[i] for i, n in enumerate(graph.nodes)]
-    return _build(graph, split, keys, grouped.by, grouped.budget, expand)
+def _expand_one(grouped: GroupedGraph, name: str, keys: list[str], piece: list[int],
+                step: int) -> list[int]:
+    """New run ids: the named group(s) split into single nodes, or into sub-groups when a
+    group is bigger than the budget. Every other group stays as it was."""
+    hits = [g for g in grouped.groups
+            if g.size > 1 and (name in (g.key, g.label) or g.sources[0][0] == name)]
+    if not hits:
+        sample = next((g.key for g in grouped.groups if g.size > 1), grouped.groups[0].key)
+        raise TpuNbError(f"no group named {name!r} to expand. Fix: use a key from "
+                         f"[g.key for g in grouped.groups], e.g. {sample!r}.")
+    n, pos = len(piece), grouped.graph._position
+    fresh = (step + 1) * 2 * n              # ids no earlier step has used
+    piece = list(piece)
+    for g in hits:
+        positions = sorted(pos[m] for m in g.members)   # a run: consecutive positions
+        lo, hi = positions[0], positions[-1] + 1
+        if g.size <= grouped.budget:
+            sub = list(range(lo, hi))
+        else:
+            sub = _merge_runs(keys, lo, hi, grouped.target)
+        for p, r in zip(range(lo, hi), sub):
+            piece[p] = fresh + r
+    return piece

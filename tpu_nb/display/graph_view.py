@@ -1,0 +1,438 @@
+"""Pictures of a lazy XLA graph: self-contained SVG in HTML, and a matplotlib figure.
+
+The HTML needs no JavaScript and no server, so it renders the same in Colab, JupyterLab,
+nbviewer and an exported notebook: an inline SVG (hover a box or an edge: its `<title>` is the
+tooltip), a legend, and `<details>` panels with the group list, the IR text and the HLO.
+Graphs above the node budget are drawn as groups (tpu_nb.runtime.graph_groups); `expand`
+shows named groups node by node. Every string from user code (file and function names, ops,
+scopes) is escaped before it reaches SVG or HTML.
+
+    view = GraphView(tpu_nb.graph(loss))      # a notebook shows it; repr() stays plain text
+    html = render_html(graph)                 # the same as a string
+    fig = plot(graph)                         # matplotlib Figure, for papers and slides
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable
+
+from tpu_nb.display.graph_layout import Layout, layered_layout
+from tpu_nb.runtime.graph import KINDS, NODE_BUDGET, Graph, gc_paused
+from tpu_nb.runtime.graph_diff import GraphDiff
+from tpu_nb.runtime.graph_groups import Group, GroupedGraph, group_graph
+
+# fill, stroke per kind; CPU fallbacks and changed nodes stand out.
+COLOURS = {
+    "data": ("#dbeafe", "#2563eb"),
+    "constant": ("#f1f5f9", "#94a3b8"),
+    "view": ("#f8fafc", "#94a3b8"),
+    "compute": ("#dcfce7", "#16a34a"),
+    "reduction": ("#fef3c7", "#d97706"),
+    "collective": ("#ede9fe", "#7c3aed"),
+    "random": ("#fce7f3", "#db2777"),
+    "fallback": ("#fee2e2", "#dc2626"),
+}
+KIND_NAMES = {
+    "data": "device data", "constant": "constant", "view": "view / layout",
+    "compute": "compute", "reduction": "reduction", "collective": "collective",
+    "random": "random", "fallback": "CPU fallback",
+}
+CHANGED = "#ea580c"
+MAX_TEXT = 200_000          # characters of IR / HLO text embedded in the HTML
+_FONT = 11
+_SMALL = 9
+_CHAR = 0.62                # monospace glyph width per font-size unit
+_BOX_H = 34
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def esc(text: object) -> str:
+    """Text safe inside XML/HTML content and attribute values."""
+    return html.escape(_INVALID_XML.sub("\ufffd", str(text)), quote=True)
+
+
+def _fit(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class _Box:
+    """What one box shows: text lines, tooltip, colours."""
+
+    title: str
+    line1: str
+    line2: str
+    kind: str
+    output: bool
+    changed: bool
+    group: bool
+
+    @property
+    def width(self) -> float:
+        return max(len(self.line1) * _FONT * _CHAR, len(self.line2) * _SMALL * _CHAR, 30) + 16
+
+
+def _node_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
+    n = graph.node(group.members[0])
+    where = n.where
+    out = f" → out {n.root}" if n.root is not None else ""
+    tip = [f"%{n.id} {n.op}", f"shape {n.shape}" + (f" {n.layout}" if n.layout else ""),
+           f"kind {KIND_NAMES.get(n.kind, n.kind)}"]
+    tip += [f"line {where}"] if where else ["line: not recorded (IR debug off, or autograd)"]
+    tip += [f"scope {n.scope}"] if n.scope else []
+    tip += [f"output {n.root} of the graph"] if n.root is not None else []
+    tip += [f"attrs {', '.join(f'{k}={v}' for k, v in n.attrs)}"] if n.attrs else []
+    short = f"{n.location.file}:{n.location.line}" if n.location else ""
+    line2 = _fit(f"%{n.id}" + (f" · {short}" if short else "") + out, 34)
+    return _Box(title="\n".join(tip), line1=_fit(n.name, 28), line2=line2, kind=n.kind,
+                output=n.root is not None, changed=n.id in changed, group=False)
+
+
+def _group_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
+    ops = ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:3])
+    more = "…" if len(group.ops) > 3 else ""
+    n_changed = sum(1 for m in group.members if m in changed)
+    outs = sum(1 for m in group.members if graph.node(m).root is not None)
+    tip = [f"group {group.key}", f"{group.size} nodes: {ops}{more}",
+           "lines: " + "; ".join(f"{k} ({c})" for k, c in group.sources[:6])]
+    tip += [f"{outs} graph outputs"] if outs else []
+    tip += [f"{n_changed} changed nodes"] if n_changed else []
+    tip += [f"expand: GraphView(graph, expand=[{group.key!r}])"]
+    line2 = _fit(f"×{group.size} · {ops}{more}", 40)
+    return _Box(title="\n".join(tip), line1=_fit(group.label, 44), line2=line2,
+                kind=group.kind, output=outs > 0, changed=n_changed > 0, group=True)
+
+
+@dataclass
+class _Scene:
+    """A grouped graph, its boxes and their layout: what the SVG and the figure draw."""
+
+    grouped: GroupedGraph
+    boxes: list[_Box]
+    layout: Layout
+    edge_pairs: list[tuple[int, int]]
+
+
+def _scene(graph: Graph, by: str, budget: int, expand: Iterable[str],
+           changed: frozenset[int]) -> _Scene:
+    with gc_paused():
+        grouped = group_graph(graph, by=by, budget=budget, expand=expand)
+        boxes = [(_group_box if g.size > 1 else _node_box)(graph, g, changed)
+                 for g in grouped.groups]
+        pairs = [(e.src, e.dst) for e in grouped.edges]
+        layout = layered_layout([(b.width, _BOX_H) for b in boxes], pairs, node_gap=14,
+                                layer_gap=34)
+    return _Scene(grouped, boxes, layout, pairs)
+
+
+# -- SVG -----------------------------------------------------------------------------------
+
+def _path(points: list[tuple[float, float]]) -> str:
+    """Vertical S-curves through the route's points."""
+    (x, y), rest = points[0], points[1:]
+    parts = [f"M{x:.1f},{y:.1f}"]
+    for nx, ny in rest:
+        mid = (y + ny) / 2
+        parts.append(f"C{x:.1f},{mid:.1f} {nx:.1f},{mid:.1f} {nx:.1f},{ny:.1f}")
+        x, y = nx, ny
+    return "".join(parts)
+
+
+def _edge_svg(scene: _Scene) -> list[str]:
+    out, labelled = [], set()
+    for k, edge in enumerate(scene.grouped.edges):
+        route = scene.layout.routes[k]
+        if not route:
+            continue
+        src, dst = scene.grouped.groups[edge.src], scene.grouped.groups[edge.dst]
+        shape = ", ".join(edge.shapes)
+        count = f" ({edge.count} edges)" if edge.count > 1 else ""
+        tip = f"{src.key} → {dst.key}{count}: {shape}"
+        direct = len(route) == 2 and abs(route[1][1] - route[0][1]) > 2 * (_BOX_H + 34)
+        style = ' stroke-dasharray="4 3" opacity="0.55"' if direct else ""
+        out.append(f'<path d="{_path(route)}" class="e"{style} marker-end="url(#tpu-nb-arrow)">'
+                   f"<title>{esc(tip)}</title></path>")
+        label_key = (edge.src, edge.shapes)
+        if label_key not in labelled and shape:
+            labelled.add(label_key)
+            x, y = route[0][0] + 4, route[0][1] + 11
+            text = _fit(shape, 30) + (f" ×{edge.count}" if edge.count > 1 and
+                                      src.size > 1 else "")
+            out.append(f'<text x="{x:.1f}" y="{y:.1f}" class="s">{esc(text)}</text>')
+    return out
+
+
+def _node_svg(scene: _Scene) -> list[str]:
+    out = []
+    lay = scene.layout
+    for i, box in enumerate(scene.boxes):
+        fill, stroke = COLOURS.get(box.kind, COLOURS["compute"])
+        x, y = lay.x[i] - box.width / 2, lay.y[i] - _BOX_H / 2
+        width = 2.6 if box.output or box.kind == "fallback" else 1.2
+        extra = ""
+        if box.changed:
+            stroke, width, extra = CHANGED, 3.0, ' stroke-dasharray="5 2"'
+        shadow = (f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{box.width:.1f}" '
+                  f'height="{_BOX_H}" rx="4" fill="{fill}" stroke="{stroke}" '
+                  f'stroke-width="0.8"/>' if box.group else "")
+        out.append(
+            f"<g><title>{esc(box.title)}</title>{shadow}"
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{box.width:.1f}" height="{_BOX_H}" rx="4" '
+            f'fill="{fill}" stroke="{stroke}" stroke-width="{width}"{extra}/>'
+            f'<text x="{lay.x[i]:.1f}" y="{y + 14:.1f}" class="o">{esc(box.line1)}</text>'
+            f'<text x="{lay.x[i]:.1f}" y="{y + 27:.1f}" class="d">{esc(box.line2)}</text></g>')
+    return out
+
+
+_STYLE = ("<style>.e{fill:none;stroke:#64748b;stroke-width:1.1}"
+          ".s{font-size:9px;fill:#475569}"
+          ".o{font-size:11px;text-anchor:middle;fill:#0f172a}"
+          ".d{font-size:9px;text-anchor:middle;fill:#475569}</style>")
+
+
+def _svg(scene: _Scene) -> str:
+    lay = scene.layout
+    w, h = max(lay.width, 60), max(lay.height, 40)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}" '
+             f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="monospace" '
+             f'style="background:#ffffff">',
+             _STYLE,
+             '<defs><marker id="tpu-nb-arrow" viewBox="0 0 8 8" refX="7" refY="4" '
+             'markerWidth="7" markerHeight="7" orient="auto">'
+             '<path d="M0,0L8,4L0,8z" fill="#64748b"/></marker></defs>',
+             f'<rect width="{w:.0f}" height="{h:.0f}" fill="#ffffff"/>']
+    parts += _edge_svg(scene)
+    parts += _node_svg(scene)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_svg(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
+               expand: Iterable[str] = (), diff: GraphDiff | None = None) -> str:
+    """The graph (or, above `budget` nodes, its groups) as a standalone SVG document."""
+    return _svg(_scene(graph, by, budget, expand, _changed(diff)))
+
+
+def _changed(diff: GraphDiff | None) -> frozenset[int]:
+    return diff.changed_ids if diff is not None else frozenset()
+
+
+# -- HTML ----------------------------------------------------------------------------------
+
+def _legend(scene: _Scene) -> str:
+    present = Counter(b.kind for b in scene.boxes)
+    items = []
+    for kind in KINDS:
+        if present[kind]:
+            fill, stroke = COLOURS[kind]
+            items.append(f'<span style="display:inline-block;width:10px;height:10px;'
+                         f'background:{fill};border:1.5px solid {stroke};margin:0 3px 0 10px;'
+                         f'vertical-align:middle"></span>{esc(KIND_NAMES[kind])}')
+    if any(b.changed for b in scene.boxes):
+        items.append(f'<span style="display:inline-block;width:10px;height:10px;'
+                     f'border:2px dashed {CHANGED};margin:0 3px 0 10px;vertical-align:middle">'
+                     f"</span>changed")
+    items.append('<span style="margin-left:10px">thick border: graph output</span>')
+    return "".join(items)
+
+
+def _notes(graph: Graph, scene: _Scene) -> list[str]:
+    notes = []
+    if not any(n.location for n in graph.nodes) and graph.pending:
+        notes.append("No source lines recorded. Trace the code inside "
+                     "<code>tpu_nb.record_locations()</code> (or set XLA_IR_DEBUG=1 before "
+                     "importing torch_xla) to see which line made each node.")
+    if graph.fallback_ops:
+        ops = ", ".join(f"{esc(op)} ×{count}" for op, count in graph.fallback_ops)
+        notes.append(f"<b>CPU fallbacks</b> ran in this process: {ops}. They run eagerly on "
+                     "the host while tracing, so they are not nodes here: their results "
+                     "enter the graph as device data.")
+    if scene.layout.direct_edges:
+        notes.append(f"{scene.layout.direct_edges} very long edges are drawn dashed and "
+                     "straight.")
+    if not graph.pending:
+        notes.append("Nothing pending: these tensors are already device data (capture "
+                     "the graph before the sync that runs it).")
+    return notes
+
+
+def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
+    grouped = scene.grouped
+    shown = ""
+    if grouped.collapsed:
+        how = {"line": "source line", "scope": "scope", "function": "function",
+               "file": "file", "range": "id range"}.get(grouped.by, grouped.by)
+        shown = (f" · shown as {len(grouped.groups)} groups by {how} "
+                 f"(more than {grouped.budget} nodes)")
+    digest = f' · <span class="tpu-nb-hash">graph hash {esc(graph.hash[:16])}</span>' \
+        if graph.hash else ""
+    head = esc(title) if title else "XLA graph"
+    return f"<b>{head}</b>: {esc(graph.summary())}{shown}{digest}"
+
+
+def _text_panel(summary: str, text: str, limit: int) -> str:
+    cut = ""
+    if len(text) > limit:
+        cut = (f"\n… {len(text) - limit:,} more characters: graph.ir_text() / graph.hlo() "
+               "return all of it")
+        text = text[:limit]
+    return (f"<details><summary>{esc(summary)}</summary><pre style=\"max-height:420px;"
+            f"overflow:auto;font-size:11px;line-height:1.3\">{esc(text)}{esc(cut)}</pre>"
+            f"</details>")
+
+
+def _groups_panel(scene: _Scene) -> str:
+    grouped = scene.grouped
+    if not grouped.collapsed:
+        return ""
+    rows = []
+    big = sorted((g for g in grouped.groups if g.size > 1), key=lambda g: -g.size)
+    for g in big[:300]:
+        ops = ", ".join(f"{op} {c}" for op, c in g.ops[:4])
+        rows.append(f"<tr><td><code>{esc(g.key)}</code></td><td>{g.size}</td>"
+                    f"<td>{esc(ops)}</td></tr>")
+    more = f"<p>… and {len(big) - 300} smaller groups</p>" if len(big) > 300 else ""
+    return ("<details><summary>Groups, largest first: expand one with "
+            "<code>GraphView(graph, expand=[key])</code></summary>"
+            '<table style="font-size:11px"><tr><th>key</th><th>nodes</th><th>ops</th></tr>'
+            + "".join(rows) + f"</table>{more}</details>")
+
+
+def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
+                expand: Iterable[str] = (), diff: GraphDiff | None = None,
+                title: str | None = None, max_text: int = MAX_TEXT) -> str:
+    """The graph as one self-contained HTML fragment: SVG picture, legend, notes, and the
+    group list, IR text and HLO in collapsible panels. No JavaScript."""
+    scene = _scene(graph, by, budget, expand, _changed(diff))
+    parts = ['<div class="tpu-nb-graph" style="font-family:system-ui,sans-serif;'
+             'font-size:13px;color:#0f172a">',
+             f"<div>{_header(graph, scene, title)}</div>"]
+    parts += [f'<div style="color:#9a3412;margin:2px 0">{note}</div>'
+              for note in _notes(graph, scene)]
+    if diff is not None:
+        parts.append(_diff_panel(diff))
+    parts.append('<div style="overflow:auto;max-height:640px;border:1px solid #e2e8f0;'
+                 f'margin:4px 0;background:#ffffff">{_svg(scene)}</div>')
+    parts.append(f'<div style="font-size:11px;margin-bottom:4px">{_legend(scene)}</div>')
+    parts.append(_groups_panel(scene))
+    parts.append(_text_panel(f"IR text ({len(graph.nodes):,} nodes)", graph.ir_text(),
+                             max_text))
+    if graph.hlo_text is not None:
+        parts.append(_text_panel("HLO", graph.hlo_text, max_text))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _diff_panel(diff: GraphDiff) -> str:
+    lines = str(diff).splitlines()
+    return (f'<div style="margin:2px 0"><b>Difference from the earlier graph</b>: '
+            f"{esc(lines[0])}</div>" + (f'<pre style="font-size:11px;max-height:200px;'
+                                        f'overflow:auto;margin:2px 0">'
+                                        f"{esc(chr(10).join(lines[1:]))}</pre>"
+                                        if len(lines) > 1 else ""))
+
+
+def render_diff_html(diff: GraphDiff, *, budget: int = NODE_BUDGET) -> str:
+    """What changed between two graphs, with the newer graph drawn and its changed nodes
+    outlined (for recompilation reports and alerts)."""
+    return render_html(diff.after, budget=budget, diff=diff, title="XLA graph (changed)")
+
+
+# -- notebook objects ----------------------------------------------------------------------
+
+class GraphView:
+    """A graph as a notebook shows it: HTML (SVG picture, panels) via `_repr_html_`, and a
+    stable one-line plain-text repr (no hash, no timings) for text outputs and nbval."""
+
+    def __init__(self, graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
+                 expand: Iterable[str] = (), diff: GraphDiff | None = None,
+                 title: str | None = None) -> None:
+        self.graph = graph
+        self.by, self.budget, self.expanded = by, budget, tuple(expand)
+        self.diff, self.title = diff, title
+
+    def grouped(self) -> GroupedGraph:
+        return group_graph(self.graph, by=self.by, budget=self.budget, expand=self.expanded)
+
+    def expand(self, *keys: str) -> "GraphView":
+        """The same view with the named groups drawn node by node."""
+        return GraphView(self.graph, by=self.by, budget=self.budget,
+                         expand=self.expanded + keys, diff=self.diff, title=self.title)
+
+    def _repr_html_(self) -> str:
+        return render_html(self.graph, by=self.by, budget=self.budget, expand=self.expanded,
+                           diff=self.diff, title=self.title)
+
+    def to_svg(self) -> str:
+        return render_svg(self.graph, by=self.by, budget=self.budget, expand=self.expanded,
+                          diff=self.diff)
+
+    def save(self, path: str) -> None:
+        """Write a standalone HTML page (opens in any browser, no network needed)."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write('<!DOCTYPE html><html><head><meta charset="utf-8"><title>XLA graph'
+                    f"</title></head><body>{self._repr_html_()}</body></html>")
+
+    def __repr__(self) -> str:
+        g = self.graph
+        return (f"<GraphView: {len(g.nodes)} nodes, {len(g.edges)} edges, "
+                f"{len(g.roots)} outputs>")
+
+
+# -- matplotlib ----------------------------------------------------------------------------
+
+def plot(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
+         expand: Iterable[str] = (), diff: GraphDiff | None = None, scale: float = 0.01,
+         max_inches: float = 60.0):
+    """The same picture as a matplotlib Figure (boxes, edges, shapes; no tooltips), for
+    papers and slides: `plot(g).savefig("graph.pdf")`. `scale` is inches per pixel."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyBboxPatch, PathPatch
+    from matplotlib.path import Path
+
+    scene = _scene(graph, by, budget, expand, _changed(diff))
+    lay = scene.layout
+    width = min(max(lay.width * scale, 3.0), max_inches)
+    height = min(max(lay.height * scale, 2.0), max_inches)
+    fig = Figure(figsize=(width, height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, lay.width)
+    ax.set_ylim(lay.height, 0)
+    ax.axis("off")
+    points = min(width / max(lay.width, 1), height / max(lay.height, 1)) * 72
+    for k, edge in enumerate(scene.grouped.edges):
+        route = lay.routes[k]
+        if route:
+            ax.add_patch(PathPatch(Path(*_mpl_path(route)), fill=False, lw=0.6,
+                                   edgecolor="#64748b"))
+            label = ", ".join(edge.shapes)
+            ax.text(route[0][0] + 4, route[0][1] + 11, label, fontsize=_SMALL * points,
+                    color="#475569", family="monospace", clip_on=True)
+    for i, box in enumerate(scene.boxes):
+        fill, stroke = COLOURS.get(box.kind, COLOURS["compute"])
+        if box.changed:
+            stroke = CHANGED
+        ax.add_patch(FancyBboxPatch((lay.x[i] - box.width / 2, lay.y[i] - _BOX_H / 2),
+                                    box.width, _BOX_H, boxstyle="round,pad=0,rounding_size=4",
+                                    facecolor=fill, edgecolor=stroke,
+                                    lw=2.0 if box.output or box.changed else 0.8))
+        ax.text(lay.x[i], lay.y[i] - 4, box.line1, ha="center", va="center",
+                fontsize=_FONT * points, family="monospace")
+        ax.text(lay.x[i], lay.y[i] + 9, box.line2, ha="center", va="center",
+                fontsize=_SMALL * points, family="monospace", color="#475569")
+    return fig
+
+
+def _mpl_path(route: list[tuple[float, float]]) -> tuple[list, list]:
+    from matplotlib.path import Path
+
+    verts, codes = [route[0]], [Path.MOVETO]
+    for (x, y), (nx, ny) in zip(route, route[1:]):
+        mid = (y + ny) / 2
+        verts += [(x, mid), (nx, mid), (nx, ny)]
+        codes += [Path.CURVE4] * 3
+    return verts, codes
