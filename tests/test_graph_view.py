@@ -1,0 +1,117 @@
+"""The graph picture: well-formed SVG with tooltips, escaped user strings, HTML panels, plot."""
+
+import io
+import xml.etree.ElementTree as ET
+
+import torch
+import torch_xla
+
+import tpu_nb
+from tpu_nb.display.graph_view import GraphView, plot, render_diff_html, render_html, render_svg
+from tpu_nb.runtime.graph import graph, record_locations
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _small_graph():
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3).to(dev)
+    x = torch.randn(2, 4).to(dev)
+    torch_xla.sync()
+    with record_locations():
+        out = torch.softmax(layer(x), dim=-1)
+    return graph(out)
+
+
+def _titles(svg: str) -> list[str]:
+    return [t.text for t in ET.fromstring(svg).iter(f"{SVG}title")]
+
+
+def test_svg_is_well_formed_with_a_box_per_node_and_hover_tooltips():
+    g = _small_graph()
+    svg = render_svg(g)
+    root = ET.fromstring(svg)
+    assert root.tag == f"{SVG}svg"
+    boxes = [grp for grp in root.iter(f"{SVG}g") if grp.find(f"{SVG}rect") is not None]
+    assert len(boxes) == len(g.nodes)
+    titles = _titles(svg)
+    softmax = next(t for t in titles if "aten::softmax" in t)
+    assert "shape f32[2,3]" in softmax and "line " in softmax and "test_graph_view.py:" in softmax
+    edge_tips = [t for t in titles if "→" in t]
+    assert len(edge_tips) == len({(e.src, e.dst) for e in g.edges})
+    assert any(t.endswith(": f32[2,3]") for t in edge_tips)      # shapes on the edges
+    labels = [t.text for t in root.iter(f"{SVG}text")]
+    assert "softmax" in labels and "f32[2,3]" in labels
+
+
+def test_html_is_self_contained_with_ir_and_hlo_panels():
+    g = _small_graph()
+    page = render_html(g)
+    assert "<script" not in page and "http://" not in page.replace(
+        "http://www.w3.org/2000/svg", "")
+    assert page.count("<details>") == 2        # IR text and HLO (no groups: small graph)
+    assert "aten::softmax" in page and "HloModule" in page
+    assert "graph hash" in page
+    ET.fromstring(page)                         # the whole fragment is well-formed XML too
+
+
+def test_a_function_named_like_a_script_tag_renders_as_text():
+    dev = tpu_nb.device()
+    x = torch.randn(3, device=dev)
+    torch_xla.sync()
+    namespace = {}
+    exec(compile("def f(t):\n    return t * 2\n", 'we"ird&<file>.py', "exec"), namespace)
+    f = namespace["f"]
+    f.__code__ = f.__code__.replace(co_name="<script>alert(1)</script>")
+    with record_locations():
+        y = f(x)
+    g = graph(y)
+    mul = next(n for n in g.nodes if n.op == "aten::mul")
+    assert mul.location.function == "<script>alert(1)</script>"
+    assert mul.location.file == 'we"ird&<file>.py'
+    page = render_html(g)
+    svg = render_svg(g)
+    for text in (page, svg):
+        assert "<script>" not in text and "<file>" not in text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    tip = next(t for t in _titles(svg) if "aten::mul" in t)
+    assert '<script>alert(1)</script>@we"ird&<file>.py:2' in tip   # shown as text
+    ET.fromstring(page)
+
+
+def test_graph_view_has_a_stable_plain_repr_and_html():
+    g = _small_graph()
+    view = GraphView(g)
+    assert repr(view) == f"<GraphView: {len(g.nodes)} nodes, {len(g.edges)} edges, 1 outputs>"
+    assert view._repr_html_().startswith('<div class="tpu-nb-graph"')
+    ET.fromstring(view.to_svg())
+
+
+def test_diff_view_outlines_the_changed_nodes():
+    before = _small_graph()
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3).to(dev)
+    x = torch.randn(5, 4).to(dev)
+    torch_xla.sync()
+    with record_locations():
+        after = graph(torch.softmax(layer(x), dim=-1))
+    d = after.diff(before)
+    page = render_diff_html(d)
+    ET.fromstring(page)
+    assert "Difference from the earlier graph" in page and "f32[2,3] -&gt; f32[5,3]" in page
+    svg = render_svg(after, diff=d)
+    assert svg.count('stroke-dasharray="5 2"') == len(d.changed_ids)
+
+
+def test_plot_returns_a_matplotlib_figure_that_saves():
+    from matplotlib.figure import Figure
+
+    fig = plot(_small_graph())
+    assert isinstance(fig, Figure)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    assert buf.getvalue()[:4] == b"\x89PNG"
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert "softmax" in texts and "f32[2,3]" in texts
