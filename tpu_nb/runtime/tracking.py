@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from tpu_nb.runtime._xla import wait_device_ops, xla
 from tpu_nb.runtime.compile_log import CompileEvent, compile_log
@@ -108,10 +106,12 @@ class _SyncWatch:
         return self._value("CreateXlaTensor") != self.at_last_sync
 
 
-@contextmanager
-def track(name: str | None = None, *, sync: bool = True,
-          wait: bool = True) -> Iterator[RunReport]:
+class track:
     """Measure what the block does on XLA; the yielded RunReport is complete on exit.
+
+        with tpu_nb.track("epoch") as report:
+            ...
+        print(report)
 
     sync: run the pending graph at the end (torch_xla.sync()), as part of the measured work;
         skipped when the block's own last sync left nothing pending.
@@ -119,32 +119,53 @@ def track(name: str | None = None, *, sync: bool = True,
         ends the overlap of device execution with the next step's tracing; around every step
         of a loop use wait=False (executions still in flight are counted by the next report).
     """
-    global _last
-    log = compile_log()
-    offset = log.size() if log is not None else 0
-    report = RunReport(name=name, compile_analysis=log is not None)
-    watch = _SyncWatch(xla()) if sync else None
-    before = snapshot()
-    start = time.perf_counter()
-    try:
-        yield report
-        if watch is not None and watch.pending():
+
+    __slots__ = ("_report", "_sync", "_wait", "_log", "_offset", "_watch", "_before", "_start")
+
+    def __init__(self, name: str | None = None, *, sync: bool = True, wait: bool = True):
+        self._report = RunReport(name=name)
+        self._sync, self._wait = sync, wait
+
+    def __enter__(self) -> RunReport:
+        self._log = compile_log()
+        self._offset = self._log.size() if self._log is not None else 0
+        self._report.compile_analysis = self._log is not None
+        self._watch = _SyncWatch(xla()) if self._sync else None
+        self._before = snapshot()
+        self._start = time.perf_counter()
+        return self._report
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        report = self._report
+        try:
+            if exc is None:
+                self._finish_work(report)
+        except BaseException as failure:     # the final sync or wait failed: the run failed
+            report.error = failure
+            self._complete(report)
+            raise
+        if exc is not None:
+            report.error = exc
+            if self._watch is not None:
+                self._watch.active = False
+            if self._wait and not isinstance(exc, KeyboardInterrupt):
+                _quiet_wait(report)
+        self._complete(report)
+        return False
+
+    def _finish_work(self, report: RunReport) -> None:
+        if self._watch is not None and self._watch.pending():
             xla().sync()
-        if wait:
+        if self._wait:
             wait_device_ops()
             report.waited = True
-    except BaseException as exc:
-        report.error = exc
-        if watch is not None:
-            watch.active = False
-        if wait and not isinstance(exc, KeyboardInterrupt):
-            _quiet_wait(report)
-        raise
-    finally:
-        report.wall_seconds = time.perf_counter() - start
-        report.metrics = snapshot().since(before)
-        if log is not None and report.metrics.compiles:
-            report.compile_events = log.events_since(offset)
+
+    def _complete(self, report: RunReport) -> None:
+        global _last
+        report.wall_seconds = time.perf_counter() - self._start
+        report.metrics = snapshot().since(self._before)
+        if self._log is not None and report.metrics.compiles:
+            report.compile_events = self._log.events_since(self._offset)
             report.recompilations = _note_recompilations(report.compile_events)
         report.complete = True
         _last = report
