@@ -17,16 +17,16 @@ def _line_of(marker, fn):
     raise AssertionError(marker)
 
 
-def _mlp(dev, width=33):
+def _mlp(dev, width=33, optimizer=torch.optim.SGD):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 10)).to(dev)
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, optimizer(model.parameters(), lr=0.1)
 
 
 def test_first_training_step_compiles_at_the_sync_line():
     dev = tpu_nb.device()
-    model, opt = _mlp(dev)
+    model, opt = _mlp(dev, optimizer=torch.optim.Adam)   # Adam creates its state at step 1
     x, y = torch.randn(8, 33, device=dev), torch.randint(0, 10, (8,), device=dev)
     torch_xla.sync()
 
@@ -51,6 +51,16 @@ def test_first_training_step_compiles_at_the_sync_line():
     assert len(first.graph_hash) == 32 and first.inputs > 0 and first.outputs > 0
     assert "graph output" in first.sizes_gb
     assert report.wall_seconds >= report.metrics.compile_seconds > 0
+    with tpu_nb.track("second step") as second:
+        train_step()
+    # The first step created gradients: its graph has other outputs than the steady step's.
+    # Two graphs from the sync line, explained as warm-up, not flagged as a recompilation.
+    assert second.metrics.compiles == 1
+    assert list(second.recompilations) == [(first.user_frame.file, first.user_frame.line)]
+    assert second.warmups == set(second.recompilations) and not second.recompiled
+    with tpu_nb.track("third step") as third:
+        train_step()
+    assert third.metrics.compiles == 0 and third.metrics.cache_hits >= 1
 
 
 def test_item_before_sync_is_a_value_access_at_its_line():

@@ -76,7 +76,10 @@ def _line_in(event: CompileEvent, filename: str) -> int | None:
 def attribute(report: RunReport, source: str, filename: str) -> list[LineFinding]:
     """Findings of `report` placed on lines of `source` (compiled under `filename`)."""
     findings: list[LineFinding] = []
-    recompiled = {h for hashes in report.recompilations.values() for h in hashes[1:]}
+    recompiled = {h for line, hashes in report.recompilations.items()
+                  if line not in report.warmups for h in hashes[1:]}
+    warmup = {hashes[1] for line, hashes in report.recompilations.items()
+              if line in report.warmups}
     for event in report.compile_events:
         line = _line_in(event, filename)
         if line is None:
@@ -88,6 +91,9 @@ def attribute(report: RunReport, source: str, filename: str) -> list[LineFinding
         hint = ("this line compiled a different graph before: shapes, dtypes or Python values "
                 "in the graph changed; pad or bucket to fixed shapes") if kind == "recompile" \
             else ""
+        if event.graph_hash in warmup:
+            hint = ("expected once: the first step compiled its own graph (it created "
+                    "gradients and optimizer state); this is the steady step's graph")
         if event.kind == "value-access":
             hint = HOST_READ_HINT
         findings.append(LineFinding(line, kind, event.describe().split(" at ")[0], hint))

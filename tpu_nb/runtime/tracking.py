@@ -9,9 +9,9 @@ from tpu_nb.runtime._xla import wait_device_ops, xla
 from tpu_nb.runtime.compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics import MetricsDelta, snapshot
 
-# (file, line) of the user code that triggered a compile -> distinct graph hashes, in order,
-# over the life of the process: a line that compiles a second distinct graph recompiled.
-_graphs_by_line: dict[tuple[str, int], list[str]] = {}
+# (file, line) of the user code that triggered a compile -> its distinct graphs, in order,
+# as (hash, inputs, outputs), over the life of the process.
+_graphs_by_line: dict[tuple[str, int], list[tuple[str, int | None, int | None]]] = {}
 _last: "RunReport | None" = None
 
 
@@ -26,13 +26,17 @@ class RunReport:
     error: BaseException | None = None
     waited: bool = False               # device ops waited for: execute_seconds is complete
     compile_analysis: bool = False     # False: compile causes unknown (setup() not called)
+    # Lines that compiled more than one distinct graph (in this run or before): graph hashes.
     recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+    # Of those, lines whose two graphs are a training loop's warm-up: the first step creates
+    # gradients and optimizer state, so its graph has other inputs/outputs than the next.
+    warmups: frozenset[tuple[str, int]] = frozenset()
     complete: bool = False
 
     @property
     def recompiled(self) -> bool:
-        """Whether a source line compiled more than one distinct graph (in this run or before)."""
-        return bool(self.recompilations)
+        """Whether a line compiled a distinct graph again, beyond a training loop's warm-up."""
+        return any(line not in self.warmups for line in self.recompilations)
 
     def summary(self) -> str:
         """One line: wall time and the XLA figures that matter."""
@@ -53,24 +57,29 @@ class RunReport:
             lines.append("  compile causes unknown: call tpu_nb.setup() before the first "
                          "compile to record them")
         for (file, line), hashes in self.recompilations.items():
-            lines.append(f"  recompiled: {file}:{line} has compiled {len(hashes)} distinct "
+            what = ("warm-up (the first step creates gradients and optimizer state)"
+                    if (file, line) in self.warmups else "recompiled")
+            lines.append(f"  {what}: {file}:{line} has compiled {len(hashes)} distinct "
                          f"graphs ({', '.join(h[:8] for h in hashes)})")
         return "\n".join(lines)
 
 
-def _note_recompilations(events: list[CompileEvent]) -> dict[tuple[str, int], tuple[str, ...]]:
-    out = {}
+def _note_recompilations(events: list[CompileEvent]):
+    """Record the graphs of `events` by line; return (recompilations, warm-up lines)."""
+    out, warmups = {}, set()
     for event in events:
         frame = event.user_frame
         if frame is None or not event.graph_hash:
             continue
         key = (frame.file, frame.line)
-        hashes = _graphs_by_line.setdefault(key, [])
-        if event.graph_hash not in hashes:
-            hashes.append(event.graph_hash)
-        if len(hashes) > 1:
-            out[key] = tuple(hashes)
-    return out
+        graphs = _graphs_by_line.setdefault(key, [])
+        if all(event.graph_hash != g[0] for g in graphs):
+            graphs.append((event.graph_hash, event.inputs, event.outputs))
+        if len(graphs) > 1:
+            out[key] = tuple(g[0] for g in graphs)
+            if len(graphs) == 2 and graphs[0][1:] != graphs[1][1:]:
+                warmups.add(key)
+    return out, frozenset(warmups)
 
 
 class _SyncWatch:
@@ -166,7 +175,8 @@ class track:
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:
             report.compile_events = self._log.events_since(self._offset)
-            report.recompilations = _note_recompilations(report.compile_events)
+            report.recompilations, report.warmups = _note_recompilations(
+                report.compile_events)
         report.complete = True
         _last = report
 
