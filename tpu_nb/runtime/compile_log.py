@@ -138,9 +138,12 @@ class CompileLog:
     `size()` is the offset to remember before running something.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, start: int = 0):
         self.path = path
-        self._consumed = 0                 # bytes parsed into events so far
+        # Bytes parsed into events so far. A reader that wants only what comes next (the live
+        # dashboard) starts at the file's current size: a block boundary unless a compile is
+        # being logged at that very moment.
+        self._consumed = start
         self._events: list[CompileEvent] = []
 
     def size(self) -> int:
