@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -37,8 +38,14 @@ def run_python(code: str, *, env: dict | None = None, timeout: float = 240,
             full_env.pop(name, None)
         else:
             full_env[name] = value
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=full_env, timeout=timeout, cwd=str(ROOT))
+    with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="tpu_nb_test_",
+                                     delete=False) as script:   # a file: tracebacks quote it
+        script.write(textwrap.dedent(code))
+    try:
+        proc = subprocess.run([sys.executable, script.name], capture_output=True, text=True,
+                              env=full_env, timeout=timeout, cwd=str(ROOT))
+    finally:
+        os.unlink(script.name)
     if check and proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n"
                              f"{proc.stderr[-4000:]}")

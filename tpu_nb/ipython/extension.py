@@ -91,6 +91,7 @@ def get_state(shell) -> _Loaded:
 def _register_formatters(shell, state: _Loaded) -> None:
     from tpu_nb.display.reports import EnvironmentView, RunView, TimingView
     from tpu_nb.runtime.environment import Environment
+    from tpu_nb.runtime.launch import LaunchResult
     from tpu_nb.runtime.timing import DeviceTiming
     from tpu_nb.runtime.tracking import RunReport
 
@@ -101,6 +102,8 @@ def _register_formatters(shell, state: _Loaded) -> None:
         html.for_type(typ, lambda obj, view=view: view(obj)._repr_html_())
         plain.for_type(typ, lambda obj, p, cycle, view=view: p.text(repr(view(obj))))
         state.formatter_types.append(typ)
+    plain.for_type(LaunchResult, lambda obj, p, cycle: p.text(str(obj)))
+    state.formatter_types.append(LaunchResult)
 
 
 def load_ipython_extension(shell) -> None:

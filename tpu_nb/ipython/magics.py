@@ -36,6 +36,27 @@ def _parse(magic, line: str):
     return args
 
 
+def _whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--replicas takes 'all' or a whole number of devices; got {text!r}")
+    return value
+
+
+def _mesh_devices(mesh: str) -> int:
+    try:
+        dims = [int(d) for d in mesh.lower().split("x")]
+    except ValueError:
+        raise UsageError(f"--spmd takes a mesh shape like 4 or 2x2; got {mesh!r}") from None
+    count = 1
+    for d in dims:
+        count *= d
+    return count
+
+
 class _CellCode:
     """A cell body compiled the way %%time runs it: statements, then the last expression.
 
@@ -126,6 +147,10 @@ class TpuMagics(Magics):
     @argument("--max-graphs", type=int, default=None, metavar="N",
               help="fail when the steps of this cell trace more than N distinct graphs")
     @argument("--live", action="store_true", help="attach the live dashboard")
+    @argument("--replicas", nargs="?", const="all", default=None, metavar="all|N",
+              help="run the cell once per device (replica), `index` set in each")
+    @argument("--spmd", nargs="?", const="all", default=None, metavar="MESH",
+              help="run the cell once over all devices (SPMD); `mesh` and `shard_batch` set")
     @argument("--graph", action="store_true", help="show the pending graph before the sync")
     @cell_magic
     def on_tpu(self, line, cell):
@@ -144,8 +169,47 @@ class TpuMagics(Magics):
         if args.max_graphs is not None and args.max_graphs < 1:
             raise UsageError("--max-graphs needs a whole number of at least 1, e.g. "
                              "--max-graphs 2")
+        if args.replicas is not None and args.spmd is not None:
+            raise UsageError("choose one of --replicas and --spmd")
         code = _CellCode(self.shell, cell)     # a syntax error stops here, nothing run
+        if args.replicas is not None:
+            return self._run_replicas(code, args)
+        if args.spmd is not None:
+            self._enter_spmd(args.spmd)
         return self._run_on_tpu(code, args)
+
+    def _run_replicas(self, code: _CellCode, args):
+        __tracebackhide__ = True   # noqa: F841
+        from tpu_nb.runtime.launch import CellFunction, ReplicaError, launch, names_used
+
+        devices = args.replicas if args.replicas == "all" else _whole_number(args.replicas)
+        hidden = {"In", "Out", "get_ipython", "exit", "quit"}
+        used = names_used(code.statements) | (names_used(code.expression)
+                                               if code.expression else set())
+        variables = {n: self.shell.user_ns[n] for n in used
+                     if n in self.shell.user_ns and n not in hidden and not n.startswith("_")}
+        cell = CellFunction(code.source, code.filename, variables)
+        self.state.watcher.reported_by_magic = True
+        try:
+            result = launch(cell, devices=devices)
+        except ReplicaError as exc:
+            print(f"--- replica {exc.ordinal} of {exc.world}: traceback ---")
+            print(exc.traceback.rstrip())
+            raise
+        except TpuNbError as exc:
+            raise UsageError(str(exc)) from None
+        if not args.quiet:
+            print(result)
+        return result if args.output else None
+
+    def _enter_spmd(self, mesh: str) -> None:
+        from tpu_nb.runtime.spmd import spmd_context
+
+        try:
+            spmd = spmd_context("all" if mesh in ("all", None) else _mesh_devices(mesh), mesh)
+        except TpuNbError as exc:
+            raise UsageError(str(exc)) from None
+        self.shell.user_ns.update(spmd=spmd, mesh=spmd.mesh, shard_batch=spmd.shard_batch)
 
     def _run_on_tpu(self, code: _CellCode, args):
         __tracebackhide__ = True   # noqa: F841

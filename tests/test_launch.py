@@ -1,0 +1,173 @@
+"""tpu_nb.launch on XLA:CPU with 4 devices: fork and worker paths, failures, refusals, SPMD.
+
+Each scenario runs in a fresh process (the device count is latched when the runtime starts);
+every test has a timeout, since a collective on several XLA:CPU devices would hang.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(180)
+
+PRELUDE = """
+import json, os, sys, time
+import tpu_nb
+from tpu_nb.runtime.launch import launch, ReplicaError, CollectiveRefused
+tpu_nb.setup("cpu", num_devices=4)
+"""
+
+
+def _run(py, code, **kw):
+    return py(PRELUDE + textwrap.dedent(code), env={"PJRT_DEVICE": None}, **kw)
+
+
+def test_fork_path_runs_notebook_style_closures_with_prefixed_output(py):
+    out = _run(py, """
+        scale = 2.5
+        def make(offset):
+            def replica(index):                       # a closure over notebook variables
+                import torch, torch_xla
+                t = torch.ones(3, device=torch_xla.device()) * scale + offset + index
+                torch_xla.sync()
+                print(f"value {t.sum().item()}")
+                return index * index
+            return replica
+        result = launch(make(1.0))
+        print("RESULT", json.dumps([result.path, result.devices, result.values,
+                                    [len(r.step_seconds) > 0 for r in result.replicas]]))
+    """).stdout
+    path, devices, values, stepped = json.loads(out.split("RESULT")[1])
+    assert (path, devices, values) == ("fork", 4, [0, 1, 4, 9]) and all(stepped)
+    for i in range(4):
+        assert f"[{i}] value {3 * (2.5 + 1.0 + i)}" in out
+
+
+def test_worker_path_after_the_kernel_used_the_device(py):
+    out = _run(py, """
+        import torch, torch_xla
+        (torch.ones(2, device=torch_xla.device()) * 2).sum().item()   # the runtime is in use
+        factor = 7
+        def replica(index):
+            import torch, torch_xla
+            print("replica", index, "of", torch_xla.runtime.world_size())
+            return (torch.ones(2, device=torch_xla.device()) * factor * index).sum().item()
+        result = launch(replica)
+        print("RESULT", json.dumps([result.path, result.values, result.notes]))
+    """).stdout
+    path, values, notes = json.loads(out.split("RESULT")[1])
+    assert path == "worker" and values == [0.0, 14.0, 28.0, 42.0]
+    assert "fresh worker process" in notes[0]
+    assert "[3] replica 3 of 4" in out
+    assert "Runtime is already initialized" not in out
+
+
+def test_exception_in_replica_two_stops_the_others(py):
+    out = _run(py, """
+        def replica(index):
+            import time
+            if index == 2:
+                raise ValueError("bad shard")   # REPLICA-LINE
+            time.sleep(60)
+        start = time.perf_counter()
+        try:
+            launch(replica)
+        except ReplicaError as err:
+            print("RESULT", json.dumps([err.ordinal, str(err), err.traceback,
+                                        time.perf_counter() - start]))
+    """).stdout
+    ordinal, message, trace, seconds = json.loads(out.split("RESULT")[1])
+    assert ordinal == 2 and message.startswith("replica 2 of 4 failed: ValueError: bad shard")
+    assert "REPLICA-LINE" in trace and "tpu_nb/runtime/launch.py" not in trace
+    assert seconds < 30                       # the sleeping replicas did not run on
+
+
+def test_collective_on_multi_device_cpu_is_refused_at_once(py):
+    out = _run(py, """
+        def replica(index):
+            import torch, torch_xla, torch_xla.core.xla_model as xm
+            return xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=torch_xla.device()))
+        start = time.perf_counter()
+        try:
+            launch(replica)
+        except ReplicaError as err:
+            print("RESULT", json.dumps([str(err), time.perf_counter() - start]))
+    """).stdout
+    message, seconds = json.loads(out.split("RESULT")[1])
+    assert "CollectiveRefused: xm.all_reduce between XLA:CPU replicas would hang" in message
+    assert "SPMD" in message and seconds < 30
+
+
+def _spmd_losses(py, devices):
+    code = """
+        import numpy as np, torch, torch_xla
+        def train(spmd):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                        torch.nn.Linear(32, 4)).to(torch_xla.device())
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            g = torch.Generator().manual_seed(1)
+            data, labels = torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
+            losses = []
+            for _ in range(4):
+                x = spmd.shard_batch(data.to(torch_xla.device()))
+                y = spmd.shard_batch(labels.to(torch_xla.device()))
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                torch_xla.sync()
+                losses.append(loss.item())
+            return losses
+        result = launch(train, mode="spmd")
+        print("RESULT", json.dumps([result.devices, result.values[0]]))
+    """
+    prelude = PRELUDE.replace("num_devices=4", f"num_devices={devices}")
+    out = py(prelude + textwrap.dedent(code), env={"PJRT_DEVICE": None}).stdout
+    return json.loads(out.split("RESULT")[1])
+
+
+def test_spmd_data_parallel_loss_matches_one_device(py):
+    n4, losses4 = _spmd_losses(py, 4)
+    n1, losses1 = _spmd_losses(py, 1)
+    assert (n4, n1) == (4, 1)
+    assert losses4[-1] < losses4[0]
+    for a, b in zip(losses4, losses1):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (losses4, losses1)
+
+
+def test_interrupt_during_launch_leaves_no_orphans():
+    code = PRELUDE + """
+def replica(index):
+    import os, time
+    print("group", os.getpgrp(), flush=True)
+    time.sleep(120)
+launch(replica)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
+    env.pop("PJRT_DEVICE", None)
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT))
+    group = None
+    deadline = time.time() + 120
+    while group is None and time.time() < deadline:
+        line = proc.stdout.readline()
+        if "group" in line:
+            group = int(line.split("group")[1])
+    assert group is not None and group != os.getpgrp()
+    proc.send_signal(signal.SIGINT)                  # what a kernel interrupt delivers
+    proc.wait(timeout=30)
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)                          # no process of the launch is left
+    leftover = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""

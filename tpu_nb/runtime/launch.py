@@ -1,0 +1,519 @@
+"""`launch()`: run a function on every XLA device from a notebook, where xmp.spawn fails.
+
+Two modes:
+  replicas  one replica per device with torch_xla's launcher (on TPU a process per chip; on
+            XLA:CPU one process with a thread per device). The launcher runs in its own process
+            group: forked from this process when it has not touched the XLA runtime yet (so
+            notebook-defined functions and variables just work), or a fresh worker process that
+            receives the function and its arguments by value (cloudpickle) when it has — never
+            "Runtime is already initialized". Each replica's prints come back prefixed with its
+            ordinal; a failing replica ends the whole group and its traceback is shown.
+  spmd      one process, all devices: the function gets a 1-D data mesh and `shard_batch`.
+
+On XLA:CPU with several devices, collectives between replicas hang in torch_xla 2.9
+(pytorch/xla #5005, #9089): in that case every collective raises CollectiveRefused at once.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tpu_nb.runtime.configure import ensure_setup
+from tpu_nb.runtime.environment import detect_accelerator, runtime_initialized
+from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.metrics import MetricsDelta
+
+MODES = ("replicas", "spmd")
+# torch_xla.core.xla_model functions that communicate between replicas.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_bucketized", "all_to_all",
+               "collective_permute", "collective_broadcast", "send", "recv", "reduce_scatter",
+               "reduce_scatter_bucketized", "all_reduce_bucketized_gradients", "xla_rendezvous")
+
+MODES_BY_DEVICE = {
+    "TPU": "replicas (a process per chip; collectives work) and spmd",
+    "CPU": "replicas without collectives (threads in one process; torch_xla 2.9 hangs on "
+           "collectives between XLA:CPU devices, pytorch/xla #5005, #9089), and spmd "
+           "(data parallel over CPU_NUM_DEVICES virtual devices)",
+}
+
+
+class CollectiveRefused(TpuNbError):
+    """A collective between XLA:CPU replicas, which torch_xla 2.9 would hang on."""
+
+
+class ReplicaError(TpuNbError):
+    """A replica raised; `traceback` is its traceback, `ordinal` which replica it was."""
+
+    def __init__(self, ordinal: int, world: int, summary: str, trace: str):
+        self.ordinal, self.world, self.traceback = ordinal, world, trace
+        super().__init__(f"replica {ordinal} of {world} failed: {summary} (the other replicas "
+                         "were stopped)")
+
+
+@dataclass(frozen=True)
+class ReplicaResult:
+    """What one replica did."""
+
+    ordinal: int
+    value: Any = None                 # fn's return value (None when it could not be pickled)
+    error: str | None = None          # "Type: message" when it raised
+    traceback: str = ""
+    output: str = ""                  # what it printed
+    wall_seconds: float = 0.0
+    step_seconds: tuple[float, ...] = ()   # time between its syncs
+    metrics: MetricsDelta | None = None    # its process's counters (see LaunchResult.merged)
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """All replicas of one launch, and how it was launched."""
+
+    mode: str                          # "replicas" or "spmd"
+    path: str                          # "fork", "worker" or "in-process"
+    devices: int
+    replicas: tuple[ReplicaResult, ...]
+    wall_seconds: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def values(self) -> list:
+        return [r.value for r in self.replicas]
+
+    def merged(self) -> MetricsDelta:
+        """Counters summed over processes (on XLA:CPU the replicas share one process)."""
+        by_pid: dict[int, MetricsDelta] = {}
+        for r in self.replicas:
+            if r.metrics is not None:
+                by_pid.setdefault(r.pid, r.metrics)
+        total = MetricsDelta()
+        for d in by_pid.values():
+            fallbacks = dict(total.fallbacks)
+            for op, n in d.fallbacks.items():
+                fallbacks[op] = fallbacks.get(op, 0) + n
+            total = MetricsDelta(
+                compiles=total.compiles + d.compiles, cache_hits=total.cache_hits + d.cache_hits,
+                compile_seconds=total.compile_seconds + d.compile_seconds,
+                executions=total.executions + d.executions,
+                execute_seconds=total.execute_seconds + d.execute_seconds,
+                to_device_transfers=total.to_device_transfers + d.to_device_transfers,
+                from_device_transfers=total.from_device_transfers + d.from_device_transfers,
+                syncs=total.syncs + d.syncs, host_reads=total.host_reads + d.host_reads,
+                fallbacks=fallbacks)
+        return total
+
+    def summary(self) -> str:
+        m = self.merged()
+        steps = [f"[{r.ordinal}] {_median_ms(r.step_seconds)}" for r in self.replicas]
+        return (f"{self.mode} on {self.devices} device{'s' if self.devices != 1 else ''} "
+                f"({self.path}): {self.wall_seconds:.2f} s, {m.compiles} compiled, "
+                f"{m.executions} executed; median step " + ", ".join(steps))
+
+    def __str__(self) -> str:
+        return "\n".join([self.summary(), *self.notes])
+
+
+def _median_ms(steps) -> str:
+    if not steps:
+        return "-"
+    ordered = sorted(steps)
+    return f"{ordered[len(ordered) // 2] * 1e3:.2f} ms"
+
+
+# -- inside the launcher process --------------------------------------------------------------
+
+class _ReplicaStreams:
+    """sys.stdout/sys.stderr that send each replica thread's writes to its own file."""
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+        self.local = threading.local()
+
+    def write(self, text: str) -> int:
+        target = getattr(self.local, "file", None) or self.fallback
+        target.write(text)
+        target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        target = getattr(self.local, "file", None) or self.fallback
+        target.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _refuse_collectives() -> None:
+    from torch_xla.core import xla_model
+
+    def refuse(name):
+        def collective(*args, **kwargs):
+            raise CollectiveRefused(
+                f"xm.{name} between XLA:CPU replicas would hang in torch_xla 2.9 "
+                "(pytorch/xla #5005, #9089), so tpu_nb stops it. Fix: use SPMD (launch(..., "
+                "mode='spmd') or %%on_tpu --spmd), one device, or run on a TPU.")
+        return collective
+
+    for name in COLLECTIVES:
+        if hasattr(xla_model, name):
+            setattr(xla_model, name, refuse(name))
+
+
+# The function and arguments the launcher process runs. torch_xla's launcher pickles what it
+# is given (its process pool does, even with fork), and a notebook's function need not be
+# picklable: the replicas find it here instead, in memory forked from the launcher.
+_work: dict[str, tuple[Callable, tuple]] = {}
+
+
+def _replica(index: int, rundir: str) -> None:
+    """One replica: its prints to its own file; its result (or traceback) to a pickle."""
+    import torch_xla
+    import torch_xla.runtime as xr
+    from torch_xla.core import xla_model
+
+    from tpu_nb.runtime.metrics import snapshot
+
+    ordinal = xr.global_ordinal()
+    out = open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1)
+    sys.stdout.local.file = out
+    sys.stderr.local.file = out
+    syncs: list[float] = []
+
+    def on_sync():
+        syncs.append(time.perf_counter())
+        xla_model.add_step_closure(on_sync)
+
+    xla_model.add_step_closure(on_sync)
+    before, start = snapshot(), time.perf_counter()
+    result = {"ordinal": ordinal, "pid": os.getpid()}
+    fn, args = _work[rundir]
+    try:
+        value = fn(index, *args)
+        torch_xla.sync()
+        xla_model.wait_device_ops()
+        result["value"] = value
+    except BaseException as exc:   # the replica's own error: reported, then the group ends
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = _user_traceback(exc)
+    result["wall_seconds"] = time.perf_counter() - start
+    result["metrics"] = snapshot().since(before)
+    steps = [b - a for a, b in zip([start] + syncs, syncs)]
+    result["step_seconds"] = tuple(steps)
+    _write_result(rundir, ordinal, result)
+    out.close()
+    if "error" in result:
+        os.killpg(os.getpgrp(), signal.SIGTERM)   # stop the other replicas and the launcher
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame outside this module (the user's code)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _write_result(rundir: str, ordinal: int, result: dict) -> None:
+    path = os.path.join(rundir, f"result-{ordinal}.pkl")
+    try:
+        data = pickle.dumps(result)
+    except Exception:
+        result["value"] = None
+        data = pickle.dumps(result)
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
+
+
+def _end_group(signum, frame) -> None:
+    """SIGTERM in the launcher: its replica processes got it too; reap them, then exit, so
+    none is left behind (not even as a zombie where PID 1 does not reap)."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=5)
+    os._exit(1)
+
+
+def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool) -> None:
+    """The launcher process: torch_xla's launcher, replicas' output routed per replica."""
+    signal.signal(signal.SIGTERM, _end_group)
+    os.environ.update(env)
+    sys.stdout = _ReplicaStreams(sys.__stdout__)
+    sys.stderr = _ReplicaStreams(sys.__stderr__)
+    import torch_xla
+
+    if refuse:
+        _refuse_collectives()
+    _work[rundir] = (fn, args)
+    torch_xla.launch(_replica, args=(rundir,), start_method="fork")
+
+
+def _forked_launcher(rundir, fn, args, env, refuse) -> None:
+    os.setpgid(0, 0)
+    try:
+        _launcher(rundir, fn, args, env, refuse)
+    except BaseException:
+        traceback.print_exc(file=sys.__stderr__)
+        os._exit(1)
+    os._exit(0)
+
+
+def worker_main(rundir: str) -> None:
+    """Entry of a fresh worker process (`python -m tpu_nb.runtime.launch RUNDIR`)."""
+    import cloudpickle
+
+    with open(os.path.join(rundir, "payload.pkl"), "rb") as f:
+        fn, args, env, refuse = cloudpickle.load(f)
+    _launcher(rundir, fn, args, env, refuse)
+
+
+# -- in the calling process -------------------------------------------------------------------
+
+def _device_count(devices, device_type: str) -> int:
+    if devices == "all":
+        if device_type == "CPU":
+            return int(os.environ.get("CPU_NUM_DEVICES") or 1)
+        return max(1, detect_accelerator().chips)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise TpuNbError(f"devices must be 'all' or a whole number of at least 1; got "
+                         f"{devices!r}. Fix: e.g. devices=4.")
+    if device_type == "TPU" and devices != max(1, detect_accelerator().chips):
+        raise TpuNbError("choosing a subset of TPU chips is not supported; use devices='all'.")
+    return devices
+
+
+class _Run:
+    """A launcher process and its run directory, watched from the calling process."""
+
+    def __init__(self, fn, args, n: int, device_type: str, stream):
+        self.rundir = tempfile.mkdtemp(prefix="tpu_nb-launch-")
+        self.n, self.stream = n, stream
+        env = {"PJRT_DEVICE": device_type}
+        if os.environ.get("PT_XLA_DEBUG_LEVEL"):    # the replicas' compile log, not ours
+            env["PT_XLA_DEBUG_LEVEL"] = os.environ["PT_XLA_DEBUG_LEVEL"]
+            env["PT_XLA_DEBUG_FILE"] = os.path.join(self.rundir, "compile-analysis.log")
+        if device_type == "CPU":
+            env["CPU_NUM_DEVICES"] = str(n)
+        refuse = device_type == "CPU" and n > 1
+        self.offsets = [0] * n
+        self.partial = [""] * n
+        if not runtime_initialized():
+            self.path = "fork"
+            self.proc = _fork(self.rundir, fn, args, env, refuse)
+        else:
+            self.path = "worker"
+            self.proc = _spawn_worker(self.rundir, fn, args, env, refuse)
+
+    def pump(self) -> None:
+        """Print what the replicas wrote since the last call, each line with its ordinal."""
+        for i in range(self.n):
+            path = os.path.join(self.rundir, f"out-{i}.txt")
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    f.seek(self.offsets[i])
+                    text = f.read()
+                    self.offsets[i] = f.tell()
+            except FileNotFoundError:
+                continue
+            text = self.partial[i] + text
+            *lines, self.partial[i] = text.split("\n")
+            for line in lines:
+                self.stream(f"[{i}] {line}")
+
+    def wait(self) -> int:
+        while self.proc.poll() is None:
+            self.pump()
+            time.sleep(0.05)
+        self.pump()
+        for i, rest in enumerate(self.partial):
+            if rest:
+                self.stream(f"[{i}] {rest}")
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            deadline = time.time() + 3
+            while self.proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def results(self) -> list[dict]:
+        out = []
+        for i in range(self.n):
+            try:
+                with open(os.path.join(self.rundir, f"result-{i}.pkl"), "rb") as f:
+                    out.append(pickle.load(f))
+            except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+                out.append(None)
+        return out
+
+    def launcher_errors(self) -> str:
+        try:
+            with open(os.path.join(self.rundir, "launcher.err"), errors="replace") as f:
+                return f.read()[-3000:]
+        except FileNotFoundError:
+            return ""
+
+
+class _ForkedProcess:
+    """A forked launcher with the small Popen interface _Run uses."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self):
+        while self.poll() is None:
+            time.sleep(0.02)
+        return self.returncode
+
+
+def _fork(rundir, fn, args, env, refuse) -> _ForkedProcess:
+    err = os.open(os.path.join(rundir, "launcher.err"), os.O_WRONLY | os.O_CREAT, 0o600)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                            # the launcher: C-level output to its own file
+        os.dup2(err, 1)
+        os.dup2(err, 2)
+        _forked_launcher(rundir, fn, args, env, refuse)
+    os.close(err)
+    try:
+        os.setpgid(pid, pid)                # both sides set it: no race with killpg
+    except (PermissionError, ProcessLookupError):
+        pass
+    return _ForkedProcess(pid)
+
+
+def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
+    import cloudpickle
+
+    try:
+        payload = cloudpickle.dumps((fn, args, env, refuse))
+    except Exception as exc:
+        raise TpuNbError(f"cannot send the function to a fresh worker process ({exc}). Fix: "
+                         "restart the kernel and launch before using the XLA device, so the "
+                         "replicas can be forked instead.") from None
+    with open(os.path.join(rundir, "payload.pkl"), "wb") as f:
+        f.write(payload)
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_parent, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    err = open(os.path.join(rundir, "launcher.err"), "w")
+    return subprocess.Popen([sys.executable, "-m", "tpu_nb.runtime.launch", rundir],
+                            stdout=err, stderr=err, env=child_env, start_new_session=True)
+
+
+def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
+    __tracebackhide__ = True   # noqa: F841  (IPython: the error is the replica's, not ours)
+    raw = run.results()
+    failed = [r for r in raw if r is not None and r.get("error")]
+    if failed:
+        first = min(failed, key=lambda r: r["ordinal"])
+        raise ReplicaError(first["ordinal"], run.n, first["error"], first["traceback"])
+    if status != 0 or any(r is None for r in raw):
+        detail = run.launcher_errors().strip().splitlines()
+        raise TpuNbError("the replicas did not finish (launcher exit status "
+                         f"{status}): {detail[-1] if detail else 'no message'}")
+    replicas = tuple(ReplicaResult(
+        ordinal=r["ordinal"], value=r.get("value"), output="", wall_seconds=r["wall_seconds"],
+        step_seconds=r["step_seconds"], metrics=r["metrics"], pid=r["pid"]) for r in raw)
+    notes = ()
+    if run.path == "worker":
+        notes = ("This kernel had already used the XLA device, so the replicas ran in a fresh "
+                 "worker process that received the function and its variables by value.",)
+    return LaunchResult(mode, run.path, run.n, replicas, time.perf_counter() - start, notes)
+
+
+class CellFunction:
+    """A notebook cell's code as a function of the replica index, with the variables it uses.
+
+    Picklable by value (the worker path sends it to a fresh process): the source, not the
+    code object, and only the user variables the code names.
+    """
+
+    def __init__(self, source: str, filename: str, variables: dict):
+        self.source, self.filename, self.variables = source, filename, variables
+
+    def __call__(self, index: int):
+        import ast
+
+        from tpu_nb.runtime.defaults import default_device
+
+        tree = ast.parse(self.source, self.filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        namespace = {"__name__": "__main__", **self.variables, "index": index}
+        with default_device():           # as in %%on_tpu: the replica's device by default
+            exec(compile(tree, self.filename, "exec"), namespace)
+            if last is not None:
+                return eval(compile(ast.Expression(last.value), self.filename, "eval"),
+                            namespace)
+        return None
+
+
+def names_used(code) -> set[str]:
+    """Global names a code object (and the functions and classes it defines) refers to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= names_used(const)
+    return names
+
+
+def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replicas",
+           stream: Callable[[str], None] = print) -> LaunchResult:
+    """Run `fn` on every XLA device, from a notebook or a script.
+
+    replicas: `fn(index, *args)` runs once per device; prints come back prefixed with the
+        replica's ordinal; an exception in one replica stops the others (ReplicaError).
+    spmd: `fn(spmd, *args)` runs once over all devices; `spmd.mesh` is a 1-D data mesh and
+        `spmd.shard_batch(tensor)` shards a tensor's first dimension across the devices.
+    """
+    __tracebackhide__ = True   # noqa: F841
+    if mode not in MODES:
+        raise TpuNbError(f"unknown mode {mode!r}. Fix: mode='replicas' or mode='spmd'.")
+    if not callable(fn):
+        raise TpuNbError(f"launch needs a function to run; got {type(fn).__name__}.")
+    ensure_setup()
+    device_type = os.environ.get("PJRT_DEVICE", "CPU").upper()
+    if mode == "spmd":
+        from tpu_nb.runtime.spmd import run_spmd
+
+        return run_spmd(fn, args, devices)
+    n = _device_count(devices, device_type)
+    start = time.perf_counter()
+    run = _Run(fn, args, n, device_type, stream)
+    try:
+        status = run.wait()
+    except BaseException:                  # KeyboardInterrupt: no orphan replicas
+        run.kill()
+        raise
+    return _collect(run, status, start, "replicas")
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1])
