@@ -15,6 +15,7 @@ from tpu_nb.runtime.compile_log import CompileEvent, Frame
 from tpu_nb.runtime.device import device, sync
 from tpu_nb.runtime.tracking import RunReport, last_report, track
 from tpu_nb.runtime.defaults import default_device
+from tpu_nb.runtime.launch import CollectiveRefused, LaunchResult, ReplicaError, launch
 from tpu_nb.runtime.guard import RecompilationError, max_graphs
 from tpu_nb.runtime.timing import DeviceTiming, time_device
 
@@ -28,12 +29,14 @@ __all__ = [
     "MetricsSnapshot",
     "Problem",
     "RecompilationError",
+    "ReplicaError",
     "RunReport",
     "TpuNbError",
     "default_device",
     "detect",
     "device",
     "last_report",
+    "launch",
     "max_graphs",
     "reset_metrics",
     "setup",
