@@ -61,6 +61,7 @@ class EnvironmentView:
             ("runtime", "initialized" if env.runtime_initialized else "not started"),
             ("compile log", e(env.debug_file or "off")),
             ("versions", e(", ".join(f"{k} {v or '-'}" for k, v in env.versions.items()))),
+            ("multi-device", e(env.multi_device)),
         ]
         rows += [("applied", e(a)) for a in env.applied]
         rows += [("<span class='warn'>not applied</span>", e(n)) for n in env.not_applied]

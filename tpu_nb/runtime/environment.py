@@ -85,6 +85,16 @@ class Environment:
     def ok(self) -> bool:
         return not self.blocking
 
+    @property
+    def multi_device(self) -> str:
+        """Which ways of using several devices work here, and why (see tpu_nb.launch)."""
+        if self.accelerator.kind == "tpu":
+            return ("replicas (one process per chip; collectives work) or SPMD "
+                    "(one process, all chips)")
+        return ("SPMD over CPU_NUM_DEVICES virtual devices (tpu_setup --devices N); replicas "
+                "without collectives only: torch_xla 2.9 hangs on collectives between XLA:CPU "
+                "devices (pytorch/xla #5005, #9089), so tpu_nb refuses them")
+
     def report(self) -> str:
         """The environment report as plain text (what `python -m tpu_nb doctor` prints)."""
         v = self.versions
@@ -97,6 +107,7 @@ class Environment:
             f"  runtime       {'initialized' if self.runtime_initialized else 'not started'}",
             f"  compile log   {self.debug_file or 'off (tpu_nb.setup() turns it on)'}",
             "  versions      " + ", ".join(f"{k} {v[k] or '-'}" for k in v),
+            f"  multi-device  {self.multi_device}",
         ]
         lines += [f"  applied       {a}" for a in self.applied]
         lines += [f"  not applied   {n}" for n in self.not_applied]
