@@ -154,10 +154,12 @@ def test_help_flags_print_help(shell, capsys):
     assert "--max-graphs" in capsys.readouterr().out
 
 
-def test_live_and_graph_say_not_available(shell):
+def test_flags_not_built_yet_say_so(shell):
     from IPython.core.error import UsageError
-    with pytest.raises(UsageError, match="not available"):
-        shell.run_cell_magic("on_tpu", "--live", "x = 1")
+    from tpu_nb.ipython.magics import _LATER
+    for flag in _LATER:
+        with pytest.raises(UsageError, match="not available"):
+            shell.run_cell_magic("on_tpu", f"--{flag}", "x = 1")
 
 
 def test_tpu_setup_shows_environment(shell, capsys):

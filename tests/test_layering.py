@@ -49,9 +49,10 @@ def test_display_never_imports_the_extension():
 
 def test_public_names_are_pinned():
     assert sorted(tpu_nb.__all__) == sorted([
-        "Accelerator", "CompileEvent", "DeviceTiming", "Environment", "Frame", "MetricsDelta",
-        "MetricsSnapshot", "Problem", "RecompilationError", "ReplicaError", "RunReport", "TpuNbError",
-        "__version__", "default_device", "detect", "device", "last_report", "launch", "max_graphs",
+        "Accelerator", "CompileEvent", "Dashboard", "DeviceTiming", "Environment", "Frame",
+        "MetricsDelta", "MetricsSnapshot", "Problem", "RecompilationError", "ReplicaError", "RunReport",
+        "TpuNbError", "__version__", "dashboard", "default_device", "detect", "device",
+        "last_report", "launch", "max_graphs",
         "reset_metrics", "setup", "snapshot", "sync", "time_device", "track",
     ])
     for name in tpu_nb.__all__:

@@ -7,7 +7,9 @@
     print(report)                  # what compiled, why, from which line; what ran; the cost
 
 In a notebook: `%load_ext tpu_nb`, then `%tpu_setup` and `%%on_tpu` cells.
-Importing tpu_nb imports neither torch_xla nor IPython: both load when first needed.
+Importing tpu_nb imports neither torch_xla nor IPython: both load when first needed, and the
+live dashboard (`tpu_nb.dashboard`, `tpu_nb.Dashboard`: ipywidgets, matplotlib) loads on first
+use.
 """
 
 from tpu_nb.runtime import (
@@ -42,6 +44,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Accelerator",
     "CompileEvent",
+    "Dashboard",
     "DeviceTiming",
     "Environment",
     "Frame",
@@ -53,6 +56,7 @@ __all__ = [
     "RunReport",
     "TpuNbError",
     "__version__",
+    "dashboard",
     "default_device",
     "detect",
     "device",
@@ -66,6 +70,25 @@ __all__ = [
     "time_device",
     "track",
 ]
+
+# The display layer's names, imported on first use: `import tpu_nb` stays free of ipywidgets
+# and matplotlib.
+_LAZY = {"Dashboard": "tpu_nb.display.dashboard", "dashboard": "tpu_nb.display.dashboard"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tpu_nb' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def load_ipython_extension(ipython):

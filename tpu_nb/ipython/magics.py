@@ -17,7 +17,6 @@ from IPython.display import display
 from tpu_nb.runtime.errors import TpuNbError
 
 _LATER = {
-    "live": "--live (the live dashboard) is not available in this version of tpu_nb yet",
     "graph": "--graph (the pending-graph viewer) is not available in this version of tpu_nb yet",
 }
 
@@ -55,6 +54,16 @@ def _mesh_devices(mesh: str) -> int:
     for d in dims:
         count *= d
     return count
+
+
+def _start_dashboard(**options):
+    """A started live dashboard; a bad option or environment is a one-line UsageError."""
+    from tpu_nb.display.dashboard import Dashboard
+
+    try:
+        return Dashboard(**options).start()
+    except TpuNbError as exc:
+        raise UsageError(str(exc)) from None
 
 
 class _CellCode:
@@ -225,6 +234,8 @@ class TpuMagics(Magics):
         report = None
         try:
             with ExitStack() as stack:
+                if args.live:   # outermost: its final state includes the cell's last sync
+                    stack.enter_context(_start_dashboard())
                 report = stack.enter_context(track(f"In[{self.shell.execution_count}]",
                                                    sync=not args.no_sync))
                 stack.enter_context(default_device(dev))
@@ -244,6 +255,33 @@ class TpuMagics(Magics):
 
         findings = attribute(report, code.source, code.filename)
         display(RunView(report, findings))
+
+    # -- %tpu_dashboard ----------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="show this help and exit")
+    @argument("--refresh", type=float, default=0.5, metavar="SECONDS",
+              help="seconds between updates (default 0.5: at most 2 a second)")
+    @argument("--chart-refresh", type=float, default=None, metavar="SECONDS",
+              help="at least this many seconds between chart redraws (default 1)")
+    @argument("--alert-graphs", type=int, default=3, metavar="K",
+              help="alert when one line compiles more than K distinct graphs (default 3)")
+    @argument("--no-charts", action="store_true", help="panels only, no matplotlib charts")
+    @line_magic
+    def tpu_dashboard(self, line=""):
+        """Show the live XLA dashboard for the rest of this cell.
+
+        Put it at the top of a training cell: compiles (cause, line), step time, transfers,
+        CPU fallbacks, host reads and memory update while the cell runs; the final state stays
+        when the cell ends (also on error or interrupt). `%%on_tpu --live` does the same for
+        an %%on_tpu cell, `tpu_nb.dashboard()` from code.
+        """
+        args = _parse(self.tpu_dashboard, line)
+        if args is None:
+            return
+        dash = _start_dashboard(refresh=args.refresh, chart_refresh=args.chart_refresh,
+                                alert_graphs=args.alert_graphs, charts=not args.no_charts)
+        dash.stop_at_cell_end()
 
     # -- %tpu_time --------------------------------------------------------------------------
 

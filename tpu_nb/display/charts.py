@@ -1,0 +1,159 @@
+"""The dashboard's matplotlib charts, drawn off-screen to PNG bytes (Agg; pyplot never used).
+
+Redrawing a figure costs ~20-40 ms of Python (ticks, text), taken from the training loop's
+share of the GIL. So the step-time chart is drawn in full only when its axes must grow (they
+double, so that happens a handful of times per run); otherwise the saved background is
+restored and only the data lines are drawn on it (blitting, ~1 ms) before PNG encoding.
+The compile chart changes only when a graph compiles, and is drawn in full then.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
+
+from tpu_nb.runtime.live import LiveCompile, StepPoint, place_text
+
+DPI = 80
+_BLUE, _LIGHT, _RED = "#1565c0", "#90caf9", "#c62828"
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above `value` (value > 0)."""
+    exp = math.floor(math.log10(value))
+    for mult in (1, 1.5, 2, 3, 5, 7.5, 10):
+        if mult * 10 ** exp >= value:
+            return mult * 10 ** exp
+    return 10 ** (exp + 1)
+
+
+def _png(canvas: FigureCanvasAgg, compress_level: int) -> bytes:
+    from PIL import Image
+
+    width, height = canvas.get_width_height()
+    image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    out = io.BytesIO()
+    image.save(out, format="png", compress_level=compress_level)
+    return out.getvalue()
+
+
+class StepTimeChart:
+    """Step time (median and p90 per refresh, ms) over steps, compile events as red lines."""
+
+    def __init__(self, size=(6.2, 2.3)):
+        self.figure = Figure(figsize=size, dpi=DPI)
+        self.canvas = FigureCanvasAgg(self.figure)
+        ax = self.ax = self.figure.add_subplot(1, 1, 1)
+        ax.set_title("step time (ms): median and p90 per refresh; red: compiles", fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+        (self.median_line,) = ax.plot([], [], color=_BLUE, lw=1.4, animated=True)
+        (self.p90_line,) = ax.plot([], [], color=_LIGHT, lw=1.0, ls="--", animated=True)
+        self.compile_lines = LineCollection([], colors=_RED, linewidths=0.9, alpha=0.8,
+                                            transform=ax.get_xaxis_transform(), animated=True)
+        ax.add_collection(self.compile_lines)
+        # Log scale: a compile step (seconds) and steady steps (ms) both stay readable.
+        ax.set_yscale("log")
+        self.limits = (10.0, 0.1, 10.0)      # x: steps; y: ms, bottom and top (decades)
+        self._apply_limits()
+        self.figure.subplots_adjust(left=0.09, right=0.98, top=0.86, bottom=0.2)
+        self._background = None
+        self.full_draws = 0
+        self.last_cost = 0.0
+
+    def _apply_limits(self) -> None:
+        x_top, y_bottom, y_top = self.limits
+        self.ax.set_xlim(0, x_top)
+        self.ax.set_ylim(y_bottom, y_top)
+
+    def _wanted_limits(self, series, compile_steps) -> tuple[float, float, float]:
+        """Limits only grow, by nice steps (x) and whole decades (y), so that the background
+        is redrawn a handful of times per run."""
+        x_top, y_bottom, y_top = self.limits
+        last = max([p.step for p in series] + list(compile_steps) + [1])
+        if last > x_top:
+            x_top = _nice_ceiling(last * 1.25)
+        values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
+        if values:
+            while min(values) < y_bottom * 1.05 and y_bottom > 1e-4:
+                y_bottom /= 10
+            while max(values) > y_top / 1.05:
+                y_top *= 10
+        return x_top, y_bottom, y_top
+
+    def render(self, series: tuple[StepPoint, ...], compile_steps, *,
+               compress_level: int = 1) -> bytes:
+        start = time.perf_counter()
+        limits = self._wanted_limits(series, compile_steps)
+        if limits != self.limits or self._background is None:
+            self.limits = limits
+            self._apply_limits()
+            self.canvas.draw()                      # everything but the animated artists
+            self._background = self.canvas.copy_from_bbox(self.figure.bbox)
+            self.full_draws += 1
+        else:
+            self.canvas.restore_region(self._background)
+        steps = [p.step for p in series]
+        self.median_line.set_data(steps, [p.median * 1e3 for p in series])
+        self.p90_line.set_data(steps, [p.p90 * 1e3 for p in series])
+        self.compile_lines.set_segments([[(s, 0), (s, 1)] for s in compile_steps])
+        for artist in (self.p90_line, self.median_line, self.compile_lines):
+            self.ax.draw_artist(artist)
+        png = _png(self.canvas, compress_level)
+        self.last_cost = time.perf_counter() - start
+        return png
+
+
+class CompileChart:
+    """Compile seconds per compiled graph (the most recent ones), labelled by line and hash."""
+
+    SHOWN = 12
+
+    def __init__(self, size=(3.8, 2.3)):
+        self.figure = Figure(figsize=size, dpi=DPI)
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.ax = self.figure.add_subplot(1, 1, 1)
+        self.last_cost = 0.0
+
+    def render(self, compiles: tuple[LiveCompile, ...], *, compress_level: int = 1) -> bytes:
+        start = time.perf_counter()
+        ax = self.ax
+        ax.clear()
+        ax.set_title("compile seconds per graph", fontsize=9)
+        ax.tick_params(labelsize=7)
+        shown = [c for c in compiles if c.seconds is not None][-self.SHOWN:]
+        if shown:
+            labels = [_label(c) for c in shown]
+            ax.barh(range(len(shown)), [c.seconds for c in shown], color=_RED, alpha=0.75)
+            ax.set_yticks(range(len(shown)))
+            ax.set_yticklabels(labels, fontsize=6.5)
+            ax.invert_yaxis()
+            ax.set_xlabel("seconds", fontsize=8)
+            ax.grid(True, axis="x", alpha=0.3)
+        else:
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "no graph compiled yet", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9, color="#666")
+        self.figure.subplots_adjust(left=0.42 if shown else 0.05, right=0.97, top=0.86,
+                                    bottom=0.2)
+        self.canvas.draw()
+        png = _png(self.canvas, compress_level)
+        self.last_cost = time.perf_counter() - start
+        return png
+
+
+def _label(c: LiveCompile) -> str:
+    if c.event is None:
+        return f"#{c.index}"
+    where = place_text(c.place) if c.place is not None else "library"
+    if len(where) > 22:
+        where = where[:21] + "\u2026"
+    # A "$" in a file name would start matplotlib's math text: escape it.
+    return f"#{c.index} {where} {c.event.graph_hash[:6]}".replace("$", r"\$")

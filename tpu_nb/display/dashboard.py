@@ -1,0 +1,637 @@
+"""The live XLA dashboard: core ipywidgets and matplotlib, updated while a cell runs.
+
+    with tpu_nb.dashboard():          # or %%on_tpu --live, or %tpu_dashboard in the cell
+        train()
+
+A polling thread, started and joined inside the running cell (Colab does not render widget
+updates a thread sends after its cell ended: colabtools #3373), calls the runtime's
+`LiveMonitor.poll()` every `refresh` seconds (0.5: at most 2 updates a second) and sets widget
+traits only; it never prints. Charts are redrawn at most every `chart_refresh` seconds and only
+when their data changed. When the cell ends, fails or is interrupted, the thread is joined, the
+final state is drawn, and the live view is replaced by a static one (HTML panels with the
+charts, and a plain-text summary without timings): the widgets are closed, so a notebook that
+ran 100 live cells holds no widget comms for them, and its saved outputs need no widget state.
+
+nbval: the live view's display has an empty text/plain (the widget view itself is skipped by
+nbval) and is updated to that same empty text at the end; the final view's text/plain has no
+timings, and its HTML shows timings, rates, memory and chart images in forms
+tools/nbval-sanitize.cfg masks.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from base64 import b64encode
+from dataclasses import dataclass
+from html import escape
+
+from tpu_nb.display.reports import _seconds
+from tpu_nb.runtime.attribution import HOST_READ_HINT, fallback_hint
+from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.live import LiveMonitor, LiveState, place_text
+
+VIEW_MIME = "application/vnd.jupyter.widget-view+json"
+# Charts may take at most this share of wall time: after a costly draw (a full redraw when
+# an axis grows) the next one waits longer, up to _CHART_MAX_GAP seconds.
+_CHART_DUTY = 0.02
+_CHART_MAX_GAP = 5.0
+_SHOWN_EVENTS = 8         # compile events listed in the panel (newest first)
+_RED, _RED_BG, _GREY = "#c62828", "#fdecea", "#666"
+_FONT = "font-family:var(--jp-code-font-family,monospace);font-size:12px;line-height:1.35"
+_PANEL = (f"{_FONT};border:1px solid #8885;border-radius:4px;padding:4px 8px;margin:2px;"
+          "box-sizing:border-box;overflow:hidden;flex:1 1 auto")
+
+
+@dataclass
+class RefreshStats:
+    """What the dashboard's own work cost (for the benchmark and the curious)."""
+
+    refreshes: int = 0
+    refresh_seconds: float = 0.0      # wall time inside refreshes
+    refresh_cpu: float = 0.0          # CPU time inside refreshes (thread time)
+    chart_draws: int = 0
+    chart_seconds: float = 0.0
+    thread_cpu: float = 0.0           # the polling thread's CPU time over its life
+    thread_seconds: float = 0.0       # how long the polling thread ran
+
+    @property
+    def refresh_cost(self) -> float:
+        """Mean wall seconds of one refresh (poll + widget updates + any chart)."""
+        return self.refresh_seconds / self.refreshes if self.refreshes else 0.0
+
+    @property
+    def cpu_per_second(self) -> float:
+        """The polling thread's CPU seconds per wall second."""
+        return self.thread_cpu / self.thread_seconds if self.thread_seconds else 0.0
+
+
+def _check_seconds(name: str, value, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise TpuNbError(f"{name} must be a number of seconds of at least {minimum:g}; got "
+                         f"{value!r}. Fix: e.g. {name}={max(minimum, 0.5):g}.")
+    return float(value)
+
+
+def _ipython():
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+class Dashboard:
+    """The live XLA dashboard. `start()` shows and starts it, `stop()` draws the final state.
+
+    refresh: seconds between updates (0.5: at most 2 a second).
+    chart_refresh: at least this many seconds between chart redraws, which happen only when
+        their data changed (default: 1, or `refresh` if longer).
+    alert_graphs: the recompilation alert fires when one line compiles more than this many
+        distinct graphs.
+    charts: draw the matplotlib charts.
+    widgets: show live widgets (default: when running in a Jupyter kernel). Without them the
+        dashboard still polls, and shows its final state when it stops.
+
+    As a context manager it starts on entry and stops on exit (also on error and interrupt).
+    `repr()` is a summary without timings, stable for nbval.
+    """
+
+    def __init__(self, *, refresh: float = 0.5, chart_refresh: float | None = None,
+                 alert_graphs: int = 3, charts: bool = True, widgets: bool | None = None,
+                 title: str = "XLA dashboard"):
+        self.refresh = _check_seconds("refresh", refresh, 0.1)
+        if chart_refresh is None:
+            chart_refresh = max(1.0, self.refresh)
+        self.chart_refresh = _check_seconds("chart_refresh", chart_refresh, self.refresh)
+        if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) \
+                or alert_graphs < 1:
+            raise TpuNbError(f"alert_graphs must be a whole number of at least 1; got "
+                             f"{alert_graphs!r}. Fix: e.g. alert_graphs=3.")
+        self.alert_graphs = alert_graphs
+        self.charts = bool(charts)
+        self.title = str(title)
+        self._want_widgets = widgets
+        self.status = "ready"
+        self.state: LiveState | None = None
+        self.stats = RefreshStats()
+        self.error: BaseException | None = None          # what the polling thread hit
+        self._monitor: LiveMonitor | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._widgets: list = []
+        self._root = None
+        self._handle = None
+        self._shown = False
+        self._hooks: list = []
+        self._charts = None
+        self._pngs: dict[str, bytes] = {}
+        self._drawn: dict[str, tuple] = {}
+        self._next_chart = 0.0
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> "Dashboard":
+        """Show the live view (in a kernel) and start the polling thread."""
+        if self.running:
+            return self
+        if self.status != "ready":
+            raise TpuNbError("this dashboard has already run and stopped. Fix: make a new "
+                             "one: tpu_nb.dashboard() (or %%on_tpu --live).")
+        self._monitor = LiveMonitor(alert_graphs=self.alert_graphs)
+        try:
+            ip = _ipython()
+            use_widgets = self._want_widgets
+            if use_widgets is None:
+                use_widgets = getattr(ip, "kernel", None) is not None
+            if use_widgets:
+                self._build_widgets()
+            self.status = "running"
+            self._refresh_once(final=False)
+            self._next_chart = 0.0       # the first draw's cost includes importing matplotlib
+            if self._root is not None and ip is not None:
+                from IPython.display import display
+
+                self._handle = display({VIEW_MIME: self._root.get_view_spec(),
+                                        "text/plain": ""}, raw=True, display_id=True)
+                self._shown = True
+        except BaseException:
+            self._close_widgets()
+            self._monitor.close()
+            self.status = "ready"
+            raise
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="tpu_nb-dashboard", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, error: BaseException | None = None) -> None:
+        """Join the thread, draw the final state, replace the live view by a static one."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stopping.set()
+        try:
+            thread.join()
+        finally:
+            self._thread = None
+            self._unhook()
+            try:
+                self._finish(error)
+            finally:
+                self._monitor.close()
+                self._close_widgets()
+
+    def _finish(self, error: BaseException | None) -> None:
+        if error is None:
+            self.status = "finished"
+            try:
+                from tpu_nb.runtime._xla import wait_device_ops
+
+                wait_device_ops()              # the last executions' times are then recorded
+            except Exception:
+                pass
+        elif isinstance(error, KeyboardInterrupt):
+            self.status = "interrupted"
+        else:
+            self.status = f"failed: {type(error).__name__}"
+        self._refresh_once(final=True)
+        ip = _ipython()
+        if ip is None:
+            return
+        from IPython.display import display
+
+        if self._handle is not None:
+            self._handle.update({"text/plain": ""}, raw=True)
+            self._handle = None
+        display(_FinalView(self))
+        self._shown = True
+
+    def __enter__(self) -> "Dashboard":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.stop(exc)
+        return False
+
+    def stop_at_cell_end(self) -> "Dashboard":
+        """Stop when the running IPython cell ends (even if it fails); the next cell's start
+        stops it too, should the end of this one not be reported."""
+        ip = _ipython()
+        if ip is None or self._hooks:
+            return self
+        dash = self
+
+        def cell_ended(result=None, *args):
+            error = getattr(result, "error_in_exec", None) or getattr(
+                result, "error_before_exec", None)
+            dash.stop(error)
+
+        def next_cell(*args):
+            dash.stop()
+
+        ip.events.register("post_run_cell", cell_ended)
+        ip.events.register("pre_run_cell", next_cell)
+        self._hooks = [(ip, "post_run_cell", cell_ended), (ip, "pre_run_cell", next_cell)]
+        return self
+
+    def _unhook(self) -> None:
+        for ip, event, callback in self._hooks:
+            try:
+                ip.events.unregister(event, callback)
+            except ValueError:
+                pass
+        self._hooks = []
+
+    # -- polling ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        cpu, wall = time.thread_time(), time.perf_counter()
+        try:
+            while not self._stopping.wait(self.refresh):
+                self._refresh_once(final=False)
+        except BaseException as exc:     # shown in the final state; the thread never prints
+            self.error = exc
+        finally:
+            self.stats.thread_cpu += time.thread_time() - cpu
+            self.stats.thread_seconds += time.perf_counter() - wall
+
+    def refresh_now(self) -> LiveState:
+        """Poll and update the view once, now (the polling thread does this every
+        `refresh` seconds)."""
+        if self._monitor is None:
+            raise TpuNbError("the dashboard has not started. Fix: dash.start() first, or use "
+                             "`with tpu_nb.dashboard(): ...`.")
+        self._refresh_once(final=not self.running)
+        return self.state
+
+    def _refresh_once(self, final: bool) -> None:
+        with self._lock:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            self.state = self._monitor.poll()
+            if self._widgets:
+                self._update_widgets(self.state, final)
+            elif final and self.charts:
+                self._draw_charts(self.state, final=True)
+            self.stats.refreshes += 1
+            self.stats.refresh_cpu += time.thread_time() - cpu
+            self.stats.refresh_seconds += time.perf_counter() - wall
+
+    # -- widgets ------------------------------------------------------------------------------
+
+    def _build_widgets(self) -> None:
+        import ipywidgets as W
+
+        def panel(width="32%"):
+            return W.HTML(layout=W.Layout(width=width, min_width="240px"))
+
+        self._header = W.HTML()
+        self._alert = W.HTML()
+        self._compile_panel = panel()
+        self._exec_panel = panel()
+        self._transfer_panel = panel()
+        self._fallback_panel = panel("64%")
+        self._memory_panel = panel()
+        rows = [self._header, self._alert,
+                W.HBox([self._compile_panel, self._exec_panel, self._transfer_panel],
+                       layout=W.Layout(flex_flow="row wrap")),
+                W.HBox([self._fallback_panel, self._memory_panel],
+                       layout=W.Layout(flex_flow="row wrap"))]
+        made = [self._header, self._alert, self._compile_panel, self._exec_panel,
+                self._transfer_panel, self._fallback_panel, self._memory_panel] + rows[2:]
+        if self.charts:
+            self._step_image = W.Image(format="png", layout=W.Layout(max_width="62%"))
+            self._compile_image = W.Image(format="png", layout=W.Layout(max_width="38%"))
+            chart_row = W.HBox([self._step_image, self._compile_image],
+                               layout=W.Layout(flex_flow="row wrap"))
+            rows.append(chart_row)
+            made += [self._step_image, self._compile_image, chart_row]
+        self._root = W.VBox(rows)
+        self._widgets = made + [self._root]
+
+    def _close_widgets(self) -> None:
+        # A widget's layout and style are widgets (comms) of their own: close them too.
+        parts = [getattr(w, name, None) for w in self._widgets for name in ("layout", "style")]
+        for widget in self._widgets + [p for p in parts if hasattr(p, "close")]:
+            try:
+                widget.close()
+            except Exception:
+                pass
+        self._widgets = []
+        self._root = None
+
+    def _update_widgets(self, state: LiveState, final: bool) -> None:
+        _set(self._header, header_html(state, self.status, self.title))
+        _set(self._alert, alert_html(state))
+        _set(self._compile_panel, compile_html(state))
+        _set(self._exec_panel, execution_html(state, final))
+        _set(self._transfer_panel, transfers_html(state))
+        _set(self._fallback_panel, fallbacks_html(state))
+        _set(self._memory_panel, memory_html(state))
+        if self.charts:
+            pngs = self._draw_charts(state, final)
+            if "step" in pngs:
+                self._step_image.value = pngs["step"]
+            if "compile" in pngs:
+                self._compile_image.value = pngs["compile"]
+
+    def _draw_charts(self, state: LiveState, final: bool) -> dict[str, bytes]:
+        """Redraw the charts whose data changed, if one is due (always when final)."""
+        now = time.perf_counter()
+        if not final and now < self._next_chart:
+            return {}
+        if self._charts is None:
+            from tpu_nb.display.charts import CompileChart, StepTimeChart
+
+            self._charts = {"step": StepTimeChart(), "compile": CompileChart()}
+        keys = {"step": (state.series_version, state.compile_version),
+                "compile": (state.compile_version,)}
+        drawn, cost = {}, 0.0
+        for name, key in keys.items():
+            if self._drawn.get(name) == key and name in self._pngs:
+                continue
+            chart = self._charts[name]
+            level = 6 if final else 1
+            if name == "step":
+                png = chart.render(state.series, [c.step for c in state.compiles],
+                                   compress_level=level)
+            else:
+                png = chart.render(state.compiles, compress_level=level)
+            cost += chart.last_cost
+            self._pngs[name] = drawn[name] = png
+            self._drawn[name] = key
+        if drawn:
+            self.stats.chart_draws += len(drawn)
+            self.stats.chart_seconds += cost
+            self._next_chart = now + max(self.chart_refresh,
+                                         min(_CHART_MAX_GAP, cost / _CHART_DUTY))
+        return drawn
+
+    # -- text and display ---------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """A plain-text summary without timings (stable across runs, for nbval)."""
+        return summary_text(self.state, self.status, self.title, self.error)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        return static_html(self.state, self.status, self.title, self._pngs, self.error)
+
+    def _ipython_display_(self) -> None:
+        """Shown once: `tpu_nb.dashboard()` as a cell's last line does not show it twice."""
+        if self._shown:
+            return
+        from IPython.display import display
+
+        self._shown = True
+        if self.running and self._root is not None:
+            self._handle = display({VIEW_MIME: self._root.get_view_spec(), "text/plain": ""},
+                                   raw=True, display_id=True)
+        else:
+            display(_FinalView(self))
+
+
+class _FinalView:
+    """The dashboard's final state as a plain output (no widgets)."""
+
+    def __init__(self, dash: Dashboard):
+        self.text = dash.summary()
+        self.html = dash._repr_html_()
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+
+def _set(widget, value: str) -> None:
+    if widget.value != value:       # an unchanged trait sends nothing anyway; skip the work
+        widget.value = value
+
+
+def dashboard(*, refresh: float = 0.5, chart_refresh: float | None = None,
+              alert_graphs: int = 3, charts: bool = True) -> Dashboard:
+    """Show a live XLA dashboard for the rest of the running cell, and return it.
+
+        tpu_nb.dashboard()                 # stops when the cell ends
+        with tpu_nb.dashboard():           # or: stops when the block ends
+            train()
+
+    Panels: compiles (with causes and lines), executions and step time, transfers, CPU
+    fallbacks and device->host reads (each with what to do), memory; charts of step time over
+    steps and compile seconds per graph. Outside IPython it polls without showing anything
+    until stopped; `print(dash)` then gives the summary.
+    """
+    dash = Dashboard(refresh=refresh, chart_refresh=chart_refresh, alert_graphs=alert_graphs,
+                     charts=charts)
+    dash.start()
+    return dash.stop_at_cell_end()
+
+
+# -- HTML and text of the panels --------------------------------------------------------------
+
+def _panel(title: str, body: str, *, alert: bool = False) -> str:
+    style = _PANEL + (f";border:2px solid {_RED};background:{_RED_BG}" if alert else "")
+    return f"<div style='{style}'><b>{escape(title)}</b><br>{body}</div>"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _rate(per_second: float) -> str:
+    return f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:.0f}/s"
+
+
+def header_html(state: LiveState | None, status: str, title: str) -> str:
+    steps = state.steps if state is not None else 0
+    elapsed = _seconds(state.elapsed) if state is not None else "-"
+    colour = {"running": "#2e7d32", "finished": "#1565c0"}.get(status, _RED)
+    alert = (f" <b style='color:{_RED}'>RECOMPILING</b>"
+             if state is not None and state.alerts else "")
+    return (f"<div style='{_FONT}'><b>{escape(title)}</b> "
+            f"<span style='color:{colour}' class='tpunb-status'>{escape(status)}</span> · "
+            f"step <span class='tpunb-steps'>{steps}</span> · {elapsed}{alert}</div>")
+
+
+def alert_html(state: LiveState | None) -> str:
+    if state is None or not state.alerts:
+        return ""
+    parts = []
+    for alert in state.alerts:
+        how = ("captured graphs of its next syncs" if alert.source == "graphs"
+               else "its compile-log blocks (counts and sizes; the ops are not logged)")
+        lines = "".join(f"<li>{escape(line)}</li>" for line in alert.differs)
+        parts.append(
+            f"<div><b style='color:{_RED}'>Recompilation: {escape(alert.describe())}</b><br>"
+            f"what differs between its last two graphs, from {escape(how)}:"
+            f"<ul style='margin:2px 0 2px 1.2em;padding:0'>{lines}</ul>"
+            "what to do: keep shapes, dtypes and Python values in the step fixed (pad or "
+            "bucket batches; pass changing scalars as tensors)</div>")
+    style = f"{_PANEL};border:2px solid {_RED};background:{_RED_BG}"
+    return f"<div style='{style}'>{''.join(parts)}</div>"
+
+
+def compile_html(state: LiveState | None) -> str:
+    if state is None:
+        return _panel("Compiles", "-")
+    m = state.metrics
+    head = (f"graphs compiled <b>{m.compiles}</b> ({_seconds(m.compile_seconds)}) · "
+            f"cache hits <b>{m.cache_hits}</b>")
+    rows = []
+    for c in reversed(state.compiles[-_SHOWN_EVENTS:]):
+        secs = _seconds(c.seconds) if c.seconds is not None else "compiling"
+        if c.event is None:
+            rows.append(f"<tr><td>#{c.index}</td><td colspan=3>cause unknown</td>"
+                        f"<td>{secs}</td></tr>")
+            continue
+        rows.append(f"<tr><td>#{c.index}</td><td>{escape(place_text(c.place))}</td>"
+                    f"<td title='{escape(c.event.cause)}'>{escape(_short_cause(c.event))}</td>"
+                    f"<td><code>{escape(c.event.graph_hash[:8])}</code></td><td>{secs}</td></tr>")
+    body = head
+    if rows:
+        earlier = len(state.compiles) - min(len(state.compiles), _SHOWN_EVENTS)
+        more = f"<br><span style='color:{_GREY}'>… {earlier} earlier</span>" if earlier else ""
+        body += ("<table style='border-collapse:collapse;font-size:11px'>"
+                 "<tr><th align=left>#</th><th align=left>line</th><th align=left>cause</th>"
+                 "<th align=left>graph</th><th align=left>time</th></tr>"
+                 f"{''.join(rows)}</table>{more}")
+    if m.compiles and not state.compile_analysis:
+        body += (f"<br><span style='color:{_GREY}'>compile causes unknown: run %tpu_setup "
+                 "(tpu_nb.setup()) before the first compile to record them</span>")
+    return _panel("Compiles", body, alert=bool(state.alerts))
+
+
+_CAUSES = {"sync": "sync", "value-access": "value read", "dynamo": "dynamo",
+           "compile": "torch_xla.compile"}
+
+
+def _short_cause(event) -> str:
+    """A few words for the table (the full cause is the cell's tooltip)."""
+    short = _CAUSES.get(event.kind)
+    if short is not None:
+        return short
+    return event.cause if len(event.cause) <= 24 else event.cause[:23] + "\u2026"
+
+
+def execution_html(state: LiveState | None, final: bool = False) -> str:
+    if state is None:
+        return _panel("Execution", "-")
+    m = state.metrics
+    if state.step_median is not None:
+        measured = "" if final else f", {state.steps_measured} measured"
+        steps = (f"step time median <b>{_seconds(state.step_median)}</b> · p90 "
+                 f"<b>{_seconds(state.step_p90)}</b><br><span style='color:{_GREY}'>"
+                 f"device-synced: between step completions{measured}</span>")
+    else:
+        steps = f"<span style='color:{_GREY}'>step time: no step completed yet</span>"
+    rate = (m.executions / state.elapsed if final and state.elapsed > 0
+            else state.execution_rate)
+    body = (f"steps (syncs) <b>{state.steps}</b><br>"
+            f"executions <b>{m.executions}</b> · {_rate(rate)}"
+            f"{' on average' if final else ''}<br>{steps}<br>"
+            f"on device {_seconds(m.execute_seconds)}")
+    return _panel("Execution", body)
+
+
+def transfers_html(state: LiveState | None) -> str:
+    if state is None:
+        return _panel("Transfers", "-")
+    m = state.metrics
+    body = (f"to device <b>{m.to_device_transfers}</b> ({_seconds(m.to_device_seconds)})<br>"
+            f"to host <b>{m.from_device_transfers}</b> ({_seconds(m.from_device_seconds)})")
+    return _panel("Transfers", body)
+
+
+def fallbacks_html(state: LiveState | None) -> str:
+    if state is None:
+        return _panel("CPU fallbacks and device\u2192host reads", "-")
+    m = state.metrics
+    if m.fallbacks:
+        fall = "".join(f"<code>aten::{escape(op)}</code> ran on the CPU <b>{n}</b>\u00d7<br>"
+                       f"<span style='color:{_GREY}'>{escape(fallback_hint(op))}</span><br>"
+                       for op, n in sorted(m.fallbacks.items()))
+    else:
+        fall = "CPU fallbacks: none<br>"
+    reads = f"device\u2192host reads <b>{m.host_reads}</b>"
+    if m.host_reads:
+        reads += f"<br><span style='color:{_GREY}'>{escape(HOST_READ_HINT)}</span>"
+    return _panel("CPU fallbacks and device\u2192host reads", f"{fall}{reads}")
+
+
+def memory_html(state: LiveState | None) -> str:
+    if state is None:
+        return _panel("Memory", "-")
+    mem = state.memory
+    if mem.device_note:
+        device = f"<span style='color:{_GREY}'>{escape(mem.device_note)}</span>"
+    else:
+        device = (f"device used <b>{_bytes(mem.device_used)}</b> of {_bytes(mem.device_limit)}"
+                  + (f" · peak {_bytes(mem.device_peak)}" if mem.device_peak is not None
+                     else ""))
+    host = f"host RSS <b>{_bytes(mem.host_rss)}</b> · peak {_bytes(mem.host_peak)}"
+    return _panel("Memory", f"{device}<br>{host}")
+
+
+def _img(png: bytes | None, alt: str) -> str:
+    if not png:
+        return ""
+    return (f"<img alt='{escape(alt)}' style='max-width:100%' "
+            f"src='data:image/png;base64,{b64encode(png).decode()}'>")
+
+
+def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str, bytes],
+                error: BaseException | None = None) -> str:
+    """The final (or any) state as one self-contained HTML block."""
+    row = "display:flex;flex-wrap:wrap;align-items:stretch"
+    panels = [(compile_html(state), 2), (execution_html(state, True), 1),
+              (transfers_html(state), 1), (fallbacks_html(state), 2), (memory_html(state), 1)]
+    broken = ""
+    if error is not None:
+        broken = (f"<div style='{_FONT};color:{_RED}'>the dashboard stopped updating: "
+                  f"{escape(type(error).__name__)}: {escape(str(error)[:300])}</div>")
+    return (f"<div class='tpunb-dashboard'>{header_html(state, status, title)}{broken}"
+            f"{alert_html(state)}<div style='{row}'>"
+            + "".join(f"<div style='flex:{grow} 1 {240 * grow}px;display:flex'>{p}</div>"
+                      for p, grow in panels) + "</div>"
+            f"<div style='{row}'>{_img(pngs.get('step'), 'step time over steps')}"
+            f"{_img(pngs.get('compile'), 'compile seconds per graph')}</div></div>")
+
+
+def summary_text(state: LiveState | None, status: str, title: str = "XLA dashboard",
+                 error: BaseException | None = None) -> str:
+    """Counts and findings, no timings: the same text for the same work on every run."""
+    if state is None:
+        return f"{title} ({status})"
+    m = state.metrics
+    lines = [f"{title} ({status}): {state.steps} steps, {m.executions} executions, "
+             f"{m.compiles} graphs compiled, {m.cache_hits} cache hits, "
+             f"{sum(m.fallbacks.values())} CPU fallbacks, {m.host_reads} device->host reads"]
+    for c in state.compiles[-_SHOWN_EVENTS:]:
+        if c.event is not None:
+            lines.append(f"  compiled graph {c.event.graph_hash[:8]} at {place_text(c.place)}: "
+                         f"{c.event.cause}")
+    for alert in state.alerts:
+        lines.append(f"  RECOMPILATION ALERT: {alert.describe()}; what differs:")
+        lines += [f"    {line}" for line in alert.differs]
+    for op, n in sorted(m.fallbacks.items()):
+        lines.append(f"  CPU fallback aten::{op} x{n}: {fallback_hint(op)}")
+    if m.host_reads:
+        lines.append(f"  device->host reads: {m.host_reads}: {HOST_READ_HINT}")
+    if error is not None:
+        lines.append(f"  the dashboard stopped updating: {type(error).__name__}")
+    return "\n".join(lines)

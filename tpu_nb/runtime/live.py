@@ -1,0 +1,605 @@
+"""Live monitoring while code runs: what the dashboard polls, as plain data.
+
+`LiveMonitor.poll()` is called from a polling thread a couple of times a second. It reads the
+runtime's counters and metric sample buffers directly (never the `metrics_report()` text),
+the compile-cause log from where it stood when the monitor started, host memory from /proc and
+the device's memory where the device reports it, and returns a `LiveState`: frozen data the
+display layer draws. Nothing here imports IPython, ipywidgets or matplotlib.
+
+Step times come from the runtime's own samples. `ExecuteTime` records, for each execution,
+its duration and the wall-clock time it completed; the interval between the completions of
+two consecutive steps is the step time as the device delivers it (device-synced: tracing,
+compiling and executing all count, whichever bounds the loop). A step is one sync
+(`MarkStep`); with k executions per sync (an `.item()` inside the loop adds one) a step spans
+k completions. The sample buffer holds the last XLA_METRICS_SAMPLES executions (128 after
+`setup()`), so between two polls of a fast loop only the most recent steps are measured: the
+figures are a sample of each refresh window, never a stale or made-up value.
+
+Recompilation alert: when one line of user code has compiled more than `alert_graphs`
+distinct graphs, the alert says what differs between its last two graphs. When that line is
+a `torch_xla.sync()`, a `SyncProbe` captures the pending graph at the next syncs of that line
+(the tensors, modules and optimizers visible from the calling frame) and `Graph.diff` names
+the op, shape or dtype that changed. Otherwise (an `.item()`, or nothing capturable) the
+difference is derived from the two compile-log blocks: input/output counts, sizes and causes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from itertools import chain
+
+from tpu_nb.runtime._xla import xla, xlac
+from tpu_nb.runtime.compile_log import CompileEvent, CompileLog, Frame, _is_library, compile_log
+from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.metrics import MetricsDelta, snapshot
+
+_EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
+_RECENT_STEPS = 1024          # step intervals the median and p90 are taken over
+_SERIES_POINTS = 1200         # chart points kept; older ones are merged pairwise beyond that
+_SHOWN_COMPILES = 200         # compile events kept for the panel and the chart
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Host memory of this process, and the device's where it reports it (bytes)."""
+
+    host_rss: int | None
+    host_peak: int | None
+    device_used: int | None = None
+    device_limit: int | None = None
+    device_peak: int | None = None
+    device_note: str = ""          # why there are no device figures, when there are none
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def host_rss() -> int | None:
+    """Resident memory of this process in bytes (/proc on Linux; None where unknown)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def host_peak_rss() -> int | None:
+    """Peak resident memory of this process in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class DeviceMemory:
+    """The device's memory figures: `xm.get_memory_info` (TPU HBM), else tpu-info's metrics on
+    a TPU VM, else a note saying the device does not report memory (XLA:CPU). A device that
+    said no once is not asked again."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.note = ""
+
+    def read(self) -> tuple[int | None, int | None, int | None, str]:
+        if self.note:
+            return None, None, None, self.note
+        try:
+            info = xlac()._xla_memory_info(self.device)
+        except Exception as exc:           # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
+            figures = _tpu_info_memory()
+            if figures is not None:
+                return (*figures, "")
+            kind = "XLA:CPU" if "CPU" in self.device.upper() or _pjrt() == "CPU" \
+                else self.device
+            self.note = (f"the device does not report memory ({kind})" if
+                         "UNIMPLEMENTED" in str(exc) or kind == "XLA:CPU"
+                         else f"device memory unavailable: {str(exc).splitlines()[0][:120]}")
+            return None, None, None, self.note
+        used = _first(info, "bytes_used", ("kb_total", "kb_free"))
+        limit = _first(info, "bytes_limit", ("kb_total",))
+        peak = _first(info, "peak_bytes_used", ())
+        return used, limit, peak, ""
+
+
+def _pjrt() -> str:
+    return os.environ.get("PJRT_DEVICE", "").upper()
+
+
+def _first(info: dict, key: str, kb_keys: tuple[str, ...]) -> int | None:
+    if key in info:
+        return int(info[key])
+    if len(kb_keys) == 2 and all(k in info for k in kb_keys):    # older: total - free
+        return (int(info[kb_keys[0]]) - int(info[kb_keys[1]])) * 1024
+    if len(kb_keys) == 1 and kb_keys[0] in info:
+        return int(info[kb_keys[0]]) * 1024
+    return None
+
+
+def _tpu_info_memory() -> tuple[int, int, None] | None:
+    """HBM used/total summed over this host's chips, from tpu-info (TPU VMs), if installed."""
+    if _pjrt() != "TPU":
+        return None
+    try:
+        from tpu_info import device as tpu_device, metrics as tpu_metrics
+
+        chip_type, count = tpu_device.get_local_chips()
+        if not chip_type or not count:
+            return None
+        usages = tpu_metrics.get_chip_usage(chip_type)
+        return (sum(u.memory_usage for u in usages), sum(u.total_memory for u in usages), None)
+    except Exception:
+        return None
+
+
+# -- step times -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepPoint:
+    """Step times measured in one refresh window, plotted at the step count it ended on."""
+
+    step: int
+    median: float       # seconds
+    p90: float
+    count: int          # intervals measured in the window
+
+
+def percentile(sorted_values, q: float) -> float:
+    """The q-quantile (0..1) of already sorted values, interpolated."""
+    if not sorted_values:
+        raise ValueError("no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+class StepClock:
+    """Step intervals from execution completion times (see the module docstring)."""
+
+    def __init__(self, start_wall: float):
+        self._after = start_wall            # only executions that completed after this count
+        self._totals = {name: None for name in _EXECUTE_METRICS}   # samples recorded so far
+        self._tail: deque[float] = deque(maxlen=64)   # completion times of the last executions
+
+    def new_intervals(self, per_step: int) -> list[float]:
+        """Intervals (seconds) between step completions recorded since the last call."""
+        xc = xlac()
+        fresh: list[float] = []
+        gap = False
+        for name in _EXECUTE_METRICS:
+            data = xc._xla_metric_data(name)
+            if data is None:
+                continue
+            total, samples = int(data[0]), data[2]
+            known = self._totals[name]
+            if known is None or total < known:       # first read, or metrics were reset
+                known = 0
+            new = [ts for ts, _ in samples if ts > self._after]
+            # The buffer keeps only the last samples: more completions than it shows means
+            # executions in between were not seen, so no interval may span them.
+            if total - known > len(new) and known:
+                gap = True
+            self._totals[name] = total
+            fresh += new
+        if not fresh:
+            return []
+        fresh.sort()
+        if gap:
+            self._tail.clear()
+        self._after = fresh[-1]
+        out = []
+        for ts in fresh:
+            if len(self._tail) >= per_step:
+                out.append(ts - self._tail[-per_step])
+            self._tail.append(ts)
+        return out
+
+
+# -- compile events and the recompilation alert -----------------------------------------------
+
+@dataclass(frozen=True)
+class LiveCompile:
+    """One graph compiled while the monitor ran."""
+
+    index: int                      # 1, 2, ... in this session
+    step: float                     # about when: the step count it happened at
+    seconds: float | None           # its compile time (CompileTime), when matched
+    event: CompileEvent | None      # cause, graph hash, frames; None without compile analysis
+
+    @property
+    def place(self) -> Frame | None:
+        return self.event.user_frame if self.event is not None else None
+
+
+@dataclass(frozen=True)
+class RecompilationAlert:
+    """One line compiled more distinct graphs than allowed."""
+
+    place: Frame
+    graphs: tuple[str, ...]         # the line's distinct graph hashes, in order
+    limit: int
+    differs: tuple[str, ...]        # what differs between the last two graphs, line by line
+    source: str                     # "graphs" (captured and diffed) or "compile log"
+
+    def describe(self) -> str:
+        return (f"{place_text(self.place)} compiled {len(self.graphs)} distinct graphs "
+                f"(more than {self.limit})")
+
+
+def place_text(frame: Frame | None) -> str:
+    """Where, readably: "cell line 5" for notebook cells, "train.py:12 (step)" elsewhere."""
+    if frame is None:
+        return "outside user code"
+    name = frame.file
+    if "/ipykernel_" in name or name.startswith("<ipython-input") or "/tmp/xpython_" in name:
+        where = f"cell line {frame.line}"
+    else:
+        where = f"{os.path.basename(name)}:{frame.line}"
+    if frame.function not in ("<module>", "<cell line: 0>") and not \
+            frame.function.startswith("<cell line"):
+        where += f" ({frame.function})"
+    return where
+
+
+def describe_difference(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
+    """What the compile log says differs between two graphs of one line.
+
+    The log has no ops or shapes, only counts and sizes: this says which kind of change it
+    is. (A captured graph diff, when available, names the op, shape or dtype.)"""
+    lines = []
+    if (before.inputs, before.outputs) != (after.inputs, after.outputs):
+        lines.append(f"graph inputs {before.inputs} -> {after.inputs}, outputs "
+                     f"{before.outputs} -> {after.outputs}: the traced program changed (a "
+                     "Python branch, new tensors, or state created on the way)")
+    else:
+        lines.append(f"same number of graph inputs ({after.inputs}) and outputs "
+                     f"({after.outputs}): a shape, dtype or Python value inside the graph "
+                     "changed")
+    sizes = []
+    for key in sorted(set(before.sizes_gb) | set(after.sizes_gb)):
+        a, b = before.sizes_gb.get(key), after.sizes_gb.get(key)
+        if a != b:
+            sizes.append(f"{key} {_gb(a)} -> {_gb(b)}")
+    if sizes:
+        lines.append("sizes: " + ", ".join(sizes))
+    if before.cause != after.cause:
+        lines.append(f"cause: {before.cause} -> {after.cause}")
+    if before.graph_name != after.graph_name:
+        lines.append(f"graph name: {before.graph_name} -> {after.graph_name}")
+    return tuple(lines)
+
+
+def _gb(value: float | None) -> str:
+    return "?" if value is None else f"{value:g} GB"
+
+
+def _diff_lines(before, after) -> tuple[str, ...]:
+    """What differs between two captured Graphs, via the graph module's diff."""
+    diff = after.diff(before)      # Graph.diff: later.diff(earlier)
+    if not diff:
+        return ()
+    lines = [diff.summary()]
+    lines += [f"starts at: {change}" for change in diff.causes[:3]]
+    if len(diff.causes) > 3:
+        lines.append(f"... and {len(diff.causes) - 3} more places")
+    return tuple(lines)
+
+
+def _capturable(value, torch) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "xla"
+    return isinstance(value, (torch.nn.Module, torch.optim.Optimizer))
+
+
+class SyncProbe:
+    """Captures the pending graph just before `torch_xla.sync()` runs at chosen lines.
+
+    Installed (by replacing `torch_xla.sync`, which `xm.mark_step` also calls) only while a
+    line is armed, and removed by `close()`. A capture reads the graph of the XLA tensors,
+    modules and optimizers the calling frame sees (~ms): a line is disarmed once two
+    different graphs were captured there, or after `max_captures` tries or `budget` seconds.
+    """
+
+    def __init__(self, *, max_captures: int = 32, budget: float = 0.5):
+        self.max_captures, self.budget = max_captures, budget
+        self._graphs: dict[tuple[str, int], list] = {}
+        self._tries: dict[tuple[str, int], int] = {}
+        self._armed: set[tuple[str, int]] = set()
+        self._spent = 0.0
+        self._original = None
+        self._wrapper = None
+
+    def arm(self, site: tuple[str, int]) -> None:
+        if site in self._graphs:
+            return
+        self._graphs[site] = []
+        self._tries[site] = 0
+        self._armed.add(site)
+        self._install()
+
+    def graphs(self, site: tuple[str, int]) -> list:
+        return list(self._graphs.get(site, ()))
+
+    @property
+    def installed(self) -> bool:
+        return self._wrapper is not None
+
+    def _install(self) -> None:
+        if self._wrapper is not None:
+            return
+        torch_xla = xla()
+        original = torch_xla.sync
+        probe = self
+
+        @functools.wraps(original)
+        def sync(*args, **kwargs):
+            if probe._armed:
+                probe._capture(sys._getframe(1))
+            return original(*args, **kwargs)
+
+        self._original, self._wrapper = original, sync
+        torch_xla.sync = sync
+
+    def close(self) -> None:
+        """Restore `torch_xla.sync` (unless something replaced it after us)."""
+        self._armed.clear()
+        if self._wrapper is None:
+            return
+        torch_xla = xla()
+        if torch_xla.sync is self._wrapper:
+            torch_xla.sync = self._original
+        self._wrapper = self._original = None
+
+    def _capture(self, frame) -> None:
+        site = None
+        try:
+            while frame is not None and _is_library(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is None:
+                return
+            site = (frame.f_code.co_filename, frame.f_lineno)
+            if site not in self._armed:
+                return
+            start = time.perf_counter()
+            self._tries[site] += 1
+            import torch
+
+            from tpu_nb.runtime.graph import graph
+
+            seen, objects = set(), []
+            for value in chain(frame.f_locals.values(), frame.f_globals.values()):
+                if id(value) not in seen and _capturable(value, torch):
+                    seen.add(id(value))
+                    objects.append(value)
+            if objects:
+                captured = graph(*objects, hlo=False)
+                kept = self._graphs[site]
+                if captured.pending and (not kept or kept[-1].hash != captured.hash):
+                    kept.append(captured)
+                    del kept[:-2]
+            self._spent += time.perf_counter() - start
+            if (len(self._graphs[site]) >= 2 or self._tries[site] >= self.max_captures
+                    or self._spent >= self.budget):
+                self._armed.discard(site)
+        except Exception:            # never break the user's sync
+            if site is not None:
+                self._armed.discard(site)
+
+
+# -- the monitor ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LiveState:
+    """Everything the dashboard shows, at one refresh."""
+
+    elapsed: float                          # seconds since the monitor started
+    metrics: MetricsDelta                   # since the monitor started
+    steps: int                              # syncs since the start
+    execution_rate: float                   # executions per second in the last window
+    step_median: float | None               # seconds, over the last measured steps
+    step_p90: float | None
+    steps_measured: int                     # step intervals measured so far
+    compiles: tuple[LiveCompile, ...]       # the most recent ones, oldest first
+    alerts: tuple[RecompilationAlert, ...]
+    memory: MemoryInfo
+    series: tuple[StepPoint, ...]           # step time over steps, for the chart
+    compile_analysis: bool                  # False: compile causes unknown (no setup())
+    series_version: int = 0                 # bumps when `series` changes
+    compile_version: int = 0                # bumps when `compiles` changes
+
+    @property
+    def recompiling(self) -> bool:
+        return bool(self.alerts)
+
+
+class LiveMonitor:
+    """Polls the runtime; `poll()` returns a LiveState. Not thread-safe: one poller at a time.
+
+    alert_graphs: raise the recompilation alert when one line compiles more than this many
+        distinct graphs (3: a training loop's warm-up graph and its steady graph stay quiet).
+    probe: capture pending graphs at an alerting sync line to say which op/shape changed.
+    """
+
+    def __init__(self, *, alert_graphs: int = 3, probe: bool = True):
+        if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) \
+                or alert_graphs < 1:
+            raise TpuNbError(f"alert_graphs must be a whole number of at least 1; got "
+                             f"{alert_graphs!r}. Fix: e.g. alert_graphs=3.")
+        from tpu_nb.runtime.device import device
+
+        self.alert_graphs = alert_graphs
+        self._device_memory = DeviceMemory(str(device()))
+        shared = compile_log()
+        self._log = CompileLog(shared.path, start=shared.size()) if shared else None
+        self._probe = SyncProbe() if probe and self._log is not None else None
+        self._start_wall = time.time()
+        self._start = snapshot()
+        self._previous = self._start
+        self._clock = StepClock(self._start_wall)
+        self._recent: deque[float] = deque(maxlen=_RECENT_STEPS)
+        self._measured = 0
+        self._series: list[StepPoint] = []
+        self._series_version = 0
+        # Compiles, by their 1-based index in this session: [event, seconds, step]. Log blocks
+        # are written when a compile starts, CompileTime samples when it ends: whichever comes
+        # first creates the record, the other completes it.
+        self._records: dict[int, list] = {}
+        self._events_seen = 0
+        self._seconds_seen = 0
+        self._compile_samples_after = self._start_wall
+        self._compile_version = 0
+        self._marks: deque[tuple[float, int]] = deque([(self._start_wall, 0)], maxlen=16)
+        self._lines: dict[tuple[str, int], list[CompileEvent]] = {}
+        self._alerts: dict[tuple[str, int], RecompilationAlert] = {}
+        self._rate = 0.0
+
+    def poll(self) -> LiveState:
+        now = snapshot()
+        wall = time.time()
+        total = now.since(self._start)
+        window = now.since(self._previous)
+        self._previous = now
+        if window.wall_seconds > 0:
+            self._rate = window.executions / window.wall_seconds
+        self._marks.append((wall, total.syncs))
+        self._measure_steps(window, total.syncs)
+        if total.compiles > self._seconds_seen or (self._log is not None
+                                                   and total.compiles > self._events_seen):
+            self._note_compiles()
+        self._refresh_alerts()
+        recent = sorted(self._recent)
+        used, limit, peak, note = self._device_memory.read()
+        memory = MemoryInfo(host_rss(), host_peak_rss(), used, limit, peak, note)
+        return LiveState(
+            elapsed=now.taken_at - self._start.taken_at, metrics=total, steps=total.syncs,
+            execution_rate=self._rate,
+            step_median=percentile(recent, 0.5) if recent else None,
+            step_p90=percentile(recent, 0.9) if recent else None,
+            steps_measured=self._measured, compiles=self._compile_tuple(),
+            alerts=tuple(self._alerts.values()), memory=memory, series=tuple(self._series),
+            compile_analysis=self._log is not None, series_version=self._series_version,
+            compile_version=self._compile_version)
+
+    def close(self) -> None:
+        """Restore anything the monitor installed (the sync probe)."""
+        if self._probe is not None:
+            self._probe.close()
+
+    # -- steps --
+
+    def _measure_steps(self, window: MetricsDelta, steps: int) -> None:
+        per_step = max(1, round(window.executions / window.syncs)) if window.syncs else 1
+        intervals = self._clock.new_intervals(per_step)
+        if not intervals:
+            return
+        self._recent.extend(intervals)
+        self._measured += len(intervals)
+        ordered = sorted(intervals)
+        self._series.append(StepPoint(steps, percentile(ordered, 0.5), percentile(ordered, 0.9),
+                                      len(ordered)))
+        if len(self._series) > _SERIES_POINTS:
+            self._series = _merge_pairs(self._series)
+        self._series_version += 1
+
+    # -- compiles --
+
+    def _record(self, index: int) -> list:
+        record = self._records.get(index)
+        if record is None:
+            record = self._records[index] = [None, None, float(self._marks[-1][1])]
+            while len(self._records) > _SHOWN_COMPILES:
+                del self._records[next(iter(self._records))]
+        return record
+
+    def _note_compiles(self) -> None:
+        changed = False
+        if self._log is not None:
+            for event in self._log.events_since(0)[self._events_seen:]:
+                self._events_seen += 1
+                self._record(self._events_seen)[0] = event
+                self._note_line(event)
+                changed = True
+        data = xlac()._xla_metric_data("CompileTime")
+        for ts, ns in (data[2] if data is not None else ()):
+            if ts > self._compile_samples_after:
+                self._compile_samples_after = ts
+                self._seconds_seen += 1
+                record = self._record(self._seconds_seen)
+                record[1], record[2] = ns / 1e9, self._step_at(ts)
+                changed = True
+        if changed:
+            self._compile_version += 1
+
+    def _compile_tuple(self) -> tuple[LiveCompile, ...]:
+        if getattr(self, "_built", (None,))[0] != self._compile_version:
+            self._built = (self._compile_version, tuple(
+                LiveCompile(index, step, seconds, event)
+                for index, (event, seconds, step) in self._records.items()))
+        return self._built[1]
+
+    def _step_at(self, ts: float) -> float:
+        """The step count at wall-clock time `ts`, interpolated between polls."""
+        marks = list(self._marks)
+        for (t0, s0), (t1, s1) in zip(marks, marks[1:]):
+            if t0 <= ts <= t1:
+                return s0 + (s1 - s0) * ((ts - t0) / (t1 - t0) if t1 > t0 else 1.0)
+        return float(marks[0][1] if ts < marks[0][0] else marks[-1][1])
+
+    def _note_line(self, event: CompileEvent) -> None:
+        frame = event.user_frame
+        if frame is None or not event.graph_hash:
+            return
+        site = (frame.file, frame.line)
+        graphs = self._lines.setdefault(site, [])
+        if all(event.graph_hash != e.graph_hash for e in graphs):
+            graphs.append(event)
+            if len(graphs) > self.alert_graphs and self._probe is not None \
+                    and event.kind == "sync":
+                self._probe.arm(site)
+
+    def _latest(self, event: CompileEvent) -> CompileEvent:
+        """The event as the log has it now (its sizes arrive in a later block)."""
+        for fresh in self._log.events_since(event.offset):
+            if fresh.offset == event.offset:
+                return fresh
+        return event
+
+    def _refresh_alerts(self) -> None:
+        for site, events in self._lines.items():
+            if len(events) <= self.alert_graphs:
+                continue
+            hashes = tuple(e.graph_hash for e in events)
+            captured = self._probe.graphs(site) if self._probe is not None else []
+            old = self._alerts.get(site)
+            if old is not None and old.graphs == hashes and old.source == "graphs":
+                continue
+            differs, source = (), "compile log"
+            if len(captured) >= 2:
+                try:
+                    differs, source = _diff_lines(captured[-2], captured[-1]), "graphs"
+                except Exception:        # the graph module is young: fall back, never fail
+                    differs = ()
+            if not differs:
+                source = "compile log"
+                differs = describe_difference(self._latest(events[-2]),
+                                              self._latest(events[-1]))
+            self._alerts[site] = RecompilationAlert(events[-1].user_frame, hashes,
+                                                    self.alert_graphs, differs, source)
+
+
+def _merge_pairs(points: list[StepPoint]) -> list[StepPoint]:
+    """Halve a long series: each pair of points becomes one (the later step, the larger p90)."""
+    merged = []
+    for a, b in zip(points[0::2], points[1::2]):
+        merged.append(StepPoint(b.step, (a.median * a.count + b.median * b.count)
+                                / max(1, a.count + b.count), max(a.p90, b.p90),
+                                a.count + b.count))
+    if len(points) % 2:
+        merged.append(points[-1])
+    return merged
