@@ -169,3 +169,38 @@ def test_classic_guide_blocks_through_on_tpu():
     # moved data to the device; Linear+autograd executed; the training loop: 3 syncs, 3
     # executions (the cell's final sync had nothing left to run), no CPU fallback
     assert summary == ["True", "0", "1", "True", "True", "3", "3", "{}"]
+
+
+def test_replica_cells_fork_then_worker_and_spmd_cells():
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu --devices 4",
+        "import torch, torch_xla\nbase = 10\ndef double(v):\n    return 2 * v",
+        "%%on_tpu --replicas\nprint('replica', index, double((torch.ones(2) * base).sum().item()))",
+        "(torch.ones(3, device=torch_xla.device()) + 1).sum().item()",   # the kernel uses XLA
+        "%%on_tpu --replicas 2 -o\nprint('again', index)\nindex + base",
+    )
+    execute(nb)
+
+    def stdout(cell):
+        return "".join(t for k, t in _texts(cell) if k == "stdout")
+
+    fork = stdout(nb.cells[2])
+    for i in range(4):
+        assert f"[{i}] replica {i} 40.0" in fork
+    assert "replicas on 4 devices (fork)" in fork
+    worker = stdout(nb.cells[4])
+    assert "[0] again 0" in worker and "[1] again 1" in worker
+    assert "fresh worker process" in worker
+    result = [t for k, t in _texts(nb.cells[4]) if k == "execute_result"][0]
+    assert "replicas on 2 devices (worker)" in result
+
+    spmd = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu --devices 4\nimport torch, torch_xla",
+        "%%on_tpu --spmd\nbatch = shard_batch(torch.arange(32.0).reshape(8, 4))\n"
+        "print(spmd.devices, (batch * 2).sum().item())\n"
+        "torch_xla._XLAC._get_xla_sharding_spec(batch)",
+    )
+    execute(spmd)
+    cell = spmd.cells[1]
+    assert "4 992.0" in stdout(cell)
+    assert "devices=[4,1]" in [t for k, t in _texts(cell) if k == "execute_result"][0]
