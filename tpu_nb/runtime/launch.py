@@ -335,7 +335,7 @@ class _Run:
     def wait(self) -> int:
         while self.proc.poll() is None:
             self.pump()
-            time.sleep(0.05)
+            time.sleep(0.02)
         self.pump()
         for i, rest in enumerate(self.partial):
             if rest:
