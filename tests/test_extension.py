@@ -235,3 +235,26 @@ def test_same_scenario_through_library_and_magic(shell):
     for field in ("executions", "syncs", "host_reads"):
         assert getattr(lib.metrics, field) == getattr(magic.metrics, field), field
     assert lib.metrics.compiles + lib.metrics.cache_hits == magic.metrics.compiles + magic.metrics.cache_hits
+
+
+def test_shuffling_dataloader_inside_on_tpu(shell):
+    # DataLoader's sampler builds index tensors with CPU generators: they stay on the CPU
+    # (torch.set_default_device breaks this), while the cell's own tensors land on the device.
+    r = run(shell, "%%on_tpu\n"
+                   "from torch.utils.data import DataLoader, TensorDataset\n"
+                   "data = TensorDataset(torch.arange(40.0, device='cpu').reshape(20, 2),\n"
+                   "                     torch.arange(20, device='cpu'))\n"
+                   "loader = DataLoader(data, batch_size=5, shuffle=True,\n"
+                   "                    generator=torch.Generator().manual_seed(0))\n"
+                   "seen = []\n"
+                   "for x, y in loader:\n"
+                   "    seen += y.tolist()\n"
+                   "    w = torch.ones(2)\n"
+                   "    total = (x.to(w.device) * w).sum()\n"
+                   "unseeded = [y for _, y in DataLoader(data, batch_size=20, shuffle=True)]\n"
+                   "(sorted(seen), x.device.type, w.device.type, sorted(unseeded[0].tolist()))")
+    assert r.error_in_exec is None, r.error_in_exec
+    seen, batch_device, ours, unseeded = r.result
+    assert seen == list(range(20)) and unseeded == list(range(20))
+    assert (batch_device, ours) == ("cpu", "xla")
+    assert tpu_nb.last_report().metrics.host_reads == 0   # no sampler seed read from XLA

@@ -150,14 +150,24 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
     if "XLA_PERSISTENT_CACHE_PATH" in changes:
         os.makedirs(changes["XLA_PERSISTENT_CACHE_PATH"], exist_ok=True)
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
+    global _configured
     os.environ.update(changes)       # everything validated above: all or nothing
+    _configured = True
     if ir_debug and imported:
         sys.modules["torch_xla"]._XLAC._set_ir_debug(True)
     env = detect()
     return replace(env, applied=tuple(applied + notes), not_applied=tuple(not_applied))
 
 
+_configured = False
+
+
 def ensure_setup() -> None:
-    """Run `setup()` with defaults if nothing chose a device yet (called by `device()`)."""
-    if "PJRT_DEVICE" not in os.environ and not runtime_initialized():
-        setup()
+    """Run `setup()` once, before the runtime starts, if the user has not (called by
+    `device()`): a PJRT_DEVICE set by the user or the platform (Colab sets TPU) is kept."""
+    if _configured or runtime_initialized():
+        return
+    current = os.environ.get("PJRT_DEVICE", "").strip().lower()
+    if current in ("", "tpu", "cpu"):
+        setup(current or "auto")
+    # Anything else (XLA:GPU, a typo) is left for torch_xla's import to explain.

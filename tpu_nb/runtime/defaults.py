@@ -6,11 +6,17 @@ default device — modules build their parameters with them (nn.Linear calls tor
 this swaps the factories in the `torch` namespace for wrappers that fill in `device=` when the
 caller gave none, and restores them on exit. Every other op runs untouched. Code holding its
 own reference to a factory (`from torch import randn` before the block) keeps the original.
+
+Two kinds of call keep the CPU, where `torch.set_default_device` breaks them: a factory given
+a `generator` (a CPU generator cannot drive XLA sampling: DataLoader's shuffling does this),
+and factories called by torch.utils.data (samplers and collation build index tensors on the
+host; on the device they would cost a compile and a host read per epoch).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -30,14 +36,21 @@ _lock = threading.Lock()
 def _wrap(fn, device):
     @functools.wraps(fn)
     def factory(*args, **kwargs):
-        if kwargs.get("device") is None:
-            if fn.__name__ == "normal" and not _normal_needs_device(args, kwargs):
-                return fn(*args, **kwargs)
+        if kwargs.get("device") is None and _defaults_here(fn, args, kwargs):
             kwargs["device"] = device
         return fn(*args, **kwargs)
 
     factory.__tpu_nb_original__ = fn
     return factory
+
+
+def _defaults_here(fn, args, kwargs) -> bool:
+    if kwargs.get("generator") is not None:
+        return False
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller.startswith("torch.utils.data"):
+        return False
+    return fn.__name__ != "normal" or _normal_needs_device(args, kwargs)
 
 
 def _normal_needs_device(args, kwargs) -> bool:
