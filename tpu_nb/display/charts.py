@@ -16,6 +16,7 @@ import time
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
 from tpu_nb.runtime.live import LiveCompile, StepPoint, place_text
 
@@ -58,8 +59,12 @@ class StepTimeChart:
         self.compile_lines = LineCollection([], colors=_RED, linewidths=0.9, alpha=0.8,
                                             transform=ax.get_xaxis_transform(), animated=True)
         ax.add_collection(self.compile_lines)
-        # Log scale: a compile step (seconds) and steady steps (ms) both stay readable.
+        # Log scale: a compile step (seconds) and steady steps (ms) both stay readable. Few
+        # ticks and no minor ones: tick text is most of a full redraw's cost.
         ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_locator(LogLocator(numticks=5))
+        ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
         self.limits = (10.0, 0.1, 10.0)      # x: steps; y: ms, bottom and top (decades)
         self._apply_limits()
         self.figure.subplots_adjust(left=0.09, right=0.98, top=0.86, bottom=0.2)
@@ -78,7 +83,7 @@ class StepTimeChart:
         x_top, y_bottom, y_top = self.limits
         last = max([p.step for p in series] + list(compile_steps) + [1])
         if last > x_top:
-            x_top = _nice_ceiling(last * 1.25)
+            x_top = _nice_ceiling(last * 2)
         values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
         if values:
             while min(values) < y_bottom * 1.05 and y_bottom > 1e-4:

@@ -46,20 +46,35 @@ _PANEL = (f"{_FONT};border:1px solid #8885;border-radius:4px;padding:4px 8px;mar
 
 @dataclass
 class RefreshStats:
-    """What the dashboard's own work cost (for the benchmark and the curious)."""
+    """What the dashboard's own work cost (for the benchmark and the curious).
+
+    `refreshes` and their times count the polling thread's refreshes only; the first view
+    (`start_seconds`) and the final state (`stop_seconds`) are counted apart."""
 
     refreshes: int = 0
-    refresh_seconds: float = 0.0      # wall time inside refreshes
-    refresh_cpu: float = 0.0          # CPU time inside refreshes (thread time)
-    chart_draws: int = 0
+    refresh_seconds: float = 0.0      # wall time inside the thread's refreshes
+    refresh_cpu: float = 0.0          # CPU time inside them (thread time)
+    chart_draws: int = 0              # charts drawn by the thread (each chart counts)
     chart_seconds: float = 0.0
     thread_cpu: float = 0.0           # the polling thread's CPU time over its life
     thread_seconds: float = 0.0       # how long the polling thread ran
+    start_seconds: float = 0.0        # start(): first poll, widgets, display
+    stop_seconds: float = 0.0         # stop(): join, final poll, final charts, display
 
     @property
     def refresh_cost(self) -> float:
         """Mean wall seconds of one refresh (poll + widget updates + any chart)."""
         return self.refresh_seconds / self.refreshes if self.refreshes else 0.0
+
+    @property
+    def refresh_cpu_cost(self) -> float:
+        """Mean CPU seconds of one refresh."""
+        return self.refresh_cpu / self.refreshes if self.refreshes else 0.0
+
+    @property
+    def chart_cost(self) -> float:
+        """Mean seconds to draw one chart (mostly blits; a full redraw when an axis grows)."""
+        return self.chart_seconds / self.chart_draws if self.chart_draws else 0.0
 
     @property
     def cpu_per_second(self) -> float:
@@ -144,6 +159,7 @@ class Dashboard:
         if self.status != "ready":
             raise TpuNbError("this dashboard has already run and stopped. Fix: make a new "
                              "one: tpu_nb.dashboard() (or %%on_tpu --live).")
+        began = time.perf_counter()
         self._monitor = LiveMonitor(alert_graphs=self.alert_graphs)
         try:
             ip = _ipython()
@@ -153,8 +169,9 @@ class Dashboard:
             if use_widgets:
                 self._build_widgets()
             self.status = "running"
-            self._refresh_once(final=False)
-            self._next_chart = 0.0       # the first draw's cost includes importing matplotlib
+            if self.charts:
+                self._make_charts()      # imports matplotlib here, not in the polling thread
+            self._refresh_once(final=False, charts=False)   # charts: from the first poll on
             if self._root is not None and ip is not None:
                 from IPython.display import display
 
@@ -169,6 +186,7 @@ class Dashboard:
         self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="tpu_nb-dashboard", daemon=True)
         self._thread.start()
+        self.stats.start_seconds = time.perf_counter() - began
         return self
 
     def stop(self, error: BaseException | None = None) -> None:
@@ -176,6 +194,7 @@ class Dashboard:
         thread = self._thread
         if thread is None:
             return
+        began = time.perf_counter()
         self._stopping.set()
         try:
             thread.join()
@@ -187,6 +206,7 @@ class Dashboard:
             finally:
                 self._monitor.close()
                 self._close_widgets()
+                self.stats.stop_seconds = time.perf_counter() - began
 
     def _finish(self, error: BaseException | None) -> None:
         if error is None:
@@ -255,7 +275,7 @@ class Dashboard:
         cpu, wall = time.thread_time(), time.perf_counter()
         try:
             while not self._stopping.wait(self.refresh):
-                self._refresh_once(final=False)
+                self._refresh_once(final=False, counted=True)
         except BaseException as exc:     # shown in the final state; the thread never prints
             self.error = exc
         finally:
@@ -271,17 +291,18 @@ class Dashboard:
         self._refresh_once(final=not self.running)
         return self.state
 
-    def _refresh_once(self, final: bool) -> None:
+    def _refresh_once(self, final: bool, charts: bool = True, counted: bool = False) -> None:
         with self._lock:
             cpu, wall = time.thread_time(), time.perf_counter()
             self.state = self._monitor.poll()
             if self._widgets:
-                self._update_widgets(self.state, final)
+                self._update_widgets(self.state, final, charts and self.charts, counted)
             elif final and self.charts:
                 self._draw_charts(self.state, final=True)
-            self.stats.refreshes += 1
-            self.stats.refresh_cpu += time.thread_time() - cpu
-            self.stats.refresh_seconds += time.perf_counter() - wall
+            if counted:
+                self.stats.refreshes += 1
+                self.stats.refresh_cpu += time.thread_time() - cpu
+                self.stats.refresh_seconds += time.perf_counter() - wall
 
     # -- widgets ------------------------------------------------------------------------------
 
@@ -326,7 +347,8 @@ class Dashboard:
         self._widgets = []
         self._root = None
 
-    def _update_widgets(self, state: LiveState, final: bool) -> None:
+    def _update_widgets(self, state: LiveState, final: bool, charts: bool,
+                        counted: bool) -> None:
         _set(self._header, header_html(state, self.status, self.title))
         _set(self._alert, alert_html(state))
         _set(self._compile_panel, compile_html(state))
@@ -334,28 +356,35 @@ class Dashboard:
         _set(self._transfer_panel, transfers_html(state))
         _set(self._fallback_panel, fallbacks_html(state))
         _set(self._memory_panel, memory_html(state))
-        if self.charts:
-            pngs = self._draw_charts(state, final)
+        if charts:
+            pngs = self._draw_charts(state, final, counted)
             if "step" in pngs:
                 self._step_image.value = pngs["step"]
             if "compile" in pngs:
                 self._compile_image.value = pngs["compile"]
 
-    def _draw_charts(self, state: LiveState, final: bool) -> dict[str, bytes]:
-        """Redraw the charts whose data changed, if one is due (always when final)."""
-        now = time.perf_counter()
-        if not final and now < self._next_chart:
-            return {}
+    def _make_charts(self) -> None:
         if self._charts is None:
             from tpu_nb.display.charts import CompileChart, StepTimeChart
 
             self._charts = {"step": StepTimeChart(), "compile": CompileChart()}
+
+    def _draw_charts(self, state: LiveState, final: bool,
+                     counted: bool = False) -> dict[str, bytes]:
+        """Redraw the charts whose data changed, if one is due (always when final)."""
+        now = time.perf_counter()
+        if not final and now < self._next_chart:
+            return {}
+        self._make_charts()
         keys = {"step": (state.series_version, state.compile_version),
                 "compile": (state.compile_version,)}
         drawn, cost = {}, 0.0
+        has_data = {"step": bool(state.series or state.compiles), "compile": bool(state.compiles)}
         for name, key in keys.items():
             if self._drawn.get(name) == key and name in self._pngs:
                 continue
+            if not final and not has_data[name]:
+                continue                 # nothing to plot yet: the first draw waits for data
             chart = self._charts[name]
             level = 6 if final else 1
             if name == "step":
@@ -367,8 +396,9 @@ class Dashboard:
             self._pngs[name] = drawn[name] = png
             self._drawn[name] = key
         if drawn:
-            self.stats.chart_draws += len(drawn)
-            self.stats.chart_seconds += cost
+            if counted:
+                self.stats.chart_draws += len(drawn)
+                self.stats.chart_seconds += cost
             self._next_chart = now + max(self.chart_refresh,
                                          min(_CHART_MAX_GAP, cost / _CHART_DUTY))
         return drawn

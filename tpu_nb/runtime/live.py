@@ -170,20 +170,26 @@ class StepClock:
     def new_intervals(self, per_step: int) -> list[float]:
         """Intervals (seconds) between step completions recorded since the last call."""
         xc = xlac()
-        fresh: list[float] = []
-        gap = False
+        readings = {}
         for name in _EXECUTE_METRICS:
             data = xc._xla_metric_data(name)
-            if data is None:
-                continue
-            total, samples = int(data[0]), data[2]
-            known = self._totals[name]
+            if data is not None:
+                readings[name] = (int(data[0]), data[2])
+        return self.feed(per_step, readings)
+
+    def feed(self, per_step: int, readings: dict) -> list[float]:
+        """The intervals in metric readings: name -> (samples recorded in total, the buffer's
+        (completion time, duration) samples)."""
+        fresh: list[float] = []
+        gap = False
+        for name, (total, samples) in readings.items():
+            known = self._totals.get(name)
             if known is None or total < known:       # first read, or metrics were reset
                 known = 0
             new = [ts for ts, _ in samples if ts > self._after]
             # The buffer keeps only the last samples: more completions than it shows means
             # executions in between were not seen, so no interval may span them.
-            if total - known > len(new) and known:
+            if known and total - known > len(new):
                 gap = True
             self._totals[name] = total
             fresh += new
@@ -401,7 +407,7 @@ class LiveState:
     elapsed: float                          # seconds since the monitor started
     metrics: MetricsDelta                   # since the monitor started
     steps: int                              # syncs since the start
-    execution_rate: float                   # executions per second in the last window
+    execution_rate: float                   # executions per second over the last second or so
     step_median: float | None               # seconds, over the last measured steps
     step_p90: float | None
     steps_measured: int                     # step intervals measured so far
@@ -458,6 +464,7 @@ class LiveMonitor:
         self._lines: dict[tuple[str, int], list[CompileEvent]] = {}
         self._alerts: dict[tuple[str, int], RecompilationAlert] = {}
         self._rate = 0.0
+        self._counts: deque[tuple[float, int]] = deque([(self._start.taken_at, 0)])
 
     def poll(self) -> LiveState:
         now = snapshot()
@@ -465,9 +472,8 @@ class LiveMonitor:
         total = now.since(self._start)
         window = now.since(self._previous)
         self._previous = now
-        if window.wall_seconds > 0:
-            self._rate = window.executions / window.wall_seconds
         self._marks.append((wall, total.syncs))
+        self._rate = self._execution_rate(now.taken_at, total.executions)
         self._measure_steps(window, total.syncs)
         if total.compiles > self._seconds_seen or (self._log is not None
                                                    and total.compiles > self._events_seen):
@@ -490,6 +496,15 @@ class LiveMonitor:
         """Restore anything the monitor installed (the sync probe)."""
         if self._probe is not None:
             self._probe.close()
+
+    def _execution_rate(self, at: float, executions: int) -> float:
+        """Executions per second over the last second or more (a poll right after another,
+        or at the end, would otherwise say 0)."""
+        self._counts.append((at, executions))
+        while len(self._counts) > 2 and at - self._counts[1][0] >= 1.0:
+            self._counts.popleft()
+        then, before = self._counts[0]
+        return (executions - before) / (at - then) if at > then else 0.0
 
     # -- steps --
 

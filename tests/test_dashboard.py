@@ -1,0 +1,324 @@
+"""The live dashboard's runtime side and rendering, on the real XLA:CPU runtime.
+
+LiveMonitor (step times, compiles, the recompilation alert and its diff, fallbacks, host
+reads, memory) and the HTML/text the dashboard draws from it. Widgets and the notebook stack
+are in test_dashboard_widgets.py (InteractiveShell) and test_dashboard_kernel.py (kernels).
+"""
+
+import inspect
+import threading
+import time
+
+import pytest
+import torch
+import torch_xla
+import torch_xla.core.xla_model as xm
+
+import tpu_nb
+from tpu_nb.display import dashboard as D
+from tpu_nb.runtime.compile_log import CompileEvent, Frame
+from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.live import (LiveMonitor, StepClock, describe_difference, percentile,
+                                 place_text)
+
+
+def _line_of(marker, fn):
+    src, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(src):
+        if marker in line:
+            return start + i
+    raise AssertionError(marker)
+
+
+def _mlp_step(width=48):
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, width, device=dev), torch.randint(0, 10, (16,), device=dev)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        torch_xla.sync()
+
+    return step
+
+
+# -- step times -------------------------------------------------------------------------------
+
+def test_step_clock_spans_k_executions_per_step_and_never_a_gap():
+    clock = StepClock(start_wall=100.0)
+    # Two executions per step (an .item() inside the loop), steps 3 s apart; a sample from
+    # before the start does not count.
+    samples = ((99.0, 1), (101.0, 1), (101.5, 1), (104.0, 1), (104.5, 1), (107.0, 1))
+    assert clock.feed(2, {"ExecuteTime": (6, samples)}) == [3.0, 3.0, 3.0]
+    # 50 executions completed, the buffer shows 2 of them: no interval across the unseen ones.
+    assert clock.feed(1, {"ExecuteTime": (56, ((200.0, 1), (201.0, 1)))}) == [1.0]
+    assert clock.feed(1, {"ExecuteTime": (57, ((201.0, 1), (202.5, 1)))}) == [1.5]
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.9) == pytest.approx(4.6)
+
+
+def test_step_times_steps_and_rate_follow_a_training_loop():
+    step = _mlp_step()
+    for _ in range(5):
+        step()
+    xm.wait_device_ops()
+    monitor = LiveMonitor()
+    start = time.perf_counter()
+    for i in range(600):
+        step()
+        if i % 100 == 99:
+            monitor.poll()
+    xm.wait_device_ops()
+    per_step = (time.perf_counter() - start) / 600
+    state = monitor.poll()
+    monitor.close()
+    assert state.steps == 600 and state.metrics.executions == 600
+    assert state.metrics.compiles == 0 and state.metrics.cache_hits == 600
+    assert state.steps_measured > 100
+    # Device-synced step time: the interval between step completions, about the wall time
+    # per step (loose bounds: the machine is shared).
+    assert per_step / 4 < state.step_median < per_step * 4
+    assert state.step_p90 >= state.step_median
+    assert state.series and [p.step for p in state.series] == sorted(p.step for p in state.series)
+    assert state.series[-1].step == 600
+    assert state.execution_rate > 0 and state.elapsed > 0
+
+
+def test_memory_host_everywhere_and_the_device_says_it_does_not_report():
+    monitor = LiveMonitor()
+    mem = monitor.poll().memory
+    monitor.close()
+    assert mem.host_rss > 50e6 and mem.host_peak >= mem.host_rss * 0.5
+    assert mem.device_used is None and mem.device_note == \
+        "the device does not report memory (XLA:CPU)"
+    html = D.memory_html(monitor.poll())
+    assert "does not report memory (XLA:CPU)" in html and "host RSS" in html
+
+
+# -- compiles and the recompilation alert -----------------------------------------------------
+
+def _weights():
+    w = torch.randn(8, 8, device=tpu_nb.device())
+    torch_xla.sync()
+    return w
+
+
+def _recompiling_loop(batches, monitor, w, poll_every=1):
+    for i, batch in enumerate(batches):
+        out = (torch.ones(batch, 8, device=tpu_nb.device()) @ w).relu().sum()
+        torch_xla.sync()  # SYNC-LINE
+        if i % poll_every == 0:
+            monitor.poll()
+    return monitor.poll()
+
+
+def test_compile_events_name_cause_line_and_seconds():
+    w = _weights()
+    monitor = LiveMonitor()
+    state = _recompiling_loop((3, 3, 5), monitor, w)
+    monitor.close()
+    assert state.metrics.compiles == 2 and not state.alerts
+    first, second = state.compiles
+    assert (first.index, second.index) == (1, 2)
+    assert first.event.kind == "sync" and len(first.event.graph_hash) == 32
+    assert first.place.file == __file__
+    assert first.place.line == _line_of("SYNC-LINE", _recompiling_loop)
+    assert first.seconds > 0 and second.seconds > 0
+    assert 0 <= first.step <= second.step <= 3
+
+
+def test_more_than_k_graphs_on_one_line_raise_the_alert_with_the_changed_shape():
+    w = _weights()
+    monitor = LiveMonitor(alert_graphs=3)
+    state = _recompiling_loop((4, 5, 6), monitor, w)
+    assert not state.alerts                        # 3 distinct graphs: not more than 3
+    state = _recompiling_loop((11, 12, 13, 14, 15), monitor, w)
+    monitor.close()
+    assert torch_xla.sync.__module__ == "torch_xla.torch_xla"      # the probe is gone
+    (alert,) = state.alerts
+    assert alert.place.line == _line_of("SYNC-LINE", _recompiling_loop)
+    assert len(alert.graphs) >= 4 and alert.limit == 3
+    # The probe captured the pending graphs of the line's next syncs and diffed them.
+    assert alert.source == "graphs"
+    assert any("aten::expand" in line and "f32[" in line and "->" in line
+               for line in alert.differs), alert.differs
+    assert "compiled" in alert.describe() and "(more than 3)" in alert.describe()
+    html = D.alert_html(state)
+    assert "Recompilation" in html and "pad or" in html
+    assert "border:2px solid" in D.compile_html(state)              # the panel turns red
+    assert "RECOMPILING" in D.header_html(state, "running", "XLA dashboard")
+
+
+def test_alert_on_a_value_read_line_comes_from_the_compile_log():
+    monitor = LiveMonitor(alert_graphs=2)
+    values = []
+    for n in (3, 4, 5, 6):
+        values.append((torch.arange(n, device=tpu_nb.device()) * 2).sum().item())  # READ
+        monitor.poll()
+    state = monitor.poll()
+    monitor.close()
+    (alert,) = state.alerts
+    assert alert.source == "compile log"
+    assert alert.place.line == _line_of("READ", test_alert_on_a_value_read_line_comes_from_the_compile_log)
+    assert any("same number of graph inputs" in line for line in alert.differs)
+    assert state.metrics.host_reads == 4
+
+
+def test_describe_difference_from_compile_log_blocks():
+    frames = (Frame("train.py", 12, "step"),)
+    a = CompileEvent("user torch_xla.sync", "a" * 32, frames, inputs=4, outputs=2,
+                     sizes_gb={"graph input": 0.5, "graph output": 0.1})
+    b = CompileEvent("user torch_xla.sync", "b" * 32, frames, inputs=4, outputs=2,
+                     sizes_gb={"graph input": 0.75, "graph output": 0.1})
+    c = CompileEvent("most likely user code trying to access tensor value", "c" * 32, frames,
+                     inputs=5, outputs=3)
+    same = describe_difference(a, b)
+    assert same[0].startswith("same number of graph inputs (4) and outputs (2)")
+    assert same[1] == "sizes: graph input 0.5 GB -> 0.75 GB"
+    other = describe_difference(b, c)
+    assert other[0].startswith("graph inputs 4 -> 5, outputs 2 -> 3")
+    assert any(line.startswith("cause: user torch_xla.sync -> most likely") for line in other)
+    assert place_text(frames[0]) == "train.py:12 (step)"
+    assert place_text(Frame("/tmp/ipykernel_77/123.py", 5, "<module>")) == "cell line 5"
+
+
+def test_alert_graphs_must_be_a_whole_number():
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(TpuNbError, match="alert_graphs"):
+            LiveMonitor(alert_graphs=bad)
+
+
+# -- fallbacks, host reads, escaping ----------------------------------------------------------
+
+def test_fallbacks_and_host_reads_apart_each_with_its_hint():
+    monitor = LiveMonitor()
+    x = torch.linspace(0, 1, 64, device=tpu_nb.device())
+    h = torch.histc(x, bins=8)
+    value = (h * 2).sum().item()
+    state = monitor.poll()
+    monitor.close()
+    assert value == 128.0
+    assert state.metrics.fallbacks == {"histc": 1} and state.metrics.host_reads == 1
+    html = D.fallbacks_html(state)
+    assert "aten::histc</code> ran on the CPU <b>1</b>" in html
+    assert "one-hot sums" in html                          # histc's own hint
+    assert "device\u2192host reads <b>1</b>" in html and "read once after the loop" in html
+    text = D.summary_text(state, "finished")
+    assert "CPU fallback aten::histc x1" in text and "device->host reads: 1" in text
+
+
+HOSTILE = "<img src=x onerror=alert(1)>&$x$.py"
+
+
+def test_user_strings_are_escaped_in_every_panel_and_safe_in_charts():
+    monitor = LiveMonitor(alert_graphs=1)
+    code = compile("for n in (2, 3, 4):\n"
+                   "    out = (torch.ones(n, 4, device=dev) * 3).sum()\n"
+                   "    torch_xla.sync()\n", HOSTILE, "exec")
+    exec(code, {"torch": torch, "torch_xla": torch_xla, "dev": tpu_nb.device()})
+    state = monitor.poll()
+    monitor.close()
+    assert state.alerts and state.compiles[-1].place.file == HOSTILE
+    from tpu_nb.display.charts import CompileChart, StepTimeChart
+
+    pngs = {"step": StepTimeChart().render(state.series, [c.step for c in state.compiles]),
+            "compile": CompileChart().render(state.compiles)}     # "$x$" is not math text
+    assert all(p.startswith(b"\x89PNG") for p in pngs.values())
+    html = D.static_html(state, "finished", "XLA <dashboard>", pngs)
+    assert "<img src=x" not in html and "onerror=alert(1)>" not in html
+    assert "&lt;img src=x onerror=alert(1)&gt;&amp;$x$.py" in html
+    assert "XLA &lt;dashboard&gt;" in html
+    assert html.count("<img ") == 2 and "data:image/png;base64," in html
+
+
+def test_summary_has_no_timings_and_is_the_same_for_the_same_work():
+    step = _mlp_step(width=40)
+    step()
+    step()                                           # warm: both runs below are cached
+    texts = []
+    for _ in range(2):
+        monitor = LiveMonitor()
+        for _ in range(30):
+            step()
+        xm.wait_device_ops()
+        texts.append(D.summary_text(monitor.poll(), "finished"))
+        monitor.close()
+    assert texts[0] == texts[1]
+    assert texts[0].startswith("XLA dashboard (finished): 30 steps, 30 executions, "
+                               "0 graphs compiled, 30 cache hits")
+    assert " ms" not in texts[0] and "/s" not in texts[0]
+
+
+# -- the Dashboard without a notebook ---------------------------------------------------------
+
+def test_dashboard_polls_in_a_thread_joined_on_exit_and_prints_nothing(capfd):
+    step = _mlp_step(width=44)
+    threads = set(threading.enumerate())
+    with tpu_nb.Dashboard(widgets=False, refresh=0.2) as dash:
+        assert dash.running and dash.status == "running"
+        assert any(t.name == "tpu_nb-dashboard" for t in threading.enumerate())
+        start = time.perf_counter()
+        while time.perf_counter() - start < 1.5:
+            step()
+    assert set(threading.enumerate()) == threads and not dash.running
+    assert dash.status == "finished" and dash.error is None
+    # refresh=0.2: at most 5 updates a second (the first after 0.2 s).
+    assert 3 <= dash.stats.refreshes <= dash.stats.thread_seconds / 0.2 + 1
+    assert dash.state.steps > 0 and dash.state.steps == dash.state.metrics.syncs
+    assert repr(dash) == dash.summary() and dash.summary().startswith(
+        f"XLA dashboard (finished): {dash.state.steps} steps")
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+@pytest.mark.parametrize("error, status", [(ValueError("bad"), "failed: ValueError"),
+                                           (KeyboardInterrupt(), "interrupted")])
+def test_dashboard_stops_on_error_and_interrupt(error, status):
+    threads = set(threading.enumerate())
+    dash = tpu_nb.Dashboard(widgets=False)
+    with pytest.raises(type(error)):
+        with dash:
+            (torch.ones(3, device=tpu_nb.device()) * 2).sum()
+            raise error
+    assert dash.status == status and not dash.running
+    assert set(threading.enumerate()) == threads
+    assert dash.summary().startswith(f"XLA dashboard ({status})")
+
+
+def test_a_failing_poll_stops_updates_and_is_reported_not_printed(capfd):
+    dash = tpu_nb.Dashboard(widgets=False, refresh=0.1)
+    dash.start()
+    real = dash._monitor.poll
+
+    def broken():
+        raise RuntimeError("counter read failed")
+
+    dash._monitor.poll = broken
+    time.sleep(0.4)
+    assert dash._thread is not None and not dash._thread.is_alive()   # the thread ended
+    dash._monitor.poll = real
+    dash.stop()
+    assert isinstance(dash.error, RuntimeError)
+    assert "the dashboard stopped updating: RuntimeError" in dash.summary()
+    assert "counter read failed" in dash._repr_html_()
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_options_are_checked_with_the_fix():
+    for kwargs, words in (({"refresh": 0}, "refresh must be"),
+                          ({"refresh": "fast"}, "refresh must be"),
+                          ({"refresh": 1.0, "chart_refresh": 0.5}, "chart_refresh"),
+                          ({"alert_graphs": 0}, "alert_graphs")):
+        with pytest.raises(TpuNbError, match=words):
+            tpu_nb.Dashboard(**kwargs)
+    dash = tpu_nb.Dashboard(widgets=False)
+    with dash:
+        pass
+    with pytest.raises(TpuNbError, match="make a new one"):
+        dash.start()
