@@ -53,9 +53,7 @@ def layered_layout(sizes: Sequence[tuple[float, float]], edges: Sequence[tuple[i
     dag, flipped = _acyclic(n, edges)
     layer = _layers(n, dag)
     net = _Layered(n, layer, dag, max(50_000, 4 * n) if max_virtual is None else max_virtual)
-    if sweeps is None:
-        sweeps = 8 if net.size < 60_000 else 4
-    crossings = _order(net, sweeps)
+    crossings = _order(net, sweeps or (8 if net.size < 60_000 else 4))
     widths = [sizes[v][0] for v in range(n)] + [0.0] * (net.size - n)
     x = _x_positions(net, widths, node_gap)
     y, height = _y_positions(net, sizes, layer_gap, margin)
@@ -224,12 +222,24 @@ def _span_limit(spans: list[int], max_virtual: int) -> int:
 
 # -- 4. order within layers ----------------------------------------------------------------
 
-def _initial_order(net: _Layered) -> list[list[int]]:
-    """Depth-first from the sources, so chains and subtrees start out side by side."""
+_SMALL = 4000     # layered nodes (real + virtual) up to which ordering tries harder
+_SIFT = 1500      # ... and up to which it also sifts
+
+
+def _initial_orders(net: _Layered) -> list[list[list[int]]]:
+    """Depth-first orders, so chains and subtrees start out side by side: from the sources,
+    and on small graphs also from the sinks."""
+    orders = [_depth_first(net, net.down, range(net.size), lambda v: not net.up[v])]
+    if net.size <= _SIFT:
+        orders.append(_depth_first(net, net.up, range(net.size), lambda v: not net.down[v]))
+    return orders
+
+
+def _depth_first(net: _Layered, follow: list[list[int]], starts, is_start) -> list[list[int]]:
     layers: list[list[int]] = [[] for _ in net.layers]
     seen = [False] * net.size
-    for start in range(net.size):
-        if seen[start] or net.up[start]:
+    for start in starts:
+        if seen[start] or not is_start(start):
             continue
         stack = [start]
         while stack:
@@ -238,7 +248,7 @@ def _initial_order(net: _Layered) -> list[list[int]]:
                 continue
             seen[v] = True
             layers[net.layer[v]].append(v)
-            stack.extend(reversed(net.down[v]))
+            stack.extend(reversed(follow[v]))
     return layers
 
 
@@ -275,11 +285,26 @@ def _sweep(net: _Layered, downward: bool) -> None:
 
 
 def _order(net: _Layered, sweeps: int) -> int:
-    net.place(_initial_order(net))
+    """Order every layer to reduce crossings; the best order found is left in `net`."""
+    best, best_rows = None, None
+    for start in _initial_orders(net):
+        net.place(start)
+        crossings, rows = _improve(net, sweeps)
+        if best is None or crossings < best:
+            best, best_rows = crossings, rows
+        if best == 0:
+            break
+    net.place(best_rows)
+    return best
+
+
+def _improve(net: _Layered, sweeps: int) -> tuple[int, list[list[int]]]:
+    """Median sweeps down and up (and adjacent swaps on small graphs) from the current order,
+    until three sweeps in a row find nothing better."""
     best = count_layer_crossings(net)
     best_rows = [list(r) for r in net.layers]
     stale = 0
-    small = net.size <= 4000
+    small = net.size <= _SMALL
     for i in range(sweeps):
         if best == 0:
             break
@@ -293,17 +318,31 @@ def _order(net: _Layered, sweeps: int) -> int:
             stale += 1
             if stale >= 3:
                 break
-    net.place(best_rows)
-    return best
+    if net.size <= _SIFT and best:
+        net.place(best_rows)
+        for _ in range(4):                 # polish: sifting finds moves sweeps cannot
+            _sift(net)
+            _transpose(net)
+            crossings = count_layer_crossings(net)
+            if crossings >= best:
+                break
+            best, best_rows = crossings, [list(r) for r in net.layers]
+    return best, best_rows
 
 
-def _pair_crossings(pos: list[int], a: list[int], b: list[int]) -> int:
-    """Crossings between the edges of u (to `a`) and of v (to `b`) if u sits left of v."""
-    total = 0
-    pb = sorted(pos[w] for w in b)
-    for w in a:
-        total += bisect_left(pb, pos[w])       # v's edges ending left of u's: crossings
-    return total
+def _crossing_counter(net: _Layered, row: list[int]):
+    """c(a, b): crossings between the edges of a and of b (both in `row`) when a is left of
+    b. Valid while the neighbouring layers keep their order."""
+    pos = net.pos
+    ups = {u: sorted(pos[w] for w in net.up[u]) for u in row}
+    downs = {u: sorted(pos[w] for w in net.down[u]) for u in row}
+
+    def crossings(a: int, b: int) -> int:
+        up_b, down_b = ups[b], downs[b]
+        return (sum(bisect_left(up_b, p) for p in ups[a]) if up_b else 0) + \
+               (sum(bisect_left(down_b, p) for p in downs[a]) if down_b else 0)
+
+    return crossings
 
 
 def _transpose(net: _Layered) -> None:
@@ -312,18 +351,43 @@ def _transpose(net: _Layered) -> None:
     for _ in range(4):
         improved = False
         for row in net.layers:
+            if len(row) < 2:
+                continue
+            crossings = _crossing_counter(net, row)
             for i in range(len(row) - 1):
                 u, v = row[i], row[i + 1]
-                now = (_pair_crossings(pos, net.up[u], net.up[v])
-                       + _pair_crossings(pos, net.down[u], net.down[v]))
-                swapped = (_pair_crossings(pos, net.up[v], net.up[u])
-                           + _pair_crossings(pos, net.down[v], net.down[u]))
-                if swapped < now:
+                if crossings(v, u) < crossings(u, v):
                     row[i], row[i + 1] = v, u
                     pos[u], pos[v] = i + 1, i
                     improved = True
         if not improved:
             return
+
+
+def _sift(net: _Layered) -> None:
+    """Move each real node to the place in its layer with the fewest crossings, the busiest
+    first (the neighbouring layers stay fixed meanwhile; sweeps place the virtual nodes)."""
+    pos = net.pos
+    for row in net.layers:
+        if len(row) < 3:
+            continue
+        crossings = _crossing_counter(net, row)
+        real = [v for v in row if v < net.n]
+        for v in sorted(real, key=lambda v: -(len(net.up[v]) + len(net.down[v]))):
+            others = [u for u in row if u != v]
+            left = [crossings(v, u) for u in others]
+            right = [crossings(u, v) for u in others]
+            cost = best_cost = sum(left)           # v placed first, left of everyone
+            best_at = 0
+            for k in range(len(others)):           # v moves right, past others[k]
+                cost += right[k] - left[k]
+                if cost < best_cost:
+                    best_cost, best_at = cost, k + 1
+            now = row.index(v)                     # its cost where it is now:
+            if best_cost < sum(right[:now]) + sum(left[now:]):
+                row[:] = others[:best_at] + [v] + others[best_at:]
+                for i, u in enumerate(row):
+                    pos[u] = i
 
 
 def _inversions(sequence: list[int], size: int) -> int:
@@ -369,12 +433,10 @@ def count_crossings(routes: Sequence[Sequence[Point]], levels: Sequence[float]) 
     """
     import numpy as np
 
-    segments = [(x0, y0, x1, y1) if y0 <= y1 else (x1, y1, x0, y0)
-                for route in routes for (x0, y0), (x1, y1) in zip(route, route[1:])
-                if y0 != y1]
+    lv = np.unique(np.asarray(levels, dtype=float))
+    segments = [seg for route in routes for seg in _level_segments(route, lv)]
     if not segments:
         return 0
-    lv = np.unique(np.asarray(levels, dtype=float))
     seg = np.asarray(segments, dtype=float)
     x0, y0, x1, y1 = seg.T
     first = np.searchsorted(lv, y0 - 1e-6)                 # first level at or below the top
@@ -390,6 +452,22 @@ def count_crossings(routes: Sequence[Sequence[Point]], levels: Sequence[float]) 
         order = np.lexsort((bottom, top))
         total += _strict_inversions(np.unique(bottom, return_inverse=True)[1][order])
     return int(total)
+
+
+def _level_segments(route: Sequence[Point], lv) -> list[tuple[float, float, float, float]]:
+    """The route as (x0, y0, x1, y1) pieces, top to bottom, whose ends lie on levels: as is
+    when its points do (a layout's virtual nodes); else x at every level it spans (a spline
+    sampled between levels), since only the order at the levels counts."""
+    import numpy as np
+
+    pts = sorted(route, key=lambda p: p[1]) if route[0][1] > route[-1][1] else list(route)
+    ys = np.array([p[1] for p in pts])
+    on_level = np.abs(lv[np.clip(np.searchsorted(lv, ys), 0, len(lv) - 1)] - ys) < 1e-6
+    if on_level.all():
+        return [(x0, y0, x1, y1) for (x0, y0), (x1, y1) in zip(pts, pts[1:]) if y1 > y0]
+    inside = lv[(lv >= ys[0] - 1e-6) & (lv <= ys[-1] + 1e-6)]
+    xs = np.interp(inside, ys, [p[0] for p in pts])
+    return [(xs[i], inside[i], xs[i + 1], inside[i + 1]) for i in range(len(inside) - 1)]
 
 
 def _strict_inversions(values) -> int:
@@ -513,15 +591,15 @@ def _y_positions(net: _Layered, sizes, layer_gap: float,
 
 
 def _routes(edges, flipped: set, net: _Layered, x, y, sizes) -> list[list[Point]]:
+    """Per input edge: source bottom, its virtual nodes, target top (reversed edges too)."""
     routes = []
     for u, v in edges:
         if u == v:
             routes.append([])
             continue
         a, b = (v, u) if (u, v) in flipped else (u, v)
-        chain = net.chains.get((a, b), [])
         points = [(x[a], y[a] + sizes[a][1] / 2)]
-        points += [(x[d], y[d]) for d in chain]
+        points += [(x[d], y[d]) for d in net.chains.get((a, b), [])]
         points.append((x[b], y[b] - sizes[b][1] / 2))
         routes.append(points[::-1] if (a, b) != (u, v) else points)
     return routes

@@ -129,6 +129,15 @@ def _scene(graph: Graph, by: str, budget: int, expand: Iterable[str],
     return _Scene(grouped, boxes, layout, pairs)
 
 
+def layout(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
+           expand: Iterable[str] = ()) -> tuple[GroupedGraph, Layout]:
+    """The boxes a view draws (groups above `budget` nodes) and where: box i of
+    `grouped.groups` is centred at (layout.x[i], layout.y[i]); route k follows
+    `grouped.edges[k]`. For custom drawings and for benchmarks."""
+    scene = _scene(graph, by, budget, expand, frozenset())
+    return scene.grouped, scene.layout
+
+
 # -- SVG -----------------------------------------------------------------------------------
 
 def _path(points: list[tuple[float, float]]) -> str:
