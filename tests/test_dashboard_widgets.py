@@ -1,0 +1,154 @@
+"""The dashboard's widgets and magics in a real InteractiveShell, on each notebook stack.
+
+Marked `stack`: runs with the current ipywidgets 8 / IPython 9 and again with Colab's
+ipywidgets 7.7.1 / IPython 7.34. Real kernels and comms: test_dashboard_kernel.py.
+"""
+
+import re
+import threading
+import time
+
+import pytest
+import torch
+import torch_xla
+
+import tpu_nb
+
+pytestmark = pytest.mark.stack
+
+
+def _widget_count() -> int:
+    import ipywidgets
+    from ipywidgets.widgets import widget
+
+    instances = getattr(widget, "_instances", None)          # ipywidgets 8
+    if instances is None:
+        instances = ipywidgets.Widget.widgets                 # ipywidgets 7
+    return len(instances)
+
+
+def _dashboard_threads():
+    return [t for t in threading.enumerate() if t.name == "tpu_nb-dashboard"]
+
+
+def _step_fn(width=36):
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(width, 4).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, width, device=dev)
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        torch_xla.sync()
+
+    return step
+
+
+def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
+    step = _step_fn()
+    before = _widget_count()
+    dash = tpu_nb.Dashboard(widgets=True, refresh=0.2)
+    dash.start()
+    try:
+        assert _widget_count() > before and len(_dashboard_threads()) == 1
+        seen, pngs = set(), set()
+        start = time.perf_counter()
+        while time.perf_counter() - start < 2.5:
+            for _ in range(20):
+                step()
+            match = re.search(r"class='tpunb-steps'>(\d+)<", dash._header.value)
+            seen.add(int(match.group(1)))
+            if dash._step_image.value:
+                pngs.add(bytes(dash._step_image.value[:8]))
+        assert len(seen) >= 3, seen                 # the step counter moved while running
+        assert pngs == {b"\x89PNG\r\n\x1a\n"}       # a chart was drawn during the run
+        assert "Execution" in dash._exec_panel.value and "steps (syncs)" in dash._exec_panel.value
+    finally:
+        dash.stop()
+    stats = dash.stats
+    assert stats.refreshes <= stats.thread_seconds / 0.2 + 1
+    # Charts: at most once a second each, only when their data changed.
+    assert stats.chart_draws <= 2 * (stats.thread_seconds / dash.chart_refresh + 1)
+    assert _widget_count() == before and not _dashboard_threads()
+    assert dash.state.steps >= max(seen) and dash.status == "finished"
+
+
+@pytest.fixture(scope="module")
+def shell():
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "tpu_nb")
+    ip.run_cell("import torch, torch_xla, tpu_nb")
+    yield ip
+
+
+def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):
+    capsys.readouterr()
+    r = shell.run_cell("%%on_tpu --live\n"
+                       "lin = torch.nn.Linear(6, 2)\n"
+                       "for _ in range(5):\n"
+                       "    lin(torch.ones(3, 6)).sum().backward()\n"
+                       "    torch_xla.sync()\n")
+    assert r.error_in_exec is None
+    out = capsys.readouterr().out
+    assert "XLA dashboard (finished): 5 steps" in out      # the final view (no kernel: text)
+    assert "XLA: " in out and "device-synced" in out        # %%on_tpu's own report
+    assert out.index("XLA dashboard (finished)") < out.index("device-synced")
+    assert not _dashboard_threads()
+
+
+def test_on_tpu_live_failing_cell_shows_failed(shell, capsys):
+    capsys.readouterr()
+    r = shell.run_cell("%%on_tpu --live\n(torch.ones(2) * 2).sum()\nraise ValueError('bad')\n")
+    assert isinstance(r.error_in_exec, ValueError)
+    assert "XLA dashboard (failed: ValueError)" in capsys.readouterr().out
+    assert not _dashboard_threads()
+
+
+def test_tpu_dashboard_lives_until_the_end_of_its_cell(shell, capsys):
+    capsys.readouterr()
+    callbacks = len(shell.events.callbacks["post_run_cell"])
+    r = shell.run_cell("%tpu_dashboard --refresh 0.2\n"
+                       "alive = [t.name for t in __import__('threading').enumerate()]\n"
+                       "v = (torch.ones(4, device=torch_xla.device()) * 3).sum().item()\n")
+    assert r.error_in_exec is None
+    assert "tpu_nb-dashboard" in shell.user_ns["alive"]      # running inside the cell
+    assert not _dashboard_threads()                           # joined when it ended
+    assert len(shell.events.callbacks["post_run_cell"]) == callbacks   # hooks removed
+    out = capsys.readouterr().out
+    assert "XLA dashboard (finished): 0 steps, 1 executions" in out
+    assert "device->host reads: 1" in out
+    r = shell.run_cell("%tpu_dashboard\n1 / 0\n")
+    assert isinstance(r.error_in_exec, ZeroDivisionError)
+    assert "XLA dashboard (failed: ZeroDivisionError)" in capsys.readouterr().out
+    assert not _dashboard_threads()
+
+
+def test_dashboard_as_a_cells_last_expression_is_shown_once(shell, capsys):
+    capsys.readouterr()
+    shell.run_cell("tpu_nb.dashboard()", store_history=True)
+    out = capsys.readouterr().out
+    assert out.count("XLA dashboard (finished)") == 1
+    assert not _dashboard_threads()
+
+
+def test_tpu_dashboard_help_and_mistakes(shell, capsys):
+    from IPython.core.error import UsageError
+
+    shell.run_line_magic("tpu_dashboard", "-h")
+    out = capsys.readouterr().out
+    assert "--refresh" in out and "--alert-graphs" in out and "--no-charts" in out
+    for line, words in (("--refresh 0", "refresh must be a number of seconds"),
+                        ("--alert-graphs 0", "alert_graphs must be a whole number"),
+                        ("--refresh 2 --chart-refresh 1", "chart_refresh"),
+                        ("--refresh soon", "invalid float value"),
+                        ("--bogus", "unrecognized arguments")):
+        with pytest.raises(UsageError, match=words):
+            shell.run_line_magic("tpu_dashboard", line)
+    assert not _dashboard_threads()
+    shell.run_cell("%%on_tpu --help\nraise AssertionError('must not run')")
+    assert "--live" in capsys.readouterr().out
