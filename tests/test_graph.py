@@ -10,7 +10,7 @@ import torch_xla
 
 import tpu_nb
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.graph import Graph, graph, record_locations
+from tpu_nb.runtime.graph import Graph, graph, is_pending, pending_graph, record_locations
 
 X = torch_xla._XLAC
 _NODE_LINE = re.compile(r"^\s*%\d+ = ", re.M)
@@ -218,3 +218,33 @@ def test_fallback_ops_are_recorded_and_host_reads_are_not():
     names = dict(g.fallback_ops)
     assert names.get("aten::_unique2", 0) >= 1
     assert "aten::_local_scalar_dense" not in names
+
+
+def test_pending_graph_finds_what_a_cell_left_pending_in_its_namespace():
+    dev = tpu_nb.device()
+    model = torch.nn.Linear(3, 2).to(dev)
+    x = torch.randn(4, 3).to(dev)
+    torch_xla.sync()
+    namespace = {"model": model, "x": x, "n": 3, "outs": [model(x).relu()], "torch": torch}
+    namespace["again"] = namespace                     # cycles are fine
+    assert not is_pending(x) and is_pending(namespace["outs"][0])
+    g = pending_graph(namespace)
+    assert [g.node(r).op for r in g.roots] == ["aten::relu"]   # not the synced params
+    torch_xla.sync()
+    assert pending_graph(namespace) is None
+
+
+def test_pending_graph_without_arguments_finds_live_tensors_only_a_function_holds():
+    dev = tpu_nb.device()
+    x = torch.randn(4, 3).to(dev)
+    torch_xla.sync()
+    seen = {}
+
+    def step():
+        hidden = torch.tanh(x * 2)                     # held only by this frame
+        seen["graph"] = pending_graph()
+        return hidden.sum().item()
+
+    step()
+    ops = {n.op for n in seen["graph"].nodes}
+    assert {"aten::tanh", "aten::mul"} <= ops

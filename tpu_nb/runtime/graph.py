@@ -524,6 +524,66 @@ def _walk(obj: Any, torch) -> Iterator:
             yield from _walk(value, torch)
 
 
+def is_pending(tensor: Any) -> bool:
+    """Whether an XLA tensor has operations waiting for a sync (not just device data).
+    ~2 us: reads torch_xla's debug line for the tensor's IR value."""
+    info = xlac()._get_xla_tensor_debug_info(tensor)
+    ir = next((line[4:] for line in info.splitlines() if line.startswith("IR: ")), "None")
+    return ir != "None" and "xla::device_data" not in ir
+
+
+def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> Graph | None:
+    """The pending graph of every XLA tensor found in `objects` that has work waiting, or None
+    when nothing is pending.
+
+    With objects, e.g. `pending_graph(user_namespace, result)`: the tensors found there (also
+    inside lists, dicts, modules, optimizers, a few levels deep, up to `max_items` objects).
+    Without: every live XLA tensor in the process (found through the garbage collector's
+    list of objects, ~0.1 s per million objects), which is what the next sync would run, even
+    tensors only a function's local variables hold: call it just before the sync.
+    """
+    import torch
+
+    if objects:
+        budget = [max_items]
+        candidates = (t for obj in objects
+                      for t in _walk_limited(obj, torch, depth=4, seen=set(), budget=budget))
+    else:
+        # type(), not isinstance(): isinstance reads __class__, which some objects in a big
+        # process answer with a deprecation warning (torch.distributed.reduce_op)
+        candidates = (o for o in gc.get_objects()
+                      if issubclass(type(o), torch.Tensor) and o.device.type == "xla")
+    found: dict[int, Any] = {}
+    for t in candidates:
+        if id(t) not in found and is_pending(t):
+            found[id(t)] = t
+    return graph(*found.values(), hlo=hlo) if found else None
+
+
+def _walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterator:
+    """Like _walk, for arbitrary namespaces: bounded depth and item count, cycle-safe."""
+    budget[0] -= 1
+    if budget[0] < 0 or id(obj) in seen:
+        return
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "xla":
+            yield obj
+        return
+    if depth == 0 or not _is_container(obj, torch):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.nn.Module):
+        children = list(obj.parameters()) + list(obj.buffers())
+    elif isinstance(obj, torch.optim.Optimizer):
+        children = [g["params"] for g in obj.param_groups] + list(obj.state.values())
+    elif isinstance(obj, dict):
+        children = list(obj.values())
+    else:
+        children = list(obj)
+    for child in children:
+        yield from _walk_limited(child, torch, depth - 1, seen, budget)
+
+
 @contextmanager
 def record_locations(enabled: bool = True) -> Iterator[None]:
     """Record each new IR node's Python location (`location=` in the IR) inside the block.
