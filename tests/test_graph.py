@@ -149,7 +149,9 @@ model = torch.nn.Linear(4, 2).to(dev)
 e = model(d.unsqueeze(0))
 g = graph(e)
 print(json.dumps([[n.op, [n.location.file, n.location.line, n.location.function]
-                   if n.location else None] for n in g.nodes]))
+                   if n.location else None,
+                   [n.user_frame.file, n.user_frame.line] if n.user_frame else None]
+                  for n in g.nodes]))
 '''
 
 
@@ -158,13 +160,18 @@ def test_xla_ir_debug_source_lines_point_at_the_script_lines(py, tmp_path):
     script.write_text(SCRIPT)
     out = py(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
              env={"XLA_IR_DEBUG": "1"}).stdout
-    located = {op: loc for op, loc in json.loads(out.strip().splitlines()[-1])}
+    rows = json.loads(out.strip().splitlines()[-1])
+    located = {op: loc for op, loc, _ in rows}
     assert located["aten::mul"] == ["lines_script.py", 6, "<module>"]
     assert located["aten::relu"] == ["lines_script.py", 7, "<module>"]
     assert located["aten::sum"] == ["lines_script.py", 9, "helper"]
-    # a module call points into torch's own code: the innermost Python frame
+    # a module call points into torch's own code: the innermost Python frame ...
     assert located["aten::addmm"][0] == "linear.py"
     assert located["aten::addmm"][2] == "forward"
+    # ... and the whole stack (from the HLO) names the script line that called the module
+    user = {op: frame for op, _, frame in rows}
+    assert user["aten::addmm"] == [str(script), 12]
+    assert user["aten::sum"] == [str(script), 9]
 
 
 def _forward(batch, width=5):
@@ -248,3 +255,25 @@ def test_pending_graph_without_arguments_finds_live_tensors_only_a_function_hold
     step()
     ops = {n.op for n in seen["graph"].nodes}
     assert {"aten::tanh", "aten::mul"} <= ops
+
+
+def test_nodes_made_inside_a_module_know_the_user_line_that_called_it():
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(4, 4).to(dev), torch.nn.Linear(4, 2).to(dev)
+    x = torch.randn(3, 4).to(dev)
+    torch_xla.sync()
+    here = inspect.currentframe().f_lineno
+    with record_locations():
+        h = first(x)                             # here + 2
+        out = second(torch.relu(h))              # here + 3
+    g = graph(out)
+    addmm = [n for n in g.nodes if n.op == "aten::addmm"]
+    assert [n.location.file for n in addmm] == ["linear.py", "linear.py"]
+    assert [n.user_frame.line for n in addmm] == [here + 2, here + 3]
+    assert all(n.user_frame.file == __file__ for n in addmm)
+    assert len(addmm[0].frames) > 2 and addmm[0].frames[0].file.endswith("linear.py")
+    assert Graph.from_json(g.to_json()) == g
+    grouped = g.groups(budget=1)
+    assert any(k.startswith(f"test_graph.py:{here + 3} › ") for gr in grouped.groups
+               for k, _ in gr.sources)

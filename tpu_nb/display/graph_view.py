@@ -83,6 +83,9 @@ def _node_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
     tip = [f"%{n.id} {n.op}", f"shape {n.shape}" + (f" {n.layout}" if n.layout else ""),
            f"kind {KIND_NAMES.get(n.kind, n.kind)}"]
     tip += [f"line {where}"] if where else ["line: not recorded (IR debug off, or autograd)"]
+    user = n.user_frame
+    if user is not None and (user.line, user.function) != (n.location.line, n.location.function):
+        tip.append(f"called from {user.file}:{user.line} ({user.function})")
     tip += [f"scope {n.scope}"] if n.scope else []
     tip += [f"output {n.root} of the graph"] if n.root is not None else []
     tip += [f"attrs {', '.join(f'{k}={v}' for k, v in n.attrs)}"] if n.attrs else []
@@ -99,6 +102,10 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
     outs = sum(1 for m in group.members if graph.node(m).root is not None)
     tip = [f"group {group.key}", f"{group.size} nodes: {ops}{more}",
            "lines: " + "; ".join(f"{k} ({c})" for k, c in group.sources[:6])]
+    callers = Counter(f"{u.file}:{u.line} ({u.function})" for u in
+                      (graph.node(m).user_frame for m in group.members) if u is not None)
+    if callers:
+        tip.append("called from " + "; ".join(f"{k} ×{c}" for k, c in callers.most_common(3)))
     tip += [f"{outs} graph outputs"] if outs else []
     tip += [f"{n_changed} changed nodes"] if n_changed else []
     tip += [f"expand: GraphView(graph, expand=[{group.key!r}])"]

@@ -32,7 +32,7 @@ from functools import cached_property
 from typing import Any, Iterable, Iterator, Sequence
 
 from tpu_nb.runtime._xla import xlac
-from tpu_nb.runtime.compile_log import Frame
+from tpu_nb.runtime.compile_log import Frame, _is_library
 from tpu_nb.runtime.errors import TpuNbError
 
 KINDS = ("data", "constant", "view", "compute", "reduction", "collective", "random", "fallback")
@@ -104,6 +104,8 @@ class Node:
     num_outputs: int = 1
     layout: str = ""                 # XLA layout(s), e.g. "{1,0}"
     attrs: tuple[tuple[str, str], ...] = ()   # any other `name=value` tags, verbatim
+    frames: tuple[Frame, ...] = ()   # the whole Python stack, innermost first, full paths
+                                     # (from the HLO's stack-frame index; see graph())
 
     @property
     def name(self) -> str:
@@ -115,6 +117,15 @@ class Node:
         """"function@file:line", or "" without a location."""
         loc = self.location
         return f"{loc.function}@{loc.file}:{loc.line}" if loc else ""
+
+    @property
+    def user_frame(self) -> Frame | None:
+        """The innermost frame in user code (a notebook cell, a script), not in torch,
+        torch_xla or tpu_nb: the line that made this node, even inside `model(x)`."""
+        for frame in self.frames:
+            if not _is_library(frame.file):
+                return frame
+        return None
 
     def output_shape(self, index: int = 0) -> str:
         """The shape of one output (the whole shape for single-output nodes)."""
@@ -207,7 +218,8 @@ def _new(cls, values: dict) -> Any:
     return obj
 
 
-_NODE_DEFAULTS = {"location": None, "scope": "", "root": None, "num_outputs": 1, "attrs": ()}
+_NODE_DEFAULTS = {"location": None, "scope": "", "root": None, "num_outputs": 1, "attrs": (),
+                  "frames": ()}
 
 
 def _parse_line(line: str, frames: dict[str, Frame | None]) -> dict | None:
@@ -304,7 +316,8 @@ class Graph:
                 location=Frame(loc["file"], loc["line"], loc["function"]) if loc else None,
                 scope=raw.get("scope", ""), root=raw.get("root"),
                 num_outputs=raw.get("num_outputs", 1), layout=raw.get("layout", ""),
-                attrs=tuple(tuple(a) for a in raw.get("attrs", ()))))
+                attrs=tuple(tuple(a) for a in raw.get("attrs", ())),
+                frames=tuple(Frame(*f) for f in raw.get("frames", ()))))
         edges = tuple(Edge(*e) for e in data["edges"])
         return cls(nodes=tuple(nodes), edges=edges, roots=tuple(data.get("roots", ())),
                    hash=data.get("hash", ""), ir_debug=data.get("ir_debug", False),
@@ -391,7 +404,8 @@ class Graph:
                     "layout": n.layout, "inputs": list(n.inputs), "scope": n.scope,
                     "location": {"file": loc.file, "line": loc.line, "function": loc.function}
                     if loc else None, "root": n.root, "num_outputs": n.num_outputs,
-                    "attrs": [list(a) for a in n.attrs]}
+                    "attrs": [list(a) for a in n.attrs],
+                    "frames": [[f.file, f.line, f.function] for f in n.frames]}
         return {"hash": self.hash, "ir_debug": self.ir_debug, "roots": list(self.roots),
                 "fallback_ops": [list(f) for f in self.fallback_ops],
                 "nodes": [node(n) for n in self.nodes],
@@ -451,20 +465,31 @@ def _hash_hex(raw: bytes) -> str:
     return f"{high:x}{low:016x}"
 
 
-def graph(*tensors: Any, hlo: bool = True) -> Graph:
+def graph(*tensors: Any, hlo: bool = True, frames: bool | None = None) -> Graph:
     """The pending graph that computes `tensors` (XLA tensors, or modules, optimizers, and
     lists/tuples/dicts of them), as torch_xla would compile it at the next sync.
 
     Capture before the sync: after it the tensors are plain device data. `hlo=False` skips
     lowering to HLO (about as costly as reading the IR: ~45 us per node on XLA:CPU).
+    `frames`: give each node its whole Python stack (Node.frames, Node.user_frame), read
+    from the HLO's stack-frame index; the default does it when locations were recorded and
+    the graph has at most 50,000 nodes (it lowers the graph once more).
     """
     found = _xla_tensors(tensors)
     X = xlac()
     text = X._get_xla_tensors_text(found)
-    return Graph.from_ir_text(
+    g = Graph.from_ir_text(
         text, hash=_hash_hex(X._get_graph_hash(found)),
         hlo_text=X._get_xla_tensors_hlo(found) if hlo else None,
         ir_debug=None if not X._get_ir_debug() else True, fallback_ops=_fallback_counts())
+    located = any(n.location for n in g.nodes)
+    if frames or (frames is None and located and len(g.nodes) <= 50_000):
+        from tpu_nb.runtime.graph_frames import with_frames   # same layer
+
+        with record_locations():          # lowering writes source metadata only in IR debug
+            proto = X._get_xla_tensors_hlo_proto(found)
+        g = with_frames(g, proto)
+    return g
 
 
 def _fallback_counts() -> tuple[tuple[str, int], ...]:

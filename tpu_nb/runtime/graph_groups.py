@@ -19,6 +19,7 @@ Expanding a group shows its nodes, or, when it is itself too big, its own sub-gr
 from __future__ import annotations
 
 import heapq
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -152,16 +153,22 @@ def _leaf(n: Node) -> bool:
 
 
 def _location_key(n: Node, level: str) -> str:
+    """"fn@file:line", prefixed with the user's line when the node came from inside a
+    library call made there: "train.py:12 › forward@linear.py:134"."""
     if level == "scope" and _user_scope(n):
         return "scope " + _user_scope(n)
     loc = n.location
     if loc is None:
         return ""
-    if level in ("line", "scope"):
-        return f"{loc.function}@{loc.file}:{loc.line}"
     if level == "function":
         return f"{loc.function}@{loc.file}"
-    return loc.file
+    if level == "file":
+        return loc.file
+    key = f"{loc.function}@{loc.file}:{loc.line}"
+    user = n.user_frame
+    if user is None or (user.line == loc.line and user.function == loc.function):
+        return key
+    return f"{os.path.basename(user.file)}:{user.line} › {key}"
 
 
 def _base_keys(graph: Graph, level: str) -> list[str]:
@@ -194,7 +201,10 @@ def _inherited_key(graph: Graph, n: Node, own: list[str], keys: list[str], pos) 
 
 
 def _family(key: str) -> str:
-    """"forward@linear.py:134" -> "forward@linear.py": runs of one function merge first."""
+    """"forward@linear.py:134" -> "forward@linear.py": runs of one function merge first
+    (and "train.py:12 › forward@linear.py:134" -> "train.py:12": of one user line)."""
+    if " › " in key:
+        return key.split(" › ", 1)[0]
     head, _, line = key.rpartition(":")
     return head if line.isdigit() else key
 
