@@ -133,13 +133,9 @@ cells = [
         the device** (`total += loss`) and read once at the end: reading it at every step
         (`loss.item()`) would make the host wait for the device at every step, losing that
         overlap.
-
-        This loop, and the next ones, run in plain cells, where the `XLA:` line reports them.
-        Inside `%%on_tpu`, every tensor created without `device=` lands on the device,
-        including the ones the `DataLoader` itself creates to shuffle (`torch.randperm`); those
-        would then run as CPU fallbacks. Keep loops that pull from a `DataLoader` in plain cells.
     """),
     code("""
+        %%on_tpu
         model.train()
         total = torch.zeros((), device=dev)
         for images, labels in train_loader:
@@ -149,11 +145,14 @@ cells = [
         print(f"epoch 1: mean loss {total.item() / len(train_loader):.2f}")
     """),
     md("""
-        Read the `XLA:` line: 32 steps, 2 graphs compiled, 30 cache hits. The step now also adds
-        its loss into `total`, which makes it a new graph; and on the first step `total` was
-        itself still pending (a `torch.zeros` not yet run), so that one step compiled its own
-        graph. Then 64 transfers to the device (images and labels, batch by batch) and one read
-        back to the host: the mean loss.
+        Read the report: 32 steps, 2 graphs compiled, 30 cache hits. The step now also adds its
+        loss into `total`, which makes it a new graph; and on the first step `total` was itself
+        still pending (a `torch.zeros` not yet run), so that one step compiled its own graph.
+        Then 64 transfers to the device (images and labels, batch by batch) and a single read
+        back to the host, on the `print` line: the mean loss.
+
+        (The `DataLoader`'s own shuffling stays on the CPU inside `%%on_tpu`: only tensors your
+        code creates land on the device.)
 
         ## `MpDeviceLoader`: feeding the device in the background
 
@@ -167,7 +166,9 @@ cells = [
         import torch_xla.distributed.parallel_loader as pl
 
         device_loader = pl.MpDeviceLoader(train_loader, dev)
-
+    """),
+    code("""
+        %%on_tpu
         for epoch in (2, 3, 4):
             total = torch.zeros((), device=dev)
             for images, labels in device_loader:               # already on the device
@@ -181,15 +182,16 @@ cells = [
         epoch). Transfers to the device drop from 64 per epoch to 4: the loader copies 8
         batches at a time. The loss falls quickly, as it should on this easy data.
 
-        > **Coming to tpu_nb:** `%%on_tpu --live` will attach a live dashboard to a cell like
-        > the one above (steps per second, compilations, transfers, device memory on a TPU),
-        > updated while the loop runs. Until then, the `XLA:` line after the cell is the summary.
+        > **Live view:** tpu_nb's dashboard (`%%on_tpu --live`) slots in here: attached to a cell
+        > like the one above, it shows step times, compilations, transfers and, on a TPU,
+        > device memory while the loop runs. This notebook shows the summary after the cell.
 
         ## The same report from a script: `tpu_nb.track`
 
         The magics are thin wrappers over tpu_nb's library, which works the same in a plain
         Python script. `tpu_nb.track()` measures a block and gives a `RunReport`: wall time,
-        graphs compiled (with their causes), executions, transfers, host reads.
+        graphs compiled (with their causes), executions, transfers, host reads. In a plain cell,
+        the `XLA:` line that follows tells the same story.
     """),
     code("""
         import tpu_nb

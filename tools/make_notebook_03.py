@@ -115,7 +115,7 @@ cells = [
         step closure (`torch_xla.core.xla_model.add_step_closure`), which runs after the step's
         graph has executed instead of cutting it.
 
-        ## Changing shapes recompile
+        ## New shapes, new compiles
 
         A compiled graph is specialized to its input shapes. A model fed sentences of different
         lengths sees a new shape for every new length, and each new shape is a new graph to

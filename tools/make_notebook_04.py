@@ -169,10 +169,11 @@ cells = [
                 print(json.loads(path.read_text()))
     """),
     md("""
-        > **Coming to tpu_nb:** `tpu_nb.launch(train_replica)` and `%%on_tpu --replicas` will
-        > launch replicas from a notebook, check the rule above before starting them, and bring
-        > each replica's output and report back into the notebook. They will replace the launch
-        > cell above.
+        > **tpu_nb's launcher** slots in here, in place of the launch cell above:
+        > `tpu_nb.launch(train_replica)` or a `%%on_tpu --replicas` cell starts the replicas,
+        > brings each replica's output and report back into the notebook, and on XLA:CPU
+        > refuses collectives at once instead of hanging. This notebook uses torch_xla's own
+        > launcher, so that the rules below stay visible.
 
         ## Way 2: SPMD, one program over a mesh of devices
 
@@ -239,9 +240,9 @@ cells = [
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
         x = features[:64].to(dev)
-        xs.mark_sharding(x, mesh, ("data", None))
         y = dataset.tensors[1][:64].to(dev)
-        xs.mark_sharding(y, mesh, ("data", None))
+        for tensor in (x, y):
+            xs.mark_sharding(tensor, mesh, ("data", None))      # rows split over `data`
     """),
     code("""
         %%on_tpu
@@ -293,8 +294,9 @@ cells = [
         print(f"loss after one epoch: {loss.item():.2f}")
     """),
     md("""
-        > **Coming to tpu_nb:** `%%on_tpu --spmd` will set up the mesh and show, per cell, how
-        > the work was spread over the devices. The `mark_sharding` calls above stay as they are.
+        > **tpu_nb's SPMD cells** slot in here: `%%on_tpu --spmd` runs a cell over all devices
+        > with a data mesh ready (`mesh`, `shard_batch(tensor)`). The `mark_sharding` calls above
+        > are what it does for you.
 
         ## The rule, seen
 
@@ -313,7 +315,9 @@ cells = [
                 print(f"{name}: {type(err).__name__}: {err}")
     """),
     md("""
-        To launch replicas, restart the kernel and launch before anything touches the device.
+        To launch replicas with torch_xla, restart the kernel and launch before anything
+        touches the device. (tpu_nb's launcher gets around the rule by starting the replicas in
+        a fresh worker process when the kernel has already used the device.)
 
         ## Summary
 

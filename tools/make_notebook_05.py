@@ -120,7 +120,7 @@ cells = [
             loss = torch.nn.functional.mse_loss(logits, target)
         loss.backward()
         optimizer.step()
-        torch_xla.sync()
+        torch_xla.sync(wait=True)
         print("weights:  ", model[0].weight.dtype)
         print("logits:   ", logits.dtype)
         print("loss:     ", loss.dtype)
@@ -138,8 +138,8 @@ cells = [
         code tells you: `tensor.dtype` says `torch.float32`, but the values have bf16 precision.
         It is deprecated since torch_xla 2.6; use `model.to(torch.bfloat16)` or autocast.
 
-        The variable is read once, when the runtime starts, so we show it in a separate Python
-        process (on the CPU, which behaves the same way here):
+        The variable is read once per process, so we show it in a separate Python process (on
+        the CPU, which behaves the same way here):
     """),
     code("""
         import os
@@ -166,8 +166,8 @@ cells = [
         ## What changes on a CPU
 
         - **Rounding: nothing.** bf16 values are the same numbers everywhere, as shown above.
-        - **Speed.** Most CPUs have no bf16 arithmetic, so XLA:CPU computes in float32 and
-          converts: bf16 is usually no faster on a CPU, often slower. Measure speed on a TPU.
+        - **Speed.** Most CPUs have no bf16 arithmetic units, so bf16 is usually no faster on a
+          CPU, often slower. Measure speed on a TPU.
         - **float32 matrix multiplies.** On a TPU, XLA by default multiplies float32 matrices
           with a single bf16 pass: fast, but only about 3 significant digits. This is why float32
           results on a TPU differ from a CPU's in the 3rd or 4th digit. XLA:CPU computes float32
@@ -200,8 +200,8 @@ cells = [
         import tpu_nb
 
         if tpu_nb.detect().accelerator.kind != "tpu":
-            print("Skipped: no TPU here. On a CPU, bf16 is computed in float32 and converted, so "
-                  "timing it against float32 says nothing about a TPU.")
+            print("Skipped: no TPU here. Most CPUs have no bf16 arithmetic units, so timing bf16 "
+                  "against float32 here says nothing about a TPU.")
         else:
             big_a, big_b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
             for dtype in (torch.float32, torch.bfloat16):
@@ -220,7 +220,7 @@ cells = [
         - `XLA_USE_BF16=1` converts everything and hides it behind `dtype == float32`; it is
           deprecated. Convert explicitly.
         - On a CPU the rounding is identical, but bf16 is not faster, and float32 matmuls are
-          exact float32 (a TPU's default is one bf16 pass: `set_mat_mul_precision`).
+          full float32 (a TPU's default is one bf16 pass: `set_mat_mul_precision`).
 
         **Next:** [06 · Saving and loading](06_saving_and_loading.ipynb).
     """),

@@ -224,7 +224,7 @@ cells = [
     """),
     code("%tpu_time -n 10 -r 3 train_step()"),
     md("""
-        ## The whole session, per cell
+        ## The whole session
 
         `%xla_metrics` shows the XLA counters since the kernel started: how much of the session
         went into compiling, executing and transferring. (`%xla_metrics --cells` breaks it down
@@ -232,10 +232,10 @@ cells = [
     """),
     code("%xla_metrics"),
     md("""
-        > **Coming to tpu_nb:** `%%on_tpu --live` and `%tpu_dashboard` will show these figures
-        > *while* a cell runs (steps per second, compiles, transfers, host reads, and device
-        > memory on a TPU), so a loop that starts to recompile or stall is visible at once
-        > instead of after the cell. The reports above stay the per-cell summary.
+        > **Live view:** tpu_nb's dashboard (`%%on_tpu --live`, `%tpu_dashboard`) slots in
+        > here: it shows these figures *while* a cell runs (step times, compiles, transfers,
+        > and device memory on a TPU), so a loop that starts to recompile or stall is visible
+        > at once instead of after the cell. The reports above stay the per-cell summary.
 
         ## Summary: a checklist
 
