@@ -154,14 +154,6 @@ def test_help_flags_print_help(shell, capsys):
     assert "--max-graphs" in capsys.readouterr().out
 
 
-def test_flags_not_built_yet_say_so(shell):
-    from IPython.core.error import UsageError
-    from tpu_nb.ipython.magics import _LATER
-    for flag in _LATER:
-        with pytest.raises(UsageError, match="not available"):
-            shell.run_cell_magic("on_tpu", f"--{flag}", "x = 1")
-
-
 def test_tpu_setup_shows_environment(shell, capsys):
     shell.run_line_magic("tpu_setup", "--device cpu")
     out = capsys.readouterr().out
@@ -258,3 +250,30 @@ def test_shuffling_dataloader_inside_on_tpu(shell):
     assert seen == list(range(20)) and unseeded == list(range(20))
     assert (batch_device, ours) == ("cpu", "xla")
     assert tpu_nb.last_report().metrics.host_reads == 0   # no sampler seed read from XLA
+
+
+def test_on_tpu_graph_shows_the_pending_graph_before_the_sync(shell, monkeypatch):
+    from tpu_nb.display.graph_view import GraphView
+    from tpu_nb.ipython import magics
+    shown = []
+    monkeypatch.setattr(magics, "display", shown.append)
+    r = run(shell, "%%on_tpu --graph -o\nga = torch.ones(4, 4)\ngb = (ga @ ga).relu()\n")
+    views = [v for v in shown if isinstance(v, GraphView)]
+    assert len(views) == 1
+    html = views[0]._repr_html_()
+    assert "pending graph" in html and "<svg" in html and "aten::mm" in html
+    assert views[0].graph.pending                    # captured before it ran...
+    assert r.result.metrics.executions == 1          # ...then it ran, at the cell's end
+
+
+def test_xla_graph_magic(shell, capsys):
+    run(shell, "gz = torch.ones(3, device=torch_xla.device()) * 5")
+    found = shell.run_line_magic("xla_graph", "-o gz")
+    assert "aten::mul" in found.ir_text() and len(found.roots) == 1
+    shell.run_line_magic("xla_graph", "torch.ones(2, device='cpu')")
+    assert "nothing pending" in capsys.readouterr().out
+    from IPython.core.error import UsageError
+    with pytest.raises(UsageError, match="could not evaluate 'no_such_name'"):
+        shell.run_line_magic("xla_graph", "no_such_name")
+    with pytest.raises(UsageError, match="--budget"):
+        shell.run_line_magic("xla_graph", "--budget 0 gz")

@@ -104,6 +104,16 @@ def _register_formatters(shell, state: _Loaded) -> None:
         state.formatter_types.append(typ)
     plain.for_type(LaunchResult, lambda obj, p, cycle: p.text(str(obj)))
     state.formatter_types.append(LaunchResult)
+    from tpu_nb.runtime.graph import Graph
+
+    def graph_html(obj):
+        from tpu_nb.display.graph_view import GraphView
+
+        return GraphView(obj)._repr_html_()
+
+    html.for_type(Graph, graph_html)
+    plain.for_type(Graph, lambda obj, p, cycle: p.text(f"<Graph: {obj.summary()}>"))
+    state.formatter_types.append(Graph)
 
 
 def load_ipython_extension(shell) -> None:

@@ -16,9 +16,6 @@ from IPython.display import display
 
 from tpu_nb.runtime.errors import TpuNbError
 
-_LATER = {
-    "graph": "--graph (the pending-graph viewer) is not available in this version of tpu_nb yet",
-}
 
 
 def _parse(magic, line: str):
@@ -172,9 +169,6 @@ class TpuMagics(Magics):
         args = _parse(self.on_tpu, line)
         if args is None:
             return
-        for flag, message in _LATER.items():
-            if getattr(args, flag):
-                raise UsageError(message)
         if args.max_graphs is not None and args.max_graphs < 1:
             raise UsageError("--max-graphs needs a whole number of at least 1, e.g. "
                              "--max-graphs 2")
@@ -242,10 +236,22 @@ class TpuMagics(Magics):
                 if args.max_graphs is not None:
                     stack.enter_context(max_graphs(args.max_graphs))
                 value = code.run(self.shell)
+                if args.graph:             # before track()'s final sync runs it
+                    self._show_pending_graph(value)
         finally:
             if report is not None and report.complete:
                 self._show(report, code, args)
         return report if args.output else value
+
+    def _show_pending_graph(self, value) -> None:
+        from tpu_nb.display.graph_view import GraphView
+        from tpu_nb.runtime.graph import pending_graph
+
+        pending = pending_graph(self.shell.user_ns, value)
+        if pending is None:
+            print("nothing pending: the cell's XLA work already ran (a sync or a value read)")
+        else:
+            display(GraphView(pending, title="pending graph (about to run at the cell's end)"))
 
     def _show(self, report, code: _CellCode, args) -> None:
         if args.quiet or not self.state.settings.show_report:
@@ -364,3 +370,46 @@ class TpuMagics(Magics):
         start = MetricsSnapshot({}, {}, now.taken_at, now.generation)
         display(MetricsView("XLA work since the kernel started (or the last --reset)",
                             delta=now.since(start)))
+
+    # -- %xla_graph -------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("-h", "--help", action="store_true", help="show this help and exit")
+    @argument("--by", choices=("auto", "line", "scope"), default="auto",
+              help="how to group nodes above the budget (default: auto)")
+    @argument("--budget", type=int, default=None, metavar="N",
+              help="nodes drawn one by one before grouping (default about 500)")
+    @argument("--expand", action="append", default=[], metavar="GROUP",
+              help="draw this group node by node (repeatable)")
+    @argument("-o", dest="output", action="store_true", help="return the Graph")
+    @argument("expression", nargs="*", help="tensors (or objects holding them); none: every "
+                                            "live XLA tensor with pending work")
+    @line_magic
+    def xla_graph(self, line=""):
+        """Show the pending (lazy) XLA graph of tensors: where each node came from, as SVG."""
+        args = _parse(self.xla_graph, line)
+        if args is None:
+            return
+        if args.budget is not None and args.budget < 1:
+            raise UsageError("--budget needs a whole number of at least 1, e.g. --budget 200")
+        from tpu_nb.display.graph_view import GraphView
+        from tpu_nb.runtime.graph import NODE_BUDGET, pending_graph
+
+        source = " ".join(args.expression).strip()
+        if source:
+            try:
+                value = self.shell.ev(source)
+            except Exception as exc:
+                raise UsageError(f"could not evaluate {source!r}: {type(exc).__name__}: "
+                                 f"{exc}") from None
+            found = pending_graph(value)
+        else:
+            found = pending_graph()
+        if found is None:
+            print("nothing pending: no XLA tensor here has work waiting (it ran at a sync or "
+                  "a value read)")
+            return
+        if args.output:
+            return found
+        display(GraphView(found, by=args.by, budget=args.budget or NODE_BUDGET,
+                          expand=args.expand))
