@@ -8,7 +8,7 @@ RUN = PYTHONPATH=$(CURDIR) PJRT_DEVICE=CPU $(PY)
 # same torch install.
 COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU TPU_NB_STACK=colab $(PY)
 
-.PHONY: demo test test-current test-colab test-notebooks bench env doctor
+.PHONY: demo test test-current test-colab test-notebooks test-browser bench env doctor
 
 ## The main job: run notebooks/00_getting_started.ipynb headless on XLA:CPU, print its
 ## per-cell XLA report.
@@ -20,13 +20,19 @@ demo:
 test: test-current test-colab test-notebooks
 
 test-current:
-	$(RUN) -m pytest tests -q
+	$(RUN) -m pytest tests -q --ignore=tests/browser
 
 test-colab:
-	$(COLAB) -m pytest tests -q -m stack
+	$(COLAB) -m pytest tests -q -m stack --ignore=tests/browser
 
 test-notebooks:
 	$(RUN) -m pytest -q --nbval notebooks --nbval-sanitize-with tools/nbval-sanitize.cfg -p no:randomly
+
+## The live dashboard in a real browser: JupyterLab headless on localhost, driven through
+## Debian's chromium + chromium-driver (apt-get install chromium chromium-driver; .ci/run
+## installs them). Screenshots: tests/artifacts/.
+test-browser:
+	TPU_NB_REQUIRE_BROWSER=1 $(RUN) -m pytest tests/browser -q -rs
 
 bench:
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(RUN) $$b || exit 1; done

@@ -240,6 +240,7 @@ def test_summary_has_no_timings_and_is_the_same_for_the_same_work():
     step = _mlp_step(width=40)
     step()
     step()                                           # warm: both runs below are cached
+    xm.wait_device_ops()                             # (an execution in flight counts later)
     texts = []
     for _ in range(2):
         monitor = LiveMonitor()

@@ -309,16 +309,16 @@ class Dashboard:
     def _build_widgets(self) -> None:
         import ipywidgets as W
 
-        def panel(width="32%"):
+        def panel(width):
             return W.HTML(layout=W.Layout(width=width, min_width="240px"))
 
         self._header = W.HTML()
         self._alert = W.HTML()
-        self._compile_panel = panel()
-        self._exec_panel = panel()
-        self._transfer_panel = panel()
-        self._fallback_panel = panel("64%")
-        self._memory_panel = panel()
+        self._compile_panel = panel("42%")        # the rows wrap below ~1000 px
+        self._exec_panel = panel("31%")
+        self._transfer_panel = panel("24%")
+        self._fallback_panel = panel("63%")
+        self._memory_panel = panel("34%")
         rows = [self._header, self._alert,
                 W.HBox([self._compile_panel, self._exec_panel, self._transfer_panel],
                        layout=W.Layout(flex_flow="row wrap")),
@@ -526,24 +526,33 @@ def compile_html(state: LiveState | None) -> str:
     for c in reversed(state.compiles[-_SHOWN_EVENTS:]):
         secs = _seconds(c.seconds) if c.seconds is not None else "compiling"
         if c.event is None:
-            rows.append(f"<tr><td>#{c.index}</td><td colspan=3>cause unknown</td>"
-                        f"<td>{secs}</td></tr>")
+            rows.append(_row(f"#{c.index}", "cause unknown", "", "", secs))
             continue
-        rows.append(f"<tr><td>#{c.index}</td><td>{escape(place_text(c.place))}</td>"
-                    f"<td title='{escape(c.event.cause)}'>{escape(_short_cause(c.event))}</td>"
-                    f"<td><code>{escape(c.event.graph_hash[:8])}</code></td><td>{secs}</td></tr>")
+        rows.append(_row(f"#{c.index}", escape(place_text(c.place)),
+                         f"<span title='{escape(c.event.cause)}'>"
+                         f"{escape(_short_cause(c.event))}</span>",
+                         f"<code style='font-size:inherit'>{escape(c.event.graph_hash[:8])}"
+                         "</code>", secs))
     body = head
     if rows:
         earlier = len(state.compiles) - min(len(state.compiles), _SHOWN_EVENTS)
         more = f"<br><span style='color:{_GREY}'>… {earlier} earlier</span>" if earlier else ""
-        body += ("<table style='border-collapse:collapse;font-size:11px'>"
-                 "<tr><th align=left>#</th><th align=left>line</th><th align=left>cause</th>"
-                 "<th align=left>graph</th><th align=left>time</th></tr>"
-                 f"{''.join(rows)}</table>{more}")
+        head_row = _row("#", "line", "cause", "graph", "time", tag="th")
+        body += ("<table style='border-collapse:collapse;font-size:11px;margin:2px 0'>"
+                 f"{head_row}{''.join(rows)}</table>{more}")
     if m.compiles and not state.compile_analysis:
         body += (f"<br><span style='color:{_GREY}'>compile causes unknown: run %tpu_setup "
                  "(tpu_nb.setup()) before the first compile to record them</span>")
     return _panel("Compiles", body, alert=bool(state.alerts))
+
+
+# Inline styles: notebook front ends restyle bare tables (JupyterLab right-aligns cells).
+_CELL = "text-align:left;padding:0 8px 0 0;border:none;background:none;vertical-align:top"
+
+
+def _row(*cells: str, tag: str = "td") -> str:
+    return "<tr style='background:none'>" + "".join(
+        f"<{tag} style='{_CELL}'>{cell}</{tag}>" for cell in cells) + "</tr>"
 
 
 _CAUSES = {"sync": "sync", "value-access": "value read", "dynamo": "dynamo",

@@ -1,0 +1,229 @@
+"""The live dashboard in a real browser: JupyterLab 4 headless on localhost, Debian's chromium.
+
+`make test-browser` (also run by CI). Opens a notebook, runs `%load_ext tpu_nb` and a
+`%%on_tpu --live` cell that trains for about 20 s, and checks from the page that the
+dashboard is rendered and its step counter changes while the cell is still running, then
+that the final view replaces it. Screenshots go to tests/artifacts/ (not committed).
+
+Needs /usr/bin/chromium and /usr/bin/chromedriver (apt-get install chromium chromium-driver);
+Playwright's own browser download does not work here, and Selenium drives Debian's browser
+with its matching driver.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = os.environ.get("TPU_NB_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TPU_NB_CHROMEDRIVER", "/usr/bin/chromedriver")
+TRAIN_SECONDS = 20
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
+
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    _missing = (f"needs {CHROMIUM} and {CHROMEDRIVER}: apt-get install -y chromium "
+                "chromium-driver")
+    if os.environ.get("TPU_NB_REQUIRE_BROWSER"):      # make test-browser: a failure, not a skip
+        raise RuntimeError(_missing)
+    pytest.skip(_missing, allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _notebook(path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "%load_ext tpu_nb\n%tpu_setup --device cpu\n"
+            f"import sys, time\nsys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+            "import torch, torch_xla\nfrom _workload import make_mlp_step\n"
+            "step = make_mlp_step(torch_xla.device())"),
+        nbformat.v4.new_code_cell(
+            "%%on_tpu --live\nstart = time.perf_counter()\n"
+            f"while time.perf_counter() - start < {TRAIN_SECONDS}:\n    step()\n"),
+    ]
+    nbformat.write(nb, path)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on localhost with a fresh config, settings and workspace."""
+    home = tmp_path_factory.mktemp("lab")
+    root = home / "notebooks"
+    root.mkdir()
+    _notebook(root / "live.ipynb")
+    # No news, no update checks: nothing fetched from the network, no toast over the page.
+    settings = home / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}')
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
+    env.update(PJRT_DEVICE="CPU", PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+        JUPYTER_DATA_DIR=str(home / "data"), IPYTHONDIR=str(home / "ipython"))
+    log = open(home / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly",
+         f"--LabApp.user_settings_dir={home / 'settings'}",
+         f"--LabApp.workspaces_dir={home / 'workspaces'}"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),     # CI runs as root
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    raise RuntimeError("JupyterLab did not start:\n"
+                                       + (home / "server.log").read_text()[-4000:])
+                time.sleep(0.5)
+        yield base, token, home
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(lab):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    _, _, home = lab
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update",
+                "--no-first-run", "--window-size=1400,1300",
+                f"--user-data-dir={home / 'chromium'}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _shot(driver, name: str, selector: str | None = None) -> Path:
+    """Save a screenshot, the element `selector` scrolled to the top of the view first."""
+    if selector:
+        driver.execute_script("const el = document.querySelector(arguments[0]);"
+                              "if (el) el.scrollIntoView({block: 'start'});", selector)
+        time.sleep(0.3)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"dashboard-browser-{name}.png"
+    driver.save_screenshot(str(path))
+    return path
+
+
+def _wait(predicate, timeout: float, what: str, driver=None, poll: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    if driver is not None:
+        _shot(driver, "timeout")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _prompts(driver) -> list[str]:
+    return [p.text.strip() for p in driver.find_elements(
+        "css selector", ".jp-CodeCell .jp-InputArea-prompt")]
+
+
+def _live_steps(driver) -> int | None:
+    """The step counter of the live dashboard widget, read from the page."""
+    found = driver.execute_script(
+        "const el = document.querySelector('.jupyter-widgets .tpunb-steps, "
+        ".widget-html .tpunb-steps');"
+        "return el ? el.textContent : null;")
+    return int(found) if found and found.isdigit() else None
+
+
+def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, browser):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    base, token, _ = lab
+    driver = browser
+    driver.get(f"{base}/lab/tree/live.ipynb?token={token}")
+    _wait(lambda: len(driver.find_elements("css selector", ".jp-CodeCell")) >= 2, 90,
+          "the notebook's cells", driver)
+    _wait(lambda: driver.find_elements(
+        "css selector", ".jp-Notebook-ExecutionIndicator[data-status='idle'], "
+        ".jp-mod-idle"), 90, "the kernel to be idle", driver)
+    time.sleep(1)
+    first = driver.find_elements("css selector", ".jp-CodeCell")[0]
+    first.find_element("css selector", ".jp-InputArea-prompt").click()   # command mode
+    ActionChains(driver).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT) \
+        .pause(0.5).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
+
+    first_seen = _wait(lambda: _live_steps(driver), 150, "the live dashboard", driver)
+    live = ".jp-CodeCell:nth-child(2) .jp-OutputArea"
+    running_shot = _shot(driver, "1-live", live)
+    # While the training cell still runs ([*]), the counter read from the page moves on.
+    readings = [first_seen]
+    for _ in range(6):
+        time.sleep(1.5)
+        value = _live_steps(driver)
+        prompts = _prompts(driver)
+        assert prompts[1] == "[*]:", prompts          # still running
+        if value is not None:
+            readings.append(value)
+    assert len(set(readings)) >= 3, readings
+    assert readings == sorted(readings), readings
+    page = driver.find_element("css selector", "body").text
+    assert "Compiles" in page and "Execution" in page and "Memory" in page
+    assert "step time median" in page
+    assert "Error displaying widget" not in page
+    _shot(driver, "2-live-later", live)
+
+    # The cell ends: the live widget gives way to the final static view.
+    _wait(lambda: re.fullmatch(r"\[\d+\]:", _prompts(driver)[1]), TRAIN_SECONDS + 120,
+          "the training cell to finish", driver)
+    final = _wait(lambda: driver.find_elements(
+        "css selector", ".tpunb-dashboard .tpunb-status"), 30, "the final view", driver)
+    assert final[0].text == "finished"
+    steps = int(driver.find_element("css selector", ".tpunb-dashboard .tpunb-steps").text)
+    assert steps >= max(readings)
+    assert _live_steps(driver) is None                 # no widget view left
+    assert driver.find_elements("css selector", ".tpunb-dashboard img")   # the charts
+    final_shot = _shot(driver, "3-final", ".tpunb-dashboard")
+    print(f"screenshots: {running_shot}, {final_shot}; step counter read while running: "
+          f"{readings}; final: {steps}")
