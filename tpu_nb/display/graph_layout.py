@@ -19,7 +19,7 @@ compare this layout with dot's output on equal terms.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
 

@@ -6,7 +6,8 @@ reads that graph from torch_xla and parses it into frozen dataclasses; the displ
 
 torch_xla 2.9 prints one node per line (`_get_xla_tensors_text`, checked on XLA:CPU):
 
-    %12 = f32[] aten::nll_loss(%11, %0), scope=aten::add.1, location=cross_entropy@functional.py:3458, xla_shape=f32[], ROOT=0
+    %12 = f32[] aten::nll_loss(%11, %0), location=cross_entropy@functional.py:3458, \
+          xla_shape=f32[], ROOT=0                             (one line in the dump)
     %17 = (f32[6]{0}, s64[6]{0}) aten::max(%16), num_outputs=2, xla_shape=(f32[6]{0}, s64[6]{0})
     %18 = f32[6]{0} xla::cast(%17.1), xla_shape=f32[6]{0}
 
@@ -14,7 +15,9 @@ Ids are a post-order (operands first). `%17.1` is output 1 of a multi-output nod
 is present only while IR debug is on (XLA_IR_DEBUG=1 at import, or `record_locations()`): it is
 the innermost Python frame, file basename only (torch's EmitShortFrameInfo), so a module call
 points into torch (`forward@linear.py:134`) and a notebook cell into ipykernel's per-cell file.
-Nodes made by autograd's backward pass have no location: that thread runs no Python frames.
+`graph()` recovers each located node's whole stack from the HLO (graph_frames), so
+`Node.user_frame` names the user's line even then. Nodes made by autograd's backward pass have
+no location: that thread runs no Python frames.
 CPU fallbacks run eagerly when traced, so they are not IR nodes: their results enter the graph
 as `xla::device_data`. A Graph records which fallback ops the process had run when captured.
 """
@@ -256,7 +259,9 @@ class Graph:
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...]
     roots: tuple[int, ...] = ()      # node id of each output, in output order
-    hash: str = ""                   # torch_xla's graph hash of these tensors (hex); "" if parsed
+    # torch_xla's hash of the graph of these tensors (_get_graph_hash, hex); "" if parsed.
+    # Same graph, same hash; not the compile log's "Graph Hash" (a sync hashes differently).
+    hash: str = ""
     ir_debug: bool = False           # IR debug was on, or some node has a location
     fallback_ops: tuple[tuple[str, int], ...] = ()  # CPU fallbacks run so far in the process
     text: str = field(default="", repr=False)       # the IR text this was parsed from

@@ -189,6 +189,11 @@ def _longest_increasing(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def diff_graphs(before: Graph, after: Graph) -> GraphDiff:
     """The node-level difference between two graphs; see `Graph.diff`."""
+    with gc_paused():
+        return _diff(before, after)
+
+
+def _diff(before: Graph, after: Graph) -> GraphDiff:
     a_keys = [n.op for n in before.nodes]
     b_keys = [n.op for n in after.nodes]
     aligned = a_keys == b_keys
