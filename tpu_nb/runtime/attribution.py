@@ -73,6 +73,16 @@ def _line_in(event: CompileEvent, filename: str) -> int | None:
     return None
 
 
+def _recompile_hint(event: CompileEvent) -> str:
+    from tpu_nb.runtime.live import describe_difference
+
+    before = tracking.earlier_graph(event)
+    differs = "; ".join(describe_difference(before, event)) if before else ""
+    return ("this line compiled a different graph before"
+            + (f" ({differs})" if differs else "")
+            + ": keep shapes and Python values in the step fixed (pad or bucket the batch)")
+
+
 def attribute(report: RunReport, source: str, filename: str) -> list[LineFinding]:
     """Findings of `report` placed on lines of `source` (compiled under `filename`)."""
     findings: list[LineFinding] = []
@@ -88,9 +98,7 @@ def attribute(report: RunReport, source: str, filename: str) -> list[LineFinding
                                             place="end of cell"))
             continue
         kind = "recompile" if event.graph_hash in recompiled else "compile"
-        hint = ("this line compiled a different graph before: shapes, dtypes or Python values "
-                "in the graph changed; pad or bucket to fixed shapes") if kind == "recompile" \
-            else ""
+        hint = _recompile_hint(event) if kind == "recompile" else ""
         if event.graph_hash in warmup:
             hint = ("expected once: the first step compiled its own graph (it created "
                     "gradients and optimizer state); this is the steady step's graph")

@@ -9,9 +9,9 @@ from tpu_nb.runtime._xla import wait_device_ops, xla
 from tpu_nb.runtime.compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics import MetricsDelta, snapshot
 
-# (file, line) of the user code that triggered a compile -> its distinct graphs, in order,
-# as (hash, inputs, outputs), over the life of the process.
-_graphs_by_line: dict[tuple[str, int], list[tuple[str, int | None, int | None]]] = {}
+# (file, line) of the user code that triggered a compile -> the compile event of each distinct
+# graph it compiled, in order, over the life of the process.
+_graphs_by_line: dict[tuple[str, int], list[CompileEvent]] = {}
 _last: "RunReport | None" = None
 
 
@@ -64,6 +64,16 @@ class RunReport:
         return "\n".join(lines)
 
 
+def earlier_graph(event: CompileEvent) -> CompileEvent | None:
+    """The compile event of the graph the same line compiled before `event`'s, if any."""
+    frame = event.user_frame
+    graphs = _graphs_by_line.get((frame.file, frame.line), []) if frame else []
+    hashes = [g.graph_hash for g in graphs]
+    if event.graph_hash in hashes and hashes.index(event.graph_hash) > 0:
+        return graphs[hashes.index(event.graph_hash) - 1]
+    return None
+
+
 def _note_recompilations(events: list[CompileEvent]):
     """Record the graphs of `events` by line; return (recompilations, warm-up lines)."""
     out, warmups = {}, set()
@@ -73,11 +83,13 @@ def _note_recompilations(events: list[CompileEvent]):
             continue
         key = (frame.file, frame.line)
         graphs = _graphs_by_line.setdefault(key, [])
-        if all(event.graph_hash != g[0] for g in graphs):
-            graphs.append((event.graph_hash, event.inputs, event.outputs))
+        if all(event.graph_hash != g.graph_hash for g in graphs):
+            graphs.append(event)
         if len(graphs) > 1:
-            out[key] = tuple(g[0] for g in graphs)
-            if len(graphs) == 2 and graphs[0][1:] != graphs[1][1:]:
+            out[key] = tuple(g.graph_hash for g in graphs)
+            first, second = graphs[0], graphs[1]
+            if len(graphs) == 2 and (first.inputs, first.outputs) != (second.inputs,
+                                                                        second.outputs):
                 warmups.add(key)
     return out, frozenset(warmups)
 
