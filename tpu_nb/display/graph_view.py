@@ -42,7 +42,8 @@ KIND_NAMES = {
     "random": "random", "fallback": "CPU fallback",
 }
 CHANGED = "#ea580c"
-MAX_TEXT = 200_000          # characters of IR / HLO text embedded in the HTML
+MAX_TEXT = 200_000          # characters of IR / HLO text embedded in the HTML (at most)
+MAX_HTML = 1_900_000        # the IR / HLO panels shrink to keep a view's HTML under this
 _FONT = 11
 _SMALL = 9
 _CHAR = 0.62                # monospace glyph width per font-size unit
@@ -147,13 +148,28 @@ def layout(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
 
 # -- SVG -----------------------------------------------------------------------------------
 
+def _straighten(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Drop points in the middle of vertical runs (a long edge's virtual nodes mostly line
+    up): the same drawing in a fraction of the bytes."""
+    out = [points[0]]
+    for k in range(1, len(points) - 1):
+        if not (abs(points[k][0] - out[-1][0]) < 0.5 and abs(points[k + 1][0] - out[-1][0]) < 0.5):
+            out.append(points[k])
+    out.append(points[-1])
+    return out
+
+
 def _path(points: list[tuple[float, float]]) -> str:
-    """Vertical S-curves through the route's points."""
+    """Straight down where x stays, vertical S-curves where it moves; whole pixels."""
+    points = _straighten(points)
     (x, y), rest = points[0], points[1:]
-    parts = [f"M{x:.1f},{y:.1f}"]
+    parts = [f"M{x:.0f},{y:.0f}"]
     for nx, ny in rest:
-        mid = (y + ny) / 2
-        parts.append(f"C{x:.1f},{mid:.1f} {nx:.1f},{mid:.1f} {nx:.1f},{ny:.1f}")
+        if abs(nx - x) < 0.5:
+            parts.append(f"V{ny:.0f}")
+        else:
+            mid = (y + ny) / 2
+            parts.append(f"C{x:.0f},{mid:.0f} {nx:.0f},{mid:.0f} {nx:.0f},{ny:.0f}")
         x, y = nx, ny
     return "".join(parts)
 
@@ -335,10 +351,11 @@ def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
                  f'margin:4px 0;background:#ffffff">{_svg(scene)}</div>')
     parts.append(f'<div style="font-size:11px;margin-bottom:4px">{_legend(scene)}</div>')
     parts.append(_groups_panel(scene))
-    parts.append(_text_panel(f"IR text ({len(graph.nodes):,} nodes)", graph.ir_text(),
-                             max_text))
-    if graph.hlo_text is not None:
-        parts.append(_text_panel("HLO", graph.hlo_text, max_text))
+    texts = [(f"IR text ({len(graph.nodes):,} nodes)", graph.ir_text())]
+    texts += [("HLO", graph.hlo_text)] if graph.hlo_text is not None else []
+    room = (MAX_HTML - sum(len(p) for p in parts)) // len(texts)
+    limit = max(2_000, min(max_text, room * 4 // 5))     # escaping can grow text by ~1/4
+    parts += [_text_panel(summary, text, limit) for summary, text in texts]
     parts.append("</div>")
     return "".join(parts)
 
