@@ -379,7 +379,15 @@ def render_diff_html(diff: GraphDiff, *, budget: int = NODE_BUDGET) -> str:
 
 class GraphView:
     """A graph as a notebook shows it: HTML (SVG picture, panels) via `_repr_html_`, and a
-    stable one-line plain-text repr (no hash, no timings) for text outputs and nbval."""
+    stable one-line plain-text repr (no hash, no timings) for text outputs and nbval.
+
+    by: what groups nodes above the budget: "auto" (scope if the code opened any, else
+        source line, else id ranges), "line", "function", "file", "scope", "range".
+    budget: up to this many nodes every node is drawn; above it, about budget // 3 groups.
+    expand: group keys (or a source key, for all its pieces) to draw node by node; a group
+        bigger than the budget opens into sub-groups.
+    diff: outline the nodes that changed (`later.diff(earlier)`, drawn on the later graph).
+    """
 
     def __init__(self, graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
                  expand: Iterable[str] = (), diff: GraphDiff | None = None,
@@ -389,6 +397,7 @@ class GraphView:
         self.diff, self.title = diff, title
 
     def grouped(self) -> GroupedGraph:
+        """The boxes this view draws (their keys are what `expand` takes)."""
         return group_graph(self.graph, by=self.by, budget=self.budget, expand=self.expanded)
 
     def expand(self, *keys: str) -> "GraphView":
