@@ -277,3 +277,23 @@ def test_nodes_made_inside_a_module_know_the_user_line_that_called_it():
     grouped = g.groups(budget=1)
     assert any(k.startswith(f"test_graph.py:{here + 3} › ") for gr in grouped.groups
                for k, _ in gr.sources)
+
+
+def test_profiler_scopes_group_the_graph_when_code_opens_them():
+    import torch_xla.debug.profiler as xp
+
+    dev = tpu_nb.device()
+    x = torch.randn(4, 4, device=dev)
+    torch_xla.sync()
+    with record_locations():
+        with xp.Trace("encoder"):
+            h = (x @ x).relu() * 2 + 1
+        with xp.Trace("decoder"):
+            y = (h @ h).tanh() - 1
+    g = graph(y)
+    assert {n.scope.split("/")[0].split(".")[0] for n in g.nodes} == {"encoder", "decoder"}
+    grouped = g.groups(budget=6)
+    assert grouped.by == "scope"
+    labels = [gr.sources[0][0] for gr in grouped.groups]
+    assert any(k.startswith("scope encoder") for k in labels)
+    assert any(k.startswith("scope decoder") for k in labels)
