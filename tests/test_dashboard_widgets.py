@@ -101,6 +101,25 @@ def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):
     assert not _dashboard_threads()
 
 
+def test_on_tpu_live_recompiling_loop_raises_the_alert_with_what_changed(shell, capsys):
+    capsys.readouterr()
+    r = shell.run_cell("%%on_tpu --live\n"
+                       "import time\n"
+                       "w = torch.randn(8, 8)\n"
+                       "torch_xla.sync()\n"
+                       "for i in range(60):\n"
+                       "    out = (torch.ones(2 + i % 6, 8) @ w).relu().sum()\n"
+                       "    torch_xla.sync()\n"
+                       "    time.sleep(0.04)\n")
+    assert r.error_in_exec is None
+    out = capsys.readouterr().out
+    assert "RECOMPILATION ALERT: cell line 7 compiled 6 distinct graphs (more than 3)" in out
+    # The graphs of line 7 were captured and diffed: the changed op and shapes are named.
+    diff = out.split("what differs:")[1]
+    assert re.search(r"aten::\w+: f32\[\d+,8\] -> f32\[\d+,8\]", diff), diff
+    assert not _dashboard_threads() and torch_xla.sync.__module__ == "torch_xla.torch_xla"
+
+
 def test_on_tpu_live_failing_cell_shows_failed(shell, capsys):
     capsys.readouterr()
     r = shell.run_cell("%%on_tpu --live\n(torch.ones(2) * 2).sum()\nraise ValueError('bad')\n")

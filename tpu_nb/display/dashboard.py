@@ -203,6 +203,8 @@ class Dashboard:
             self._unhook()
             try:
                 self._finish(error)
+            except Exception as exc:     # drawing the final state must not fail the cell
+                self.error = self.error or exc
             finally:
                 self._monitor.close()
                 self._close_widgets()

@@ -17,10 +17,12 @@ figures are a sample of each refresh window, never a stale or made-up value.
 
 Recompilation alert: when one line of user code has compiled more than `alert_graphs`
 distinct graphs, the alert says what differs between its last two graphs. When that line is
-a `torch_xla.sync()`, a `SyncProbe` captures the pending graph at the next syncs of that line
-(the tensors, modules and optimizers visible from the calling frame) and `Graph.diff` names
-the op, shape or dtype that changed. Otherwise (an `.item()`, or nothing capturable) the
-difference is derived from the two compile-log blocks: input/output counts, sizes and causes.
+a `torch_xla.sync()`, a `SyncProbe` (armed when the line reaches `alert_graphs` graphs)
+captures the pending graph at the line's next syncs (`pending_graph` of what the calling
+frame's variables reach) and `Graph.diff` names the op, shape or dtype that changed. The
+compile log itself has no ops or shapes: otherwise (an `.item()` line, nothing capturable, or
+a burst of compiles over before the poller saw it) the difference is derived from the two
+compile-log blocks: input/output counts, sizes and causes, and the alert says so.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from itertools import chain
 
 from tpu_nb.runtime._xla import xla, xlac
 from tpu_nb.runtime.compile_log import CompileEvent, CompileLog, Frame, _is_library, compile_log
@@ -297,19 +298,13 @@ def _diff_lines(before, after) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _capturable(value, torch) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.device.type == "xla"
-    return isinstance(value, (torch.nn.Module, torch.optim.Optimizer))
-
-
 class SyncProbe:
     """Captures the pending graph just before `torch_xla.sync()` runs at chosen lines.
 
     Installed (by replacing `torch_xla.sync`, which `xm.mark_step` also calls) only while a
-    line is armed, and removed by `close()`. A capture reads the graph of the XLA tensors,
-    modules and optimizers the calling frame sees (~ms): a line is disarmed once two
-    different graphs were captured there, or after `max_captures` tries or `budget` seconds.
+    line is armed, and removed by `close()`. A capture is the graph module's `pending_graph`
+    of what the calling frame's variables reach (~ms): a line is disarmed once two different
+    graphs were captured there, or after `max_captures` tries or `budget` seconds.
     """
 
     def __init__(self, *, max_captures: int = 32, budget: float = 0.5):
@@ -374,19 +369,15 @@ class SyncProbe:
                 return
             start = time.perf_counter()
             self._tries[site] += 1
-            import torch
+            from tpu_nb.runtime.graph import pending_graph
 
-            from tpu_nb.runtime.graph import graph
-
-            seen, objects = set(), []
-            for value in chain(frame.f_locals.values(), frame.f_globals.values()):
-                if id(value) not in seen and _capturable(value, torch):
-                    seen.add(id(value))
-                    objects.append(value)
-            if objects:
-                captured = graph(*objects, hlo=False)
+            # What the sync is about to run, as far as the calling frame's variables reach
+            # (bounded walk: modules, optimizers, containers).
+            captured = pending_graph(frame.f_locals, frame.f_globals, hlo=False,
+                                     max_items=20_000)
+            if captured is not None:
                 kept = self._graphs[site]
-                if captured.pending and (not kept or kept[-1].hash != captured.hash):
+                if not kept or kept[-1].hash != captured.hash:
                     kept.append(captured)
                     del kept[:-2]
             self._spent += time.perf_counter() - start
@@ -574,7 +565,9 @@ class LiveMonitor:
         graphs = self._lines.setdefault(site, [])
         if all(event.graph_hash != e.graph_hash for e in graphs):
             graphs.append(event)
-            if len(graphs) > self.alert_graphs and self._probe is not None \
+            # Armed one graph before the alert, so that the graph which raises it is usually
+            # captured with the one before (a training loop's warm-up pair stays unprobed).
+            if len(graphs) >= self.alert_graphs and self._probe is not None \
                     and event.kind == "sync":
                 self._probe.arm(site)
 
