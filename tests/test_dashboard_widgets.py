@@ -80,7 +80,9 @@ def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
 def shell():
     from IPython.testing.globalipapp import start_ipython
 
-    ip = start_ipython()
+    from IPython import get_ipython
+
+    ip = start_ipython() or get_ipython()      # start_ipython() answers None a second time
     ip.run_line_magic("load_ext", "tpu_nb")
     ip.run_cell("import torch, torch_xla, tpu_nb")
     yield ip
@@ -105,10 +107,10 @@ def test_on_tpu_live_recompiling_loop_raises_the_alert_with_what_changed(shell, 
     capsys.readouterr()
     r = shell.run_cell("%%on_tpu --live\n"
                        "import time\n"
-                       "w = torch.randn(8, 8)\n"
+                       "w = torch.randn(11, 11)\n"      # shapes no other test compiled
                        "torch_xla.sync()\n"
                        "for i in range(60):\n"
-                       "    out = (torch.ones(2 + i % 6, 8) @ w).relu().sum()\n"
+                       "    out = (torch.ones(2 + i % 6, 11) @ w).tanh().sum()\n"
                        "    torch_xla.sync()\n"
                        "    time.sleep(0.04)\n")
     assert r.error_in_exec is None
@@ -116,7 +118,7 @@ def test_on_tpu_live_recompiling_loop_raises_the_alert_with_what_changed(shell, 
     assert "RECOMPILATION ALERT: cell line 7 compiled 6 distinct graphs (more than 3)" in out
     # The graphs of line 7 were captured and diffed: the changed op and shapes are named.
     diff = out.split("what differs:")[1]
-    assert re.search(r"aten::\w+: f32\[\d+,8\] -> f32\[\d+,8\]", diff), diff
+    assert re.search(r"aten::\w+: f32\[\d+,11\] -> f32\[\d+,11\]", diff), diff
     assert not _dashboard_threads() and torch_xla.sync.__module__ == "torch_xla.torch_xla"
 
 

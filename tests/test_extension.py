@@ -18,9 +18,10 @@ pytestmark = pytest.mark.stack
 
 @pytest.fixture(scope="module")
 def shell():
+    from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython
 
-    ip = start_ipython()
+    ip = start_ipython() or get_ipython()      # start_ipython() answers None a second time
     ip.run_line_magic("load_ext", "tpu_nb")
     ip.run_cell("import torch, torch_xla")
     yield ip
