@@ -50,9 +50,10 @@ cells = [
         and the hidden `alpha=1` of `add`) became `prim::Constant`: torch_xla bakes 0 and 1 into
         the graph because they enable simplifications.
 
-        > **Coming to tpu_nb:** `%xla_graph y` and `tpu_nb.graph(y)` will draw this graph, with
-        > each node linked to its source line, and show what changed between two graphs. This
-        > notebook uses torch_xla's raw text dump until then.
+        > **Graph view:** tpu_nb's graph viewer (`%xla_graph y`, `tpu_nb.graph(y)`, or
+        > `%%on_tpu --graph` for a cell's pending graph) slots in here: it draws this graph with
+        > each node linked to its source line, and shows what changed between two graphs. This
+        > notebook shows torch_xla's own text dump, the raw material the viewer draws from.
 
         `torch_xla.sync()` compiles and runs everything pending. Afterwards `y` is no longer a
         recipe: it is a single `device_data` node, a result that lives on the device.
