@@ -115,3 +115,23 @@ def test_plot_returns_a_matplotlib_figure_that_saves():
     assert buf.getvalue()[:4] == b"\x89PNG"
     texts = {t.get_text() for t in fig.axes[0].texts}
     assert "softmax" in texts and "f32[2,3]" in texts
+
+
+def test_source_names_rename_cell_files_in_labels_and_tooltips():
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3).to(dev)
+    x = torch.randn(2, 4).to(dev)
+    torch_xla.sync()
+    with record_locations():
+        out = layer(x).relu()
+    g = graph(out)
+    names = {__file__: "In [7]"}
+    svg = GraphView(g, source_names=names.get).to_svg()
+    tips = _titles(svg)
+    addmm = next(t for t in tips if "aten::addmm" in t)
+    assert "called from In [7]:" in addmm and __file__ not in addmm
+    relu = next(t for t in tips if "aten::relu" in t)
+    assert "@In [7]:" in relu and "test_graph_view.py" not in relu
+    grouped = GraphView(g, budget=2, source_names=names.get).to_svg()
+    assert "In [7]:" in grouped and "test_graph_view.py:" in grouped   # keys stay raw

@@ -15,10 +15,11 @@ scopes) is escaped before it reaches SVG or HTML.
 from __future__ import annotations
 
 import html
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from tpu_nb.display.graph_layout import Layout, layered_layout
 from tpu_nb.runtime.graph import KINDS, NODE_BUDGET, Graph, gc_paused
@@ -42,6 +43,8 @@ KIND_NAMES = {
     "random": "random", "fallback": "CPU fallback",
 }
 CHANGED = "#ea580c"
+# Names source files for people: path -> e.g. "In [3]" for a notebook cell's file, or None.
+SourceNames = Callable[[str], "str | None"]
 MAX_TEXT = 200_000          # characters of IR / HLO text embedded in the HTML (at most)
 MAX_HTML = 1_900_000        # the IR / HLO panels shrink to keep a view's HTML under this
 _FONT = 11
@@ -77,7 +80,7 @@ class _Box:
         return max(len(self.line1) * _FONT * _CHAR, len(self.line2) * _SMALL * _CHAR, 30) + 16
 
 
-def _node_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
+def _node_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _Box:
     n = graph.node(group.members[0])
     where = n.where
     out = f" → out {n.root}" if n.root is not None else ""
@@ -91,12 +94,12 @@ def _node_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
     tip += [f"output {n.root} of the graph"] if n.root is not None else []
     tip += [f"attrs {', '.join(f'{k}={v}' for k, v in n.attrs)}"] if n.attrs else []
     short = f"{n.location.file}:{n.location.line}" if n.location else ""
-    line2 = _fit(f"%{n.id}" + (f" · {short}" if short else "") + out, 34)
-    return _Box(title="\n".join(tip), line1=_fit(n.name, 28), line2=line2, kind=n.kind,
-                output=n.root is not None, changed=n.id in changed, group=False)
+    line2 = _fit(rename(f"%{n.id}" + (f" · {short}" if short else "") + out), 34)
+    return _Box(title=rename("\n".join(tip)), line1=_fit(n.name, 28), line2=line2,
+                kind=n.kind, output=n.root is not None, changed=n.id in changed, group=False)
 
 
-def _group_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
+def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _Box:
     ops = ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:3])
     more = "…" if len(group.ops) > 3 else ""
     n_changed = sum(1 for m in group.members if m in changed)
@@ -109,9 +112,9 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int]) -> _Box:
         tip.append("called from " + "; ".join(f"{k} ×{c}" for k, c in callers.most_common(3)))
     tip += [f"{outs} graph outputs"] if outs else []
     tip += [f"{n_changed} changed nodes"] if n_changed else []
-    tip += [f"expand: GraphView(graph, expand=[{group.key!r}])"]
+    title = rename("\n".join(tip)) + f"\nexpand: GraphView(graph, expand=[{group.key!r}])"
     line2 = _fit(f"×{group.size} · {ops}{more}", 40)
-    return _Box(title="\n".join(tip), line1=_fit(group.label, 44), line2=line2,
+    return _Box(title=title, line1=_fit(rename(group.label), 44), line2=line2,
                 kind=group.kind, output=outs > 0, changed=n_changed > 0, group=True)
 
 
@@ -125,11 +128,30 @@ class _Scene:
     edge_pairs: list[tuple[int, int]]
 
 
+def _renamer(graph: Graph, source_names: SourceNames | None) -> Callable[[str], str]:
+    """Replace source file names (full paths and the basenames IR locations use) with what
+    `source_names` calls them, e.g. ipykernel's cell files with "In [3]"."""
+    if source_names is None:
+        return lambda text: text
+    paths = {f.file for n in graph.nodes for f in n.frames}
+    table: dict[str, str] = {}
+    for path in sorted(paths, key=len, reverse=True):
+        name = source_names(path)
+        if name:
+            table[path] = name
+            table.setdefault(os.path.basename(path), name)
+    if not table:
+        return lambda text: text
+    pattern = re.compile("|".join(re.escape(k) for k in sorted(table, key=len, reverse=True)))
+    return lambda text: pattern.sub(lambda m: table[m.group(0)], text)
+
+
 def _scene(graph: Graph, by: str, budget: int, expand: Iterable[str],
-           changed: frozenset[int]) -> _Scene:
+           changed: frozenset[int], source_names: SourceNames | None = None) -> _Scene:
+    rename = _renamer(graph, source_names)
     with gc_paused():
         grouped = group_graph(graph, by=by, budget=budget, expand=expand)
-        boxes = [(_group_box if g.size > 1 else _node_box)(graph, g, changed)
+        boxes = [(_group_box if g.size > 1 else _node_box)(graph, g, changed, rename)
                  for g in grouped.groups]
         pairs = [(e.src, e.dst) for e in grouped.edges]
         layout = layered_layout([(b.width, _BOX_H) for b in boxes], pairs, node_gap=14,
@@ -244,9 +266,10 @@ def _svg(scene: _Scene) -> str:
 
 
 def render_svg(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
-               expand: Iterable[str] = (), diff: GraphDiff | None = None) -> str:
+               expand: Iterable[str] = (), diff: GraphDiff | None = None,
+               source_names: SourceNames | None = None) -> str:
     """The graph (or, above `budget` nodes, its groups) as a standalone SVG document."""
-    return _svg(_scene(graph, by, budget, expand, _changed(diff)))
+    return _svg(_scene(graph, by, budget, expand, _changed(diff), source_names))
 
 
 def _changed(diff: GraphDiff | None) -> frozenset[int]:
@@ -336,10 +359,11 @@ def _groups_panel(scene: _Scene) -> str:
 
 def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
                 expand: Iterable[str] = (), diff: GraphDiff | None = None,
-                title: str | None = None, max_text: int = MAX_TEXT) -> str:
+                title: str | None = None, max_text: int = MAX_TEXT,
+                source_names: SourceNames | None = None) -> str:
     """The graph as one self-contained HTML fragment: SVG picture, legend, notes, and the
     group list, IR text and HLO in collapsible panels. No JavaScript."""
-    scene = _scene(graph, by, budget, expand, _changed(diff))
+    scene = _scene(graph, by, budget, expand, _changed(diff), source_names)
     parts = ['<div class="tpu-nb-graph" style="font-family:system-ui,sans-serif;'
              'font-size:13px;color:#0f172a">',
              f"<div>{_header(graph, scene, title)}</div>"]
@@ -387,14 +411,16 @@ class GraphView:
     expand: group keys (or a source key, for all its pieces) to draw node by node; a group
         bigger than the budget opens into sub-groups.
     diff: outline the nodes that changed (`later.diff(earlier)`, drawn on the later graph).
+    source_names: path -> a name for people or None, e.g. a notebook cell's file -> "In [3]"
+        (labels and tooltips; group keys stay raw, as `expand` takes them).
     """
 
     def __init__(self, graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
                  expand: Iterable[str] = (), diff: GraphDiff | None = None,
-                 title: str | None = None) -> None:
+                 title: str | None = None, source_names: SourceNames | None = None) -> None:
         self.graph = graph
         self.by, self.budget, self.expanded = by, budget, tuple(expand)
-        self.diff, self.title = diff, title
+        self.diff, self.title, self.source_names = diff, title, source_names
 
     def grouped(self) -> GroupedGraph:
         """The boxes this view draws (their keys are what `expand` takes)."""
@@ -403,15 +429,16 @@ class GraphView:
     def expand(self, *keys: str) -> "GraphView":
         """The same view with the named groups drawn node by node."""
         return GraphView(self.graph, by=self.by, budget=self.budget,
-                         expand=self.expanded + keys, diff=self.diff, title=self.title)
+                         expand=self.expanded + keys, diff=self.diff, title=self.title,
+                         source_names=self.source_names)
 
     def _repr_html_(self) -> str:
         return render_html(self.graph, by=self.by, budget=self.budget, expand=self.expanded,
-                           diff=self.diff, title=self.title)
+                           diff=self.diff, title=self.title, source_names=self.source_names)
 
     def to_svg(self) -> str:
         return render_svg(self.graph, by=self.by, budget=self.budget, expand=self.expanded,
-                          diff=self.diff)
+                          diff=self.diff, source_names=self.source_names)
 
     def save(self, path: str) -> None:
         """Write a standalone HTML page (opens in any browser, no network needed)."""
@@ -429,14 +456,14 @@ class GraphView:
 
 def plot(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
          expand: Iterable[str] = (), diff: GraphDiff | None = None, scale: float = 0.01,
-         max_inches: float = 60.0):
+         max_inches: float = 60.0, source_names: SourceNames | None = None):
     """The same picture as a matplotlib Figure (boxes, edges, shapes; no tooltips), for
     papers and slides: `plot(g).savefig("graph.pdf")`. `scale` is inches per pixel."""
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch, PathPatch
     from matplotlib.path import Path
 
-    scene = _scene(graph, by, budget, expand, _changed(diff))
+    scene = _scene(graph, by, budget, expand, _changed(diff), source_names)
     lay = scene.layout
     width = min(max(lay.width * scale, 3.0), max_inches)
     height = min(max(lay.height * scale, 2.0), max_inches)
