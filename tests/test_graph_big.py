@@ -73,8 +73,14 @@ def test_graphs_without_locations_group_by_id_ranges():
     g = Graph.from_ir_text(text)
     assert not any(n.location for n in g.nodes)
     grouped = g.groups()
-    assert grouped.by == "range" and len(grouped.groups) <= NODE_BUDGET // 3
+    assert grouped.by == "range"
+    assert NODE_BUDGET // 6 <= len(grouped.groups) <= NODE_BUDGET // 3
+    assert all(box.label == f"%{box.members[0]}-%{box.members[-1]}" or box.size == 1
+               for box in grouped.groups)
     assert "No source lines recorded" in render_html(g)
+    small = g.groups(target=4)
+    opened = small.expand(small.groups[0].key)       # too big for one level: sub-ranges
+    assert 1 < len(opened.groups) - len(small.groups) + 1 <= 4
 
 
 @pytest.mark.timeout(300)

@@ -104,8 +104,9 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _
     more = "…" if len(group.ops) > 3 else ""
     n_changed = sum(1 for m in group.members if m in changed)
     outs = sum(1 for m in group.members if graph.node(m).root is not None)
-    tip = [f"group {group.key}", f"{group.size} nodes: {ops}{more}",
-           "lines: " + "; ".join(f"{k} ({c})" for k, c in group.sources[:6])]
+    tip = [f"group {group.key}", f"{group.size} nodes: {ops}{more}"]
+    tip += ["lines: " + "; ".join(f"{k} ({c})" for k, c in group.sources[:6])] \
+        if group.sources else []
     callers = Counter(f"{u.file}:{u.line} ({u.function})" for u in
                       (graph.node(m).user_frame for m in group.members) if u is not None)
     if callers:

@@ -12,7 +12,7 @@ keeps the graph's depth and never has cycles. Grouping:
      third separate place that line ran);
   3. while there are more runs than the target, the cheapest neighbouring pair merges: the
      smallest combined size, much cheaper when both come from the same function.
-Without locations or scopes every key is the same, and runs become even stretches of ids.
+Without locations or scopes, groups are even stretches of ids.
 Expanding a group shows its nodes, or, when it is itself too big, its own sub-groups.
 """
 
@@ -120,8 +120,11 @@ def _group_graph(graph: Graph, by: str, budget: int, target: int,
     if len(graph.nodes) <= budget:
         keys = [f"%{n.id}" for n in graph.nodes]
         piece, level = list(range(len(graph.nodes))), "node"
+    elif level == "range":
+        keys = [""] * len(graph.nodes)
+        piece = _even_runs(0, len(keys), target)
     else:
-        keys = [""] * len(graph.nodes) if level == "range" else _base_keys(graph, level)
+        keys = _base_keys(graph, level)
         piece = _merge_runs(keys, 0, len(keys), target)
     grouped = _build(graph, piece, keys, level, budget, target)
     for step, name in enumerate(expand):
@@ -249,6 +252,12 @@ def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
     return out
 
 
+def _even_runs(lo: int, hi: int, target: int) -> list[int]:
+    """[lo, hi) cut into about `target` runs of equal length (a run id: its start)."""
+    size = max(1, -(-(hi - lo) // target))
+    return [lo + (p - lo) // size * size for p in range(lo, hi)]
+
+
 def _cost(top: dict, end: dict, a: int, b: int) -> float:
     size = (end[a] - a) + (end[b] - b)
     same = _family(top[a][1]) == _family(top[b][1])
@@ -276,6 +285,8 @@ def _label(graph: Graph, positions: list[int], keys: list[str]) -> str:
         return graph.nodes[positions[0]].name
     counts = Counter(keys[i] for i in positions)
     top = counts.most_common(1)[0][0]
+    if not top:                                 # no sources: name the id range
+        return f"%{graph.nodes[positions[0]].id}-%{graph.nodes[positions[-1]].id}"
     return top if len(counts) == 1 else f"{top} (+{len(counts) - 1} more)"
 
 
@@ -306,7 +317,7 @@ def _make_group(graph: Graph, name: str, label: str, positions: list[int],
     kind = "fallback" if "fallback" in kinds else kinds.most_common(1)[0][0]
     return Group(key=name, label=label, members=tuple(n.id for n in nodes), kind=kind,
                  ops=tuple(Counter(n.op for n in nodes).most_common()),
-                 sources=tuple(Counter(keys[i] for i in positions).most_common()),
+                 sources=tuple(Counter(keys[i] for i in positions if keys[i]).most_common()),
                  location=next((n.location for n in nodes if n.location), None))
 
 
@@ -330,7 +341,7 @@ def _expand_one(grouped: GroupedGraph, name: str, keys: list[str], piece: list[i
     """New run ids: the named group(s) split into single nodes, or into sub-groups when a
     group is bigger than the budget. Every other group stays as it was."""
     hits = [g for g in grouped.groups
-            if g.size > 1 and (name in (g.key, g.label) or g.sources[0][0] == name)]
+            if g.size > 1 and (name in (g.key, g.label) or (g.sources and g.sources[0][0] == name))]
     if not hits:
         sample = next((g.key for g in grouped.groups if g.size > 1), grouped.groups[0].key)
         raise TpuNbError(f"no group named {name!r} to expand. Fix: use a key from "
@@ -345,6 +356,8 @@ def _expand_one(grouped: GroupedGraph, name: str, keys: list[str], piece: list[i
             sub = list(range(lo, hi))
         else:
             sub = _merge_runs(keys, lo, hi, grouped.target)
+            if len(set(sub)) == 1:               # one key throughout: cut it evenly
+                sub = _even_runs(lo, hi, grouped.target)
         for p, r in zip(range(lo, hi), sub):
             piece[p] = fresh + r
     return piece
