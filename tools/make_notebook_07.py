@@ -143,8 +143,8 @@ cells = [
         3. **`features.split(48)`**: 200 examples make four batches of 48 and one of 8. The
            last batch has another shape, so its step is another graph: the sync line (line 12)
            compiled three graphs, the first step's warm-up, the steady step, and the step for
-           the batch of 8. The reads on lines 9 and 10 recompile for the same reason. Drop the
-           ragged batch, or pad it (see [03](03_lazy_tensors.ipynb)).
+           the batch of 8. The reads on lines 9 and 10 compiled three graphs each, for the same
+           reasons. Drop the ragged batch, or pad it (see [03](03_lazy_tensors.ipynb)).
 
         ## The same loop, fixed
     """),
