@@ -278,3 +278,41 @@ def test_xla_graph_magic(shell, capsys):
         shell.run_line_magic("xla_graph", "no_such_name")
     with pytest.raises(UsageError, match="--budget"):
         shell.run_line_magic("xla_graph", "--budget 0 gz")
+
+
+def test_bucketing_within_max_graphs_is_not_flagged(shell, capsys):
+    cell = ("wb = torch.randn(8, 8)\n"
+            "torch_xla.sync()\n"
+            "for rows in (13, 17, 13, 17):\n"
+            "    kept = (torch.ones(rows, 8) @ wb).sum()\n"
+            "    torch_xla.sync()\n")
+    capsys.readouterr()
+    run(shell, "%%on_tpu --max-graphs 2\n" + cell)
+    allowed = capsys.readouterr().out
+    assert " | 2 compiled | " in allowed.splitlines()[0] or " | 3 compiled | " in \
+        allowed.splitlines()[0]                              # (set-up,) 13 rows, 17 rows
+    assert "RECOMPILED" not in allowed and "within the 2 allowed" in allowed
+    run(shell, "%%on_tpu\n" + cell.replace("(13, 17, 13, 17)", "(19, 23)"))
+    assert "RECOMPILED" in capsys.readouterr().out
+
+
+def test_xla_line_counts_executions_still_running_at_cell_end(shell, capsys):
+    run(shell, "big = torch.randn(700, 700, device=torch_xla.device())\ntorch_xla.sync(wait=True)")
+    run(shell, "chain = big @ big @ big @ big @ big @ big")
+    capsys.readouterr()
+    run(shell, "torch_xla.sync()")                 # launches the work and returns at once
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("XLA: ")]
+    assert len(line) == 1 and "1 executed" in line[0], line
+
+
+def test_cells_table_layout_does_not_depend_on_timings():
+    import re
+    from tpu_nb.display.reports import CellsView
+    from tpu_nb.runtime.metrics import MetricsDelta
+
+    def table(seconds):
+        return repr(CellsView([(3, "%%on_tpu", MetricsDelta(compiles=1, compile_seconds=seconds,
+                                                            executions=2,
+                                                            execute_seconds=seconds / 7))]))
+    mask = lambda text: re.sub(r"\d+(\.\d+)? ?(s|ms|us)\b", "T", text)
+    assert mask(table(0.0099)) == mask(table(0.0108)) == mask(table(12.5))

@@ -164,3 +164,26 @@ def test_sync_skipped_when_the_block_already_synced_and_done_when_work_is_pendin
     assert torch.allclose(w.cpu(), z.cpu() * 2)
     assert unsynced.metrics.counters.get("UncachedCompile", 0) + \
         unsynced.metrics.counters.get("CachedCompile", 0) == 1
+
+
+def test_a_third_graph_after_a_warm_up_is_a_recompilation():
+    dev = tpu_nb.device()
+    model, opt = _mlp(dev, width=19, optimizer=torch.optim.Adam)
+
+    def train_step(batch):
+        opt.zero_grad()
+        model(torch.ones(batch, 19, device=dev)).sum().backward()
+        opt.step()
+        torch_xla.sync()  # LOOP-SYNC
+
+    with tpu_nb.track() as warm:
+        train_step(4)
+        train_step(4)                 # the warm-up pair: state created, then the steady step
+    assert warm.warmups and not warm.recompiled
+    with tpu_nb.track() as changed:
+        train_step(6)                 # a new batch size: a third graph from the same line
+    assert changed.recompiled
+    (line, hashes), = changed.recompiled_lines().items()
+    assert line[1] == _line_of("LOOP-SYNC", test_a_third_graph_after_a_warm_up_is_a_recompilation)
+    assert len(hashes) == 3
+    assert not changed.recompiled_lines(allowed=2)    # accepted when two are allowed

@@ -214,7 +214,8 @@ cells = [
     """, "raises-exception"),
     md("""
         The bucketed loop stays within its two graphs, so the same guard passes (and both are
-        already in the cache: `0 compiled`):
+        already in the cache: `0 compiled`). Inside a `--max-graphs N` cell the report also
+        accepts up to `N` graphs per line instead of marking them RECOMPILED:
     """),
     code("""
         %%on_tpu --max-graphs 2

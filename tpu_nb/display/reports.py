@@ -89,10 +89,12 @@ class RunView:
     """A `%%on_tpu` cell's report: one summary line, the details expandable."""
 
     def __init__(self, report: RunReport, findings: list[LineFinding] | None = None,
-                 label: str = "XLA"):
+                 label: str = "XLA", allowed_graphs: int = 1):
         self.report = report
         self.findings = findings or []
         self.label = label
+        self.allowed_graphs = allowed_graphs      # the cell's --max-graphs: not flagged
+        self.recompiled = bool(report.recompiled_lines(allowed_graphs))
 
     def summary(self) -> str:
         r = self.report
@@ -106,7 +108,7 @@ class RunView:
             bits.append(f"{m.host_reads} host reads")
         if m.fallbacks:
             bits.append(f"{sum(m.fallbacks.values())} CPU fallbacks")
-        if r.recompiled:
+        if self.recompiled:
             bits.append("RECOMPILED")
         if r.error is not None:
             bits.append(f"failed: {type(r.error).__name__}")
@@ -128,7 +130,7 @@ class RunView:
 
     def _repr_html_(self) -> str:
         r, m, e = self.report, self.report.metrics, escape
-        cls = "err" if r.error is not None or r.recompiled else "ok"
+        cls = "err" if r.error is not None or self.recompiled else "ok"
         rows = [
             ("wall time", _seconds(r.wall_seconds) + (" (includes sync and device wait)"
                                                       if r.waited else "")),
@@ -196,8 +198,9 @@ class MetricsView:
 class CellsView:
     """`%xla_metrics --cells`: one row per cell that did XLA work."""
 
-    HEADER = ("cell", "graphs compiled", "compile", "executions", "execute", "to device",
-              "to host", "host reads", "CPU fallbacks", "code")
+    # Timings last: their width varies, and nothing after them must move when they change.
+    HEADER = ("cell", "graphs compiled", "executions", "to device", "to host", "host reads",
+              "CPU fallbacks", "code", "compile / execute time")
 
     def __init__(self, history: list[tuple[int, str, MetricsDelta]]):
         self.history = history
@@ -206,17 +209,17 @@ class CellsView:
         out = []
         for count, first_line, d in self.history:
             code = first_line if len(first_line) <= 40 else first_line[:39] + "…"
-            out.append((f"[{count}]", str(d.compiles), _seconds(d.compile_seconds),
-                        str(d.executions), _seconds(d.execute_seconds),
+            out.append((f"[{count}]", str(d.compiles), str(d.executions),
                         str(d.to_device_transfers), str(d.from_device_transfers),
                         str(d.host_reads),
                         ", ".join(f"{op}×{n}" for op, n in sorted(d.fallbacks.items()))
-                        or "-", code))
+                        or "-", code,
+                        f"{_seconds(d.compile_seconds)} / {_seconds(d.execute_seconds)}"))
         return out
 
     def __repr__(self) -> str:
         rows = [self.HEADER] + self.rows()
-        widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER))]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER) - 1)] + [0]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         if not self.history:
             lines.append("no cell did XLA work yet")

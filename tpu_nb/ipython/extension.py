@@ -54,6 +54,11 @@ class CellWatcher:
             return
         before = self.before or MetricsSnapshot({}, {}, after.taken_at, after.generation)
         delta = after.since(before)
+        if delta.syncs or delta.executions:
+            # Executions launched by the cell may still run: wait, so they are counted in
+            # this cell (the same figures every run), not in none or the next one.
+            after = _snapshot_if_loaded(wait=True) or after
+            delta = after.since(before)
         self.last_delta = delta
         if delta.did_xla_work:
             count = getattr(result, "execution_count", None) or len(self.history) + 1
@@ -62,12 +67,15 @@ class CellWatcher:
             print(f"XLA: {delta.summary()}")
 
 
-def _snapshot_if_loaded() -> MetricsSnapshot | None:
+def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
     if "torch_xla" not in sys.modules:
         return None
+    from tpu_nb.runtime._xla import wait_device_ops
     from tpu_nb.runtime.metrics import snapshot
 
     try:
+        if wait:
+            wait_device_ops()
         return snapshot()
     except Exception:        # a broken runtime must not break every cell
         return None

@@ -259,8 +259,9 @@ class TpuMagics(Magics):
         from tpu_nb.display.reports import RunView
         from tpu_nb.runtime.attribution import attribute
 
-        findings = attribute(report, code.source, code.filename)
-        display(RunView(report, findings))
+        allowed = args.max_graphs or 1
+        findings = attribute(report, code.source, code.filename, allowed=allowed)
+        display(RunView(report, findings, allowed_graphs=allowed))
 
     # -- %tpu_dashboard ----------------------------------------------------------------------
 

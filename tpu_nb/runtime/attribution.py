@@ -83,13 +83,22 @@ def _recompile_hint(event: CompileEvent) -> str:
             + ": keep shapes and Python values in the step fixed (pad or bucket the batch)")
 
 
-def attribute(report: RunReport, source: str, filename: str) -> list[LineFinding]:
-    """Findings of `report` placed on lines of `source` (compiled under `filename`)."""
+def attribute(report: RunReport, source: str, filename: str,
+              allowed: int = 1) -> list[LineFinding]:
+    """Findings of `report` placed on lines of `source` (compiled under `filename`).
+
+    allowed: distinct graphs a line may compile before it counts as recompiling (the cell's
+    --max-graphs: deliberate bucketing is not flagged)."""
     findings: list[LineFinding] = []
-    recompiled = {h for line, hashes in report.recompilations.items()
-                  if line not in report.warmups for h in hashes[1:]}
-    warmup = {hashes[1] for line, hashes in report.recompilations.items()
-              if line in report.warmups}
+    # Per line: a warm-up graph (the second, when the first step created state) is expected;
+    # the graphs after the first `allowed` others are recompilations.
+    recompiled, accepted, warmup = set(), set(), set()
+    for line, hashes in report.recompilations.items():
+        skip = 1 + (line in report.warmups)
+        if line in report.warmups:
+            warmup.add(hashes[1])
+        accepted.update(hashes[skip:skip + allowed - 1])
+        recompiled.update(hashes[skip + allowed - 1:])
     for event in report.compile_events:
         line = _line_in(event, filename)
         if line is None:
@@ -102,6 +111,8 @@ def attribute(report: RunReport, source: str, filename: str) -> list[LineFinding
         if event.graph_hash in warmup:
             hint = ("expected once: the first step compiled its own graph (it created "
                     "gradients and optimizer state); this is the steady step's graph")
+        elif event.graph_hash in accepted:
+            hint = f"another graph of this line, within the {allowed} allowed (--max-graphs)"
         if event.kind == "value-access":
             hint = HOST_READ_HINT
         findings.append(LineFinding(line, kind, event.describe().split(" at ")[0], hint))

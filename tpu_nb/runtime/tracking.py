@@ -28,15 +28,22 @@ class RunReport:
     compile_analysis: bool = False     # False: compile causes unknown (setup() not called)
     # Lines that compiled more than one distinct graph (in this run or before): graph hashes.
     recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
-    # Of those, lines whose two graphs are a training loop's warm-up: the first step creates
-    # gradients and optimizer state, so its graph has other inputs/outputs than the next.
+    # Of those, lines whose first two graphs are a training loop's warm-up: the first step
+    # creates gradients and optimizer state, so its graph has other inputs/outputs than the
+    # next. A third graph from such a line is still a recompilation.
     warmups: frozenset[tuple[str, int]] = frozenset()
     complete: bool = False
 
     @property
     def recompiled(self) -> bool:
         """Whether a line compiled a distinct graph again, beyond a training loop's warm-up."""
-        return any(line not in self.warmups for line in self.recompilations)
+        return bool(self.recompiled_lines())
+
+    def recompiled_lines(self, allowed: int = 1) -> dict[tuple[str, int], tuple[str, ...]]:
+        """Lines that compiled more than `allowed` distinct graphs (a warm-up graph aside):
+        the recompilations worth a look. `allowed` > 1 accepts deliberate bucketing."""
+        return {line: hashes for line, hashes in self.recompilations.items()
+                if len(hashes) - (line in self.warmups) > allowed}
 
     def summary(self) -> str:
         """One line: wall time and the XLA figures that matter."""
@@ -56,9 +63,10 @@ class RunReport:
         elif self.metrics.compiles and not self.compile_analysis:
             lines.append("  compile causes unknown: call tpu_nb.setup() before the first "
                          "compile to record them")
+        beyond = self.recompiled_lines()
         for (file, line), hashes in self.recompilations.items():
-            what = ("warm-up (the first step creates gradients and optimizer state)"
-                    if (file, line) in self.warmups else "recompiled")
+            what = ("recompiled" if (file, line) in beyond else
+                    "warm-up (the first step creates gradients and optimizer state)")
             lines.append(f"  {what}: {file}:{line} has compiled {len(hashes)} distinct "
                          f"graphs ({', '.join(h[:8] for h in hashes)})")
         return "\n".join(lines)
@@ -88,8 +96,7 @@ def _note_recompilations(events: list[CompileEvent]):
         if len(graphs) > 1:
             out[key] = tuple(g.graph_hash for g in graphs)
             first, second = graphs[0], graphs[1]
-            if len(graphs) == 2 and (first.inputs, first.outputs) != (second.inputs,
-                                                                        second.outputs):
+            if (first.inputs, first.outputs) != (second.inputs, second.outputs):
                 warmups.add(key)
     return out, frozenset(warmups)
 
