@@ -263,6 +263,9 @@ def test_on_tpu_graph_shows_the_pending_graph_before_the_sync(shell, monkeypatch
     assert len(views) == 1
     html = views[0]._repr_html_()
     assert "pending graph" in html and "<svg" in html and "aten::mm" in html
+    # Nodes carry the cell's lines (recorded for this cell), named after the cell.
+    assert any(node.user_frame and node.user_frame.line == 3 for node in views[0].graph.nodes)
+    assert "In [" in html
     assert views[0].graph.pending                    # captured before it ran...
     assert r.result.metrics.executions == 1          # ...then it ran, at the cell's end
 

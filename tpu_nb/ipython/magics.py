@@ -6,6 +6,7 @@ User mistakes raise UsageError (one line, no traceback); `-h/--help` prints the 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from contextlib import ExitStack
 
@@ -235,6 +236,9 @@ class TpuMagics(Magics):
                 stack.enter_context(default_device(dev))
                 if args.max_graphs is not None:
                     stack.enter_context(max_graphs(args.max_graphs))
+                if args.graph:             # source lines on the nodes, for this cell only
+                    from tpu_nb.runtime.graph import record_locations
+                    stack.enter_context(record_locations())
                 value = code.run(self.shell)
                 if args.graph:             # before track()'s final sync runs it
                     self._show_pending_graph(value)
@@ -251,7 +255,8 @@ class TpuMagics(Magics):
         if pending is None:
             print("nothing pending: the cell's XLA work already ran (a sync or a value read)")
         else:
-            display(GraphView(pending, title="pending graph (about to run at the cell's end)"))
+            display(GraphView(pending, title="pending graph (about to run at the cell's end)",
+                              source_names=self._cell_name))
 
     def _show(self, report, code: _CellCode, args) -> None:
         if args.quiet or not self.state.settings.show_report:
@@ -413,4 +418,12 @@ class TpuMagics(Magics):
         if args.output:
             return found
         display(GraphView(found, by=args.by, budget=args.budget or NODE_BUDGET,
-                          expand=args.expand))
+                          expand=args.expand, source_names=self._cell_name))
+
+    def _cell_name(self, path: str) -> str | None:
+        """'In [3]' for the file IPython compiled cell 3 into (labels say the cell, not a
+        temp file); None for any other file."""
+        number = getattr(self.shell.compile, "_filename_map", {}).get(path)   # IPython >= 8
+        if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):
+            number = match.group(1)                                          # IPython 7
+        return f"In [{number}]" if number is not None else None
