@@ -49,10 +49,10 @@ def test_display_never_imports_the_extension():
 
 def test_public_names_are_pinned():
     assert sorted(tpu_nb.__all__) == sorted([
-        "Accelerator", "CompileEvent", "Dashboard", "DeviceTiming", "Environment", "Frame",
+        "Accelerator", "CompileEvent", "Dashboard", "DeviceTiming", "Environment", "Frame", "Graph",
         "MetricsDelta", "MetricsSnapshot", "Problem", "RecompilationError", "ReplicaError", "RunReport",
-        "TpuNbError", "__version__", "dashboard", "default_device", "detect", "device",
-        "last_report", "launch", "max_graphs",
+        "TpuNbError", "__version__", "dashboard", "default_device", "detect", "device", "graph",
+        "last_report", "launch", "max_graphs", "pending_graph",
         "reset_metrics", "setup", "snapshot", "sync", "time_device", "track",
     ])
     for name in tpu_nb.__all__:

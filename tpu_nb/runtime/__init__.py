@@ -17,6 +17,7 @@ from tpu_nb.runtime.tracking import RunReport, last_report, track
 from tpu_nb.runtime.defaults import default_device
 from tpu_nb.runtime.launch import CollectiveRefused, LaunchResult, ReplicaError, launch
 from tpu_nb.runtime.guard import RecompilationError, max_graphs
+from tpu_nb.runtime.graph import Graph, graph, pending_graph
 from tpu_nb.runtime.timing import DeviceTiming, time_device
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "DeviceTiming",
     "Environment",
     "Frame",
+    "Graph",
     "MetricsDelta",
     "MetricsSnapshot",
     "Problem",
@@ -35,9 +37,11 @@ __all__ = [
     "default_device",
     "detect",
     "device",
+    "graph",
     "last_report",
     "launch",
     "max_graphs",
+    "pending_graph",
     "reset_metrics",
     "setup",
     "snapshot",
