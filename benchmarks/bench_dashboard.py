@@ -56,6 +56,7 @@ LIVE = ("with tpu_nb.dashboard() as dash:\n    r = timed(N)\n"
         "print(json.dumps({'ms': r * 1e3, 'refreshes': s.refreshes, 'refresh_s': s.refresh_cost,"
         " 'refresh_cpu_s': s.refresh_cpu_cost, 'chart_draws': s.chart_draws,"
         " 'chart_s': s.chart_cost, 'cpu_per_s': s.cpu_per_second,"
+        " 'blit_s': s.blit_cost, 'full_s': s.full_draw_cost, 'full_draws': s.chart_full_draws,"
         " 'thread_s': s.thread_seconds, 'start_s': s.start_seconds, 'stop_s': s.stop_seconds}))")
 
 
@@ -126,8 +127,13 @@ def main() -> None:
           f"refreshes/s")
     print(f"  one refresh         {med('refresh_s') * 1e3:.2f} ms wall, "
           f"{med('refresh_cpu_s') * 1e3:.2f} ms CPU (poll + widget updates + charts when due)")
-    print(f"  one chart draw      {med('chart_s') * 1e3:.2f} ms "
-          f"({sum(r['chart_draws'] for r in live) / seconds:.2f} draws/s over both charts)")
+    draws = sum(r["chart_draws"] for r in live)
+    full = sum(r["full_draws"] for r in live)
+    print(f"  one chart draw      {med('chart_s') * 1e3:.2f} ms on average "
+          f"({draws / seconds:.2f} draws/s): data-only update (blit + PNG) "
+          f"{statistics.median(r['blit_s'] for r in live if r['blit_s']) * 1e3:.2f} ms, "
+          f"full redraw {statistics.median(r['full_s'] for r in live if r['full_s']) * 1e3:.1f} ms "
+          f"({full} of {draws}: when an axis grows)")
     print(f"  start / stop        {med('start_s') * 1e3:.0f} ms / {med('stop_s') * 1e3:.0f} ms "
           "(outside the timed loop: first view; final poll, charts and static view)")
     print(f"  machine load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "

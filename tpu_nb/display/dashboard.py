@@ -56,6 +56,8 @@ class RefreshStats:
     refresh_cpu: float = 0.0          # CPU time inside them (thread time)
     chart_draws: int = 0              # charts drawn by the thread (each chart counts)
     chart_seconds: float = 0.0
+    chart_full_draws: int = 0         # of those, full redraws (an axis grew; compile chart)
+    chart_full_seconds: float = 0.0
     thread_cpu: float = 0.0           # the polling thread's CPU time over its life
     thread_seconds: float = 0.0       # how long the polling thread ran
     start_seconds: float = 0.0        # start(): first poll, widgets, display
@@ -75,6 +77,18 @@ class RefreshStats:
     def chart_cost(self) -> float:
         """Mean seconds to draw one chart (mostly blits; a full redraw when an axis grows)."""
         return self.chart_seconds / self.chart_draws if self.chart_draws else 0.0
+
+    @property
+    def blit_cost(self) -> float:
+        """Mean seconds of a chart update that only redrew the data (the usual case)."""
+        blits = self.chart_draws - self.chart_full_draws
+        return (self.chart_seconds - self.chart_full_seconds) / blits if blits else 0.0
+
+    @property
+    def full_draw_cost(self) -> float:
+        """Mean seconds of a full chart redraw."""
+        return (self.chart_full_seconds / self.chart_full_draws if self.chart_full_draws
+                else 0.0)
 
     @property
     def cpu_per_second(self) -> float:
@@ -329,12 +343,16 @@ class Dashboard:
         made = [self._header, self._alert, self._compile_panel, self._exec_panel,
                 self._transfer_panel, self._fallback_panel, self._memory_panel] + rows[2:]
         if self.charts:
-            self._step_image = W.Image(format="png", layout=W.Layout(max_width="62%"))
-            self._compile_image = W.Image(format="png", layout=W.Layout(max_width="38%"))
-            chart_row = W.HBox([self._step_image, self._compile_image],
-                               layout=W.Layout(flex_flow="row wrap"))
+            self._step_image = W.Image(format="png")
+            self._compile_image = W.Image(format="png")
+            captions = [W.HTML(_caption(_STEP_CAPTION)), W.HTML(_caption(_COMPILE_CAPTION))]
+            columns = [W.VBox([captions[0], self._step_image],
+                              layout=W.Layout(max_width="62%")),
+                       W.VBox([captions[1], self._compile_image],
+                              layout=W.Layout(max_width="38%"))]
+            chart_row = W.HBox(columns, layout=W.Layout(flex_flow="row wrap"))
             rows.append(chart_row)
-            made += [self._step_image, self._compile_image, chart_row]
+            made += [self._step_image, self._compile_image, *captions, *columns, chart_row]
         self._root = W.VBox(rows)
         self._widgets = made + [self._root]
 
@@ -395,6 +413,9 @@ class Dashboard:
             else:
                 png = chart.render(state.compiles, compress_level=level)
             cost += chart.last_cost
+            if counted and chart.last_full:
+                self.stats.chart_full_draws += 1
+                self.stats.chart_full_seconds += chart.last_cost
             self._pngs[name] = drawn[name] = png
             self._drawn[name] = key
         if drawn:
@@ -628,11 +649,24 @@ def memory_html(state: LiveState | None) -> str:
     return _panel("Memory", f"{device}<br>{host}")
 
 
-def _img(png: bytes | None, alt: str) -> str:
+def _caption(text: str) -> str:
+    return f"<div style='{_FONT};font-size:11px;color:{_GREY}'>{escape(text)}</div>"
+
+
+def _img(png: bytes | None, caption: str) -> str:
     if not png:
         return ""
-    return (f"<img alt='{escape(alt)}' style='max-width:100%' "
-            f"src='data:image/png;base64,{b64encode(png).decode()}'>")
+    width = int.from_bytes(png[16:20], "big")       # the PNG header's width
+    return (f"<div style='margin:2px 6px 2px 0;width:{width}px;max-width:100%'>"
+            f"{_caption(caption)}"
+            f"<img alt='{escape(caption)}' style='max-width:100%' "
+            f"src='data:image/png;base64,{b64encode(png).decode()}'></div>")
+
+
+# The charts' captions, without importing matplotlib for a text-only dashboard.
+_STEP_CAPTION = ("step time (ms, log scale) over steps: median (solid) and p90 (dashed) per "
+                 "refresh; red lines: compiles")
+_COMPILE_CAPTION = "compile seconds per graph (the last 12)"
 
 
 def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str, bytes],
@@ -649,8 +683,8 @@ def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str
             f"{alert_html(state)}<div style='{row}'>"
             + "".join(f"<div style='flex:{grow} 1 {240 * grow}px;display:flex'>{p}</div>"
                       for p, grow in panels) + "</div>"
-            f"<div style='{row}'>{_img(pngs.get('step'), 'step time over steps')}"
-            f"{_img(pngs.get('compile'), 'compile seconds per graph')}</div></div>")
+            f"<div style='{row}'>{_img(pngs.get('step'), _STEP_CAPTION)}"
+            f"{_img(pngs.get('compile'), _COMPILE_CAPTION)}</div></div>")
 
 
 def summary_text(state: LiveState | None, status: str, title: str = "XLA dashboard",
