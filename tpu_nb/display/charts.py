@@ -47,8 +47,14 @@ class StepTimeChart:
     """Step time (median and p90 per refresh, ms) over steps, compile events as red lines.
 
     No title or axis label in the figure: the dashboard captions it in HTML, as text is the
-    costly part of a draw.
+    costly part of a draw. The axes only grow while live (x fourfold, y by decades), and the
+    background drawn for each set of limits is kept: a chart reused by the next dashboard
+    (`acquire`/`release`) usually starts without a full redraw. The final render fits the
+    axes to the data.
     """
+
+    _INITIAL = (10.0, 0.1, 10.0)            # x: steps; y: ms, bottom and top (decades)
+    _KEPT_BACKGROUNDS = 8
 
     def __init__(self, size=(6.2, 2.3)):
         self.figure = Figure(figsize=size, dpi=DPI)
@@ -67,47 +73,56 @@ class StepTimeChart:
         ax.yaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_locator(LogLocator(numticks=5))
         ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
-        self.limits = (10.0, 0.1, 10.0)      # x: steps; y: ms, bottom and top (decades)
-        self._apply_limits()
         self.figure.subplots_adjust(left=0.09, right=0.98, top=0.95, bottom=0.13)
-        self._background = None
+        self.limits = self._INITIAL
+        self._shown_limits = None
+        self._backgrounds: dict[tuple, object] = {}
         self.full_draws = 0
         self.last_cost = 0.0
         self.last_full = False          # whether the last render redrew everything
 
-    def _apply_limits(self) -> None:
-        x_top, y_bottom, y_top = self.limits
-        self.ax.set_xlim(0, x_top)
-        self.ax.set_ylim(y_bottom, y_top)
+    def reset(self) -> None:
+        """Start over for a new dashboard (the kept backgrounds stay)."""
+        self.limits = self._INITIAL
 
-    def _wanted_limits(self, series, compile_steps) -> tuple[float, float, float]:
-        """Limits only grow, by nice steps (x) and whole decades (y), so that the background
-        is redrawn a handful of times per run."""
+    def _wanted_limits(self, series, compile_steps, final: bool) -> tuple[float, float, float]:
         x_top, y_bottom, y_top = self.limits
         last = max([p.step for p in series] + list(compile_steps) + [1])
-        if last > x_top:
-            x_top = _nice_ceiling(last * 2)
+        if final:
+            x_top = _nice_ceiling(last * 1.05)
+        elif last > x_top:
+            x_top = _nice_ceiling(last * 4)
         values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
         if values:
+            if final:
+                y_bottom = 10 ** math.floor(math.log10(min(values) / 1.05))
+                y_top = 10 ** math.ceil(math.log10(max(values) * 1.05))
             while min(values) < y_bottom * 1.05 and y_bottom > 1e-4:
                 y_bottom /= 10
             while max(values) > y_top / 1.05:
                 y_top *= 10
         return x_top, y_bottom, y_top
 
-    def render(self, series: tuple[StepPoint, ...], compile_steps, *,
+    def render(self, series: tuple[StepPoint, ...], compile_steps, *, final: bool = False,
                compress_level: int = 1) -> bytes:
         start = time.perf_counter()
-        limits = self._wanted_limits(series, compile_steps)
-        self.last_full = limits != self.limits or self._background is None
-        if self.last_full:
-            self.limits = limits
-            self._apply_limits()
+        self.limits = self._wanted_limits(series, compile_steps, final)
+        background = self._backgrounds.get(self.limits)
+        self.last_full = background is None
+        if self.limits != self._shown_limits:
+            x_top, y_bottom, y_top = self.limits
+            self.ax.set_xlim(0, x_top)
+            self.ax.set_ylim(y_bottom, y_top)
+            self._shown_limits = self.limits
+        if background is None:
             self.canvas.draw()                      # everything but the animated artists
-            self._background = self.canvas.copy_from_bbox(self.figure.bbox)
+            background = self.canvas.copy_from_bbox(self.figure.bbox)
+            self._backgrounds[self.limits] = background
+            while len(self._backgrounds) > self._KEPT_BACKGROUNDS:
+                del self._backgrounds[next(iter(self._backgrounds))]
             self.full_draws += 1
         else:
-            self.canvas.restore_region(self._background)
+            self.canvas.restore_region(background)
         steps = [p.step for p in series]
         self.median_line.set_data(steps, [p.median * 1e3 for p in series])
         self.p90_line.set_data(steps, [p.p90 * 1e3 for p in series])
@@ -117,6 +132,25 @@ class StepTimeChart:
         png = _png(self.canvas, compress_level)
         self.last_cost = time.perf_counter() - start
         return png
+
+
+_free_charts: list[StepTimeChart] = []
+
+
+def acquire_step_chart() -> StepTimeChart:
+    """A step-time chart for one dashboard: a released one (its backgrounds kept) or new."""
+    try:
+        chart = _free_charts.pop()
+    except IndexError:
+        return StepTimeChart()
+    chart.reset()
+    return chart
+
+
+def release_step_chart(chart: StepTimeChart) -> None:
+    """Give a chart back when its dashboard stops (two dashboards never share one)."""
+    if chart not in _free_charts and len(_free_charts) < 2:
+        _free_charts.append(chart)
 
 
 class CompileChart:

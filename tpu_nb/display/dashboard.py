@@ -194,6 +194,7 @@ class Dashboard:
                 self._shown = True
         except BaseException:
             self._close_widgets()
+            self._release_charts()
             self._monitor.close()
             self.status = "ready"
             raise
@@ -222,6 +223,7 @@ class Dashboard:
             finally:
                 self._monitor.close()
                 self._close_widgets()
+                self._release_charts()
                 self.stats.stop_seconds = time.perf_counter() - began
 
     def _finish(self, error: BaseException | None) -> None:
@@ -385,9 +387,16 @@ class Dashboard:
 
     def _make_charts(self) -> None:
         if self._charts is None:
-            from tpu_nb.display.charts import CompileChart, StepTimeChart
+            from tpu_nb.display.charts import CompileChart, acquire_step_chart
 
-            self._charts = {"step": StepTimeChart(), "compile": CompileChart()}
+            self._charts = {"step": acquire_step_chart(), "compile": CompileChart()}
+
+    def _release_charts(self) -> None:
+        if self._charts is not None:
+            from tpu_nb.display.charts import release_step_chart
+
+            release_step_chart(self._charts["step"])
+            self._charts = None
 
     def _draw_charts(self, state: LiveState, final: bool,
                      counted: bool = False) -> dict[str, bytes]:
@@ -409,7 +418,7 @@ class Dashboard:
             level = 6 if final else 1
             if name == "step":
                 png = chart.render(state.series, [c.step for c in state.compiles],
-                                   compress_level=level)
+                                   final=final, compress_level=level)
             else:
                 png = chart.render(state.compiles, compress_level=level)
             cost += chart.last_cost
