@@ -182,10 +182,24 @@ cells = [
         epoch). Transfers to the device drop from 64 per epoch to 4: the loader copies 8
         batches at a time. The loss falls quickly, as it should on this easy data.
 
-        > **Live view:** tpu_nb's dashboard (`%%on_tpu --live`) slots in here: attached to a cell
-        > like the one above, it shows step times, compilations, transfers and, on a TPU,
-        > device memory while the loop runs. This notebook shows the summary after the cell.
+        ## Watching a loop while it runs: `%%on_tpu --live`
 
+        A report after the cell is good; for a loop that runs for minutes you want to see it
+        *while* it runs. `--live` attaches tpu_nb's dashboard to the cell: steps and step
+        times, graphs compiled with the line that caused them (it turns red if one line keeps
+        compiling new graphs), transfers, CPU fallbacks and host reads, host memory (and device
+        memory on a TPU), with charts of step time and compile time. It updates from inside
+        the running cell twice a second and shows the final state when the cell ends.
+    """),
+    code("""
+        %%on_tpu --live
+        for epoch in (5, 6):
+            total = torch.zeros((), device=dev)
+            for images, labels in device_loader:
+                total += train_step(images, labels)
+            print(f"epoch {epoch}: mean loss {total.item() / len(train_loader):.2f}")
+    """),
+    md("""
         ## The same report from a script: `tpu_nb.track`
 
         The magics are thin wrappers over tpu_nb's library, which works the same in a plain
@@ -196,7 +210,7 @@ cells = [
     code("""
         import tpu_nb
 
-        with tpu_nb.track("epoch 5") as report:
+        with tpu_nb.track("epoch 7") as report:
             total = torch.zeros((), device=dev)
             for images, labels in device_loader:
                 total += train_step(images, labels)

@@ -50,11 +50,16 @@ cells = [
         and the hidden `alpha=1` of `add`) became `prim::Constant`: torch_xla bakes 0 and 1 into
         the graph because they enable simplifications.
 
-        > **Graph view:** tpu_nb's graph viewer (`%xla_graph y`, `tpu_nb.graph(y)`, or
-        > `%%on_tpu --graph` for a cell's pending graph) slots in here: it draws this graph with
-        > each node linked to its source line, and shows what changed between two graphs. This
-        > notebook shows torch_xla's own text dump, the raw material the viewer draws from.
-
+        The text dump is the raw material; `%xla_graph y` draws it. Each box is a node, coloured
+        by kind (device data and constants, compute, reductions), with shapes on the edges;
+        hover over a node to see its operation, its shape and the line that created it. The IR
+        text and the HLO are under the picture. (`tpu_nb.graph(y)` gives the same graph as
+        data, and `%%on_tpu --graph` shows a cell's pending graph just before it runs.)
+    """),
+    code("""
+        %xla_graph y
+    """),
+    md("""
         `torch_xla.sync()` compiles and runs everything pending. Afterwards `y` is no longer a
         recipe: it is a single `device_data` node, a result that lives on the device.
     """),

@@ -169,11 +169,23 @@ cells = [
                 print(json.loads(path.read_text()))
     """),
     md("""
-        > **tpu_nb's launcher** slots in here, in place of the launch cell above:
-        > `tpu_nb.launch(train_replica)` or a `%%on_tpu --replicas` cell starts the replicas,
-        > brings each replica's output and report back into the notebook, and on XLA:CPU
-        > refuses collectives at once instead of hanging. This notebook uses torch_xla's own
-        > launcher, so that the rules below stay visible.
+        tpu_nb's launcher takes care of those rules: `tpu_nb.launch(fn)` (or a
+        `%%on_tpu --replicas` cell) forks the replicas when the kernel has not used the device
+        yet, and otherwise starts them in a fresh worker process that receives the function and
+        the variables it uses. Each replica's prints come back prefixed with its ordinal, and
+        on XLA:CPU a collective is refused at once instead of hanging. Here a function defined
+        in this notebook runs on each of the 4 CPU devices (no collective, so it runs on CPU):
+    """),
+    code("""
+        import tpu_nb
+        import torch_xla.runtime as xr
+
+        def who_am_i(index):
+            return f"replica {xr.global_ordinal()} of {xr.world_size()}"
+
+        tpu_nb.launch(who_am_i, stream=lambda line: None).values
+    """),
+    md("""
 
         ## Way 2: SPMD, one program over a mesh of devices
 
