@@ -323,3 +323,24 @@ def test_options_are_checked_with_the_fix():
         pass
     with pytest.raises(TpuNbError, match="make a new one"):
         dash.start()
+
+
+def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no_causes(py):
+    out = py("""
+        import torch, torch_xla
+        import tpu_nb
+        from tpu_nb.display import dashboard as D
+        dev = torch_xla.device()
+        (torch.ones(2, device=dev) + 1).sum().item()      # compiled before any setup()
+        with tpu_nb.Dashboard(widgets=False) as dash:
+            for n in (3, 4):
+                kept = (torch.ones(n, device=dev) * 2).sum()
+                torch_xla.sync()
+        s = dash.state
+        print("RESULT", s.compile_analysis, s.metrics.compiles, len(s.compiles),
+              all(c.event is None and c.seconds > 0 for c in s.compiles), not s.alerts)
+        print("HTML", "compile causes unknown" in D.compile_html(s),
+              "cause unknown" in D.compile_html(s))
+    """, env={"PT_XLA_DEBUG_LEVEL": None, "PT_XLA_DEBUG_FILE": None}).stdout
+    assert "RESULT False 2 2 True True" in out
+    assert "HTML True True" in out
