@@ -1,9 +1,11 @@
-"""The live dashboard in a real browser: JupyterLab 4 headless on localhost, Debian's chromium.
+"""The live dashboard in a real browser: JupyterLab 4 and Notebook 7 headless on localhost,
+Debian's chromium.
 
-`make test-browser` (also run by CI). Opens a notebook, runs `%load_ext tpu_nb` and a
-`%%on_tpu --live` cell that trains for about 20 s, and checks from the page that the
-dashboard is rendered and its step counter changes while the cell is still running, then
-that the final view replaces it. Screenshots go to tests/artifacts/ (not committed).
+`make test-browser` (also run by CI). In each front end: opens a notebook, runs
+`%load_ext tpu_nb` and a `%%on_tpu --live` cell that trains for about 20 s, and checks from
+the page that the dashboard is rendered and its step counter changes while the cell is still
+running, then that the final view replaces it. Screenshots go to tests/artifacts/ (not
+committed).
 
 Needs /usr/bin/chromium and /usr/bin/chromedriver (apt-get install chromium chromium-driver);
 Playwright's own browser download does not work here, and Selenium drives Debian's browser
@@ -12,10 +14,11 @@ with its matching driver.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -31,6 +34,8 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = os.environ.get("TPU_NB_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("TPU_NB_CHROMEDRIVER", "/usr/bin/chromedriver")
 TRAIN_SECONDS = 20
+# Front end -> the page that opens a notebook in it.
+FRONTENDS = {"jupyterlab": "/lab/tree/{name}", "notebook7": "/notebooks/{name}"}
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -71,7 +76,8 @@ def lab(tmp_path_factory):
     home = tmp_path_factory.mktemp("lab")
     root = home / "notebooks"
     root.mkdir()
-    _notebook(root / "live.ipynb")
+    for frontend in FRONTENDS:
+        _notebook(root / f"live-{frontend}.ipynb")
     # No news, no update checks: nothing fetched from the network, no toast over the page.
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
@@ -138,6 +144,14 @@ def browser(lab):
         driver.quit()
 
 
+def _kernel_idle(base: str, token: str, name: str) -> bool:
+    """Whether the notebook's kernel is started and idle (the server's own view)."""
+    with urllib.request.urlopen(f"{base}/api/sessions?token={token}", timeout=5) as r:
+        sessions = json.load(r)
+    return any(s.get("path", "").endswith(name) and s.get("kernel", {}).get(
+        "execution_state") == "idle" for s in sessions)
+
+
 def _shot(driver, name: str, selector: str | None = None) -> Path:
     """Save a screenshot, the element `selector` scrolled to the top of the view first."""
     if selector:
@@ -158,7 +172,7 @@ def _wait(predicate, timeout: float, what: str, driver=None, poll: float = 0.25)
             return value
         time.sleep(poll)
     if driver is not None:
-        _shot(driver, "timeout")
+        _shot(driver, "timeout")     # the last page, to see why
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
@@ -176,18 +190,21 @@ def _live_steps(driver) -> int | None:
     return int(found) if found and found.isdigit() else None
 
 
-def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, browser):
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, browser,
+                                                                          frontend):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
+    if frontend == "notebook7" and importlib.util.find_spec("notebook") is None:
+        pytest.skip("Notebook 7 is not installed (pip install 'notebook>=7')")
     base, token, _ = lab
     driver = browser
-    driver.get(f"{base}/lab/tree/live.ipynb?token={token}")
+    name = f"live-{frontend}.ipynb"
+    driver.get(base + FRONTENDS[frontend].format(name=name) + f"?token={token}")
     _wait(lambda: len(driver.find_elements("css selector", ".jp-CodeCell")) >= 2, 90,
           "the notebook's cells", driver)
-    _wait(lambda: driver.find_elements(
-        "css selector", ".jp-Notebook-ExecutionIndicator[data-status='idle'], "
-        ".jp-mod-idle"), 90, "the kernel to be idle", driver)
+    _wait(lambda: _kernel_idle(base, token, name), 90, "the kernel to be idle", driver)
     time.sleep(1)
     first = driver.find_elements("css selector", ".jp-CodeCell")[0]
     first.find_element("css selector", ".jp-InputArea-prompt").click()   # command mode
@@ -196,7 +213,7 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
 
     first_seen = _wait(lambda: _live_steps(driver), 150, "the live dashboard", driver)
     live = ".jp-CodeCell:nth-child(2) .jp-OutputArea"
-    running_shot = _shot(driver, "1-live", live)
+    running_shot = _shot(driver, f"{frontend}-1-live", live)
     # While the training cell still runs ([*]), the counter read from the page moves on.
     readings = [first_seen]
     for _ in range(6):
@@ -212,7 +229,7 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
     assert "Compiles" in page and "Execution" in page and "Memory" in page
     assert "step time median" in page
     assert "Error displaying widget" not in page
-    _shot(driver, "2-live-later", live)
+    _shot(driver, f"{frontend}-2-live-later", live)
 
     # The cell ends: the live widget gives way to the final static view.
     _wait(lambda: re.fullmatch(r"\[\d+\]:", _prompts(driver)[1]), TRAIN_SECONDS + 120,
@@ -224,6 +241,6 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
     assert steps >= max(readings)
     assert _live_steps(driver) is None                 # no widget view left
     assert driver.find_elements("css selector", ".tpunb-dashboard img")   # the charts
-    final_shot = _shot(driver, "3-final", ".tpunb-dashboard")
+    final_shot = _shot(driver, f"{frontend}-3-final", ".tpunb-dashboard")
     print(f"screenshots: {running_shot}, {final_shot}; step counter read while running: "
           f"{readings}; final: {steps}")
