@@ -319,8 +319,10 @@ def test_options_are_checked_with_the_fix():
         with pytest.raises(TpuNbError, match=words):
             tpu_nb.Dashboard(**kwargs)
     dash = tpu_nb.Dashboard(widgets=False)
+    with pytest.raises(TpuNbError, match="not running"):
+        dash.refresh_now()
     with dash:
-        pass
+        assert dash.refresh_now() is dash.state and dash.state.steps == 0
     with pytest.raises(TpuNbError, match="make a new one"):
         dash.start()
 

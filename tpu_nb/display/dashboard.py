@@ -303,10 +303,10 @@ class Dashboard:
     def refresh_now(self) -> LiveState:
         """Poll and update the view once, now (the polling thread does this every
         `refresh` seconds)."""
-        if self._monitor is None:
-            raise TpuNbError("the dashboard has not started. Fix: dash.start() first, or use "
-                             "`with tpu_nb.dashboard(): ...`.")
-        self._refresh_once(final=not self.running)
+        if not self.running:
+            raise TpuNbError(f"the dashboard is not running ({self.status}). Fix: "
+                             "dash.start() first, or use `with tpu_nb.dashboard(): ...`.")
+        self._refresh_once(final=False)
         return self.state
 
     def _refresh_once(self, final: bool, charts: bool = True, counted: bool = False) -> None:
