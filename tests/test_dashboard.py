@@ -89,6 +89,18 @@ def test_step_times_steps_and_rate_follow_a_training_loop():
     assert state.execution_rate > 0 and state.elapsed > 0
 
 
+@pytest.mark.skipif(tpu_nb.detect().accelerator.kind != "tpu",
+                    reason="HBM used/limit/peak need a TPU: XLA:CPU reports no device memory")
+def test_memory_on_a_tpu_reports_hbm():
+    monitor = LiveMonitor()
+    keep = torch.ones(1024, 1024, device=tpu_nb.device()) * 2
+    torch_xla.sync()
+    mem = monitor.poll().memory
+    monitor.close()
+    assert not mem.device_note and 0 < mem.device_used <= mem.device_limit
+    assert "device used" in D.memory_html(monitor.poll()) and keep is not None
+
+
 def test_memory_host_everywhere_and_the_device_says_it_does_not_report():
     monitor = LiveMonitor()
     mem = monitor.poll().memory

@@ -171,5 +171,7 @@ def test_tpu_dashboard_help_and_mistakes(shell, capsys):
         with pytest.raises(UsageError, match=words):
             shell.run_line_magic("tpu_dashboard", line)
     assert not _dashboard_threads()
+    with pytest.raises(UsageError, match="--live watches this kernel"):
+        shell.run_cell_magic("on_tpu", "--live --replicas 2", "raise AssertionError('no')")
     shell.run_cell("%%on_tpu --help\nraise AssertionError('must not run')")
     assert "--live" in capsys.readouterr().out

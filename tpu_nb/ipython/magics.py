@@ -175,6 +175,10 @@ class TpuMagics(Magics):
                              "--max-graphs 2")
         if args.replicas is not None and args.spmd is not None:
             raise UsageError("choose one of --replicas and --spmd")
+        if args.live and args.replicas is not None:
+            raise UsageError("--live watches this kernel's XLA runtime, and --replicas runs "
+                             "the cell elsewhere. Fix: drop --live (each replica reports), or "
+                             "use --spmd --live")
         code = _CellCode(self.shell, cell)     # a syntax error stops here, nothing run
         if args.replicas is not None:
             return self._run_replicas(code, args)
