@@ -80,46 +80,61 @@ def host_peak_rss() -> int | None:
 
 class DeviceMemory:
     """The device's memory figures: `xm.get_memory_info` (TPU HBM), else tpu-info's metrics on
-    a TPU VM, else a note saying the device does not report memory (XLA:CPU). A device that
-    said no once is not asked again."""
+    a TPU VM (`TPU_RUNTIME_METRICS_PORTS`), else a note saying the device does not report
+    memory (XLA:CPU). A device that said no is not asked again; figures are read at most once
+    per `interval` seconds (tpu-info asks a gRPC server)."""
 
-    def __init__(self, device: str):
-        self.device = device
+    def __init__(self, device: str, interval: float = 1.0):
+        self.device, self.interval = device, interval
         self.note = ""
+        self._via_tpu_info = False
+        self._last: tuple[int | None, int | None, int | None] = (None, None, None)
+        self._read_at = -float("inf")
 
     def read(self) -> tuple[int | None, int | None, int | None, str]:
+        """(used, limit, peak) in bytes, each None where unknown, and the note."""
         if self.note:
             return None, None, None, self.note
-        try:
-            info = xlac()._xla_memory_info(self.device)
-        except Exception as exc:           # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
-            figures = _tpu_info_memory()
-            if figures is not None:
-                return (*figures, "")
-            kind = "XLA:CPU" if "CPU" in self.device.upper() or _pjrt() == "CPU" \
-                else self.device
-            self.note = (f"the device does not report memory ({kind})" if
-                         "UNIMPLEMENTED" in str(exc) or kind == "XLA:CPU"
-                         else f"device memory unavailable: {str(exc).splitlines()[0][:120]}")
-            return None, None, None, self.note
-        used = _first(info, "bytes_used", ("kb_total", "kb_free"))
-        limit = _first(info, "bytes_limit", ("kb_total",))
-        peak = _first(info, "peak_bytes_used", ())
-        return used, limit, peak, ""
+        now = time.monotonic()
+        if now - self._read_at < self.interval:
+            return (*self._last, "")
+        self._read_at = now
+        if not self._via_tpu_info:
+            try:
+                self._last = _memory_figures(xlac()._xla_memory_info(self.device))
+                return (*self._last, "")
+            except Exception as exc:        # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
+                failure = exc
+            self._via_tpu_info = True
+        else:
+            failure = None
+        figures = _tpu_info_memory()
+        if figures is not None:
+            self._last = figures
+            return (*figures, "")
+        if self._last != (None, None, None):       # tpu-info answered before: a hiccup
+            return (*self._last, "")
+        cpu = "CPU" in self.device.upper() or _pjrt() == "CPU"
+        if cpu or failure is None or "UNIMPLEMENTED" in str(failure):
+            self.note = f"the device does not report memory ({'XLA:CPU' if cpu else self.device})"
+        else:
+            self.note = f"device memory unavailable: {str(failure).splitlines()[0][:120]}"
+        return None, None, None, self.note
 
 
 def _pjrt() -> str:
     return os.environ.get("PJRT_DEVICE", "").upper()
 
 
-def _first(info: dict, key: str, kb_keys: tuple[str, ...]) -> int | None:
-    if key in info:
-        return int(info[key])
-    if len(kb_keys) == 2 and all(k in info for k in kb_keys):    # older: total - free
-        return (int(info[kb_keys[0]]) - int(info[kb_keys[1]])) * 1024
-    if len(kb_keys) == 1 and kb_keys[0] in info:
-        return int(info[kb_keys[0]]) * 1024
-    return None
+def _memory_figures(info: dict) -> tuple[int | None, int | None, int | None]:
+    """(used, limit, peak) bytes from torch_xla's memory info (older releases: kb_*)."""
+    if "bytes_used" in info or "bytes_limit" in info:
+        get = lambda key: int(info[key]) if key in info else None   # noqa: E731
+        return get("bytes_used"), get("bytes_limit"), get("peak_bytes_used")
+    if "kb_total" in info:
+        total = int(info["kb_total"]) * 1024
+        return total - int(info.get("kb_free", 0)) * 1024, total, None
+    return None, None, None
 
 
 def _tpu_info_memory() -> tuple[int, int, None] | None:
