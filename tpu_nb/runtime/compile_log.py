@@ -9,9 +9,9 @@ block with sizes. `CompileLog` reads only the bytes appended since its last read
 
 from __future__ import annotations
 
-import functools
 import os
 import re
+import sys
 import sysconfig
 from dataclasses import dataclass, field, replace
 
@@ -82,13 +82,28 @@ class CompileEvent:
         return f"graph {self.graph_hash[:8]} compiled: {self.cause}{at}"
 
 
-@functools.lru_cache(maxsize=None)
+# Packages whose home directory holds installed code, wherever it is (site-packages, or a
+# layer put first on PYTHONPATH as tpu_nb's tests do for Colab's IPython stack).
+_KNOWN_PACKAGES = ("torch", "torch_xla", "IPython", "ipykernel", "traitlets", "tornado")
+_dirs_cache: dict[tuple[bool, ...], tuple[str, ...]] = {}
+
+
 def _library_dirs() -> tuple[str, ...]:
     """Directories of code that is not the user's: the stdlib, installed packages, tpu_nb."""
+    present = tuple(name in sys.modules for name in _KNOWN_PACKAGES)
+    cached = _dirs_cache.get(present)
+    if cached is not None:
+        return cached
     paths = sysconfig.get_paths()
     dirs = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
             os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    return tuple(os.path.join(d, "") for d in dirs if d)
+    for name, loaded in zip(_KNOWN_PACKAGES, present):
+        path = getattr(sys.modules.get(name), "__file__", None) if loaded else None
+        if path:      # the directory the package is installed in
+            dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(path))))
+    result = tuple(os.path.join(d, "") for d in dirs if d)
+    _dirs_cache[present] = result
+    return result
 
 
 def _is_library(path: str) -> bool:
