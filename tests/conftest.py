@@ -7,6 +7,7 @@ device count) run a subprocess with `run_python` — torch_xla reads those once 
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -55,3 +56,26 @@ def run_python(code: str, *, env: dict | None = None, timeout: float = 240,
 @pytest.fixture
 def py():
     return run_python
+
+
+def line_of(marker: str, fn) -> int:
+    """The line number, in its file, of the line of `fn`'s source that contains `marker`."""
+    source, start = inspect.getsourcelines(fn)
+    for i, line in enumerate(source):
+        if marker in line:
+            return start + i
+    raise AssertionError(f"{marker!r} not in {fn.__name__}")
+
+
+@pytest.fixture(scope="module")
+def shell():
+    """A real IPython shell with the extension loaded (one per process: start_ipython() makes
+    it once and answers None afterwards)."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    ip = start_ipython() or get_ipython()
+    ip.run_line_magic("load_ext", "tpu_nb")
+    ip.run_cell("import torch, torch_xla, tpu_nb")
+    yield ip
+    ip.run_line_magic("unload_ext", "tpu_nb")

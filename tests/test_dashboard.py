@@ -5,7 +5,6 @@ reads, memory) and the HTML/text the dashboard draws from it. Widgets and the no
 are in test_dashboard_widgets.py (InteractiveShell) and test_dashboard_kernel.py (kernels).
 """
 
-import inspect
 import threading
 import time
 
@@ -15,6 +14,7 @@ import torch_xla
 import torch_xla.core.xla_model as xm
 
 import tpu_nb
+from conftest import line_of
 from tpu_nb.display import dashboard as D
 from tpu_nb.runtime.compile_log import CompileEvent, Frame
 from tpu_nb.runtime.errors import TpuNbError
@@ -22,12 +22,6 @@ from tpu_nb.runtime.live import (LiveMonitor, StepClock, describe_difference, pe
                                  place_text)
 
 
-def _line_of(marker, fn):
-    src, start = inspect.getsourcelines(fn)
-    for i, line in enumerate(src):
-        if marker in line:
-            return start + i
-    raise AssertionError(marker)
 
 
 def _mlp_step(width=48):
@@ -139,7 +133,7 @@ def test_compile_events_name_cause_line_and_seconds():
     assert (first.index, second.index) == (1, 2)
     assert first.event.kind == "sync" and len(first.event.graph_hash) == 32
     assert first.place.file == __file__
-    assert first.place.line == _line_of("SYNC-LINE", _recompiling_loop)
+    assert first.place.line == line_of("SYNC-LINE", _recompiling_loop)
     assert first.seconds > 0 and second.seconds > 0
     assert 0 <= first.step <= second.step <= 3
 
@@ -153,7 +147,7 @@ def test_more_than_k_graphs_on_one_line_raise_the_alert_with_the_changed_shape()
     monitor.close()
     assert torch_xla.sync.__module__ == "torch_xla.torch_xla"      # the probe is gone
     (alert,) = state.alerts
-    assert alert.place.line == _line_of("SYNC-LINE", _recompiling_loop)
+    assert alert.place.line == line_of("SYNC-LINE", _recompiling_loop)
     assert len(alert.graphs) >= 4 and alert.limit == 3
     # The probe captured the pending graphs of the line's next syncs and diffed them.
     assert alert.source == "graphs"
@@ -176,7 +170,7 @@ def test_alert_on_a_value_read_line_comes_from_the_compile_log():
     monitor.close()
     (alert,) = state.alerts
     assert alert.source == "compile log"
-    assert alert.place.line == _line_of("READ", test_alert_on_a_value_read_line_comes_from_the_compile_log)
+    assert alert.place.line == line_of("READ", test_alert_on_a_value_read_line_comes_from_the_compile_log)
     assert any("same number of graph inputs" in line for line in alert.differs)
     assert state.metrics.host_reads == 4
 

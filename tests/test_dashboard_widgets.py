@@ -76,16 +76,6 @@ def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
     assert dash.state.steps >= max(seen) and dash.status == "finished"
 
 
-@pytest.fixture(scope="module")
-def shell():
-    from IPython.testing.globalipapp import start_ipython
-
-    from IPython import get_ipython
-
-    ip = start_ipython() or get_ipython()      # start_ipython() answers None a second time
-    ip.run_line_magic("load_ext", "tpu_nb")
-    ip.run_cell("import torch, torch_xla, tpu_nb")
-    yield ip
 
 
 def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):

@@ -16,16 +16,6 @@ from tpu_nb.ipython.extension import get_state
 pytestmark = pytest.mark.stack
 
 
-@pytest.fixture(scope="module")
-def shell():
-    from IPython import get_ipython
-    from IPython.testing.globalipapp import start_ipython
-
-    ip = start_ipython() or get_ipython()      # start_ipython() answers None a second time
-    ip.run_line_magic("load_ext", "tpu_nb")
-    ip.run_cell("import torch, torch_xla")
-    yield ip
-    ip.run_line_magic("unload_ext", "tpu_nb")
 
 
 def run(ip, cell):

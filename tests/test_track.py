@@ -1,20 +1,14 @@
 """track(): compile events name the right cause and line; reports are complete on exit."""
 
-import inspect
 
 import pytest
 import torch
 import torch_xla
 
 import tpu_nb
+from conftest import line_of
 
 
-def _line_of(marker, fn):
-    src, start = inspect.getsourcelines(fn)
-    for i, line in enumerate(src):
-        if marker in line:
-            return start + i
-    raise AssertionError(marker)
 
 
 def _mlp(dev, width=33, optimizer=torch.optim.SGD):
@@ -46,7 +40,7 @@ def test_first_training_step_compiles_at_the_sync_line():
     first = events[0]
     assert first.kind == "sync" and "torch_xla.sync" in first.cause
     assert first.user_frame.file == __file__
-    assert first.user_frame.line == _line_of("SYNC-LINE", test_first_training_step_compiles_at_the_sync_line)
+    assert first.user_frame.line == line_of("SYNC-LINE", test_first_training_step_compiles_at_the_sync_line)
     assert first.user_frame.function == "train_step"
     assert len(first.graph_hash) == 32 and first.inputs > 0 and first.outputs > 0
     assert "graph output" in first.sizes_gb
@@ -74,7 +68,7 @@ def test_item_before_sync_is_a_value_access_at_its_line():
     assert report.metrics.host_reads == 1
     access = [e for e in report.compile_events if e.kind == "value-access"]
     assert len(access) == 1
-    assert access[0].user_frame.line == _line_of("ITEM-LINE", test_item_before_sync_is_a_value_access_at_its_line)
+    assert access[0].user_frame.line == line_of("ITEM-LINE", test_item_before_sync_is_a_value_access_at_its_line)
     assert "access tensor value" in access[0].cause
 
 
@@ -94,7 +88,7 @@ def test_shape_change_is_reported_as_a_recompilation():
     with tpu_nb.track() as second:
         run(5)                       # a new shape: a new graph from the same line
     assert second.metrics.compiles == 1
-    line = _line_of("SHAPE-LINE", test_shape_change_is_reported_as_a_recompilation)
+    line = line_of("SHAPE-LINE", test_shape_change_is_reported_as_a_recompilation)
     assert second.recompiled
     (key, hashes), = second.recompilations.items()
     assert key == (__file__, line) and len(hashes) == 2
@@ -114,7 +108,7 @@ def test_histc_fallback_counted_with_its_compile_line():
     assert report.metrics.fallbacks == {"histc": 1}
     # histc runs on the CPU, so its input is computed and read back first: a compile whose
     # cause is a value access, triggered from the histc line.
-    line = _line_of("HISTC-LINE", test_histc_fallback_counted_with_its_compile_line)
+    line = line_of("HISTC-LINE", test_histc_fallback_counted_with_its_compile_line)
     lines = {e.user_frame.line for e in report.compile_events if e.kind == "value-access"}
     assert line in lines
     assert float(total.cpu()) == 40
@@ -184,6 +178,6 @@ def test_a_third_graph_after_a_warm_up_is_a_recompilation():
         train_step(6)                 # a new batch size: a third graph from the same line
     assert changed.recompiled
     (line, hashes), = changed.recompiled_lines().items()
-    assert line[1] == _line_of("LOOP-SYNC", test_a_third_graph_after_a_warm_up_is_a_recompilation)
+    assert line[1] == line_of("LOOP-SYNC", test_a_third_graph_after_a_warm_up_is_a_recompilation)
     assert len(hashes) == 3
     assert not changed.recompiled_lines(allowed=2)    # accepted when two are allowed
