@@ -13,14 +13,15 @@ from tpu_nb.runtime.graph import graph, record_locations
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def _small_graph():
+def _small_graph(head=lambda y: torch.softmax(y, dim=-1)):
+    """A Linear layer and `head` on the device, traced with source locations."""
     dev = tpu_nb.device()
     torch.manual_seed(0)
     layer = torch.nn.Linear(4, 3).to(dev)
     x = torch.randn(2, 4).to(dev)
     torch_xla.sync()
     with record_locations():
-        out = torch.softmax(layer(x), dim=-1)
+        out = head(layer(x))
     return graph(out)
 
 
@@ -118,14 +119,7 @@ def test_plot_returns_a_matplotlib_figure_that_saves():
 
 
 def test_source_names_rename_cell_files_in_labels_and_tooltips():
-    dev = tpu_nb.device()
-    torch.manual_seed(0)
-    layer = torch.nn.Linear(4, 3).to(dev)
-    x = torch.randn(2, 4).to(dev)
-    torch_xla.sync()
-    with record_locations():
-        out = layer(x).relu()
-    g = graph(out)
+    g = _small_graph(lambda y: y.relu())
     names = {__file__: "In [7]"}
     svg = GraphView(g, source_names=names.get).to_svg()
     tips = _titles(svg)
