@@ -89,8 +89,9 @@ class RunView:
     """A `%%on_tpu` cell's report: one summary line, the details expandable."""
 
     def __init__(self, report: RunReport, findings: list[LineFinding] | None = None,
-                 label: str = "XLA", allowed_graphs: int = 1):
+                 label: str = "XLA", allowed_graphs: int = 1, source: str = ""):
         self.report = report
+        self.source = source                      # the cell's code, for the annotated listing
         self.findings = findings or []
         self.label = label
         self.allowed_graphs = allowed_graphs      # the cell's --max-graphs: not flagged

@@ -33,10 +33,16 @@ class LineFinding:
     """Something a line did, with what to do about it."""
 
     line: int            # 1-based line in the source; 0 when not on a line of it
-    kind: str            # "compile", "recompile", "fallback", "host-read"
+    kind: str            # "compile", "warm-up", "recompile", "fallback", "host-read"
     what: str            # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
-    hint: str = ""
+    hint: str = ""       # what to do; findings of one kind on one topic share the same text
     place: str = ""      # where, when not a line: "end of cell" (the final sync)
+    count: int = 1       # how many times it happened (host reads, fallbacks, graphs)
+    via: str = ""        # the library function between the line and the event, e.g.
+                         # "torch/optim/adamw.py:480 _single_tensor_adamw"
+    seconds: float | None = None   # time it cost where known (a compile's compile time)
+    order: int = 0       # when it first happened in the run (findings sort by it)
+    changed: tuple[str, ...] = ()  # recompiles: what differs from the line's earlier graph
 
 
 def fallback_hint(op: str) -> str:
