@@ -113,7 +113,7 @@ def test_setup_bad_device_is_one_line_and_changes_nothing(device, words):
 
 
 def test_setup_bad_num_devices():
-    with pytest.raises(TpuNbError, match="whole number of at least 1"):
+    with pytest.raises(TpuNbError, match="whole number from 1 to 256"):
         tpu_nb.setup("cpu", num_devices=0)
 
 

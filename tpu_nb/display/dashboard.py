@@ -96,10 +96,20 @@ class RefreshStats:
         return self.thread_cpu / self.thread_seconds if self.thread_seconds else 0.0
 
 
+# Upper bounds of the options: a dashboard that refreshes less than hourly shows nothing
+# live, and a polling thread cannot wait for inf or 1e308 seconds (the wait overflows).
+MAX_REFRESH_SECONDS = 3600.0
+MAX_ALERT_GRAPHS = 10_000
+
+
 def _check_seconds(name: str, value, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise TpuNbError(f"{name} must be a number of seconds of at least {minimum:g}; got "
-                         f"{value!r}. Fix: e.g. {name}={max(minimum, 0.5):g}.")
+    # NaN compares false with everything: it would pass a plain `value < minimum` and make the
+    # polling thread spin without waiting.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not minimum <= value <= MAX_REFRESH_SECONDS:
+        raise TpuNbError(f"{name} must be a number of seconds from {minimum:g} to "
+                         f"{MAX_REFRESH_SECONDS:g}; got {value!r}. Fix: e.g. "
+                         f"{name}={max(minimum, 0.5):g}.")
     return float(value)
 
 
@@ -135,9 +145,10 @@ class Dashboard:
             chart_refresh = max(1.0, self.refresh)
         self.chart_refresh = _check_seconds("chart_refresh", chart_refresh, self.refresh)
         if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) \
-                or alert_graphs < 1:
-            raise TpuNbError(f"alert_graphs must be a whole number of at least 1; got "
-                             f"{alert_graphs!r}. Fix: e.g. alert_graphs=3.")
+                or not 1 <= alert_graphs <= MAX_ALERT_GRAPHS:
+            raise TpuNbError(f"alert_graphs must be a whole number from 1 to "
+                             f"{MAX_ALERT_GRAPHS:,}; got {alert_graphs!r}. Fix: e.g. "
+                             f"alert_graphs=3.")
         self.alert_graphs = alert_graphs
         self.charts = bool(charts)
         self.title = str(title)

@@ -6,31 +6,83 @@ User mistakes raise UsageError (one line, no traceback); `-h/--help` prints the 
 from __future__ import annotations
 
 import ast
+import math
 import re
+import shlex
 import sys
+from argparse import ArgumentTypeError
 from contextlib import ExitStack
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
+from IPython.utils.process import arg_split
 
+from tpu_nb.runtime.device import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
 
+# The most distinct graphs --max-graphs and --alert-graphs accept: more is never a useful
+# limit, and a huge number would reach torch_xla's C++ as an overflowing int.
+MAX_GRAPHS = 10_000
 
 
-def _parse(magic, line: str):
-    """parse_argstring, with -h/--help printing the help instead of running."""
+def _parse(magic, line: str, *, code: bool = False):
+    """Parse a magic's line; None after printing the help for -h/--help.
+
+    Options-only magics split the line as a shell does, so quotes are removed and a quoted
+    path may hold spaces; magics taking Python code (code=True) keep the quotes, which belong
+    to the code. Every mistake is a one-line UsageError.
+    """
+    name = "%" + magic.__name__
     try:
-        args = parse_argstring(magic, line)
-    except UsageError:
-        raise
+        argv = shlex.split(line) if not code else arg_split(line, posix=False, strict=True)
+    except ValueError as exc:                      # shlex: "No closing quotation"
+        raise UsageError(f"{name}: cannot split {line.strip()!r} into arguments ({exc}). "
+                         f"Fix: close the quote (a path with spaces goes in matching quotes: "
+                         f"'my dir').") from None
+    try:
+        args = magic.parser.parse_args(argv)
+    except UsageError as exc:                     # argparse's message, e.g. unknown argument
+        text = str(exc).rstrip(".")
+        raise UsageError(f"{name}: {text}" if "Fix:" in text
+                         else f"{name}: {text}. Fix: see {name} --help.") from None
     except SystemExit:                          # argparse's exit on a bad value
-        raise UsageError(f"could not parse arguments {line!r}; see --help") from None
+        raise UsageError(f"{name}: could not parse arguments {line!r}. Fix: see {name} "
+                         f"--help.") from None
     if getattr(args, "help", False):
         print(magic.parser.format_help())
         return None
     return args
+
+
+def _whole(option: str, low: int, high: int, example: int):
+    """An argparse type: a whole number from low to high, else a one-line message with a Fix
+    (a huge number would otherwise reach torch_xla's C++ and fail there)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise ArgumentTypeError(f"needs a whole number from {low} to {high:,}; got "
+                                    f"{text!r}. Fix: e.g. {option} {example}")
+        return value
+    return parse
+
+
+def _seconds(option: str, low: float, high: float, example: float):
+    """An argparse type: finite seconds from low to high (NaN and inf are refused)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:               # false for NaN
+            raise ArgumentTypeError(f"needs a number of seconds from {low:g} to {high:g}; "
+                                    f"got {text!r}. Fix: e.g. {option} {example:g}")
+        return value
+    return parse
 
 
 def _whole_number(text: str) -> int:
@@ -43,15 +95,42 @@ def _whole_number(text: str) -> int:
     return value
 
 
-def _mesh_devices(mesh: str) -> int:
+def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
+    """--spmd's value as (devices, mesh) for spmd_context: "all", or a shape like 4 or 2x2."""
+    from tpu_nb.runtime.spmd import parse_mesh
+
+    if mesh in ("all", None, ""):
+        return "all", None
     try:
-        dims = [int(d) for d in mesh.lower().split("x")]
-    except ValueError:
-        raise UsageError(f"--spmd takes a mesh shape like 4 or 2x2; got {mesh!r}") from None
-    count = 1
-    for d in dims:
-        count *= d
-    return count
+        rows, columns = parse_mesh(mesh)
+    except TpuNbError as exc:
+        raise UsageError(f"--spmd: {exc}") from None
+    return rows * columns, mesh
+
+
+def _check_spmd(mesh: str) -> None:
+    from tpu_nb.runtime.spmd import check_spmd
+
+    try:
+        check_spmd(*_spmd_request(mesh))
+    except TpuNbError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _check_holds_xla_tensor(source: str, value) -> None:
+    """%xla_graph EXPR: a value without any XLA tensor is a mistake, not 'nothing pending'."""
+    import torch
+
+    from tpu_nb.runtime.graph import _walk_limited
+
+    if isinstance(value, torch.Tensor) and value.device.type != "xla":
+        raise UsageError(f"{source} is a tensor on {value.device}, which has no pending graph "
+                         f"(only XLA tensors are lazy). Fix: %xla_graph a tensor on the XLA "
+                         f"device, e.g. one made with .to(tpu_nb.device()).")
+    if next(_walk_limited(value, torch, depth=4, seen=set(), budget=[100_000]), None) is None:
+        raise UsageError(f"{source} is {type(value).__name__} {value!r:.40}, which holds no XLA "
+                         f"tensor. Fix: %xla_graph loss (tensors, a module or a list of them), "
+                         f"or %xla_graph alone for every tensor with pending work.")
 
 
 def _start_dashboard(**options):
@@ -102,12 +181,13 @@ class TpuMagics(Magics):
     @argument("-h", "--help", action="store_true", help="show this help and exit")
     @argument("--device", default="auto", metavar="{auto,tpu,cpu}",
               help="the XLA device: a TPU if there is one (auto), or tpu, or cpu")
-    @argument("--devices", type=int, default=None, metavar="N",
-              help="number of virtual XLA:CPU devices (for SPMD on a CPU)")
+    @argument("--devices", type=_whole("--devices", 1, MAX_CPU_DEVICES, 4), default=None,
+              metavar="N", help="number of virtual XLA:CPU devices (for SPMD on a CPU)")
     @argument("--ir-debug", action="store_true",
               help="record the Python line of each IR node (for the graph viewer)")
     @argument("--cache", default=None, metavar="DIR",
-              help="persistent compile cache directory (faster restarts on TPU)")
+              help="persistent compile cache directory (faster restarts on TPU); quote a "
+                   "path with spaces, ~ is your home")
     @argument("--check", action="store_true",
               help="only check the environment (imports torch_xla in a subprocess); change nothing")
     @argument("--install", action="store_true",
@@ -151,7 +231,8 @@ class TpuMagics(Magics):
     @argument("--no-sync", action="store_true",
               help="do not sync at the end of the cell (pending work stays pending)")
     @argument("--quiet", action="store_true", help="do not show the report")
-    @argument("--max-graphs", type=int, default=None, metavar="N",
+    @argument("--max-graphs", type=_whole("--max-graphs", 1, MAX_GRAPHS, 2), default=None,
+              metavar="N",
               help="fail when the steps of this cell trace more than N distinct graphs")
     @argument("--live", action="store_true", help="attach the live dashboard")
     @argument("--replicas", nargs="?", const="all", default=None, metavar="all|N",
@@ -170,9 +251,8 @@ class TpuMagics(Magics):
         args = _parse(self.on_tpu, line)
         if args is None:
             return
-        if args.max_graphs is not None and args.max_graphs < 1:
-            raise UsageError("--max-graphs needs a whole number of at least 1, e.g. "
-                             "--max-graphs 2")
+        if args.spmd is not None:
+            _check_spmd(args.spmd)     # before anything: the switch to SPMD cannot be undone
         if args.replicas is not None and args.spmd is not None:
             raise UsageError("choose one of --replicas and --spmd")
         if args.live and args.replicas is not None:
@@ -214,7 +294,7 @@ class TpuMagics(Magics):
         from tpu_nb.runtime.spmd import spmd_context
 
         try:
-            spmd = spmd_context("all" if mesh in ("all", None) else _mesh_devices(mesh), mesh)
+            spmd = spmd_context(*_spmd_request(mesh))
         except TpuNbError as exc:
             raise UsageError(str(exc)) from None
         self.shell.user_ns.update(spmd=spmd, mesh=spmd.mesh, shard_batch=spmd.shard_batch)
@@ -276,11 +356,14 @@ class TpuMagics(Magics):
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("--refresh", type=float, default=0.5, metavar="SECONDS",
+    @argument("--refresh", type=_seconds("--refresh", 0.1, 3600, 0.5), default=0.5,
+              metavar="SECONDS",
               help="seconds between updates (default 0.5: at most 2 a second)")
-    @argument("--chart-refresh", type=float, default=None, metavar="SECONDS",
+    @argument("--chart-refresh", type=_seconds("--chart-refresh", 0.1, 3600, 1), default=None,
+              metavar="SECONDS",
               help="at least this many seconds between chart redraws (default 1)")
-    @argument("--alert-graphs", type=int, default=3, metavar="K",
+    @argument("--alert-graphs", type=_whole("--alert-graphs", 1, MAX_GRAPHS, 3), default=3,
+              metavar="K",
               help="alert when one line compiles more than K distinct graphs (default 3)")
     @argument("--no-charts", action="store_true", help="panels only, no matplotlib charts")
     @line_magic
@@ -303,9 +386,10 @@ class TpuMagics(Magics):
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("-n", dest="number", type=int, default=None,
+    @argument("-n", dest="number", type=_whole("-n", 1, 1_000_000, 10), default=None,
               help="runs per repeat (default: enough for about 0.2 s)")
-    @argument("-r", dest="repeat", type=int, default=7, help="repeats (default 7)")
+    @argument("-r", dest="repeat", type=_whole("-r", 1, 1_000, 7), default=7,
+              help="repeats (default 7)")
     @argument("-o", dest="output", action="store_true", help="return the DeviceTiming")
     @argument("statement", nargs="*", help="what to time (line mode)")
     @line_cell_magic
@@ -316,7 +400,7 @@ class TpuMagics(Magics):
         first run (tracing + compile + execute) apart from the steady state, and says when
         the steady state still recompiles.
         """
-        args = _parse(self.tpu_time, line)
+        args = _parse(self.tpu_time, line, code=True)
         if args is None:
             return
         body = cell if cell is not None else " ".join(args.statement)
@@ -387,7 +471,7 @@ class TpuMagics(Magics):
     @argument("-h", "--help", action="store_true", help="show this help and exit")
     @argument("--by", choices=("auto", "line", "scope"), default="auto",
               help="how to group nodes above the budget (default: auto)")
-    @argument("--budget", type=int, default=None, metavar="N",
+    @argument("--budget", type=_whole("--budget", 1, 100_000, 200), default=None, metavar="N",
               help="nodes drawn one by one before grouping (default about 500)")
     @argument("--expand", action="append", default=[], metavar="GROUP",
               help="draw this group node by node (repeatable)")
@@ -397,11 +481,9 @@ class TpuMagics(Magics):
     @line_magic
     def xla_graph(self, line=""):
         """Show the pending (lazy) XLA graph of tensors: where each node came from, as SVG."""
-        args = _parse(self.xla_graph, line)
+        args = _parse(self.xla_graph, line, code=True)
         if args is None:
             return
-        if args.budget is not None and args.budget < 1:
-            raise UsageError("--budget needs a whole number of at least 1, e.g. --budget 200")
         from tpu_nb.display.graph_view import GraphView
         from tpu_nb.runtime.graph import NODE_BUDGET, pending_graph
 
@@ -412,6 +494,7 @@ class TpuMagics(Magics):
             except Exception as exc:
                 raise UsageError(f"could not evaluate {source!r}: {type(exc).__name__}: "
                                  f"{exc}") from None
+            _check_holds_xla_tensor(source, value)
             found = pending_graph(value)
         else:
             found = pending_graph()

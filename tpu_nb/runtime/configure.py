@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from tpu_nb.runtime.environment import (Environment, detect, detect_accelerator,
                                         runtime_initialized)
+from tpu_nb.runtime.device import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
 
 DEVICES = ("auto", "tpu", "cpu")
@@ -36,8 +37,9 @@ def default_debug_file() -> str:
 
 def _check_device(device: str, accelerator) -> str:
     if not isinstance(device, str):
-        raise TpuNbError(f"device must be a string, one of {', '.join(map(repr, DEVICES))}; "
-                         f"got {device!r}.")
+        raise TpuNbError(f"device must be one of {', '.join(map(repr, DEVICES))}; got "
+                         f"{device!r}. Fix: device='auto' (a TPU if there is one, else the "
+                         f"CPU), or 'tpu' or 'cpu'.")
     name = device.strip().lower()
     if name in ("gpu", "cuda", "rocm"):
         raise TpuNbError(
@@ -59,13 +61,61 @@ def _check_device(device: str, accelerator) -> str:
 def _check_num_devices(num_devices, device: str) -> int | None:
     if num_devices is None:
         return None
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-        raise TpuNbError(f"num_devices must be a whole number of at least 1; got "
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1 \
+            or num_devices > MAX_CPU_DEVICES:
+        raise TpuNbError(f"num_devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got "
                          f"{num_devices!r}. Fix: e.g. num_devices=4.")
     if device != "cpu":
         raise TpuNbError("num_devices sets the number of virtual XLA:CPU devices; a TPU host "
                          "uses all of its chips. Fix: drop num_devices, or use device='cpu'.")
     return num_devices
+
+
+def _check_options(**flags) -> None:
+    debug_file = flags.pop("debug_file")
+    if debug_file is not None and not isinstance(debug_file, (str, os.PathLike)):
+        raise TpuNbError(f"debug_file must be a file path; got {debug_file!r}. Fix: e.g. "
+                         "debug_file='/tmp/compile-analysis.log', or leave it out.")
+    for name, value in flags.items():
+        if not isinstance(value, bool) and not (name == "hlo_debug" and value is None):
+            raise TpuNbError(f"{name} must be True or False; got {value!r}. Fix: e.g. "
+                             f"{name}=True.")
+
+
+def _check_cache_dir(cache_dir) -> str | None:
+    """The compile cache directory as an absolute path (`~` expanded), checked before anything
+    is changed: an existing file, an unwritable place or /proc would fail only later."""
+    if cache_dir is None:
+        return None
+    raw = os.fspath(cache_dir) if isinstance(cache_dir, (str, os.PathLike)) else None
+    if not isinstance(raw, str) or not raw.strip() or "\0" in raw:
+        raise TpuNbError(f"cache_dir must be a directory path; got {cache_dir!r}. Fix: e.g. "
+                         "cache_dir='~/.cache/xla' (created if missing).")
+    path = os.path.abspath(os.path.expanduser(raw))
+    fix = "Fix: choose a directory of yours, e.g. cache_dir='~/.cache/xla'."
+    existing = path
+    while not os.path.exists(existing):      # the nearest part of the path that exists
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is a file" if existing == path else f"is inside a file ({existing})"
+        raise TpuNbError(f"the compile cache {path} {what}, not a directory. {fix}")
+    top = "/" + existing.strip("/").split("/")[0]
+    if top in ("/proc", "/sys", "/dev"):    # root may "write" there, yet nothing is created
+        raise TpuNbError(f"the compile cache {path} is in {top}, a kernel file system, not a "
+                         f"place for files. {fix}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TpuNbError(f"the compile cache {path} cannot be "
+                         f"{'written' if existing == path else 'created'}: {existing} is not "
+                         f"writable by you. {fix}")
+    return path
+
+
+def _make_cache_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise TpuNbError(f"the compile cache {path} cannot be created ({exc.strerror}). Fix: "
+                         "choose a directory of yours, e.g. cache_dir='~/.cache/xla'.") from None
 
 
 def _compiled_yet() -> bool:
@@ -95,8 +145,9 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
     accelerator = detect_accelerator()
     target = _check_device(device, accelerator)
     n_devices = _check_num_devices(num_devices, target)
-    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-        raise TpuNbError(f"cache_dir must be a path; got {cache_dir!r}.")
+    cache_path = _check_cache_dir(cache_dir)
+    _check_options(ir_debug=ir_debug, hlo_debug=hlo_debug, compile_analysis=compile_analysis,
+                   debug_file=debug_file)
     hlo_debug = ir_debug if hlo_debug is None else hlo_debug
 
     imported = "torch_xla" in sys.modules
@@ -127,8 +178,7 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
     if hlo_debug:
         wanted.append(("XLA_HLO_DEBUG", "1", None))     # read at each lowering
     if cache_dir is not None:
-        wanted.append(("XLA_PERSISTENT_CACHE_PATH", os.path.abspath(os.fspath(cache_dir)),
-                       started_why))
+        wanted.append(("XLA_PERSISTENT_CACHE_PATH", cache_path, started_why))
 
     applied, not_applied, changes = [], [], {}
     for name, value, latched_why in wanted:
@@ -148,7 +198,7 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
     if "PT_XLA_DEBUG_FILE" in changes:
         os.makedirs(os.path.dirname(changes["PT_XLA_DEBUG_FILE"]), exist_ok=True)
     if "XLA_PERSISTENT_CACHE_PATH" in changes:
-        os.makedirs(changes["XLA_PERSISTENT_CACHE_PATH"], exist_ok=True)
+        _make_cache_dir(changes["XLA_PERSISTENT_CACHE_PATH"])
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
     global _configured
     os.environ.update(changes)       # everything validated above: all or nothing

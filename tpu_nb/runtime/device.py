@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 from tpu_nb.runtime._xla import wait_device_ops, xla
-from tpu_nb.runtime.configure import ensure_setup
+from tpu_nb.runtime.errors import TpuNbError
+
+# The most virtual XLA:CPU devices tpu_nb asks for (setup's num_devices, %tpu_setup --devices,
+# launch/--replicas/--spmd device counts). 256 start in ~4 s and ~1 GB, like 4; a typo such as
+# 100000000000 would otherwise eat all memory before the first cell could be interrupted.
+MAX_CPU_DEVICES = 256
 
 
 def device(index: int | None = None):
     """The XLA device (`torch_xla.device()`), after `setup()` defaults if none was chosen."""
+    from tpu_nb.runtime.configure import ensure_setup   # configure imports MAX_CPU_DEVICES
+
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int)
+                              or index < 0):
+        raise TpuNbError(f"index must be a whole number of at least 0 (or None); got "
+                         f"{index!r}. Fix: tpu_nb.device() for the default device, or e.g. "
+                         f"tpu_nb.device(0).")
     ensure_setup()
-    return xla().device(index)
+    module = xla()
+    if index is not None:
+        _check_index(module, index)
+    return module.device(index)
+
+
+def _check_index(module, index: int) -> None:
+    import torch_xla.runtime as xr
+
+    # Under SPMD one virtual device (xla:0) stands for all of them.
+    count = 1 if xr.is_spmd() else xr.addressable_runtime_device_count()
+    if index >= count:
+        raise TpuNbError(f"there is no XLA device {index}: this process has {count} "
+                         f"(xla:0{f' to xla:{count - 1}' if count > 1 else ''}). Fix: "
+                         f"tpu_nb.device({count - 1 if count > 1 else 0}) or tpu_nb.device().")
 
 
 def sync(wait: bool = False) -> None:

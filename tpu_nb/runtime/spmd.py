@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tpu_nb.runtime.device import MAX_CPU_DEVICES
 from tpu_nb.runtime.environment import runtime_initialized
 from tpu_nb.runtime.errors import TpuNbError
 
@@ -27,20 +30,94 @@ class Spmd:
         return tensor
 
 
-def _parse_shape(mesh: str | None, n: int) -> tuple[int, int]:
+def parse_mesh(mesh: str | None) -> tuple[int, int] | None:
+    """(rows, columns) of a mesh like "4" or "2x2"; None for all devices in one row."""
     if mesh in (None, "", "all"):
-        return n, 1
+        return None
     try:
         dims = tuple(int(d) for d in str(mesh).lower().split("x"))
     except ValueError:
         dims = ()
-    if len(dims) not in (1, 2) or any(d < 1 for d in dims):
-        raise TpuNbError(f"mesh {mesh!r} is not a shape like 4 or 2x2. Fix: e.g. --spmd 4.")
-    shape = dims if len(dims) == 2 else (dims[0], 1)
-    if shape[0] * shape[1] != n:
+    if len(dims) not in (1, 2) or any(d < 1 for d in dims) or \
+            math.prod(dims) > MAX_CPU_DEVICES:
+        raise TpuNbError(f"mesh {mesh!r} is not a shape like 4 or 2x2 of at most "
+                         f"{MAX_CPU_DEVICES} devices. Fix: e.g. --spmd 4.")
+    return dims if len(dims) == 2 else (dims[0], 1)
+
+
+def _check_devices(devices) -> int | None:
+    if devices == "all":
+        return None
+    if isinstance(devices, bool) or not isinstance(devices, int) or not \
+            1 <= devices <= MAX_CPU_DEVICES:
+        raise TpuNbError(f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}; "
+                         f"got {devices!r}. Fix: e.g. devices=4, or devices='all'.")
+    return devices
+
+
+def _switch_refused() -> str | None:
+    """Why this process can no longer switch to SPMD, or None if it can (or already has).
+
+    torch_xla locks its SPMD configuration when the runtime starts (the first device use).
+    Switching after that makes `use_spmd()` re-place the existing tensors, and the next XLA
+    work then crashes the process (SIGSEGV inside torch_xla 2.9; checked on XLA:CPU).
+    """
+    module = sys.modules.get("torch_xla")
+    xlac = getattr(module, "_XLAC", None)
+    if xlac is None:
+        return None
+    import torch_xla.runtime as xr
+
+    if xr.is_spmd():
+        return None
+    locked = getattr(xlac, "_xla_get_spmd_config_is_locked", None)
+    if locked() if locked else runtime_initialized():
+        return ("this process already used the XLA device without SPMD, and switching to "
+                "SPMD now would crash it (torch_xla cannot move existing XLA tensors). Fix: "
+                "restart the kernel and run the SPMD cell (%%on_tpu --spmd, or "
+                "launch(..., mode='spmd')) before any other XLA work, right after %tpu_setup")
+    return None
+
+
+def _expected_devices() -> int | None:
+    """The device count the runtime will start with, when it can be known without starting
+    it (XLA:CPU: CPU_NUM_DEVICES); None otherwise."""
+    if runtime_initialized():
+        import torch_xla.runtime as xr
+
+        return xr.global_runtime_device_count()
+    if os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU":
+        try:
+            return int(os.environ.get("CPU_NUM_DEVICES") or 1)
+        except ValueError:
+            return None
+    return None
+
+
+def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | None:
+    """Everything that can refuse an SPMD request, checked before the process switches to SPMD
+    (a switch that cannot be undone). Returns the device count asked for (None: all)."""
+    wanted = _check_devices(devices)
+    shape = parse_mesh(mesh)
+    if shape and wanted is not None and shape[0] * shape[1] != wanted:
+        raise TpuNbError(f"a {shape[0]}x{shape[1]} mesh has {shape[0] * shape[1]} devices, "
+                         f"not {wanted}. Fix: a mesh of {wanted} devices, e.g. --spmd {wanted}.")
+    why = _switch_refused()
+    if why:
+        raise TpuNbError(f"cannot switch to SPMD: {why}.")
+    cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
+    will_have = wanted if cpu and wanted is not None and not runtime_initialized() \
+        else _expected_devices()
+    if wanted is not None and will_have is not None and wanted != will_have:
+        raise TpuNbError(
+            f"SPMD over {wanted} devices, but the runtime started with {will_have}. Fix: "
+            f"restart the kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', "
+            f"num_devices={wanted})) before the first XLA computation.")
+    count = wanted or will_have
+    if shape and count is not None and shape[0] * shape[1] != count:
         raise TpuNbError(f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
-                         f"this runtime has {n}. Fix: --spmd {n}.")
-    return shape
+                         f"this runtime has {count}. Fix: --spmd {count}.")
+    return wanted
 
 
 def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
@@ -49,8 +126,8 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
 
     from tpu_nb.runtime.configure import setup
 
+    wanted = check_spmd(devices, mesh)
     cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
-    wanted = None if devices == "all" else devices
     if cpu and wanted is not None and not runtime_initialized():
         setup("cpu", num_devices=wanted)
     import torch_xla.distributed.spmd as xs
@@ -58,12 +135,15 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
 
     xr.use_spmd()
     n = xr.global_runtime_device_count()
-    if wanted is not None and wanted != n:
+    if wanted is not None and wanted != n:     # only where the count was not knowable before
         raise TpuNbError(
             f"SPMD over {wanted} devices, but the runtime started with {n}. Fix: restart the "
             f"kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', num_devices="
             f"{wanted})) before the first XLA computation.")
-    shape = _parse_shape(mesh, n)
+    shape = parse_mesh(mesh) or (n, 1)
+    if shape[0] * shape[1] != n:
+        raise TpuNbError(f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
+                         f"this runtime has {n}. Fix: --spmd {n}.")
     return Spmd(xs.Mesh(np.arange(n), shape, ("data", "model")), n)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tpu_nb.runtime._xla import wait_device_ops, xla
+from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics import snapshot
 
 
@@ -72,6 +73,28 @@ def _run_once(fn, sync) -> float:
     return time.perf_counter() - start
 
 
+# Bounds of number and repeat: beyond them a timing runs for days (and a huge `number` is
+# almost always a typo); the automatic `number` stays at most 10,000 too.
+MAX_NUMBER = 1_000_000
+MAX_REPEAT = 1_000
+
+
+def _check_count(name: str, value, maximum: int, example: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise TpuNbError(f"{name} must be a whole number from 1 to {maximum:,}; got {value!r}. "
+                         f"Fix: e.g. {name}={example}.")
+
+
+def _check_arguments(fn, number, repeat) -> None:
+    if not callable(fn):
+        raise TpuNbError(f"time_device times a function called with no arguments; got "
+                         f"{fn!r:.60}. Fix: e.g. time_device(lambda: "
+                         f"step(x)) or time_device(step).")
+    if number is not None:
+        _check_count("number", number, MAX_NUMBER, 10)
+    _check_count("repeat", repeat, MAX_REPEAT, 7)
+
+
 def time_device(fn: Callable[[], object], *, number: int | None = None,
                 repeat: int = 7) -> DeviceTiming:
     """Time `fn()` on the XLA device: each run synced and waited for.
@@ -79,9 +102,7 @@ def time_device(fn: Callable[[], object], *, number: int | None = None,
     number: runs per repeat; default: enough for a repeat to take about 0.2 s.
     repeat: repeats of the steady state; the median of their per-run means is reported.
     """
-    if repeat < 1 or (number is not None and number < 1):
-        from tpu_nb.runtime.errors import TpuNbError
-        raise TpuNbError("number and repeat must be at least 1. Fix: e.g. number=10, repeat=7.")
+    _check_arguments(fn, number, repeat)
     sync = xla().sync
     sync()                    # work pending from before is not part of the timing
     wait_device_ops()
