@@ -85,9 +85,9 @@ def test_on_tpu_report_names_lines_of_the_cell(shell, capsys):
     assert report.metrics.host_reads == 1
     out = capsys.readouterr().out
     assert "64.0" in out
-    assert "line 3: fallback: aten::histc ran on the CPU" in out
-    assert "line 5: host-read: .item() may read a device value" in out
-    assert "line 5: compile:" in out          # the .item() compiled its graph at line 5
+    assert "line 3: fell back to the CPU ×1: aten::histc ran on the CPU" in out
+    assert "line 5: read from the device ×1: .item() may read a device value" in out
+    assert "line 5: compiled ×1" in out       # the .item() compiled its graph at line 5
 
 
 def test_failing_cell_reports_and_raises_and_next_cell_runs(shell, capsys):

@@ -7,6 +7,7 @@ tools/nbval-sanitize.cfg masks. Every string from user code or the runtime is es
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from html import escape
 
 from tpu_nb.runtime.attribution import LineFinding
@@ -15,28 +16,11 @@ from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot
 from tpu_nb.runtime.timing import DeviceTiming
 from tpu_nb.runtime.tracking import RunReport
 
-_STYLE = ("<style>.tpunb{font-family:var(--jp-code-font-family,monospace);font-size:12px}"
-          ".tpunb table{border-collapse:collapse;margin:2px 0}"
-          ".tpunb td,.tpunb th{padding:1px 8px;text-align:left;vertical-align:top;"
-          "border-bottom:1px solid #8883}.tpunb .err{color:#c62828;font-weight:bold}"
-          ".tpunb .warn{color:#b26a00;font-weight:bold}.tpunb .ok{color:#2e7d32}"
-          ".tpunb summary{cursor:pointer}.tpunb code{white-space:pre-wrap}</style>")
+from tpu_nb.display.style import (ACCENT, CODE, MARK_BG, MUTED, NOWRAP, OK, PRE, RED, WARN,
+                                  root, span, table)
+from tpu_nb.runtime.units import format_seconds
 
-
-def _table(rows, header=None) -> str:
-    head = ("<tr>" + "".join(f"<th>{escape(str(h))}</th>" for h in header) + "</tr>"
-            if header else "")
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>"
-                   for row in rows)
-    return f"<table>{head}{body}</table>"
-
-
-def _seconds(value: float) -> str:
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value * 1e6:.0f} us"
+_seconds = format_seconds          # the one time format (µs, ms, s), also for the dashboard
 
 
 # -- environment ------------------------------------------------------------------------------
@@ -64,20 +48,32 @@ class EnvironmentView:
             ("multi-device", e(env.multi_device)),
         ]
         rows += [("applied", e(a)) for a in env.applied]
-        rows += [("<span class='warn'>not applied</span>", e(n)) for n in env.not_applied]
-        html = [_STYLE, "<div class='tpunb'><b>tpu_nb environment</b>",
-                _table([(f"<b>{k}</b>", v) for k, v in rows])]
+        rows += [(span("not applied", WARN, bold=True), e(n)) for n in env.not_applied]
+        html = ["<b>tpu_nb environment</b>",
+                table([(f"<b>{k}</b>", v) for k, v in rows], styles=(NOWRAP,))]
         if env.problems:
-            probs = [(f"<span class='{'err' if p.severity == 'error' else 'warn'}'>"
-                      f"{e(p.severity)}</span>", e(p.message), f"<code>{e(p.fix)}</code>")
+            probs = [(span(e(p.severity), RED if p.severity == "error" else WARN, bold=True),
+                      e(p.message), f"<code style='{CODE}'>{e(p.fix)}</code>")
                      for p in env.problems]
-            html.append(_table(probs, ("", "problem", "fix")))
+            html.append(table(probs, ("", "problem", "fix")))
         else:
-            html.append("<span class='ok'>no problems found</span>")
-        return "".join(html) + "</div>"
+            html.append(span("no problems found", OK))
+        return root("".join(html), "tpunb-env")
 
 
 # -- a run (a cell) ---------------------------------------------------------------------------
+
+# What each kind of finding did, as the report says it.
+KIND_WORDS = {"compile": "compiled", "warm-up": "compiled its warm-up graph",
+              "recompile": "recompiled", "fallback": "fell back to the CPU",
+              "host-read": "read from the device"}
+_KIND_COLOURS = {"compile": ACCENT, "warm-up": MUTED, "recompile": RED, "fallback": WARN,
+                 "host-read": WARN}
+_FLAGGED = ("recompile", "fallback", "host-read")
+_SHOWN_WHATS = 3           # distinct descriptions listed per group before "and N more"
+_CONTEXT = 2               # source lines shown around a marked line of a long cell
+_LONG_CELL = 30            # cells longer than this show only marked lines and their context
+
 
 def _where(finding: LineFinding) -> str:
     if finding.line:
@@ -85,8 +81,106 @@ def _where(finding: LineFinding) -> str:
     return finding.place or "outside this cell"
 
 
+@dataclass
+class FindingGroup:
+    """The findings of one kind on one line (or place), merged: what a report row shows."""
+
+    where: str
+    line: int
+    kind: str
+    findings: list[LineFinding] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(max(f.count, 1) for f in self.findings)
+
+    @property
+    def seconds(self) -> float | None:
+        known = [f.seconds for f in self.findings if f.seconds is not None]
+        return sum(known) if known else None
+
+    @property
+    def order(self) -> int:
+        return min(f.order for f in self.findings)
+
+    def _distinct(self, values) -> list[str]:
+        return list(dict.fromkeys(v for v in values if v))
+
+    @property
+    def whats(self) -> list[str]:
+        return self._distinct(f.what for f in self.findings)
+
+    @property
+    def vias(self) -> list[str]:
+        return self._distinct(f.via for f in self.findings)
+
+    @property
+    def changed(self) -> list[str]:
+        return self._distinct(c for f in self.findings for c in f.changed)
+
+    @property
+    def hints(self) -> list[str]:
+        return self._distinct(f.hint for f in self.findings)
+
+    def marker(self) -> str:
+        """A few words for the annotated listing: "recompiled ×3 (1.20 s)"."""
+        secs = self.seconds
+        return (f"{KIND_WORDS.get(self.kind, self.kind)} \u00d7{self.count}"
+                + (f" ({format_seconds(secs)})" if secs is not None else ""))
+
+    def description(self) -> str:
+        whats = self.whats
+        text = "; ".join(whats[:_SHOWN_WHATS])
+        if len(whats) > _SHOWN_WHATS:
+            text += f"; and {len(whats) - _SHOWN_WHATS} more"
+        return text
+
+
+def group_findings(findings: list[LineFinding]) -> list[FindingGroup]:
+    """Findings merged by (line or place, kind), in the order they first happened."""
+    groups: dict[tuple, FindingGroup] = {}
+    for f in findings:
+        key = (f.line, f.place if not f.line else "", f.kind)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = FindingGroup(_where(f), f.line, f.kind)
+        group.findings.append(f)
+    return sorted(groups.values(), key=lambda g: (g.order, g.line))
+
+
+def _hints(groups: list[FindingGroup]) -> list[tuple[str, list[str], str]]:
+    """Each distinct hint once: (kind words, the places it applies to, the hint)."""
+    seen: dict[str, tuple[str, list[str], str]] = {}
+    for g in groups:
+        for hint in g.hints:
+            entry = seen.setdefault(hint, (KIND_WORDS.get(g.kind, g.kind), [], hint))
+            if g.where not in entry[1]:
+                entry[1].append(g.where)
+    return list(seen.values())
+
+
+def _shown_lines(total: int, marked: set[int]) -> list[int | None]:
+    """Line numbers to list (None: an elision); all of them for a short cell."""
+    if total <= _LONG_CELL:
+        return list(range(1, total + 1))
+    keep = sorted({n for m in marked for n in range(m - _CONTEXT, m + _CONTEXT + 1)
+                   if 1 <= n <= total})
+    out: list[int | None] = []
+    for n in keep:
+        if out and out[-1] is not None and n != out[-1] + 1:
+            out.append(None)
+        elif not out and n != 1:
+            out.append(None)
+        out.append(n)
+    if keep and keep[-1] != total:
+        out.append(None)
+    return out
+
+
 class RunView:
-    """A `%%on_tpu` cell's report: one summary line, the details expandable."""
+    """A `%%on_tpu` cell's report: the summary line; what each line did, grouped, in time
+    order, with one hint per kind of problem; the cell's source annotated line by line (as
+    `%lprun` annotates a listing); all figures on demand."""
 
     def __init__(self, report: RunReport, findings: list[LineFinding] | None = None,
                  label: str = "XLA", allowed_graphs: int = 1, source: str = ""):
@@ -95,12 +189,16 @@ class RunView:
         self.findings = findings or []
         self.label = label
         self.allowed_graphs = allowed_graphs      # the cell's --max-graphs: not flagged
-        self.recompiled = bool(report.recompiled_lines(allowed_graphs))
+        self.groups = group_findings(self.findings)
+        self.recompiled = bool(report.recompiled_lines(allowed_graphs)) or any(
+            g.kind == "recompile" for g in self.groups)
+
+    # -- content, shared by the text and HTML forms --
 
     def summary(self) -> str:
         r = self.report
         m = r.metrics
-        bits = [f"{self.label}: {_seconds(r.wall_seconds)}"
+        bits = [f"{self.label}: {format_seconds(r.wall_seconds)}"
                 + (" (device-synced)" if r.waited else ""),
                 f"{m.compiles} compiled", f"{m.executions} executed"]
         if m.cache_hits:
@@ -115,46 +213,163 @@ class RunView:
             bits.append(f"failed: {type(r.error).__name__}")
         return " | ".join(bits)
 
+    def figures(self) -> list[tuple[str, str]]:
+        r, m = self.report, self.report.metrics
+        fallbacks = ", ".join(f"aten::{op} \u00d7{n}" for op, n in sorted(m.fallbacks.items()))
+        return [
+            ("wall time", format_seconds(r.wall_seconds)
+             + (" (the cell's code, its final sync and the device's work)" if r.waited
+                else " (the cell's code and its final sync)")),
+            ("graphs compiled", f"{m.compiles} ({format_seconds(m.compile_seconds)})"),
+            ("compile cache hits", str(m.cache_hits)),
+            ("executions", f"{m.executions} ({format_seconds(m.execute_seconds)} on device)"),
+            ("transfers to device", f"{m.to_device_transfers} "
+                                    f"({format_seconds(m.to_device_seconds)})"),
+            ("transfers to host", f"{m.from_device_transfers} "
+                                  f"({format_seconds(m.from_device_seconds)})"),
+            ("device\u2192host reads", str(m.host_reads)),
+            ("CPU fallbacks", fallbacks or "none"),
+        ]
+
+    def _group_line(self, g: FindingGroup) -> str:
+        head = f"{g.where}: {g.marker()}"
+        what = g.description()
+        return f"{head}: {what}" if what else head
+
+    def _notes(self) -> list[str]:
+        notes = []
+        if self.report.metrics.compiles and not self.report.compile_analysis:
+            notes.append("compile causes unknown: run %tpu_setup before the first compile")
+        return notes
+
+    def _marks(self) -> dict[int, list[FindingGroup]]:
+        marks: dict[int, list[FindingGroup]] = {}
+        for g in self.groups:
+            if g.line:
+                marks.setdefault(g.line, []).append(g)
+        return marks
+
+    # -- text --
+
     def text(self) -> str:
-        r = self.report
-        lines = [self.summary(), str(r.metrics)]
-        for f in self.findings:
-            lines.append(f"  {_where(f)}: {f.kind}: {f.what}")
-            if f.hint:
-                lines.append(f"      -> {f.hint}")
-        if r.metrics.compiles and not r.compile_analysis:
-            lines.append("  compile causes unknown: run %tpu_setup before the first compile")
+        lines = [self.summary()]
+        lines += [f"  {k}: {v}" for k, v in self.figures()]
+        if self.groups:
+            lines.append("what happened, in order:")
+            for g in self.groups:
+                lines.append(f"  {self._group_line(g)}")
+                lines += [f"      via {via}" for via in g.vias]
+                if g.changed:
+                    lines.append(f"      changed: {'; '.join(g.changed)}")
+        hints = _hints(self.groups)
+        if hints:
+            lines.append("what to do:")
+            lines += [f"  {words} ({', '.join(places)}): {hint}"
+                      for words, places, hint in hints]
+        lines += [f"  {note}" for note in self._notes()]
+        lines += self._listing_text()
         return "\n".join(lines)
+
+    def _listing_text(self) -> list[str]:
+        marks = self._marks()
+        code = self.source.splitlines()
+        if not code or not marks:
+            return []
+        out = ["the cell, annotated:"]
+        for n in _shown_lines(len(code), set(marks)):
+            if n is None:
+                out.append("   ...")
+                continue
+            flag = ">" if n in marks else " "
+            out.append(f"{flag}{n:4d}  {code[n - 1]}".rstrip())
+            if n in marks:
+                out.append("        ^ " + ", ".join(g.marker() for g in marks[n]))
+        return out
 
     def __repr__(self) -> str:
         return self.text()
 
+    # -- HTML --
+
     def _repr_html_(self) -> str:
-        r, m, e = self.report, self.report.metrics, escape
-        cls = "err" if r.error is not None or self.recompiled else "ok"
-        rows = [
-            ("wall time", _seconds(r.wall_seconds) + (" (includes sync and device wait)"
-                                                      if r.waited else "")),
-            ("graphs compiled", f"{m.compiles} ({_seconds(m.compile_seconds)})"),
-            ("compile cache hits", str(m.cache_hits)),
-            ("executions", f"{m.executions} ({_seconds(m.execute_seconds)} on device)"),
-            ("transfers to device", f"{m.to_device_transfers} ({_seconds(m.to_device_seconds)})"),
-            ("transfers to host", f"{m.from_device_transfers} "
-                                  f"({_seconds(m.from_device_seconds)})"),
-            ("device\u2192host reads", str(m.host_reads)),
-            ("CPU fallbacks", e(", ".join(f"{op} \u00d7{n}" for op, n in
-                                          sorted(m.fallbacks.items())) or "none")),
-        ]
-        parts = [_STYLE, "<div class='tpunb'><details><summary>",
-                 f"<span class='{cls}'>{e(self.summary())}</span></summary>",
-                 _table([(f"<b>{k}</b>", v) for k, v in rows])]
-        if self.findings:
-            parts.append(_table([(e(_where(f)), e(f.kind), e(f.what), e(f.hint))
-                                 for f in self.findings], ("where", "what", "", "what to do")))
-        if m.compiles and not r.compile_analysis:
-            parts.append("<p>Compile causes unknown: run <code>%tpu_setup</code> before the "
-                         "first compile.</p>")
-        return "".join(parts) + "</details></div>"
+        e = escape
+        bad = self.report.error is not None or self.recompiled
+        flagged = bad or any(g.kind in _FLAGGED for g in self.groups)
+        parts = [f"<div class='tpunb-summary' style='font-weight:bold'>"
+                 f"{span(e(self.summary()), RED if bad else OK)}</div>"]
+        if self.groups:
+            parts.append(self._groups_html())
+        hints = _hints(self.groups)
+        if hints:
+            items = "".join(
+                f"<li style='margin:0;padding:0;text-align:left'>"
+                f"{span(e(words), _KIND_COLOURS.get(_kind_of(words), ACCENT), bold=True)} "
+                f"<span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}</li>"
+                for words, places, hint in hints)
+            parts.append("<div class='tpunb-hints' style='margin:4px 0 0'><b>what to do</b>"
+                         f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>")
+        for note in self._notes():
+            parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
+        listing = self._listing_html()
+        if listing:
+            parts.append(f"<details{' open' if flagged else ''} style='margin:4px 0 0'>"
+                         "<summary style='cursor:pointer'>the cell, annotated</summary>"
+                         f"{listing}</details>")
+        parts.append("<details style='margin:4px 0 0'><summary style='cursor:pointer'>"
+                     "all figures</summary>"
+                     + table([(f"<b>{e(k)}</b>", e(v)) for k, v in self.figures()],
+                             styles=(NOWRAP,)) + "</details>")
+        return root("".join(parts), "tpunb-report")
+
+    def _groups_html(self) -> str:
+        e = escape
+        rows = []
+        for g in self.groups:
+            colour = _KIND_COLOURS.get(g.kind, ACCENT)
+            details = e(g.description())
+            details += "".join(f"<br><span style='color:{MUTED}'>via {e(v)}</span>"
+                               for v in g.vias)
+            if g.changed:
+                details += (f"<br><span style='color:{RED}'>changed:</span> "
+                            + e("; ".join(g.changed)))
+            secs = g.seconds
+            rows.append((e(g.where), span(e(KIND_WORDS.get(g.kind, g.kind)), colour, bold=True),
+                         f"\u00d7{g.count}", e(format_seconds(secs)) if secs is not None
+                         else "", details))
+        return table(rows, ("where", "what", "times", "time", "details"),
+                     styles=(NOWRAP, NOWRAP, NOWRAP, NOWRAP, ""))
+
+    def _listing_html(self) -> str:
+        e = escape
+        marks = self._marks()
+        code = self.source.splitlines()
+        if not code or not marks:
+            return ""
+        rows, row_styles = [], []
+        for n in _shown_lines(len(code), set(marks)):
+            if n is None:
+                rows.append((f"<span style='color:{MUTED}'>\u22ee</span>", "", ""))
+                row_styles.append("")
+                continue
+            groups = marks.get(n, [])
+            badges = ", ".join(span(e(g.marker()), _KIND_COLOURS.get(g.kind, ACCENT),
+                                    bold=g.kind in _FLAGGED) for g in groups)
+            rows.append((f"<span style='color:{MUTED}'>{n}</span>", badges,
+                         f"<pre style='{PRE}'>{e(code[n - 1])}</pre>"))
+            # Lines that did something worth fixing stand out.
+            row_styles.append(f";background:{MARK_BG}"
+                              if any(g.kind in _FLAGGED for g in groups) else "")
+        flat = "border-bottom:none;padding-top:0;padding-bottom:0"
+        html = table(rows, ("line", "tpu_nb", "code"), row_styles=row_styles,
+                     styles=(f"text-align:right;{flat}", f"{NOWRAP};{flat}", flat))
+        return f"<div class='tpunb-listing' style='overflow-x:auto'>{html}</div>"
+
+
+def _kind_of(words: str) -> str:
+    for kind, text in KIND_WORDS.items():
+        if text == words:
+            return kind
+    return ""
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -187,13 +402,13 @@ class MetricsView:
 
     def _repr_html_(self) -> str:
         e = escape
-        parts = [_STYLE, f"<div class='tpunb'><b>{e(self.title)}</b>"]
+        parts = [f"<b>{e(self.title)}</b>"]
         if self.delta is not None:
-            parts.append(f"<pre>{e(str(self.delta))}</pre>")
+            parts.append(f"<pre style='{PRE}'>{e(str(self.delta))}</pre>")
         if self.full is not None:
-            parts.append(_table([(e(a), e(b), e(c)) for a, b, c in self._full_rows()],
+            parts.append(table([(e(a), e(b), e(c)) for a, b, c in self._full_rows()],
                                 ("name", "value", "")))
-        return "".join(parts) + "</div>"
+        return root("".join(parts), "tpunb-metrics")
 
 
 class CellsView:
@@ -227,8 +442,8 @@ class CellsView:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        return (f"{_STYLE}<div class='tpunb'>" + _table(
-            [tuple(escape(c) for c in r) for r in self.rows()], self.HEADER) + "</div>")
+        return root(table([tuple(escape(c) for c in r) for r in self.rows()], self.HEADER),
+                    "tpunb-cells")
 
 
 class TimingView:
@@ -242,6 +457,5 @@ class TimingView:
 
     def _repr_html_(self) -> str:
         t = self.timing
-        cls = "err" if t.recompiles else "ok"
-        return (f"{_STYLE}<div class='tpunb'><span class='{cls}'>"
-                f"{escape(t.summary())}</span></div>")
+        return root(span(escape(t.summary()), RED if t.recompiles else OK, bold=t.recompiles),
+                    "tpunb-timing")

@@ -350,7 +350,7 @@ class TpuMagics(Magics):
 
         allowed = args.max_graphs or 1
         findings = attribute(report, code.source, code.filename, allowed=allowed)
-        display(RunView(report, findings, allowed_graphs=allowed))
+        display(RunView(report, findings, allowed_graphs=allowed, source=code.source))
 
     # -- %tpu_dashboard ----------------------------------------------------------------------
 

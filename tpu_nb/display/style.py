@@ -1,0 +1,139 @@
+"""How every tpu_nb HTML view looks in any front end: layout inline, colours from the theme.
+
+Notebook front ends restyle bare HTML (JupyterLab right-aligns table cells, pads them, stripes
+rows; VS Code and Colab bring their own fonts and colours; GitHub and some sanitizers strip
+<style> blocks). So layout is written in inline `style` attributes, which outrank any class
+selector of the host page, and colours are CSS variables set by one scoped stylesheet:
+
+- the text and background follow the front end: JupyterLab's `--jp-*` variables, VS Code's
+  `--vscode-*`, else the browser's `prefers-color-scheme` (Colab's output frames, nbviewer,
+  exported HTML);
+- the accent colours (error, warning, ok, links, muted text) come in a light and a dark set,
+  each at least 4.5:1 against its background (WCAG AA); the dark set applies in JupyterLab's
+  dark themes (`body[data-jp-theme-light=false]`), VS Code's dark ones (`body.vscode-dark`),
+  or a dark `prefers-color-scheme` when no front end says otherwise.
+
+Each view carries its own block's background, so its text never depends on the page behind
+it. Inline colours name a light fallback (`var(--tpunb-red,#b3261e)`) for the case the
+stylesheet was stripped.
+"""
+
+from __future__ import annotations
+
+# name -> (light, dark). Contrast checked against #fff / #111-#2b2b2b respectively.
+PALETTE = {
+    "fg": ("#1f1f1f", "#e8e8e8"),
+    "bg": ("#ffffff", "#1e1e1e"),
+    "muted": ("#5c5c5c", "#b0b0b0"),
+    "red": ("#b3261e", "#ff8f85"),
+    "red-bg": ("#fdecea", "#3d1714"),
+    "warn": ("#8a4b00", "#ffbf66"),
+    "ok": ("#1b6e20", "#86cf8a"),
+    "accent": ("#0b57d0", "#8ab4f8"),
+    "line": ("#c4c4c4", "#4a4a4a"),
+    "mark-bg": ("#fff4ce", "#3a3000"),     # highlighted source lines
+}
+# Front ends' own text and background variables, tried in this order.
+_FG = ("--jp-content-font-color1", "--vscode-editor-foreground")
+_BG = ("--jp-layout-color0", "--vscode-editor-background")
+_DARK_HOSTS = ("body[data-jp-theme-light=false] .tpunb",
+               "body.vscode-dark .tpunb",
+               "body.vscode-high-contrast:not(.vscode-high-contrast-light) .tpunb")
+_LIGHT_HOSTS = ("body[data-jp-theme-light=true] .tpunb", "body.vscode-light .tpunb",
+                "body.vscode-high-contrast-light .tpunb")
+# Charts are drawn light (PNG); in a dark theme they are inverted, hues kept.
+_CHART_DARK = "filter:invert(0.88) hue-rotate(180deg)"
+
+
+def _chain(names: tuple[str, ...], fallback: str) -> str:
+    out = fallback
+    for name in reversed(names):
+        out = f"var({name},{out})"
+    return out
+
+
+def _variables(which: int) -> str:
+    decl = [f"--tpunb-{name}:{pair[which]}" for name, pair in PALETTE.items()
+            if name not in ("fg", "bg")]
+    decl.append(f"--tpunb-fg:{_chain(_FG, PALETTE['fg'][which])}")
+    decl.append(f"--tpunb-bg:{_chain(_BG, PALETTE['bg'][which])}")
+    return ";".join(decl)
+
+
+def _stylesheet() -> str:
+    light, dark = _variables(0), _variables(1)
+    chart = ".tpunb img.tpunb-chart, .tpunb .tpunb-chart img"
+    dark_charts = ",".join(f"{h.replace(' .tpunb', ' ')}{c.strip()}"
+                           for h in _DARK_HOSTS for c in chart.split(","))
+    light_charts = ",".join(f"{h.replace(' .tpunb', ' ')}{c.strip()}"
+                            for h in _LIGHT_HOSTS for c in chart.split(","))
+    return ("<style>"
+            f".tpunb{{{light}}}"
+            f"@media (prefers-color-scheme:dark){{.tpunb{{{dark}}}{chart}{{{_CHART_DARK}}}}}"
+            f"{','.join(_DARK_HOSTS)}{{{dark}}}"
+            f"{','.join(_LIGHT_HOSTS)}{{{light}}}"
+            f"{dark_charts}{{{_CHART_DARK}}}"
+            f"{light_charts}{{filter:none}}"
+            "</style>")
+
+
+STYLE = _stylesheet()
+
+
+def color(name: str) -> str:
+    """A palette colour as CSS, with its light value as the fallback."""
+    return f"var(--tpunb-{name},{PALETTE[name][0]})"
+
+
+FG, BG, MUTED, RED, RED_BG = color("fg"), color("bg"), color("muted"), color("red"), \
+    color("red-bg")
+WARN, OK, ACCENT, LINE, MARK_BG = color("warn"), color("ok"), color("accent"), \
+    color("line"), color("mark-bg")
+MONO = "var(--jp-code-font-family,var(--vscode-editor-font-family,monospace))"
+FONT = f"font-family:{MONO};font-size:12px;line-height:1.4"
+# The root of every view: its own colours and alignment, whatever the page around it.
+ROOT = (f"{FONT};color:{FG};background:{BG};text-align:left;padding:2px 4px;"
+        "box-sizing:border-box;max-width:100%")
+TABLE = ("border-collapse:collapse;border:none;margin:2px 0;font-size:inherit;"
+         "color:inherit;background:transparent;table-layout:auto;width:auto")
+CELL = ("text-align:left;vertical-align:top;padding:1px 10px 1px 0;border:none;"
+        f"border-bottom:1px solid {LINE};background:transparent;color:inherit;"
+        "white-space:normal;max-width:none;line-height:1.4")
+NOWRAP = "white-space:nowrap"
+ROW = "background:transparent;border:none"
+CODE = (f"font-family:{MONO};font-size:inherit;background:transparent;color:inherit;"
+        "padding:0;border:none;white-space:pre-wrap")
+PRE = (f"font-family:{MONO};font-size:inherit;background:transparent;color:inherit;"
+       "padding:0;margin:0;border:none;white-space:pre;overflow:visible;line-height:1.4")
+
+
+def root(body: str, cls: str = "", extra: str = "") -> str:
+    """A view's outer block: the stylesheet, then `body` in the themed, left-aligned root."""
+    names = "tpunb" + (f" {cls}" if cls else "")
+    return f"{STYLE}<div class='{names}' style='{ROOT}{';' + extra if extra else ''}'>{body}</div>"
+
+
+def cell(content: str, *, tag: str = "td", style: str = "") -> str:
+    return f"<{tag} style='{CELL}{';' + style if style else ''}'>{content}</{tag}>"
+
+
+def table(rows, header=None, *, styles: tuple[str, ...] = (),
+          row_styles: list[str] | None = None) -> str:
+    """A table of already-escaped cells; `styles[i]` is added to column i's cells,
+    `row_styles[j]` to row j."""
+    def row(cells, tag, extra=""):
+        return f"<tr style='{ROW}{extra}'>" + "".join(
+            cell(c, tag=tag, style=(styles[i] if i < len(styles) else "")
+                 + (";font-weight:bold" if tag == "th" else ""))
+            for i, c in enumerate(cells)) + "</tr>"
+    head = row(header, "th") if header else ""
+    extras = row_styles or [""] * len(rows)
+    return (f"<table style='{TABLE}'>{head}"
+            + "".join(row(r, "td", extra) for r, extra in zip(rows, extras)) + "</table>")
+
+
+def span(text: str, colour: str, *, bold: bool = False, cls: str = "") -> str:
+    """Already-escaped `text` in a palette colour."""
+    weight = ";font-weight:bold" if bold else ""
+    klass = f" class='{cls}'" if cls else ""
+    return f"<span{klass} style='color:{colour}{weight}'>{text}</span>"
