@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from dataclasses import replace
 
+from tpu_nb.runtime import private_files
 from tpu_nb.runtime.environment import (Environment, detect, detect_accelerator,
                                         runtime_initialized)
 from tpu_nb.runtime.device import MAX_CPU_DEVICES
@@ -30,9 +30,9 @@ METRICS_SAMPLES = "128"
 
 
 def default_debug_file() -> str:
-    """A per-process file for torch_xla's compile-cause analysis."""
-    folder = os.path.join(tempfile.gettempdir(), f"tpu_nb-{os.getuid()}")
-    return os.path.join(folder, f"compile-analysis-{os.getpid()}.log")
+    """A per-process file for torch_xla's compile-cause analysis, in a directory private to
+    this user (see private_files: on a shared host the usual path may be someone else's)."""
+    return private_files.default_log_path()
 
 
 def _check_device(device: str, accelerator) -> str:
@@ -195,8 +195,8 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
     if cache_dir is not None and target == "cpu" and not started:
         notes.append("compile cache on XLA:CPU: executables are written but cannot be loaded "
                      "back on CPU, so it gives no speed-up there (it does on TPU)")
-    if "PT_XLA_DEBUG_FILE" in changes:
-        os.makedirs(os.path.dirname(changes["PT_XLA_DEBUG_FILE"]), exist_ok=True)
+    if "PT_XLA_DEBUG_FILE" in changes:    # created 0600 by us before torch_xla opens it
+        notes += private_files.prepare_log(changes["PT_XLA_DEBUG_FILE"])
     if "XLA_PERSISTENT_CACHE_PATH" in changes:
         _make_cache_dir(changes["XLA_PERSISTENT_CACHE_PATH"])
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"

@@ -1,0 +1,195 @@
+"""Files tpu_nb leaves in the temp directory: private to the user, safe from a second local
+user, removed when done (issue 13, items 1-2).
+
+The attacks run as a real second uid (created with useradd, commands run through setpriv), in a
+sticky world-writable directory standing in for /tmp (TMPDIR), so nothing here touches the
+real /tmp/tpu_nb-<uid> that other kernels on this machine use. Without root (or without
+useradd/setpriv) those tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+
+import pytest
+
+OTHER = "tpu_nb_other"
+pytestmark = pytest.mark.timeout(240)
+
+# The victim: sets up, compiles twice in a tracked block, reports what it used.
+VICTIM = """
+import json, os, stat, sys, tpu_nb, torch, torch_xla
+before = globals().get("before_setup")
+if before: before()
+env = tpu_nb.setup("cpu")
+path = os.environ["PT_XLA_DEBUG_FILE"]
+with tpu_nb.track() as report:
+    x = torch.ones(4, device=torch_xla.device()) * 3
+    torch_xla.sync()
+    (x + 1).sum().item()
+mode = lambda p: oct(stat.S_IMODE(os.lstat(p).st_mode))
+print("RESULT", json.dumps({
+    "path": path, "dir": os.path.dirname(path), "dir_mode": mode(os.path.dirname(path)),
+    "file_mode": mode(path), "regular": stat.S_ISREG(os.lstat(path).st_mode),
+    "notes": list(env.applied), "pid": os.getpid(),
+    "causes": [e.cause for e in report.compile_events],
+    "compiles": report.metrics.compiles}))
+"""
+
+
+def _result(proc) -> dict:
+    return json.loads(proc.stdout.split("RESULT", 1)[1].splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    """A second local user (uid, gid), created if needed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second local user (useradd) and act as it")
+    if not (shutil.which("useradd") and shutil.which("setpriv")):
+        pytest.skip("needs useradd and setpriv (util-linux) to act as a second local user")
+    try:
+        pwd.getpwnam(OTHER)
+    except KeyError:
+        made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                               OTHER], capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    entry = pwd.getpwnam(OTHER)
+    return entry.pw_uid, entry.pw_gid
+
+
+def as_other(user, *command: str) -> subprocess.CompletedProcess:
+    uid, gid = user
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                           *command], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def shared_tmp():
+    """A stand-in for /tmp: world-writable with the sticky bit."""
+    path = tempfile.mkdtemp(prefix="tpu_nb_shared_tmp_")
+    os.chmod(path, 0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _usual(shared_tmp: str) -> str:
+    return os.path.join(shared_tmp, f"tpu_nb-{os.getuid()}")
+
+
+def test_log_is_private_by_default_and_other_users_cannot_read_it(py, shared_tmp, other_user):
+    script = VICTIM + """
+import subprocess
+seen = subprocess.run(["setpriv", "--reuid=%d", "--regid=%d", "--clear-groups", "cat", path],
+                      capture_output=True, text=True)
+print("OTHER", seen.returncode, "Compilation Analysis" in seen.stdout)
+""" % other_user
+    proc = py(script, env={"TMPDIR": shared_tmp})
+    got = _result(proc)
+    assert got["dir"] == _usual(shared_tmp)
+    assert (got["dir_mode"], got["file_mode"], got["regular"]) == ("0o700", "0o600", True)
+    assert got["compiles"] >= 1 and len(got["causes"]) == got["compiles"]
+    assert "OTHER 1 False" in proc.stdout            # the second user is refused
+    assert not os.path.exists(got["path"])           # removed when the process exited
+
+
+def test_directory_owned_by_another_user_is_not_used(py, shared_tmp, other_user):
+    usual = _usual(shared_tmp)
+    assert as_other(other_user, "mkdir", "-m", "0777", usual).returncode == 0
+    got = _result(py(VICTIM, env={"TMPDIR": shared_tmp}))
+    assert got["dir"] != usual and os.path.basename(got["dir"]).startswith(
+        f"tpu_nb-{os.getuid()}-")
+    assert (got["dir_mode"], got["file_mode"]) == ("0o700", "0o600")
+    note = " ".join(got["notes"])
+    assert f"{usual} belongs to uid {other_user[0]}" in note and "Fix:" in note
+    assert os.listdir(usual) == []                   # nothing of ours landed in their directory
+    assert not os.path.exists(got["dir"])            # the fresh directory removed at exit
+    assert got["compiles"] >= 1 and len(got["causes"]) == got["compiles"]
+
+
+def test_symlink_planted_at_the_log_path_is_not_followed(py, shared_tmp, other_user, tmp_path):
+    """The second user owns the usual directory and, having guessed the pid, links the log
+    path to a file of the victim's; and the victim's own directory holds a stale link."""
+    usual = _usual(shared_tmp)
+    assert as_other(other_user, "mkdir", "-m", "0755", usual).returncode == 0
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    script = """
+import os, subprocess
+def before_setup():
+    link = os.path.join(%r, f"compile-analysis-{os.getpid()}.log")
+    subprocess.run(["setpriv", "--reuid=%d", "--regid=%d", "--clear-groups", "ln", "-s",
+                    %r, link], check=True)
+""" % (usual, *other_user, str(precious)) + VICTIM
+    got = _result(py(script, env={"TMPDIR": shared_tmp}))
+    assert precious.read_text() == "keep me\n"
+    assert got["dir"] != usual and got["regular"]
+
+    # Our own private directory with a link left at the path (only we or root could put it
+    # there): the link is replaced by a new file, its target untouched.
+    os.rmdir(usual) if not os.listdir(usual) else shutil.rmtree(usual)
+    os.mkdir(usual, 0o700)
+    script = """
+import os
+def before_setup():
+    os.symlink(%r, os.path.join(%r, f"compile-analysis-{os.getpid()}.log"))
+""" % (str(precious), usual) + VICTIM
+    got = _result(py(script, env={"TMPDIR": shared_tmp}))
+    assert got["dir"] == usual and got["regular"] and got["file_mode"] == "0o600"
+    assert precious.read_text() == "keep me\n"
+
+
+def test_world_writable_log_with_a_forged_block_is_not_read(py, shared_tmp, other_user):
+    usual = _usual(shared_tmp)
+    forged = ("Compilation Analysis: " + "=" * 40 + "\nCompilation Analysis: Compilation "
+              "Cause\nCompilation Analysis:   FORGED by another user\nCompilation Analysis: "
+              + "=" * 40 + "\n")
+    script = """
+import os, subprocess
+def before_setup():
+    log = os.path.join(%r, f"compile-analysis-{os.getpid()}.log")
+    run = ["setpriv", "--reuid=%d", "--regid=%d", "--clear-groups"]
+    subprocess.run(run + ["mkdir", "-m", "0777", %r], check=True)
+    subprocess.run(run + ["sh", "-c", 'umask 0; cat > "$0"', log], input=%r, text=True,
+                   check=True)
+""" % (usual, *other_user, usual, forged) + VICTIM
+    got = _result(py(script, env={"TMPDIR": shared_tmp}))
+    assert got["dir"] != usual
+    assert got["causes"] and not any("FORGED" in c for c in got["causes"])
+    (planted,) = os.listdir(usual)
+    with open(os.path.join(usual, planted)) as f:
+        assert f.read() == forged                    # nothing of ours was appended
+
+
+def test_own_directory_from_an_older_version_is_closed_and_dead_logs_swept(py, shared_tmp):
+    usual = _usual(shared_tmp)
+    os.mkdir(usual)
+    os.chmod(usual, 0o755)                           # what tpu_nb made before: readable by all
+    stale = [os.path.join(usual, "compile-analysis-999999999.log")]   # no such process
+    stale.append(os.path.join(usual, f"compile-analysis-{os.getpid()}.log"))   # alive: kept
+    for path in stale:
+        with open(path, "w") as f:
+            f.write("old\n")
+    got = _result(py(VICTIM, env={"TMPDIR": shared_tmp}))
+    assert got["dir"] == usual and got["dir_mode"] == "0o700"
+    assert not os.path.exists(stale[0]) and os.path.exists(stale[1])
+    assert os.listdir(usual) == [os.path.basename(stale[1])]   # the victim's own log removed
+
+
+def test_user_chosen_debug_file_is_created_private(py, tmp_path):
+    chosen = tmp_path / "logs" / "analysis.log"
+    out = py(f"""
+        import os, stat, tpu_nb
+        tpu_nb.setup("cpu", debug_file={str(chosen)!r})
+        print(oct(stat.S_IMODE(os.stat({str(chosen)!r}).st_mode)))
+    """).stdout.split()
+    assert out[-1] == "0o600"
+    assert chosen.exists()                           # the user's own file: kept at exit
+    assert stat.S_IMODE(os.stat(chosen.parent).st_mode) == 0o700

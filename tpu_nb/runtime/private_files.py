@@ -1,0 +1,205 @@
+"""Files tpu_nb writes into the shared temp directory: private to this user, removed when done.
+
+The compile-cause log names the user's files and functions, and torch_xla appends to it by
+path, following symlinks, for the life of the process. On a shared host (a JupyterHub, a
+university server) anyone can create `/tmp/tpu_nb-<uid>` first, so nothing found there is
+trusted: the directory must be a real directory (not a symlink) owned by this user and closed
+to everyone else, and the log file is created by us, 0600, without following a symlink, before
+torch_xla first opens it. When the usual directory fails that check, a fresh `mkdtemp` one is
+used instead and the user is told why.
+
+Cleanup: this process's log is removed at interpreter exit; logs of processes that no longer
+exist are swept when `setup()` prepares a new one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import stat
+import tempfile
+
+from tpu_nb.runtime.errors import TpuNbError
+
+LOG_NAME = re.compile(r"^compile-analysis-(\d+)\.log$")
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# pid -> (directory, note): the directory this process uses, and why it is not the usual one.
+_chosen: dict[int, tuple[str, str | None]] = {}
+_removed_at_exit: set[str] = set()
+
+
+def usual_dir() -> str:
+    """`$TMPDIR/tpu_nb-<uid>`: where this user's compile logs go when it is safe."""
+    return os.path.join(tempfile.gettempdir(), f"tpu_nb-{os.getuid()}")
+
+
+def _open_private(path: str) -> tuple[int | None, str | None]:
+    """An fd on `path` if it is a directory of ours that no one else can use, else why not.
+    Our own directory with only read/search bits open to others (older tpu_nb made it 0755)
+    is closed to 0700; one writable by others may hold anything and is not used."""
+    try:
+        fd = os.open(path, _OPEN_DIR)
+    except OSError as exc:
+        if os.path.islink(path):
+            return None, "is a symbolic link"
+        if os.path.exists(path) and not os.path.isdir(path):
+            return None, "is not a directory"
+        return None, f"cannot be opened ({exc.strerror})"
+    info = os.fstat(fd)
+    problem = None
+    if info.st_uid != os.getuid():
+        problem = f"belongs to uid {info.st_uid}, not to you (uid {os.getuid()})"
+    elif info.st_mode & 0o022:
+        problem = f"is writable by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    elif info.st_mode & 0o077:
+        os.fchmod(fd, 0o700)
+    if problem:
+        os.close(fd)
+        return None, problem
+    return fd, None
+
+
+def private_dir() -> tuple[str, str | None]:
+    """This process's directory for its logs, and a note when it is not the usual one."""
+    chosen = _chosen.get(os.getpid())
+    if chosen is not None and os.path.isdir(chosen[0]):
+        return chosen
+    path = usual_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        pass                        # reported by _open_private below
+    fd, problem = _open_private(path)
+    note = None
+    if fd is None:
+        fresh = tempfile.mkdtemp(prefix=f"tpu_nb-{os.getuid()}-")   # 0700, random name
+        note = (f"{path} {problem}: it was not used; this kernel's compile log is in {fresh} "
+                "instead (removed at exit). Fix: remove or fix that directory (owned by you, "
+                "mode 0700) to get rid of this note")
+        atexit.register(_remove_dir, fresh, os.getpid())
+        path = fresh
+    else:
+        os.close(fd)
+    _chosen[os.getpid()] = (path, note)
+    return path, note
+
+
+def default_log_path() -> str:
+    """A per-process compile-cause log in this user's private directory."""
+    folder, _ = private_dir()
+    return os.path.join(folder, f"compile-analysis-{os.getpid()}.log")
+
+
+def prepare_log(path: str) -> list[str]:
+    """Create the compile log before torch_xla opens it; return notes for the user.
+
+    In our private directory: a new file, 0600, never through a symlink, a stale file of
+    ours (an earlier process with this pid) replaced; removed at exit; logs of dead
+    processes swept. Elsewhere (a path the user chose): created 0600 if missing.
+    """
+    folder, note = private_dir()
+    try:
+        if os.path.dirname(path) != folder:
+            _prepare_chosen(path)
+            return []
+        fd, problem = _open_private(folder)
+        if fd is None:          # changed under us since private_dir() checked it
+            raise OSError(0, f"{folder} {problem}")
+        try:
+            _sweep_dead_logs(fd)
+            _create_private(os.path.basename(path), fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise TpuNbError(f"cannot create the compile log {path}: {exc.strerror or exc}. Fix: "
+                         "debug_file='<a file in a directory of yours>', or "
+                         "compile_analysis=False.") from None
+    if path not in _removed_at_exit:
+        _removed_at_exit.add(path)
+        atexit.register(remove_log, path, os.getpid())
+    return [note] if note else []
+
+
+def _create_private(name: str, dir_fd: int, *, replace: bool = True) -> None:
+    try:
+        fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
+    except FileExistsError:            # only we can write here: our own stale file
+        if not replace:
+            return
+        os.unlink(name, dir_fd=dir_fd)
+        fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
+    os.fchmod(fd, 0o600)               # whatever the umask says, torch_xla must be able to write
+    os.close(fd)
+
+
+def _prepare_chosen(path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    if os.path.islink(path):
+        return    # the user's own link: torch_xla opens it as given
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    os.close(fd)
+
+
+def ensure_log(path: str) -> bool:
+    """Re-create our log after something removed it (a tmp cleaner, a user clearing /tmp),
+    before torch_xla recreates it with default permissions. False if it is not ours to make."""
+    folder, _ = private_dir()
+    if os.path.dirname(path) != folder:
+        return False
+    try:
+        os.mkdir(folder, 0o700)
+    except OSError:
+        pass
+    fd, _problem = _open_private(folder)
+    if fd is None:
+        return False
+    try:
+        _create_private(os.path.basename(path), fd, replace=False)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # someone else's process: alive
+        return True
+    return True
+
+
+def _sweep_dead_logs(dir_fd: int) -> None:
+    for name in os.listdir(dir_fd):
+        match = LOG_NAME.match(name)
+        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
+
+
+def remove_log(path: str, owner: int) -> None:
+    """At exit: remove this process's log (not in a forked child, whose exit is not ours)."""
+    if os.getpid() != owner:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_dir(path: str, owner: int) -> None:
+    if os.getpid() != owner:
+        return
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
