@@ -8,78 +8,35 @@
 
 In a notebook: `%load_ext tpu_nb`, then `%tpu_setup` and `%%on_tpu` cells.
 Importing tpu_nb imports neither torch_xla nor IPython: both load when first needed, and the
-live dashboard (`tpu_nb.dashboard`, `tpu_nb.Dashboard`: ipywidgets, matplotlib) loads on first
-use.
+display layer's names — the live dashboard (`tpu_nb.dashboard`, `tpu_nb.Dashboard`: ipywidgets,
+matplotlib) and the graph view (`tpu_nb.GraphView`) — load on first use.
+
+Errors: every exception tpu_nb raises on purpose is a `TpuNbError` (one line: what is wrong,
+then "Fix: ..."); `TpuNbUsageError`, `EnvironmentProblem` and `RuntimeStateError` say which
+kind (tpu_nb.runtime.errors).
 """
 
-from tpu_nb.runtime import (
-    Accelerator,
-    CompileEvent,
-    DeviceTiming,
-    Environment,
-    Frame,
-    Graph,
-    MetricsDelta,
-    MetricsSnapshot,
-    Problem,
-    RecompilationError,
-    ReplicaError,
-    RunReport,
-    TpuNbError,
-    default_device,
-    detect,
-    device,
-    graph,
-    last_report,
-    launch,
-    max_graphs,
-    pending_graph,
-    reset_metrics,
-    setup,
-    snapshot,
-    sync,
-    time_device,
-    track,
-)
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from tpu_nb import runtime
+from tpu_nb._version import __version__
+from tpu_nb.runtime import *  # noqa: F403  (the library's public names: runtime.__all__)
 
-__all__ = [
-    "Accelerator",
-    "CompileEvent",
-    "Dashboard",
-    "DeviceTiming",
-    "Environment",
-    "Frame",
-    "Graph",
-    "MetricsDelta",
-    "MetricsSnapshot",
-    "Problem",
-    "RecompilationError",
-    "ReplicaError",
-    "RunReport",
-    "TpuNbError",
-    "__version__",
-    "dashboard",
-    "default_device",
-    "detect",
-    "device",
-    "graph",
-    "last_report",
-    "launch",
-    "max_graphs",
-    "pending_graph",
-    "reset_metrics",
-    "setup",
-    "snapshot",
-    "sync",
-    "time_device",
-    "track",
-]
+if TYPE_CHECKING:   # for type checkers and IDEs; at run time they load on first use (_LAZY)
+    from tpu_nb.display.dashboard import Dashboard, dashboard
+    from tpu_nb.display.graph_view import GraphView
+
+# One list: the library's names plus the display layer's and the version.
+__all__ = ["Dashboard", "GraphView", "__version__", "dashboard"]
+__all__ += runtime.__all__
 
 # The display layer's names, imported on first use: `import tpu_nb` stays free of ipywidgets
 # and matplotlib.
-_LAZY = {"Dashboard": "tpu_nb.display.dashboard", "dashboard": "tpu_nb.display.dashboard"}
+_LAZY = {
+    "Dashboard": "tpu_nb.display.dashboard",
+    "dashboard": "tpu_nb.display.dashboard",
+    "GraphView": "tpu_nb.display.graph_view",
+}
 
 
 def __getattr__(name):

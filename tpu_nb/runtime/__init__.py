@@ -7,7 +7,12 @@ This package never imports IPython, ipywidgets or matplotlib, and imports torch_
 `import tpu_nb` stays cheap. It hands plain frozen dataclasses to the layers above.
 """
 
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import (
+    EnvironmentProblem,
+    RuntimeStateError,
+    TpuNbError,
+    TpuNbUsageError,
+)
 from tpu_nb.runtime.environment import Accelerator, Environment, Problem, detect
 from tpu_nb.runtime.configure import setup
 from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot, reset_metrics, snapshot
@@ -15,25 +20,50 @@ from tpu_nb.runtime.compile_log import CompileEvent, Frame
 from tpu_nb.runtime.device import device, sync
 from tpu_nb.runtime.tracking import RunReport, last_report, track
 from tpu_nb.runtime.defaults import default_device
-from tpu_nb.runtime.launch import CollectiveRefused, LaunchResult, ReplicaError, launch
+from tpu_nb.runtime.launch import (
+    CollectiveRefused,
+    LaunchResult,
+    ReplicaError,
+    ReplicaResult,
+    launch,
+)
 from tpu_nb.runtime.guard import RecompilationError, max_graphs
-from tpu_nb.runtime.graph import Graph, graph, pending_graph
+from tpu_nb.runtime.graph import Edge, Graph, Node, graph, pending_graph
+from tpu_nb.runtime.graph_diff import GraphDiff, NodeChange
+from tpu_nb.runtime.graph_groups import Group, GroupedGraph, GroupEdge
+from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.timing import DeviceTiming, time_device
 
+# The public API of the library: what its functions take, return and raise. tpu_nb re-exports
+# exactly these (tests/test_public_api.py).
 __all__ = [
     "Accelerator",
+    "CollectiveRefused",
     "CompileEvent",
     "DeviceTiming",
+    "Edge",
     "Environment",
+    "EnvironmentProblem",
     "Frame",
     "Graph",
+    "GraphDiff",
+    "Group",
+    "GroupEdge",
+    "GroupedGraph",
+    "LaunchResult",
+    "LiveState",
     "MetricsDelta",
     "MetricsSnapshot",
+    "Node",
+    "NodeChange",
     "Problem",
     "RecompilationError",
     "ReplicaError",
+    "ReplicaResult",
     "RunReport",
+    "RuntimeStateError",
     "TpuNbError",
+    "TpuNbUsageError",
     "default_device",
     "detect",
     "device",

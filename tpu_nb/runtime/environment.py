@@ -8,6 +8,7 @@ not match fails with an undefined `_XLAC` symbol). Every problem carries the exa
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import platform as _platform
 import subprocess
@@ -15,14 +16,20 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from packaging.version import InvalidVersion, Version
+
+log = logging.getLogger(__name__)
+
 #: The torch/torch_xla pair this release of tpu_nb is built and tested on.
 TORCH_PAIR = "2.9.0"
 
 # Google's PCI vendor id and the device ids of TPU chips, as torch_xla's own chip count reads
-# them from /sys (torch_xla/_internal/tpu.py). v2 and v3 share one id.
+# them from /sys (torch_xla/_internal/tpu.py). v2 and v3 share one id. When tpu-info is
+# installed (TPU VMs, Colab's TPU runtime) its table names the chip instead: Google keeps it
+# current, and it tells v2 from v3 by the PCI subsystem id.
 _GOOGLE_PCI_VENDOR = "0x1ae0"
-_TPU_PCI_DEVICES = {"0x0027": "v2/v3", "0x005e": "v4", "0x0063": "v5e", "0x006f": "v6e",
-                    "0x0076": "7x", "0x0056": None, "0x0062": None}
+_TPU_PCI_DEVICES = {"0x0027": "v2/v3", "0x005e": "v4", "0x0063": "v5e", "0x0062": "v5p",
+                    "0x006f": "v6e", "0x0076": "7x", "0x0056": None}
 
 _GPU_NAMES = {"gpu", "cuda", "rocm"}
 _VALID_PJRT = {"TPU", "CPU"}
@@ -131,16 +138,29 @@ def _version(dist: str) -> str | None:
 
 
 def _release(version: str | None) -> tuple[int, ...] | None:
-    """'2.9.0+cu128' -> (2, 9, 0); None when absent or unparsable."""
+    """'2.9.0+cu128' -> (2, 9, 0), '2.10.0rc1' -> (2, 10, 0); None when absent or not a
+    PEP 440 version."""
     if not version:
         return None
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return None
+
+
+def _same_release(a: str, b: str) -> bool:
+    """Whether two installed versions are the same major.minor release (torch and torch_xla
+    must be). Versions that are not PEP 440 are compared as written."""
+    ra, rb = _release(a), _release(b)
+    if ra is None or rb is None:
+        return a == b
+    return ra[:2] == rb[:2]
+
+
+def _pair_for(xla_version: str) -> str:
+    """The torch/torch_xla release matching this torch_xla: '2.9.0+libtpu' -> '2.9.0'."""
+    release = _release(xla_version)
+    return ".".join(map(str, release)) if release else TORCH_PAIR
 
 
 def detect_platform(env: os._Environ | dict = os.environ) -> str:
@@ -159,21 +179,38 @@ def _tpu_device_files() -> list[str]:
     return accel or vfio
 
 
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _pci_tpu_chips() -> tuple[int, str | None]:
     count, generation = 0, None
     for dev in glob.glob("/sys/bus/pci/devices/*"):
-        try:
-            with open(f"{dev}/vendor") as f:
-                if f.read().strip() != _GOOGLE_PCI_VENDOR:
-                    continue
-            with open(f"{dev}/device") as f:
-                device_id = f.read().strip()
-        except OSError:
+        if _read(f"{dev}/vendor") != _GOOGLE_PCI_VENDOR:
             continue
+        device_id = _read(f"{dev}/device")
         if device_id in _TPU_PCI_DEVICES:
             count += 1
-            generation = _TPU_PCI_DEVICES[device_id]
+            generation = chip_generation(device_id, _read(f"{dev}/subsystem_device"))
     return count, generation
+
+
+def chip_generation(device_id: str, subsystem_id: str = "") -> str | None:
+    """The TPU generation ("v5p", "v4", ...) of a Google PCI device id: tpu-info's table when
+    tpu-info is installed, else ours (which cannot tell v2 from v3). None when unknown."""
+    try:
+        from tpu_info.device import TpuChip
+    except ImportError:
+        return _TPU_PCI_DEVICES.get(device_id)
+    except Exception as exc:     # a broken tpu-info install must not stop detect()
+        log.debug("tpu-info failed to import (%r); using tpu_nb's chip table", exc)
+        return _TPU_PCI_DEVICES.get(device_id)
+    chip = TpuChip.from_pci_device_id(device_id, subsystem_id)
+    return chip.value.name if chip is not None else _TPU_PCI_DEVICES.get(device_id)
 
 
 def detect_accelerator(env: os._Environ | dict = os.environ) -> Accelerator:
@@ -231,7 +268,8 @@ def runtime_initialized() -> bool:
     probe = getattr(xlac, "_xla_runtime_is_initialized", None)
     try:
         return bool(probe()) if probe else False
-    except Exception:
+    except Exception as exc:     # a half-imported torch_xla: say "not started", leave a trace
+        log.debug("torch_xla's runtime probe failed: %r", exc)
         return False
 
 
@@ -245,8 +283,8 @@ def _problems(versions, accelerator, env) -> list[Problem]:
     if xla_v is None:
         out.append(Problem("torch-xla-missing", "error", "torch_xla is not installed.",
                            _pip_text(TORCH_PAIR, tpu)))
-    elif torch_v is not None and _release(torch_v)[:2] != _release(xla_v)[:2]:
-        pair = ".".join(map(str, _release(xla_v)))
+    elif torch_v is not None and not _same_release(torch_v, xla_v):
+        pair = _pair_for(xla_v)
         out.append(Problem(
             "version-mismatch", "error",
             f"torch {torch_v} does not match torch_xla {xla_v}: importing torch_xla will fail "
@@ -255,7 +293,7 @@ def _problems(versions, accelerator, env) -> list[Problem]:
     if xla_v is not None and tpu and versions["libtpu"] is None:
         out.append(Problem("libtpu-missing", "error",
                            "This host has a TPU but libtpu is not installed.",
-                           _pip_text(".".join(map(str, _release(xla_v))), True)))
+                           _pip_text(_pair_for(xla_v), True)))
     if xla_v is not None and _version("tensorflow") is not None:
         out.append(Problem(
             "tensorflow-installed", "error" if tpu else "warning",

@@ -32,11 +32,15 @@ from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from tpu_nb.runtime._xla import xlac
 from tpu_nb.runtime.compile_log import Frame, _is_library
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import TpuNbUsageError
+
+if TYPE_CHECKING:   # both import this module: at run time Graph.diff/groups import them late
+    from tpu_nb.runtime.graph_diff import GraphDiff
+    from tpu_nb.runtime.graph_groups import GroupedGraph
 
 KINDS = ("data", "constant", "view", "compute", "reduction", "collective", "random", "fallback")
 # Above this many nodes a view shows groups (by source line or scope) instead of single nodes.
@@ -284,8 +288,8 @@ class Graph:
         frames: dict[str, Frame | None] = {}
         parsed = [p for p in (_parse_line(line, frames) for line in text.splitlines()) if p]
         if not parsed and "IR {" not in text:
-            raise TpuNbError("this text is not torch_xla IR (no `IR {` block). Fix: pass the "
-                             "output of torch_xla._XLAC._get_xla_tensors_text([...]).")
+            raise TpuNbUsageError("this text is not torch_xla IR (no `IR {` block). Fix: pass "
+                                  "the output of torch_xla._XLAC._get_xla_tensors_text([...]).")
         index = {p["id"]: p for p in parsed}
         nodes, edges = [], []
         for values in parsed:
@@ -388,9 +392,9 @@ class Graph:
     def hlo(self) -> str:
         """The HLO module text torch_xla lowers this graph to."""
         if self.hlo_text is None:
-            raise TpuNbError("this Graph has no HLO: it was parsed from IR text or captured "
-                             "with hlo=False. Fix: capture it with tpu_nb.graph(*tensors), "
-                             "before the sync that runs it.")
+            raise TpuNbUsageError("this Graph has no HLO: it was parsed from IR text or "
+                                  "captured with hlo=False. Fix: capture it with "
+                                  "tpu_nb.graph(*tensors), before the sync that runs it.")
         return self.hlo_text
 
     def summary(self) -> str:
@@ -438,7 +442,7 @@ class Graph:
 
     # -- comparing and summarizing ---------------------------------------------------------
 
-    def diff(self, other: "Graph") -> "GraphDiff":  # noqa: F821 (graph_diff)
+    def diff(self, other: Graph) -> GraphDiff:
         """What changed from `other` (the earlier graph) to this one: nodes whose op, shape or
         dtype differ, and nodes only one of them has. `graph_b.diff(graph_a)`."""
         from tpu_nb.runtime.graph_diff import diff_graphs   # same layer; avoids an import cycle
@@ -446,7 +450,7 @@ class Graph:
         return diff_graphs(before=other, after=self)
 
     def groups(self, by: str = "auto", *, budget: int = NODE_BUDGET, target: int | None = None,
-               expand: Iterable[str] = ()) -> "GroupedGraph":  # noqa: F821
+               expand: Iterable[str] = ()) -> GroupedGraph:
         """Above `budget` nodes, about `target` groups of consecutive nodes by source line
         (or "function", "file", "scope", "range"); `expand` names groups to open. See
         tpu_nb.runtime.graph_groups."""
@@ -511,7 +515,7 @@ def _xla_tensors(objects: Sequence[Any]) -> list:
     for obj in objects:
         if isinstance(obj, torch.Tensor):
             if obj.device.type != "xla":
-                raise TpuNbError(
+                raise TpuNbUsageError(
                     f"graph() got a tensor on {obj.device}, which is not lazy: only XLA "
                     "tensors have a pending graph. Fix: leave it out, or move it first with "
                     ".to(tpu_nb.device()).")
@@ -520,13 +524,13 @@ def _xla_tensors(objects: Sequence[Any]) -> list:
             for t in _walk(obj, torch):
                 found.setdefault(id(t), t)
         else:
-            raise TpuNbError(
+            raise TpuNbUsageError(
                 f"graph() takes XLA tensors, modules, optimizers or lists/dicts of them; got "
                 f"{type(obj).__name__}. Fix: pass the tensors whose computation you want to "
                 "see, e.g. tpu_nb.graph(loss) or tpu_nb.graph(loss, model).")
     if not found:
-        raise TpuNbError("graph() found no XLA tensor in its arguments. Fix: pass tensors on "
-                         "the XLA device, e.g. tpu_nb.graph(loss).")
+        raise TpuNbUsageError("graph() found no XLA tensor in its arguments. Fix: pass tensors "
+                              "on the XLA device, e.g. tpu_nb.graph(loss).")
     return list(found.values())
 
 

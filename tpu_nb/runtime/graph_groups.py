@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import Iterable
 
 from tpu_nb.runtime.compile_log import Frame
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph import NODE_BUDGET, Graph, Node, gc_paused
 
 GROUP_BY = ("auto", "line", "function", "file", "scope", "range")
@@ -87,8 +87,8 @@ class GroupedGraph:
     def group(self, key: str) -> Group:
         """The group with this key (see `[g.key for g in grouped.groups]`)."""
         if key not in self._by_key:
-            raise TpuNbError(f"no group named {key!r}. Fix: use a key from "
-                             f"[g.key for g in grouped.groups], e.g. {self.groups[0].key!r}.")
+            raise TpuNbUsageError(f"no group named {key!r}. Fix: use a key from "
+                                  f"[g.key for g in grouped.groups], e.g. {self.groups[0].key!r}.")
         return self.groups[self._by_key[key]]
 
     def group_of(self, node_id: int) -> Group:
@@ -135,8 +135,8 @@ def _group_graph(graph: Graph, by: str, budget: int, target: int,
 
 def _level(graph: Graph, by: str) -> str:
     if by not in GROUP_BY:
-        raise TpuNbError(f"unknown grouping {by!r}. Fix: use one of "
-                         f"{', '.join(map(repr, GROUP_BY))}.")
+        raise TpuNbUsageError(f"unknown grouping {by!r}. Fix: use one of "
+                              f"{', '.join(map(repr, GROUP_BY))}.")
     if by != "auto":
         return by
     if any(_user_scope(n) for n in graph.nodes):
@@ -344,8 +344,8 @@ def _expand_one(grouped: GroupedGraph, name: str, keys: list[str], piece: list[i
             if g.size > 1 and (name in (g.key, g.label) or (g.sources and g.sources[0][0] == name))]
     if not hits:
         sample = next((g.key for g in grouped.groups if g.size > 1), grouped.groups[0].key)
-        raise TpuNbError(f"no group named {name!r} to expand. Fix: use a key from "
-                         f"[g.key for g in grouped.groups], e.g. {sample!r}.")
+        raise TpuNbUsageError(f"no group named {name!r} to expand. Fix: use a key from "
+                              f"[g.key for g in grouped.groups], e.g. {sample!r}.")
     n, pos = len(piece), grouped.graph._position
     fresh = (step + 1) * 2 * n              # ids no earlier step has used
     piece = list(piece)
