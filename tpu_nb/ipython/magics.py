@@ -143,6 +143,22 @@ def _start_dashboard(**options):
         raise UsageError(str(exc)) from None
 
 
+def _running_cell_number(shell) -> int:
+    """The execution number of the cell running this magic: the cell file of the nearest
+    calling frame. (`shell.execution_count` is already the next cell's number on IPython >= 8
+    while a cell runs, which made tracebacks say In [n+1].)"""
+    names = getattr(shell.compile, "_filename_map", {})          # IPython >= 8
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path in names:
+            return int(names[path])
+        if match := re.match(r"<ipython-input-(\d+)-", path):     # IPython 7
+            return int(match.group(1))
+        frame = frame.f_back
+    return shell.execution_count
+
+
 class _CellCode:
     """A cell body compiled the way %%time runs it: statements, then the last expression.
 
@@ -152,14 +168,16 @@ class _CellCode:
 
     def __init__(self, shell, body: str, magic_lines: int = 1):
         self.source = "\n" * magic_lines + shell.transform_cell(body)
-        self.filename = shell.compile.cache(self.source, shell.execution_count,
-                                            raw_code=self.source)
+        self.number = _running_cell_number(shell)
+        self.filename = shell.compile.cache(self.source, self.number, raw_code=self.source)
         tree = ast.parse(self.source, filename=self.filename)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         self.statements = shell.compile(tree, self.filename, "exec")
         self.expression = shell.compile(last, self.filename, "eval") if last else None
+        # The cell's own code: what tpu_nb places findings on and gives the default device.
+        self.codes = (self.statements, self.expression)
 
     def run(self, shell):
         __tracebackhide__ = True   # noqa: F841  (IPython hides this frame in tracebacks)
@@ -315,9 +333,9 @@ class TpuMagics(Magics):
             with ExitStack() as stack:
                 if args.live:   # outermost: its final state includes the cell's last sync
                     stack.enter_context(_start_dashboard())
-                report = stack.enter_context(track(f"In[{self.shell.execution_count}]",
-                                                   sync=not args.no_sync))
-                stack.enter_context(default_device(dev))
+                report = stack.enter_context(track(f"In[{code.number}]",
+                                                   sync=not args.no_sync, code=code.codes))
+                stack.enter_context(default_device(dev, code=code.codes))
                 if args.max_graphs is not None:
                     stack.enter_context(max_graphs(args.max_graphs))
                 if args.graph:             # source lines on the nodes, for this cell only

@@ -1,30 +1,40 @@
-"""Which lines of a piece of source did what: compiles, CPU fallbacks, device->host reads.
+"""Which lines of a tracked run did what: compiles, recompiles, value reads, CPU fallbacks.
 
-Compile events carry Python frames, so a compile maps to the exact line. Counters carry no
-lines, so a CPU fallback or a host read is matched to the lines of the source that call it
-(found by reading the source's syntax tree) and to value-access compiles, which have frames.
+Every finding comes from a recorded fact, never from reading the source for likely calls:
+compile events carry the site tpu_nb recorded at the sync or read that compiled them (the
+tracked code's line, the helper and the library function in between; see provenance.py),
+else torch_xla's own frames; value reads and CPU fallbacks are the calls whose counters moved,
+each with its site. What a recompile changed comes from the pending graphs captured just
+before the line's compiles (the op and shape that differ), else from the compile log's
+input/output counts, and the finding says which.
 """
 
 from __future__ import annotations
 
-import ast
+from collections import Counter
 from dataclasses import dataclass
 
 from tpu_nb.runtime import tracking
 from tpu_nb.runtime.compile_log import CompileEvent
+from tpu_nb.runtime.provenance import user_op
 from tpu_nb.runtime.tracking import RunReport
 
-HOST_READ_HINT = ("reading a value forces the device to finish everything pending and copy "
-                  "it to the host: keep values on the device (accumulate losses in a tensor) "
-                  "and read once after the loop, or log with xm.add_step_closure")
-# Calls that read a device value on the host.
-_READ_METHODS = {"item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()"}
-_READ_BUILTINS = {"print": "print()", "float": "float()", "int": "int()", "bool": "bool()"}
+HOST_READ_HINT = ("a device value read on the host waits for all pending work and copies it: "
+                  "keep values on the device (accumulate losses in a tensor) and read once "
+                  "after the loop, or log with xm.add_step_closure")
+RECOMPILE_HINT = ("keep shapes and Python values in the step fixed (pad or bucket the batch "
+                  "to a few fixed sizes), or allow the graphs with --max-graphs")
 _FALLBACK_HINTS = {
-    "nonzero": "its output size depends on the data; use torch.where with a mask instead",
-    "masked_select": "its output size depends on the data; multiply by the mask instead",
-    "unique": "its output size depends on the data; compute it once on the CPU before training",
-    "histc": "compute the histogram on the CPU outside the step, or with one-hot sums",
+    "torch.nonzero": "its output size depends on the data; use torch.where with a mask instead",
+    "torch.masked_select": "its output size depends on the data; multiply by the mask instead",
+    "torch.unique": "its output size depends on the data; compute it once on the CPU before "
+                    "training, or count with one-hot sums",
+    "torch.histc": "compute the histogram on the CPU outside the step, or with one-hot sums",
+    "torch.median": "use torch.quantile(x, 0.5) or sort and index the middle element",
+    "torch.bucketize": "compare against the boundaries and sum: (x[..., None] > b).sum(-1)",
+    "torch.searchsorted": "compare against the sorted values and sum the mask",
+    "F.grid_sample": "no XLA lowering for its backward/forward here: sample with gather on "
+                     "computed indices, or move it out of the step",
 }
 
 
@@ -46,104 +56,212 @@ class LineFinding:
 
 
 def fallback_hint(op: str) -> str:
-    specific = _FALLBACK_HINTS.get(op)
-    base = (f"aten::{op} has no XLA lowering, so it ran on the CPU (its inputs were copied to "
+    """What to do about a CPU fallback of `op` (a counter name like "_unique2", or the op the
+    user wrote, like "torch.unique")."""
+    wrote = op if "." in op and not op.startswith("aten") else user_op(op)
+    specific = _FALLBACK_HINTS.get(wrote)
+    base = (f"{wrote} has no XLA lowering, so it ran on the CPU (its inputs were copied to "
             "the host and its result back)")
     return f"{base}: {specific}" if specific else (
         f"{base}: use an op with an XLA lowering, or move it out of the hot loop")
 
 
-def _call_lines(tree: ast.AST) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    """name -> lines for every call `x.name(...)`/`name(...)`; host-read calls separately."""
-    calls: dict[str, list[int]] = {}
-    reads: dict[str, list[int]] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-        if name is None:
-            continue
-        calls.setdefault(name, []).append(node.lineno)
-        if isinstance(func, ast.Attribute) and name in _READ_METHODS:
-            reads.setdefault(_READ_METHODS[name], []).append(node.lineno)
-        elif isinstance(func, ast.Name) and name in _READ_BUILTINS:
-            reads.setdefault(_READ_BUILTINS[name], []).append(node.lineno)
-    return calls, reads
+def _cell_line(frame, filename: str) -> int | None:
+    return frame.line if frame is not None and frame.file == filename else None
 
 
-def _line_in(event: CompileEvent, filename: str) -> int | None:
-    for frame in event.frames:
+def _event_line(event: CompileEvent, filename: str) -> int | None:
+    site = event.site
+    if site is not None:
+        return _cell_line(site.line, filename)
+    for frame in reversed(event.frames):        # outermost visible frame of the cell
         if frame.file == filename:
             return frame.line
     return None
 
 
-def _recompile_hint(event: CompileEvent) -> str:
-    from tpu_nb.runtime.live import describe_difference
+def _ends_run(event: CompileEvent) -> bool:
+    """The compile of track()'s own final sync (the end of the cell)."""
+    site = event.site
+    if site is not None:
+        return site.line is None and site.library is not None and \
+            site.library.file == tracking.__file__
+    return any(f.file == tracking.__file__ for f in event.frames)
 
-    before = tracking.earlier_graph(event)
-    differs = "; ".join(describe_difference(before, event)) if before else ""
-    return ("this line compiled a different graph before"
-            + (f" ({differs})" if differs else "")
-            + ": keep shapes and Python values in the step fixed (pad or bucket the batch)")
+
+def _via(event: CompileEvent) -> str:
+    return event.site.via if event.site is not None else ""
+
+
+def graph_facts(before, after) -> tuple[str, ...]:
+    """What differs between two captured graphs of one line, as facts: the op, shape or dtype
+    where the difference starts; inputs and ops only one of them has."""
+    facts: list[str] = []
+    diff = after.diff(before)            # Graph.diff: later.diff(earlier)
+    for change in diff.causes[:3]:
+        if change.before is not None and change.after is not None:
+            facts.append(_shape_change(change.before, change.after))
+    data = lambda g: sum(1 for n in g.nodes if n.kind == "data")   # noqa: E731
+    d_before, d_after = data(before), data(after)
+    if d_before != d_after:
+        facts.append(f"graph inputs (device data) {d_before} \u2192 {d_after}")
+    ops_before = Counter(n.op for n in before.nodes if n.kind not in ("data", "constant"))
+    ops_after = Counter(n.op for n in after.nodes if n.kind not in ("data", "constant"))
+    only_before, only_after = ops_before - ops_after, ops_after - ops_before
+    if only_before:
+        facts.append("ops only the earlier graph ran: " + _ops(only_before))
+    if only_after:
+        facts.append("ops only the later graph ran: " + _ops(only_after))
+    if not facts and diff:
+        facts.append(diff.summary())
+    return tuple(facts)
+
+
+def _shape_change(a, b) -> str:
+    text = f"{b.op} {a.shape} \u2192 {b.shape}" if a.shape != b.shape else \
+        f"{a.op} \u2192 {b.op} ({b.shape})"
+    dims_a, dims_b = _dims(a.shape), _dims(b.shape)
+    if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
+        moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in enumerate(zip(dims_a, dims_b))
+                 if x != y]
+        if moved:
+            text += f" ({', '.join(moved[:2])})"
+    if b.location is not None:
+        text += f", made at {b.where}"
+    return text
+
+
+def _dims(shape: str) -> list[str] | None:
+    if "[" not in shape or shape.startswith("("):
+        return None
+    inner = shape[shape.index("[") + 1:shape.index("]")]
+    return inner.split(",") if inner else []
+
+
+def _ops(counts: Counter) -> str:
+    top = counts.most_common(4)
+    more = len(counts) - len(top)
+    return ", ".join(f"{op} \u00d7{n}" for op, n in top) + (f" and {more} more" if more else "")
+
+
+def _log_facts(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
+    facts = []
+    if (before.inputs, before.outputs) != (after.inputs, after.outputs):
+        facts.append(f"graph inputs {before.inputs} \u2192 {after.inputs}, outputs "
+                     f"{before.outputs} \u2192 {after.outputs}")
+    else:
+        facts.append(f"same number of inputs ({after.inputs}) and outputs ({after.outputs}): a "
+                     "shape, dtype or Python value inside the graph changed")
+    if before.cause != after.cause:
+        facts.append(f"cause: {before.cause} \u2192 {after.cause}")
+    return tuple(facts) + ("tpu_nb did not capture both graphs, so it cannot name the op",)
+
+
+def what_changed(event: CompileEvent) -> tuple[str, ...]:
+    """What differs between `event`'s graph and the one its line compiled before it."""
+    earlier = tracking.earlier_graph(event)
+    if earlier is None:
+        return ()
+    a, b = tracking.captured_graph(earlier), tracking.captured_graph(event)
+    if a is not None and b is not None:
+        facts = graph_facts(a, b)
+        if facts:
+            return facts
+    return _log_facts(earlier, event)
 
 
 def attribute(report: RunReport, source: str, filename: str,
               allowed: int = 1) -> list[LineFinding]:
     """Findings of `report` placed on lines of `source` (compiled under `filename`).
 
-    allowed: distinct graphs a line may compile before it counts as recompiling (the cell's
-    --max-graphs: deliberate bucketing is not flagged)."""
-    findings: list[LineFinding] = []
-    # Per line: a warm-up graph (the second, when the first step created state) is expected;
-    # the graphs after the first `allowed` others are recompilations.
-    recompiled, accepted, warmup = set(), set(), set()
-    for line, hashes in report.recompilations.items():
-        skip = 1 + (line in report.warmups)
-        if line in report.warmups:
-            warmup.add(hashes[1])
-        accepted.update(hashes[skip:skip + allowed - 1])
-        recompiled.update(hashes[skip + allowed - 1:])
-    for event in report.compile_events:
-        line = _line_in(event, filename)
+    allowed: distinct graphs a line may compile (the cell's --max-graphs: deliberate
+    bucketing is not flagged); a line's second graph after a first step that differed in
+    its inputs or ops is its warm-up, said with what differed."""
+    findings = _compile_findings(report, filename, allowed)
+    findings += _read_findings(report, filename)
+    findings += _fallback_findings(report, filename)
+    return sorted(findings, key=lambda f: (f.order, f.line))
+
+
+def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[LineFinding]:
+    out = []
+    beyond = report.recompiled_lines(allowed)
+    for order, event in enumerate(report.compile_events):
+        line = _event_line(event, filename)
+        what = f"graph {event.graph_hash[:8]} compiled ({event.cause})"
         if line is None:
-            if _line_in(event, tracking.__file__) is not None:   # track()'s final sync
-                findings.append(LineFinding(0, "compile", event.describe().split(" at ")[0],
-                                            place="end of cell"))
+            place = "end of cell" if _ends_run(event) else "code this cell called " \
+                "(line not recorded)"
+            out.append(LineFinding(0, "compile", what, place=place, via=_via(event),
+                                   order=order))
             continue
-        kind = "recompile" if event.graph_hash in recompiled else "compile"
-        hint = _recompile_hint(event) if kind == "recompile" else ""
-        if event.graph_hash in warmup:
-            hint = ("expected once: the first step compiled its own graph (it created "
-                    "gradients and optimizer state); this is the steady step's graph")
-        elif event.graph_hash in accepted:
-            hint = f"another graph of this line, within the {allowed} allowed (--max-graphs)"
+        kind, hint, changed = "compile", "", ()
+        frame = event.user_frame
+        key = (frame.file, frame.line) if frame is not None else None
+        hashes = report.recompilations.get(key, ())
+        index = hashes.index(event.graph_hash) if event.graph_hash in hashes else 0
+        if index > 0:
+            changed = what_changed(event)
+            warm = key in report.warmups and index == 1
+            if warm:
+                kind, hint = "warm-up", ("expected once: the first step's graph differed "
+                                         "from the steady step's, as listed")
+            elif key in beyond and index >= allowed + (key in report.warmups):
+                kind, hint = "recompile", RECOMPILE_HINT
+            else:
+                hint = f"another graph of this line, within the {allowed} allowed " \
+                       "(--max-graphs)"
         if event.kind == "value-access":
             hint = HOST_READ_HINT
-        findings.append(LineFinding(line, kind, event.describe().split(" at ")[0], hint))
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return findings
-    calls, reads = _call_lines(tree)
+        out.append(LineFinding(line, kind, what, hint, via=_via(event), order=order,
+                               changed=changed))
+    return out
+
+
+def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
+    out, placed = [], 0
+    base = len(report.compile_events)
+    for occ in report.occurrences:
+        if occ.kind != "read":
+            continue
+        placed += occ.count
+        line = _cell_line(occ.site.line, filename)
+        reads = f"{occ.count} device\u2192host read{'s' if occ.count != 1 else ''}" \
+            if occ.count else "a copy of device data to the host"
+        what = f"{occ.what} read a device value ({occ.calls}\u00d7: {reads})"
+        out.append(LineFinding(line or 0, "host-read", what, HOST_READ_HINT,
+                               place="" if line else "outside this cell's code",
+                               count=occ.calls, via=occ.site.via, order=base + occ.order))
+    unplaced = report.metrics.host_reads - placed
+    if unplaced > 0 and report.occurrences is not None:
+        out.append(LineFinding(0, "host-read", f"{unplaced} device\u2192host reads tpu_nb "
+                               "could not place on a line", HOST_READ_HINT,
+                               place="line not recorded", count=unplaced,
+                               order=base + 10**6))
+    return out
+
+
+def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
+    out: list[LineFinding] = []
+    placed: Counter = Counter()
+    base = len(report.compile_events)
+    for occ in report.occurrences:
+        if occ.kind != "fallback":
+            continue
+        op = occ.what.split("::", 1)[-1]
+        placed[op] += occ.count
+        line = _cell_line(occ.site.line, filename)
+        out.append(LineFinding(line or 0, "fallback",
+                               f"{user_op(occ.what)} ran on the CPU (aten::{op}, "
+                               f"{occ.count}\u00d7)", fallback_hint(occ.what),
+                               place="" if line else "outside this cell's code",
+                               count=occ.count, via=occ.site.via, order=base + occ.order))
     for op, count in sorted(report.metrics.fallbacks.items()):
-        lines = calls.get(op) or [None]
-        for line in lines:
-            findings.append(LineFinding(line or 0, "fallback",
-                                        f"aten::{op} ran on the CPU ({count}\u00d7)",
-                                        fallback_hint(op)))
-    if report.metrics.host_reads:
-        access_lines = {f.line for f in findings if f.kind in ("compile", "recompile")
-                        and f.hint == HOST_READ_HINT}
-        seen = set()
-        for what, lines in sorted(reads.items()):
-            for line in lines:
-                if line not in seen:
-                    seen.add(line)
-                    findings.append(LineFinding(line, "host-read",
-                                                f"{what} may read a device value", HOST_READ_HINT))
-        for line in sorted(access_lines - seen):
-            findings.append(LineFinding(line, "host-read", "a device value was read",
-                                        HOST_READ_HINT))
-    return sorted(findings, key=lambda f: (f.line, f.kind))
+        left = count - placed[op]
+        if left > 0:
+            out.append(LineFinding(0, "fallback", f"{user_op('aten::' + op)} ran on the CPU "
+                                   f"(aten::{op}, {left}\u00d7)", fallback_hint(op),
+                                   place="line not recorded (the first calls of an op tpu_nb "
+                                   "had not seen fall back yet, or a call from C++)",
+                                   count=left, order=base + 10**6))
+    return out

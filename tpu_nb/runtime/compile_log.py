@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-import sysconfig
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpu_nb.runtime.sources import is_library
 
 _COMPILE = "Compilation Analysis: "
 _POST = "Post Compilation Analysis: "
@@ -57,6 +58,10 @@ class CompileEvent:
     computation_hash: str | None = None
     sizes_gb: dict[str, float] = field(default_factory=dict)  # input, output, aliased, ...
     offset: int = 0                 # byte offset of the block in the log
+    # Where it came from, recorded by tpu_nb itself (a provenance.Site: the tracked code's
+    # line, the helper and library function in between), when a tracked run saw it; the
+    # log's own `frames` stop after 8.
+    site: Any = field(default=None, compare=False)
 
     @property
     def kind(self) -> str:
@@ -70,7 +75,12 @@ class CompileEvent:
     @property
     def user_frame(self) -> Frame | None:
         """The innermost frame in the user's code (not the stdlib, an installed package or
-        tpu_nb); None when the compile came from library code alone (e.g. tpu_nb's sync)."""
+        tpu_nb) — the line whose graphs are compared for recompilation; None when the compile
+        came from library code alone (e.g. tpu_nb's own final sync). From the stack tpu_nb
+        recorded (`site`) when there is one, else from the log's 8 frames. A finding is
+        placed on `site.line`, the tracked code's own line that led here."""
+        if self.site is not None:
+            return self.site.user or self.site.line
         for frame in self.frames:
             if not _is_library(frame.file):
                 return frame
@@ -82,33 +92,9 @@ class CompileEvent:
         return f"graph {self.graph_hash[:8]} compiled: {self.cause}{at}"
 
 
-# Packages whose home directory holds installed code, wherever it is (site-packages, or a
-# layer put first on PYTHONPATH as tpu_nb's tests do for Colab's IPython stack).
-_KNOWN_PACKAGES = ("torch", "torch_xla", "IPython", "ipykernel", "traitlets", "tornado")
-_dirs_cache: dict[tuple[bool, ...], tuple[str, ...]] = {}
-
-
-def _library_dirs() -> tuple[str, ...]:
-    """Directories of code that is not the user's: the stdlib, installed packages, tpu_nb."""
-    present = tuple(name in sys.modules for name in _KNOWN_PACKAGES)
-    cached = _dirs_cache.get(present)
-    if cached is not None:
-        return cached
-    paths = sysconfig.get_paths()
-    dirs = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    for name, loaded in zip(_KNOWN_PACKAGES, present):
-        path = getattr(sys.modules.get(name), "__file__", None) if loaded else None
-        if path:      # the directory the package is installed in
-            dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(path))))
-    result = tuple(os.path.join(d, "") for d in dirs if d)
-    _dirs_cache[present] = result
-    return result
-
-
 def _is_library(path: str) -> bool:
-    return (path.startswith(_library_dirs()) or "site-packages" in path
-            or "dist-packages" in path or path.startswith("<frozen"))
+    # Kept for the modules that import it; the decision lives in sources.py.
+    return is_library(path)
 
 
 def _field(line: str, name: str) -> str | None:

@@ -1,16 +1,24 @@
-"""`default_device()`: tensor factories and new modules land on the XLA device, cheaply.
+"""`default_device()`: the block's own tensor factories and new modules land on the XLA device.
 
 `with torch.device(dev):` (and torch.set_default_device) install a TorchFunctionMode that
-intercepts every torch call: 4-8 % on a 1.3 ms training step. Only factory functions need a
-default device — modules build their parameters with them (nn.Linear calls torch.empty) — so
-this swaps the factories in the `torch` namespace for wrappers that fill in `device=` when the
-caller gave none, and restores them on exit. Every other op runs untouched. Code holding its
-own reference to a factory (`from torch import randn` before the block) keeps the original.
+intercepts every torch call (4-8 % on a 1.3 ms training step), and it reaches every library
+the block calls. Here the factories of the `torch` namespace are swapped for wrappers that
+fill in `device=` when the caller gave none — but only for calls that come from the block's
+own code, so that the block does the same work as the same code written with `device=`:
 
-Two kinds of call keep the CPU, where `torch.set_default_device` breaks them: a factory given
-a `generator` (a CPU generator cannot drive XLA sampling: DataLoader's shuffling does this),
-and factories called by torch.utils.data (samplers and collation build index tensors on the
-host; on the device they would cost a compile and a host read per epoch).
+- a factory called on a line of the block (or in a function defined in the same cell or
+  file, called from the block) gets the device;
+- a module constructed from the block (`nn.Linear(5, 2)`, `resnet18()`, a Hugging Face
+  model from its config — an `nn.Module.__init__` between the block and the factory) gets
+  it too, as `device=` on its construction would;
+- everything else keeps torch's default, the CPU: torch.optim (AdamW's step counters),
+  torch.utils.data (samplers, collation, a `collate_fn` even if the block defined it), any
+  other library, functions defined in other cells or files, other threads. A factory given
+  a `generator` keeps the CPU too (a CPU generator cannot drive XLA sampling).
+
+Deciding costs a walk up the caller's frames (~1-3 us per factory call without `device=`);
+every other op runs untouched. Code holding its own reference to a factory (`from torch
+import randn` before the block) keeps the original.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import sys
 import threading
 from contextlib import contextmanager
 from typing import Iterator
+
+from tpu_nb.runtime.errors import TpuNbError
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
 # and tensor methods follow their input's device already). torch.from_numpy shares memory
@@ -33,10 +43,46 @@ FACTORIES = ("empty", "empty_strided", "zeros", "ones", "full", "rand", "randn",
 _lock = threading.Lock()
 
 
-def _wrap(fn, device):
+class _Scope:
+    """Which factory calls get the default device: those reached from the block's own code
+    (see the module docstring). `codes`: the block's code objects (a cell); else `root`: the
+    frame that entered the block."""
+
+    def __init__(self, codes: tuple = (), root=None):
+        self.codes = frozenset(c for c in codes if c is not None)
+        self.root = root
+        self.files = frozenset(c.co_filename for c in self.codes) or (
+            frozenset((root.f_code.co_filename,)) if root is not None else frozenset())
+        self.thread = threading.get_ident()
+
+    def covers(self, frame) -> bool:
+        if threading.get_ident() != self.thread:
+            return False
+        own, built, depth = True, False, 0
+        while frame is not None and depth < 400:
+            code = frame.f_code
+            if code in self.codes or frame is self.root:
+                return own or built
+            if code.co_filename not in self.files:
+                if code.co_name == "__init__" and _is_module(frame.f_locals.get("self")):
+                    built = True
+                else:
+                    own = False
+            frame = frame.f_back
+            depth += 1
+        return False
+
+
+def _is_module(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def _wrap(fn, device, scope: _Scope):
     @functools.wraps(fn)
     def factory(*args, **kwargs):
-        if kwargs.get("device") is None and _defaults_here(fn, args, kwargs):
+        if kwargs.get("device") is None and _defaults_here(fn, args, kwargs) \
+                and scope.covers(sys._getframe(1)):
             kwargs["device"] = device
         return fn(*args, **kwargs)
 
@@ -46,9 +92,6 @@ def _wrap(fn, device):
 
 def _defaults_here(fn, args, kwargs) -> bool:
     if kwargs.get("generator") is not None:
-        return False
-    caller = sys._getframe(2).f_globals.get("__name__", "")
-    if caller.startswith("torch.utils.data"):
         return False
     return fn.__name__ != "normal" or _normal_needs_device(args, kwargs)
 
@@ -60,10 +103,14 @@ def _normal_needs_device(args, kwargs) -> bool:
 
 
 @contextmanager
-def default_device(device=None) -> Iterator[object]:
-    """Within the block, `torch.randn(3, 3)` and `nn.Linear(5, 2)` land on `device`.
+def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
+    """Within the block, `torch.randn(3, 3)` and `nn.Linear(5, 2)` on the block's own lines
+    land on `device`; libraries and code from elsewhere keep torch's default (see the module
+    docstring).
 
-    device: a torch.device; default: the XLA device (`tpu_nb.device()`).
+    device: a torch.device or a device string; default: the XLA device (`tpu_nb.device()`).
+    code: the code objects that are the block's own code (a cell's compiled code); default:
+        the function that entered the block, and functions defined in its file.
     Yields the device. Explicit `device=` arguments are respected.
     """
     import torch
@@ -72,14 +119,28 @@ def default_device(device=None) -> Iterator[object]:
         from tpu_nb.runtime.device import device as xla_device
 
         device = xla_device()
+    else:
+        device = _as_device(torch, device)
+    scope = _Scope(code, None if code else sys._getframe(2))
     with _lock:
         previous = {name: getattr(torch, name) for name in FACTORIES if hasattr(torch, name)}
         for name, fn in previous.items():
             original = getattr(fn, "__tpu_nb_original__", fn)
-            setattr(torch, name, _wrap(original, device))
+            setattr(torch, name, _wrap(original, device, scope))
     try:
         yield device
     finally:
         with _lock:
             for name, fn in previous.items():   # a nested block restores the outer one's
                 setattr(torch, name, fn)
+
+
+def _as_device(torch, device):
+    if isinstance(device, torch.device):
+        return device
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise TpuNbError(f"default_device() takes a torch.device or a device string; got "
+                         f"{device!r}. Fix: default_device() for the XLA device, or e.g. "
+                         "default_device(torch_xla.device()).") from None

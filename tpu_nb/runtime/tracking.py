@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from tpu_nb.runtime import provenance
 from tpu_nb.runtime._xla import wait_device_ops, xla
 from tpu_nb.runtime.compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics import MetricsDelta, snapshot
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
-# graph it compiled, in order, over the life of the process.
-_graphs_by_line: dict[tuple[str, int], list[CompileEvent]] = {}
+# graph it compiled, in order, over the life of the process (bounded: the most recently
+# active lines, the first graphs and the latest of each).
+_graphs_by_line: OrderedDict[tuple[str, int], list[CompileEvent]] = OrderedDict()
+_MAX_LINES, _MAX_GRAPHS_PER_LINE = 256, 32
+# Compile-log graph hash -> the pending graph tpu_nb captured just before it compiled.
+_captured: OrderedDict[str, Any] = OrderedDict()
+_MAX_CAPTURED = 48
 _last: "RunReport | None" = None
+
+
+def _forget() -> None:
+    """reset_metrics(): tpu_nb's own history goes with the runtime's counters."""
+    global _last
+    _graphs_by_line.clear()
+    _captured.clear()
+    provenance.line_graphs.clear()
+    _last = None
+
+
+def captured_graph(event: CompileEvent):
+    """The pending graph captured just before `event`'s graph compiled, if tpu_nb captured
+    it (a runtime Graph), else None."""
+    return _captured.get(event.graph_hash)
 
 
 @dataclass
@@ -32,6 +56,10 @@ class RunReport:
     # creates gradients and optimizer state, so its graph has other inputs/outputs than the
     # next. A third graph from such a line is still a recompilation.
     warmups: frozenset[tuple[str, int]] = frozenset()
+    # Value reads and CPU fallbacks, each placed on the line that led to it (with the library
+    # function in between), aggregated per line: provenance.Occurrence, in time order.
+    occurrences: list = field(default_factory=list)
+    capture_seconds: float = 0.0       # spent capturing pending graphs (recompile diffs)
     complete: bool = False
 
     @property
@@ -91,8 +119,13 @@ def _note_recompilations(events: list[CompileEvent]):
             continue
         key = (frame.file, frame.line)
         graphs = _graphs_by_line.setdefault(key, [])
+        _graphs_by_line.move_to_end(key)
         if all(event.graph_hash != g.graph_hash for g in graphs):
             graphs.append(event)
+            if len(graphs) > _MAX_GRAPHS_PER_LINE:     # keep the first two and the latest
+                del graphs[2]
+        while len(_graphs_by_line) > _MAX_LINES:
+            _graphs_by_line.popitem(last=False)
         if len(graphs) > 1:
             out[key] = tuple(g.graph_hash for g in graphs)
             first, second = graphs[0], graphs[1]
@@ -146,19 +179,32 @@ class track:
     wait: wait for the device to finish, so wall and execute times are complete. Waiting
         ends the overlap of device execution with the next step's tracing; around every step
         of a loop use wait=False (executions still in flight are counted by the next report).
+    record: record where each compile, value read and CPU fallback came from (the block's own
+        line, and the library function in between; see tpu_nb.runtime.provenance). Costs one
+        or two counter reads per sync and per read; off, findings fall back to torch_xla's
+        compile log (8 frames).
+    code: code objects that are the tracked code (a notebook cell's compiled code); by
+        default the code of the function that entered the block.
     """
 
-    __slots__ = ("_report", "_sync", "_wait", "_log", "_offset", "_watch", "_before", "_start")
+    __slots__ = ("_report", "_sync", "_wait", "_log", "_offset", "_watch", "_before", "_start",
+                 "_record", "_code", "_recorder")
 
-    def __init__(self, name: str | None = None, *, sync: bool = True, wait: bool = True):
+    def __init__(self, name: str | None = None, *, sync: bool = True, wait: bool = True,
+                 record: bool = True, code: tuple = ()):
         self._report = RunReport(name=name)
-        self._sync, self._wait = sync, wait
+        self._sync, self._wait, self._record, self._code = sync, wait, record, tuple(code)
+        self._recorder = None
 
     def __enter__(self) -> RunReport:
         self._log = compile_log()
         self._offset = self._log.size() if self._log is not None else 0
         self._report.compile_analysis = self._log is not None
         self._watch = _SyncWatch(xla()) if self._sync else None
+        if self._record:
+            caller = None if self._code else sys._getframe(1)
+            self._recorder = provenance.Recorder(root_codes=self._code, root_frame=caller,
+                                                 log=self._log).start()
         self._before = snapshot()
         self._start = time.perf_counter()
         return self._report
@@ -191,13 +237,43 @@ class track:
     def _complete(self, report: RunReport) -> None:
         global _last
         report.wall_seconds = time.perf_counter() - self._start
+        recording = self._recorder.stop() if self._recorder is not None else None
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:
-            report.compile_events = self._log.events_since(self._offset)
-            report.recompilations, report.warmups = _note_recompilations(
-                report.compile_events)
+            events = self._log.events_since(self._offset)
+            if recording is not None:
+                events = _place(events, recording.anchors, self._offset)
+            report.compile_events = events
+            report.recompilations, report.warmups = _note_recompilations(events)
+        if recording is not None:
+            report.occurrences = sorted(recording.occurrences.values(), key=lambda o: o.order)
+            report.capture_seconds = recording.capture_seconds
         report.complete = True
         _last = report
+
+
+def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEvent]:
+    """Give each compile event the site of the sync or read it happened in.
+
+    An anchor's blocks are those written between the previous anchor and it; of those, the
+    last `compiles` of a matching cause (a sync's compiles, or a value read's) are its own.
+    A compile with no anchor (torch_xla.compile, dynamo, a thread) keeps the log's frames.
+    """
+    placed = list(events)
+    start = offset
+    for anchor in anchors:
+        window = [i for i, e in enumerate(placed)
+                  if start <= e.offset < anchor.log_end and e.site is None
+                  and (e.kind == "value-access") == (anchor.kind == "read")]
+        for i in window[-anchor.compiles:]:
+            placed[i] = replace(placed[i], site=anchor.site)
+            if anchor.graph is not None and anchor.compiles == 1:
+                _captured[placed[i].graph_hash] = anchor.graph
+                _captured.move_to_end(placed[i].graph_hash)
+                while len(_captured) > _MAX_CAPTURED:
+                    _captured.popitem(last=False)
+        start = max(start, anchor.log_end)
+    return placed
 
 
 def _quiet_wait(report: RunReport) -> None:

@@ -1,0 +1,515 @@
+"""Where a tracked run's syncs, value reads and CPU fallbacks came from, and what compiled.
+
+torch_xla's compile-cause log keeps 8 Python frames, so below a library (Hugging Face's
+stack, ParallelLoader, a helper 8 calls deep) the user's line is lost, and counters carry no
+line at all. While a run is tracked, a `Recorder` records the stack itself at the three
+moments that matter:
+
+- syncs: `torch_xla.sync` (which `xm.mark_step`, ParallelLoader and MpDeviceLoader call) is
+  wrapped; a sync that compiled records its stack, tied to the compile-log blocks written
+  during it;
+- value reads: `Tensor.item`, `tolist`, `numpy`, `cpu`, `bool()`, `float()`, `int()`,
+  formatting and printing are wrapped; a call that copied device data to the host (the
+  runtime's counters moved) records its stack and how many reads it made — a `print` of a
+  Python float or a branch never taken records nothing;
+- CPU fallbacks: the Python entry points of ops torch_xla runs on the CPU (`torch.unique`,
+  `median`, `bucketize`, `grid_sample`, ... and any op seen falling back during the run) are
+  wrapped; a call that moved a fallback counter records its stack.
+
+A stack becomes a `Site`: the outermost line of the tracked code (the cell's line), the
+innermost user frame below it (a helper in another cell) and the innermost library function
+that did it. Each wrapper costs one or two counter reads (~0.2 us each) and does nothing else
+unless the counters moved; everything is restored when the run ends. Graphs: the pending
+graph is captured just before the first sync of each line and before the sync after each
+compile at a line, so recompile findings can say which op and shape changed (bounded: a time
+budget per run, a few graphs per line).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tpu_nb.runtime.compile_log import Frame
+from tpu_nb.runtime.sources import is_library, short_path
+
+log = logging.getLogger("tpu_nb")
+
+HOST_READ = "aten::_local_scalar_dense"
+# Counters that move when device data reaches the host: a scalar read, a copy to the CPU.
+_READ_COUNTERS = (HOST_READ, "xla::_to_cpu", "xla::_to_copy")
+# Tensor methods that read device values, and how a finding names them.
+_READ_METHODS = {
+    "item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",
+    "__bool__": "bool(tensor)", "__float__": "float(tensor)", "__int__": "int(tensor)",
+    "__index__": "a tensor used as an index", "__format__": "formatting a tensor",
+    "__repr__": "printing a tensor",
+}
+# Python entry points of ops torch_xla 2.9 runs on the CPU (no XLA lowering), as
+# (namespace, attribute); the op each becomes, for the finding's wording.
+_FALLBACK_ENTRY_POINTS = (
+    ("torch", "unique"), ("torch", "unique_consecutive"), ("torch", "nonzero"),
+    ("torch", "masked_select"), ("torch", "histc"), ("torch", "median"),
+    ("torch", "nanmedian"), ("torch", "bucketize"), ("torch", "searchsorted"),
+    ("torch", "kthvalue"), ("torch", "mode"), ("torch", "bincount"),
+    ("Tensor", "nonzero"), ("Tensor", "masked_select"), ("Tensor", "histc"),
+    ("Tensor", "median"), ("Tensor", "nanmedian"), ("Tensor", "kthvalue"),
+    ("Tensor", "bincount"), ("functional", "grid_sample"),
+)
+# Library frames that only pass a call along: a finding names the function behind them.
+_PLUMBING_FILES = ("torch/_tensor.py", "torch/_tensor_str.py", "torch/overrides.py",
+                   "torch/utils/_contextlib.py", "torch/utils/_device.py",
+                   "torch_xla/torch_xla.py", "typing_extensions.py", "functools.py",
+                   "contextlib.py", "torch/_jit_internal.py", "torch/functional.py")
+_PLUMBING_FUNCTIONS = {"mark_step", "sync"}
+_MAX_DEPTH = 400          # frames walked at most from a hook to the tracked code
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where in the tracked code something happened."""
+
+    line: Frame | None        # the tracked code's own line (a cell line); None: not reached
+                              # from it (another thread, a callback after the run)
+    user: Frame | None = None     # the innermost user-code frame below `line` (a helper)
+    library: Frame | None = None  # the innermost library function that did it
+
+    @property
+    def via(self) -> str:
+        """The code between the line and the event: "helpers.py:12 step →
+        torch/optim/optimizer.py:95 _get_value"; "" when the line did it itself."""
+        hops = []
+        for frame in (self.user, self.library):
+            if frame is not None:
+                where = short_path(frame.file)
+                where += f", line {frame.line}" if where.startswith("In [") else f":{frame.line}"
+                hops.append(f"{where} {frame.function}")
+        return " \u2192 ".join(hops)
+
+
+@dataclass
+class Occurrence:
+    """Reads or fallbacks of one kind at one site, aggregated over the run."""
+
+    kind: str             # "read" or "fallback"
+    what: str             # ".item()", "aten::_unique2"
+    site: Site
+    calls: int = 0        # calls that did it
+    count: int = 0        # host reads / fallback ops they made
+    order: int = 0        # when the first happened (a sequence number within the run)
+
+
+@dataclass(frozen=True)
+class CompileAnchor:
+    """A sync or read during which the runtime compiled: blocks of the compile log written
+    before `log_end` (and after the previous anchor) came from it."""
+
+    kind: str             # "sync" or "read"
+    site: Site
+    log_end: int
+    compiles: int
+    order: int
+    graph: Any = None     # the pending graph captured just before it (a runtime Graph)
+
+
+@dataclass
+class Recording:
+    """What a Recorder saw; read by `track()` when the run ends."""
+
+    anchors: list[CompileAnchor] = field(default_factory=list)
+    occurrences: dict[tuple, Occurrence] = field(default_factory=dict)
+    capture_seconds: float = 0.0
+    captures: int = 0
+    hook_errors: int = 0
+
+
+class Recorder:
+    """Installs the hooks for one tracked run (see the module docstring).
+
+    root: what counts as the tracked code's own frames — code objects (a cell's compiled
+    code) or one frame (the frame that entered `track()`). A site's `line` is the line that
+    frame was running.
+    """
+
+    def __init__(self, *, root_codes: tuple = (), root_frame=None, log=None,
+                 capture_graphs: bool = True):
+        self._codes = frozenset(c for c in root_codes if c is not None)
+        self._root_frame = root_frame
+        self._log = log
+        self._capture = capture_graphs
+        self.recording = Recording()
+        self._order = 0
+        self._local = threading.local()
+        self._restore: list[tuple[Any, str, Any, bool]] = []
+        self._fallback_names: tuple[str, ...] = ()
+        self._started = 0.0
+        self._capture_next: set[tuple[str, int]] = set()
+        self._captured_here: dict[tuple[str, int], int] = {}
+        self.active = False
+
+    # -- install / remove ---------------------------------------------------------------------
+
+    def start(self) -> "Recorder":
+        import torch
+        import torch_xla
+
+        self._xc = torch_xla._XLAC
+        self._counter = self._xc._xla_counter_value
+        self._started = time.perf_counter()
+        self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
+        self._patch(torch_xla, "sync", self._sync_wrapper)
+        for name, label in _READ_METHODS.items():
+            self._patch(torch.Tensor, name,
+                        lambda original, label=label: self._read_wrapper(original, label))
+        for namespace, name in _FALLBACK_ENTRY_POINTS:
+            self._wrap_fallback(_namespace(torch, namespace), name)
+        self.active = True
+        return self
+
+    def stop(self) -> Recording:
+        self.active = False
+        for owner, name, original, had_own in reversed(self._restore):
+            try:
+                if had_own:
+                    setattr(owner, name, original)
+                else:
+                    delattr(owner, name)
+            except (AttributeError, TypeError):
+                pass
+        self._restore.clear()
+        return self.recording
+
+    def _patch(self, owner, name: str, make: Callable) -> None:
+        original = getattr(owner, name, None)
+        if original is None or getattr(original, "__tpu_nb_hook__", False):
+            return
+        wrapper = make(original)
+        wrapper.__tpu_nb_hook__ = True
+        had_own = name in vars(owner)
+        setattr(owner, name, wrapper)
+        self._restore.append((owner, name, original, had_own))
+
+    def _wrap_fallback(self, owner, name: str) -> None:
+        if owner is not None and callable(getattr(owner, name, None)):
+            self._patch(owner, name, self._fallback_wrapper)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _sync_wrapper(self, original):
+        recorder = self
+
+        @functools.wraps(original)
+        def sync(*args, **kwargs):
+            __tracebackhide__ = True   # noqa: F841
+            if not recorder.active or _compiling():
+                return original(*args, **kwargs)
+            before = recorder._counter("UncachedCompile")
+            graph, site = recorder._maybe_capture(sys._getframe(1))
+            result = original(*args, **kwargs)
+            recorder._after_sync(before, graph, site, sys._getframe(1))
+            return result
+
+        return sync
+
+    def _read_wrapper(self, original, label: str):
+        recorder = self
+
+        @functools.wraps(original)
+        def read(tensor, *args, **kwargs):
+            __tracebackhide__ = True   # noqa: F841
+            local = recorder._local
+            if not recorder.active or getattr(local, "depth", 0) or _compiling():
+                return original(tensor, *args, **kwargs)
+            counter = recorder._counter
+            before = [counter(n) or 0 for n in _READ_COUNTERS]
+            compiles = counter("UncachedCompile")
+            local.depth = 1
+            graph = site = None
+            if getattr(tensor, "is_xla", False):
+                graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                local.depth = 0
+                after = [counter(n) or 0 for n in _READ_COUNTERS]
+                if after != before:
+                    recorder._record_read(label, before, after, compiles, sys._getframe(1),
+                                          graph, site)
+
+        return read
+
+    def _fallback_wrapper(self, original):
+        recorder = self
+
+        @functools.wraps(original)
+        def op(*args, **kwargs):
+            __tracebackhide__ = True   # noqa: F841
+            if not recorder.active or _compiling():
+                return original(*args, **kwargs)
+            before = recorder._fallback_counts()
+            compiles = recorder._counter("UncachedCompile")
+            result = original(*args, **kwargs)
+            after = recorder._fallback_counts()
+            if after != before:
+                recorder._record_fallbacks(before, after, compiles, sys._getframe(1))
+            return result
+
+        return op
+
+    # -- bookkeeping (never raises into the user's code) ---------------------------------------
+
+    def _after_sync(self, before: int, graph, site, frame) -> None:
+        try:
+            compiles = (self._counter("UncachedCompile") or 0) - (before or 0)
+            if compiles > 0:
+                site = site or self.site_of(frame)
+                self._anchor("sync", site, compiles, graph)
+                if site.line is not None:
+                    self._capture_next.add(_key(site.line))
+            self._notice_new_fallbacks()
+        except Exception:
+            self._failed()
+
+    def _record_read(self, label, before, after, compiles_before, frame, graph=None,
+                     site=None) -> None:
+        try:
+            site = site or self.site_of(frame)
+            self._occur("read", label, site, max(0, after[0] - before[0]))
+            compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
+            if compiled > 0:
+                self._anchor("read", site, compiled, graph)
+                if site.line is not None:
+                    self._capture_next.add(_key(site.line))
+        except Exception:
+            self._failed()
+
+    def _record_fallbacks(self, before, after, compiles_before, frame) -> None:
+        try:
+            site = self.site_of(frame)
+            for name, value in after.items():
+                moved = value - before.get(name, 0)
+                if moved > 0:
+                    self._occur("fallback", name, site, moved)
+            # Running on the CPU materialises the op's inputs: a value-access compile.
+            compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
+            if compiled > 0:
+                self._anchor("read", site, compiled, None)
+        except Exception:
+            self._failed()
+
+    def _fallback_counts(self) -> dict[str, int]:
+        names = self._xc._get_executed_fallback_ops()
+        return {n: self._counter(n) or 0 for n in names if n != HOST_READ}
+
+    def _notice_new_fallbacks(self) -> None:
+        """An op seen falling back for the first time: wrap its Python entry points, so its
+        next calls in this run are placed on a line (the first ones are counted, unplaced)."""
+        names = tuple(self._xc._get_executed_fallback_ops())
+        if len(names) == len(self._fallback_names):
+            return
+        import torch
+
+        for name in set(names) - set(self._fallback_names):
+            for namespace, attr in _entry_points_for(name):
+                self._wrap_fallback(_namespace(torch, namespace), attr)
+        self._fallback_names = names
+
+    def _occur(self, kind: str, what: str, site: Site, count: int) -> None:
+        key = (kind, what, site)
+        occ = self.recording.occurrences.get(key)
+        if occ is None:
+            if len(self.recording.occurrences) >= 10_000:    # bounded: one run, many sites
+                key = (kind, what, Site(None))
+                occ = self.recording.occurrences.get(key)
+            if occ is None:
+                occ = self.recording.occurrences[key] = Occurrence(
+                    kind, what, key[2], order=self._next())
+        occ.calls += 1
+        occ.count += count
+
+    def _anchor(self, kind: str, site: Site, compiles: int, graph) -> None:
+        log_end = self._log.size() if self._log is not None else 0
+        anchors = self.recording.anchors
+        if len(anchors) < 100_000:
+            anchors.append(CompileAnchor(kind, site, log_end, compiles, self._next(), graph))
+
+    def _next(self) -> int:
+        self._order += 1
+        return self._order
+
+    def _failed(self) -> None:
+        self.recording.hook_errors += 1
+        log.debug("tpu_nb: a recording hook failed", exc_info=True)
+
+    # -- sites ---------------------------------------------------------------------------------
+
+    def site_of(self, frame) -> Site:
+        """The Site of the code running in `frame` (the hook's caller)."""
+        user = library = None
+        depth = 0
+        codes, root = self._codes, self._root_frame
+        while frame is not None and depth < _MAX_DEPTH:
+            code = frame.f_code
+            if code in codes or frame is root:
+                return Site(_frame(frame), user, library)
+            path = code.co_filename
+            if is_library(path):
+                # The library function that did it: inside the innermost user frame, if any
+                # (a library frame outside it, like Module._call_impl, only called the user).
+                if library is None and user is None and not _plumbing(path, code.co_name):
+                    library = _frame(frame)
+            elif user is None:
+                user = _frame(frame)
+            frame = frame.f_back
+            depth += 1
+        return Site(None, user, library)
+
+    # -- graph capture -------------------------------------------------------------------------
+
+    def _maybe_capture(self, frame, tensor=None):
+        """Before a sync (or a read of `tensor`): the pending graph, when this line is due a
+        capture."""
+        if not self._capture:
+            return None, None
+        try:
+            site = self.site_of(frame)
+            if site.line is None:
+                return None, site
+            key = _key(site.line)
+            history = line_graphs.get(key)
+            due = history is None or key in self._capture_next
+            taken = self._captured_here.get(key, 0)
+            if not due or taken >= 6 or not self._within_budget():
+                return None, site
+            self._capture_next.discard(key)
+            self._captured_here[key] = taken + 1
+            start = time.perf_counter()
+            if tensor is not None:
+                graph = _capture_tensor(tensor)
+            else:
+                graph = _capture_pending(_root_of(frame, self._codes, self._root_frame))
+            self.recording.capture_seconds += time.perf_counter() - start
+            self.recording.captures += 1
+            line_graphs.note(key, graph)
+            return graph, site
+        except Exception:
+            self._failed()
+            return None, None
+
+    def _within_budget(self) -> bool:
+        spent = self.recording.capture_seconds
+        elapsed = time.perf_counter() - self._started
+        return spent < max(0.5, 0.05 * elapsed)
+
+
+class LineGraphs:
+    """Graphs captured per line over the process (bounded: recent lines, few graphs each)."""
+
+    def __init__(self, lines: int = 64, per_line: int = 4):
+        self._lines: OrderedDict[tuple[str, int], list] = OrderedDict()
+        self._max_lines, self._per_line = lines, per_line
+
+    def get(self, key):
+        return self._lines.get(key)
+
+    def note(self, key, graph) -> None:
+        kept = self._lines.setdefault(key, [])
+        self._lines.move_to_end(key)
+        if graph is not None and not any(g.hash == graph.hash for g in kept):
+            kept.append(graph)
+            del kept[:-self._per_line]
+        while len(self._lines) > self._max_lines:
+            self._lines.popitem(last=False)
+
+    def clear(self) -> None:
+        self._lines.clear()
+
+
+line_graphs = LineGraphs()
+
+
+def _capture_pending(frame):
+    from tpu_nb.runtime.graph import pending_graph
+
+    if frame is None:
+        return None
+    return pending_graph(frame.f_locals, frame.f_globals, hlo=False, max_items=20_000)
+
+
+def _capture_tensor(tensor):
+    from tpu_nb.runtime.graph import graph, is_pending
+
+    return graph(tensor, hlo=False, frames=False) if is_pending(tensor) else None
+
+
+def _root_of(frame, codes, root):
+    while frame is not None:
+        if frame.f_code in codes or frame is root:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _frame(frame) -> Frame:
+    code = frame.f_code
+    return Frame(code.co_filename, frame.f_lineno, code.co_name)
+
+
+def _key(frame: Frame) -> tuple[str, int]:
+    return (frame.file, frame.line)
+
+
+def _plumbing(path: str, function: str) -> bool:
+    return function in _PLUMBING_FUNCTIONS or path.replace("\\", "/").endswith(_PLUMBING_FILES)
+
+
+def _compiling() -> bool:
+    # Under torch.compile/dynamo tracing the hooks stay out of the way (no graph breaks).
+    try:
+        import torch
+
+        return bool(torch.compiler.is_compiling())
+    except Exception:
+        return False
+
+
+def _namespace(torch, name: str):
+    if name == "torch":
+        return torch
+    if name == "Tensor":
+        return torch.Tensor
+    if name == "functional":
+        return torch.nn.functional
+    return None
+
+
+def _entry_points_for(counter: str) -> list[tuple[str, str]]:
+    """Python callables a fallback counter's op may come from: "aten::_unique2" ->
+    torch.unique; "aten::median.dim_values" -> torch.median and Tensor.median."""
+    base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
+    base = USER_OPS.get(base, base).split(".")[-1]
+    return [("torch", base), ("Tensor", base), ("functional", base)]
+
+
+# Counter op (no namespace, no overload, leading underscores dropped) -> what the user wrote.
+USER_OPS = {
+    "unique2": "torch.unique", "unique_dim": "torch.unique", "unique": "torch.unique",
+    "unique_consecutive": "torch.unique_consecutive", "grid_sampler_2d": "F.grid_sample",
+    "grid_sampler_3d": "F.grid_sample", "nonzero": "torch.nonzero",
+    "masked_select": "torch.masked_select", "histc": "torch.histc", "median": "torch.median",
+    "nanmedian": "torch.nanmedian", "bucketize": "torch.bucketize",
+    "searchsorted": "torch.searchsorted", "kthvalue": "torch.kthvalue", "mode": "torch.mode",
+    "bincount": "torch.bincount",
+}
+
+
+def user_op(counter: str) -> str:
+    """The op the user wrote for a fallback counter: "aten::_unique2" -> "torch.unique"."""
+    base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
+    return USER_OPS.get(base, f"aten::{counter.split('::', 1)[-1]}")

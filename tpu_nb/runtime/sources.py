@@ -1,0 +1,135 @@
+"""Whose code is this file: the user's, or a library's?
+
+Decided by where the module was imported from, not by substrings of its path:
+- the standard library (sysconfig's stdlib directories, frozen modules);
+- tpu_nb itself;
+- installed distributions: a file under a `sys.path` entry whose top-level package (or
+  module) is named by an installed distribution (importlib.metadata), which covers
+  site-packages, dist-packages, user sites and `pip install --target` folders put on the
+  path with PYTHONPATH;
+- any file under a `sys.path` entry named site-packages or dist-packages.
+
+Everything else — notebook cells, scripts, the user's own modules next to them, an editable
+checkout of the user's project that no distribution names — is user code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from functools import lru_cache
+
+_TPU_NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+_SITE_NAMES = ("site-packages", "dist-packages")
+
+
+@lru_cache(maxsize=1)
+def _stdlib_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths["stdlib"], paths["platstdlib"]}
+    # A virtual environment's stdlib is the base interpreter's.
+    for prefix in (sys.base_prefix, sys.base_exec_prefix):
+        dirs.add(os.path.join(prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}"))
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+
+
+@lru_cache(maxsize=8)
+def _path_entries(path_key: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
+    """sys.path entries as absolute directories, longest first, each with whether it is a
+    site directory by name."""
+    seen, out = set(), []
+    for entry in path_key:
+        full = os.path.join(os.path.realpath(os.path.abspath(entry or os.getcwd())), "")
+        if full not in seen:
+            seen.add(full)
+            out.append((full, os.path.basename(full.rstrip(os.sep)) in _SITE_NAMES))
+    return tuple(sorted(out, key=lambda e: -len(e[0])))
+
+
+_distributions_cache: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def _installed_names(path_key: tuple[str, ...]) -> frozenset[str]:
+    """Top-level import names provided by installed distributions on this sys.path."""
+    names = _distributions_cache.get(path_key)
+    if names is None:
+        from importlib.metadata import packages_distributions
+
+        try:
+            names = frozenset(packages_distributions())
+        except Exception:                 # a broken distribution's metadata: names we have
+            names = frozenset()
+        _distributions_cache.clear()      # one sys.path at a time
+        _distributions_cache[path_key] = names
+    return names
+
+
+@lru_cache(maxsize=4096)
+def _classify(path: str, path_key: tuple[str, ...]) -> bool:
+    if not path or path.startswith("<frozen"):
+        return True
+    if path.startswith("<"):              # <string>, <stdin>, <ipython-input-...>: typed code
+        return False
+    full = os.path.realpath(path)
+    if full.startswith(_stdlib_dirs()) or full.startswith(_TPU_NB_DIR):
+        return True
+    for entry, is_site in _path_entries(path_key):
+        if full.startswith(entry):
+            if is_site:
+                return True
+            top = full[len(entry):].split(os.sep, 1)[0]
+            top = top[:-3] if top.endswith(".py") else top
+            return top in _installed_names(path_key) and not _is_cwd(entry)
+    return False
+
+
+def _is_cwd(entry: str) -> bool:
+    # Code next to the notebook or script is the user's, even when a distribution happens to
+    # share a top-level name with it (an editable install of the project being developed).
+    try:
+        return os.path.samefile(entry, os.getcwd())
+    except OSError:
+        return False
+
+
+def is_library(path: str) -> bool:
+    """True for code of the standard library, an installed package or tpu_nb; False for
+    the user's own code (cells, scripts, modules next to them)."""
+    return _classify(path, tuple(sys.path))
+
+
+# Names for files that are not files: the extension registers one that maps the files IPython
+# compiles cells into to "In [n]" (the runtime never imports IPython).
+_namers: list = []
+
+
+def add_file_namer(namer) -> None:
+    """Register `namer(path) -> str | None` (e.g. a notebook cell's "In [3]")."""
+    if namer not in _namers:
+        _namers.append(namer)
+
+
+def remove_file_namer(namer) -> None:
+    if namer in _namers:
+        _namers.remove(namer)
+
+
+def short_path(path: str) -> str:
+    """A library file as its import path (`torch/optim/adamw.py`), a notebook cell as
+    "In [n]" (when the extension is loaded); other files by name."""
+    for namer in _namers:
+        try:
+            name = namer(path)
+        except Exception:
+            name = None
+        if name:
+            return name
+    full = os.path.realpath(path)
+    for entry, _ in _path_entries(tuple(sys.path)):
+        if full.startswith(entry):
+            return full[len(entry):]
+    for stdlib in _stdlib_dirs():
+        if full.startswith(stdlib):
+            return full[len(stdlib):]
+    return os.path.basename(path)
