@@ -1,0 +1,202 @@
+"""Bad input gets one line saying what is wrong and the exact fix, and changes nothing.
+
+One table for the library (TpuNbError) and one for the magics (UsageError): each input, the
+words its message must hold, and a check that the process environment is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch_xla  # noqa: F401  (its import sets XLA_FLAGS etc.: not what these tests check)
+from IPython.core.error import UsageError
+
+import tpu_nb
+from tpu_nb.display.dashboard import Dashboard
+from tpu_nb.runtime.device import MAX_CPU_DEVICES
+from tpu_nb.runtime.errors import TpuNbError
+
+pytestmark = pytest.mark.stack
+
+
+def _step():
+    return None
+
+
+# (call, words in the message). Every message must also hold "Fix:" and be one line.
+LIBRARY = [
+    (lambda: tpu_nb.setup(device=None), "device must be one of 'auto', 'tpu', 'cpu'; got None"),
+    (lambda: tpu_nb.setup(cache_dir=123), "cache_dir must be a directory path; got 123"),
+    (lambda: tpu_nb.setup(cache_dir="  "), "cache_dir must be a directory path"),
+    (lambda: tpu_nb.setup(debug_file=123), "debug_file must be a file path; got 123"),
+    (lambda: tpu_nb.setup(ir_debug="yes"), "ir_debug must be True or False; got 'yes'"),
+    (lambda: tpu_nb.setup("cpu", num_devices=100000000000),
+     f"num_devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got 100000000000"),
+    (lambda: tpu_nb.setup("cpu", num_devices=2.0), "num_devices must be a whole number"),
+    (lambda: tpu_nb.setup(cache_dir="/proc/tpu_nb/cache"),
+     "the compile cache /proc/tpu_nb/cache is in /proc, a kernel file system"),
+    (lambda: tpu_nb.time_device(42), "time_device times a function called with no arguments; "
+                                     "got 42"),
+    (lambda: tpu_nb.time_device(_step, repeat=1.5),
+     "repeat must be a whole number from 1 to 1,000; got 1.5"),
+    (lambda: tpu_nb.time_device(_step, number="3"),
+     "number must be a whole number from 1 to 1,000,000; got '3'"),
+    (lambda: tpu_nb.time_device(_step, number=10**12), "got 1000000000000"),
+    (lambda: tpu_nb.time_device(_step, repeat=0), "repeat must be a whole number from 1"),
+    (lambda: tpu_nb.device(index=99), "there is no XLA device 99: this process has 1"),
+    (lambda: tpu_nb.device(index=-1), "index must be a whole number of at least 0"),
+    (lambda: tpu_nb.device(index="0"), "index must be a whole number of at least 0"),
+    (lambda: tpu_nb.launch(lambda spmd: 1, mode="spmd", devices=100000000000),
+     f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}"),
+    (lambda: Dashboard(refresh=math.nan), "refresh must be a number of seconds from 0.1 to "
+                                          "3600; got nan"),
+    (lambda: Dashboard(refresh=math.inf), "got inf"),
+    (lambda: Dashboard(refresh=1e308), "got 1e+308"),
+    (lambda: Dashboard(refresh=0.01), "got 0.01"),
+    (lambda: Dashboard(refresh="1"), "got '1'"),
+    (lambda: Dashboard(chart_refresh=math.nan), "chart_refresh must be a number of seconds"),
+    (lambda: Dashboard(chart_refresh=-math.inf), "chart_refresh must be a number of seconds"),
+    (lambda: Dashboard(alert_graphs=10**20), "alert_graphs must be a whole number from 1 to "
+                                             "10,000; got 100000000000000000000"),
+    (lambda: Dashboard(alert_graphs=1.5), "alert_graphs must be a whole number"),
+    (lambda: tpu_nb.dashboard(refresh=math.nan), "refresh must be a number of seconds"),
+]
+
+
+@pytest.mark.parametrize("call, words", LIBRARY,
+                         ids=[w[:40] for _, w in LIBRARY])
+def test_library_mistakes_are_one_line_with_a_fix_and_change_nothing(call, words):
+    before = dict(os.environ)
+    with pytest.raises(TpuNbError) as info:
+        call()
+    message = str(info.value)
+    assert words in message
+    assert "Fix:" in message and "\n" not in message
+    assert dict(os.environ) == before
+    assert os.environ.get("XLA_USE_SPMD") is None
+
+
+def test_cache_dir_that_is_a_file_or_inside_one(tmp_path):
+    file = tmp_path / "cache"
+    file.write_text("not a directory")
+    for path, words in ((file, "is a file, not a directory"),
+                        (file / "xla", f"is inside a file ({file})")):
+        with pytest.raises(TpuNbError) as info:
+            tpu_nb.setup(cache_dir=path)
+        assert f"the compile cache {path} {words}" in str(info.value)
+        assert "Fix:" in str(info.value)
+    assert file.read_text() == "not a directory"
+
+
+MAGICS = [
+    ("tpu_setup", "--devices 100000000000",
+     f"%tpu_setup: argument --devices: needs a whole number from 1 to {MAX_CPU_DEVICES}; got "
+     f"'100000000000'. Fix: e.g. --devices 4"),
+    ("tpu_setup", "--devices 0", "needs a whole number from 1"),
+    ("tpu_setup", "--cache '/tmp/no end", "%tpu_setup: cannot split \"--cache '/tmp/no end\" "
+                                          "into arguments (No closing quotation). Fix: close "
+                                          "the quote"),
+    ("tpu_setup", "--cache /proc/tpu_nb", "the compile cache /proc/tpu_nb is in /proc"),
+    ("tpu_setup", "--nope", "%tpu_setup: unrecognized arguments: --nope. Fix: see "
+                            "%tpu_setup --help"),
+    ("tpu_dashboard", "--refresh nan", "%tpu_dashboard: argument --refresh: needs a number of "
+                                       "seconds from 0.1 to 3600; got 'nan'. Fix: e.g. "
+                                       "--refresh 0.5"),
+    ("tpu_dashboard", "--refresh inf", "got 'inf'"),
+    ("tpu_dashboard", "--refresh 1e400", "got '1e400'"),
+    ("tpu_dashboard", "--chart-refresh nan", "argument --chart-refresh: needs a number"),
+    ("tpu_dashboard", "--alert-graphs 99999999999999999999999",
+     "argument --alert-graphs: needs a whole number from 1 to 10,000"),
+    ("tpu_dashboard", '--refresh "1', "No closing quotation"),
+    ("tpu_time", "-n 0 x", "argument -n: needs a whole number from 1 to 1,000,000; got '0'"),
+    ("tpu_time", "-r 1.5 x", "argument -r: needs a whole number from 1 to 1,000; got '1.5'"),
+    ("tpu_time", "-n 'x", "%tpu_time: cannot split"),
+    ("xla_graph", "42", "42 is int 42, which holds no XLA tensor. Fix: %xla_graph loss"),
+    ("xla_graph", "--budget 99999999999999999999999 x", "argument --budget: needs a whole"),
+    ("xla_graph", "'x", "%xla_graph: cannot split"),
+    ("xla_metrics", '--cells "', "%xla_metrics: cannot split"),
+]
+
+
+@pytest.mark.parametrize("magic, line, words", MAGICS, ids=[f"{m} {l}" for m, l, _ in MAGICS])
+def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic, line, words):
+    before = dict(os.environ)
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic(magic, line)
+    message = str(info.value)
+    assert words in message
+    assert "Fix:" in message and "\n" not in message
+    assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize("line, words", [
+    ("--max-graphs 99999999999999999999999",
+     "%on_tpu: argument --max-graphs: needs a whole number from 1 to 10,000"),
+    ("--max-graphs 0", "needs a whole number from 1"),
+    ("--spmd 'x", "%on_tpu: cannot split"),
+    ("--spmd abc", "--spmd: mesh 'abc' is not a shape like 4 or 2x2"),
+    ("--spmd 300x300", "of at most 256 devices"),
+])
+def test_on_tpu_mistakes_stop_before_the_cell_runs(shell, line, words):
+    before = dict(os.environ)
+    shell.user_ns.pop("ran", None)
+    with pytest.raises(UsageError) as info:
+        shell.run_cell_magic("on_tpu", line, "ran = True")
+    assert words in str(info.value) and "Fix:" in str(info.value)
+    assert "ran" not in shell.user_ns
+    assert dict(os.environ) == before
+
+
+def test_xla_graph_of_a_tensor_with_nothing_pending_still_says_so(shell, capsys):
+    shell.run_cell("import torch, torch_xla\nsettled = torch.ones(2, device=torch_xla.device())"
+                   "\ntorch_xla.sync()")
+    capsys.readouterr()
+    shell.run_line_magic("xla_graph", "settled")
+    assert "nothing pending" in capsys.readouterr().out
+
+
+def test_cache_path_with_quotes_spaces_and_tilde_is_what_the_user_meant(py, tmp_path):
+    """In a fresh process (the compile cache is latched when the runtime starts)."""
+    out = py(textwrap.dedent("""
+        import json, os
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "tpu_nb")
+        ip.run_line_magic("tpu_setup", "--device cpu --cache '~/my xla cache'")
+        print("RESULT", json.dumps(os.environ["XLA_PERSISTENT_CACHE_PATH"]))
+    """), env={"HOME": str(tmp_path)}).stdout
+    path = json.loads(out.split("RESULT", 1)[1])
+    assert path == str(tmp_path / "my xla cache")
+    assert (tmp_path / "my xla cache").is_dir()
+    assert not any("'" in p.name for p in tmp_path.iterdir())
+
+
+def test_cache_dir_not_writable_by_this_user(py, other_user):
+    """Root may write anywhere: the check runs as a second local uid."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="tpu_nb_not_yours_"))
+    os.chmod(tmp_path, 0o755)            # ours: the other user can enter it, not write in it
+    uid, gid = other_user
+    out = py(f"""
+        import os
+        import tpu_nb
+        from tpu_nb.runtime.configure import setup
+        os.setgid({gid}); os.setuid({uid})
+        try:
+            setup("cpu", cache_dir={str(tmp_path / "cache")!r})
+        except tpu_nb.TpuNbError as exc:
+            print("RESULT", exc)
+    """).stdout
+    message = out.split("RESULT ", 1)[1].strip()
+    assert message.startswith(f"the compile cache {tmp_path / 'cache'} cannot be created: "
+                              f"{tmp_path} is not writable by you. Fix: ")
+    assert not (tmp_path / "cache").exists()
+    tmp_path.rmdir()
+
+
+from test_files import other_user  # noqa: E402,F401  (the second-uid fixture)
