@@ -108,15 +108,17 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view():
                                   "    step()\n")
         assert reply["status"] == "ok", reply
         kinds = [m["msg_type"] for _, m in messages]
-        # The live view: a widget view whose text is empty, replaced at the end by that same
-        # empty text (so a saved notebook needs no widget state, and nbval compares equal).
+        # The live view: a widget view (empty text, an HTML placeholder), replaced in place at
+        # the end by the final view (a saved notebook needs no widget state, and the view
+        # stays above the cell's prints).
         view = next(m for _, m in messages if m["msg_type"] == "display_data"
                     and VIEW_MIME in m["content"]["data"])
         assert view["content"]["data"]["text/plain"] == ""
+        assert "live view" in view["content"]["data"]["text/html"]
         display_id = view["content"]["transient"]["display_id"]
-        update = next(m for _, m in messages if m["msg_type"] == "update_display_data")
-        assert update["content"]["transient"]["display_id"] == display_id
-        assert update["content"]["data"] == {"text/plain": ""}
+        updates = [m for _, m in messages if m["msg_type"] == "update_display_data"]
+        assert len(updates) == 1
+        assert updates[0]["content"]["transient"]["display_id"] == display_id
         # Trait updates of the header (the step counter) arrived while the cell ran, at most
         # two a second.
         steps = []
@@ -131,10 +133,10 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view():
         assert len(set(during)) >= 4, steps
         assert during == sorted(during)
         assert len(steps) <= 2 * idle_at + 3
-        # Then the final state as a plain output: the summary without timings, and HTML.
-        final = [m["content"]["data"] for _, m in messages if m["msg_type"] == "display_data"
-                 and m["content"]["data"].get("text/plain", "").startswith("XLA dashboard")]
-        assert len(final) == 1
+        # The final state, in place: the summary without timings, and HTML; no other output.
+        final = [updates[0]["content"]["data"]]
+        assert not [m for _, m in messages if m["msg_type"] == "display_data"
+                    and m["content"]["data"].get("text/plain", "").startswith("XLA dashboard")]
         text = final[0]["text/plain"]
         assert re.match(r"XLA dashboard \(finished\): \d+ steps, \d+ executions, ", text)
         assert int(text.split(": ")[1].split()[0]) >= max(during)
@@ -178,8 +180,8 @@ def test_interrupting_a_live_cell_stops_it_within_a_second_with_the_final_state(
             msg = kc.get_iopub_msg(timeout=30)
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            if msg["msg_type"] == "display_data" and msg["content"]["data"].get(
-                    "text/plain", "").startswith("XLA dashboard"):
+            if msg["msg_type"] in ("display_data", "update_display_data") and msg["content"][
+                    "data"].get("text/plain", "").startswith("XLA dashboard"):
                 final = msg["content"]["data"]["text/plain"]
             if msg["msg_type"] == "error":
                 stopped = time.perf_counter() - start
@@ -209,8 +211,10 @@ def test_nbval_compares_a_notebook_with_live_cells(tmp_path):
                        resources={"metadata": {"path": str(tmp_path)}}).execute()
     nbformat.write(nb, path)
     recorded = nb.cells[2].outputs
-    assert recorded[0]["data"] == {"text/plain": ""}           # the live view, emptied
-    assert recorded[1]["data"]["text/plain"].startswith("XLA dashboard (finished): 30 steps")
+    # The live view's place holds the final view (nbclient applies display updates).
+    assert recorded[0]["data"]["text/plain"].startswith("XLA dashboard (finished): 30 steps")
+    assert VIEW_MIME not in recorded[0]["data"]
+    assert recorded[0]["data"]["text/html"].startswith("<!--tpunb-dashboard-->")
     with kernel_environment():
         proc = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "--nbval", str(path), "--nbval-sanitize-with",

@@ -65,7 +65,7 @@ def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
                 pngs.add(bytes(dash._step_image.value[:8]))
         assert len(seen) >= 3, seen                 # the step counter moved while running
         assert pngs == {b"\x89PNG\r\n\x1a\n"}       # a chart was drawn during the run
-        assert "Execution" in dash._exec_panel.value and "steps (syncs)" in dash._exec_panel.value
+        assert "Execution" in dash._exec_panel.value and "syncs <b>" in dash._exec_panel.value
     finally:
         dash.stop()
     stats = dash.stats

@@ -20,8 +20,17 @@ from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
 from tpu_nb.runtime.live import LiveCompile, StepPoint, place_text
 
-DPI = 80
-_BLUE, _LIGHT, _RED = "#1565c0", "#90caf9", "#c62828"
+# Drawn at twice the pixels they are shown at: sharp on HiDPI screens. At 160 dpi shown at
+# half size, one point is 1.11 CSS pixels: 9-point labels are 10 px on screen.
+PIXEL_DENSITY = 2
+DPI = 80 * PIXEL_DENSITY
+LABEL_POINTS = 9
+_STEP_INCHES, _COMPILE_INCHES = (6.2, 2.3), (3.8, 2.3)
+# name -> (width, height) in CSS pixels, as the dashboard reserves them.
+CHART_SIZES = {name: (round(w * 80), round(h * 80))
+               for name, (w, h) in (("step", _STEP_INCHES), ("compile", _COMPILE_INCHES))}
+# Light colours (the theme's dark mode inverts the image, keeping hues: display/style.py).
+_BLUE, _LIGHT, _RED, _TEXT = "#1565c0", "#5e9fe0", "#c62828", "#333333"
 
 
 def _nice_ceiling(value: float) -> float:
@@ -56,24 +65,28 @@ class StepTimeChart:
     _INITIAL = (10.0, 0.1, 10.0)            # x: steps; y: ms, bottom and top (decades)
     _KEPT_BACKGROUNDS = 8
 
-    def __init__(self, size=(6.2, 2.3)):
+    def __init__(self, size=_STEP_INCHES):
         self.figure = Figure(figsize=size, dpi=DPI)
         self.canvas = FigureCanvasAgg(self.figure)
         ax = self.ax = self.figure.add_subplot(1, 1, 1)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=LABEL_POINTS, colors=_TEXT)
         ax.grid(True, alpha=0.3)
         (self.median_line,) = ax.plot([], [], color=_BLUE, lw=1.4, animated=True)
         (self.p90_line,) = ax.plot([], [], color=_LIGHT, lw=1.0, ls="--", animated=True)
         self.compile_lines = LineCollection([], colors=_RED, linewidths=0.9, alpha=0.8,
                                             transform=ax.get_xaxis_transform(), animated=True)
         ax.add_collection(self.compile_lines)
+        # Said on an empty chart: why there is nothing to plot.
+        self.note = ax.text(0.5, 0.5, "", ha="center", va="center", transform=ax.transAxes,
+                            fontsize=LABEL_POINTS + 1, color=_TEXT, animated=True)
         # Log scale: a compile step (seconds) and steady steps (ms) both stay readable. Few
         # ticks and no minor ones: tick text is most of a full redraw's cost.
         ax.set_yscale("log")
         ax.yaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_locator(LogLocator(numticks=5))
         ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
-        self.figure.subplots_adjust(left=0.09, right=0.98, top=0.95, bottom=0.13)
+        # Room for the last x tick's label at the right edge, and for the labels' size.
+        self.figure.subplots_adjust(left=0.1, right=0.95, top=0.95, bottom=0.15)
         self.limits = self._INITIAL
         self._shown_limits = None
         self._backgrounds: dict[tuple, object] = {}
@@ -127,7 +140,10 @@ class StepTimeChart:
         self.median_line.set_data(steps, [p.median * 1e3 for p in series])
         self.p90_line.set_data(steps, [p.p90 * 1e3 for p in series])
         self.compile_lines.set_segments([[(s, 0), (s, 1)] for s in compile_steps])
-        for artist in (self.p90_line, self.median_line, self.compile_lines):
+        self.note.set_text("" if series else (
+            "no step completed: no torch_xla.sync() ran twice" if final
+            else "waiting for the first steps (torch_xla.sync)"))
+        for artist in (self.p90_line, self.median_line, self.compile_lines, self.note):
             self.ax.draw_artist(artist)
         png = _png(self.canvas, compress_level)
         self.last_cost = time.perf_counter() - start
@@ -156,35 +172,37 @@ def release_step_chart(chart: StepTimeChart) -> None:
 class CompileChart:
     """Compile seconds per compiled graph (the most recent ones), labelled by line and hash."""
 
-    SHOWN = 12
+    SHOWN = 10
     last_full = True
 
-    def __init__(self, size=(3.8, 2.3)):
+    def __init__(self, size=_COMPILE_INCHES):
         self.figure = Figure(figsize=size, dpi=DPI)
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot(1, 1, 1)
         self.last_cost = 0.0
 
-    def render(self, compiles: tuple[LiveCompile, ...], *, compress_level: int = 1) -> bytes:
+    def render(self, compiles: tuple[LiveCompile, ...], *, final: bool = False,
+               compress_level: int = 1) -> bytes:
         start = time.perf_counter()
         ax = self.ax
         ax.clear()
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=LABEL_POINTS, colors=_TEXT)
         shown = [c for c in compiles if c.seconds is not None][-self.SHOWN:]
         if shown:
             labels = [_label(c) for c in shown]
             ax.barh(range(len(shown)), [c.seconds for c in shown], color=_RED, alpha=0.75)
             ax.set_yticks(range(len(shown)))
-            ax.set_yticklabels(labels, fontsize=6.5)
+            ax.set_yticklabels(labels, fontsize=LABEL_POINTS)
             ax.invert_yaxis()
             ax.grid(True, axis="x", alpha=0.3)
         else:
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.text(0.5, 0.5, "no graph compiled yet", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=9, color="#666")
-        self.figure.subplots_adjust(left=0.42 if shown else 0.05, right=0.97, top=0.95,
-                                    bottom=0.13)
+            ax.text(0.5, 0.5, "no graph compiled in this run" if final
+                    else "no graph compiled yet", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=LABEL_POINTS + 1, color=_TEXT)
+        self.figure.subplots_adjust(left=0.5 if shown else 0.05, right=0.95, top=0.95,
+                                    bottom=0.15)
         self.canvas.draw()
         png = _png(self.canvas, compress_level)
         self.last_cost = time.perf_counter() - start

@@ -8,14 +8,15 @@ updates a thread sends after its cell ended: colabtools #3373), calls the runtim
 `LiveMonitor.poll()` every `refresh` seconds (0.5: at most 2 updates a second) and sets widget
 traits only; it never prints. Charts are redrawn at most every `chart_refresh` seconds and only
 when their data changed. When the cell ends, fails or is interrupted, the thread is joined, the
-final state is drawn, and the live view is replaced by a static one (HTML panels with the
-charts, and a plain-text summary without timings): the widgets are closed, so a notebook that
-ran 100 live cells holds no widget comms for them, and its saved outputs need no widget state.
+final state is drawn, and the live view is replaced in place by a static one (HTML panels with
+the charts, and a plain-text summary without timings), so the cell's prints keep their place
+below it: the widgets are closed, so a notebook that ran 100 live cells holds no widget comms
+for them, and its saved outputs need no widget state.
 
-nbval: the live view's display has an empty text/plain (the widget view itself is skipped by
-nbval) and is updated to that same empty text at the end; the final view's text/plain has no
-timings, and its HTML shows timings, rates, memory and chart images in forms
-tools/nbval-sanitize.cfg masks.
+nbval: it ignores display updates, so it sees the live view (an empty text/plain, a one-line
+HTML placeholder) where the saved notebook has the final view. tools/nbval-sanitize.cfg masks
+the dashboard's HTML (between <!--tpunb-dashboard--> markers) and its final text in both; the
+figures are checked by tests/test_dashboard*.py instead.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from base64 import b64encode
 from dataclasses import dataclass
 from html import escape
 
+from tpu_nb.display import style
 from tpu_nb.display.reports import _seconds
 from tpu_nb.runtime.attribution import HOST_READ_HINT, fallback_hint
 from tpu_nb.runtime.errors import TpuNbError
@@ -38,10 +40,11 @@ VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 _CHART_DUTY = 0.02
 _CHART_MAX_GAP = 5.0
 _SHOWN_EVENTS = 8         # compile events listed in the panel (newest first)
-_RED, _RED_BG, _GREY = "#c62828", "#fdecea", "#666"
-_FONT = "font-family:var(--jp-code-font-family,monospace);font-size:12px;line-height:1.35"
-_PANEL = (f"{_FONT};border:1px solid #8885;border-radius:4px;padding:4px 8px;margin:2px;"
-          "box-sizing:border-box;overflow:hidden;flex:1 1 auto")
+# Theme colours (CSS variables with light fallbacks; display/style.py sets them per theme).
+_RED, _RED_BG, _GREY = style.RED, style.RED_BG, style.MUTED
+_FONT = style.FONT
+_PANEL = (f"{style.ROOT};border:1px solid {style.LINE};border-radius:4px;padding:4px 8px;"
+          "margin:2px;overflow:hidden;flex:1 1 auto")
 
 
 @dataclass
@@ -170,6 +173,9 @@ class Dashboard:
         self._pngs: dict[str, bytes] = {}
         self._drawn: dict[str, tuple] = {}
         self._next_chart = 0.0
+        self._code_start: float | None = None
+        self._code_end: float | None = None
+        self._last_report = None
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -200,8 +206,7 @@ class Dashboard:
             if self._root is not None and ip is not None:
                 from IPython.display import display
 
-                self._handle = display({VIEW_MIME: self._root.get_view_spec(),
-                                        "text/plain": ""}, raw=True, display_id=True)
+                self._handle = display(self._live_data(), raw=True, display_id=True)
                 self._shown = True
         except BaseException:
             self._close_widgets()
@@ -213,6 +218,8 @@ class Dashboard:
         self._thread = threading.Thread(target=self._loop, name="tpu_nb-dashboard", daemon=True)
         self._thread.start()
         self.stats.start_seconds = time.perf_counter() - began
+        self._code_start = time.perf_counter()      # the user's code runs from here
+        self._last_report = _last_report()
         return self
 
     def stop(self, error: BaseException | None = None) -> None:
@@ -221,6 +228,7 @@ class Dashboard:
         if thread is None:
             return
         began = time.perf_counter()
+        self._code_end = began
         self._stopping.set()
         try:
             thread.join()
@@ -256,10 +264,13 @@ class Dashboard:
             return
         from IPython.display import display
 
+        final = _FinalView(self)
         if self._handle is not None:
-            self._handle.update({"text/plain": ""}, raw=True)
+            # In place of the live view: the cell's prints stay below it, in their order.
+            self._handle.update(final)
             self._handle = None
-        display(_FinalView(self))
+        else:
+            display(final)
         self._shown = True
 
     def __enter__(self) -> "Dashboard":
@@ -356,11 +367,25 @@ class Dashboard:
         made = [self._header, self._alert, self._compile_panel, self._exec_panel,
                 self._transfer_panel, self._fallback_panel, self._memory_panel] + rows[2:]
         if self.charts:
-            self._step_image = W.Image(format="png")
-            self._compile_image = W.Image(format="png")
+            from tpu_nb.display.charts import CHART_SIZES
+
+            # Sized from the start (no jump when the first chart arrives), shown at their
+            # natural size (charts are drawn at twice the pixels: sharp on HiDPI screens).
+            def image(name):
+                width, height = CHART_SIZES[name]
+                img = W.Image(format="png", layout=W.Layout(
+                    width=f"{width}px", height=f"{height}px", max_width="100%",
+                    object_fit="contain"))
+                img.add_class("tpunb-chart")         # inverted in dark themes (style.py)
+                return img
+
+            self._step_image = image("step")
+            self._compile_image = image("compile")
+            for img in (self._step_image, self._compile_image):
+                img.value = _BLANK_PNG        # until the first draw: no broken-image icon
             captions = [W.HTML(_caption(_STEP_CAPTION)), W.HTML(_caption(_COMPILE_CAPTION))]
             columns = [W.VBox([captions[0], self._step_image],
-                              layout=W.Layout(max_width="62%")),
+                              layout=W.Layout(max_width="62%", margin="0 6px 0 0")),
                        W.VBox([captions[1], self._compile_image],
                               layout=W.Layout(max_width="38%"))]
             chart_row = W.HBox(columns, layout=W.Layout(flex_flow="row wrap"))
@@ -382,7 +407,7 @@ class Dashboard:
 
     def _update_widgets(self, state: LiveState, final: bool, charts: bool,
                         counted: bool) -> None:
-        _set(self._header, header_html(state, self.status, self.title))
+        _set(self._header, header_html(state, self.status, self.title, self.elapsed))
         _set(self._alert, alert_html(state))
         _set(self._compile_panel, compile_html(state))
         _set(self._exec_panel, execution_html(state, final))
@@ -419,19 +444,16 @@ class Dashboard:
         keys = {"step": (state.series_version, state.compile_version),
                 "compile": (state.compile_version,)}
         drawn, cost = {}, 0.0
-        has_data = {"step": bool(state.series or state.compiles), "compile": bool(state.compiles)}
         for name, key in keys.items():
             if self._drawn.get(name) == key and name in self._pngs:
-                continue
-            if not final and not has_data[name]:
-                continue                 # nothing to plot yet: the first draw waits for data
+                continue                 # (an empty chart says why it is empty)
             chart = self._charts[name]
             level = 6 if final else 1
             if name == "step":
                 png = chart.render(state.series, [c.step for c in state.compiles],
                                    final=final, compress_level=level)
             else:
-                png = chart.render(state.compiles, compress_level=level)
+                png = chart.render(state.compiles, final=final, compress_level=level)
             cost += chart.last_cost
             if counted and chart.last_full:
                 self.stats.chart_full_draws += 1
@@ -456,7 +478,30 @@ class Dashboard:
         return self.summary()
 
     def _repr_html_(self) -> str:
-        return static_html(self.state, self.status, self.title, self._pngs, self.error)
+        return static_html(self.state, self.status, self.title, self._pngs, self.error,
+                           elapsed=self.elapsed)
+
+    @property
+    def elapsed(self) -> float | None:
+        """Wall seconds of the work watched: from the end of `start()` to `stop()` (not the
+        dashboard's own set-up and final drawing). When a tracked run (an %%on_tpu cell)
+        completed inside, its wall time: the report and the dashboard then show one figure."""
+        if self._code_start is None:
+            return None
+        report = _last_report()
+        if (self._code_end is not None and report is not None
+                and report is not self._last_report and report.complete):
+            return report.wall_seconds
+        return (self._code_end or time.perf_counter()) - self._code_start
+
+    def _live_data(self) -> dict:
+        """The live view's display data: the widget view, and for front ends without widgets
+        (nbviewer, exported HTML) a line saying what was here. Both are replaced by the final
+        view when the dashboard stops."""
+        note = (f"{escape(self.title)}: live view (needs a front end with ipywidgets); its "
+                "final state replaces it when the cell ends")
+        return {VIEW_MIME: self._root.get_view_spec(), "text/plain": "",
+                "text/html": _marked(f"<div class='tpunb-dashboard-live'>{note}</div>")}
 
     def _ipython_display_(self) -> None:
         """Shown once: `tpu_nb.dashboard()` as a cell's last line does not show it twice."""
@@ -466,8 +511,7 @@ class Dashboard:
 
         self._shown = True
         if self.running and self._root is not None:
-            self._handle = display({VIEW_MIME: self._root.get_view_spec(), "text/plain": ""},
-                                   raw=True, display_id=True)
+            self._handle = display(self._live_data(), raw=True, display_id=True)
         else:
             display(_FinalView(self))
 
@@ -483,7 +527,19 @@ class _FinalView:
         return self.text
 
     def _repr_html_(self) -> str:
-        return self.html
+        return _marked(self.html)
+
+
+def _marked(html: str) -> str:
+    """The dashboard's HTML between markers tools/nbval-sanitize.cfg masks: its live view is
+    updated in place to the final one, which nbval (it ignores display updates) never sees."""
+    return f"<!--tpunb-dashboard-->{html}<!--/tpunb-dashboard-->"
+
+
+def _last_report():
+    from tpu_nb.runtime.tracking import last_report
+
+    return last_report()
 
 
 def _set(widget, value: str) -> None:
@@ -513,8 +569,9 @@ def dashboard(*, refresh: float = 0.5, chart_refresh: float | None = None,
 # -- HTML and text of the panels --------------------------------------------------------------
 
 def _panel(title: str, body: str, *, alert: bool = False) -> str:
-    style = _PANEL + (f";border:2px solid {_RED};background:{_RED_BG}" if alert else "")
-    return f"<div style='{style}'><b>{escape(title)}</b><br>{body}</div>"
+    css = _PANEL + (f";border:2px solid {_RED};background:{_RED_BG}" if alert else "")
+    # class tpunb: the theme's colour variables apply inside (display/style.py)
+    return f"<div class='tpunb' style='{css}'><b>{escape(title)}</b><br>{body}</div>"
 
 
 def _bytes(n: int | None) -> str:
@@ -530,15 +587,26 @@ def _rate(per_second: float) -> str:
     return f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:.0f}/s"
 
 
-def header_html(state: LiveState | None, status: str, title: str) -> str:
+def header_html(state: LiveState | None, status: str, title: str,
+                elapsed: float | None = None) -> str:
+    """The title line; present tense while running, past tense once stopped.
+
+    elapsed: the run's wall time, when the caller measured it (the dashboard: from the end of
+    its start to its stop, the span of the cell's code like the report's wall time)."""
     steps = state.steps if state is not None else 0
-    elapsed = _seconds(state.elapsed) if state is not None else "-"
-    colour = {"running": "#2e7d32", "finished": "#1565c0"}.get(status, _RED)
-    alert = (f" <b style='color:{_RED}'>RECOMPILING</b>"
-             if state is not None and state.alerts else "")
-    return (f"<div style='{_FONT}'><b>{escape(title)}</b> "
+    if elapsed is None and state is not None:
+        elapsed = state.elapsed
+    running = status in ("running", "ready")
+    colour = {"running": style.OK, "finished": style.ACCENT}.get(status, _RED)
+    recompiled = state is not None and state.alerts
+    alert = (f" <b style='color:{_RED}'>{'RECOMPILING' if running else 'RECOMPILED'}</b>"
+             if recompiled else "")
+    counted = (f"sync <span class='tpunb-steps'>{steps}</span> · {_seconds(elapsed)}"
+               if running else
+               f"<span class='tpunb-steps'>{steps}</span> syncs in {_seconds(elapsed)}")
+    return (f"{style.STYLE}<div class='tpunb' style='{style.ROOT}'><b>{escape(title)}</b> "
             f"<span style='color:{colour}' class='tpunb-status'>{escape(status)}</span> · "
-            f"step <span class='tpunb-steps'>{steps}</span> · {elapsed}{alert}</div>")
+            f"{counted}{alert}</div>")
 
 
 def alert_html(state: LiveState | None) -> str:
@@ -555,8 +623,8 @@ def alert_html(state: LiveState | None) -> str:
             f"<ul style='margin:2px 0 2px 1.2em;padding:0'>{lines}</ul>"
             "what to do: keep shapes, dtypes and Python values in the step fixed (pad or "
             "bucket batches; pass changing scalars as tensors)</div>")
-    style = f"{_PANEL};border:2px solid {_RED};background:{_RED_BG}"
-    return f"<div style='{style}'>{''.join(parts)}</div>"
+    css = f"{_PANEL};border:2px solid {_RED};background:{_RED_BG}"
+    return f"<div class='tpunb' style='{css}'>{''.join(parts)}</div>"
 
 
 def compile_html(state: LiveState | None) -> str:
@@ -581,7 +649,8 @@ def compile_html(state: LiveState | None) -> str:
         earlier = len(state.compiles) - min(len(state.compiles), _SHOWN_EVENTS)
         more = f"<br><span style='color:{_GREY}'>… {earlier} earlier</span>" if earlier else ""
         head_row = _row("#", "line", "cause", "graph", "time", tag="th")
-        body += ("<table style='border-collapse:collapse;font-size:11px;margin:2px 0'>"
+        body += ("<table style='border-collapse:collapse;font-size:11px;margin:2px 0;"
+                 "color:inherit;border:none;background:none'>"
                  f"{head_row}{''.join(rows)}</table>{more}")
     if m.compiles and not state.compile_analysis:
         body += (f"<br><span style='color:{_GREY}'>compile causes unknown: run %tpu_setup "
@@ -590,7 +659,8 @@ def compile_html(state: LiveState | None) -> str:
 
 
 # Inline styles: notebook front ends restyle bare tables (JupyterLab right-aligns cells).
-_CELL = "text-align:left;padding:0 8px 0 0;border:none;background:none;vertical-align:top"
+_CELL = ("text-align:left;padding:0 8px 0 0;border:none;background:none;vertical-align:top;"
+         "color:inherit;font-size:inherit;line-height:1.35")
 
 
 def _row(*cells: str, tag: str = "td") -> str:
@@ -623,7 +693,9 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
         steps = f"<span style='color:{_GREY}'>step time: no step completed yet</span>"
     rate = (m.executions / state.elapsed if final and state.elapsed > 0
             else state.execution_rate)
-    body = (f"steps (syncs) <b>{state.steps}</b><br>"
+    body = (f"syncs <b>{state.steps}</b> <span style='color:{_GREY}' title='torch_xla.sync() "
+            "and mark_step calls: one per training step, plus any sync tpu_nb adds at the "
+            "end of a cell'>(torch_xla.sync calls: one per training step)</span><br>"
             f"executions <b>{m.executions}</b> · {_rate(rate)}"
             f"{' on average' if final else ''}<br>{steps}<br>"
             f"on device {_seconds(m.execute_seconds)}")
@@ -670,27 +742,43 @@ def memory_html(state: LiveState | None) -> str:
 
 
 def _caption(text: str) -> str:
-    return f"<div style='{_FONT};font-size:11px;color:{_GREY}'>{escape(text)}</div>"
+    return (f"<div class='tpunb' style='{_FONT};font-size:11px;color:{_GREY}'>"
+            f"{escape(text)}</div>")
 
 
 def _img(png: bytes | None, caption: str) -> str:
     if not png:
         return ""
-    width = int.from_bytes(png[16:20], "big")       # the PNG header's width
+    width, height = _css_size(png)
     return (f"<div style='margin:2px 6px 2px 0;width:{width}px;max-width:100%'>"
             f"{_caption(caption)}"
-            f"<img alt='{escape(caption)}' style='max-width:100%' "
+            f"<img class='tpunb-chart' alt='{escape(caption)}' width='{width}' "
+            f"height='{height}' style='max-width:100%;height:auto;display:block' "
             f"src='data:image/png;base64,{b64encode(png).decode()}'></div>")
 
+
+def _css_size(png: bytes) -> tuple[int, int]:
+    """The size a chart is shown at: its pixels over the charts' density (sharp at 2x)."""
+    from tpu_nb.display.charts import PIXEL_DENSITY
+
+    width = int.from_bytes(png[16:20], "big")       # the PNG header's width and height
+    height = int.from_bytes(png[20:24], "big")
+    return round(width / PIXEL_DENSITY), round(height / PIXEL_DENSITY)
+
+
+# A 1x1 transparent PNG: what a chart slot holds before its first draw.
+_BLANK_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000b49444154789c6360000200000500017a5eab3f0000000049454e44ae426082")
 
 # The charts' captions, without importing matplotlib for a text-only dashboard.
 _STEP_CAPTION = ("step time (ms, log scale) over steps: median (solid) and p90 (dashed) per "
                  "refresh; red lines: compiles")
-_COMPILE_CAPTION = "compile seconds per graph (the last 12)"
+_COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
 def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str, bytes],
-                error: BaseException | None = None) -> str:
+                error: BaseException | None = None, elapsed: float | None = None) -> str:
     """The final (or any) state as one self-contained HTML block."""
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = [(compile_html(state), 2), (execution_html(state, True), 1),
@@ -699,7 +787,8 @@ def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str
     if error is not None:
         broken = (f"<div style='{_FONT};color:{_RED}'>the dashboard stopped updating: "
                   f"{escape(type(error).__name__)}: {escape(str(error)[:300])}</div>")
-    return (f"<div class='tpunb-dashboard'>{header_html(state, status, title)}{broken}"
+    return (f"<div class='tpunb tpunb-dashboard' style='{style.ROOT};padding:0'>"
+            f"{header_html(state, status, title, elapsed)}{broken}"
             f"{alert_html(state)}<div style='{row}'>"
             + "".join(f"<div style='flex:{grow} 1 {240 * grow}px;display:flex'>{p}</div>"
                       for p, grow in panels) + "</div>"

@@ -62,14 +62,13 @@ def _variables(which: int) -> str:
 
 def _stylesheet() -> str:
     light, dark = _variables(0), _variables(1)
-    chart = ".tpunb img.tpunb-chart, .tpunb .tpunb-chart img"
-    dark_charts = ",".join(f"{h.replace(' .tpunb', ' ')}{c.strip()}"
-                           for h in _DARK_HOSTS for c in chart.split(","))
-    light_charts = ",".join(f"{h.replace(' .tpunb', ' ')}{c.strip()}"
-                            for h in _LIGHT_HOSTS for c in chart.split(","))
+    # Chart images may sit outside a .tpunb block (the dashboard's image widgets).
+    dark_charts = ",".join(h.replace(" .tpunb", " img.tpunb-chart") for h in _DARK_HOSTS)
+    light_charts = ",".join(h.replace(" .tpunb", " img.tpunb-chart") for h in _LIGHT_HOSTS)
     return ("<style>"
             f".tpunb{{{light}}}"
-            f"@media (prefers-color-scheme:dark){{.tpunb{{{dark}}}{chart}{{{_CHART_DARK}}}}}"
+            "@media (prefers-color-scheme:dark){"
+            f".tpunb{{{dark}}}img.tpunb-chart{{{_CHART_DARK}}}}}"
             f"{','.join(_DARK_HOSTS)}{{{dark}}}"
             f"{','.join(_LIGHT_HOSTS)}{{{light}}}"
             f"{dark_charts}{{{_CHART_DARK}}}"
