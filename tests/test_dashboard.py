@@ -158,6 +158,20 @@ def test_more_than_k_graphs_on_one_line_raise_the_alert_with_the_changed_shape()
     assert "Recompilation" in html and "pad or" in html
     assert "border:2px solid" in D.compile_html(state)              # the panel turns red
     assert "RECOMPILING" in D.header_html(state, "running", "XLA dashboard")
+    assert "RECOMPILED" in D.header_html(state, "finished", "XLA dashboard")   # past tense
+
+
+def test_the_alert_diff_follows_the_latest_graphs_of_the_line():
+    w = _weights()
+    monitor = LiveMonitor(alert_graphs=2)
+    # Each batch size repeats, so the probe (armed by a compile) sees its graph at a later sync.
+    state = _recompiling_loop((21, 21, 22, 22, 23, 23, 23), monitor, w)
+    first = state.alerts[0].differs
+    state = _recompiling_loop((24, 24, 24, 25, 25, 25, 26, 26, 26), monitor, w)
+    monitor.close()
+    (alert,) = state.alerts
+    assert alert.source == "graphs" and alert.differs != first
+    assert any("f32[25,8] -> f32[26,8]" in line for line in alert.differs), alert.differs
 
 
 def test_alert_on_a_value_read_line_comes_from_the_compile_log():

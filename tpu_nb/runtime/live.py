@@ -319,7 +319,9 @@ class SyncProbe:
     Installed (by replacing `torch_xla.sync`, which `xm.mark_step` also calls) only while a
     line is armed, and removed by `close()`. A capture is the graph module's `pending_graph`
     of what the calling frame's variables reach (~ms): a line is disarmed once two different
-    graphs were captured there, or after `max_captures` tries or `budget` seconds.
+    graphs were captured there, or after `max_captures` tries or `budget` seconds. Arming it
+    again (the line compiled yet another graph) captures one more, so the last two captured
+    follow the latest graphs.
     """
 
     def __init__(self, *, max_captures: int = 32, budget: float = 0.5):
@@ -327,15 +329,18 @@ class SyncProbe:
         self._graphs: dict[tuple[str, int], list] = {}
         self._tries: dict[tuple[str, int], int] = {}
         self._armed: set[tuple[str, int]] = set()
+        self._wanted: dict[tuple[str, int], int] = {}    # new graphs still to capture
         self._spent = 0.0
         self._original = None
         self._wrapper = None
 
     def arm(self, site: tuple[str, int]) -> None:
-        if site in self._graphs:
+        if self._spent >= self.budget:
             return
-        self._graphs[site] = []
+        fresh = site not in self._graphs
+        self._graphs.setdefault(site, [])
         self._tries[site] = 0
+        self._wanted[site] = 2 if fresh else 1
         self._armed.add(site)
         self._install()
 
@@ -395,8 +400,9 @@ class SyncProbe:
                 if not kept or kept[-1].hash != captured.hash:
                     kept.append(captured)
                     del kept[:-2]
+                    self._wanted[site] -= 1
             self._spent += time.perf_counter() - start
-            if (len(self._graphs[site]) >= 2 or self._tries[site] >= self.max_captures
+            if (self._wanted[site] <= 0 or self._tries[site] >= self.max_captures
                     or self._spent >= self.budget):
                 self._armed.discard(site)
         except Exception:            # never break the user's sync
@@ -582,6 +588,7 @@ class LiveMonitor:
             graphs.append(event)
             # Armed one graph before the alert, so that the graph which raises it is usually
             # captured with the one before (a training loop's warm-up pair stays unprobed).
+            # Each later graph arms it again: the alert's diff follows the latest graphs.
             if len(graphs) >= self.alert_graphs and self._probe is not None \
                     and event.kind == "sync":
                 self._probe.arm(site)
