@@ -423,9 +423,10 @@ class Dashboard:
 
     def _make_charts(self) -> None:
         if self._charts is None:
-            from tpu_nb.display.charts import CompileChart, acquire_step_chart
+            from tpu_nb.display.mpl_import import import_charts
 
-            self._charts = {"step": acquire_step_chart(), "compile": CompileChart()}
+            charts = import_charts()      # matplotlib: an interrupt cannot leave it half-imported
+            self._charts = {"step": charts.acquire_step_chart(), "compile": charts.CompileChart()}
 
     def _release_charts(self) -> None:
         if self._charts is not None:

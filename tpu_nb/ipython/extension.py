@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from traitlets import Bool
 from traitlets.config import Configurable
 
 from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot
+
+if TYPE_CHECKING:
+    from tpu_nb.ipython.interrupts import InterruptNotice
 
 
 class TpuNb(Configurable):
@@ -85,6 +89,7 @@ def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
 class _Loaded:
     settings: TpuNb
     watcher: CellWatcher
+    notice: InterruptNotice | None = None
     magic_names: dict[str, list[str]] = field(default_factory=dict)
     formatter_types: list[type] = field(default_factory=list)
 
@@ -136,6 +141,11 @@ def load_ipython_extension(shell) -> None:
     _loaded[id(shell)] = state
     shell.events.register("pre_run_cell", watcher.pre_run_cell)
     shell.events.register("post_run_cell", watcher.post_run_cell)
+    from tpu_nb.ipython.interrupts import InterruptNotice
+
+    state.notice = InterruptNotice()        # after the watcher: also covers its final wait
+    shell.events.register("pre_run_cell", state.notice.pre_run_cell)
+    shell.events.register("post_run_cell", state.notice.post_run_cell)
     magics = TpuMagics(shell, state)
     shell.register_magics(magics)
     state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
@@ -148,6 +158,10 @@ def unload_ipython_extension(shell) -> None:
         return
     shell.events.unregister("pre_run_cell", state.watcher.pre_run_cell)
     shell.events.unregister("post_run_cell", state.watcher.post_run_cell)
+    if state.notice is not None:
+        state.notice.post_run_cell()       # a running cell's watcher stops with the extension
+        shell.events.unregister("pre_run_cell", state.notice.pre_run_cell)
+        shell.events.unregister("post_run_cell", state.notice.post_run_cell)
     manager = shell.magics_manager
     for kind, names in state.magic_names.items():
         for name in names:
