@@ -117,9 +117,28 @@ def test_max_graphs_stops_at_the_recompiling_step(shell):
                    "    torch_xla.sync()\n")
     err = r.error_in_exec
     assert isinstance(err, tpu_nb.RecompilationError)
-    assert "traced aten::expand f32[9,8]" in str(err) and "max_graphs=2" in str(err)
-    assert "f32[6,8]" in str(err) and "f32[8,8]" not in str(err)
+    assert "compiled graph 3 (max_graphs=2)" in str(err)
+    assert "aten::expand f32[6,8] \u2192 f32[9,8]" in str(err), str(err)
     assert shell.user_ns["batch"] == 9
+
+
+def test_max_graphs_counts_the_first_step(shell, capsys):
+    # The report counts the first step's graph; so does the guard: graph 3 of the sync line
+    # fails with --max-graphs 2, whatever the set-up synced before the loop.
+    r = run(shell, "%%on_tpu --max-graphs 2\n"
+                   "w = torch.randn(8, 7)\n"
+                   "torch_xla.sync()\n"
+                   "for batch in (3, 5, 7):\n"
+                   "    out = (torch.ones(batch, 8) @ w).sum()\n"
+                   "    torch_xla.sync()\n")
+    err = r.error_in_exec
+    assert isinstance(err, tpu_nb.RecompilationError), err
+    assert shell.user_ns["batch"] == 7
+    assert "line 6" in str(err)
+    # The traceback ends at the user's line: no contextlib or tpu_nb frames shown.
+    shell.showtraceback()
+    shown = capsys.readouterr().out
+    assert "contextlib" not in shown and "tpu_nb/" not in shown, shown
 
 
 @pytest.mark.parametrize("line, words", [

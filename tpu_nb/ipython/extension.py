@@ -92,6 +92,7 @@ class _Loaded:
     notice: InterruptNotice | None = None
     magic_names: dict[str, list[str]] = field(default_factory=dict)
     formatter_types: list[type] = field(default_factory=list)
+    namer: object = None
 
 
 _loaded: dict[int, _Loaded] = {}
@@ -148,6 +149,13 @@ def load_ipython_extension(shell) -> None:
     shell.events.register("post_run_cell", state.notice.post_run_cell)
     magics = TpuMagics(shell, state)
     shell.register_magics(magics)
+    from tpu_nb.runtime.sources import add_file_namer
+
+    state.namer = magics._cell_name        # findings name cells "In [n]", not temp files
+    add_file_namer(state.namer)
+    from tpu_nb.runtime import legacy
+
+    legacy.install()                       # old tutorials' names say their replacement
     state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
     _register_formatters(shell, state)
 
@@ -167,6 +175,12 @@ def unload_ipython_extension(shell) -> None:
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop("TpuMagics", None)
+    from tpu_nb.runtime.sources import remove_file_namer
+
+    remove_file_namer(state.namer)
+    from tpu_nb.runtime import legacy
+
+    legacy.uninstall()
     for fmt in ("text/html", "text/plain"):
         formatter = shell.display_formatter.formatters[fmt]
         for typ in state.formatter_types:

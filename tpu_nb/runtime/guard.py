@@ -1,16 +1,22 @@
-"""`max_graphs(n)`: fail as soon as a region traces more than n distinct graphs.
+"""`max_graphs(n)`: fail at the step that makes one line compile more than n distinct graphs.
 
-torch_xla's recompilation guard (the dynamic-shape detector behind
-`torch_xla.compile(max_different_graphs=n)`) compares the traces of successive calls of one
-session. Here each step between two syncs is one call, and steps are grouped by the line
-that syncs them: at every sync the session is renewed under that line's name, so the steps of
-a loop are compared with each other (set-up code before the loop is not), and a loop whose
-batch shape changes fails at the line that traced the new graph. The guard's "Got/Expected"
-message becomes a RecompilationError that says what differed.
+Counted the way the report counts: per line of user code (the innermost user frame of the
+sync), every distinct graph the compile-cause log records for it inside the block, the first
+step's included. The check runs right after each sync (`torch_xla.sync`, which `xm.mark_step`
+and the device loaders call, is wrapped while the block runs), so the step that compiled graph
+n+1 has run when RecompilationError is raised; the error says what differs from the line's
+previous graph (the op and shape when `%%on_tpu`'s recorder captured both graphs — lines at
+their limit are captured at every sync while the guard is on — else the log's counts).
+
+Without compile-cause analysis (no `setup()` before the first compile) there is no log: the
+guard falls back to torch_xla's dynamic-shape detector (the guard behind
+`torch_xla.compile(max_different_graphs=n)`), one session per sync line, which compares the
+steps after a line's first sync and says what the trace got and expected.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -18,6 +24,7 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
+from tpu_nb.runtime import provenance
 from tpu_nb.runtime._xla import xla
 from tpu_nb.runtime.errors import TpuNbError
 
@@ -27,6 +34,27 @@ _ids = itertools.count()
 
 class RecompilationError(TpuNbError):
     """More distinct graphs than allowed were traced (raised by `max_graphs`)."""
+
+    @classmethod
+    def at_line(cls, limit: int, where, graphs: list) -> "RecompilationError":
+        """The error for a line (a compile_log.Frame) that compiled `graphs`, one too many."""
+        from tpu_nb.runtime import attribution
+        from tpu_nb.runtime.sources import short_path
+
+        before, after = graphs[-2], graphs[-1]
+        a, b = (provenance.line_graphs.graph_for(where, g) for g in (before, after))
+        facts = attribution.graph_facts(a, b) if a is not None and b is not None else ()
+        facts = facts or attribution._log_facts(before, after)
+        place = short_path(where.file)
+        place += f", line {where.line}" if place.startswith("In [") else f":{where.line}"
+        error = cls.__new__(cls)
+        error.limit, error.got, error.expected = limit, "; ".join(facts), []
+        TpuNbError.__init__(
+            error,
+            f"{place} compiled graph {len(graphs)} (max_graphs={limit}): it differs from the "
+            f"line's previous graph: {'; '.join(facts)}. Fix: keep shapes and Python values "
+            "in the step fixed (pad or bucket the batch), or allow more graphs.")
+        return error
 
     def __init__(self, limit: int, got: str, expected: list[str]):
         self.limit, self.got, self.expected = limit, _node(got), [_node(e) for e in expected]
@@ -69,13 +97,105 @@ def _sync_site() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "?"
 
 
+class max_graphs:
+    """Raise RecompilationError at the step that makes a line compile more than `limit`
+    distinct graphs (see the module docstring)."""
+
+    def __init__(self, limit: int):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise TpuNbError(f"max_graphs needs a whole number of at least 1; got {limit!r}. "
+                             "Fix: e.g. max_graphs(2) (a training loop's first step often "
+                             "traces its own graph, so allow 2 or more).")
+        self.limit = limit
+        self._fallback = None
+        self._wrapper = self._original = None
+
+    def __enter__(self) -> None:
+        from tpu_nb.runtime.compile_log import compile_log
+
+        self._log = compile_log()
+        if self._log is None:
+            self._fallback = _detector_guard(self.limit)
+            self._fallback.__enter__()
+            return None
+        self._read = self._log.size()
+        self._graphs: dict[tuple[str, int], list] = {}
+        torch_xla = xla()
+        original = self._original = torch_xla.sync
+        guard = self
+
+        @functools.wraps(original)
+        def sync(*args, **kwargs):
+            __tracebackhide__ = True   # noqa: F841
+            result = original(*args, **kwargs)
+            guard._check(sys._getframe(1))
+            return result
+
+        self._wrapper = torch_xla.sync = sync
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._fallback is not None:
+            try:
+                return bool(self._fallback.__exit__(exc_type, exc, tb))
+            except RecompilationError as error:
+                _end_at_user_code(error.__traceback__)
+                raise
+        if isinstance(exc, RecompilationError):
+            _end_at_user_code(tb)
+        torch_xla = xla()
+        if torch_xla.sync is self._wrapper:
+            torch_xla.sync = self._original
+        for key in self._graphs:
+            provenance.force_capture.discard(key)
+        return False
+
+    def _check(self, frame) -> None:
+        __tracebackhide__ = True   # noqa: F841
+        events = self._log.events_since(self._read)
+        self._read = self._log.size()
+        site = _user_site(frame)
+        for event in events:
+            where = site if event.kind != "value-access" else event.user_frame
+            if where is None:
+                continue
+            key = (where.file, where.line)
+            graphs = self._graphs.setdefault(key, [])
+            if all(g.graph_hash != event.graph_hash for g in graphs):
+                graphs.append(event)
+            if len(graphs) >= self.limit - 1:   # capture the last allowed graph and the next
+                provenance.force_capture.add(key)
+            if len(graphs) > self.limit:
+                raise RecompilationError.at_line(self.limit, where, graphs)
+
+
+def _end_at_user_code(tb) -> None:
+    """Cut the traceback after the last frame of user code: the error is about the user's
+    line, and tpu_nb's wrapper or contextlib below it would only hide that."""
+    from tpu_nb.runtime.sources import is_library
+
+    last_user = None
+    while tb is not None:
+        if not is_library(tb.tb_frame.f_code.co_filename):
+            last_user = tb
+        tb = tb.tb_next
+    if last_user is not None:
+        last_user.tb_next = None
+
+
+def _user_site(frame):
+    from tpu_nb.runtime.compile_log import Frame
+    from tpu_nb.runtime.sources import is_library
+
+    while frame is not None and is_library(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
 @contextmanager
-def max_graphs(limit: int) -> Iterator[None]:
-    """Raise RecompilationError when the steps of the block trace more than `limit` graphs."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise TpuNbError(f"max_graphs needs a whole number of at least 1; got {limit!r}. "
-                         "Fix: e.g. max_graphs(2) (a training loop's first step often traces "
-                         "its own graph, so allow 2 or more).")
+def _detector_guard(limit: int) -> Iterator[None]:
     torch_xla = xla()
     from torch_xla.core import xla_model
 

@@ -163,6 +163,7 @@ class Recorder:
         self._counter = self._xc._xla_counter_value
         self._started = time.perf_counter()
         self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
+        self._log_read = self._log.size() if self._log is not None else 0
         self._patch(torch_xla, "sync", self._sync_wrapper)
         for name, label in _READ_METHODS.items():
             self._patch(torch.Tensor, name,
@@ -338,6 +339,16 @@ class Recorder:
         anchors = self.recording.anchors
         if len(anchors) < 100_000:
             anchors.append(CompileAnchor(kind, site, log_end, compiles, self._next(), graph))
+        if graph is not None and compiles == 1 and self._log is not None:
+            # The block this compile wrote is the last one in the log: key the graph by its
+            # hash now, so a guard or the report can diff it against the line's previous one.
+            events = self._log.events_since(self._log_read)
+            self._log_read = log_end
+            if events:
+                graphs_by_hash[events[-1].graph_hash] = graph
+                graphs_by_hash.move_to_end(events[-1].graph_hash)
+                while len(graphs_by_hash) > _MAX_BY_HASH:
+                    graphs_by_hash.popitem(last=False)
 
     def _next(self) -> int:
         self._order += 1
@@ -383,9 +394,11 @@ class Recorder:
                 return None, site
             key = _key(site.line)
             history = line_graphs.get(key)
-            due = history is None or key in self._capture_next
+            due = history is None or key in self._capture_next or key in force_capture
             taken = self._captured_here.get(key, 0)
-            if not due or taken >= 6 or not self._within_budget():
+            # Forced lines (max_graphs) skip the per-line count, never the time budget.
+            forced = key in force_capture
+            if not due or (not forced and taken >= 6) or not self._within_budget():
                 return None, site
             self._capture_next.discard(key)
             self._captured_here[key] = taken + 1
@@ -429,9 +442,20 @@ class LineGraphs:
 
     def clear(self) -> None:
         self._lines.clear()
+        graphs_by_hash.clear()
+
+    def graph_for(self, where, event):
+        """The pending graph captured just before `event` compiled, if it was captured."""
+        return graphs_by_hash.get(event.graph_hash)
 
 
 line_graphs = LineGraphs()
+# Compile-log graph hash -> the pending graph captured just before that graph compiled.
+graphs_by_hash: OrderedDict[str, Any] = OrderedDict()
+_MAX_BY_HASH = 48
+# Lines captured at every sync, whatever the budget (max_graphs: lines at their limit, whose
+# next graph is an error that should name what changed).
+force_capture: set[tuple[str, int]] = set()
 
 
 def _capture_pending(frame):

@@ -18,9 +18,6 @@ from tpu_nb.runtime.metrics import MetricsDelta, snapshot
 # active lines, the first graphs and the latest of each).
 _graphs_by_line: OrderedDict[tuple[str, int], list[CompileEvent]] = OrderedDict()
 _MAX_LINES, _MAX_GRAPHS_PER_LINE = 256, 32
-# Compile-log graph hash -> the pending graph tpu_nb captured just before it compiled.
-_captured: OrderedDict[str, Any] = OrderedDict()
-_MAX_CAPTURED = 48
 _last: "RunReport | None" = None
 
 
@@ -28,7 +25,6 @@ def _forget() -> None:
     """reset_metrics(): tpu_nb's own history goes with the runtime's counters."""
     global _last
     _graphs_by_line.clear()
-    _captured.clear()
     provenance.line_graphs.clear()
     _last = None
 
@@ -36,7 +32,7 @@ def _forget() -> None:
 def captured_graph(event: CompileEvent):
     """The pending graph captured just before `event`'s graph compiled, if tpu_nb captured
     it (a runtime Graph), else None."""
-    return _captured.get(event.graph_hash)
+    return provenance.graphs_by_hash.get(event.graph_hash)
 
 
 @dataclass
@@ -267,11 +263,6 @@ def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEven
                   and (e.kind == "value-access") == (anchor.kind == "read")]
         for i in window[-anchor.compiles:]:
             placed[i] = replace(placed[i], site=anchor.site)
-            if anchor.graph is not None and anchor.compiles == 1:
-                _captured[placed[i].graph_hash] = anchor.graph
-                _captured.move_to_end(placed[i].graph_hash)
-                while len(_captured) > _MAX_CAPTURED:
-                    _captured.popitem(last=False)
         start = max(start, anchor.log_end)
     return placed
 
