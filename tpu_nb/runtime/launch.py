@@ -16,8 +16,12 @@ On XLA:CPU with several devices, collectives between replicas hang in torch_xla 
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import os
 import pickle
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +32,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tpu_nb.runtime import private_files
 from tpu_nb.runtime.configure import ensure_setup
+from tpu_nb.runtime.device import MAX_CPU_DEVICES
 from tpu_nb.runtime.environment import detect_accelerator, runtime_initialized
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics import MetricsDelta
@@ -49,6 +55,19 @@ MODES_BY_DEVICE = {
 
 class CollectiveRefused(TpuNbError):
     """A collective between XLA:CPU replicas, which torch_xla 2.9 would hang on."""
+
+
+class ReplicaCrash(TpuNbError):
+    """A replica process died in native code (a signal such as SIGSEGV): `signal` is the
+    signal's name, `where` the innermost Python frame running then, `stack` every thread's
+    Python stack as faulthandler wrote it."""
+
+    def __init__(self, signal_name: str, where: str, stack: str):
+        self.signal, self.where, self.stack = signal_name, where, stack
+        at = f" while running {where}" if where else ""
+        super().__init__(f"a replica process crashed in native code ({signal_name}){at}; the "
+                         "other replicas were stopped. Fix: run the launch again; if it "
+                         "crashes again, the stacks are in this error's .stack attribute.")
 
 
 class ReplicaError(TpuNbError):
@@ -174,6 +193,41 @@ def _refuse_collectives() -> None:
 # picklable: the replicas find it here instead, in memory forked from the launcher.
 _work: dict[str, tuple[Callable, tuple]] = {}
 
+# On XLA:CPU the replicas are threads of one process, and torch_xla 2.9 registers a counter at
+# its first use without guarding every reader: about one launch in 26 crashed (SIGSEGV in
+# Counter::GetData(), a null counter) when four replica threads read counters and ran their
+# first ops at the same moment. So the first replica in runs that first use alone — counter
+# reads and one tiny graph, which registers the counters every replica touches first — while
+# the others wait; and tpu_nb's own counter reads are taken one thread at a time.
+_first_use = threading.Lock()
+_first_use_done = False
+_counter_reads = threading.Lock()
+
+
+def _first_use_alone() -> None:
+    global _first_use_done
+    with _first_use:
+        if _first_use_done:
+            return
+        import torch
+        import torch_xla
+        from torch_xla.core import xla_model
+
+        _snapshot()
+        warm = torch.ones(2, device=torch_xla.device()) + 1
+        torch_xla.sync()
+        xla_model.wait_device_ops()
+        warm.cpu()
+        _snapshot()
+        _first_use_done = True
+
+
+def _snapshot():
+    from tpu_nb.runtime.metrics import snapshot
+
+    with _counter_reads:
+        return snapshot()
+
 
 def _replica(index: int, rundir: str) -> None:
     """One replica: its prints to its own file; its result (or traceback) to a pickle."""
@@ -181,8 +235,7 @@ def _replica(index: int, rundir: str) -> None:
     import torch_xla.runtime as xr
     from torch_xla.core import xla_model
 
-    from tpu_nb.runtime.metrics import snapshot
-
+    _first_use_alone()
     ordinal = xr.global_ordinal()
     out = open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1)
     sys.stdout.local.file = out
@@ -194,7 +247,7 @@ def _replica(index: int, rundir: str) -> None:
         xla_model.add_step_closure(on_sync)
 
     xla_model.add_step_closure(on_sync)
-    before, start = snapshot(), time.perf_counter()
+    before, start = _snapshot(), time.perf_counter()
     result = {"ordinal": ordinal, "pid": os.getpid()}
     fn, args = _work[rundir]
     try:
@@ -206,7 +259,7 @@ def _replica(index: int, rundir: str) -> None:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = _user_traceback(exc)
     result["wall_seconds"] = time.perf_counter() - start
-    result["metrics"] = snapshot().since(before)
+    result["metrics"] = _snapshot().since(before)
     steps = [b - a for a, b in zip([start] + syncs, syncs)]
     result["step_seconds"] = tuple(steps)
     _write_result(rundir, ordinal, result)
@@ -246,10 +299,31 @@ def _end_group(signum, frame) -> None:
     os._exit(1)
 
 
-def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool) -> None:
+def _watch_parent(rundir: str, parent: int) -> None:
+    """End the launch when the process that launched it is gone (a kernel killed or exited
+    mid-launch): remove the run directory, stop the replicas."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        shutil.rmtree(rundir, ignore_errors=True)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="tpu_nb-launch-watch", daemon=True).start()
+
+
+def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool,
+              parent: int) -> None:
     """The launcher process: torch_xla's launcher, replicas' output routed per replica."""
+    # A native crash of a replica process (forked from this one, so it inherits this) leaves
+    # every thread's Python stack in launcher.err instead of a bare BrokenProcessPool.
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
     signal.signal(signal.SIGTERM, _end_group)
+    _watch_parent(rundir, parent)
     os.environ.update(env)
+    # Temp files of the launcher and the replicas (torch's own among them: importing
+    # torch.distributed makes a directory it removes only at a normal exit, which the
+    # launcher's os._exit skips) go into the run directory and are removed with it.
+    os.environ["TMPDIR"] = tempfile.tempdir = rundir
     sys.stdout = _ReplicaStreams(sys.__stdout__)
     sys.stderr = _ReplicaStreams(sys.__stderr__)
     import torch_xla
@@ -257,13 +331,16 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool) -
     if refuse:
         _refuse_collectives()
     _work[rundir] = (fn, args)
-    torch_xla.launch(_replica, args=(rundir,), start_method="fork")
+    try:
+        torch_xla.launch(_replica, args=(rundir,), start_method="fork")
+    finally:
+        _work.pop(rundir, None)
 
 
-def _forked_launcher(rundir, fn, args, env, refuse) -> None:
+def _forked_launcher(rundir, fn, args, env, refuse, parent) -> None:
     os.setpgid(0, 0)
     try:
-        _launcher(rundir, fn, args, env, refuse)
+        _launcher(rundir, fn, args, env, refuse, parent)
     except BaseException:
         traceback.print_exc(file=sys.__stderr__)
         os._exit(1)
@@ -274,31 +351,84 @@ def worker_main(rundir: str) -> None:
     """Entry of a fresh worker process (`python -m tpu_nb.runtime.launch RUNDIR`)."""
     import cloudpickle
 
-    with open(os.path.join(rundir, "payload.pkl"), "rb") as f:
-        fn, args, env, refuse = cloudpickle.load(f)
-    _launcher(rundir, fn, args, env, refuse)
+    payload = os.path.join(rundir, "payload.pkl")
+    with open(payload, "rb") as f:
+        fn, args, env, refuse, parent = cloudpickle.load(f)
+    os.unlink(payload)      # the user's function and variables, by value: not kept on disk
+    _launcher(rundir, fn, args, env, refuse, parent)
 
 
 # -- in the calling process -------------------------------------------------------------------
 
 def _device_count(devices, device_type: str) -> int:
+    """How many replicas: 'all' the devices, or N — at most the chips of a TPU host, at most
+    MAX_CPU_DEVICES virtual XLA:CPU devices (each replica is a thread with its own device)."""
+    chips = max(1, detect_accelerator().chips) if device_type == "TPU" else None
     if devices == "all":
-        if device_type == "CPU":
-            return int(os.environ.get("CPU_NUM_DEVICES") or 1)
-        return max(1, detect_accelerator().chips)
+        if chips is not None:
+            return chips
+        configured = os.environ.get("CPU_NUM_DEVICES") or "1"
+        if not configured.isdigit() or not 1 <= int(configured) <= MAX_CPU_DEVICES:
+            raise TpuNbError(f"CPU_NUM_DEVICES={configured!r} is not a device count from 1 "
+                             f"to {MAX_CPU_DEVICES}. Fix: tpu_nb.setup('cpu', num_devices=4) "
+                             "(or %tpu_setup --devices 4) in a fresh kernel.")
+        return int(configured)
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise TpuNbError(f"devices must be 'all' or a whole number of at least 1; got "
                          f"{devices!r}. Fix: e.g. devices=4.")
-    if device_type == "TPU" and devices != max(1, detect_accelerator().chips):
-        raise TpuNbError("choosing a subset of TPU chips is not supported; use devices='all'.")
+    if chips is not None and devices != chips:
+        raise TpuNbError(f"devices={devices}, but this TPU host has {chips} chip"
+                         f"{'s' if chips != 1 else ''} and a launch uses all of them. Fix: "
+                         "devices='all'.")
+    if devices > MAX_CPU_DEVICES:
+        raise TpuNbError(f"devices={devices} is more than the {MAX_CPU_DEVICES} virtual XLA:CPU "
+                         f"devices tpu_nb runs (each is a thread with its own device). Fix: "
+                         f"e.g. devices=4.")
     return devices
+
+
+RUN_PREFIX = "tpu_nb-launch-"
+
+
+def _sweep_dead_runs() -> None:
+    """Remove run directories that launches of dead processes left (a kernel killed mid-launch
+    cannot remove its own): ours, named after a pid that no longer runs."""
+    folder = tempfile.gettempdir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        match = re.match(re.escape(RUN_PREFIX) + r"(\d+)-", name)
+        if not match or private_files.pid_alive(int(match.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == os.getuid() and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# Run directories of launches in progress, removed at exit if a launch is cut short by it.
+_active_runs: set[str] = set()
+
+
+@atexit.register
+def _remove_active_runs() -> None:
+    for rundir in list(_active_runs):
+        shutil.rmtree(rundir, ignore_errors=True)
 
 
 class _Run:
     """A launcher process and its run directory, watched from the calling process."""
 
     def __init__(self, fn, args, n: int, device_type: str, stream):
-        self.rundir = tempfile.mkdtemp(prefix="tpu_nb-launch-")
+        # 0700 (mkdtemp); named after this process so that a later launch can sweep it if
+        # this process dies without removing it.
+        self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
+        _active_runs.add(self.rundir)
         self.n, self.stream = n, stream
         env = {"PJRT_DEVICE": device_type}
         if os.environ.get("PT_XLA_DEBUG_LEVEL"):    # the replicas' compile log, not ours
@@ -309,12 +439,22 @@ class _Run:
         refuse = device_type == "CPU" and n > 1
         self.offsets = [0] * n
         self.partial = [""] * n
-        if not runtime_initialized():
-            self.path = "fork"
-            self.proc = _fork(self.rundir, fn, args, env, refuse)
-        else:
-            self.path = "worker"
-            self.proc = _spawn_worker(self.rundir, fn, args, env, refuse)
+        try:
+            if not runtime_initialized():
+                self.path = "fork"
+                self.proc = _fork(self.rundir, fn, args, env, refuse)
+            else:
+                self.path = "worker"
+                self.proc = _spawn_worker(self.rundir, fn, args, env, refuse)
+        except BaseException:
+            self.remove()
+            raise
+
+    def remove(self) -> None:
+        """Remove the run directory: the payload (the user's function and variables, by
+        value), outputs and results are not left in the temp directory."""
+        shutil.rmtree(self.rundir, ignore_errors=True)
+        _active_runs.discard(self.rundir)
 
     def pump(self) -> None:
         """Print what the replicas wrote since the last call, each line with its ordinal."""
@@ -367,7 +507,7 @@ class _Run:
     def launcher_errors(self) -> str:
         try:
             with open(os.path.join(self.rundir, "launcher.err"), errors="replace") as f:
-                return f.read()[-3000:]
+                return f.read()[-30000:]
         except FileNotFoundError:
             return ""
 
@@ -399,7 +539,7 @@ def _fork(rundir, fn, args, env, refuse) -> _ForkedProcess:
     if pid == 0:                            # the launcher: C-level output to its own file
         os.dup2(err, 1)
         os.dup2(err, 2)
-        _forked_launcher(rundir, fn, args, env, refuse)
+        _forked_launcher(rundir, fn, args, env, refuse, os.getppid())
     os.close(err)
     try:
         os.setpgid(pid, pid)                # both sides set it: no race with killpg
@@ -412,20 +552,21 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
     import cloudpickle
 
     try:
-        payload = cloudpickle.dumps((fn, args, env, refuse))
+        payload = cloudpickle.dumps((fn, args, env, refuse, os.getpid()))
     except Exception as exc:
         raise TpuNbError(f"cannot send the function to a fresh worker process ({exc}). Fix: "
                          "restart the kernel and launch before using the XLA device, so the "
                          "replicas can be forked instead.") from None
-    with open(os.path.join(rundir, "payload.pkl"), "wb") as f:
+    fd = os.open(os.path.join(rundir, "payload.pkl"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(fd, "wb") as f:
         f.write(payload)
     package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_parent, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-    err = open(os.path.join(rundir, "launcher.err"), "w")
-    return subprocess.Popen([sys.executable, "-m", "tpu_nb.runtime.launch", rundir],
-                            stdout=err, stderr=err, env=child_env, start_new_session=True)
+    with open(os.path.join(rundir, "launcher.err"), "w") as err:   # the child keeps its copy
+        return subprocess.Popen([sys.executable, "-m", "tpu_nb.runtime.launch", rundir],
+                                stdout=err, stderr=err, env=child_env, start_new_session=True)
 
 
 def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
@@ -436,7 +577,11 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         first = min(failed, key=lambda r: r["ordinal"])
         raise ReplicaError(first["ordinal"], run.n, first["error"], first["traceback"])
     if status != 0 or any(r is None for r in raw):
-        detail = run.launcher_errors().strip().splitlines()
+        errors = run.launcher_errors()
+        crash = native_crash(errors)
+        if crash is not None:
+            raise crash
+        detail = errors.strip().splitlines()
         raise TpuNbError("the replicas did not finish (launcher exit status "
                          f"{status}): {detail[-1] if detail else 'no message'}")
     replicas = tuple(ReplicaResult(
@@ -447,6 +592,29 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         notes = ("This kernel had already used the XLA device, so the replicas ran in a fresh "
                  "worker process that received the function and its variables by value.",)
     return LaunchResult(mode, run.path, run.n, replicas, time.perf_counter() - start, notes)
+
+
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+_FRAME_LINE = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
+
+
+def native_crash(errors: str) -> ReplicaCrash | None:
+    """A ReplicaCrash from faulthandler's report in the launcher's output, if there is one."""
+    found = list(_FATAL.finditer(errors))
+    if not found:
+        return None
+    stack = errors[found[-1].start():]
+    reason = found[-1].group(1).strip()
+    name = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
+            "Floating-point exception": "SIGFPE", "Illegal instruction": "SIGILL"}.get(reason)
+    signal_name = f"{reason}, {name}" if name else reason
+    current = stack.find("Current thread")
+    where = ""
+    for line in stack[current if current >= 0 else 0:].splitlines():
+        if m := _FRAME_LINE.match(line):
+            where = f"{m.group(3)} ({m.group(1)}:{m.group(2)})"
+            break
+    return ReplicaCrash(signal_name, where, stack)
 
 
 class CellFunction:
@@ -505,14 +673,18 @@ def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replica
 
         return run_spmd(fn, args, devices)
     n = _device_count(devices, device_type)
+    _sweep_dead_runs()
     start = time.perf_counter()
     run = _Run(fn, args, n, device_type, stream)
     try:
-        status = run.wait()
-    except BaseException:                  # KeyboardInterrupt: no orphan replicas
-        run.kill()
-        raise
-    return _collect(run, status, start, "replicas")
+        try:
+            status = run.wait()
+        except BaseException:              # KeyboardInterrupt: no orphan replicas
+            run.kill()
+            raise
+        return _collect(run, status, start, "replicas")
+    finally:
+        run.remove()
 
 
 if __name__ == "__main__":
