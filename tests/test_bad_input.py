@@ -54,6 +54,7 @@ LIBRARY = [
     (lambda: tpu_nb.device(index="0"), "index must be a whole number of at least 0"),
     (lambda: tpu_nb.launch(lambda spmd: 1, mode="spmd", devices=100000000000),
      f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}"),
+    (lambda: tpu_nb.launch(42), "launch needs a function to run; got int 42"),
     (lambda: Dashboard(refresh=math.nan), "refresh must be a number of seconds from 0.1 to "
                                           "3600; got nan"),
     (lambda: Dashboard(refresh=math.inf), "got inf"),
@@ -197,6 +198,24 @@ def test_cache_dir_not_writable_by_this_user(py, other_user):
                               f"{tmp_path} is not writable by you. Fix: ")
     assert not (tmp_path / "cache").exists()
     tmp_path.rmdir()
+
+
+def test_replica_traceback_from_a_fresh_worker_shows_the_source_line(py):
+    """The runtime is in use, so the replicas run in a fresh worker process, which never saw
+    the cell: its traceback must still quote the failing line."""
+    out = py("""
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "tpu_nb")
+        ip.run_line_magic("tpu_setup", "--device cpu --devices 2")
+        ip.run_cell("import torch, torch_xla\\n"
+                    "(torch.ones(2, device=torch_xla.device()) + 1).sum().item()")
+        ip.run_cell("%%on_tpu --replicas 2\\nx = 1\\nif index == 1:\\n"
+                    "    raise ValueError('boom in replica')\\n")
+    """, timeout=240).stdout
+    replica = out.split("--- replica 1 of 2: traceback ---", 1)[1]
+    assert ", line 4, in <module>\n    raise ValueError('boom in replica')\nValueError: boom " \
+           "in replica" in replica
 
 
 from test_files import other_user  # noqa: E402,F401  (the second-uid fixture)

@@ -51,7 +51,8 @@ try:
 except tpu_nb.TpuNbError as exc:
     api = str(exc)
 after = state()
-ip.run_cell("again = (w @ w).sum().item(); fresh = (torch.ones(3) * 2).to(torch_xla.device()).sum().item()")
+ip.run_cell("again = (w @ w).sum().item()\\n"
+            "fresh = (torch.ones(3) * 2).to(torch_xla.device()).sum().item()")
 print("RESULT", json.dumps({"magic": refused, "api": api, "state": after,
                             "same": ip.user_ns["again"] == ip.user_ns["before"],
                             "fresh": ip.user_ns["fresh"]}))

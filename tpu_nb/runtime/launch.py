@@ -632,6 +632,11 @@ class CellFunction:
 
         from tpu_nb.runtime.defaults import default_device
 
+        import linecache
+
+        # A fresh worker has not seen the cell: without this its traceback lacks the lines.
+        linecache.cache[self.filename] = (len(self.source), None,
+                                          self.source.splitlines(True), self.filename)
         tree = ast.parse(self.source, self.filename)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         namespace = {"__name__": "__main__", **self.variables, "index": index}
@@ -665,7 +670,8 @@ def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replica
     if mode not in MODES:
         raise TpuNbError(f"unknown mode {mode!r}. Fix: mode='replicas' or mode='spmd'.")
     if not callable(fn):
-        raise TpuNbError(f"launch needs a function to run; got {type(fn).__name__}.")
+        raise TpuNbError(f"launch needs a function to run; got {type(fn).__name__} "
+                         f"{fn!r:.40}. Fix: launch(train), with train(index) defined first.")
     ensure_setup()
     device_type = os.environ.get("PJRT_DEVICE", "CPU").upper()
     if mode == "spmd":
