@@ -21,6 +21,7 @@ from IPython.utils.process import arg_split
 
 from tpu_nb.runtime.device import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.timing import MAX_NUMBER, MAX_REPEAT
 
 # The most distinct graphs --max-graphs and --alert-graphs accept: more is never a useful
 # limit, and a huge number would reach torch_xla's C++ as an overflowing int.
@@ -404,9 +405,9 @@ class TpuMagics(Magics):
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("-n", dest="number", type=_whole("-n", 1, 1_000_000, 10), default=None,
+    @argument("-n", dest="number", type=_whole("-n", 1, MAX_NUMBER, 10), default=None,
               help="runs per repeat (default: enough for about 0.2 s)")
-    @argument("-r", dest="repeat", type=_whole("-r", 1, 1_000, 7), default=7,
+    @argument("-r", dest="repeat", type=_whole("-r", 1, MAX_REPEAT, 7), default=7,
               help="repeats (default 7)")
     @argument("-o", dest="output", action="store_true", help="return the DeviceTiming")
     @argument("statement", nargs="*", help="what to time (line mode)")
