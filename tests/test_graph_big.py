@@ -44,7 +44,8 @@ def test_above_the_budget_nodes_collapse_into_groups_with_counts(big):
 
 def test_a_named_group_expands_into_its_nodes(big):
     grouped = big.groups()
-    group = next(g for g in grouped.groups if 1 < g.size <= NODE_BUDGET)
+    # (a label used once: numbered ones, "... #4", renumber when an earlier one opens)
+    group = next(g for g in grouped.groups if 1 < g.size <= NODE_BUDGET and "#" not in g.key)
     opened = grouped.expand(group.key)
     keys = {g.key for g in opened.groups}
     assert {f"%{m}" for m in group.members} <= keys
@@ -74,7 +75,7 @@ def test_graphs_without_locations_group_by_id_ranges():
     assert not any(n.location for n in g.nodes)
     grouped = g.groups()
     assert grouped.by == "range"
-    assert NODE_BUDGET // 6 <= len(grouped.groups) <= NODE_BUDGET // 3
+    assert 20 <= len(grouped.groups) <= 40        # an overview a reader takes in
     assert all(box.label == f"%{box.members[0]}-%{box.members[-1]}" or box.size == 1
                for box in grouped.groups)
     assert "No source lines recorded" in render_html(g)

@@ -85,7 +85,7 @@ def test_graph_view_has_a_stable_plain_repr_and_html():
     g = _small_graph()
     view = GraphView(g)
     assert repr(view) == f"<GraphView: {len(g.nodes)} nodes, {len(g.edges)} edges, 1 outputs>"
-    assert view._repr_html_().startswith('<div class="tpu-nb-graph"')
+    assert view._repr_html_().startswith('<div class="tpunb tpu-nb-graph"')
     ET.fromstring(view.to_svg())
 
 
@@ -129,3 +129,74 @@ def test_source_names_rename_cell_files_in_labels_and_tooltips():
     assert "@In [7]:" in relu and "test_graph_view.py" not in relu
     grouped = GraphView(g, budget=2, source_names=names.get).to_svg()
     assert "In [7]:" in grouped and "test_graph_view.py:" in grouped   # keys stay raw
+
+
+def _transformer_step(locations: bool):
+    """A real model's training step, pending: ~550 nodes (above the node budget)."""
+    from tpu_nb.runtime.graph import pending_graph
+
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    with record_locations(locations):
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).to(dev)
+        opt = torch.optim.AdamW(layer.parameters())
+        loss = layer(torch.randn(8, 16, 64, device=dev)).pow(2).mean()
+        loss.backward()
+        opt.step()
+    found = pending_graph(layer, opt, loss)
+    torch_xla.sync()
+    return found
+
+
+def test_a_real_training_step_is_an_overview_of_at_most_40_boxes_at_natural_size():
+    for locations in (False, True):
+        g = _transformer_step(locations)
+        assert len(g.nodes) > 500
+        view = GraphView(g)
+        grouped = view.grouped()
+        assert 20 <= len(grouped.groups) <= 40, grouped
+        assert grouped.by == ("line" if locations else "range")
+        page = view._repr_html_()
+        ET.fromstring(page)
+        svg = ET.fromstring(view.to_svg())
+        # Drawn at its natural size (front ends shrink SVG to the output width otherwise),
+        # in a scrolling frame with zoom buttons; text no smaller than 10 px.
+        assert "max-width:none" in svg.get("style")
+        assert "overflow:auto" in page and 'class="tpunb-zoom-fit"' in page
+        sizes = {float(m) for m in __import__("re").findall(r"font-size:(\d+)px", page[
+            page.index("<svg"):page.index("</svg>")])}
+        assert sizes and min(sizes) >= 10, sizes
+
+
+def test_hovering_a_box_lights_its_edges_and_neighbours_and_hints_name_magic_flags():
+    g = _transformer_step(False)
+    view = GraphView(g)
+    page = view._repr_html_()
+    grouped = view.grouped()
+    edge = grouped.edges[0]
+    # Each box's hover rule names its own edges and its neighbours (CSS only, no script).
+    assert f"svg:has(.n{edge.src}:hover) :is(.f{edge.src},.t{edge.src})" in page
+    rule = page.split(f"svg:has(.n{edge.src}:hover) :is(")[2].split(")")[0]
+    assert f".n{edge.dst}" in rule.split(",")
+    assert f'class="e f{edge.src} t{edge.dst}"' in page
+    assert "record_locations" not in page and "%%on_tpu --graph" in page
+    assert "%xla_graph --expand" in page and "GraphView(graph, expand=" not in page
+    assert "<script" not in page
+
+
+def test_on_tpu_graph_labels_name_the_cell_not_its_temporary_file(shell, monkeypatch):
+    from tpu_nb.ipython import magics
+
+    shown = []
+    monkeypatch.setattr(magics, "display", shown.append)
+    shell.run_cell("%%on_tpu --graph\n"
+                   "lab = torch.nn.Linear(6, 6)\n"
+                   "pre = torch.ones(3, 6)\n"
+                   "for _ in range(40):\n"
+                   "    pre = lab(pre).tanh()\n")
+    (view,) = [v for v in shown if isinstance(v, GraphView)]
+    svg = view.to_svg()
+    import re
+    assert re.search(r"In \[\d+\]:5\b", svg)            # the cell's line 5, by its name
+    assert not re.search(r"\d+\.py:5\b", svg)           # not ipykernel's file for it
+    assert "defaults.py" not in svg

@@ -21,10 +21,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from tpu_nb.display import style
 from tpu_nb.display.graph_layout import Layout, layered_layout
 from tpu_nb.runtime.graph import KINDS, NODE_BUDGET, Graph, gc_paused
 from tpu_nb.runtime.graph_diff import GraphDiff
-from tpu_nb.runtime.graph_groups import Group, GroupedGraph, group_graph
+from tpu_nb.runtime.graph_groups import Group, GroupedGraph, group_graph, shown_location
 
 # fill, stroke per kind; CPU fallbacks and changed nodes stand out.
 COLOURS = {
@@ -47,8 +48,8 @@ CHANGED = "#ea580c"
 SourceNames = Callable[[str], "str | None"]
 MAX_TEXT = 200_000          # characters of IR / HLO text embedded in the HTML (at most)
 MAX_HTML = 1_900_000        # the IR / HLO panels shrink to keep a view's HTML under this
-_FONT = 11
-_SMALL = 9
+_FONT = 12
+_SMALL = 10                 # the smallest text drawn: 10 px at the natural size
 _CHAR = 0.62                # monospace glyph width per font-size unit
 _BOX_H = 34
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -82,21 +83,33 @@ class _Box:
 
 def _node_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _Box:
     n = graph.node(group.members[0])
-    where = n.where
+    loc = shown_location(n)
+    where = f"{loc.function}@{loc.file}:{loc.line}" if loc else ""
     out = f" → out {n.root}" if n.root is not None else ""
     tip = [f"%{n.id} {n.op}", f"shape {n.shape}" + (f" {n.layout}" if n.layout else ""),
            f"kind {KIND_NAMES.get(n.kind, n.kind)}"]
     tip += [f"line {where}"] if where else ["line: not recorded (IR debug off, or autograd)"]
     user = n.user_frame
-    if user is not None and (user.line, user.function) != (n.location.line, n.location.function):
+    if user is not None and loc is not None and (user.line, user.function) != (loc.line,
+                                                                               loc.function):
         tip.append(f"called from {user.file}:{user.line} ({user.function})")
     tip += [f"scope {n.scope}"] if n.scope else []
     tip += [f"output {n.root} of the graph"] if n.root is not None else []
     tip += [f"attrs {', '.join(f'{k}={v}' for k, v in n.attrs)}"] if n.attrs else []
-    short = f"{n.location.file}:{n.location.line}" if n.location else ""
-    line2 = _fit(rename(f"%{n.id}" + (f" · {short}" if short else "") + out), 34)
+    short = f"{loc.file}:{loc.line}" if loc else ""
+    line2 = _fit(_cell_label(rename(f"%{n.id}" + (f" · {short}" if short else "") + out)), 34)
     return _Box(title=rename("\n".join(tip)), line1=_fit(n.name, 28), line2=line2,
                 kind=n.kind, output=n.root is not None, changed=n.id in changed, group=False)
+
+
+def _quoted(key: str) -> str:
+    """A group key as `%xla_graph --expand` takes it (quoted when it has spaces)."""
+    return key if re.fullmatch(r"[\w%@.:/-]+", key) else '"' + key.replace('"', '\\"') + '"'
+
+
+def _cell_label(text: str) -> str:
+    """"<module>@In [3]:4" -> "In [3]:4": a cell's own top-level code needs no function."""
+    return text.replace("<module>@", "")
 
 
 def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _Box:
@@ -113,9 +126,9 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _
         tip.append("called from " + "; ".join(f"{k} ×{c}" for k, c in callers.most_common(3)))
     tip += [f"{outs} graph outputs"] if outs else []
     tip += [f"{n_changed} changed nodes"] if n_changed else []
-    title = rename("\n".join(tip)) + f"\nexpand: GraphView(graph, expand=[{group.key!r}])"
+    title = rename("\n".join(tip)) + f"\nexpand: %xla_graph --expand {_quoted(group.key)} ..."
     line2 = _fit(f"×{group.size} · {ops}{more}", 40)
-    return _Box(title=title, line1=_fit(rename(group.label), 44), line2=line2,
+    return _Box(title=title, line1=_fit(_cell_label(rename(group.label)), 44), line2=line2,
                 kind=group.kind, output=outs > 0, changed=n_changed > 0, group=True)
 
 
@@ -209,11 +222,13 @@ def _edge_svg(scene: _Scene) -> list[str]:
         tip = f"{src.key} → {dst.key}{count}: {shape}"
         direct = len(route) == 2 and abs(route[1][1] - route[0][1]) > 2 * (_BOX_H + 34)
         style = ' stroke-dasharray="4 3" opacity="0.55"' if direct else ""
-        out.append(f'<path d="{_path(route)}" class="e"{style} marker-end="url(#tpu-nb-arrow)">'
-                   f"<title>{esc(tip)}</title></path>")
-        label_key = (edge.src, edge.shapes)
-        if label_key not in labelled and shape:
-            labelled.add(label_key)
+        # f<i>/t<j>: the boxes it joins, for hover highlighting (_hover_css)
+        out.append(f'<path d="{_path(route)}" class="e f{edge.src} t{edge.dst}"{style} '
+                   f'marker-end="url(#tpu-nb-arrow)"><title>{esc(tip)}</title></path>')
+        # One label per box, under it: labels of a box's other edges would start at the
+        # same point and overprint (each edge's tooltip has its shapes).
+        if edge.src not in labelled and shape:
+            labelled.add(edge.src)
             x, y = route[0][0] + 4, route[0][1] + 11
             text = _fit(shape, 30) + (f" ×{edge.count}" if edge.count > 1 and
                                       src.size > 1 else "")
@@ -235,7 +250,7 @@ def _node_svg(scene: _Scene) -> list[str]:
                   f'height="{_BOX_H}" rx="4" fill="{fill}" stroke="{stroke}" '
                   f'stroke-width="0.8"/>' if box.group else "")
         out.append(
-            f"<g><title>{esc(box.title)}</title>{shadow}"
+            f'<g class="nd n{i}"><title>{esc(box.title)}</title>{shadow}'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{box.width:.1f}" height="{_BOX_H}" rx="4" '
             f'fill="{fill}" stroke="{stroke}" stroke-width="{width}"{extra}/>'
             f'<text x="{lay.x[i]:.1f}" y="{y + 14:.1f}" class="o">{esc(box.line1)}</text>'
@@ -244,17 +259,39 @@ def _node_svg(scene: _Scene) -> list[str]:
 
 
 _STYLE = ("<style>.e{fill:none;stroke:#64748b;stroke-width:1.1}"
-          ".s{font-size:9px;fill:#475569}"
-          ".o{font-size:11px;text-anchor:middle;fill:#0f172a}"
-          ".d{font-size:9px;text-anchor:middle;fill:#475569}</style>")
+          f".s{{font-size:{_SMALL}px;fill:#475569}}"
+          f".o{{font-size:{_FONT}px;text-anchor:middle;fill:#0f172a}}"
+          f".d{{font-size:{_SMALL}px;text-anchor:middle;fill:#475569}}"
+          ".nd{cursor:default}</style>")
+_HOVER = "#d97706"          # a hovered box's edges and neighbours
+
+
+def _hover_css(scene: _Scene, scope: str) -> str:
+    """CSS that lights up, while a box is hovered, its edges and its neighbours' borders and
+    dims the other edges: no script, so it works wherever the view's <style> does."""
+    near: dict[int, set[int]] = {}
+    for e in scene.grouped.edges:
+        near.setdefault(e.src, set()).add(e.dst)
+        near.setdefault(e.dst, set()).add(e.src)
+    rules = [f"{scope} svg:has(.nd:hover) .e{{opacity:.25}}",
+             f"{scope} .nd:hover>rect:last-of-type{{stroke:{_HOVER};stroke-width:3px}}"]
+    for i, others in sorted(near.items()):
+        on = f"{scope} svg:has(.n{i}:hover)"
+        rules.append(f"{on} :is(.f{i},.t{i}){{opacity:1;stroke:{_HOVER};stroke-width:2.4px}}")
+        boxes = ",".join(f".n{j}" for j in sorted(others))
+        rules.append(f"{on} :is({boxes})>rect:last-of-type{{stroke:{_HOVER};"
+                     "stroke-width:2.4px}")
+    return "<style>" + "".join(rules) + "</style>"
 
 
 def _svg(scene: _Scene) -> str:
     lay = scene.layout
     w, h = max(lay.width, 60), max(lay.height, 40)
+    # Natural size: front ends shrink SVG to the output's width (JupyterLab: max-width 100%),
+    # which makes a big graph's labels unreadable; the frame around it scrolls instead.
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}" '
-             f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="monospace" '
-             f'style="background:#ffffff">',
+             f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="monospace" class="tpunb-chart" '
+             f'style="background:#ffffff;max-width:none;height:auto;display:block">',
              _STYLE,
              '<defs><marker id="tpu-nb-arrow" viewBox="0 0 8 8" refX="7" refY="4" '
              'markerWidth="7" markerHeight="7" orient="auto">'
@@ -299,9 +336,10 @@ def _legend(scene: _Scene) -> str:
 def _notes(graph: Graph, scene: _Scene) -> list[str]:
     notes = []
     if not any(n.location for n in graph.nodes) and graph.pending:
-        notes.append("No source lines recorded. Trace the code inside "
-                     "<code>tpu_nb.record_locations()</code> (or set XLA_IR_DEBUG=1 before "
-                     "importing torch_xla) to see which line made each node.")
+        notes.append("No source lines recorded (torch_xla records none by default), so "
+                     "groups are ranges of node ids. To see which line made each node, run "
+                     "the cell as <code>%%on_tpu --graph</code> (or set XLA_IR_DEBUG=1 "
+                     "before importing torch_xla).")
     if graph.fallback_ops:
         ops = ", ".join(f"{esc(op)} ×{count}" for op, count in graph.fallback_ops)
         notes.append(f"<b>CPU fallbacks</b> ran in this process: {ops}. They run eagerly on "
@@ -336,9 +374,9 @@ def _text_panel(summary: str, text: str, limit: int) -> str:
         cut = (f"\n… {len(text) - limit:,} more characters: graph.ir_text() / graph.hlo() "
                "return all of it")
         text = text[:limit]
-    return (f"<details><summary>{esc(summary)}</summary><pre style=\"max-height:420px;"
-            f"overflow:auto;font-size:11px;line-height:1.3\">{esc(text)}{esc(cut)}</pre>"
-            f"</details>")
+    return (f"<details><summary style='cursor:pointer'>{esc(summary)}</summary>"
+            f"<pre style=\"{style.PRE};max-height:420px;overflow:auto;font-size:11px;"
+            f"line-height:1.3\">{esc(text)}{esc(cut)}</pre></details>")
 
 
 def _groups_panel(scene: _Scene) -> str:
@@ -349,13 +387,14 @@ def _groups_panel(scene: _Scene) -> str:
     big = sorted((g for g in grouped.groups if g.size > 1), key=lambda g: -g.size)
     for g in big[:300]:
         ops = ", ".join(f"{op} {c}" for op, c in g.ops[:4])
-        rows.append(f"<tr><td><code>{esc(g.key)}</code></td><td>{g.size}</td>"
-                    f"<td>{esc(ops)}</td></tr>")
-    more = f"<p>… and {len(big) - 300} smaller groups</p>" if len(big) > 300 else ""
-    return ("<details><summary>Groups, largest first: expand one with "
-            "<code>GraphView(graph, expand=[key])</code></summary>"
-            '<table style="font-size:11px"><tr><th>key</th><th>nodes</th><th>ops</th></tr>'
-            + "".join(rows) + f"</table>{more}</details>")
+        rows.append((f"<code style='{style.CODE}'>{esc(_quoted(g.key))}</code>", str(g.size),
+                     esc(ops)))
+    more = f"<div>… and {len(big) - 300} smaller groups</div>" if len(big) > 300 else ""
+    return ("<details><summary style='cursor:pointer'>Groups, largest first: draw one node "
+            f"by node with <code style='{style.CODE}'>%xla_graph --expand KEY tensors</code> "
+            f"(or <code style='{style.CODE}'>GraphView(graph).expand(KEY)</code>)</summary>"
+            f"<div style='font-size:11px'>{style.table(rows, ('key', 'nodes', 'ops'))}</div>"
+            f"{more}</details>")
 
 
 def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
@@ -365,15 +404,15 @@ def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
     """The graph as one self-contained HTML fragment: SVG picture, legend, notes, and the
     group list, IR text and HLO in collapsible panels. No JavaScript."""
     scene = _scene(graph, by, budget, expand, _changed(diff), source_names)
-    parts = ['<div class="tpu-nb-graph" style="font-family:system-ui,sans-serif;'
-             'font-size:13px;color:#0f172a">',
+    picture = _svg(scene)
+    parts = [f'<div class="tpunb tpu-nb-graph" style="{style.ROOT};'
+             'font-family:system-ui,sans-serif;font-size:13px">', style.STYLE,
              f"<div>{_header(graph, scene, title)}</div>"]
-    parts += [f'<div style="color:#9a3412;margin:2px 0">{note}</div>'
+    parts += [f'<div style="color:{style.WARN};margin:2px 0">{note}</div>'
               for note in _notes(graph, scene)]
     if diff is not None:
         parts.append(_diff_panel(diff))
-    parts.append('<div style="overflow:auto;max-height:640px;border:1px solid #e2e8f0;'
-                 f'margin:4px 0;background:#ffffff">{_svg(scene)}</div>')
+    parts.append(_frame(scene, picture))
     parts.append(f'<div style="font-size:11px;margin-bottom:4px">{_legend(scene)}</div>')
     parts.append(_groups_panel(scene))
     texts = [(f"IR text ({len(graph.nodes):,} nodes)", graph.ir_text())]
@@ -383,6 +422,39 @@ def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
     parts += [_text_panel(summary, text, limit) for summary, text in texts]
     parts.append("</div>")
     return "".join(parts)
+
+
+_ZOOMS = (("fit", None), ("50%", 0.5), ("100%", 1.0), ("200%", 2.0))
+
+
+def _frame(scene: _Scene, picture: str) -> str:
+    """The picture at its natural size in a scrolling frame, with zoom buttons (radio inputs
+    and CSS: no script, so Colab, nbviewer and exported HTML zoom too) and hover highlights.
+    The frame's id comes from the picture, so the same graph gives the same HTML."""
+    import hashlib
+
+    view = "tpunb-g" + hashlib.sha1(picture.encode()).hexdigest()[:10]
+    scope = f"#{view}"
+    w = max(scene.layout.width, 60)
+    rules = [f"{scope} .tpunb-zoom-fit:checked~.tpunb-frame svg{{width:100%!important;"
+             "max-width:100%!important;height:auto!important}"]
+    rules += [f"{scope} .tpunb-zoom-{int(z * 100)}:checked~.tpunb-frame svg{{width:{w * z:.0f}px"
+              "!important;height:auto!important}" for _, z in _ZOOMS if z]
+    buttons = []
+    for label, z in _ZOOMS:
+        cls = "tpunb-zoom-" + ("fit" if z is None else str(int(z * 100)))
+        checked = ' checked="checked"' if z == 1.0 else ""
+        buttons.append(f'<input type="radio" name="{view}-zoom" id="{view}-{cls}" '
+                       f'class="{cls}"{checked} style="margin:0 2px 0 8px;'
+                       'vertical-align:middle"/>'
+                       f'<label for="{view}-{cls}" style="font-size:11px;cursor:pointer;'
+                       f'vertical-align:middle">{label}</label>')
+    return (f'<div id="{view}" class="tpunb-graph-view" style="margin:4px 0">'
+            f"<style>{''.join(rules)}</style>{_hover_css(scene, scope)}"
+            f'<span style="font-size:11px;color:{style.MUTED}">zoom</span>{"".join(buttons)}'
+            f'<div class="tpunb-frame" style="overflow:auto;max-height:640px;max-width:100%;'
+            f'border:1px solid {style.LINE};margin:4px 0">{picture}</div>'
+            "</div>")
 
 
 def _diff_panel(diff: GraphDiff) -> str:
@@ -408,7 +480,7 @@ class GraphView:
 
     by: what groups nodes above the budget: "auto" (scope if the code opened any, else
         source line, else id ranges), "line", "function", "file", "scope", "range".
-    budget: up to this many nodes every node is drawn; above it, about budget // 3 groups.
+    budget: up to this many nodes every node is drawn; above it, about 40 groups.
     expand: group keys (or a source key, for all its pieces) to draw node by node; a group
         bigger than the budget opens into sub-groups.
     diff: outline the nodes that changed (`later.diff(earlier)`, drawn on the later graph).

@@ -41,7 +41,7 @@ _DARK_HOSTS = ("body[data-jp-theme-light=false] .tpunb",
                "body.vscode-high-contrast:not(.vscode-high-contrast-light) .tpunb")
 _LIGHT_HOSTS = ("body[data-jp-theme-light=true] .tpunb", "body.vscode-light .tpunb",
                 "body.vscode-high-contrast-light .tpunb")
-# Charts are drawn light (PNG); in a dark theme they are inverted, hues kept.
+# Charts and graph pictures are drawn light; in a dark theme they are inverted, hues kept.
 _CHART_DARK = "filter:invert(0.88) hue-rotate(180deg)"
 
 
@@ -63,12 +63,12 @@ def _variables(which: int) -> str:
 def _stylesheet() -> str:
     light, dark = _variables(0), _variables(1)
     # Chart images may sit outside a .tpunb block (the dashboard's image widgets).
-    dark_charts = ",".join(h.replace(" .tpunb", " img.tpunb-chart") for h in _DARK_HOSTS)
-    light_charts = ",".join(h.replace(" .tpunb", " img.tpunb-chart") for h in _LIGHT_HOSTS)
+    dark_charts = ",".join(h.replace(" .tpunb", " .tpunb-chart") for h in _DARK_HOSTS)
+    light_charts = ",".join(h.replace(" .tpunb", " .tpunb-chart") for h in _LIGHT_HOSTS)
     return ("<style>"
             f".tpunb{{{light}}}"
             "@media (prefers-color-scheme:dark){"
-            f".tpunb{{{dark}}}img.tpunb-chart{{{_CHART_DARK}}}}}"
+            f".tpunb{{{dark}}}.tpunb-chart{{{_CHART_DARK}}}}}"
             f"{','.join(_DARK_HOSTS)}{{{dark}}}"
             f"{','.join(_LIGHT_HOSTS)}{{{light}}}"
             f"{dark_charts}{{{_CHART_DARK}}}"

@@ -30,6 +30,8 @@ from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph import NODE_BUDGET, Graph, Node, gc_paused
 
 GROUP_BY = ("auto", "line", "function", "file", "scope", "range")
+# Boxes in a big graph's overview: about what a reader takes in at once, at readable size.
+OVERVIEW_GROUPS = 40
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class GroupedGraph:
     by: str                      # "node" (nothing collapsed), "line", "scope", "range", ...
     expanded: tuple[str, ...] = ()
     budget: int = NODE_BUDGET
-    target: int = NODE_BUDGET // 3
+    target: int = OVERVIEW_GROUPS
 
     @property
     def collapsed(self) -> bool:
@@ -108,10 +110,11 @@ class GroupedGraph:
 def group_graph(graph: Graph, by: str = "auto", *, budget: int = NODE_BUDGET,
                 target: int | None = None, expand: Iterable[str] = ()) -> GroupedGraph:
     """Collapse a graph of more than `budget` nodes into about `target` boxes (default
-    budget // 3); `expand` names groups (keys, or a source key such as
+    OVERVIEW_GROUPS, fewer for a smaller budget); `expand` names groups (keys, or a source key such as
     "forward@linear.py:134" for all its runs) to show node by node."""
     with gc_paused():
-        return _group_graph(graph, by, budget, target or max(2, budget // 3), tuple(expand))
+        target = target or max(2, min(OVERVIEW_GROUPS, budget // 3))
+        return _group_graph(graph, by, budget, target, tuple(expand))
 
 
 def _group_graph(graph: Graph, by: str, budget: int, target: int,
@@ -160,7 +163,7 @@ def _location_key(n: Node, level: str) -> str:
     library call made there: "train.py:12 › forward@linear.py:134"."""
     if level == "scope" and _user_scope(n):
         return "scope " + _user_scope(n)
-    loc = n.location
+    loc = shown_location(n)
     if loc is None:
         return ""
     if level == "function":
@@ -172,6 +175,23 @@ def _location_key(n: Node, level: str) -> str:
     if user is None or (user.line == loc.line and user.function == loc.function):
         return key
     return f"{os.path.basename(user.file)}:{user.line} › {key}"
+
+
+_TPU_NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+
+
+def _in_tpu_nb(path: str) -> bool:
+    return os.path.abspath(path).startswith(_TPU_NB_DIR)
+
+
+def shown_location(n: Node) -> Frame | None:
+    """The node's location as a reader wants it: when tpu_nb's own code made the node (a
+    tensor factory that %%on_tpu puts on the device), the user's line that called it."""
+    if n.location is not None and n.frames and _in_tpu_nb(n.frames[0].file):
+        user = n.user_frame
+        if user is not None:
+            return Frame(os.path.basename(user.file), user.line, user.function)
+    return n.location
 
 
 def _base_keys(graph: Graph, level: str) -> list[str]:
