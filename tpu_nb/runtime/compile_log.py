@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpu_nb.runtime.metrics import on_reset
 from tpu_nb.runtime.sources import is_library
 
 _COMPILE = "Compilation Analysis: "
@@ -132,42 +134,150 @@ def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
                         outputs=n_out, graph_name=graph_name, offset=offset)
 
 
+# A report needs the events of the current cell; a long session compiles thousands of graphs.
+MAX_EVENTS = 2_000
+_HEAD = 1024        # bytes from the start of the file (its first block) that tell a rewrite
+
+
 class CompileLog:
     """Incremental reader of one PT_XLA_DEBUG_FILE.
 
-    `events_since(offset)` returns the events whose block starts at or after `offset`;
-    `size()` is the offset to remember before running something.
+    `size()` is the offset to remember before running something; `events_since(offset)`
+    returns the events whose block starts at or after it; `problem_since(offset, compiles)`
+    says why the causes of that run's compiles are unknown or incomplete, if they are.
+
+    Offsets are logical: when the file is deleted, replaced or truncated (a tmp cleaner, a
+    user clearing /tmp) reading restarts at the new file's start under offsets greater than
+    any given out before, so a remembered offset never picks up stale or earlier events.
+    At most MAX_EVENTS events are kept (`dropped` counts the others).
     """
 
     def __init__(self, path: str, *, start: int = 0):
         self.path = path
-        # Bytes parsed into events so far. A reader that wants only what comes next (the live
-        # dashboard) starts at the file's current size: a block boundary unless a compile is
-        # being logged at that very moment.
+        # Bytes of the current file parsed into events. A reader that wants only what comes
+        # next (the live dashboard) starts at the file's current size: a block boundary
+        # unless a compile is being logged at that very moment.
         self._consumed = start
-        self._events: list[CompileEvent] = []
+        self._base = 0                  # logical offset of the current file's first byte
+        self._end = start               # logical end of the file when last seen
+        self._physical = start          # its size then
+        self._identity: tuple[int, int] | None = None   # (st_dev, st_ino) of the file
+        self._head = b""                # its first bytes, once read
+        self._events: deque[CompileEvent] = deque(maxlen=MAX_EVENTS)
+        self.parsed = 0                 # events ever parsed, dropped ones included
+        self.breaks: deque[int] = deque(maxlen=64)   # logical offsets where a new file began
+        self.cut_blocks = 0             # blocks left unfinished (a write failed mid-block)
+        self._dropped_below = -1        # offsets at or below this were dropped
+
+    @classmethod
+    def following(cls, other: "CompileLog") -> "CompileLog":
+        """A reader of the same file that starts where `other` is now (same offsets)."""
+        other.size()
+        log = cls(other.path, start=other._physical)
+        log._base, log._end, log._identity = other._base, other._end, other._identity
+        return log
+
+    @property
+    def dropped(self) -> int:
+        return self.parsed - len(self._events)
 
     def size(self) -> int:
         try:
-            return os.stat(self.path).st_size
+            info = os.stat(self.path)
         except OSError:
-            return 0
+            info = self._recreate()
+            if info is None:
+                return self._end
+        self._follow(info)
+        self._physical = info.st_size
+        self._end = self._base + info.st_size
+        return self._end
 
     def events_since(self, offset: int) -> list[CompileEvent]:
-        if self.size() > self._consumed:
+        self.size()
+        if self._physical > self._consumed:
             self._read_new()
         return [e for e in self._events if e.offset >= offset]
+
+    def events_from(self, count: int) -> list[CompileEvent]:
+        """Events after the first `count` ever parsed (those still kept)."""
+        self.events_since(0)
+        return list(self._events)[max(0, count - self.dropped):]
+
+    def problem_since(self, offset: int, compiles: int) -> str | None:
+        """Why the causes of `compiles` compiles since `offset` are unknown or incomplete;
+        None when the log holds them all."""
+        if compiles <= 0:
+            return None
+        logged = len(self.events_since(offset))
+        if any(b > offset for b in self.breaks):
+            return (f"the compile log {self.path} was deleted, replaced or truncated during "
+                    "this run, so the causes of its compiles are unknown")
+        if logged >= compiles:
+            return None
+        if offset <= self._dropped_below:
+            return (f"only the causes of the last {MAX_EVENTS} compiles are kept; "
+                    f"{compiles - logged} of this run's are not")
+        return (f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
+                f"compile log {self.path} holds the causes of {logged}: "
+                f"{_write_failure(self.path)}")
+
+    def forget(self) -> None:
+        """Drop the events read so far (`reset_metrics()`); later ones are read as usual."""
+        self.events_since(0)
+        if self._events:
+            self._dropped_below = max(self._dropped_below, self._events[-1].offset)
+        self._events.clear()
+        self.breaks.clear()
+
+    def _follow(self, info: os.stat_result) -> None:
+        identity = (info.st_dev, info.st_ino)
+        if self._identity is None:
+            self._identity = identity
+        elif identity != self._identity or info.st_size < self._physical:
+            self._restart(identity)
+
+    def _restart(self, identity: tuple[int, int]) -> None:
+        """A new file (or the old one cut short): read it from its start, under offsets
+        beyond every one given out so far; what the old file still held is lost."""
+        self._base = self._end + 1
+        self._end = self._base
+        self._consumed = self._physical = 0
+        self._identity, self._head = identity, b""
+        self.breaks.append(self._base)
+
+    def _recreate(self) -> os.stat_result | None:
+        """The file is gone: make our private one again (before torch_xla recreates it with
+        default permissions, or cannot because its directory went too)."""
+        from tpu_nb.runtime import private_files
+
+        if not private_files.ensure_log(self.path):
+            return None
+        try:
+            return os.stat(self.path)
+        except OSError:
+            return None
 
     def _read_new(self) -> None:
         try:
             with open(self.path, "rb") as f:
+                info = os.fstat(f.fileno())
+                self._follow(info)
+                head = os.pread(f.fileno(), _HEAD, 0)
+                if self._head and not head.startswith(self._head):   # rewritten, same size
+                    self._restart(self._identity)
+                if len(head) > len(self._head):
+                    self._head = head
                 f.seek(self._consumed)
                 data = f.read()
         except OSError:
             return
-        base, pos, done = self._consumed, 0, 0
+        self._parse(data)
+
+    def _parse(self, data: bytes) -> None:
+        base, pos, done = self._base + self._consumed, 0, 0
         block: list[str] | None = None      # body lines of the block being read
-        kind, block_start = "", 0
+        kind, opened_by, block_start = "", "", 0
         for line in data.splitlines(keepends=True):
             start, pos = pos, pos + len(line)
             if not line.endswith(b"\n"):
@@ -183,20 +293,28 @@ class CompileLog:
             prefix, body = text[:cut + len("Analysis: ")], text[cut + len("Analysis: "):]
             if block is None:
                 if body.startswith(_RULE):   # the opening rule
-                    block, kind, block_start = [], _kind_of(prefix), start
+                    block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
                 else:
                     done = pos
+            elif body.startswith(_RULE) and _cut_short(kind, opened_by, prefix, block):
+                # An opening rule where the closing one belongs: the block before it was cut
+                # short (a write failed part-way, e.g. on a full disk). Start again here.
+                self.cut_blocks += 1
+                block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
             elif body.startswith(_RULE):     # the closing rule: the block is complete
                 self._finish(kind, block, base + block_start)
                 block, done = None, pos
             else:
                 block.append(body)
         # Only whole blocks are consumed; a block still being written is read again next time.
-        self._consumed = base + done
+        self._consumed += done
 
     def _finish(self, kind: str, body: list[str], offset: int) -> None:
         if kind == "compile":
+            if len(self._events) == self._events.maxlen:
+                self._dropped_below = self._events[0].offset
             self._events.append(parse_block(body, offset))
+            self.parsed += 1
         elif kind == "post" and self._events:
             sizes = {}
             for line in body:
@@ -208,6 +326,24 @@ class CompileLog:
         self._events[-1] = replace(self._events[-1], **changes)
 
 
+def _cut_short(kind: str, opened_by: str, prefix: str, block: list[str]) -> bool:
+    """Whether a rule line inside a block opens a new block instead of closing this one
+    (compile and post blocks end with a dashed line before their closing rule)."""
+    if prefix != opened_by:
+        return True
+    return kind in ("compile", "post") and not (block and block[-1].startswith("-----"))
+
+
+def _write_failure(path: str) -> str:
+    try:
+        fs = os.statvfs(os.path.dirname(path) or ".")
+        if fs.f_bavail * fs.f_frsize < 64 * 1024:
+            return "its disk is full"
+    except OSError:
+        return "its directory is gone"
+    return "writing it failed (a full disk, or the file or its directory removed?)"
+
+
 def _kind_of(prefix: str) -> str:
     if prefix == _COMPILE:
         return "compile"
@@ -217,6 +353,12 @@ def _kind_of(prefix: str) -> str:
 
 
 _logs: dict[str, CompileLog] = {}
+
+
+@on_reset
+def _forget_events() -> None:
+    for log in _logs.values():
+        log.forget()
 
 
 def compile_log() -> CompileLog | None:

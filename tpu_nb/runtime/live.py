@@ -454,7 +454,7 @@ class LiveMonitor:
         self.alert_graphs = alert_graphs
         self._device_memory = DeviceMemory(str(device()))
         shared = compile_log()
-        self._log = CompileLog(shared.path, start=shared.size()) if shared else None
+        self._log = CompileLog.following(shared) if shared else None
         self._probe = SyncProbe() if probe and self._log is not None else None
         self._start_wall = time.time()
         self._start = snapshot()
@@ -547,7 +547,7 @@ class LiveMonitor:
     def _note_compiles(self) -> None:
         changed = False
         if self._log is not None:
-            for event in self._log.events_since(0)[self._events_seen:]:
+            for event in self._log.events_from(self._events_seen):
                 self._events_seen += 1
                 self._record(self._events_seen)[0] = event
                 self._note_line(event)

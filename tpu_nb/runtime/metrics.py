@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from tpu_nb.runtime._xla import xlac
 
@@ -37,6 +37,16 @@ _wanted_names: tuple[int, tuple[str, ...]] = (-1, ())
 # Bumped by reset_metrics(): a delta across a reset counts from zero (counters alone cannot
 # tell a reset that landed on the same value).
 _generation = 0
+# What else reset_metrics() clears: tpu_nb's own state kept alongside torch_xla's counters
+# (compile events read so far, per-line graph histories), registered by the modules keeping it.
+_reset_callbacks: list[Callable[[], None]] = []
+
+
+def on_reset(callback: Callable[[], None]) -> Callable[[], None]:
+    """Have `reset_metrics()` call `callback()` too (usable as a decorator)."""
+    if callback not in _reset_callbacks:
+        _reset_callbacks.append(callback)
+    return callback
 
 
 @dataclass(frozen=True)
@@ -162,7 +172,8 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
 
 
 def reset_metrics() -> None:
-    """Clear torch_xla's counters and metrics (what `%xla_metrics --reset` does)."""
+    """Clear torch_xla's counters and metrics, and the history tpu_nb keeps beside them
+    (what `%xla_metrics --reset` does)."""
     global _generation, _wanted_names
     xc = xlac()
     xc._clear_xla_counters()
@@ -170,6 +181,8 @@ def reset_metrics() -> None:
     _metric_cache.clear()
     _wanted_names = (-1, ())
     _generation += 1
+    for callback in list(_reset_callbacks):
+        callback()
 
 
 def _diff(later: int, earlier: int) -> int:

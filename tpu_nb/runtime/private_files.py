@@ -28,6 +28,7 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # pid -> (directory, note): the directory this process uses, and why it is not the usual one.
 _chosen: dict[int, tuple[str, str | None]] = {}
 _removed_at_exit: set[str] = set()
+_exited: dict[str, int] = {}           # logs removed at exit -> by which process
 
 
 def usual_dir() -> str:
@@ -148,6 +149,8 @@ def _prepare_chosen(path: str) -> None:
 def ensure_log(path: str) -> bool:
     """Re-create our log after something removed it (a tmp cleaner, a user clearing /tmp),
     before torch_xla recreates it with default permissions. False if it is not ours to make."""
+    if path in _removed_at_exit and _exited.get(path) == os.getpid():
+        return False                   # removed by us at exit: stays removed
     folder, _ = private_dir()
     if os.path.dirname(path) != folder:
         return False
@@ -191,6 +194,7 @@ def remove_log(path: str, owner: int) -> None:
     """At exit: remove this process's log (not in a forked child, whose exit is not ours)."""
     if os.getpid() != owner:
         return
+    _exited[path] = owner
     try:
         os.unlink(path)
     except OSError:
