@@ -98,7 +98,10 @@ def graph_facts(before, after) -> tuple[str, ...]:
     where the difference starts; inputs and ops only one of them has."""
     facts: list[str] = []
     diff = after.diff(before)            # Graph.diff: later.diff(earlier)
-    for change in diff.causes[:3]:
+    # Same ops in the same order: the program is the same and shapes or dtypes changed,
+    # where the difference starts is the fact. Otherwise node pairs are guesses of an
+    # alignment: say what each graph has that the other does not.
+    for change in diff.causes[:3] if diff.aligned else ():
         if change.before is not None and change.after is not None:
             facts.append(_shape_change(change.before, change.after))
     data = lambda g: sum(1 for n in g.nodes if n.kind == "data")   # noqa: E731

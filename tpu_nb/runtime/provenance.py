@@ -255,10 +255,15 @@ class Recorder:
                 return original(*args, **kwargs)
             before = recorder._fallback_counts()
             compiles = recorder._counter("UncachedCompile")
+            tensor = next((a for a in args if getattr(a, "is_xla", False)), None)
+            graph = site = None
+            if tensor is not None:         # running on the CPU materialises its input
+                graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
             result = original(*args, **kwargs)
             after = recorder._fallback_counts()
             if after != before:
-                recorder._record_fallbacks(before, after, compiles, sys._getframe(1))
+                recorder._record_fallbacks(before, after, compiles, sys._getframe(1), graph,
+                                           site)
             return result
 
         return op
@@ -290,9 +295,10 @@ class Recorder:
         except Exception:
             self._failed()
 
-    def _record_fallbacks(self, before, after, compiles_before, frame) -> None:
+    def _record_fallbacks(self, before, after, compiles_before, frame, graph=None,
+                          site=None) -> None:
         try:
-            site = self.site_of(frame)
+            site = site or self.site_of(frame)
             for name, value in after.items():
                 moved = value - before.get(name, 0)
                 if moved > 0:
@@ -300,7 +306,9 @@ class Recorder:
             # Running on the CPU materialises the op's inputs: a value-access compile.
             compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
             if compiled > 0:
-                self._anchor("read", site, compiled, None)
+                self._anchor("read", site, compiled, graph)
+                if site.line is not None:
+                    self._capture_next.add(_key(site.line))
         except Exception:
             self._failed()
 
