@@ -316,7 +316,7 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool,
     """The launcher process: torch_xla's launcher, replicas' output routed per replica."""
     # A native crash of a replica process (forked from this one, so it inherits this) leaves
     # every thread's Python stack in launcher.err instead of a bare BrokenProcessPool.
-    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    faulthandler.enable(file=2, all_threads=True)      # fd 2 is launcher.err here
     signal.signal(signal.SIGTERM, _end_group)
     _watch_parent(rundir, parent)
     os.environ.update(env)
