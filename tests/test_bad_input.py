@@ -118,7 +118,11 @@ MAGICS = [
     ("tpu_time", "-n 0 x", "argument -n: needs a whole number from 1 to 1,000,000; got '0'"),
     ("tpu_time", "-r 1.5 x", "argument -r: needs a whole number from 1 to 1,000; got '1.5'"),
     ("tpu_time", "-n 'x", "%tpu_time: cannot split"),
-    ("xla_graph", "42", "42 is int 42, which holds no XLA tensor. Fix: %xla_graph loss"),
+    ("xla_graph", "42", "42 is of type int (42), not an XLA tensor nor anything holding one. Fix: "
+                        "%xla_graph loss"),
+    ("xla_graph", "{'a': [1, 'x']}", "is of type dict ({'a': [1, 'x']}), not an XLA tensor"),
+    ("xla_graph", "__import__('numpy').eye(3)", "is of type ndarray (array([[1., 0., 0.], "
+                                                "[0., 1., 0.], [0., ), not an XLA tensor"),
     ("xla_graph", "--budget 99999999999999999999999 x", "argument --budget: needs a whole"),
     ("xla_graph", "'x", "%xla_graph: cannot split"),
     ("xla_metrics", '--cells "', "%xla_metrics: cannot split"),

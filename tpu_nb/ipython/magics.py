@@ -129,9 +129,12 @@ def _check_holds_xla_tensor(source: str, value) -> None:
                          f"(only XLA tensors are lazy). Fix: %xla_graph a tensor on the XLA "
                          f"device, e.g. one made with .to(tpu_nb.device()).")
     if next(_walk_limited(value, torch, depth=4, seen=set(), budget=[100_000]), None) is None:
-        raise UsageError(f"{source} is {type(value).__name__} {value!r:.40}, which holds no XLA "
-                         f"tensor. Fix: %xla_graph loss (tensors, a module or a list of them), "
-                         f"or %xla_graph alone for every tensor with pending work.")
+        kind = type(value).__name__
+        shown = " ".join(repr(value).split())[:40]            # one line, whatever the repr
+        raise UsageError(f"{source} is of type {kind} ({shown}), not an XLA tensor nor "
+                         f"anything holding one. Fix: %xla_graph loss (tensors, a module or a "
+                         f"list of them), or %xla_graph alone for every tensor with pending "
+                         f"work.")
 
 
 def _start_dashboard(**options):
