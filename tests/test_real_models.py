@@ -1,0 +1,445 @@
+"""Real models no one here wrote, under `%%on_tpu` (issue 10, "truthful on real code").
+
+Hugging Face GPT-2 and BERT built from small configs, torchvision's resnet18, the classic
+Kaggle/Colab torch_xla loop (xm.mark_step, ParallelLoader, MpDeviceLoader), synthetic data,
+nothing downloaded. Each test checks what a user would rely on: the report's figures equal
+torch_xla's own counters (read around the cell with torch_xla.debug.metrics), the same loop
+in a plain cell with explicit device= does the same work, and each finding names the cell's
+line, the library or helper function in between, and what changed.
+
+Marked `stack`: runs in the real InteractiveShell of the current stack and of Colab's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+os.environ["HF_HUB_OFFLINE"] = "1"        # nothing downloaded: every model from its config
+
+import pytest
+import torch_xla.debug.metrics as met
+
+from tpu_nb.display.reports import RunView
+from tpu_nb.ipython import magics
+from tpu_nb.runtime.attribution import LineFinding
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+
+# What the report calls each figure -> torch_xla's own counter for it.
+RAW = {"compiles": "UncachedCompile", "cache_hits": "CachedCompile",
+       "executions": "ExecuteComputation", "syncs": "MarkStep",
+       "host_reads": "aten::_local_scalar_dense"}
+
+
+def raw_counters(*extra: str) -> dict[str, int]:
+    names = {**RAW, **{n: n for n in extra}}
+    return {key: met.counter_value(name) or 0 for key, name in names.items()}
+
+
+@dataclass
+class Ran:
+    """A cell run in the shell: its value, the raw counter deltas around it, the report view
+    the user was shown (None for a plain cell)."""
+
+    cell: str
+    value: Any
+    raw: dict[str, int]
+    view: RunView | None
+
+    @property
+    def report(self):
+        return self.view.report
+
+    @property
+    def findings(self) -> list[LineFinding]:
+        return self.view.findings
+
+    @property
+    def text(self) -> str:
+        return repr(self.view)
+
+    def line(self, marker: str) -> int:
+        """The 1-based line of the cell (the magic line is line 1) containing `marker`."""
+        hits = [i for i, text in enumerate(self.cell.splitlines(), 1) if marker in text]
+        assert len(hits) == 1, (marker, hits)
+        return hits[0]
+
+    def of_kind(self, *kinds: str) -> list[LineFinding]:
+        return [f for f in self.findings if f.kind in kinds]
+
+
+def run(shell, monkeypatch, cell: str, *counters: str) -> Ran:
+    shown = []
+    real_display = magics.display
+
+    def display(obj, *args, **kwargs):
+        shown.append(obj)
+        return real_display(obj, *args, **kwargs)
+
+    monkeypatch.setattr(magics, "display", display)
+    before = raw_counters(*counters)
+    result = shell.run_cell(cell)
+    after = raw_counters(*counters)
+    monkeypatch.setattr(magics, "display", real_display)
+    assert result.error_in_exec is None, result.error_in_exec
+    assert result.error_before_exec is None, result.error_before_exec
+    views = [v for v in shown if isinstance(v, RunView)]
+    return Ran(cell, result.result, {k: after[k] - before[k] for k in after},
+               views[-1] if views else None)
+
+
+def figures(report) -> dict[str, int]:
+    m = report.metrics
+    return {"compiles": m.compiles, "cache_hits": m.cache_hits, "executions": m.executions,
+            "syncs": m.syncs, "host_reads": m.host_reads}
+
+
+def work(raw: dict[str, int]) -> dict[str, int]:
+    """The work a run asked of XLA, whatever the compile cache held before it: graphs looked
+    up (compiled or found cached), executions, syncs, device->host reads."""
+    return {"graphs": raw["compiles"] + raw["cache_hits"], "executions": raw["executions"],
+            "syncs": raw["syncs"], "host_reads": raw["host_reads"]}
+
+
+def assert_report_is_raw(ran: Ran) -> None:
+    assert figures(ran.report) == {k: ran.raw[k] for k in RAW}, ran.text
+
+
+# -- GPT-2 -------------------------------------------------------------------------------------
+
+GPT2_SETUP = """\
+import torch, torch_xla
+from torch.utils.data import DataLoader
+from transformers import GPT2Config, GPT2LMHeadModel
+config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=64)
+g = torch.Generator().manual_seed(0)
+seqs = [torch.randint(1, 256, (int(n),), generator=g).tolist()
+        for n in torch.randint(5, 30, (32,), generator=g)]
+
+def pad_to_32(batch):
+    ids = torch.zeros(len(batch), 32, dtype=torch.long)
+    for i, seq in enumerate(batch):
+        ids[i, :len(seq)] = torch.tensor(seq)
+    return ids
+
+def pad_to_longest(batch):
+    ids = torch.zeros(len(batch), max(len(s) for s in batch), dtype=torch.long)
+    for i, seq in enumerate(batch):
+        ids[i, :len(seq)] = torch.tensor(seq)
+    return ids
+"""
+
+# One loop, written for %%on_tpu (model built in the cell, no device=) and for a plain cell
+# (explicit device: .to(dev)). The collate_fn comes from the earlier cell.
+GPT2_TRAIN = """\
+torch.manual_seed(0)
+model = GPT2LMHeadModel(config){to_dev}
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+losses, batch_devices = [], set()
+for ids in DataLoader(seqs, batch_size=4, collate_fn=pad_to_32):
+    batch_devices.add(ids.device.type)
+    ids = ids.to(torch_xla.device())
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    torch_xla.sync()
+    losses.append(loss.detach())
+print([round(v.item(), 2) for v in losses])
+"""
+
+
+@pytest.fixture(scope="module")
+def gpt2(shell):
+    result = shell.run_cell(GPT2_SETUP)
+    assert result.error_in_exec is None, result.error_in_exec
+    return shell
+
+
+def test_gpt2_fixed_padding_and_adamw_do_the_plain_cells_work(gpt2, monkeypatch):
+    shell = gpt2
+    magic = run(shell, monkeypatch, "%%on_tpu -o\n" + GPT2_TRAIN.format(to_dev=""))
+    ns = shell.user_ns
+    steps = len(ns["losses"])
+    # %%on_tpu left the notebook's collate_fn and AdamW's step counters on the CPU...
+    assert ns["batch_devices"] == {"cpu"}
+    assert {s["step"].device.type for s in ns["opt"].state.values()} == {"cpu"}
+    assert next(ns["model"].parameters()).device.type == "xla"     # ...and built the model
+    magic_opt_state = {s["step"].device.type for s in ns["opt"].state.values()}
+
+    plain = run(shell, monkeypatch, "dev = torch_xla.device()\n"
+                + GPT2_TRAIN.format(to_dev=".to(dev)").replace("torch_xla.device()", "dev"))
+    assert {s["step"].device.type for s in ns["opt"].state.values()} == magic_opt_state
+    assert_report_is_raw(magic)
+    # The same work as the plain cell: one graph, one execution per step (not 16 compiles,
+    # 248 executions and 240 reads of AdamW's step counters), one read per printed loss.
+    assert work(magic.raw) == work(plain.raw)
+    assert magic.raw["executions"] == magic.raw["syncs"] == steps
+    assert magic.raw["host_reads"] == steps
+    assert not magic.report.recompiled and "RECOMPILED" not in magic.text
+    assert magic.of_kind("recompile") == []
+    sync = magic.line("torch_xla.sync()")
+    assert {f.line for f in magic.of_kind("compile", "warm-up")} == {sync}
+    read, = magic.of_kind("host-read")
+    assert (read.line, read.count) == (magic.line("print("), steps)
+
+
+def test_gpt2_dynamic_padding_recompiles_on_the_sync_line_naming_the_sequence_length(
+        gpt2, monkeypatch):
+    shell = gpt2
+    shell.user_ns["uneven"] = [[1] * 9, [2] * 7, [3] * 30, [4] * 12, [5] * 3, [6] * 9]
+    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
+              "torch.manual_seed(0)\n"
+              "model = GPT2LMHeadModel(config)\n"
+              "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+              "for ids in DataLoader(uneven, batch_size=2, collate_fn=pad_to_longest):\n"
+              "    ids = ids.to(torch_xla.device())\n"
+              "    loss = model(ids, labels=ids).loss\n"
+              "    loss.backward()\n"
+              "    opt.step()\n"
+              "    opt.zero_grad()\n"
+              "    torch_xla.sync()\n")
+    assert_report_is_raw(ran)
+    # batches padded to 9, 30, 9: the first step's graph, then one graph per length
+    assert ran.raw["compiles"] == 3 and ran.raw["executions"] == 3
+    assert ran.report.recompiled and "RECOMPILED" in ran.text
+    recompile, = ran.of_kind("recompile")
+    assert recompile.line == ran.line("torch_xla.sync()")
+    # what changed: the sequence dimension (dim 1 of [batch, seq, embedding]), 30 -> 9
+    assert any(re.search(r"\[2,30,64\] \u2192 \S*\[2,9,64\] \(dim 1: 30 \u2192 9", fact)
+               for fact in recompile.changed), recompile.changed
+    assert "dim 1: 30 \u2192 9" in ran.text
+
+
+# -- BERT evaluation ---------------------------------------------------------------------------
+
+BERT_SETUP = """\
+import torch, torch_xla
+from transformers import BertConfig, BertForSequenceClassification
+bconfig = BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=64,
+                     intermediate_size=128, vocab_size=256, max_position_embeddings=64)
+torch.manual_seed(0)
+bert = BertForSequenceClassification(bconfig).to(torch_xla.device()).eval()
+eval_batches = [(torch.randint(1, 256, (4, 16)), torch.ones(4, 16, dtype=torch.long),
+                 torch.randint(0, 2, (4,))) for _ in range(5)]
+"""
+
+BERT_EVAL = """\
+%%on_tpu -o
+total = 0.0
+with torch.no_grad():
+    for ids, mask, labels in eval_batches:
+        dev = torch_xla.device()
+        out = bert(ids.to(dev), attention_mask=mask.to(dev), labels=labels.to(dev))
+        step_loss = out.loss.item()
+        total += step_loss
+        if step_loss < 0:
+            print("converged")
+print(f"mean loss {total / len(eval_batches):.3f}")
+"""
+
+
+def test_bert_evaluation_host_reads_per_line_with_the_transformers_function(
+        shell, monkeypatch):
+    assert shell.run_cell(BERT_SETUP).error_in_exec is None
+    steps = len(shell.user_ns["eval_batches"])
+    for attempt in ("first run", "run again: nothing compiles, the findings stay"):
+        ran = run(shell, monkeypatch, BERT_EVAL)
+        assert_report_is_raw(ran)
+        reads = ran.of_kind("host-read")
+        # every read placed on a line, with counts adding up to the raw counter
+        assert sum(f.count for f in reads) == ran.raw["host_reads"] > 0, attempt
+        assert all(f.line and not f.place for f in reads), reads
+        by_line = {f.line: f for f in reads}
+        # transformers' own mask check reads a value once per call: placed on the user's
+        # line that called the model, naming transformers' function
+        model_read = by_line[ran.line("out = bert(")]
+        assert model_read.count == steps
+        assert model_read.via.startswith("transformers/modeling_attn_mask_utils.py:")
+        assert "_prepare_4d_attention_mask" in model_read.via
+        item = by_line[ran.line(".item()")]
+        assert (item.count, item.via) == (steps, "")
+        # the branch never taken and the print of a Python float read nothing
+        assert set(by_line) == {ran.line("out = bert("), ran.line(".item()")}
+        assert not [f for f in ran.findings
+                    if f.line in (ran.line('"converged"'), ran.line("mean loss"))]
+        # an evaluation under no_grad is never told about gradients
+        assert "gradient" not in ran.text.lower(), attempt
+        assert not [f for f in ran.findings
+                    if "grad" in " ".join((f.what, f.hint, *f.changed)).lower()], attempt
+        assert not ran.report.recompiled
+    assert ran.raw["compiles"] == 0 and ran.raw["cache_hits"] > 0
+
+
+# -- resnet18 built in the cell ----------------------------------------------------------------
+
+RESNET_TRAIN = """\
+torch.manual_seed(0)
+net = torchvision.models.resnet18(num_classes=10){to_dev}
+opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+images, labels = images_cpu.to(torch_xla.device()), labels_cpu.to(torch_xla.device())
+for step in range(3):
+    loss = torch.nn.functional.cross_entropy(net(images), labels)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    torch_xla.sync()
+print(f"{{loss.item():.3f}}")
+"""
+
+
+def test_resnet18_built_in_the_cell_initialisation_is_no_recompilation(shell, monkeypatch):
+    assert shell.run_cell("import torch, torch_xla, torchvision\n"
+                          "images_cpu = torch.randn(2, 3, 32, 32)\n"
+                          "labels_cpu = torch.tensor([1, 7])").error_in_exec is None
+    magic = run(shell, monkeypatch, "%%on_tpu -o\n" + RESNET_TRAIN.format(to_dev=""))
+    assert_report_is_raw(magic)
+    assert not magic.report.recompiled and "RECOMPILED" not in magic.text
+    assert magic.of_kind("recompile") == []
+    sync = magic.line("torch_xla.sync()")
+    first, warm = magic.of_kind("compile", "warm-up")
+    assert (first.line, first.kind, warm.line, warm.kind) == (sync, "compile", sync, "warm-up")
+    # what made the first step's graph differ: the initialisation the cell's model left
+    # pending ran in it (torchvision initialises convolutions with kaiming_normal_)
+    earlier_only = [f for f in warm.changed if f.startswith("ops only the earlier graph")]
+    assert earlier_only and "aten::normal" in earlier_only[0], warm.changed
+
+    plain = run(shell, monkeypatch, "dev = torch_xla.device()\n"
+                + RESNET_TRAIN.format(to_dev=".to(dev)").replace("torch_xla.device()", "dev"))
+    assert work(magic.raw) == work(plain.raw)
+    assert magic.raw["executions"] == magic.raw["syncs"] == 3
+
+
+# -- CPU fallback inside a model defined in another cell ---------------------------------------
+
+ROBUST_CELL = """\
+import torch, torch_xla
+
+class RobustHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.lin(x)
+        centre = torch.median(h)
+        return (h - centre).relu().sum()
+
+robust = RobustHead().to(torch_xla.device())
+"""
+
+
+def test_fallback_in_a_module_from_another_cell_is_placed_on_the_calling_line(
+        shell, monkeypatch):
+    assert shell.run_cell(ROBUST_CELL).error_in_exec is None
+    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
+              "for _ in range(3):\n"
+              "    score = robust(torch.randn(4, 8))\n"
+              "    torch_xla.sync()\n", "aten::median")
+    assert_report_is_raw(ran)
+    assert ran.report.metrics.fallbacks == {"median": ran.raw["aten::median"]} \
+        and ran.raw["aten::median"] == 3
+    fallback, = ran.of_kind("fallback")
+    assert (fallback.line, fallback.count, fallback.place) == \
+        (ran.line("robust("), 3, "")
+    # the function in between is the other cell's forward, named by its cell
+    assert re.fullmatch(r"In \[\d+\], line \d+ forward", fallback.via), fallback.via
+    assert fallback.what.startswith("torch.median ran on the CPU")
+    assert "torch.quantile" in fallback.hint
+    assert "outside this cell" not in ran.text
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 10 bug: the first graph of a line that also ran the pending initialisation of a "
+    "model built in the cell is classified as a recompilation (RECOMPILED) when its input and "
+    "output counts happen to equal the steady graph's: tracking._note_recompilations judges "
+    "warm-ups by (inputs, outputs) counts only"))
+def test_module_built_in_the_cell_its_pending_init_is_no_recompilation_at_a_read(
+        shell, monkeypatch):
+    """A model constructed in the cell leaves its random initialisation pending; the first
+    value read (here the CPU fallback's) runs it with the first step. That graph differs
+    from the next step's, but the line did not recompile."""
+    assert shell.run_cell(ROBUST_CELL).error_in_exec is None
+    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
+              "fresh = RobustHead()\n"
+              "for _ in range(3):\n"
+              "    score = fresh(torch.randn(4, 8))\n"
+              "    torch_xla.sync()\n")
+    assert_report_is_raw(ran)
+    fallback, = ran.of_kind("fallback")
+    assert fallback.line == ran.line("fresh(")
+    assert not ran.report.recompiled and "RECOMPILED" not in ran.text, ran.text
+    assert ran.of_kind("recompile") == []
+
+
+# -- the legacy Kaggle/Colab loop --------------------------------------------------------------
+
+KAGGLE_SETUP = """\
+import torch, torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.distributed.parallel_loader as pl
+from torch.utils.data import DataLoader, TensorDataset
+g = torch.Generator().manual_seed(0)
+ds = TensorDataset(torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g))
+
+def train_loop(loader, model, opt):
+    for x, y in loader:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        xm.optimizer_step(opt)
+"""
+
+
+def test_kaggle_mp_device_loader_in_a_helper_names_the_cells_line(shell, monkeypatch):
+    assert shell.run_cell(KAGGLE_SETUP).error_in_exec is None
+    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
+              "device = xm.xla_device()\n"
+              "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),\n"
+              "                            torch.nn.Linear(32, 4)).to(device)\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "loader = pl.MpDeviceLoader(DataLoader(ds, batch_size=16), device)\n"
+              "for epoch in range(2):\n"
+              "    train_loop(loader, model, opt)\n")
+    assert_report_is_raw(ran)
+    compiles = ran.of_kind("compile", "warm-up", "recompile")
+    assert len(compiles) == ran.raw["compiles"] > 0
+    call = ran.line("train_loop(loader")
+    for finding in compiles:
+        assert finding.line == call, finding
+        # the helper from the other cell, then the loader's sync at the step's end
+        assert re.fullmatch(r"In \[\d+\], line \d+ train_loop \u2192 "
+                            r"torch_xla/distributed/parallel_loader\.py:\d+ \w+",
+                            finding.via), finding.via
+    assert "no line" not in ran.text and "line not recorded" not in ran.text
+
+
+def test_kaggle_parallel_loader_and_mark_step_name_the_cells_lines(shell, monkeypatch):
+    assert shell.run_cell(KAGGLE_SETUP).error_in_exec is None
+    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
+              "device = xm.xla_device()\n"
+              "model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Tanh(),\n"
+              "                            torch.nn.Linear(24, 4)).to(device)\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)\n"
+              "para = pl.ParallelLoader(DataLoader(ds, batch_size=16), [device])\n"
+              "for x, y in para.per_device_loader(device):\n"
+              "    opt.zero_grad()\n"
+              "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+              "    loss.backward()\n"
+              "    opt.step()\n"
+              "    xm.mark_step()\n")
+    assert_report_is_raw(ran)
+    compiles = ran.of_kind("compile", "warm-up", "recompile")
+    assert len(compiles) == ran.raw["compiles"] > 0
+    # the steps' graphs at the user's mark_step; what was pending when the loop started ran
+    # at the loader's own sync, on the `for` line
+    step, loop = ran.line("xm.mark_step()"), ran.line("for x, y in para")
+    assert step in {f.line for f in compiles} and {f.line for f in compiles} <= {step, loop}
+    for finding in compiles:
+        if finding.line == loop:
+            assert re.fullmatch(r"torch_xla/distributed/parallel_loader\.py:\d+ \w+",
+                                finding.via), finding.via
+    assert "no line" not in ran.text and "line not recorded" not in ran.text
