@@ -152,6 +152,10 @@ class Recorder:
         self._capture_next: set[tuple[str, int]] = set()
         self._captured_here: dict[tuple[str, int], int] = {}
         self.active = False
+        # Called with (start, end) wall-clock times (time.time()) of each sync's and each
+        # value read's own work, for the step anatomy (tpu_nb.runtime.anatomy).
+        self.on_sync: list[Callable[[float, float], None]] = []
+        self.on_read: list[Callable[[float, float], None]] = []
 
     # -- install / remove ---------------------------------------------------------------------
 
@@ -212,7 +216,9 @@ class Recorder:
                 return original(*args, **kwargs)
             before = recorder._counter("UncachedCompile")
             graph, site = recorder._maybe_capture(sys._getframe(1))
+            start = time.time()
             result = original(*args, **kwargs)
+            recorder._notify(recorder.on_sync, start)
             recorder._after_sync(before, graph, site, sys._getframe(1))
             return result
 
@@ -234,9 +240,11 @@ class Recorder:
             graph = site = None
             if getattr(tensor, "is_xla", False):
                 graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
+            start = time.time()
             try:
                 return original(tensor, *args, **kwargs)
             finally:
+                recorder._notify(recorder.on_read, start)
                 local.depth = 0
                 after = [counter(n) or 0 for n in _READ_COUNTERS]
                 if after != before:
@@ -269,6 +277,15 @@ class Recorder:
         return op
 
     # -- bookkeeping (never raises into the user's code) ---------------------------------------
+
+    def _notify(self, hooks, start: float) -> None:
+        if hooks:
+            end = time.time()
+            try:
+                for hook in hooks:
+                    hook(start, end)
+            except Exception:
+                self._failed()
 
     def _after_sync(self, before: int, graph, site, frame) -> None:
         try:

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpu_nb.runtime import provenance
+from tpu_nb.runtime import anatomy, provenance
 from tpu_nb.runtime._xla import wait_device_ops, xla
 from tpu_nb.runtime.compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics import MetricsDelta, snapshot
@@ -57,6 +57,14 @@ class RunReport:
     occurrences: list = field(default_factory=list)
     capture_seconds: float = 0.0       # spent capturing pending graphs (recompile diffs)
     complete: bool = False
+    # Where each step's time went, and the verdict (tpu_nb.runtime.anatomy); a Collector
+    # while the run is tracked (needs record=True), an Anatomy once complete.
+    anatomy: Any = None
+
+    @property
+    def steps(self) -> tuple:
+        """The run's steps (anatomy.StepRecord, one per sync); () without an anatomy."""
+        return getattr(self.anatomy, "steps", ())
 
     @property
     def recompiled(self) -> bool:
@@ -201,6 +209,7 @@ class track:
             caller = None if self._code else sys._getframe(1)
             self._recorder = provenance.Recorder(root_codes=self._code, root_frame=caller,
                                                  log=self._log).start()
+            self._report.anatomy = anatomy.Collector().start(self._recorder)
         self._before = snapshot()
         self._start = time.perf_counter()
         return self._report
@@ -233,6 +242,8 @@ class track:
     def _complete(self, report: RunReport) -> None:
         global _last
         report.wall_seconds = time.perf_counter() - self._start
+        if isinstance(report.anatomy, anatomy.Collector):
+            report.anatomy = report.anatomy.finish()
         recording = self._recorder.stop() if self._recorder is not None else None
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:

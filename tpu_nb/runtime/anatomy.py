@@ -1,0 +1,543 @@
+"""Where each step's time goes: a per-step anatomy of a tracked run, and a verdict with its fix.
+
+A step is one sync. For each step, from the previous sync's return to this sync's return, the
+host's time is split into parts that add up to the step's wall time:
+
+- trace: the host running the user's Python, which traces the lazy graph (what is left);
+- sync: inside `torch_xla.sync()` — hashing the graph, cache lookup, launching — minus compile;
+- compile: `CompileTime` samples that ended in the step;
+- input: inside a data loader's `__next__` (DataLoader and ParallelLoader/MpDeviceLoader
+  iterators, on the thread that runs the tracked code);
+- read: inside a value read (`.item()`, `.tolist()`, `print(tensor)`, ...) minus compile.
+
+On the device side: `device`, the execution time of the graphs this step launched, and `idle`,
+the part of the step's window in which the device ran nothing. `to_device`/`from_device` are
+the transfer times that ended in the step (they overlap the host parts above).
+
+Sources, no profiler: tpu_nb's own timestamps (the sync and read hooks of
+`provenance.Recorder`, a wrapper on the loaders' `__next__` while a run is tracked) and the
+runtime's metric samples, each a (wall-clock time it ended, duration) pair. `ExecuteTime`
+runs from the launch to the completion of an execution, queueing included; executions on a
+device run one after the other, so one's device span is [max(launch, previous completion),
+completion]. The sample buffers hold the last XLA_METRICS_SAMPLES samples (128 after
+`setup()`): they are read every few dozen syncs, and a run that outran them says so
+(`Anatomy.complete`).
+
+What happens after the last sync (the final wait for the device) is the run's `tail`: its
+host time is split into reads, input, the device's work it waited for (`wait`) and the rest.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from bisect import bisect_left
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from tpu_nb.runtime.units import format_seconds
+
+_clock = time.time            # the clock of torch_xla's metric samples (wall-clock seconds)
+_SAMPLED = ("ExecuteTime", "ExecuteReplicatedTime", "CompileTime", "TransferToDeviceTime",
+            "TransferFromDeviceTime")
+_HARVEST_EVERY = 24           # syncs and reads between two reads of the sample buffers
+_MAX_STEPS = 20_000           # steps kept (the most recent); older ones leave the summary
+_MAX_EVENTS = 100_000         # reads, loader calls and samples kept
+HOST_PARTS = ("trace", "sync", "compile", "input", "read", "wait")
+PARTS = HOST_PARTS + ("device", "idle", "to_device", "from_device")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step (one sync): seconds spent on each part; spans on the wall clock (time.time())."""
+
+    index: int
+    start: float                  # the previous sync's return (the run's start for the first)
+    end: float                    # this sync's return
+    trace: float = 0.0
+    sync: float = 0.0
+    compile: float = 0.0
+    input: float = 0.0
+    read: float = 0.0
+    wait: float = 0.0             # the tail only: waiting for the device's remaining work
+    device: float = 0.0           # executions this step launched
+    idle: float = 0.0             # time in [start, end] the device ran nothing
+    to_device: float = 0.0
+    from_device: float = 0.0
+    executions: int = 0
+    compiles: int = 0
+    reads: int = 0
+    host_spans: tuple = ()        # (kind, start, end): "input", "read", "sync", "compile"
+    device_spans: tuple = ()      # (start, end) of the executions this step launched
+    tail: bool = False            # after the last sync: not a step, part of the run's wall
+
+    @property
+    def wall(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part over a run's steps: median and p90 per step, total, share of the wall time."""
+
+    name: str
+    median: float
+    p90: float
+    total: float
+    share: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What bounds the loop, why (with figures) and what to do about it."""
+
+    kind: str                     # device-bound, host-bound, input-bound, compile-bound, read-bound
+    reason: str
+    fix: str
+    steady: str = ""              # compile-bound runs: the verdict of the steps that did not compile
+
+    @property
+    def good(self) -> bool:
+        return self.kind == "device-bound"
+
+    def __str__(self) -> str:
+        steady = f" (steady state: {self.steady})" if self.steady else ""
+        return f"{self.kind}{steady}: {self.reason}. Fix: {self.fix}"
+
+
+_FIXES = {
+    "device-bound": "nothing on the host side: the device is busy. To go faster, do less device "
+                    "work per step (bf16, a smaller model) or use a bigger device",
+    "host-bound": "the host's Python tracing takes longer than the device's work: use a larger "
+                  "batch, fewer and larger ops (no Python loops over tensor elements), or cache "
+                  "tracing with torch_xla.compile(step_fn) or torch.compile(backend='openxla')",
+    "input-bound": "the device waits for data: raise the DataLoader's num_workers, use "
+                   "pin_memory and persistent_workers, wrap it in "
+                   "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
+                   "to the device), or prepare the data ahead of time",
+    "compile-bound": "compiling dominates: see the recompile findings above (keep shapes "
+                     "fixed: pad or bucket them; mark_dynamic) — a first compile in a short run "
+                     "is a one-time cost",
+    "read-bound": "value reads (.item(), print(tensor), bool(tensor)) make the host wait for "
+                  "the device every step, so tracing and execution no longer overlap: read "
+                  "values every N steps, accumulate them on the device, or read them in a "
+                  "step closure (xm.add_step_closure)",
+}
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """A run's steps and where their time went (`RunReport.anatomy`)."""
+
+    steps: tuple[StepRecord, ...]
+    tail: StepRecord | None
+    parts: dict
+    wall_seconds: float            # the steps' wall time plus the tail's
+    device_busy: float             # seconds some execution ran within that time
+    verdict: Verdict | None
+    complete: bool = True          # False: sample buffers overflowed between reads, or steps dropped
+    dropped_steps: int = 0
+
+    @property
+    def device_share(self) -> float:
+        return self.device_busy / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def share(self, name: str) -> float:
+        part = self.parts.get(name)
+        return part.share if part is not None else 0.0
+
+    def summary(self) -> str:
+        """One line: the verdict and the largest parts."""
+        if not self.steps:
+            return "no steps (no sync ran)"
+        top = sorted((p for p in self.parts.values() if p.name in HOST_PARTS),
+                     key=lambda p: -p.share)[:3]
+        shares = ", ".join(f"{p.name} {p.share:.0%}" for p in top if p.share >= 0.005)
+        line = (f"{len(self.steps)} steps, median {format_seconds(self.step_median)}: "
+                f"{shares}; device busy {self.device_share:.0%}")
+        return f"{line}; {self.verdict.kind}" if self.verdict else line
+
+    @property
+    def step_median(self) -> float:
+        return _quantile(sorted(s.wall for s in self.steps), 0.5)
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        for p in self.parts.values():
+            lines.append(f"  {p.name:12} median {format_seconds(p.median):>9}  p90 "
+                         f"{format_seconds(p.p90):>9}  total {format_seconds(p.total):>9}"
+                         f"  {p.share:5.1%}")
+        if self.verdict:
+            lines.append(f"  verdict: {self.verdict}")
+        if not self.complete:
+            lines.append("  incomplete: some runtime samples were overwritten before tpu_nb "
+                         "read them (figures are lower bounds)")
+        return "\n".join(lines)
+
+
+# -- collection while a run is tracked ---------------------------------------------------------
+
+_active: "Collector | None" = None
+
+
+def current() -> "Collector | None":
+    """The collector of the run being tracked now (for a live view), if any."""
+    return _active
+
+
+class Collector:
+    """Timestamps of one tracked run's syncs, reads and loader calls, and the runtime's samples.
+
+    `start(recorder)` hooks the recorder's sync and read wrappers and the loaders; `finish()`
+    removes everything and returns the Anatomy. Hooks never raise into the user's code.
+    """
+
+    def __init__(self):
+        self.started = _clock()
+        self.origin = self.started           # start of the first kept step's window
+        self.syncs: deque = deque(maxlen=_MAX_STEPS)        # (call, return)
+        self.reads: deque = deque(maxlen=_MAX_EVENTS)       # (start, end)
+        self.inputs: deque = deque(maxlen=_MAX_EVENTS)      # (start, end)
+        self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
+        self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
+        self.lost_samples = False
+        self.dropped_steps = 0
+        self._until_harvest = _HARVEST_EVERY
+        self._lock = threading.Lock()
+        self._thread = threading.get_ident()
+        self._depth = 0
+        self._restore: list = []
+        self._recorder = None
+        self._xc = None
+
+    def start(self, recorder) -> "Collector":
+        global _active
+        import torch_xla
+
+        self._xc = torch_xla._XLAC
+        self._harvest()                      # samples before the run are not the run's
+        self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
+        self.lost_samples = False
+        self._recorder = recorder
+        recorder.on_sync.append(self._on_sync)
+        recorder.on_read.append(self._on_read)
+        self._wrap_loaders()
+        self.started = self.origin = _clock()
+        _active = self
+        return self
+
+    def finish(self) -> Anatomy:
+        global _active
+        end = _clock()
+        if _active is self:
+            _active = None
+        self._unhook()
+        with self._lock:
+            self._harvest()
+        return build(self, end)
+
+    def snapshot(self) -> Anatomy:
+        """The anatomy so far (called from a polling thread)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._harvest()
+            finally:
+                self._lock.release()
+        return build(self, None)
+
+    # hooks: the hot path (a deque append, a decrement)
+    def _on_sync(self, start: float, end: float) -> None:
+        syncs = self.syncs
+        if len(syncs) == _MAX_STEPS:
+            self.origin = syncs[0][1]
+            self.dropped_steps += 1
+        syncs.append((start, end))
+        self._count_down()
+
+    def _on_read(self, start: float, end: float) -> None:
+        self.reads.append((start, end))
+        self._count_down()
+
+    def _count_down(self) -> None:
+        self._until_harvest -= 1
+        if self._until_harvest <= 0 and self._lock.acquire(blocking=False):
+            try:
+                self._harvest()
+            finally:
+                self._lock.release()
+
+    def _harvest(self) -> None:
+        """Read the runtime's sample buffers; keep what is new since the last read."""
+        self._until_harvest = _HARVEST_EVERY
+        data = self._xc._xla_metric_data
+        for name in _SAMPLED:
+            got = data(name)
+            if got is None:
+                continue
+            total, _, samples = got
+            seen_total, last_ts = self._seen[name]
+            fresh = [(ts, ns * 1e-9) for ts, ns in samples if ts > last_ts]
+            if total - seen_total > len(fresh) and seen_total:
+                self.lost_samples = True
+            if total < seen_total:               # reset_metrics() in between
+                fresh = [(ts, ns * 1e-9) for ts, ns in samples]
+            self.samples[name].extend(fresh)
+            self._seen[name] = (total, samples[-1][0] if samples else last_ts)
+
+    # data loaders
+    def _wrap_loaders(self) -> None:
+        targets = []
+        dataloader = sys.modules.get("torch.utils.data.dataloader")
+        if dataloader is not None:
+            targets.append(getattr(dataloader, "_BaseDataLoaderIter", None))
+        parallel = sys.modules.get("torch_xla.distributed.parallel_loader")
+        if parallel is not None:
+            targets.append(getattr(parallel, "PerDeviceLoader", None))
+        for cls in targets:
+            original = getattr(cls, "__next__", None) if cls is not None else None
+            if original is None or getattr(original, "__tpu_nb_anatomy__", False):
+                continue
+            had_own = "__next__" in vars(cls)
+            cls.__next__ = self._timed_next(original)
+            self._restore.append((cls, original, had_own))
+
+    def _timed_next(self, original):
+        collector = self
+
+        def __next__(iterator):
+            if collector._depth or threading.get_ident() != collector._thread:
+                return original(iterator)        # nested (MpDeviceLoader's own) or a worker
+            collector._depth = 1
+            start = _clock()
+            try:
+                return original(iterator)
+            finally:
+                collector.inputs.append((start, _clock()))
+                collector._depth = 0
+
+        __next__.__tpu_nb_anatomy__ = True
+        __next__.__wrapped__ = original
+        return __next__
+
+    def _unhook(self) -> None:
+        for cls, original, had_own in reversed(self._restore):
+            if had_own:
+                cls.__next__ = original
+            else:
+                del cls.__next__
+        self._restore.clear()
+        recorder = self._recorder
+        if recorder is not None:
+            for hooks, hook in ((recorder.on_sync, self._on_sync),
+                                (recorder.on_read, self._on_read)):
+                if hook in hooks:
+                    hooks.remove(hook)
+
+
+# -- from timestamps to steps ------------------------------------------------------------------
+
+def _spans(samples: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(end, duration) samples -> (start, end) spans, in order of end."""
+    return sorted(((end - dur, end) for end, dur in samples), key=lambda s: s[1])
+
+
+def _device_spans(samples) -> list[tuple[float, float, float]]:
+    """Executions as (launch, device start, end): one device runs them one after another, so
+    an execution starts at its launch or at the previous one's completion, whichever is later."""
+    out, previous_end = [], float("-inf")
+    for launch, end in _spans(samples):
+        begin = min(max(launch, previous_end), end)
+        out.append((launch, begin, end))
+        previous_end = max(previous_end, end)
+    return out
+
+
+def _overlap(spans, lo: float, hi: float) -> float:
+    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+
+
+def _union(spans) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [(s, e) for s, e in merged]
+
+
+def _assign(items, key, bounds) -> list[list]:
+    """Items into windows: bounds[i] is window i's end; past the last end: the tail (index n)."""
+    out: list[list] = [[] for _ in range(len(bounds) + 1)]
+    for item in items:
+        out[bisect_left(bounds, key(item))].append(item)
+    return out
+
+
+@dataclass
+class _Window:
+    start: float
+    end: float
+    sync: tuple[float, float] | None
+    reads: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)
+    compiles: list = field(default_factory=list)
+    executions: list = field(default_factory=list)
+    to_device: list = field(default_factory=list)
+    from_device: list = field(default_factory=list)
+
+
+def build(collector: Collector, end: float | None) -> Anatomy:
+    """The Anatomy of what `collector` recorded; `end`: the run's end (None: still running,
+    no tail)."""
+    syncs = list(collector.syncs)
+    bounds = [ret for _, ret in syncs]
+    origin = collector.origin
+    samples = {name: list(collector.samples[name]) for name in _SAMPLED}
+    executions = _device_spans(samples["ExecuteTime"] + samples["ExecuteReplicatedTime"])
+    windows = [_Window(bounds[i - 1] if i else origin, bounds[i], syncs[i])
+               for i in range(len(syncs))]
+    if end is not None:
+        windows.append(_Window(bounds[-1] if bounds else origin, max(end, origin), None))
+    else:
+        windows.append(_Window(0.0, 0.0, None))        # discarded: a running step
+    keep = lambda span: span[1] > origin                # noqa: E731
+    for name, attr, key in (
+            ("reads", "reads", lambda s: s[1]), ("inputs", "inputs", lambda s: s[1])):
+        for w, items in zip(windows, _assign(filter(keep, getattr(collector, attr)),
+                                             key, bounds)):
+            setattr(w, name, items)
+    for name, spans in (("compiles", _spans(samples["CompileTime"])),
+                        ("to_device", _spans(samples["TransferToDeviceTime"])),
+                        ("from_device", _spans(samples["TransferFromDeviceTime"]))):
+        for w, items in zip(windows, _assign(filter(keep, spans), lambda s: s[1], bounds)):
+            setattr(w, name, items)
+    launched = [x for x in executions if x[0] >= origin - 1e-3]   # not a previous run's
+    for w, items in zip(windows, _assign(launched, lambda x: x[0], bounds)):
+        w.executions = items
+    busy = _union((b, e) for _, b, e in executions)
+    records = [_record(i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
+    steps = tuple(r for r in records if not r.tail)
+    tail = records[-1] if end is not None and records[-1].tail else None
+    return _summarise(steps, tail, busy, collector)
+
+
+def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
+    reads = sum(e - s for s, e in w.reads)
+    inputs = sum(e - s for s, e in w.inputs)
+    sync = (w.sync[1] - w.sync[0]) if w.sync else 0.0
+    compile_in = {"sync": 0.0, "read": 0.0, "trace": 0.0}
+    for s, e in w.compiles:
+        where = ("sync" if w.sync and w.sync[0] - 1e-4 <= s and e <= w.sync[1] + 1e-4 else
+                 "read" if any(rs - 1e-4 <= s and e <= re + 1e-4 for rs, re in w.reads) else
+                 "trace")
+        compile_in[where] += e - s
+    compile_total = sum(compile_in.values())
+    window = max(0.0, w.end - w.start)
+    idle = window - _overlap(busy, w.start, w.end)
+    host_rest = max(0.0, window - sync - reads - inputs - compile_in["trace"])
+    wait = 0.0
+    if tail:      # after the last sync: the host waited for the device where it was busy
+        wait = min(host_rest, max(0.0, window - idle
+                                  - _overlap(w.reads + w.inputs, w.start, w.end)))
+        host_rest -= wait
+    spans = ([("input", s, e) for s, e in w.inputs] + [("read", s, e) for s, e in w.reads]
+             + ([("sync", *w.sync)] if w.sync else []) + [("compile", s, e) for s, e in w.compiles])
+    return StepRecord(
+        index=index, start=w.start, end=w.end, trace=host_rest,
+        sync=max(0.0, sync - compile_in["sync"]), compile=compile_total,
+        input=inputs, read=max(0.0, reads - compile_in["read"]), wait=wait,
+        device=sum(e - b for _, b, e in w.executions), idle=max(0.0, idle),
+        to_device=sum(e - s for s, e in w.to_device),
+        from_device=sum(e - s for s, e in w.from_device),
+        executions=len(w.executions), compiles=len(w.compiles), reads=len(w.reads),
+        host_spans=tuple(sorted(spans, key=lambda x: x[1])),
+        device_spans=tuple((b, e) for _, b, e in w.executions), tail=tail)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    pos = (len(values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def _summarise(steps, tail, busy, collector) -> Anatomy:
+    every = steps + ((tail,) if tail else ())
+    wall = sum(r.wall for r in every)
+    device_busy = sum(r.wall - r.idle for r in every)
+    parts = {}
+    for name in PARTS:
+        values = sorted(getattr(s, name) for s in steps)
+        total = sum(getattr(r, name) for r in every)
+        parts[name] = Part(name, _quantile(values, 0.5), _quantile(values, 0.9), total,
+                           total / wall if wall > 0 else 0.0)
+    anatomy = Anatomy(steps=steps, tail=tail, parts=parts, wall_seconds=wall,
+                      device_busy=device_busy, verdict=None,
+                      complete=not (collector.lost_samples or collector.dropped_steps),
+                      dropped_steps=collector.dropped_steps)
+    return _with_verdict(anatomy, busy)
+
+
+# -- the verdict -------------------------------------------------------------------------------
+
+_BOUND = 0.25          # a part this large a share of the wall time bounds the loop
+_DEVICE_BUSY = 0.6     # the device busy this much of the time: the loop is device-bound
+
+
+def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
+    from dataclasses import replace
+
+    verdict = judge(anatomy)
+    if verdict is not None and verdict.kind == "compile-bound":
+        calm = [s for s in anatomy.steps if not s.compiles]
+        if len(calm) >= 3:
+            steady = judge(_summarise(tuple(calm), None, busy, _NoLoss()))
+            if steady is not None and steady.kind != "compile-bound":
+                verdict = replace(verdict, steady=steady.kind)
+    return replace(anatomy, verdict=verdict)
+
+
+class _NoLoss:
+    lost_samples = False
+    dropped_steps = 0
+
+
+def judge(a: Anatomy) -> Verdict | None:
+    """What bounds the loop, from the shares of its wall time (None: nothing measured)."""
+    if not a.steps or a.wall_seconds <= 0:
+        return None
+    share = a.share
+    host = share("trace") + share("sync")
+    reads_per_step = sum(s.reads for s in a.steps) / len(a.steps)
+    pct = lambda x: f"{x:.0%}"      # noqa: E731
+    if share("compile") >= _BOUND:
+        return Verdict("compile-bound", f"compiling took {pct(share('compile'))} of the time "
+                       f"({sum(s.compiles for s in a.steps)} compiles)", _FIXES["compile-bound"])
+    if share("input") >= _BOUND:
+        return Verdict("input-bound", f"waiting for the data loader took "
+                       f"{pct(share('input'))} of the time", _FIXES["input-bound"])
+    if a.device_share >= _DEVICE_BUSY:
+        return Verdict("device-bound", f"the device was busy {pct(a.device_share)} of the time",
+                       _FIXES["device-bound"])
+    if share("read") >= _BOUND * 0.8 and reads_per_step >= 0.5:
+        return Verdict("read-bound", f"value reads took {pct(share('read'))} of the time, "
+                       f"{reads_per_step:.1f} per step; the device was idle "
+                       f"{pct(1 - a.device_share)}", _FIXES["read-bound"])
+    candidates = {"host-bound": host, "input-bound": share("input"),
+                  "compile-bound": share("compile"), "read-bound": share("read"),
+                  "device-bound": a.device_share}
+    kind = max(candidates, key=candidates.get)
+    reasons = {
+        "host-bound": f"the host's Python tracing and syncs took {pct(host)} of the time; the "
+                      f"device was busy {pct(a.device_share)}",
+        "input-bound": f"waiting for the data loader took {pct(share('input'))} of the time",
+        "compile-bound": f"compiling took {pct(share('compile'))} of the time",
+        "read-bound": f"value reads took {pct(share('read'))} of the time",
+        "device-bound": f"the device was busy {pct(a.device_share)} of the time",
+    }
+    return Verdict(kind, reasons[kind], _FIXES[kind])
