@@ -175,7 +175,8 @@ def test_replica_cells_fork_then_worker_and_spmd_cells():
     nb = _notebook(
         "%load_ext tpu_nb\n%tpu_setup --device cpu --devices 4",
         "import torch, torch_xla\nbase = 10\ndef double(v):\n    return 2 * v",
-        "%%on_tpu --replicas\nprint('replica', index, double((torch.ones(2) * base).sum().item()))",
+        "%%on_tpu --replicas\nprint('replica', index, double((torch.ones(2) * base).sum().item()),"
+        " torch.ones(1).device.type)",
         "(torch.ones(3, device=torch_xla.device()) + 1).sum().item()",   # the kernel uses XLA
         "%%on_tpu --replicas 2 -o\nprint('again', index)\nindex + base",
     )
@@ -186,7 +187,7 @@ def test_replica_cells_fork_then_worker_and_spmd_cells():
 
     fork = stdout(nb.cells[2])
     for i in range(4):
-        assert f"[{i}] replica {i} 40.0" in fork
+        assert f"[{i}] replica {i} 40.0 xla" in fork      # the cell's own factories: device
     assert "replicas on 4 devices (fork)" in fork
     worker = stdout(nb.cells[4])
     assert "[0] again 0" in worker and "[1] again 1" in worker

@@ -53,11 +53,8 @@ class _Scope:
         self.root = root
         self.files = frozenset(c.co_filename for c in self.codes) or (
             frozenset((root.f_code.co_filename,)) if root is not None else frozenset())
-        self.thread = threading.get_ident()
 
     def covers(self, frame) -> bool:
-        if threading.get_ident() != self.thread:
-            return False
         own, built, depth = True, False, 0
         while frame is not None and depth < 400:
             code = frame.f_code
@@ -78,12 +75,23 @@ def _is_module(obj) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def _wrap(fn, device, scope: _Scope):
+# Blocks open in each thread, innermost last: (scope, device). Replicas on XLA:CPU are
+# threads of one process, each with its own device, so the wrappers (installed once while any
+# block is open) look up the calling thread's block.
+_open = threading.local()
+_users = 0
+_originals: dict[str, object] = {}
+
+
+def _wrap(fn):
     @functools.wraps(fn)
     def factory(*args, **kwargs):
-        if kwargs.get("device") is None and _defaults_here(fn, args, kwargs) \
-                and scope.covers(sys._getframe(1)):
-            kwargs["device"] = device
+        if kwargs.get("device") is None:
+            blocks = getattr(_open, "blocks", None)
+            if blocks and _defaults_here(fn, args, kwargs):
+                scope, device = blocks[-1]
+                if scope.covers(sys._getframe(1)):
+                    kwargs["device"] = device
         return fn(*args, **kwargs)
 
     factory.__tpu_nb_original__ = fn
@@ -122,17 +130,39 @@ def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
     else:
         device = _as_device(torch, device)
     scope = _Scope(code, None if code else sys._getframe(2))
-    with _lock:
-        previous = {name: getattr(torch, name) for name in FACTORIES if hasattr(torch, name)}
-        for name, fn in previous.items():
-            original = getattr(fn, "__tpu_nb_original__", fn)
-            setattr(torch, name, _wrap(original, device, scope))
+    _install(torch)
+    blocks = _open.__dict__.setdefault("blocks", [])
+    blocks.append((scope, device))
     try:
         yield device
     finally:
-        with _lock:
-            for name, fn in previous.items():   # a nested block restores the outer one's
-                setattr(torch, name, fn)
+        blocks.remove((scope, device))
+        _uninstall(torch)
+
+
+def _install(torch) -> None:
+    global _users
+    with _lock:
+        if _users == 0:
+            for name in FACTORIES:
+                fn = getattr(torch, name, None)
+                if fn is not None:
+                    original = getattr(fn, "__tpu_nb_original__", fn)
+                    _originals[name] = original
+                    setattr(torch, name, _wrap(original))
+        _users += 1
+
+
+def _uninstall(torch) -> None:
+    global _users
+    with _lock:
+        _users -= 1
+        if _users == 0:
+            for name, original in _originals.items():
+                current = getattr(torch, name, None)
+                if getattr(current, "__tpu_nb_original__", None) is original:
+                    setattr(torch, name, original)   # unless something replaced ours since
+            _originals.clear()
 
 
 def _as_device(torch, device):

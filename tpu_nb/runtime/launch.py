@@ -640,11 +640,14 @@ class CellFunction:
         tree = ast.parse(self.source, self.filename)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         namespace = {"__name__": "__main__", **self.variables, "index": index}
-        with default_device():           # as in %%on_tpu: the replica's device by default
-            exec(compile(tree, self.filename, "exec"), namespace)
-            if last is not None:
-                return eval(compile(ast.Expression(last.value), self.filename, "eval"),
-                            namespace)
+        statements = compile(tree, self.filename, "exec")
+        expression = compile(ast.Expression(last.value), self.filename, "eval") \
+            if last is not None else None
+        # As in %%on_tpu: the replica's device by default, for the cell's own code only.
+        with default_device(code=(statements, expression)):
+            exec(statements, namespace)
+            if expression is not None:
+                return eval(expression, namespace)
         return None
 
 
