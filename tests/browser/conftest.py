@@ -1,6 +1,105 @@
-"""Real-browser tests: run by `make test-browser`, kept out of `make test` (--ignore)."""
+"""Real-browser tests: run by `make test-browser`, kept out of `make test` (--ignore).
+
+Shared here: a JupyterLab server on localhost (`lab`: base URL, token, its home folder; test
+modules write their notebooks into home/"notebooks") and headless chromium (`browser`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("TPU_NB_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TPU_NB_CHROMEDRIVER", "/usr/bin/chromedriver")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "browser: drives JupyterLab in a real browser "
                                        "(make test-browser)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on localhost with a fresh config, settings and workspace."""
+    home = tmp_path_factory.mktemp("lab")
+    root = home / "notebooks"
+    root.mkdir()
+    # No news, no update checks: nothing fetched from the network, no toast over the page.
+    settings = home / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}')
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
+    env.update(PJRT_DEVICE="CPU", PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+        JUPYTER_DATA_DIR=str(home / "data"), IPYTHONDIR=str(home / "ipython"))
+    log = open(home / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly",
+         f"--LabApp.user_settings_dir={home / 'settings'}",
+         f"--LabApp.workspaces_dir={home / 'workspaces'}"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),     # CI runs as root
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    raise RuntimeError("JupyterLab did not start:\n"
+                                       + (home / "server.log").read_text()[-4000:])
+                time.sleep(0.5)
+        yield base, token, home
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(lab):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    _, _, home = lab
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update",
+                "--no-first-run", "--window-size=1400,1300",
+                f"--user-data-dir={home / 'chromium'}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -18,10 +18,6 @@ import importlib.util
 import json
 import os
 import re
-import secrets
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -47,12 +43,6 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     pytest.skip(_missing, allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _notebook(path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
@@ -70,78 +60,11 @@ def _notebook(path: Path) -> None:
     nbformat.write(nb, path)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server on localhost with a fresh config, settings and workspace."""
-    home = tmp_path_factory.mktemp("lab")
-    root = home / "notebooks"
-    root.mkdir()
-    for frontend in FRONTENDS:
-        _notebook(root / f"live-{frontend}.ipynb")
-    # No news, no update checks: nothing fetched from the network, no toast over the page.
-    settings = home / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        '{"fetchNews": "false", "checkForUpdates": false}')
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
-    env.update(PJRT_DEVICE="CPU", PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-        JUPYTER_DATA_DIR=str(home / "data"), IPYTHONDIR=str(home / "ipython"))
-    log = open(home / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--LabApp.extension_manager=readonly",
-         f"--LabApp.user_settings_dir={home / 'settings'}",
-         f"--LabApp.workspaces_dir={home / 'workspaces'}"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),     # CI runs as root
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    raise RuntimeError("JupyterLab did not start:\n"
-                                       + (home / "server.log").read_text()[-4000:])
-                time.sleep(0.5)
-        yield base, token, home
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
-
-
-@pytest.fixture(scope="module")
-def browser(lab):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
+@pytest.fixture(scope="module", autouse=True)
+def _dashboard_notebooks(lab):
     _, _, home = lab
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update",
-                "--no-first-run", "--window-size=1400,1300",
-                f"--user-data-dir={home / 'chromium'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    for frontend in FRONTENDS:
+        _notebook(home / "notebooks" / f"live-{frontend}.ipynb")
 
 
 def _kernel_idle(base: str, token: str, name: str) -> bool:

@@ -691,7 +691,8 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
                  f"<b>{_seconds(state.step_p90)}</b><br><span style='color:{_GREY}'>"
                  f"device-synced: between step completions{measured}</span>")
     else:
-        steps = f"<span style='color:{_GREY}'>step time: no step completed yet</span>"
+        steps = (f"<span style='color:{_GREY}'>step time: no step completed"
+                 f"{'' if final else ' yet'}</span>")
     rate = (m.executions / state.elapsed if final and state.elapsed > 0
             else state.execution_rate)
     body = (f"syncs <b>{state.steps}</b> <span style='color:{_GREY}' title='torch_xla.sync() "

@@ -211,6 +211,10 @@ class RunView:
             bits.append("RECOMPILED")
         if r.error is not None:
             bits.append(f"failed: {type(r.error).__name__}")
+        verdict = getattr(r.anatomy, "verdict", None)     # where the steps' time went
+        if verdict is not None:
+            bits.append(verdict.kind + (f" (steady state: {verdict.steady})"
+                                        if verdict.steady else ""))
         return " | ".join(bits)
 
     def figures(self) -> list[tuple[str, str]]:
@@ -240,6 +244,9 @@ class RunView:
         notes = []
         if self.report.metrics.compiles and not self.report.compile_analysis:
             notes.append("compile causes unknown: run %tpu_setup before the first compile")
+        verdict = getattr(self.report.anatomy, "verdict", None)
+        if verdict is not None:
+            notes.append(str(verdict))
         return notes
 
     def _marks(self) -> dict[int, list[FindingGroup]]:
@@ -336,6 +343,10 @@ class RunView:
             rows.append((e(g.where), span(e(KIND_WORDS.get(g.kind, g.kind)), colour, bold=True),
                          f"\u00d7{g.count}", e(format_seconds(secs)) if secs is not None
                          else "", details))
+        if all(g.seconds is None for g in self.groups):      # no column of blanks
+            rows = [r[:3] + r[4:] for r in rows]
+            return table(rows, ("where", "what", "times", "details"),
+                         styles=(NOWRAP, NOWRAP, NOWRAP, ""))
         return table(rows, ("where", "what", "times", "time", "details"),
                      styles=(NOWRAP, NOWRAP, NOWRAP, NOWRAP, ""))
 

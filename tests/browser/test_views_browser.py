@@ -1,0 +1,272 @@
+"""tpu_nb's HTML views in a real browser, in every front end a user has: JupyterLab 4 light and
+dark, Notebook 7, and a bare page without Jupyter's CSS (how Colab's output frames, nbviewer
+and exported HTML show them), in light and dark `prefers-color-scheme`.
+
+The views are made here on XLA:CPU from real work: a cell's report (a recompiling line, a CPU
+fallback, host reads), the environment table, the dashboard's final view and the graph of a
+TransformerEncoderLayer training step (~550 nodes). In JupyterLab and Notebook 7 they are the
+outputs of a trusted notebook, rendered by the front end's own output renderer and CSS.
+Checked from computed styles: table cells left-aligned, text contrast at least 4.5:1 (WCAG AA)
+against the background it is drawn on, no broken image, graph labels at least 10 px on screen.
+Screenshots: tests/artifacts/views-<front end>-<theme>-<view>.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = os.environ.get("TPU_NB_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("TPU_NB_CHROMEDRIVER", "/usr/bin/chromedriver")
+# Front end -> the page that opens a notebook in it (JupyterLab: in a fresh workspace, with
+# no tab left from the previous test).
+PAGES = {"jupyterlab": "/lab/workspaces/{workspace}/tree/{name}?reset&",
+         "notebook7": "/notebooks/{name}?"}
+THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
+VIEW_CLASSES = ("tpunb-report", "tpunb-env", "tpunb-dashboard", "tpu-nb-graph")
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
+
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    _missing = (f"needs {CHROMIUM} and {CHROMEDRIVER}: apt-get install -y chromium "
+                "chromium-driver")
+    if os.environ.get("TPU_NB_REQUIRE_BROWSER"):
+        raise RuntimeError(_missing)
+    pytest.skip(_missing, allow_module_level=True)
+
+
+# -- the views, from real work on XLA:CPU ------------------------------------------------------
+
+CELL = """\
+import torch
+w = torch.randn(16, 16, device=dev)
+torch_xla.sync()
+for rows in (3, 5, 7, 9, 3):
+    out = (torch.ones(rows, 16, device=dev) @ w).relu().sum()
+    torch_xla.sync()
+    seen = out.item()
+hist = torch.histc(torch.linspace(0, 1, 32, device=dev), bins=4)
+"""
+
+
+def _report_view():
+    import torch_xla
+
+    import tpu_nb
+    from tpu_nb.display.reports import RunView
+    from tpu_nb.runtime.attribution import attribute
+
+    filename = str(ROOT / "tests" / "artifacts" / "views_cell.py")     # the "cell"'s file
+    scope = {"torch_xla": torch_xla, "dev": tpu_nb.device()}
+    with tpu_nb.track("In[7]") as report:
+        exec(compile(CELL, filename, "exec"), scope)
+    return RunView(report, attribute(report, CELL, filename), label="In[7]", source=CELL)
+
+
+def _dashboard_view():
+    import torch
+    import torch_xla
+
+    import tpu_nb
+    from tpu_nb.display.dashboard import Dashboard, _FinalView
+
+    w = torch.randn(32, 32, device=tpu_nb.device())
+    with Dashboard(widgets=False, refresh=0.2, alert_graphs=2) as dash:
+        for i in range(60):
+            kept = (torch.ones(2 + i // 15, 32, device=tpu_nb.device()) @ w).tanh().sum()
+            torch_xla.sync()
+            time.sleep(0.01)
+    assert kept.device.type == "xla"
+    return _FinalView(dash)
+
+
+def _graph_view():
+    import torch
+    import torch_xla
+
+    import tpu_nb
+    from tpu_nb.display.graph_view import GraphView
+    from tpu_nb.runtime.graph import pending_graph
+
+    torch.manual_seed(0)
+    dev = tpu_nb.device()
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).to(dev)
+    opt = torch.optim.AdamW(layer.parameters())
+    layer(torch.randn(8, 16, 64, device=dev)).pow(2).mean().backward()
+    opt.step()
+    found = pending_graph(layer, opt)
+    torch_xla.sync()
+    assert len(found.nodes) >= 500
+    return GraphView(found, title="training step")
+
+
+@pytest.fixture(scope="module")
+def views() -> dict[str, object]:
+    import tpu_nb
+    from tpu_nb.display.reports import EnvironmentView
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return {"report": _report_view(), "environment": EnvironmentView(tpu_nb.detect()),
+            "dashboard": _dashboard_view(), "graph": _graph_view()}
+
+
+def _notebook(views: dict, path: Path, data_dir: Path) -> None:
+    """A notebook whose outputs are the views, signed as trusted (as after running it)."""
+    from nbformat.sign import NotebookNotary
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    for name, view in views.items():
+        cell = nbformat.v4.new_code_cell(f"# {name}", execution_count=len(nb.cells) + 1)
+        cell.outputs = [nbformat.v4.new_output(
+            "display_data", data={"text/html": view._repr_html_(), "text/plain": repr(view)})]
+        nb.cells.append(cell)
+    NotebookNotary(data_dir=str(data_dir)).sign(nb)
+    nbformat.write(nb, path)
+
+
+# -- checks run in the page --------------------------------------------------------------------
+
+_CHECKS = r"""
+const roots = [...document.querySelectorAll(arguments[0])];
+function rgba(text) {
+  const m = text.match(/rgba?\(([^)]+)\)/);
+  if (!m) return [0, 0, 0, 0];
+  const v = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number);
+  return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1];
+}
+function over(top, under) {        // alpha-blend a colour over an opaque one
+  const a = top[3];
+  return [0, 1, 2].map(i => top[i] * a + under[i] * (1 - a));
+}
+function background(el) {
+  const layers = [];
+  for (let e = el; e; e = e.parentElement) {
+    const c = rgba(getComputedStyle(e).backgroundColor);
+    if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+  }
+  let colour = [255, 255, 255];
+  for (const c of layers.reverse()) colour = over(c, colour);
+  return colour;
+}
+function luminance(c) {
+  const [r, g, b] = c.map(v => { v /= 255; return v <= 0.03928 ? v / 12.92
+                                              : Math.pow((v + 0.055) / 1.055, 2.4); });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+const low = [], misaligned = [], broken = [];
+let cells = 0, texts = 0, images = 0, minLabel = Infinity, labels = 0;
+for (const root of roots) {
+  for (const el of root.querySelectorAll('*')) {
+    if (el.closest('svg')) continue;        // the graph picture: checked by its labels
+    const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    if (own) {
+      const bg = background(el);
+      const fg = over(rgba(getComputedStyle(el).color), bg);
+      const [a, b] = [luminance(fg), luminance(bg)];
+      const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+      texts++;
+      if (ratio < 4.5) low.push(`${ratio.toFixed(2)} ${el.tagName} "${el.textContent.trim().slice(0, 40)}"`);
+    }
+    if ((el.tagName === 'TD' || el.tagName === 'TH') && !/text-align:\s*right/.test(el.getAttribute('style') || '')) {
+      cells++;
+      const align = getComputedStyle(el).textAlign;
+      if (align !== 'left' && align !== 'start') misaligned.push(`${align} "${el.textContent.trim().slice(0, 30)}"`);
+    }
+    if (el.tagName === 'IMG') {
+      images++;
+      if (!el.complete || el.naturalWidth === 0) broken.push(el.getAttribute('alt'));
+    }
+  }
+  for (const svg of root.querySelectorAll('svg.tpunb-chart')) {
+    const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    for (const t of svg.querySelectorAll('text')) {
+      labels++;
+      minLabel = Math.min(minLabel, parseFloat(getComputedStyle(t).fontSize) * scale);
+    }
+  }
+}
+return {roots: roots.length, low, misaligned, broken, cells, texts, images, labels,
+        minLabel: labels ? minLabel : null,
+        jpLight: document.body.dataset.jpThemeLight || null};
+"""
+_SELECTOR = ", ".join(f".{c}" for c in VIEW_CLASSES)
+
+
+def _check(driver) -> dict:
+    result = driver.execute_script(_CHECKS, _SELECTOR)
+    assert result["roots"] == len(VIEW_CLASSES), result
+    assert result["texts"] > 100 and result["cells"] > 40 and result["images"] >= 2, result
+    assert not result["misaligned"], result["misaligned"][:10]
+    assert not result["low"], result["low"][:10]
+    assert not result["broken"], result["broken"]
+    assert result["labels"] > 40 and result["minLabel"] >= 10, result
+    return result
+
+
+def _shots(driver, prefix: str) -> None:
+    for name in VIEW_CLASSES:
+        driver.execute_script(
+            "const el = document.querySelector(arguments[0]);"
+            "if (el) el.scrollIntoView({block: 'start'});", f".{name}")
+        time.sleep(0.3)
+        driver.save_screenshot(str(ARTIFACTS / f"views-{prefix}-{name}.png"))
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_views_on_a_bare_page_without_jupyter_css(views, browser, scheme, tmp_path):
+    page = tmp_path / "views.html"
+    page.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
+                    + "".join(f"<div style='margin:12px 0'>{v._repr_html_()}</div>"
+                              for v in views.values()) + "</body></html>", encoding="utf-8")
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [
+        {"name": "prefers-color-scheme", "value": scheme}]})
+    try:
+        browser.get(page.as_uri())
+        _wait(lambda: browser.execute_script(
+            "return [...document.images].every(i => i.complete)"), 20, "the images")
+        result = _check(browser)
+        _shots(browser, f"bare-{scheme}")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+    print(f"bare page, {scheme}: {json.dumps(result)[:400]}")
+
+
+@pytest.mark.parametrize("frontend, theme", [("jupyterlab", "light"), ("jupyterlab", "dark"),
+                                             ("notebook7", "light"), ("notebook7", "dark")])
+def test_views_in_jupyter_front_ends(views, lab, browser, frontend, theme):
+    base, token, home = lab
+    settings = home / "settings" / "@jupyterlab" / "apputils-extension"
+    (settings / "themes.jupyterlab-settings").write_text(
+        json.dumps({"theme": THEMES[theme]}))
+    name = f"views-{frontend}-{theme}.ipynb"
+    _notebook(views, home / "notebooks" / name, home / "data")
+    browser.get(base + PAGES[frontend].format(name=name, workspace=name[:-6])
+                + f"token={token}")
+    _wait(lambda: len(browser.find_elements("css selector", _SELECTOR)) == len(VIEW_CLASSES),
+          90, "the notebook's outputs")
+    _wait(lambda: browser.execute_script("return document.body.dataset.jpThemeLight")
+          == ("true" if theme == "light" else "false"), 30, f"the {theme} theme")
+    time.sleep(1)       # fonts and images settle
+    result = _check(browser)
+    _shots(browser, f"{frontend}-{theme}")
+    print(f"{frontend}, {theme}: {json.dumps(result)[:400]}")
