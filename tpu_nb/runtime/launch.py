@@ -213,13 +213,20 @@ def _first_use_alone() -> None:
         import torch_xla
         from torch_xla.core import xla_model
 
-        _snapshot()
-        warm = torch.ones(2, device=torch_xla.device()) + 1
-        torch_xla.sync()
-        xla_model.wait_device_ops()
-        warm.cpu()
-        _snapshot()
+        if len(xla_model.get_xla_supported_devices()) > 1:   # replica threads share it
+            _warm_up(torch, torch_xla, xla_model)
         _first_use_done = True
+
+
+def _warm_up(torch, torch_xla, xla_model) -> None:
+    """Counter reads, a transfer, a compile, an execution and a read back: the first use of
+    the counters a replica's first ops touch, made from this one thread."""
+    _snapshot()
+    warm = torch.ones(2, device=torch_xla.device()) + 1
+    torch_xla.sync()
+    xla_model.wait_device_ops()
+    warm.cpu()
+    _snapshot()
 
 
 def _snapshot():
