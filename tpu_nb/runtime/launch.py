@@ -418,14 +418,16 @@ def _sweep_dead_runs() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-# Run directories of launches in progress, removed at exit if a launch is cut short by it.
-_active_runs: set[str] = set()
+# Run directories of launches in progress -> the process that made them: removed at its exit
+# if that cuts a launch short (not at the exit of a child forked meanwhile).
+_active_runs: dict[str, int] = {}
 
 
 @atexit.register
 def _remove_active_runs() -> None:
-    for rundir in list(_active_runs):
-        shutil.rmtree(rundir, ignore_errors=True)
+    for rundir, owner in list(_active_runs.items()):
+        if owner == os.getpid():
+            shutil.rmtree(rundir, ignore_errors=True)
 
 
 class _Run:
@@ -435,7 +437,7 @@ class _Run:
         # 0700 (mkdtemp); named after this process so that a later launch can sweep it if
         # this process dies without removing it.
         self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
-        _active_runs.add(self.rundir)
+        _active_runs[self.rundir] = os.getpid()
         self.n, self.stream = n, stream
         env = {"PJRT_DEVICE": device_type}
         if os.environ.get("PT_XLA_DEBUG_LEVEL"):    # the replicas' compile log, not ours
@@ -461,7 +463,7 @@ class _Run:
         """Remove the run directory: the payload (the user's function and variables, by
         value), outputs and results are not left in the temp directory."""
         shutil.rmtree(self.rundir, ignore_errors=True)
-        _active_runs.discard(self.rundir)
+        _active_runs.pop(self.rundir, None)
 
     def pump(self) -> None:
         """Print what the replicas wrote since the last call, each line with its ordinal."""
