@@ -1,14 +1,16 @@
-# Every target builds (once) the cached environment with tools/setup-env, then runs in it.
-# The project itself is used from this checkout (PYTHONPATH), tests on XLA:CPU.
+# Every target builds (once) the cached environment with tools/setup-env, from the committed
+# lock (uv.lock), then runs in it. The project itself is used from this checkout (PYTHONPATH),
+# tests on XLA:CPU.
 SHELL := /bin/bash
 ENV = $(shell tools/setup-env)
 PY = $(ENV)/bin/python
 RUN = PYTHONPATH=$(CURDIR) PJRT_DEVICE=CPU $(PY)
-# Colab's notebook stack (IPython 7.34, ipykernel 6.17, ipywidgets 7.7.1), layered over the
-# same torch install.
+# Colab's notebook stack (IPython 7.34, ipykernel 6.17, ipywidgets 7.7.1: the lock's `colab`
+# group), layered over the same torch install.
 COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU TPU_NB_STACK=colab $(PY)
 
-.PHONY: demo test test-current test-colab test-notebooks test-browser bench env doctor
+.PHONY: demo test test-current test-colab test-notebooks test-browser bench env doctor lint \
+    sync-notebooks
 
 ## The main job: run notebooks/00_getting_started.ipynb headless on XLA:CPU, print its
 ## per-cell XLA report.
@@ -39,6 +41,16 @@ bench:
 
 doctor:
 	$(RUN) -m tpu_nb doctor
+
+## ruff and mypy, the locked versions with pyproject.toml's settings (also a pre-commit hook:
+## .pre-commit-config.yaml). Both run; the target fails if either finds something.
+lint:
+	@status=0; $(ENV)/bin/ruff check . || status=1; $(ENV)/bin/mypy || status=1; exit $$status
+
+## After editing a tutorial's source (notebooks/NN_name.md, jupytext MyST): update the paired
+## notebooks' cells, keeping their outputs; then record the outputs (README, Tutorials).
+sync-notebooks:
+	$(ENV)/bin/jupytext --to ipynb --update notebooks/*.md
 
 env:
 	@echo $(ENV)

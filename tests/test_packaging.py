@@ -35,3 +35,146 @@ def test_pair_constant_matches_the_pins():
     from tpu_nb.runtime.environment import TORCH_PAIR
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert _pins(project["dependencies"])["torch"] == TORCH_PAIR
+
+
+# -- the locked test environment (uv.lock) ----------------------------------------------------
+
+def _project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _lock():
+    return tomllib.loads((ROOT / "uv.lock").read_text())
+
+
+def _locked_versions(name):
+    return {p["version"] for p in _lock()["package"] if p["name"] == name}
+
+
+def _normalized(name):
+    return name.lower().replace("_", "-")
+
+
+def _wanted(requirements):
+    from packaging.requirements import Requirement
+
+    out = set()
+    for text in requirements:
+        req = Requirement(text)
+        out.add((_normalized(req.name), tuple(sorted(req.extras)), str(req.specifier)))
+    return out
+
+
+def _recorded(entries, extra=None):
+    from packaging.specifiers import SpecifierSet
+
+    return {(_normalized(r["name"]), tuple(sorted(r.get("extras", []))),
+             str(SpecifierSet(r.get("specifier", ""))))
+            for r in entries if r.get("marker", "").replace('"', "'") ==
+            (f"extra == '{extra}'" if extra else "")}
+
+
+def test_lock_was_made_from_these_dependencies():
+    # What uv recorded for the project is what pyproject.toml asks for now (else someone edited
+    # the dependencies without `tools/setup-env --lock`, and setup-env refuses to build).
+    project = _project()["project"]
+    own = next(p for p in _lock()["package"] if p["name"] == "tpu-nb")["metadata"]
+    assert _recorded(own["requires-dist"]) == _wanted(project["dependencies"])
+    for extra, requirements in project["optional-dependencies"].items():
+        assert _recorded(own["requires-dist"], extra) == _wanted(requirements), extra
+    for group, requirements in _project()["dependency-groups"].items():
+        assert _recorded(own["requires-dev"][group]) == _wanted(requirements), group
+
+
+def test_lock_pins_the_torch_stack_and_both_notebook_stacks():
+    assert _locked_versions("torch") == {"2.9.0"}
+    assert _locked_versions("torch-xla") == {"2.9.0"}
+    assert _locked_versions("torchvision") == {"0.24.0"}
+    (transformers,) = _locked_versions("transformers")
+    assert transformers.startswith("4.57.")
+    colab = _pins(_project()["dependency-groups"]["colab"])
+    assert colab == {"ipython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7.1"}
+    for name, version in colab.items():
+        current = _locked_versions(name) - {version}
+        assert version in _locked_versions(name) and current, name   # both stacks are locked
+        assert all(int(v.split(".")[0]) > int(version.split(".")[0]) for v in current)
+
+
+def test_setup_env_is_keyed_on_the_lock(tmp_path):
+    import os
+    import subprocess
+
+    def path(**env):
+        return subprocess.run([str(ROOT / "tools/setup-env"), "--path"], capture_output=True,
+                              text=True, check=True, env={**os.environ, **env}).stdout.strip()
+
+    here = path(TPU_NB_ENV_ROOT=str(tmp_path))
+    assert os.path.dirname(here) == str(tmp_path)
+    assert not os.path.exists(here)       # --path never builds
+    # A fresh clone with the same lock names the same environment.
+    clone = tmp_path / "clone"
+    (clone / "tools").mkdir(parents=True)
+    for name in ("uv.lock", "tools/setup-env"):
+        (clone / name).write_bytes((ROOT / name).read_bytes())
+    (clone / "tools/setup-env").chmod(0o755)
+    again = subprocess.run([str(clone / "tools/setup-env"), "--path"], capture_output=True,
+                           text=True, check=True,
+                           env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)}).stdout.strip()
+    assert again == here
+    (clone / "uv.lock").write_text((ROOT / "uv.lock").read_text() + "\n# changed\n")
+    changed = subprocess.run([str(clone / "tools/setup-env"), "--path"], capture_output=True,
+                             text=True, check=True,
+                             env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)}).stdout
+    assert changed.strip() != here
+
+
+# -- what is declared and what ships ----------------------------------------------------------
+
+# Import names of the distributions tpu_nb uses directly.
+_DISTRIBUTION_OF = {"PIL": "pillow", "IPython": "ipython", "torch_xla": "torch-xla"}
+_OPTIONAL = {"tpu_info"}     # used when installed (TPU VMs, Colab), never required
+
+
+def _third_party_imports():
+    import ast
+    import sys
+
+    names = set()
+    for path in (ROOT / "tpu_nb").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n != "tpu_nb"}
+
+
+def test_every_package_imported_directly_is_declared():
+    from packaging.requirements import Requirement
+
+    declared = {Requirement(r).name.lower() for r in _project()["project"]["dependencies"]}
+    for module in sorted(_third_party_imports() - _OPTIONAL):
+        dist = _DISTRIBUTION_OF.get(module, module).lower()
+        assert dist in declared, f"tpu_nb imports {module} but does not declare {dist}"
+
+
+def test_sdist_ships_the_package_licence_and_no_unrunnable_tests(tmp_path):
+    import subprocess
+    import sys
+    import tarfile
+
+    build = ("import sys, setuptools.build_meta as b; "
+             "print(b.build_sdist(sys.argv[1]))")
+    name = subprocess.run([sys.executable, "-c", build, str(tmp_path)], cwd=ROOT, check=True,
+                          capture_output=True, text=True, timeout=300).stdout.split()[-1]
+    with tarfile.open(tmp_path / name) as sdist:
+        files = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
+        info = sdist.extractfile(f"{name.removesuffix('.tar.gz')}/PKG-INFO").read().decode()
+    import tpu_nb
+
+    assert {"LICENSE", "tpu_nb/py.typed", "tpu_nb/__init__.py", "tpu_nb/_version.py"} <= files
+    assert not [f for f in files if f.startswith("tests/")]
+    assert "License-Expression: Apache-2.0" in info
+    assert f"\nVersion: {tpu_nb.__version__}\n" in info
+    for dist in ("numpy", "packaging", "pillow", "traitlets"):
+        assert f"Requires-Dist: {dist}\n" in info

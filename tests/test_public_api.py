@@ -162,6 +162,16 @@ _SMALL_IR = """IR {
 """
 
 
+def test_version_is_written_once():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"]
+    assert "version" in project["project"]["dynamic"]
+    attr = project["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    module, _, name = attr.rpartition(".")
+    assert getattr(__import__(module, fromlist=[name]), name) == tpu_nb.__version__
+    assert tpu_nb.__version__.count(".") == 2
+
+
 def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "tpu_nb", *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=120,
