@@ -8,7 +8,8 @@ Target: the recorder costs <= 1 % of a ~1 ms training step and <= 10 us per sync
 1. a ~1 ms MLP training step: plain, in track(record=False), in track() (recorder on);
 2. the recorder's cost per sync (empty syncs at the tracked line and 10 calls below it, a tiny
    step), and per track() (installing and removing the hooks);
-3. a .item() read with the recorder on and off;
+3. value reads with the recorder on and off: .item() of an XLA scalar (at the tracked line,
+   after a step, 5 modules deep), bool() of a CPU tensor;
 4. graph capture: capture_seconds of a run whose line recompiles (an MLP step with changing
    batch sizes), and one capture of a GPT-2 (124M) training step's pending graph;
 5. default_device()'s factory wrapper: torch.zeros without device= from the block's own code
@@ -91,9 +92,12 @@ def print_difference(samples: dict, a: str, b: str, label: str, unit: str):
     parts, base = [], statistics.median(x.wall for x in samples[b])
     for kind in ("wall", "cpu"):
         lo, mid, hi = _quartiles(paired(samples, a, b, kind))
+        pct = [100 * v / base for v in (lo, mid, hi)]
         parts.append(f"{kind:4} {mid:+7.2f} us [{lo:+.2f} .. {hi:+.2f}] = "
-                     f"{100 * mid / base:+5.2f} % [{100 * lo / base:+.2f} .. {100 * hi / base:+.2f}]")
-    print(f"    {label:26} per {unit}: {parts[0]};  {parts[1]}")
+                     f"{pct[1]:+5.2f} % [{pct[0]:+.2f} .. {pct[2]:+.2f}]")
+    best = min(x.cpu for x in samples[a]) - min(x.cpu for x in samples[b])
+    print(f"    {label:26} per {unit}: {parts[0]};  {parts[1]};  least disturbed rounds "
+          f"(min - min) cpu {best:+.2f} us")
     return lo, mid, hi
 
 
@@ -282,11 +286,20 @@ def bench_item(dev, step) -> None:
             t.item()
 
     print("  .item() of a computed scalar, in a loop:")
-    print_three(three_ways(reads, 200), "read")
+    verdict(print_three(three_ways(reads, 200), "read"), 10.0, "per read (as per sync)")
 
     def step_and_read(n):
         for _ in range(n):
             step().item()
+
+    cpu_value = torch.tensor(1.0)
+
+    def cpu_reads(n):        # data-pipeline code: values of CPU tensors, no XLA involved
+        for _ in range(n):
+            bool(cpu_value)
+
+    print("  bool() of a CPU tensor (no device data: nothing to record):")
+    verdict(print_three(three_ways(cpu_reads, 2000), "read"), 10.0, "per read (as per sync)")
 
     print("  MLP step + loss.item() per step:")
     print_three(three_ways(step_and_read, 60), "step")
@@ -302,10 +315,19 @@ def bench_item(dev, step) -> None:
 
     print("  .item() inside a model's forward, 5 modules deep (~15 frames, like a read in "
           "transformers' forward):")
-    print_three(three_ways(nested_reads, 200), "read")
+    verdict(print_three(three_ways(nested_reads, 200), "read"), 10.0, "per read (as per sync)")
 
 
 # -- 4. graph capture --------------------------------------------------------------------------
+
+def _best_of(times: int, fn) -> float:
+    best = float("inf")
+    for _ in range(times):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
 
 def bench_capture_recompiling(dev) -> None:
     import torch
@@ -346,6 +368,8 @@ def bench_capture_gpt2(dev) -> None:
     (a GPT-2 step takes ~30 s to compile on this machine)."""
     import torch
 
+    import torch_xla
+
     from tpu_nb.runtime import provenance
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -373,6 +397,13 @@ def bench_capture_gpt2(dev) -> None:
     print(f"  GPT-2 124M training step (AdamW, batch 2 x 64), {nodes} IR nodes pending, traced in "
           f"{trace:.2f} s: one capture {min(seconds) * 1e3:.0f} ms (best of 3; "
           f"{', '.join(f'{s * 1e3:.0f}' for s in seconds)} ms)")
+    # Where a capture's time goes: torch_xla's IR text dump, against the graph hash alone.
+    xc = torch_xla._XLAC
+    pending = list(model.parameters()) + [loss]
+    dump = _best_of(3, lambda: xc._get_xla_tensors_text(pending))
+    hashing = _best_of(3, lambda: xc._get_graph_hash(pending))
+    print(f"    of which torch_xla's IR text dump {dump * 1e3:.0f} ms; the graph's hash alone "
+          f"{hashing * 1e3:.1f} ms")
     del model, opt, loss      # drop the pending graph unrun: nothing compiles
 
 
@@ -457,7 +488,8 @@ def main() -> None:
           "step and <= 10 us per sync.")
     print("wall: elapsed time; CPU: the main thread's CPU time (the recorder's work is Python on "
           "that thread; other processes barely move it). Differences: median of per-round "
-          "differences [25th .. 75th percentile], and that as % of the reference's median.\n")
+          "differences [25th .. 75th percentile], and that as % of the reference's median wall "
+          "time; min - min: the difference between each variant's least disturbed round.\n")
     step = make_mlp_step(dev)
     print(f"1. MLP training step (256-512-10, batch 64, one sync per step), {ROUNDS} rounds "
           "x 150 steps per variant:")
