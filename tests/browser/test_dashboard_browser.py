@@ -54,8 +54,9 @@ def _notebook(path: Path) -> None:
             "import torch, torch_xla\nfrom _workload import make_mlp_step\n"
             "step = make_mlp_step(torch_xla.device())"),
         nbformat.v4.new_code_cell(
-            "%%on_tpu --live\nstart = time.perf_counter()\n"
-            f"while time.perf_counter() - start < {TRAIN_SECONDS}:\n    step()\n"),
+            "%%on_tpu --live\nprint('before the loop')\nstart = time.perf_counter()\n"
+            f"while time.perf_counter() - start < {TRAIN_SECONDS}:\n    step()\n"
+            "print('after the loop')\n"),
     ]
     nbformat.write(nb, path)
 
@@ -104,6 +105,15 @@ def _prompts(driver) -> list[str]:
         "css selector", ".jp-CodeCell .jp-InputArea-prompt")]
 
 
+def _live_height(driver) -> float | None:
+    """The height of the live dashboard's output (the widget view), in CSS pixels."""
+    return driver.execute_script(
+        "const el = document.querySelector('.jupyter-widgets .tpunb-steps, "
+        ".widget-html .tpunb-steps');"
+        "const out = el && el.closest('.jp-OutputArea-output');"
+        "return out ? out.getBoundingClientRect().height : null;")
+
+
 def _live_steps(driver) -> int | None:
     """The step counter of the live dashboard widget, read from the page."""
     found = driver.execute_script(
@@ -139,15 +149,21 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
     running_shot = _shot(driver, f"{frontend}-1-live", live)
     # While the training cell still runs ([*]), the counter read from the page moves on.
     readings = [first_seen]
+    heights = [_live_height(driver)]
     for _ in range(6):
         time.sleep(1.5)
         value = _live_steps(driver)
+        heights.append(_live_height(driver))
         prompts = _prompts(driver)
         assert prompts[1] == "[*]:", prompts          # still running
         if value is not None:
             readings.append(value)
     assert len(set(readings)) >= 3, readings
     assert readings == sorted(readings), readings
+    # Space for the charts is reserved from the first paint: the view does not jump when
+    # they arrive or change.
+    heights = [h for h in heights if h is not None]
+    assert len(heights) >= 5 and max(heights) - min(heights) <= 4, heights
     page = driver.find_element("css selector", "body").text
     assert "Compiles" in page and "Execution" in page and "Memory" in page
     assert "step time median" in page
@@ -164,6 +180,14 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
     assert steps >= max(readings)
     assert _live_steps(driver) is None                 # no widget view left
     assert driver.find_elements("css selector", ".tpunb-dashboard img")   # the charts
+    # The final view took the live view's place: above the prints that came after it.
+    order = driver.execute_script(
+        "const outs = [...document.querySelectorAll("
+        "'.jp-CodeCell:nth-child(2) .jp-OutputArea-output')];"
+        "return outs.map(o => o.querySelector('.tpunb-dashboard') ? 'dashboard'"
+        "  : o.textContent.includes('after the loop') ? 'after' : 'other');")
+    assert "dashboard" in order and "after" in order, order
+    assert order.index("dashboard") < order.index("after"), order
     final_shot = _shot(driver, f"{frontend}-3-final", ".tpunb-dashboard")
     print(f"screenshots: {running_shot}, {final_shot}; step counter read while running: "
           f"{readings}; final: {steps}")

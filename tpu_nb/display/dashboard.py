@@ -39,7 +39,11 @@ VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # an axis grows) the next one waits longer, up to _CHART_MAX_GAP seconds.
 _CHART_DUTY = 0.02
 _CHART_MAX_GAP = 5.0
-_SHOWN_EVENTS = 8         # compile events listed in the panel (newest first)
+_SHOWN_EVENTS = 8         # compile events listed in the final panel (newest first)
+_SHOWN_LIVE = 5           # ... and in the live one, whose height is reserved
+# Panel heights reserved from the first paint (the live view must not jump as rows and lines
+# arrive): the top row fits 5 compile rows, the bottom row a fallback with its hint.
+_TOP_HEIGHT, _BOTTOM_HEIGHT = "178px", "96px"
 # Theme colours (CSS variables with light fallbacks; display/style.py sets them per theme).
 _RED, _RED_BG, _GREY = style.RED, style.RED_BG, style.MUTED
 _FONT = style.FONT
@@ -409,7 +413,7 @@ class Dashboard:
                         counted: bool) -> None:
         _set(self._header, header_html(state, self.status, self.title, self.elapsed))
         _set(self._alert, alert_html(state))
-        _set(self._compile_panel, compile_html(state))
+        _set(self._compile_panel, compile_html(state, final))
         _set(self._exec_panel, execution_html(state, final))
         _set(self._transfer_panel, transfers_html(state))
         _set(self._fallback_panel, fallbacks_html(state))
@@ -442,8 +446,10 @@ class Dashboard:
         if not final and now < self._next_chart:
             return {}
         self._make_charts()
-        keys = {"step": (state.series_version, state.compile_version),
-                "compile": (state.compile_version,)}
+        # `final` in the key: the final drawing fits the axes to the data and says "in this
+        # run", even when no new data came since the last live drawing.
+        keys = {"step": (state.series_version, state.compile_version, final),
+                "compile": (state.compile_version, final)}
         drawn, cost = {}, 0.0
         for name, key in keys.items():
             if self._drawn.get(name) == key and name in self._pngs:
@@ -569,8 +575,9 @@ def dashboard(*, refresh: float = 0.5, chart_refresh: float | None = None,
 
 # -- HTML and text of the panels --------------------------------------------------------------
 
-def _panel(title: str, body: str, *, alert: bool = False) -> str:
-    css = _PANEL + (f";border:2px solid {_RED};background:{_RED_BG}" if alert else "")
+def _panel(title: str, body: str, *, alert: bool = False, height: str = "") -> str:
+    css = _PANEL + (f";border:2px solid {_RED};background:{_RED_BG}" if alert else "") + (
+        f";min-height:{height}" if height else "")
     # class tpunb: the theme's colour variables apply inside (display/style.py)
     return f"<div class='tpunb' style='{css}'><b>{escape(title)}</b><br>{body}</div>"
 
@@ -628,14 +635,15 @@ def alert_html(state: LiveState | None) -> str:
     return f"<div class='tpunb' style='{css}'>{''.join(parts)}</div>"
 
 
-def compile_html(state: LiveState | None) -> str:
+def compile_html(state: LiveState | None, final: bool = False) -> str:
     if state is None:
-        return _panel("Compiles", "-")
+        return _panel("Compiles", "-", height=_TOP_HEIGHT)
     m = state.metrics
     head = (f"graphs compiled <b>{m.compiles}</b> ({_seconds(m.compile_seconds)}) · "
             f"cache hits <b>{m.cache_hits}</b>")
     rows = []
-    for c in reversed(state.compiles[-_SHOWN_EVENTS:]):
+    shown = _SHOWN_EVENTS if final else _SHOWN_LIVE
+    for c in reversed(state.compiles[-shown:]):
         secs = _seconds(c.seconds) if c.seconds is not None else "compiling"
         if c.event is None:
             rows.append(_row(f"#{c.index}", "cause unknown", "", "", secs))
@@ -647,7 +655,7 @@ def compile_html(state: LiveState | None) -> str:
                          "</code>", secs))
     body = head
     if rows:
-        earlier = len(state.compiles) - min(len(state.compiles), _SHOWN_EVENTS)
+        earlier = len(state.compiles) - min(len(state.compiles), shown)
         more = f"<br><span style='color:{_GREY}'>… {earlier} earlier</span>" if earlier else ""
         head_row = _row("#", "line", "cause", "graph", "time", tag="th")
         body += ("<table style='border-collapse:collapse;font-size:11px;margin:2px 0;"
@@ -656,7 +664,7 @@ def compile_html(state: LiveState | None) -> str:
     if m.compiles and not state.compile_analysis:
         body += (f"<br><span style='color:{_GREY}'>compile causes unknown: run %tpu_setup "
                  "(tpu_nb.setup()) before the first compile to record them</span>")
-    return _panel("Compiles", body, alert=bool(state.alerts))
+    return _panel("Compiles", body, alert=bool(state.alerts), height=_TOP_HEIGHT)
 
 
 # Inline styles: notebook front ends restyle bare tables (JupyterLab right-aligns cells).
@@ -683,7 +691,7 @@ def _short_cause(event) -> str:
 
 def execution_html(state: LiveState | None, final: bool = False) -> str:
     if state is None:
-        return _panel("Execution", "-")
+        return _panel("Execution", "-", height=_TOP_HEIGHT)
     m = state.metrics
     if state.step_median is not None:
         measured = "" if final else f", {state.steps_measured} measured"
@@ -701,21 +709,21 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
             f"executions <b>{m.executions}</b> · {_rate(rate)}"
             f"{' on average' if final else ''}<br>{steps}<br>"
             f"on device {_seconds(m.execute_seconds)}")
-    return _panel("Execution", body)
+    return _panel("Execution", body, height=_TOP_HEIGHT)
 
 
 def transfers_html(state: LiveState | None) -> str:
     if state is None:
-        return _panel("Transfers", "-")
+        return _panel("Transfers", "-", height=_TOP_HEIGHT)
     m = state.metrics
     body = (f"to device <b>{m.to_device_transfers}</b> ({_seconds(m.to_device_seconds)})<br>"
             f"to host <b>{m.from_device_transfers}</b> ({_seconds(m.from_device_seconds)})")
-    return _panel("Transfers", body)
+    return _panel("Transfers", body, height=_TOP_HEIGHT)
 
 
 def fallbacks_html(state: LiveState | None) -> str:
     if state is None:
-        return _panel("CPU fallbacks and device\u2192host reads", "-")
+        return _panel("CPU fallbacks and device\u2192host reads", "-", height=_BOTTOM_HEIGHT)
     m = state.metrics
     if m.fallbacks:
         fall = "".join(f"<code>aten::{escape(op)}</code> ran on the CPU <b>{n}</b>\u00d7<br>"
@@ -726,12 +734,13 @@ def fallbacks_html(state: LiveState | None) -> str:
     reads = f"device\u2192host reads <b>{m.host_reads}</b>"
     if m.host_reads:
         reads += f"<br><span style='color:{_GREY}'>{escape(HOST_READ_HINT)}</span>"
-    return _panel("CPU fallbacks and device\u2192host reads", f"{fall}{reads}")
+    return _panel("CPU fallbacks and device\u2192host reads", f"{fall}{reads}",
+                  height=_BOTTOM_HEIGHT)
 
 
 def memory_html(state: LiveState | None) -> str:
     if state is None:
-        return _panel("Memory", "-")
+        return _panel("Memory", "-", height=_BOTTOM_HEIGHT)
     mem = state.memory
     if mem.device_note:
         device = f"<span style='color:{_GREY}'>{escape(mem.device_note)}</span>"
@@ -740,7 +749,7 @@ def memory_html(state: LiveState | None) -> str:
                   + (f" · peak {_bytes(mem.device_peak)}" if mem.device_peak is not None
                      else ""))
     host = f"host RSS <b>{_bytes(mem.host_rss)}</b> · peak {_bytes(mem.host_peak)}"
-    return _panel("Memory", f"{device}<br>{host}")
+    return _panel("Memory", f"{device}<br>{host}", height=_BOTTOM_HEIGHT)
 
 
 def _caption(text: str) -> str:
@@ -783,12 +792,16 @@ def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str
                 error: BaseException | None = None, elapsed: float | None = None) -> str:
     """The final (or any) state as one self-contained HTML block."""
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
-    panels = [(compile_html(state), 2), (execution_html(state, True), 1),
+    panels = [(compile_html(state, True), 2), (execution_html(state, True), 1),
               (transfers_html(state), 1), (fallbacks_html(state), 2), (memory_html(state), 1)]
     broken = ""
     if error is not None:
         broken = (f"<div style='{_FONT};color:{_RED}'>the dashboard stopped updating: "
                   f"{escape(type(error).__name__)}: {escape(str(error)[:300])}</div>")
+    # The live view reserves panel heights (no jumps while it updates); the final one is
+    # drawn once and needs no reserve.
+    for height in (_TOP_HEIGHT, _BOTTOM_HEIGHT):
+        panels = [(p.replace(f";min-height:{height}", ""), grow) for p, grow in panels]
     return (f"<div class='tpunb tpunb-dashboard' style='{style.ROOT};padding:0'>"
             f"{header_html(state, status, title, elapsed)}{broken}"
             f"{alert_html(state)}<div style='{row}'>"
