@@ -35,7 +35,7 @@ def test_notebook_cells_are_what_its_source_says(notebook):
         f"jupytext --set-formats {PAIRED} notebooks/{notebook.name}")
     assert from_source.metadata.get("jupytext", {}).get("formats") == PAIRED
     expected, found = _cells(from_source), _cells(recorded)
-    first = next((i for i, (a, b) in enumerate(zip(expected, found)) if a != b),
+    first = next((i for i, (a, b) in enumerate(zip(expected, found, strict=False)) if a != b),
                  min(len(expected), len(found)))
     assert found == expected, (
         f"{notebook.name} differs from {source.name} from cell {first} on "

@@ -178,3 +178,19 @@ def test_sdist_ships_the_package_licence_and_no_unrunnable_tests(tmp_path):
     assert f"\nVersion: {tpu_nb.__version__}\n" in info
     for dist in ("numpy", "packaging", "pillow", "traitlets"):
         assert f"Requires-Dist: {dist}\n" in info
+
+
+def test_pre_commit_hooks_are_valid_and_use_the_locked_tools():
+    import subprocess
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    config = ROOT / ".pre-commit-config.yaml"
+    check = subprocess.run([str(bin_dir / "pre-commit"), "validate-config", str(config)],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    text = config.read_text()
+    assert "repo: local" in text and "repo: https" not in text    # nothing to download
+    for tool in ("ruff", "mypy"):
+        assert f'"$(tools/setup-env)/bin/{tool}"' in text
+        assert (bin_dir / tool).exists(), f"{tool} is not in the test environment"
