@@ -12,8 +12,10 @@ Marked `stack`: runs in the real InteractiveShell of the current stack and of Co
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +89,12 @@ def run(shell, monkeypatch, cell: str, *counters: str) -> Ran:
     assert result.error_in_exec is None, result.error_in_exec
     assert result.error_before_exec is None, result.error_before_exec
     views = [v for v in shown if isinstance(v, RunView)]
-    return Ran(cell, result.result, {k: after[k] - before[k] for k in after},
+    value = result.result
+    if not views and hasattr(value, "findings"):
+        # `-o`: the returned report is the cell's Out, shown through the RunView formatter
+        views = [RunView(value, value.findings, allowed_graphs=value.allowed_graphs,
+                         source=value.source)]
+    return Ran(cell, value, {k: after[k] - before[k] for k in after},
                views[-1] if views else None)
 
 
@@ -271,6 +278,8 @@ def test_bert_evaluation_host_reads_per_line_with_the_transformers_function(
         assert not [f for f in ran.findings
                     if "grad" in " ".join((f.what, f.hint, *f.changed)).lower()], attempt
         assert not ran.report.recompiled
+        # no finding names tpu_nb's own frames (its final sync is "end of cell")
+        assert not [f for f in ran.findings if "tpu_nb" in f.via], ran.findings
     assert ran.raw["compiles"] == 0 and ran.raw["cache_hits"] > 0
 
 
@@ -443,3 +452,93 @@ def test_kaggle_parallel_loader_and_mark_step_name_the_cells_lines(shell, monkey
             assert re.fullmatch(r"torch_xla/distributed/parallel_loader\.py:\d+ \w+",
                                 finding.via), finding.via
     assert "no line" not in ran.text and "line not recorded" not in ran.text
+
+
+# -- scenario 1 in a real kernel ---------------------------------------------------------------
+
+KERNEL_COUNTERS = """\
+import json, tpu_nb
+import torch_xla.debug.metrics as met
+RAW = {raw!r}
+
+def raw():
+    return {{key: met.counter_value(name) or 0 for key, name in RAW.items()}}
+
+def since(before):
+    return {{key: value - before[key] for key, value in raw().items()}}
+"""
+
+
+def _summary_figures(text: str) -> dict[str, int]:
+    """The figures of a report's or XLA line's summary: "2 compiled", "8 executed", ..."""
+    found = {}
+    for key, words in (("compiles", "compiled"), ("executions", "executed"),
+                       ("cache_hits", "cache hits"), ("host_reads", "host reads")):
+        match = re.search(rf"(\d+) {words}", text)
+        found[key] = int(match.group(1)) if match else 0
+    return found
+
+
+@pytest.mark.kernel
+def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
+    import nbformat
+    from nbclient import NotebookClient
+
+    from tests.conftest import ROOT
+
+    magic_cell = "%%on_tpu -o\n" + GPT2_TRAIN.format(to_dev="")
+    plain_cell = ("dev = torch_xla.device()\n" + GPT2_TRAIN.format(to_dev=".to(dev)")
+                  .replace("torch_xla.device()", "dev"))
+    sources = [
+        "%load_ext tpu_nb\n%tpu_setup --device cpu",
+        GPT2_SETUP + KERNEL_COUNTERS.format(raw=RAW),
+        "before = raw()",
+        magic_cell,
+        "magic_raw, magic = since(before), tpu_nb.last_report()\n"
+        "magic_state = sorted({s['step'].device.type for s in opt.state.values()})\n"
+        "magic_batches = sorted(batch_devices)\n"
+        "before = raw()",
+        plain_cell,
+        "plain_raw = since(before)\n"
+        "m = magic.metrics\n"
+        "print(json.dumps(dict(magic_raw=magic_raw, plain_raw=plain_raw, steps=len(losses),\n"
+        "    magic=dict(compiles=m.compiles, cache_hits=m.cache_hits, executions=m.executions,\n"
+        "               syncs=m.syncs, host_reads=m.host_reads),\n"
+        "    state=magic_state, batches=magic_batches, recompiled=magic.recompiled)))",
+    ]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
+    try:      # the kernel chooses its own latched XLA settings (%tpu_setup)
+        NotebookClient(nb, timeout=240, kernel_name="python3",
+                       resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        os.environ.update(saved)
+
+    def outputs(cell, kinds):
+        return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "")
+                       for o in cell.outputs if o.output_type in kinds)
+
+    facts = json.loads(outputs(nb.cells[6], ("stream",)).strip().splitlines()[-1])
+    steps = facts["steps"]
+    assert facts["magic"] == {k: facts["magic_raw"][k] for k in RAW}
+    assert work(facts["magic_raw"]) == work(facts["plain_raw"])
+    assert facts["magic_raw"]["executions"] == facts["magic_raw"]["host_reads"] == steps
+    assert (facts["state"], facts["batches"], facts["recompiled"]) == (["cpu"], ["cpu"], False)
+
+    # What the user sees: the report under the %%on_tpu cell, the XLA line under the plain
+    # one, with the same figures; the read placed on the cell's line, named by its In [n].
+    shown, = [text for text in (outputs(nb.cells[3], ("display_data", "execute_result")),)
+              if text.startswith("XLA: ")]      # -o: the report is the cell's Out, once
+    summary = shown.splitlines()[0]
+    assert "RECOMPILED" not in shown
+    xla_line = [line for line in outputs(nb.cells[5], ("stream",)).splitlines()
+                if line.startswith("XLA: ")][-1]
+    assert _summary_figures(summary) == _summary_figures(xla_line)
+    assert _summary_figures(summary)["host_reads"] == steps
+    count = nb.cells[3].execution_count
+    ran = Ran(magic_cell, None, {}, None)
+    print_line = ran.line("print(")
+    assert f"line {print_line}: read from the device \u00d7{steps}" in shown
+    if sys.version_info < (3, 12):        # 3.12 inlines comprehensions: no frame between
+        assert f"via In [{count}], line {print_line} <listcomp>" in shown

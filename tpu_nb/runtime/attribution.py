@@ -193,10 +193,11 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
         line = _event_line(event, filename)
         what = f"graph {event.graph_hash[:8]} compiled ({event.cause})"
         if line is None:
-            place = "end of cell" if _ends_run(event) else "code this cell called " \
-                "(line not recorded)"
-            out.append(LineFinding(0, "compile", what, place=place, via=_via(event),
-                                   order=order))
+            ends = _ends_run(event)
+            place = "end of cell" if ends else "code this cell called (line not recorded)"
+            # the end of the cell is tpu_nb's own final sync: no code in between to name
+            out.append(LineFinding(0, "compile", what, place=place,
+                                   via="" if ends else _via(event), order=order))
             continue
         kind, hint, changed = "compile", "", ()
         frame = event.user_frame
