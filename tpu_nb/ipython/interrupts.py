@@ -93,9 +93,13 @@ class _Watch:
                 pass
 
     def _message(self) -> str:
+        """XLA_BUSY when the main thread waits in a call made from torch_xla, torch or
+        tpu_nb's own wrappers (sync, a value read); otherwise the call is not known to be
+        XLA's (a tensor method called straight from user code, or another library)."""
         frame = sys._current_frames().get(self.main)
         top = frame.f_code.co_filename if frame is not None else ""
-        return XLA_BUSY if f"{os.sep}torch_xla{os.sep}" in top else NATIVE_BUSY
+        return XLA_BUSY if any(f"{os.sep}{package}{os.sep}" in top
+                               for package in ("torch_xla", "torch", "tpu_nb")) else NATIVE_BUSY
 
     def _say(self, line: str) -> None:
         try:
