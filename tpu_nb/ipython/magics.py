@@ -230,7 +230,8 @@ class TpuMagics(Magics):
         if args.install:
             status, restart = install_pair(dry_run=args.dry_run)
             if status != 0:
-                raise UsageError(f"pip exited with status {status}; see its output above")
+                raise UsageError(f"pip exited with status {status}. Fix: see pip's error "
+                                 f"above, or try %tpu_setup --install --dry-run")
             if restart:
                 print("torch was already imported in this kernel: restart the runtime "
                       "(Colab: Runtime > Restart session) for the new install to take effect.")
@@ -276,7 +277,8 @@ class TpuMagics(Magics):
         if args.spmd is not None:
             _check_spmd(args.spmd)     # before anything: the switch to SPMD cannot be undone
         if args.replicas is not None and args.spmd is not None:
-            raise UsageError("choose one of --replicas and --spmd")
+            raise UsageError("choose one of --replicas and --spmd. Fix: --replicas for a "
+                             "process per device, or --spmd for one program over all of them")
         if args.live and args.replicas is not None:
             raise UsageError("--live watches this kernel's XLA runtime, and --replicas runs "
                              "the cell elsewhere. Fix: drop --live (each replica reports), or "
@@ -460,7 +462,8 @@ class TpuMagics(Magics):
         if args is None:
             return
         if sum((args.since_cell, args.all, args.reset, args.cells)) > 1:
-            raise UsageError("choose one of --since-cell, --all, --reset, --cells")
+            raise UsageError("choose one of --since-cell, --all, --reset, --cells. Fix: e.g. "
+                             "%xla_metrics --since-cell")
         from tpu_nb.display.reports import CellsView, MetricsView
 
         if args.cells:
@@ -514,8 +517,10 @@ class TpuMagics(Magics):
             try:
                 value = self.shell.ev(source)
             except Exception as exc:
+                detail = " ".join(str(exc).split())
                 raise UsageError(f"could not evaluate {source!r}: {type(exc).__name__}: "
-                                 f"{exc}") from None
+                                 f"{detail}. Fix: give an expression of this kernel, e.g. "
+                                 f"%xla_graph loss") from None
             _check_holds_xla_tensor(source, value)
             found = pending_graph(value)
         else:
