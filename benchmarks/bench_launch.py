@@ -6,6 +6,7 @@
    busy status to the first replica line on IOPub; the script's from the launch call to the
    replica's first print (both wall clock, 4 XLA:CPU devices).
 2. SPMD data-parallel step time on 4 XLA:CPU devices against 1, same global batch.
+3. What making the replicas' first counter use from one thread costs a whole launch.
 
     make bench     # or: PYTHONPATH=$PWD python benchmarks/bench_launch.py
 """
@@ -136,6 +137,34 @@ def bench_spmd() -> dict[int, float]:
     return out
 
 
+FIRST_USE = textwrap.dedent("""
+    import importlib, statistics, sys, time
+    import tpu_nb
+    launching = importlib.import_module("tpu_nb.runtime.launch")   # the module, not launch()
+    tpu_nb.setup("cpu", num_devices=4)
+    def replica(index):
+        import torch, torch_xla
+        return (torch.ones(4, device=torch_xla.device()) * index).sum().item()
+    times = {True: [], False: []}
+    for _ in range(int(sys.argv[1])):
+        for warm in (True, False):      # interleaved: the machine's load hits both alike
+            launching._first_use_done = not warm     # inherited by the forked launcher
+            start = time.perf_counter()
+            launching.launch(replica, stream=lambda line: None)
+            times[warm].append(time.perf_counter() - start)
+    print("RESULT", statistics.median(times[True]), statistics.median(times[False]))
+""")
+
+
+def bench_first_use(rounds: int = 6) -> tuple[float, float]:
+    """A whole fork-path launch with the replicas' first counter use made by one thread
+    (issue 13, item 10) and without it (what torch_xla alone does)."""
+    out = subprocess.run([sys.executable, "-c", FIRST_USE, str(rounds)], capture_output=True,
+                         text=True, env=_env(), check=True).stdout
+    with_, without = out.split("RESULT")[1].split()
+    return float(with_), float(without)
+
+
 def main() -> None:
     print(f"time to the first replica's output, 4 XLA:CPU devices (median of {ROUNDS})")
     bare = bench_bare_launch()
@@ -150,6 +179,10 @@ def main() -> None:
     print(f"  1 device  {spmd[1] * 1e3:7.2f} ms/step")
     print(f"  4 devices {spmd[4] * 1e3:7.2f} ms/step   ({spmd[1] / spmd[4]:.2f}x; XLA:CPU devices "
           "share this machine's 2 cores)")
+    print("replicas' first counter use made by one thread (whole launch, fork path, 4 XLA:CPU "
+          "devices, median of 6 interleaved)")
+    warm, bare = bench_first_use()
+    print(f"  with     {warm:6.3f} s\n  without  {bare:6.3f} s   ({warm - bare:+.3f} s)")
 
 
 if __name__ == "__main__":
