@@ -126,6 +126,10 @@ MAGICS = [
     ("xla_graph", "--budget 99999999999999999999999 x", "argument --budget: needs a whole"),
     ("xla_graph", "'x", "%xla_graph: cannot split"),
     ("xla_metrics", '--cells "', "%xla_metrics: cannot split"),
+    ("xla_metrics", "--all --cells", "choose one of --since-cell, --all, --reset, --cells. "
+                                     "Fix: e.g. %xla_metrics --since-cell"),
+    ("xla_graph", "no_such_name", "could not evaluate 'no_such_name': NameError: name "
+                                  "'no_such_name' is not defined. Fix: give an expression"),
 ]
 
 
@@ -147,6 +151,7 @@ def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic,
     ("--spmd 'x", "%on_tpu: cannot split"),
     ("--spmd abc", "--spmd: mesh 'abc' is not a shape like 4 or 2x2"),
     ("--spmd 300x300", "of at most 256 devices"),
+    ("--replicas 2 --spmd", "choose one of --replicas and --spmd. Fix: --replicas for a "),
 ])
 def test_on_tpu_mistakes_stop_before_the_cell_runs(shell, line, words):
     before = dict(os.environ)
