@@ -9,6 +9,8 @@ host's time is split into parts that add up to the step's wall time:
 - input: inside a data loader's `__next__` (DataLoader and ParallelLoader/MpDeviceLoader
   iterators, on the thread that runs the tracked code);
 - read: inside a value read (`.item()`, `.tolist()`, `print(tensor)`, ...) minus compile.
+- tpu_nb: tpu_nb's own recording in the sync and read hooks (graph captures for the
+  recompile findings, finding where a call came from), so it is not blamed on the user's code.
 
 On the device side: `device`, the execution time of the graphs this step launched, and `idle`,
 the part of the step's window in which the device ran nothing. `to_device`/`from_device` are
@@ -41,11 +43,11 @@ from tpu_nb.runtime.units import format_seconds
 
 _clock = time.time            # the clock of torch_xla's metric samples (wall-clock seconds)
 _SAMPLED = ("ExecuteTime", "ExecuteReplicatedTime", "CompileTime", "TransferToDeviceTime",
-            "TransferFromDeviceTime")
+            "TransferFromDeviceTime", "TensorsGraphSize")
 _HARVEST_EVERY = 24           # syncs and reads between two reads of the sample buffers
 _MAX_STEPS = 20_000           # steps kept (the most recent); older ones leave the summary
 _MAX_EVENTS = 100_000         # reads, loader calls and samples kept
-HOST_PARTS = ("trace", "sync", "compile", "input", "read", "wait")
+HOST_PARTS = ("trace", "sync", "compile", "input", "read", "wait", "tpu_nb")
 PARTS = HOST_PARTS + ("device", "idle", "to_device", "from_device")
 
 
@@ -62,6 +64,7 @@ class StepRecord:
     input: float = 0.0
     read: float = 0.0
     wait: float = 0.0             # the tail only: waiting for the device's remaining work
+    tpu_nb: float = 0.0           # tpu_nb's own recording in the sync and read hooks
     device: float = 0.0           # executions this step launched
     idle: float = 0.0             # time in [start, end] the device ran nothing
     to_device: float = 0.0
@@ -69,7 +72,8 @@ class StepRecord:
     executions: int = 0
     compiles: int = 0
     reads: int = 0
-    host_spans: tuple = ()        # (kind, start, end): "input", "read", "sync", "compile"
+    host_spans: tuple = ()        # (kind, start, end): "input", "read", "sync", "compile",
+                                  # "tpu_nb"
     device_spans: tuple = ()      # (start, end) of the executions this step launched
     tail: bool = False            # after the last sync: not a step, part of the run's wall
 
@@ -197,8 +201,8 @@ class Collector:
     def __init__(self):
         self.started = _clock()
         self.origin = self.started           # start of the first kept step's window
-        self.syncs: deque = deque(maxlen=_MAX_STEPS)        # (call, return)
-        self.reads: deque = deque(maxlen=_MAX_EVENTS)       # (start, end)
+        self.syncs: deque = deque(maxlen=_MAX_STEPS)        # (hook entry, call, return)
+        self.reads: deque = deque(maxlen=_MAX_EVENTS)       # (hook entry, call, return)
         self.inputs: deque = deque(maxlen=_MAX_EVENTS)      # (start, end)
         self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
@@ -248,16 +252,16 @@ class Collector:
         return build(self, None)
 
     # hooks: the hot path (a deque append, a decrement)
-    def _on_sync(self, start: float, end: float) -> None:
+    def _on_sync(self, entry: float, start: float, end: float) -> None:
         syncs = self.syncs
         if len(syncs) == _MAX_STEPS:
-            self.origin = syncs[0][1]
+            self.origin = syncs[0][2]
             self.dropped_steps += 1
-        syncs.append((start, end))
+        syncs.append((entry, start, end))
         self._count_down()
 
-    def _on_read(self, start: float, end: float) -> None:
-        self.reads.append((start, end))
+    def _on_read(self, entry: float, start: float, end: float) -> None:
+        self.reads.append((entry, start, end))
         self._count_down()
 
     def _count_down(self) -> None:
@@ -385,38 +389,68 @@ class _Window:
     inputs: list = field(default_factory=list)
     compiles: list = field(default_factory=list)
     executions: list = field(default_factory=list)
+    overhead: list = field(default_factory=list)       # tpu_nb's hooks: (entry, call)
     to_device: list = field(default_factory=list)
     from_device: list = field(default_factory=list)
+
+
+def _owners(launched, graphs: list[float], bounds, windows) -> list[int]:
+    """The window that launched each execution. Each graph a sync or read builds is recorded
+    (`TensorsGraphSize`, during the call) and executes once, in order: the k-th execution is
+    the k-th graph's, when that graph came before its launch. Otherwise (a graph not seen):
+    the last sync or read called before the launch."""
+    times, points = _launch_points(windows)
+    owners, k = [], 0
+    for launch, _, _ in launched:
+        if k < len(graphs) and graphs[k] <= launch + 1e-4:
+            owners.append(min(bisect_left(bounds, graphs[k]), len(windows) - 1))
+            k += 1
+            continue
+        at = bisect_left(times, launch + 1e-9) - 1
+        owners.append(points[at] if at >= 0 else 0)
+    return owners
+
+
+def _launch_points(windows: list[_Window]) -> tuple[list[float], list[int]]:
+    """When each sync and read was called, and its window, in time order. An execution
+    belongs to the last one called at or before its launch (the runtime starts the clock when
+    its execution thread takes the graph, which can be just after the sync returned)."""
+    points = sorted([(w.sync[0], i) for i, w in enumerate(windows) if w.sync]
+                    + [(start, i) for i, w in enumerate(windows) for start, _ in w.reads])
+    return [t for t, _ in points], [i for _, i in points]
 
 
 def build(collector: Collector, end: float | None) -> Anatomy:
     """The Anatomy of what `collector` recorded; `end`: the run's end (None: still running,
     no tail)."""
     syncs = list(collector.syncs)
-    bounds = [ret for _, ret in syncs]
+    bounds = [ret for _, _, ret in syncs]
     origin = collector.origin
     samples = {name: list(collector.samples[name]) for name in _SAMPLED}
     executions = _device_spans(samples["ExecuteTime"] + samples["ExecuteReplicatedTime"])
-    windows = [_Window(bounds[i - 1] if i else origin, bounds[i], syncs[i])
-               for i in range(len(syncs))]
+    windows = [_Window(bounds[i - 1] if i else origin, bounds[i], syncs[i][1:],
+                       overhead=[syncs[i][:2]]) for i in range(len(syncs))]
     if end is not None:
         windows.append(_Window(bounds[-1] if bounds else origin, max(end, origin), None))
     else:
         windows.append(_Window(0.0, 0.0, None))        # discarded: a running step
     keep = lambda span: span[1] > origin                # noqa: E731
-    for name, attr, key in (
-            ("reads", "reads", lambda s: s[1]), ("inputs", "inputs", lambda s: s[1])):
-        for w, items in zip(windows, _assign(filter(keep, getattr(collector, attr)),
-                                             key, bounds)):
-            setattr(w, name, items)
+    for w, items in zip(windows, _assign(filter(keep, collector.inputs), lambda s: s[1],
+                                         bounds)):
+        w.inputs = items
+    for w, items in zip(windows, _assign((r for r in collector.reads if r[2] > origin),
+                                         lambda r: r[2], bounds)):
+        w.reads = [r[1:] for r in items]
+        w.overhead += [r[:2] for r in items]
     for name, spans in (("compiles", _spans(samples["CompileTime"])),
                         ("to_device", _spans(samples["TransferToDeviceTime"])),
                         ("from_device", _spans(samples["TransferFromDeviceTime"]))):
         for w, items in zip(windows, _assign(filter(keep, spans), lambda s: s[1], bounds)):
             setattr(w, name, items)
     launched = [x for x in executions if x[0] >= origin - 1e-3]   # not a previous run's
-    for w, items in zip(windows, _assign(launched, lambda x: x[0], bounds)):
-        w.executions = items
+    graphs = sorted(ts for ts, _ in samples["TensorsGraphSize"] if ts > origin)
+    for x, owner in zip(launched, _owners(launched, graphs, bounds, windows)):
+        windows[owner].executions.append(x)
     busy = _union((b, e) for _, b, e in executions)
     records = [_record(i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
@@ -425,8 +459,11 @@ def build(collector: Collector, end: float | None) -> Anatomy:
 
 
 def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
-    reads = sum(e - s for s, e in w.reads)
-    inputs = sum(e - s for s, e in w.inputs)
+    # Clipped to the window: MpDeviceLoader's __next__ starts with the sync that ends the
+    # previous step, and only its wait for the next batch is this step's input.
+    reads = _overlap(w.reads, w.start, w.end)
+    inputs = _overlap(w.inputs, w.start, w.end)
+    ours = _overlap(w.overhead, w.start, w.end)
     sync = (w.sync[1] - w.sync[0]) if w.sync else 0.0
     compile_in = {"sync": 0.0, "read": 0.0, "trace": 0.0}
     for s, e in w.compiles:
@@ -437,18 +474,19 @@ def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
     compile_total = sum(compile_in.values())
     window = max(0.0, w.end - w.start)
     idle = window - _overlap(busy, w.start, w.end)
-    host_rest = max(0.0, window - sync - reads - inputs - compile_in["trace"])
+    host_rest = max(0.0, window - sync - reads - inputs - ours - compile_in["trace"])
     wait = 0.0
     if tail:      # after the last sync: the host waited for the device where it was busy
         wait = min(host_rest, max(0.0, window - idle
                                   - _overlap(w.reads + w.inputs, w.start, w.end)))
         host_rest -= wait
     spans = ([("input", s, e) for s, e in w.inputs] + [("read", s, e) for s, e in w.reads]
-             + ([("sync", *w.sync)] if w.sync else []) + [("compile", s, e) for s, e in w.compiles])
+             + ([("sync", *w.sync)] if w.sync else []) + [("compile", s, e) for s, e in w.compiles]
+             + [("tpu_nb", s, e) for s, e in w.overhead if e - s > 1e-5])
     return StepRecord(
         index=index, start=w.start, end=w.end, trace=host_rest,
         sync=max(0.0, sync - compile_in["sync"]), compile=compile_total,
-        input=inputs, read=max(0.0, reads - compile_in["read"]), wait=wait,
+        input=inputs, read=max(0.0, reads - compile_in["read"]), wait=wait, tpu_nb=ours,
         device=sum(e - b for _, b, e in w.executions), idle=max(0.0, idle),
         to_device=sum(e - s for s, e in w.to_device),
         from_device=sum(e - s for s, e in w.from_device),
@@ -487,6 +525,7 @@ def _summarise(steps, tail, busy, collector) -> Anatomy:
 
 _BOUND = 0.25          # a part this large a share of the wall time bounds the loop
 _DEVICE_BUSY = 0.6     # the device busy this much of the time: the loop is device-bound
+_MIN_STEPS = 3         # fewer syncs are not a loop: no verdict
 
 
 def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
@@ -508,8 +547,9 @@ class _NoLoss:
 
 
 def judge(a: Anatomy) -> Verdict | None:
-    """What bounds the loop, from the shares of its wall time (None: nothing measured)."""
-    if not a.steps or a.wall_seconds <= 0:
+    """What bounds the loop, from the shares of its wall time (None: not a loop of at least
+    three steps)."""
+    if len(a.steps) < _MIN_STEPS or a.wall_seconds <= 0:
         return None
     share = a.share
     host = share("trace") + share("sync")

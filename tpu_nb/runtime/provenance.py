@@ -139,7 +139,10 @@ class Recorder:
 
     def __init__(self, *, root_codes: tuple = (), root_frame=None, log=None,
                  capture_graphs: bool = True):
-        self._codes = frozenset(c for c in root_codes if c is not None)
+        # Code objects compared by identity: `code in set` hashes the code object (~1-2 us
+        # for a cell or Module._call_impl), on every frame of every walk.
+        self._code_ids = frozenset(id(c) for c in root_codes if c is not None)
+        self._codes = tuple(c for c in root_codes if c is not None)   # kept alive
         self._root_frame = root_frame
         self._log = log
         self._capture = capture_graphs
@@ -152,10 +155,10 @@ class Recorder:
         self._capture_next: set[tuple[str, int]] = set()
         self._captured_here: dict[tuple[str, int], int] = {}
         self.active = False
-        # Called with (start, end) wall-clock times (time.time()) of each sync's and each
-        # value read's own work, for the step anatomy (tpu_nb.runtime.anatomy).
-        self.on_sync: list[Callable[[float, float], None]] = []
-        self.on_read: list[Callable[[float, float], None]] = []
+        # Called with wall-clock times (time.time()) of each sync and value read: (the hook
+        # entered, the call started, it returned), for the step anatomy (runtime/anatomy.py).
+        self.on_sync: list[Callable[[float, float, float], None]] = []
+        self.on_read: list[Callable[[float, float, float], None]] = []
 
     # -- install / remove ---------------------------------------------------------------------
 
@@ -165,6 +168,7 @@ class Recorder:
 
         self._xc = torch_xla._XLAC
         self._counter = self._xc._xla_counter_value
+        self._compiling = torch.compiler.is_compiling
         self._started = time.perf_counter()
         self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
         self._log_read = self._log.size() if self._log is not None else 0
@@ -212,13 +216,15 @@ class Recorder:
         @functools.wraps(original)
         def sync(*args, **kwargs):
             __tracebackhide__ = True   # noqa: F841
-            if not recorder.active or _compiling():
+            if not recorder.active or recorder._compiling():
                 return original(*args, **kwargs)
+            entry = time.time()
             before = recorder._counter("UncachedCompile")
-            graph, site = recorder._maybe_capture(sys._getframe(1))
+            graph, site = recorder._maybe_capture(sys._getframe(1)) if recorder._capture \
+                else (None, None)
             start = time.time()
             result = original(*args, **kwargs)
-            recorder._notify(recorder.on_sync, start)
+            recorder._notify(recorder.on_sync, entry, start)
             recorder._after_sync(before, graph, site, sys._getframe(1))
             return result
 
@@ -231,20 +237,22 @@ class Recorder:
         def read(tensor, *args, **kwargs):
             __tracebackhide__ = True   # noqa: F841
             local = recorder._local
-            if not recorder.active or getattr(local, "depth", 0) or _compiling():
+            # A CPU tensor's read cannot move XLA's counters: nothing to record.
+            if not recorder.active or not getattr(tensor, "is_xla", False) \
+                    or getattr(local, "depth", 0) or recorder._compiling():
                 return original(tensor, *args, **kwargs)
+            entry = time.time()
             counter = recorder._counter
             before = [counter(n) or 0 for n in _READ_COUNTERS]
             compiles = counter("UncachedCompile")
             local.depth = 1
-            graph = site = None
-            if getattr(tensor, "is_xla", False):
-                graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
+            graph, site = recorder._maybe_capture(sys._getframe(1), tensor) \
+                if recorder._capture else (None, None)
             start = time.time()
             try:
                 return original(tensor, *args, **kwargs)
             finally:
-                recorder._notify(recorder.on_read, start)
+                recorder._notify(recorder.on_read, entry, start)
                 local.depth = 0
                 after = [counter(n) or 0 for n in _READ_COUNTERS]
                 if after != before:
@@ -259,7 +267,7 @@ class Recorder:
         @functools.wraps(original)
         def op(*args, **kwargs):
             __tracebackhide__ = True   # noqa: F841
-            if not recorder.active or _compiling():
+            if not recorder.active or recorder._compiling():
                 return original(*args, **kwargs)
             before = recorder._fallback_counts()
             compiles = recorder._counter("UncachedCompile")
@@ -278,12 +286,12 @@ class Recorder:
 
     # -- bookkeeping (never raises into the user's code) ---------------------------------------
 
-    def _notify(self, hooks, start: float) -> None:
+    def _notify(self, hooks, entry: float, start: float) -> None:
         if hooks:
             end = time.time()
             try:
                 for hook in hooks:
-                    hook(start, end)
+                    hook(entry, start, end)
             except Exception:
                 self._failed()
 
@@ -389,10 +397,10 @@ class Recorder:
         """The Site of the code running in `frame` (the hook's caller)."""
         user = library = None
         depth = 0
-        codes, root = self._codes, self._root_frame
+        ids, root = self._code_ids, self._root_frame
         while frame is not None and depth < _MAX_DEPTH:
             code = frame.f_code
-            if code in codes or frame is root:
+            if id(code) in ids or frame is root:
                 return Site(_frame(frame), user, library)
             path = code.co_filename
             if is_library(path):
@@ -410,32 +418,27 @@ class Recorder:
 
     def _maybe_capture(self, frame, tensor=None):
         """Before a sync (or a read of `tensor`): the pending graph, when this line is due a
-        capture."""
-        if not self._capture:
-            return None, None
+        capture; else (None, None) after a walk that allocates nothing (the steady state)."""
         try:
-            site = self.site_of(frame)
-            if site.line is None:
-                return None, site
-            key = _key(site.line)
-            history = line_graphs.get(key)
-            due = history is None or key in self._capture_next or key in force_capture
-            taken = self._captured_here.get(key, 0)
-            # Forced lines (max_graphs) skip the per-line count, never the time budget.
+            root = _root_of(frame, self._code_ids, self._root_frame)
+            if root is None:
+                return None, None
+            key = (root.f_code.co_filename, root.f_lineno)
             forced = key in force_capture
-            if not due or (not forced and taken >= 6) or not self._within_budget():
-                return None, site
+            due = forced or key in self._capture_next or line_graphs.get(key) is None
+            if not due:
+                return None, None
+            taken = self._captured_here.get(key, 0)
+            if (not forced and taken >= 6) or not self._within_budget():
+                return None, None
             self._capture_next.discard(key)
             self._captured_here[key] = taken + 1
             start = time.perf_counter()
-            if tensor is not None:
-                graph = _capture_tensor(tensor)
-            else:
-                graph = _capture_pending(_root_of(frame, self._codes, self._root_frame))
+            graph = _capture_tensor(tensor) if tensor is not None else _capture_pending(root)
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
             line_graphs.note(key, graph)
-            return graph, site
+            return graph, self.site_of(frame)
         except Exception:
             self._failed()
             return None, None
@@ -483,25 +486,54 @@ _MAX_BY_HASH = 48
 force_capture: set[tuple[str, int]] = set()
 
 
-def _capture_pending(frame):
-    from tpu_nb.runtime.graph import pending_graph
+# Graphs captured, by torch_xla's hash of the captured tensors' graph: the same pending graph
+# is read once (reading the IR text of a GPT-2 step costs ~0.5 s; its hash ~2 ms).
+_by_own_hash: OrderedDict[str, Any] = OrderedDict()
 
-    if frame is None:
-        return None
-    return pending_graph(frame.f_locals, frame.f_globals, hlo=False, max_items=20_000)
+
+def _capture_pending(frame):
+    """The pending graph of the XLA tensors the frame's variables reach (bounded walk)."""
+    import torch
+
+    from tpu_nb.runtime import graph as graphs
+
+    found: dict[int, Any] = {}
+    budget = [20_000]
+    for namespace in (frame.f_locals, frame.f_globals):
+        for t in graphs._walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
+            if id(t) not in found and graphs.is_pending(t):
+                found[id(t)] = t
+    return _graph_once(list(found.values()))
 
 
 def _capture_tensor(tensor):
-    from tpu_nb.runtime.graph import graph, is_pending
+    from tpu_nb.runtime.graph import is_pending
 
-    return graph(tensor, hlo=False, frames=False) if is_pending(tensor) else None
+    return _graph_once([tensor]) if is_pending(tensor) else None
 
 
-def _root_of(frame, codes, root):
-    while frame is not None:
-        if frame.f_code in codes or frame is root:
+def _graph_once(tensors: list):
+    from tpu_nb.runtime import graph as graphs
+
+    if not tensors:
+        return None
+    own_hash = graphs._hash_hex(graphs.xlac()._get_graph_hash(tensors))
+    known = _by_own_hash.get(own_hash)
+    if known is None:
+        known = _by_own_hash[own_hash] = graphs.graph(*tensors, hlo=False, frames=False)
+        while len(_by_own_hash) > _MAX_BY_HASH:
+            _by_own_hash.popitem(last=False)
+    _by_own_hash.move_to_end(own_hash)
+    return known
+
+
+def _root_of(frame, code_ids, root):
+    depth = 0
+    while frame is not None and depth < _MAX_DEPTH:
+        if id(frame.f_code) in code_ids or frame is root:
             return frame
         frame = frame.f_back
+        depth += 1
     return None
 
 
@@ -516,16 +548,6 @@ def _key(frame: Frame) -> tuple[str, int]:
 
 def _plumbing(path: str, function: str) -> bool:
     return function in _PLUMBING_FUNCTIONS or path.replace("\\", "/").endswith(_PLUMBING_FILES)
-
-
-def _compiling() -> bool:
-    # Under torch.compile/dynamo tracing the hooks stay out of the way (no graph breaks).
-    try:
-        import torch
-
-        return bool(torch.compiler.is_compiling())
-    except Exception:
-        return False
 
 
 def _namespace(torch, name: str):

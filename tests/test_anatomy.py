@@ -1,0 +1,210 @@
+"""Step anatomy: one loop built to be each kind of bound, run tracked on XLA:CPU; the verdict
+and the per-step figures must match what the loop was built to do.
+
+Loops are small (the machine is shared): a few steps each, sized so the bound part dominates
+by a wide margin.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch_xla
+from torch.utils.data import DataLoader, Dataset
+
+import tpu_nb
+from tpu_nb.runtime.anatomy import Anatomy, StepRecord
+
+DELAY = 0.03          # the sleeping loader's wait per batch
+READS = 40            # value reads per step of the read-bound loop
+
+
+class SleepyData(Dataset):
+    def __init__(self, n: int, delay: float):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return torch.ones(8)
+
+
+def _input_loop(steps: int = 6):
+    dev = torch_xla.device()
+    w = torch.ones(8, 8, device=dev)
+    for x in DataLoader(SleepyData(steps, DELAY), batch_size=1):
+        w = w + (x.to(dev) @ w).sum() * 1e-3
+        torch_xla.sync()
+    return w
+
+
+def _mp_loader_loop(steps: int = 6):
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = torch_xla.device()
+    w = torch.ones(8, 8, device=dev)
+    for x in MpDeviceLoader(DataLoader(SleepyData(steps, DELAY), batch_size=1), dev):
+        w = w + (x @ w).sum() * 1e-3       # MpDeviceLoader syncs at each batch
+    return w
+
+
+def _host_loop(steps: int = 4, ops: int = 1500):
+    x = torch.zeros(4, device=torch_xla.device())
+    for _ in range(steps):
+        for _ in range(ops):
+            x = x + 1e-3
+        torch_xla.sync()
+    return x
+
+
+def _device_loop(steps: int = 5, n: int = 640, depth: int = 6):
+    dev = torch_xla.device()
+    x = torch.randn(n, n, device=dev)
+    w = torch.randn(n, n, device=dev) / n ** 0.5
+    for _ in range(steps):
+        for _ in range(depth):
+            x = torch.tanh(x @ w)
+        torch_xla.sync()
+    return x
+
+
+def _compile_loop(steps: int = 5, first: int = 16):
+    dev = torch_xla.device()
+    total = torch.zeros((), device=dev)
+    for i in range(steps):
+        x = torch.ones(first + i, 24, device=dev)     # a new shape every step
+        total = total + (x @ x.T).relu().sum()
+        torch_xla.sync()
+    return total
+
+
+def _read_loop(steps: int = 8):
+    x = torch.randn(READS, device=torch_xla.device())
+    seen = 0.0
+    for _ in range(steps):
+        x = x * 0.99 + 0.01
+        torch_xla.sync()
+        for value in x:
+            seen += value.item()
+    return seen
+
+
+def _tracked(loop, warm: dict | None = None, **kwargs) -> tuple[tpu_nb.RunReport, Anatomy]:
+    with tpu_nb.track():                      # warm-up: compiles, first calls, and
+        loop(**{**kwargs, "steps": 3, **(warm or {})})   # tpu_nb's one-time look at packages
+    with tpu_nb.track(loop.__name__) as report:
+        loop(**kwargs)
+    assert isinstance(report.anatomy, Anatomy), report.anatomy
+    assert report.steps == report.anatomy.steps
+    return report, report.anatomy
+
+
+def _adds_up(step: StepRecord) -> None:
+    """A step's host parts add up to its wall time."""
+    parts = (step.trace + step.sync + step.compile + step.input + step.read + step.wait
+             + step.tpu_nb)
+    assert parts == pytest.approx(step.wall, rel=0.02, abs=2e-5), step
+
+
+def test_sleeping_loader_is_input_bound_and_the_wait_is_the_sleep():
+    import torch.utils.data.dataloader as dataloader
+
+    original = dataloader._BaseDataLoaderIter.__next__
+    report, a = _tracked(_input_loop)
+    assert a.verdict.kind == "input-bound", str(a)
+    assert "num_workers" in a.verdict.fix and "MpDeviceLoader" in a.verdict.fix
+    waits = [s.input for s in a.steps]
+    assert len(waits) == 6
+    assert all(DELAY * 0.95 <= w <= DELAY * 4 for w in waits), waits
+    assert a.parts["input"].median == pytest.approx(DELAY, rel=0.5)
+    for step in a.steps:
+        _adds_up(step)
+    assert dataloader._BaseDataLoaderIter.__next__ is original    # unwrapped after the run
+
+
+def test_mp_device_loader_wait_is_input():
+    report, a = _tracked(_mp_loader_loop, steps=10)
+    assert a.verdict.kind == "input-bound", str(a)
+    # Its __next__ syncs (ending the previous step), then waits for the next batch: the
+    # wait, not the sync, is the input. Its thread sends batches in groups, so some steps
+    # wait for several and the next ones for none; the loop itself is quick, so the waits add
+    # up to the loader's sleep (plus its threads' start).
+    waited = sum(s.input for s in a.steps)
+    assert 10 * DELAY * 0.9 <= waited <= 10 * DELAY * 2, waited
+    assert a.share("input") > 0.7
+    assert all(s.sync < 0.02 for s in a.steps[1:]), [s.sync for s in a.steps]
+
+
+def test_thousands_of_tiny_ops_are_host_bound():
+    report, a = _tracked(_host_loop)
+    assert a.verdict.kind == "host-bound", str(a)
+    assert "torch_xla.compile" in a.verdict.fix
+    assert a.share("trace") + a.share("sync") > 0.8
+    assert a.parts["trace"].median > 5 * a.parts["device"].median
+    for step in a.steps:
+        _adds_up(step)
+        assert step.executions == 1
+
+
+def test_large_matmuls_are_device_bound():
+    report, a = _tracked(_device_loop)
+    assert a.verdict.kind == "device-bound" and a.verdict.good, str(a)
+    assert a.device_share > 0.8
+    # Each step launched one execution; their device time is most of the run, never more
+    # than the runtime's own ExecuteTime (which counts queueing too) or the wall time.
+    assert [s.executions for s in a.steps] == [1] * 5, [
+        (s.host_spans, s.device_spans) for s in a.steps]
+    device = sum(s.device for s in a.steps)
+    assert 0.6 * report.wall_seconds < device <= report.wall_seconds * 1.01
+    assert device <= report.metrics.execute_seconds * 1.01
+    assert a.parts["device"].median > 10 * (a.parts["trace"].median + a.parts["sync"].median)
+
+
+def test_changing_shapes_are_compile_bound():
+    report, a = _tracked(_compile_loop, warm={"first": 8}, first=64)   # 5 new shapes
+    assert a.verdict.kind == "compile-bound", str(a)
+    assert "recompile" in a.verdict.fix
+    assert [s.compiles for s in a.steps] == [1] * 5
+    # The same compiles as the run's metrics, each placed in its step.
+    assert sum(s.compile for s in a.steps) == pytest.approx(report.metrics.compile_seconds,
+                                                            rel=0.01)
+    assert all(s.compile > s.trace for s in a.steps)
+
+
+def test_item_every_step_is_read_bound():
+    report, a = _tracked(_read_loop)
+    assert a.verdict.kind == "read-bound", str(a)
+    assert "every N steps" in a.verdict.fix
+    reading = [s for s in a.steps if s.reads]
+    assert [s.reads for s in reading] == [READS] * 8
+    assert all(s.read > s.trace for s in reading)
+    assert a.share("read") > 0.5
+
+
+def test_run_view_summary_ends_with_the_verdict(shell, capsys):
+    capsys.readouterr()
+    shell.run_cell("%%on_tpu\n"
+                   "v = torch.randn(30)\n"
+                   "for _ in range(4):\n"
+                   "    v = v * 0.5\n"
+                   "    torch_xla.sync()\n"
+                   "    got = [x.item() for x in v]\n")
+    text = capsys.readouterr().out
+    first = text.splitlines()[0]
+    report = tpu_nb.last_report()
+    verdict = report.anatomy.verdict
+    steady = f" (steady state: {verdict.steady})" if verdict.steady else ""
+    assert first.endswith(" | " + verdict.kind + steady), first
+    assert f"Fix: {verdict.fix}" in text
+    assert len(report.steps) >= 4       # and the final sync %%on_tpu adds if work is pending
+
+
+def test_no_verdict_for_a_cell_that_is_not_a_loop():
+    with tpu_nb.track() as report:
+        (torch.ones(3, device=torch_xla.device()) * 2).sum().item()
+    assert report.anatomy.verdict is None
+    assert "bound" not in str(report.anatomy.summary())
