@@ -61,8 +61,8 @@ print("RESULT", json.dumps({"magic": refused, "api": api, "state": after,
     out = _result(proc)
     for message in (out["magic"], out["api"]):
         assert message.startswith("cannot switch to SPMD: this process already used the XLA "
-                                  "device without SPMD, and switching to SPMD now would crash "
-                                  "it")
+                                  "device without it, and torch_xla 2.9 crashes the process "
+                                  "(SIGSEGV) at the next XLA work when SPMD is switched on")
         assert "Fix: restart the kernel and run the SPMD cell (%%on_tpu --spmd, or " \
                "launch(..., mode='spmd')) before any other XLA work" in message
         assert "\n" not in message

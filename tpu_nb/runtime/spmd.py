@@ -72,8 +72,9 @@ def _switch_refused() -> str | None:
         return None
     locked = getattr(xlac, "_xla_get_spmd_config_is_locked", None)
     if locked() if locked else runtime_initialized():
-        return ("this process already used the XLA device without SPMD, and switching to "
-                "SPMD now would crash it (torch_xla cannot move existing XLA tensors). Fix: "
+        return ("this process already used the XLA device without it, and torch_xla 2.9 "
+                "crashes the process (SIGSEGV) at the next XLA work when SPMD is switched on "
+                "after that. Fix: "
                 "restart the kernel and run the SPMD cell (%%on_tpu --spmd, or "
                 "launch(..., mode='spmd')) before any other XLA work, right after %tpu_setup")
     return None
