@@ -59,8 +59,9 @@ def _switch_refused() -> str | None:
     """Why this process can no longer switch to SPMD, or None if it can (or already has).
 
     torch_xla locks its SPMD configuration when the runtime starts (the first device use).
-    Switching after that makes `use_spmd()` re-place the existing tensors, and the next XLA
-    work then crashes the process (SIGSEGV inside torch_xla 2.9; checked on XLA:CPU).
+    `use_spmd()` after that forces SPMD onto the running runtime, and the next XLA work, on
+    old or new tensors, crashes the process (SIGSEGV inside torch_xla 2.9; 3 of 3 runs on
+    XLA:CPU with 4 devices). The lock is the signal: it never unlocks, whatever is freed.
     """
     module = sys.modules.get("torch_xla")
     xlac = getattr(module, "_XLAC", None)
@@ -74,9 +75,9 @@ def _switch_refused() -> str | None:
     if locked() if locked else runtime_initialized():
         return ("this process already used the XLA device without it, and torch_xla 2.9 "
                 "crashes the process (SIGSEGV) at the next XLA work when SPMD is switched on "
-                "after that. Fix: "
-                "restart the kernel and run the SPMD cell (%%on_tpu --spmd, or "
-                "launch(..., mode='spmd')) before any other XLA work, right after %tpu_setup")
+                "after that. Fix: restart the kernel and run the SPMD cell (%%on_tpu --spmd, "
+                "or launch(..., mode='spmd')) before any other XLA work, right after "
+                "%tpu_setup")
     return None
 
 
