@@ -59,9 +59,10 @@ def _switch_refused() -> str | None:
     """Why this process can no longer switch to SPMD, or None if it can (or already has).
 
     torch_xla locks its SPMD configuration when the runtime starts (the first device use).
-    `use_spmd()` after that forces SPMD onto the running runtime, and the next XLA work, on
-    old or new tensors, crashes the process (SIGSEGV inside torch_xla 2.9; 3 of 3 runs on
-    XLA:CPU with 4 devices). The lock is the signal: it never unlocks, whatever is freed.
+    `use_spmd()` after that forces SPMD onto the running runtime, and later XLA work, even on
+    new tensors, can crash the process (SIGSEGV inside torch_xla 2.9, seen on XLA:CPU with 4
+    devices after a notebook's first cells). The lock is the signal: it never unlocks,
+    whatever is freed.
     """
     module = sys.modules.get("torch_xla")
     xlac = getattr(module, "_XLAC", None)
