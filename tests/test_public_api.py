@@ -170,6 +170,8 @@ def test_version_is_written_once():
     module, _, name = attr.rpartition(".")
     assert getattr(__import__(module, fromlist=[name]), name) == tpu_nb.__version__
     assert tpu_nb.__version__.count(".") == 2
+    written = [p for p in (ROOT / "tpu_nb").rglob("*.py") if "__version__ = " in p.read_text()]
+    assert written == [ROOT / "tpu_nb" / "_version.py"]
 
 
 def _cli(*args, env=None):
