@@ -208,3 +208,87 @@ def test_no_verdict_for_a_cell_that_is_not_a_loop():
         (torch.ones(3, device=torch_xla.device()) * 2).sum().item()
     assert report.anatomy.verdict is None
     assert "bound" not in str(report.anatomy.summary())
+
+
+# -- checked against a real profile ------------------------------------------------------------
+
+_PROFILED = '''
+import glob, gzip, json, sys, tempfile
+import torch, torch_xla, tpu_nb
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.profiler as xp
+
+tpu_nb.setup("cpu")
+
+def device_loop(steps=4, n=640, depth=6):
+    dev = torch_xla.device()
+    x = torch.randn(n, n, device=dev)
+    w = torch.randn(n, n, device=dev) / n ** 0.5
+    for _ in range(steps):
+        for _ in range(depth):
+            x = torch.tanh(x @ w)
+        torch_xla.sync()
+        xm.wait_device_ops()      # one execution at a time: each has its own device span
+
+def host_loop(steps=4, ops=1500):
+    x = torch.zeros(4, device=torch_xla.device())
+    for _ in range(steps):
+        for _ in range(ops):
+            x = x + 1e-3
+        torch_xla.sync()
+
+def events(logdir):
+    [path] = glob.glob(logdir + "/plugins/profile/*/*.trace.json.gz")
+    return [e for e in json.load(gzip.open(path))["traceEvents"] if e.get("ph") == "X"]
+
+out = {}
+for name, loop in (("device", device_loop), ("host", host_loop)):
+    with tpu_nb.track():
+        loop(steps=2)                       # warm-up: compiles
+    logdir = tempfile.mkdtemp()
+    xp.start_trace(logdir)
+    with tpu_nb.track() as report:
+        loop()
+    xp.stop_trace()
+    out[name] = {"steps": [(s.start, s.end, s.sync, s.device) for s in report.steps],
+                 "events": [(e["name"], e["ts"] * 1e-6, e["dur"] * 1e-6)
+                            for e in events(logdir)
+                            if e["name"] in ("StepMarker", "ThunkExecutor::Execute (wait for "
+                                             "completion)",
+                                             "PjRtComputationClient::ExecuteComputation")]}
+print(json.dumps(out))
+'''
+
+
+def _profile_steps(events):
+    """Per sync, from the profiler's trace: (sync seconds, step wall seconds from the previous
+    sync's end, device seconds of the execution it launched). An execution runs from its
+    ExecuteComputation to the end of the next 'wait for completion' on XLA:CPU's client."""
+    marks = sorted((ts, dur) for name, ts, dur in events if name == "StepMarker")
+    launches = sorted(ts for name, ts, _ in events
+                      if name == "PjRtComputationClient::ExecuteComputation")
+    done = sorted(ts + dur for name, ts, dur in events if name.startswith("ThunkExecutor"))
+    device = [next(end for end in done if end > launch) - launch for launch in launches]
+    walls = [None] + [(ts + dur) - (p_ts + p_dur)
+                      for (p_ts, p_dur), (ts, dur) in zip(marks, marks[1:])]
+    return [dur for _, dur in marks], walls, device
+
+
+def test_figures_agree_with_the_torch_xla_profiler(py):
+    import json
+
+    result = json.loads(py(_PROFILED, timeout=600).stdout.strip().splitlines()[-1])
+    for name in ("device", "host"):
+        steps, events = result[name]["steps"], result[name]["events"]
+        syncs, walls, device = _profile_steps(events)
+        assert len(syncs) == len(steps), (name, len(syncs), len(steps))
+        for i, (start, end, sync, dev) in enumerate(steps):
+            # The profiler's StepMarker is the C++ part of torch_xla.sync(); tpu_nb's sync is
+            # the whole call (its Python, step closures, releasing the traced graph).
+            assert sync >= syncs[i] * 0.9 - 1e-4, (name, i, sync, syncs[i])
+            if walls[i] is not None:
+                assert end - start == pytest.approx(walls[i], rel=0.1, abs=3e-4), (name, i)
+        if name == "device":
+            ours = [dev for *_, dev in steps]
+            assert len(device) == len(ours), (device, ours)
+            assert ours == pytest.approx(device, rel=0.1), (ours, device)
