@@ -84,10 +84,11 @@ def test_on_tpu_report_names_lines_of_the_cell(shell, capsys):
     assert isinstance(report, tpu_nb.RunReport) and report is tpu_nb.last_report()
     assert report.metrics.fallbacks == {"histc": 1}
     assert report.metrics.host_reads == 1
+    assert report.record_errors == 0
     out = capsys.readouterr().out
     assert "64.0" in out
-    assert "line 3: fell back to the CPU ×1: aten::histc ran on the CPU" in out
-    assert "line 5: read from the device ×1: .item() may read a device value" in out
+    assert "line 3: fell back to the CPU ×1: torch.histc ran on the CPU (aten::histc, 1×)" in out
+    assert "line 5: read from the device ×1: .item() read a device value (1×: 1 device→host read)" in out
     assert "line 5: compiled ×1" in out       # the .item() compiled its graph at line 5
 
 
@@ -118,6 +119,7 @@ def test_max_graphs_stops_at_the_recompiling_step(shell):
                    "    torch_xla.sync()\n")
     err = r.error_in_exec
     assert isinstance(err, tpu_nb.RecompilationError)
+    assert tpu_nb.last_report().record_errors == 0
     assert "compiled graph 3 (max_graphs=2)" in str(err)
     assert "aten::expand f32[6,8] \u2192 f32[9,8]" in str(err), str(err)
     assert shell.user_ns["batch"] == 9
@@ -231,8 +233,9 @@ def test_same_scenario_through_library_and_magic(shell):
             "    opt.step()\n"
             "    torch_xla.sync()\n")
     ns = {"torch": torch, "torch_xla": torch_xla}
-    with tpu_nb.track() as lib, tpu_nb.default_device():
-        exec(code, ns)
+    compiled = compile(code, "<scenario>", "exec")     # the block's own code, as a cell's
+    with tpu_nb.track(code=(compiled,)) as lib, tpu_nb.default_device(code=(compiled,)):
+        exec(compiled, ns)
     magic = run(shell, "%%on_tpu -o\n" + code.replace("net", "net2").replace("opt =", "opt2 =").replace("opt.", "opt2.")).result
     # Transfers are left out: the second run finds small constants in the device-data cache.
     for field in ("executions", "syncs", "host_reads"):
@@ -329,3 +332,35 @@ def test_cells_table_layout_does_not_depend_on_timings():
                                                             execute_seconds=seconds / 7))]))
     mask = lambda text: re.sub(r"\d+(\.\d+)? ?(s|ms|us)\b", "T", text)
     assert mask(table(0.0099)) == mask(table(0.0108)) == mask(table(12.5))
+
+
+@pytest.mark.stack
+def test_code_magics_follow_ipython_conventions(shell, capsys):
+    import ast
+
+    # Code is not variable-expanded ({...} and $x stay as written, as in %timeit).
+    shell.run_cell("seen = []")
+    shell.run_line_magic("tpu_time", 'seen.append("{1+1}")')
+    assert shell.user_ns["seen"][0] == "{1+1}"
+
+    # Registered AST transformers run on the cell's code, as in a plain cell.
+    class Negate42(ast.NodeTransformer):
+        def visit_Constant(self, node):
+            return ast.copy_location(ast.Constant(-42), node) if node.value == 42 else node
+
+    transformer = Negate42()
+    shell.ast_transformers.append(transformer)
+    try:
+        shell.run_cell("%%on_tpu --quiet\nvalue = 42")
+    finally:
+        shell.ast_transformers.remove(transformer)
+    assert shell.user_ns["value"] == -42
+
+    # -o returns the report and it is shown once, as Out[n], with its findings.
+    capsys.readouterr()
+    result = shell.run_cell("%%on_tpu -o\ny = (torch.ones(3) * 2).sum()\nfloat(y)")
+    shown = capsys.readouterr().out
+    assert shown.count("XLA: ") == 1, shown
+    report = result.result
+    assert isinstance(report, tpu_nb.RunReport)
+    assert any(f.kind == "host-read" and f.line == 3 for f in report.findings)

@@ -111,7 +111,11 @@ def _register_formatters(shell, state: _Loaded) -> None:
 
     html = shell.display_formatter.formatters["text/html"]
     plain = shell.display_formatter.formatters["text/plain"]
-    views = {Environment: EnvironmentView, RunReport: RunView, DeviceTiming: TimingView}
+    def run_view(report):
+        return RunView(report, report.findings, allowed_graphs=report.allowed_graphs,
+                       source=report.source)
+
+    views = {Environment: EnvironmentView, RunReport: run_view, DeviceTiming: TimingView}
     for typ, view in views.items():
         html.for_type(typ, lambda obj, view=view: view(obj)._repr_html_())
         plain.for_type(typ, lambda obj, p, cycle, view=view: p.text(repr(view(obj))))

@@ -14,7 +14,14 @@ from argparse import ArgumentTypeError
 from contextlib import ExitStack
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
+from IPython.core.magic import (
+    Magics,
+    cell_magic,
+    line_cell_magic,
+    line_magic,
+    magics_class,
+    no_var_expand,
+)
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from IPython.utils.process import arg_split
@@ -174,7 +181,8 @@ class _CellCode:
         self.source = "\n" * magic_lines + shell.transform_cell(body)
         self.number = _running_cell_number(shell)
         self.filename = shell.compile.cache(self.source, self.number, raw_code=self.source)
-        tree = ast.parse(self.source, filename=self.filename)
+        # Registered AST transformers run, as for any cell (IPython's own run_cell does this).
+        tree = shell.transform_ast(ast.parse(self.source, filename=self.filename))
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
@@ -263,6 +271,7 @@ class TpuMagics(Magics):
     @argument("--spmd", nargs="?", const="all", default=None, metavar="MESH",
               help="run the cell once over all devices (SPMD); `mesh` and `shard_batch` set")
     @argument("--graph", action="store_true", help="show the pending graph before the sync")
+    @no_var_expand
     @cell_magic
     def on_tpu(self, line, cell):
         """Run the cell on the XLA device and report what compiled, ran and cost.
@@ -367,14 +376,17 @@ class TpuMagics(Magics):
                               source_names=self._cell_name))
 
     def _show(self, report, code: _CellCode, args) -> None:
-        if args.quiet or not self.state.settings.show_report:
-            return
         from tpu_nb.display.reports import RunView
         from tpu_nb.runtime.attribution import attribute
 
         allowed = args.max_graphs or 1
-        findings = attribute(report, code.source, code.filename, allowed=allowed)
-        display(RunView(report, findings, allowed_graphs=allowed, source=code.source))
+        report.findings = attribute(report, code.source, code.filename, allowed=allowed)
+        report.source, report.allowed_graphs = code.source, allowed
+        if args.quiet or not self.state.settings.show_report:
+            return
+        if args.output and report.error is None:
+            return             # -o: the returned report shows itself as Out[n], once
+        display(RunView(report, report.findings, allowed_graphs=allowed, source=code.source))
 
     # -- %tpu_dashboard ----------------------------------------------------------------------
 
@@ -416,6 +428,7 @@ class TpuMagics(Magics):
               help="repeats (default 7)")
     @argument("-o", dest="output", action="store_true", help="return the DeviceTiming")
     @argument("statement", nargs="*", help="what to time (line mode)")
+    @no_var_expand        # the statement is code: {...} and $x stay as written, as in %timeit
     @line_cell_magic
     def tpu_time(self, line, cell=None):
         """Time code on the XLA device: every run synced and waited for.
@@ -437,7 +450,7 @@ class TpuMagics(Magics):
 
         try:
             dev = device()
-            with default_device(dev):
+            with default_device(dev, code=code.codes):
                 timing = time_device(lambda: code.run(self.shell), number=args.number,
                                      repeat=args.repeat)
         except TpuNbError as exc:

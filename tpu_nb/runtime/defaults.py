@@ -49,7 +49,8 @@ class _Scope:
     frame that entered the block."""
 
     def __init__(self, codes: tuple = (), root=None):
-        self.codes = frozenset(c for c in codes if c is not None)
+        self.codes = tuple(c for c in codes if c is not None)
+        self.code_ids = frozenset(id(c) for c in self.codes)   # identity: no hashing of code
         self.root = root
         self.files = frozenset(c.co_filename for c in self.codes) or (
             frozenset((root.f_code.co_filename,)) if root is not None else frozenset())
@@ -58,7 +59,7 @@ class _Scope:
         own, built, depth = True, False, 0
         while frame is not None and depth < 400:
             code = frame.f_code
-            if code in self.codes or frame is self.root:
+            if id(code) in self.code_ids or frame is self.root:
                 return own or built
             if code.co_filename not in self.files:
                 if code.co_name == "__init__" and _is_module(frame.f_locals.get("self")):

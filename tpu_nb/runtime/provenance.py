@@ -495,13 +495,13 @@ def _capture_pending(frame):
     """The pending graph of the XLA tensors the frame's variables reach (bounded walk)."""
     import torch
 
-    from tpu_nb.runtime import graph as graphs
+    from tpu_nb.runtime.graph import _walk_limited, is_pending
 
     found: dict[int, Any] = {}
     budget = [20_000]
     for namespace in (frame.f_locals, frame.f_globals):
-        for t in graphs._walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
-            if id(t) not in found and graphs.is_pending(t):
+        for t in _walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
+            if id(t) not in found and is_pending(t):
                 found[id(t)] = t
     return _graph_once(list(found.values()))
 
@@ -513,14 +513,15 @@ def _capture_tensor(tensor):
 
 
 def _graph_once(tensors: list):
-    from tpu_nb.runtime import graph as graphs
+    from tpu_nb.runtime._xla import xlac
+    from tpu_nb.runtime.graph import _hash_hex, graph
 
     if not tensors:
         return None
-    own_hash = graphs._hash_hex(graphs.xlac()._get_graph_hash(tensors))
+    own_hash = _hash_hex(xlac()._get_graph_hash(tensors))
     known = _by_own_hash.get(own_hash)
     if known is None:
-        known = _by_own_hash[own_hash] = graphs.graph(*tensors, hlo=False, frames=False)
+        known = _by_own_hash[own_hash] = graph(*tensors, hlo=False, frames=False)
         while len(_by_own_hash) > _MAX_BY_HASH:
             _by_own_hash.popitem(last=False)
     _by_own_hash.move_to_end(own_hash)

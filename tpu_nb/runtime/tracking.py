@@ -56,6 +56,12 @@ class RunReport:
     # function in between), aggregated per line: provenance.Occurrence, in time order.
     occurrences: list = field(default_factory=list)
     capture_seconds: float = 0.0       # spent capturing pending graphs (recompile diffs)
+    record_errors: int = 0             # recording hooks that failed (logged by "tpu_nb")
+    # Set by %%on_tpu: the findings placed on the cell's lines, its source and --max-graphs,
+    # so the report shows the same whether displayed by the magic or returned by -o.
+    findings: list = field(default_factory=list)
+    source: str = ""
+    allowed_graphs: int = 1
     complete: bool = False
     # Where each step's time went, and the verdict (tpu_nb.runtime.anatomy); a Collector
     # while the run is tracked (needs record=True), an Anatomy once complete.
@@ -255,6 +261,7 @@ class track:
         if recording is not None:
             report.occurrences = sorted(recording.occurrences.values(), key=lambda o: o.order)
             report.capture_seconds = recording.capture_seconds
+            report.record_errors = recording.hook_errors
         report.complete = True
         _last = report
 
