@@ -181,3 +181,18 @@ def test_a_third_graph_after_a_warm_up_is_a_recompilation():
     assert line[1] == line_of("LOOP-SYNC", test_a_third_graph_after_a_warm_up_is_a_recompilation)
     assert len(hashes) == 3
     assert not changed.recompiled_lines(allowed=2)    # accepted when two are allowed
+
+
+def test_reset_metrics_forgets_tpu_nb_history_too():
+    from tpu_nb.runtime import provenance, tracking
+    from tpu_nb.runtime.metrics import reset_metrics
+
+    dev = tpu_nb.device()
+    with tpu_nb.track():
+        for n in (3, 4):
+            (torch.ones(n, 5, device=dev) * 2).sum()
+            torch_xla.sync()
+    assert tracking._graphs_by_line and tpu_nb.last_report() is not None
+    reset_metrics()
+    assert not tracking._graphs_by_line and not provenance.graphs_by_hash
+    assert tpu_nb.last_report() is None

@@ -11,7 +11,7 @@ from typing import Any
 from tpu_nb.runtime import anatomy, provenance
 from tpu_nb.runtime._xla import wait_device_ops, xla
 from tpu_nb.runtime.compile_log import CompileEvent, compile_log
-from tpu_nb.runtime.metrics import MetricsDelta, snapshot
+from tpu_nb.runtime.metrics import MetricsDelta, on_reset, snapshot
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
 # graph it compiled, in order, over the life of the process (bounded: the most recently
@@ -21,6 +21,7 @@ _MAX_LINES, _MAX_GRAPHS_PER_LINE = 256, 32
 _last: "RunReport | None" = None
 
 
+@on_reset
 def _forget() -> None:
     """reset_metrics(): tpu_nb's own history goes with the runtime's counters."""
     global _last
