@@ -103,3 +103,79 @@ def browser(lab):
         yield driver
     finally:
         driver.quit()
+
+
+# What a reader sees, from computed styles, for every element under the roots matching a
+# selector: text contrast against the background it is drawn on (alpha-blended up the
+# ancestors; WCAG's relative luminance), table cells' alignment (unless the cell asks for
+# right alignment inline), broken images, and the on-screen size of graph labels.
+_CHECKS = r"""
+const roots = [...document.querySelectorAll(arguments[0])];
+function rgba(text) {
+  const m = text.match(/rgba?\(([^)]+)\)/);
+  if (!m) return [0, 0, 0, 0];
+  const v = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number);
+  return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1];
+}
+function over(top, under) {        // alpha-blend a colour over an opaque one
+  const a = top[3];
+  return [0, 1, 2].map(i => top[i] * a + under[i] * (1 - a));
+}
+function background(el) {
+  const layers = [];
+  for (let e = el; e; e = e.parentElement) {
+    const c = rgba(getComputedStyle(e).backgroundColor);
+    if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+  }
+  let colour = [255, 255, 255];
+  for (const c of layers.reverse()) colour = over(c, colour);
+  return colour;
+}
+function luminance(c) {
+  const [r, g, b] = c.map(v => { v /= 255; return v <= 0.03928 ? v / 12.92
+                                              : Math.pow((v + 0.055) / 1.055, 2.4); });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+const low = [], misaligned = [], broken = [];
+let cells = 0, texts = 0, images = 0, minLabel = Infinity, labels = 0;
+for (const root of roots) {
+  for (const el of root.querySelectorAll('*')) {
+    if (el.closest('svg')) continue;        // the graph picture: checked by its labels
+    const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    if (own) {
+      const bg = background(el);
+      const fg = over(rgba(getComputedStyle(el).color), bg);
+      const [a, b] = [luminance(fg), luminance(bg)];
+      const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+      texts++;
+      if (ratio < 4.5) low.push(`${ratio.toFixed(2)} ${el.tagName} "${el.textContent.trim().slice(0, 40)}"`);
+    }
+    if ((el.tagName === 'TD' || el.tagName === 'TH') && !/text-align:\s*right/.test(el.getAttribute('style') || '')) {
+      cells++;
+      const align = getComputedStyle(el).textAlign;
+      if (align !== 'left' && align !== 'start') misaligned.push(`${align} "${el.textContent.trim().slice(0, 30)}"`);
+    }
+    if (el.tagName === 'IMG') {
+      images++;
+      if (!el.complete || el.naturalWidth === 0) broken.push(el.getAttribute('alt'));
+    }
+  }
+  for (const svg of root.querySelectorAll('svg.tpunb-chart')) {
+    const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    for (const t of svg.querySelectorAll('text')) {
+      labels++;
+      minLabel = Math.min(minLabel, parseFloat(getComputedStyle(t).fontSize) * scale);
+    }
+  }
+}
+return {roots: roots.length, low, misaligned, broken, cells, texts, images, labels,
+        minLabel: labels ? minLabel : null,
+        jpLight: document.body.dataset.jpThemeLight || null};
+"""
+
+
+@pytest.fixture
+def style_checks():
+    """driver, selector -> dict of findings (see _CHECKS)."""
+    return lambda driver, selector: driver.execute_script(_CHECKS, selector)
+

@@ -31,7 +31,11 @@ CHROMIUM = os.environ.get("TPU_NB_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("TPU_NB_CHROMEDRIVER", "/usr/bin/chromedriver")
 TRAIN_SECONDS = 20
 # Front end -> the page that opens a notebook in it.
-FRONTENDS = {"jupyterlab": "/lab/tree/{name}", "notebook7": "/notebooks/{name}"}
+# (JupyterLab: in a workspace of its own, so no tab of an earlier test is left open)
+FRONTENDS = {"jupyterlab": "/lab/workspaces/{workspace}/tree/{name}?reset&",
+             "notebook7": "/notebooks/{name}?"}
+RUNS = [("jupyterlab", "light"), ("jupyterlab", "dark"), ("notebook7", "light")]
+THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -64,8 +68,8 @@ def _notebook(path: Path) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def _dashboard_notebooks(lab):
     _, _, home = lab
-    for frontend in FRONTENDS:
-        _notebook(home / "notebooks" / f"live-{frontend}.ipynb")
+    for frontend, theme in RUNS:
+        _notebook(home / "notebooks" / f"live-{frontend}-{theme}.ipynb")
 
 
 def _kernel_idle(base: str, token: str, name: str) -> bool:
@@ -123,18 +127,21 @@ def _live_steps(driver) -> int | None:
     return int(found) if found and found.isdigit() else None
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, browser,
-                                                                          frontend):
+@pytest.mark.parametrize("frontend, theme", RUNS)
+def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(
+        lab, browser, style_checks, frontend, theme):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
     if frontend == "notebook7" and importlib.util.find_spec("notebook") is None:
         pytest.skip("Notebook 7 is not installed (pip install 'notebook>=7')")
-    base, token, _ = lab
+    base, token, home = lab
+    (home / "settings" / "@jupyterlab" / "apputils-extension" /
+     "themes.jupyterlab-settings").write_text(json.dumps({"theme": THEMES[theme]}))
     driver = browser
-    name = f"live-{frontend}.ipynb"
-    driver.get(base + FRONTENDS[frontend].format(name=name) + f"?token={token}")
+    name = f"live-{frontend}-{theme}.ipynb"
+    driver.get(base + FRONTENDS[frontend].format(name=name, workspace=name[:-6])
+               + f"token={token}")
     _wait(lambda: len(driver.find_elements("css selector", ".jp-CodeCell")) >= 2, 90,
           "the notebook's cells", driver)
     _wait(lambda: _kernel_idle(base, token, name), 90, "the kernel to be idle", driver)
@@ -146,7 +153,7 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
 
     first_seen = _wait(lambda: _live_steps(driver), 150, "the live dashboard", driver)
     live = ".jp-CodeCell:nth-child(2) .jp-OutputArea"
-    running_shot = _shot(driver, f"{frontend}-1-live", live)
+    running_shot = _shot(driver, f"{frontend}-{theme}-1-live", live)
     # While the training cell still runs ([*]), the counter read from the page moves on.
     readings = [first_seen]
     heights = [_live_height(driver)]
@@ -168,7 +175,12 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
     assert "Compiles" in page and "Execution" in page and "Memory" in page
     assert "step time median" in page
     assert "Error displaying widget" not in page
-    _shot(driver, f"{frontend}-2-live-later", live)
+    _shot(driver, f"{frontend}-{theme}-2-live-later", live)
+    # Readable in the theme: every panel's text at least 4.5:1, cells left-aligned.
+    live_view = style_checks(driver, ".widget-html .tpunb")
+    assert live_view["roots"] >= 6 and live_view["texts"] > 20, live_view
+    assert not live_view["low"] and not live_view["misaligned"], live_view
+    assert live_view["jpLight"] == ("true" if theme == "light" else "false")
 
     # The cell ends: the live widget gives way to the final static view.
     _wait(lambda: re.fullmatch(r"\[\d+\]:", _prompts(driver)[1]), TRAIN_SECONDS + 120,
@@ -188,6 +200,10 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(lab, b
         "  : o.textContent.includes('after the loop') ? 'after' : 'other');")
     assert "dashboard" in order and "after" in order, order
     assert order.index("dashboard") < order.index("after"), order
-    final_shot = _shot(driver, f"{frontend}-3-final", ".tpunb-dashboard")
+    final_view = style_checks(driver, ".tpunb-dashboard")
+    assert final_view["roots"] == 1 and final_view["images"] == 2, final_view
+    assert not final_view["low"] and not final_view["misaligned"], final_view
+    assert not final_view["broken"], final_view
+    final_shot = _shot(driver, f"{frontend}-{theme}-3-final", ".tpunb-dashboard")
     print(f"screenshots: {running_shot}, {final_shot}; step counter read while running: "
           f"{readings}; final: {steps}")

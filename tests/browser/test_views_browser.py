@@ -134,76 +134,13 @@ def _notebook(views: dict, path: Path, data_dir: Path) -> None:
     nbformat.write(nb, path)
 
 
-# -- checks run in the page --------------------------------------------------------------------
+# -- checks ----------------------------------------------------------------------------------
 
-_CHECKS = r"""
-const roots = [...document.querySelectorAll(arguments[0])];
-function rgba(text) {
-  const m = text.match(/rgba?\(([^)]+)\)/);
-  if (!m) return [0, 0, 0, 0];
-  const v = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number);
-  return [v[0], v[1], v[2], v.length > 3 ? v[3] : 1];
-}
-function over(top, under) {        // alpha-blend a colour over an opaque one
-  const a = top[3];
-  return [0, 1, 2].map(i => top[i] * a + under[i] * (1 - a));
-}
-function background(el) {
-  const layers = [];
-  for (let e = el; e; e = e.parentElement) {
-    const c = rgba(getComputedStyle(e).backgroundColor);
-    if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
-  }
-  let colour = [255, 255, 255];
-  for (const c of layers.reverse()) colour = over(c, colour);
-  return colour;
-}
-function luminance(c) {
-  const [r, g, b] = c.map(v => { v /= 255; return v <= 0.03928 ? v / 12.92
-                                              : Math.pow((v + 0.055) / 1.055, 2.4); });
-  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
-}
-const low = [], misaligned = [], broken = [];
-let cells = 0, texts = 0, images = 0, minLabel = Infinity, labels = 0;
-for (const root of roots) {
-  for (const el of root.querySelectorAll('*')) {
-    if (el.closest('svg')) continue;        // the graph picture: checked by its labels
-    const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
-    if (own) {
-      const bg = background(el);
-      const fg = over(rgba(getComputedStyle(el).color), bg);
-      const [a, b] = [luminance(fg), luminance(bg)];
-      const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
-      texts++;
-      if (ratio < 4.5) low.push(`${ratio.toFixed(2)} ${el.tagName} "${el.textContent.trim().slice(0, 40)}"`);
-    }
-    if ((el.tagName === 'TD' || el.tagName === 'TH') && !/text-align:\s*right/.test(el.getAttribute('style') || '')) {
-      cells++;
-      const align = getComputedStyle(el).textAlign;
-      if (align !== 'left' && align !== 'start') misaligned.push(`${align} "${el.textContent.trim().slice(0, 30)}"`);
-    }
-    if (el.tagName === 'IMG') {
-      images++;
-      if (!el.complete || el.naturalWidth === 0) broken.push(el.getAttribute('alt'));
-    }
-  }
-  for (const svg of root.querySelectorAll('svg.tpunb-chart')) {
-    const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
-    for (const t of svg.querySelectorAll('text')) {
-      labels++;
-      minLabel = Math.min(minLabel, parseFloat(getComputedStyle(t).fontSize) * scale);
-    }
-  }
-}
-return {roots: roots.length, low, misaligned, broken, cells, texts, images, labels,
-        minLabel: labels ? minLabel : null,
-        jpLight: document.body.dataset.jpThemeLight || null};
-"""
 _SELECTOR = ", ".join(f".{c}" for c in VIEW_CLASSES)
 
 
-def _check(driver) -> dict:
-    result = driver.execute_script(_CHECKS, _SELECTOR)
+def _check(driver, style_checks) -> dict:
+    result = style_checks(driver, _SELECTOR)
     assert result["roots"] == len(VIEW_CLASSES), result
     assert result["texts"] > 100 and result["cells"] > 40 and result["images"] >= 2, result
     assert not result["misaligned"], result["misaligned"][:10]
@@ -233,7 +170,8 @@ def _wait(predicate, timeout: float, what: str):
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_views_on_a_bare_page_without_jupyter_css(views, browser, scheme, tmp_path):
+def test_views_on_a_bare_page_without_jupyter_css(views, browser, style_checks, scheme,
+                                                  tmp_path):
     page = tmp_path / "views.html"
     page.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
                     + "".join(f"<div style='margin:12px 0'>{v._repr_html_()}</div>"
@@ -244,7 +182,7 @@ def test_views_on_a_bare_page_without_jupyter_css(views, browser, scheme, tmp_pa
         browser.get(page.as_uri())
         _wait(lambda: browser.execute_script(
             "return [...document.images].every(i => i.complete)"), 20, "the images")
-        result = _check(browser)
+        result = _check(browser, style_checks)
         _shots(browser, f"bare-{scheme}")
     finally:
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
@@ -253,7 +191,7 @@ def test_views_on_a_bare_page_without_jupyter_css(views, browser, scheme, tmp_pa
 
 @pytest.mark.parametrize("frontend, theme", [("jupyterlab", "light"), ("jupyterlab", "dark"),
                                              ("notebook7", "light"), ("notebook7", "dark")])
-def test_views_in_jupyter_front_ends(views, lab, browser, frontend, theme):
+def test_views_in_jupyter_front_ends(views, lab, browser, style_checks, frontend, theme):
     base, token, home = lab
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
     (settings / "themes.jupyterlab-settings").write_text(
@@ -267,6 +205,6 @@ def test_views_in_jupyter_front_ends(views, lab, browser, frontend, theme):
     _wait(lambda: browser.execute_script("return document.body.dataset.jpThemeLight")
           == ("true" if theme == "light" else "false"), 30, f"the {theme} theme")
     time.sleep(1)       # fonts and images settle
-    result = _check(browser)
+    result = _check(browser, style_checks)
     _shots(browser, f"{frontend}-{theme}")
     print(f"{frontend}, {theme}: {json.dumps(result)[:400]}")

@@ -56,7 +56,7 @@ class StepTimeChart:
     """Step time (median and p90 per refresh, ms) over steps, compile events as red lines.
 
     No title or axis label in the figure: the dashboard captions it in HTML, as text is the
-    costly part of a draw. The axes only grow while live (x fourfold, y by decades), and the
+    costly part of a draw. The axes only grow while live (x to twice the steps so far, y by decades), and the
     background drawn for each set of limits is kept: a chart reused by the next dashboard
     (`acquire`/`release`) usually starts without a full redraw. The final render fits the
     axes to the data.
@@ -104,7 +104,7 @@ class StepTimeChart:
         if final:
             x_top = _nice_ceiling(last * 1.05)
         elif last > x_top:
-            x_top = _nice_ceiling(last * 4)
+            x_top = _nice_ceiling(last * 2)   # the data fills at least half the width
         values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
         if values:
             if final:
