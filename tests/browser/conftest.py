@@ -148,12 +148,15 @@ for (const root of roots) {
       const [a, b] = [luminance(fg), luminance(bg)];
       const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
       texts++;
-      if (ratio < 4.5) low.push(`${ratio.toFixed(2)} ${el.tagName} "${el.textContent.trim().slice(0, 40)}"`);
+      if (ratio < 4.5)
+        low.push(`${ratio.toFixed(2)} ${el.tagName} "${el.textContent.trim().slice(0, 40)}"`);
     }
-    if ((el.tagName === 'TD' || el.tagName === 'TH') && !/text-align:\s*right/.test(el.getAttribute('style') || '')) {
+    const asksRight = /text-align:\s*right/.test(el.getAttribute('style') || '');
+    if ((el.tagName === 'TD' || el.tagName === 'TH') && !asksRight) {
       cells++;
       const align = getComputedStyle(el).textAlign;
-      if (align !== 'left' && align !== 'start') misaligned.push(`${align} "${el.textContent.trim().slice(0, 30)}"`);
+      if (align !== 'left' && align !== 'start')
+        misaligned.push(`${align} "${el.textContent.trim().slice(0, 30)}"`);
     }
     if (el.tagName === 'IMG') {
       images++;

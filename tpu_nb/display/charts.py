@@ -56,10 +56,10 @@ class StepTimeChart:
     """Step time (median and p90 per refresh, ms) over steps, compile events as red lines.
 
     No title or axis label in the figure: the dashboard captions it in HTML, as text is the
-    costly part of a draw. The axes only grow while live (x to twice the steps so far, y by decades), and the
-    background drawn for each set of limits is kept: a chart reused by the next dashboard
-    (`acquire`/`release`) usually starts without a full redraw. The final render fits the
-    axes to the data.
+    costly part of a draw. The axes only grow while live (x to twice the steps so far, y by
+    decades), and the background drawn for each set of limits is kept: a chart reused by the
+    next dashboard (`acquire`/`release`) usually starts without a full redraw. The final
+    render fits the axes to the data.
     """
 
     _INITIAL = (10.0, 0.1, 10.0)            # x: steps; y: ms, bottom and top (decades)

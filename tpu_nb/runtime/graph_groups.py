@@ -110,8 +110,8 @@ class GroupedGraph:
 def group_graph(graph: Graph, by: str = "auto", *, budget: int = NODE_BUDGET,
                 target: int | None = None, expand: Iterable[str] = ()) -> GroupedGraph:
     """Collapse a graph of more than `budget` nodes into about `target` boxes (default
-    OVERVIEW_GROUPS, fewer for a smaller budget); `expand` names groups (keys, or a source key such as
-    "forward@linear.py:134" for all its runs) to show node by node."""
+    OVERVIEW_GROUPS, fewer for a smaller budget); `expand` names groups (keys, or a source
+    key such as "forward@linear.py:134" for all its runs) to show node by node."""
     with gc_paused():
         target = target or max(2, min(OVERVIEW_GROUPS, budget // 3))
         return _group_graph(graph, by, budget, target, tuple(expand))
