@@ -78,9 +78,9 @@ def private_dir() -> tuple[str, str | None]:
     note = None
     if fd is None:
         fresh = tempfile.mkdtemp(prefix=f"tpu_nb-{os.getuid()}-")   # 0700, random name
-        note = (f"{path} {problem}: it was not used; this kernel's compile log is in {fresh} "
-                "instead (removed at exit). Fix: remove or fix that directory (owned by you, "
-                "mode 0700) to get rid of this note")
+        note = (f"{path} {problem}: it was not used; the compile log of this process is in "
+                f"{fresh} instead (removed at exit). Fix: remove that directory, or make it "
+                "yours with mode 0700, to get rid of this note")
         atexit.register(_remove_dir, fresh, os.getpid())
         path = fresh
     else:
