@@ -68,12 +68,13 @@ def test_text_report_one_hint_per_kind_and_an_annotated_listing():
     assert lines[0].startswith("In[5]: 1.10 s") and "RECOMPILED" in lines[0]
     assert text.count(HINT) == 1 and text.count(READ_HINT) == 1     # not once per finding
     assert "  line 4: recompiled ×3 (60.0 ms): graph 1111aaaa compiled" in text
-    assert "      via torch/optim/adamw.py:480 _single_tensor_adamw" in text
+    assert "      line 4 → torch/optim/adamw.py:480 _single_tensor_adamw" in text
     assert "input 0 shape [3] -> [4]" in text
     happened = lines[lines.index("what happened, in order:") + 1:]
     assert [l.split(":")[0].strip() for l in happened[:2]] == ["line 4", "line 5"]
     # The listing marks the lines that did something, under the line, like %lprun's.
     listing = lines[lines.index("the cell, annotated:") + 1:]
+    assert listing[0] == "    1  import torch"
     assert listing[3] == ">   4      loss = step(x)"
     assert listing[4] == "        ^ compiled ×1 (12.0 ms), recompiled ×3 (60.0 ms)"
     assert listing[6] == "        ^ read from the device ×64"
@@ -153,6 +154,7 @@ def test_environment_view_is_themed_and_left_aligned():
     assert all("text-align:left" in style for style, _ in _cells(html))
 
 
+@pytest.mark.stack
 def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
     capsys.readouterr()
     shell.run_cell("%%on_tpu\n"
@@ -164,7 +166,8 @@ def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
     text = capsys.readouterr().out
     assert "RECOMPILED" in text.splitlines()[0], text
     listing = text.split("the cell, annotated:\n")[1].splitlines()
-    # Lines are the cell's own (line 1 holds the %%on_tpu line).
+    # Lines are the cell's own (line 1 holds the %%on_tpu line, not listed).
+    assert not listing[0].startswith("    1")
     sync_line = [l for l in listing if l.startswith(">   5")]
     assert sync_line, listing
     marks = listing[listing.index(sync_line[0]) + 1]

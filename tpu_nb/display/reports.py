@@ -265,7 +265,7 @@ class RunView:
             lines.append("what happened, in order:")
             for g in self.groups:
                 lines.append(f"  {self._group_line(g)}")
-                lines += [f"      via {via}" for via in g.vias]
+                lines += [f"      {g.where} \u2192 {via}" for via in g.vias]
                 if g.changed:
                     lines.append(f"      changed: {'; '.join(g.changed)}")
         hints = _hints(self.groups)
@@ -284,6 +284,8 @@ class RunView:
             return []
         out = ["the cell, annotated:"]
         for n in _shown_lines(len(code), set(marks)):
+            if n == 1 and not code[0].strip() and 1 not in marks:
+                continue                # the %%on_tpu line, left blank in the cell's code
             if n is None:
                 out.append("   ...")
                 continue
@@ -334,7 +336,8 @@ class RunView:
         for g in self.groups:
             colour = _KIND_COLOURS.get(g.kind, ACCENT)
             details = e(g.description())
-            details += "".join(f"<br><span style='color:{MUTED}'>via {e(v)}</span>"
+            details += "".join(f"<br><span style='color:{MUTED}'>{e(g.where)} \u2192 {e(v)}"
+                               "</span>"
                                for v in g.vias)
             if g.changed:
                 details += (f"<br><span style='color:{RED}'>changed:</span> "
@@ -358,6 +361,8 @@ class RunView:
             return ""
         rows, row_styles = [], []
         for n in _shown_lines(len(code), set(marks)):
+            if n == 1 and not code[0].strip() and 1 not in marks:
+                continue                # the %%on_tpu line, left blank in the cell's code
             if n is None:
                 rows.append((f"<span style='color:{MUTED}'>\u22ee</span>", "", ""))
                 row_styles.append("")
