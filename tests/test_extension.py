@@ -233,14 +233,18 @@ def test_same_scenario_through_library_and_magic(shell):
             "    opt.step()\n"
             "    torch_xla.sync()\n")
     ns = {"torch": torch, "torch_xla": torch_xla}
-    compiled = compile(code, "<scenario>", "exec")     # the block's own code, as a cell's
-    with tpu_nb.track(code=(compiled,)) as lib, tpu_nb.default_device(code=(compiled,)):
+    source = "\n" + code                               # line 1 is the magic's line
+    compiled = compile(source, "<scenario>", "exec")   # the block's own code, as a cell's
+    with tpu_nb.on_tpu(code=(compiled,), source=source, filename="<scenario>") as lib:
         exec(compiled, ns)
     magic = run(shell, "%%on_tpu -o\n" + code.replace("net", "net2").replace("opt =", "opt2 =").replace("opt.", "opt2.")).result
     # Transfers are left out: the second run finds small constants in the device-data cache.
     for field in ("executions", "syncs", "host_reads"):
         assert getattr(lib.metrics, field) == getattr(magic.metrics, field), field
     assert lib.metrics.compiles + lib.metrics.cache_hits == magic.metrics.compiles + magic.metrics.cache_hits
+    # The same findings on the same lines (the library's run compiled what the magic reuses).
+    assert lib.findings and {f.line for f in lib.findings} >= {10}
+    assert {(f.line, f.kind) for f in magic.findings} <= {(f.line, f.kind) for f in lib.findings}
 
 
 def test_shuffling_dataloader_inside_on_tpu(shell):

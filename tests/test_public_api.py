@@ -24,11 +24,11 @@ def test_public_names_are_pinned():
     assert sorted(tpu_nb.__all__) == sorted([
         "Accelerator", "CollectiveRefused", "CompileEvent", "Dashboard", "DeviceTiming", "Edge",
         "Environment", "EnvironmentProblem", "Frame", "Graph", "GraphDiff", "GraphView", "Group",
-        "GroupEdge", "GroupedGraph", "LaunchResult", "LiveState", "MetricsDelta",
+        "GroupEdge", "GroupedGraph", "LaunchResult", "LineFinding", "LiveState", "MetricsDelta",
         "MetricsSnapshot", "Node", "NodeChange", "Problem",
         "RecompilationError", "ReplicaError", "ReplicaResult", "RunReport", "RuntimeStateError",
         "TpuNbError", "TpuNbUsageError", "__version__", "dashboard", "default_device", "detect",
-        "device", "graph", "last_report", "launch", "max_graphs", "pending_graph",
+        "device", "graph", "last_report", "launch", "max_graphs", "on_tpu", "pending_graph",
         "reset_metrics", "setup", "snapshot", "sync", "time_device", "track",
     ])
     assert len(set(tpu_nb.__all__)) == len(tpu_nb.__all__)

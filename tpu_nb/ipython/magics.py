@@ -11,7 +11,8 @@ import re
 import shlex
 import sys
 from argparse import ArgumentTypeError
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from typing import Iterator
 
 from IPython.core.error import UsageError
 from IPython.core.magic import (
@@ -119,10 +120,8 @@ def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
 def _check_spmd(mesh: str) -> None:
     from tpu_nb.runtime.spmd import check_spmd
 
-    try:
+    with _user_mistake():
         check_spmd(*_spmd_request(mesh))
-    except TpuNbError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _check_holds_xla_tensor(source: str, value) -> None:
@@ -148,8 +147,16 @@ def _start_dashboard(**options):
     """A started live dashboard; a bad option or environment is a one-line UsageError."""
     from tpu_nb.display.dashboard import Dashboard
 
-    try:
+    with _user_mistake():
         return Dashboard(**options).start()
+
+
+@contextmanager
+def _user_mistake() -> Iterator[None]:
+    """A TpuNbError from setting up a magic (not from the user's code) is a one-line
+    UsageError, as IPython shows user mistakes."""
+    try:
+        yield
     except TpuNbError as exc:
         raise UsageError(str(exc)) from None
 
@@ -246,11 +253,9 @@ class TpuMagics(Magics):
             return display(detect())
         if args.check:
             return display(detect(check_import=True))
-        try:
+        with _user_mistake():
             env = setup(args.device, num_devices=args.devices, ir_debug=args.ir_debug,
                         cache_dir=args.cache)
-        except TpuNbError as exc:
-            raise UsageError(str(exc)) from None
         display(env)
 
     # -- %%on_tpu ---------------------------------------------------------------------------
@@ -326,42 +331,33 @@ class TpuMagics(Magics):
     def _enter_spmd(self, mesh: str) -> None:
         from tpu_nb.runtime.spmd import spmd_context
 
-        try:
+        with _user_mistake():
             spmd = spmd_context(*_spmd_request(mesh))
-        except TpuNbError as exc:
-            raise UsageError(str(exc)) from None
         self.shell.user_ns.update(spmd=spmd, mesh=spmd.mesh, shard_batch=spmd.shard_batch)
 
     def _run_on_tpu(self, code: _CellCode, args):
         __tracebackhide__ = True   # noqa: F841
-        from tpu_nb.runtime import device, track
-        from tpu_nb.runtime.defaults import default_device
-        from tpu_nb.runtime.guard import max_graphs
+        from tpu_nb.runtime import device
+        from tpu_nb.runtime.session import on_tpu
 
-        try:
+        with _user_mistake():
             dev = device()
-        except TpuNbError as exc:
-            raise UsageError(str(exc)) from None
         self.state.watcher.reported_by_magic = True
+        session = on_tpu(f"In[{code.number}]", code=code.codes, source=code.source,
+                         filename=code.filename, sync=not args.no_sync,
+                         max_graphs=args.max_graphs, locations=args.graph, device=dev)
         report = None
         try:
             with ExitStack() as stack:
                 if args.live:   # outermost: its final state includes the cell's last sync
                     stack.enter_context(_start_dashboard())
-                report = stack.enter_context(track(f"In[{code.number}]",
-                                                   sync=not args.no_sync, code=code.codes))
-                stack.enter_context(default_device(dev, code=code.codes))
-                if args.max_graphs is not None:
-                    stack.enter_context(max_graphs(args.max_graphs))
-                if args.graph:             # source lines on the nodes, for this cell only
-                    from tpu_nb.runtime.graph import record_locations
-                    stack.enter_context(record_locations())
+                report = stack.enter_context(session)
                 value = code.run(self.shell)
-                if args.graph:             # before track()'s final sync runs it
+                if args.graph:             # before the final sync runs it
                     self._show_pending_graph(value)
         finally:
             if report is not None and report.complete:
-                self._show(report, code, args)
+                self._show(report, args)
         return report if args.output else value
 
     def _show_pending_graph(self, value) -> None:
@@ -375,18 +371,15 @@ class TpuMagics(Magics):
             display(GraphView(pending, title="pending graph (about to run at the cell's end)",
                               source_names=self._cell_name))
 
-    def _show(self, report, code: _CellCode, args) -> None:
-        from tpu_nb.display.reports import RunView
-        from tpu_nb.runtime.attribution import attribute
-
-        allowed = args.max_graphs or 1
-        report.findings = attribute(report, code.source, code.filename, allowed=allowed)
-        report.source, report.allowed_graphs = code.source, allowed
+    def _show(self, report, args) -> None:
         if args.quiet or not self.state.settings.show_report:
             return
         if args.output and report.error is None:
             return             # -o: the returned report shows itself as Out[n], once
-        display(RunView(report, report.findings, allowed_graphs=allowed, source=code.source))
+        from tpu_nb.display.reports import RunView
+
+        display(RunView(report, report.findings, allowed_graphs=report.allowed_graphs,
+                        source=report.source))
 
     # -- %tpu_dashboard ----------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ from tpu_nb.runtime.graph_diff import GraphDiff, NodeChange
 from tpu_nb.runtime.graph_groups import Group, GroupedGraph, GroupEdge
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.timing import DeviceTiming, time_device
+from tpu_nb.runtime.attribution import LineFinding
+from tpu_nb.runtime.session import on_tpu
 
 # The public API of the library: what its functions take, return and raise. tpu_nb re-exports
 # exactly these (tests/test_public_api.py).
@@ -78,4 +80,6 @@ __all__ = [
     "sync",
     "time_device",
     "track",
+    "on_tpu",
+    "LineFinding",
 ]
