@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from html import escape
 
 from tpu_nb.display import style
+from tpu_nb.display.anatomy_view import panel_html as anatomy_panel_html
 from tpu_nb.display.reports import _seconds
 from tpu_nb.runtime.attribution import HOST_READ_HINT, fallback_hint
 from tpu_nb.runtime.errors import TpuNbError
@@ -180,6 +181,7 @@ class Dashboard:
         self._code_start: float | None = None
         self._code_end: float | None = None
         self._last_report = None
+        self._since = time.time()      # the step anatomy panel shows runs from here on
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -363,6 +365,7 @@ class Dashboard:
         self._transfer_panel = panel("24%")
         self._fallback_panel = panel("63%")
         self._memory_panel = panel("34%")
+        self._anatomy_panel = panel("97%")
         rows = [self._header, self._alert,
                 W.HBox([self._compile_panel, self._exec_panel, self._transfer_panel],
                        layout=W.Layout(flex_flow="row wrap")),
@@ -370,6 +373,8 @@ class Dashboard:
                        layout=W.Layout(flex_flow="row wrap"))]
         made = [self._header, self._alert, self._compile_panel, self._exec_panel,
                 self._transfer_panel, self._fallback_panel, self._memory_panel] + rows[2:]
+        rows.append(self._anatomy_panel)
+        made.append(self._anatomy_panel)
         if self.charts:
             from tpu_nb.display.charts import CHART_SIZES
 
@@ -418,6 +423,7 @@ class Dashboard:
         _set(self._transfer_panel, transfers_html(state))
         _set(self._fallback_panel, fallbacks_html(state))
         _set(self._memory_panel, memory_html(state))
+        _set(self._anatomy_panel, _anatomy_html(self._since))
         if charts:
             pngs = self._draw_charts(state, final, counted)
             if "step" in pngs:
@@ -486,7 +492,7 @@ class Dashboard:
 
     def _repr_html_(self) -> str:
         return static_html(self.state, self.status, self.title, self._pngs, self.error,
-                           elapsed=self.elapsed)
+                           elapsed=self.elapsed, anatomy=_anatomy_html(self._since))
 
     @property
     def elapsed(self) -> float | None:
@@ -788,8 +794,14 @@ _STEP_CAPTION = ("step time (ms, log scale) over steps: median (solid) and p90 (
 _COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
+def _anatomy_html(since: float) -> str:
+    """The step anatomy panel (display/anatomy_view.py)."""
+    return _panel("where the steps' time went", anatomy_panel_html(since))
+
+
 def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str, bytes],
-                error: BaseException | None = None, elapsed: float | None = None) -> str:
+                error: BaseException | None = None, elapsed: float | None = None,
+                anatomy: str = "") -> str:
     """The final (or any) state as one self-contained HTML block."""
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = [(compile_html(state, True), 2), (execution_html(state, True), 1),
@@ -806,7 +818,7 @@ def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str
             f"{header_html(state, status, title, elapsed)}{broken}"
             f"{alert_html(state)}<div style='{row}'>"
             + "".join(f"<div style='flex:{grow} 1 {240 * grow}px;display:flex'>{p}</div>"
-                      for p, grow in panels) + "</div>"
+                      for p, grow in panels) + "</div>" + anatomy +
             f"<div style='{row}'>{_img(pngs.get('step'), _STEP_CAPTION)}"
             f"{_img(pngs.get('compile'), _COMPILE_CAPTION)}</div></div>")
 

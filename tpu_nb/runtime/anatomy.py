@@ -36,6 +36,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -242,14 +243,15 @@ class Collector:
             self._harvest()
         return build(self, end)
 
-    def snapshot(self) -> Anatomy:
-        """The anatomy so far (called from a polling thread)."""
+    def snapshot(self, last: int = 64) -> Anatomy:
+        """The anatomy of the last `last` complete steps so far (for a polling thread: its
+        cost does not grow with the run)."""
         if self._lock.acquire(blocking=False):
             try:
                 self._harvest()
             finally:
                 self._lock.release()
-        return build(self, None)
+        return build(self, None, last=last)
 
     # hooks: the hot path (a deque append, a decrement)
     def _on_sync(self, entry: float, start: float, end: float) -> None:
@@ -420,13 +422,24 @@ def _launch_points(windows: list[_Window]) -> tuple[list[float], list[int]]:
     return [t for t, _ in points], [i for _, i in points]
 
 
-def build(collector: Collector, end: float | None) -> Anatomy:
+def _tail(events: deque, n: int | None) -> list:
+    """The last `n` events (all when None); copying a deque holds the GIL: no torn read."""
+    if n is None or len(events) <= n:
+        return list(events)
+    return list(islice(reversed(events), n))[::-1]
+
+
+def build(collector: Collector, end: float | None, last: int | None = None) -> Anatomy:
     """The Anatomy of what `collector` recorded; `end`: the run's end (None: still running,
-    no tail)."""
-    syncs = list(collector.syncs)
-    bounds = [ret for _, _, ret in syncs]
+    no tail); `last`: only the last steps (and the recent events they can hold)."""
+    syncs = _tail(collector.syncs, None if last is None else last + 1)
     origin = collector.origin
-    samples = {name: list(collector.samples[name]) for name in _SAMPLED}
+    if last is not None and len(syncs) > last:
+        origin = syncs.pop(0)[2]
+    bounds = [ret for _, _, ret in syncs]
+    first = collector.dropped_steps + len(collector.syncs) - len(syncs)   # absolute numbering
+    events = None if last is None else 64 * (last + 1)
+    samples = {name: _tail(collector.samples[name], events) for name in _SAMPLED}
     executions = _device_spans(samples["ExecuteTime"] + samples["ExecuteReplicatedTime"])
     windows = [_Window(bounds[i - 1] if i else origin, bounds[i], syncs[i][1:],
                        overhead=[syncs[i][:2]]) for i in range(len(syncs))]
@@ -435,10 +448,11 @@ def build(collector: Collector, end: float | None) -> Anatomy:
     else:
         windows.append(_Window(0.0, 0.0, None))        # discarded: a running step
     keep = lambda span: span[1] > origin                # noqa: E731
-    for w, items in zip(windows, _assign(filter(keep, collector.inputs), lambda s: s[1],
-                                         bounds)):
+    for w, items in zip(windows, _assign(filter(keep, _tail(collector.inputs, events)),
+                                         lambda s: s[1], bounds)):
         w.inputs = items
-    for w, items in zip(windows, _assign((r for r in collector.reads if r[2] > origin),
+    for w, items in zip(windows, _assign((r for r in _tail(collector.reads, events)
+                                          if r[2] > origin),
                                          lambda r: r[2], bounds)):
         w.reads = [r[1:] for r in items]
         w.overhead += [r[:2] for r in items]
@@ -452,7 +466,8 @@ def build(collector: Collector, end: float | None) -> Anatomy:
     for x, owner in zip(launched, _owners(launched, graphs, bounds, windows)):
         windows[owner].executions.append(x)
     busy = _union((b, e) for _, b, e in executions)
-    records = [_record(i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
+    records = [_record(first + i, w, busy, tail=(w.sync is None))
+               for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
     tail = records[-1] if end is not None and records[-1].tail else None
     return _summarise(steps, tail, busy, collector)
