@@ -306,15 +306,11 @@ class TpuMagics(Magics):
 
     def _run_replicas(self, code: _CellCode, args):
         __tracebackhide__ = True   # noqa: F841
-        from tpu_nb.runtime.launch import CellFunction, ReplicaError, launch, names_used
+        from tpu_nb.runtime.launch import CellFunction, ReplicaError, launch
 
         devices = args.replicas if args.replicas == "all" else _whole_number(args.replicas)
-        hidden = {"In", "Out", "get_ipython", "exit", "quit"}
-        used = names_used(code.statements) | (names_used(code.expression)
-                                               if code.expression else set())
-        variables = {n: self.shell.user_ns[n] for n in used
-                     if n in self.shell.user_ns and n not in hidden and not n.startswith("_")}
-        cell = CellFunction(code.source, code.filename, variables)
+        cell = CellFunction.from_namespace(code.source, code.filename, self.shell.user_ns,
+                                           code.codes)
         self.state.watcher.reported_by_magic = True
         try:
             result = launch(cell, devices=devices)

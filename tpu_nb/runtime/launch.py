@@ -636,6 +636,20 @@ class CellFunction:
     def __init__(self, source: str, filename: str, variables: dict):
         self.source, self.filename, self.variables = source, filename, variables
 
+    # Names of a notebook namespace that are IPython's own, never sent to a replica.
+    HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
+
+    @classmethod
+    def from_namespace(cls, source: str, filename: str, namespace: dict,
+                       codes: tuple = ()) -> "CellFunction":
+        """The cell with the variables of `namespace` its code (compiled as `codes`, else
+        compiled from `source`) names: user variables only, not IPython's or private ones."""
+        codes = tuple(c for c in codes if c is not None) or (compile(source, filename, "exec"),)
+        used = set().union(*(names_used(c) for c in codes))
+        variables = {n: namespace[n] for n in used
+                     if n in namespace and n not in cls.HIDDEN and not n.startswith("_")}
+        return cls(source, filename, variables)
+
     def __call__(self, index: int):
         import ast
 
