@@ -150,6 +150,25 @@ def _check(driver, style_checks) -> dict:
     return result
 
 
+def _drag_pans(driver) -> bool:
+    """Drag inside the graph's frame by (-200, -150): whether it scrolled by that, as far as
+    its size allows (the pan script, where it runs)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    frame = driver.find_element("css selector", ".tpu-nb-graph .tpunb-frame")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});"
+                          "arguments[0].scrollLeft = 0; arguments[0].scrollTop = 0;", frame)
+    time.sleep(0.2)
+    ActionChains(driver).move_to_element(frame).click_and_hold().move_by_offset(-120, -90) \
+        .move_by_offset(-80, -60).release().perform()
+    time.sleep(0.2)
+    left, top, room_x, room_y = driver.execute_script(
+        "const f = arguments[0]; return [f.scrollLeft, f.scrollTop, "
+        "f.scrollWidth - f.clientWidth, f.scrollHeight - f.clientHeight];", frame)
+    assert room_y > 150, room_y                     # a 500-node step is taller than the frame
+    return abs(left - min(200, room_x)) <= 1 and abs(top - 150) <= 1
+
+
 def _shots(driver, prefix: str) -> None:
     for name in VIEW_CLASSES:
         driver.execute_script(
@@ -183,6 +202,7 @@ def test_views_on_a_bare_page_without_jupyter_css(views, browser, style_checks, 
         _wait(lambda: browser.execute_script(
             "return [...document.images].every(i => i.complete)"), 20, "the images")
         result = _check(browser, style_checks)
+        assert _drag_pans(browser)                     # dragging the picture pans it
         _shots(browser, f"bare-{scheme}")
     finally:
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
@@ -206,5 +226,6 @@ def test_views_in_jupyter_front_ends(views, lab, browser, style_checks, frontend
           == ("true" if theme == "light" else "false"), 30, f"the {theme} theme")
     time.sleep(1)       # fonts and images settle
     result = _check(browser, style_checks)
+    assert _drag_pans(browser)                        # a trusted output's script runs
     _shots(browser, f"{frontend}-{theme}")
     print(f"{frontend}, {theme}: {json.dumps(result)[:400]}")

@@ -425,11 +425,26 @@ def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
 
 
 _ZOOMS = (("fit", None), ("50%", 0.5), ("100%", 1.0), ("200%", 2.0))
+# Drag to pan, where the front end runs an output's scripts (JupyterLab and Notebook with a
+# trusted notebook, VS Code, Colab); elsewhere the frame's scroll bars do it. No "<" or "&"
+# in it: the view stays well-formed XML.
+_PAN = ("(function(){var v=document.getElementById('VIEW');if(!v||v.dataset.pan)return;"
+        "v.dataset.pan='1';var f=v.querySelector('.tpunb-frame');var d=null;"
+        "f.style.cursor='grab';"
+        "f.addEventListener('pointerdown',function(e){if(e.button!==0)return;"
+        "if(e.target.closest('input,label,a'))return;"
+        "d=[e.clientX,e.clientY,f.scrollLeft,f.scrollTop];f.setPointerCapture(e.pointerId);"
+        "f.style.cursor='grabbing';f.style.userSelect='none';});"
+        "f.addEventListener('pointermove',function(e){if(!d)return;"
+        "f.scrollLeft=d[2]-(e.clientX-d[0]);f.scrollTop=d[3]-(e.clientY-d[1]);});"
+        "function up(){d=null;f.style.cursor='grab';f.style.userSelect='';}"
+        "f.addEventListener('pointerup',up);f.addEventListener('pointercancel',up);})();")
 
 
 def _frame(scene: _Scene, picture: str) -> str:
     """The picture at its natural size in a scrolling frame, with zoom buttons (radio inputs
-    and CSS: no script, so Colab, nbviewer and exported HTML zoom too) and hover highlights.
+    and CSS: no script, so Colab, nbviewer and exported HTML zoom too), hover highlights, and
+    drag-to-pan where scripts run.
     The frame's id comes from the picture, so the same graph gives the same HTML."""
     import hashlib
 
@@ -454,7 +469,7 @@ def _frame(scene: _Scene, picture: str) -> str:
             f'<span style="font-size:11px;color:{style.MUTED}">zoom</span>{"".join(buttons)}'
             f'<div class="tpunb-frame" style="overflow:auto;max-height:640px;max-width:100%;'
             f'border:1px solid {style.LINE};margin:4px 0">{picture}</div>'
-            "</div>")
+            f"<script>{_PAN.replace('VIEW', view)}</script></div>")
 
 
 def _diff_panel(diff: GraphDiff) -> str:
