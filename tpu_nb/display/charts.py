@@ -213,8 +213,9 @@ def _label(c: LiveCompile) -> str:
     if c.event is None:
         return f"#{c.index}"
     where = place_text(c.place) if c.place is not None else "library"
-    if len(where) > 20:            # keep the end: the line number is what tells them apart
-        where = "\u2026" + where[-19:]
+    if len(where) > 20:            # drop the function, then the file's start: the line
+        where = where.split(" (")[0]       # number is what tells the bars apart
+        where = where if len(where) <= 20 else "\u2026" + where[-19:]
     # A "$" in a file name would start matplotlib's math text: escape it. (The graph hash is
     # in the compile table; at 10 px there is no room for it here.)
     return f"#{c.index} {where}".replace("$", r"\$")
