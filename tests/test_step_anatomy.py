@@ -331,3 +331,18 @@ def test_dashboard_shows_the_running_steps_and_keeps_the_last_run():
     final = dash._repr_html_()
     assert "where the steps&#x27; time went" in final and "<svg" in final
     assert tpu_nb.last_report().anatomy.verdict.kind in final      # the run's verdict
+
+
+def test_a_long_run_keeps_its_last_steps_numbered_from_the_start(monkeypatch):
+    from tpu_nb.runtime import anatomy
+
+    monkeypatch.setattr(anatomy, "_MAX_STEPS", 10)
+    with tpu_nb.track() as report:
+        x = torch.ones(4, device=torch_xla.device())
+        for _ in range(25):
+            x = x * 1.5
+            torch_xla.sync()
+    a = report.anatomy
+    assert [s.index for s in a.steps] == list(range(15, 25))
+    assert a.dropped_steps == 15 and "10 steps (the last of 25)" in a.summary()
+    assert all(s.executions == 1 for s in a.steps)

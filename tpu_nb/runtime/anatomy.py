@@ -34,7 +34,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from itertools import islice
 from dataclasses import dataclass, field
@@ -45,9 +45,16 @@ from tpu_nb.runtime.units import format_seconds
 _clock = time.time            # the clock of torch_xla's metric samples (wall-clock seconds)
 _SAMPLED = ("ExecuteTime", "ExecuteReplicatedTime", "CompileTime", "TransferToDeviceTime",
             "TransferFromDeviceTime", "TensorsGraphSize")
-_HARVEST_EVERY = 24           # syncs and reads between two reads of the sample buffers
-_MAX_STEPS = 20_000           # steps kept (the most recent); older ones leave the summary
-_MAX_EVENTS = 100_000         # reads, loader calls and samples kept
+_HARVEST_EVERY = 48           # syncs and reads between two reads of the sample buffers
+# Counters that move whenever a metric gets a sample: a metric whose counters stayed put is
+# not read (a read copies its whole buffer). Transfers have no such counter: always read.
+_GATES = {"ExecuteTime": ("ExecuteComputation",), "ExecuteReplicatedTime": ("ExecuteReplicated",),
+          "CompileTime": ("UncachedCompile",),
+          "TensorsGraphSize": ("UncachedCompile", "CachedCompile")}
+# Steps kept: the most recent; older ones leave the summary (building the records costs
+# ~40 us a step once, when the run ends: 4,096 steps ~0.2 s, after a run of >= 4 s).
+_MAX_STEPS = 4096
+_MAX_EVENTS = 65_536          # reads, loader calls and samples kept
 HOST_PARTS = ("trace", "sync", "compile", "input", "read", "wait", "tpu_nb")
 PARTS = HOST_PARTS + ("device", "idle", "to_device", "from_device")
 
@@ -142,8 +149,8 @@ class Anatomy:
     wall_seconds: float            # the steps' wall time plus the tail's
     device_busy: float             # seconds some execution ran within that time
     verdict: Verdict | None
-    complete: bool = True          # False: sample buffers overflowed between reads, or steps dropped
-    dropped_steps: int = 0
+    complete: bool = True          # False: sample buffers overflowed between reads
+    dropped_steps: int = 0         # earlier steps beyond the last _MAX_STEPS, not in `steps`
 
     @property
     def device_share(self) -> float:
@@ -160,7 +167,9 @@ class Anatomy:
         top = sorted((p for p in self.parts.values() if p.name in HOST_PARTS),
                      key=lambda p: -p.share)[:3]
         shares = ", ".join(f"{p.name} {p.share:.0%}" for p in top if p.share >= 0.005)
-        line = (f"{len(self.steps)} steps, median {format_seconds(self.step_median)}: "
+        kept = f" (the last of {len(self.steps) + self.dropped_steps})" \
+            if self.dropped_steps else ""
+        line = (f"{len(self.steps)} steps{kept}, median {format_seconds(self.step_median)}: "
                 f"{shares}; device busy {self.device_share:.0%}")
         return f"{line}; {self.verdict.kind}" if self.verdict else line
 
@@ -207,6 +216,8 @@ class Collector:
         self.inputs: deque = deque(maxlen=_MAX_EVENTS)      # (start, end)
         self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
+        self._gate_values: dict[str, tuple] = {}
+        self._base: dict[str, int] = {}       # samples each metric had when the run began
         self.lost_samples = False
         self.dropped_steps = 0
         self._until_harvest = _HARVEST_EVERY
@@ -224,6 +235,7 @@ class Collector:
         self._xc = torch_xla._XLAC
         self._harvest()                      # samples before the run are not the run's
         self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
+        self._base = {name: total for name, (total, _) in self._seen.items()}
         self.lost_samples = False
         self._recorder = recorder
         recorder.on_sync.append(self._on_sync)
@@ -277,19 +289,30 @@ class Collector:
     def _harvest(self) -> None:
         """Read the runtime's sample buffers; keep what is new since the last read."""
         self._until_harvest = _HARVEST_EVERY
-        data = self._xc._xla_metric_data
+        data, counter = self._xc._xla_metric_data, self._xc._xla_counter_value
         for name in _SAMPLED:
+            gate = _GATES.get(name)
+            if gate is not None:
+                moved = tuple(counter(c) for c in gate)
+                if moved == self._gate_values.get(name):
+                    continue
+                self._gate_values[name] = moved
             got = data(name)
             if got is None:
                 continue
             total, _, samples = got
             seen_total, last_ts = self._seen[name]
-            fresh = [(ts, ns * 1e-9) for ts, ns in samples if ts > last_ts]
+            fresh = [(ts, ns) for ts, ns in samples if ts > last_ts]
             if total - seen_total > len(fresh) and seen_total:
                 self.lost_samples = True
             if total < seen_total:               # reset_metrics() in between
-                fresh = [(ts, ns * 1e-9) for ts, ns in samples]
-            self.samples[name].extend(fresh)
+                fresh = list(samples)
+                self._base[name] = total - len(fresh)
+            # Each sample's ordinal since the run began: the k-th graph built is the k-th
+            # executed, whatever samples were dropped or cut off around them.
+            first = total - len(fresh) - self._base.get(name, 0)
+            self.samples[name].extend((ts, ns * 1e-9, first + i)
+                                      for i, (ts, ns) in enumerate(fresh))
             self._seen[name] = (total, samples[-1][0] if samples else last_ts)
 
     # data loaders
@@ -344,24 +367,48 @@ class Collector:
 
 # -- from timestamps to steps ------------------------------------------------------------------
 
-def _spans(samples: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(end, duration) samples -> (start, end) spans, in order of end."""
-    return sorted(((end - dur, end) for end, dur in samples), key=lambda s: s[1])
+def _spans(samples: Iterable[tuple]) -> list[tuple[float, float]]:
+    """(end, duration, ordinal) samples -> (start, end) spans, in order of end."""
+    return sorted(((end - dur, end) for end, dur, _ in samples), key=lambda s: s[1])
 
 
-def _device_spans(samples) -> list[tuple[float, float, float]]:
-    """Executions as (launch, device start, end): one device runs them one after another, so
-    an execution starts at its launch or at the previous one's completion, whichever is later."""
+def _device_spans(samples) -> list[tuple[float, float, float, int | None]]:
+    """Executions as (launch, device start, end, ordinal): one device runs them one after
+    another, so an execution starts at its launch or at the previous one's completion,
+    whichever is later."""
     out, previous_end = [], float("-inf")
-    for launch, end in _spans(samples):
+    for end, dur, ordinal in sorted(samples, key=lambda s: s[0]):
+        launch = end - dur
         begin = min(max(launch, previous_end), end)
-        out.append((launch, begin, end))
+        out.append((launch, begin, end, ordinal))
         previous_end = max(previous_end, end)
     return out
 
 
 def _overlap(spans, lo: float, hi: float) -> float:
     return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+
+
+class _Busy:
+    """Disjoint, sorted spans (the device's busy time) and their overlap with any window in
+    O(log n): a run's steps are many, its executions too."""
+
+    def __init__(self, spans: list[tuple[float, float]]):
+        self.starts = [s for s, _ in spans]
+        self.ends = [e for _, e in spans]
+        self.cumulative = [0.0]
+        for s, e in spans:
+            self.cumulative.append(self.cumulative[-1] + e - s)
+
+    def overlap(self, lo: float, hi: float) -> float:
+        i = bisect_right(self.ends, lo)          # the first span ending after lo
+        j = bisect_left(self.starts, hi)         # spans from i to j-1 start before hi
+        if i >= j:
+            return 0.0
+        total = self.cumulative[j] - self.cumulative[i]
+        total -= max(0.0, lo - self.starts[i])
+        total -= max(0.0, self.ends[j - 1] - hi)
+        return max(0.0, total)
 
 
 def _union(spans) -> list[tuple[float, float]]:
@@ -396,20 +443,21 @@ class _Window:
     from_device: list = field(default_factory=list)
 
 
-def _owners(launched, graphs: list[float], bounds, windows) -> list[int]:
-    """The window that launched each execution. Each graph a sync or read builds is recorded
-    (`TensorsGraphSize`, during the call) and executes once, in order: the k-th execution is
-    the k-th graph's, when that graph came before its launch. Otherwise (a graph not seen):
-    the last sync or read called before the launch."""
+def _owners(executions, graphs: dict, origin: float, bounds, windows) -> list[int | None]:
+    """The window that launched each execution (None: one before the kept steps). Each graph
+    a sync or read builds is recorded (`TensorsGraphSize`, during the call) and executes once,
+    in order: the k-th execution is the k-th graph's, when that graph came before its launch.
+    Otherwise (its graph not seen): the last sync or read called before the launch."""
     times, points = _launch_points(windows)
-    owners, k = [], 0
-    for launch, _, _ in launched:
-        if k < len(graphs) and graphs[k] <= launch + 1e-4:
-            owners.append(min(bisect_left(bounds, graphs[k]), len(windows) - 1))
-            k += 1
+    owners: list[int | None] = []
+    for launch, _, _, ordinal in executions:
+        built = graphs.get(ordinal)
+        if built is not None and built <= launch + 1e-3:
+            owners.append(min(bisect_left(bounds, built), len(windows) - 1)
+                          if built > origin else None)
             continue
         at = bisect_left(times, launch + 1e-9) - 1
-        owners.append(points[at] if at >= 0 else 0)
+        owners.append(points[at] if at >= 0 and launch >= origin else None)
     return owners
 
 
@@ -440,7 +488,10 @@ def build(collector: Collector, end: float | None, last: int | None = None) -> A
     first = collector.dropped_steps + len(collector.syncs) - len(syncs)   # absolute numbering
     events = None if last is None else 64 * (last + 1)
     samples = {name: _tail(collector.samples[name], events) for name in _SAMPLED}
-    executions = _device_spans(samples["ExecuteTime"] + samples["ExecuteReplicatedTime"])
+    single, replicated = samples["ExecuteTime"], samples["ExecuteReplicatedTime"]
+    if single and replicated:        # both kinds in one run: ordinals do not pair with graphs
+        single = [(e, d, None) for e, d, _ in single + replicated]
+    executions = _device_spans(single or replicated)
     windows = [_Window(bounds[i - 1] if i else origin, bounds[i], syncs[i][1:],
                        overhead=[syncs[i][:2]]) for i in range(len(syncs))]
     if end is not None:
@@ -461,11 +512,11 @@ def build(collector: Collector, end: float | None, last: int | None = None) -> A
                         ("from_device", _spans(samples["TransferFromDeviceTime"]))):
         for w, items in zip(windows, _assign(filter(keep, spans), lambda s: s[1], bounds)):
             setattr(w, name, items)
-    launched = [x for x in executions if x[0] >= origin - 1e-3]   # not a previous run's
-    graphs = sorted(ts for ts, _ in samples["TensorsGraphSize"] if ts > origin)
-    for x, owner in zip(launched, _owners(launched, graphs, bounds, windows)):
-        windows[owner].executions.append(x)
-    busy = _union((b, e) for _, b, e in executions)
+    graphs = {ordinal: ts for ts, _, ordinal in samples["TensorsGraphSize"]}
+    for x, owner in zip(executions, _owners(executions, graphs, origin, bounds, windows)):
+        if owner is not None:
+            windows[owner].executions.append(x[:3])
+    busy = _Busy(_union((b, e) for _, b, e, _ in executions))
     records = [_record(first + i, w, busy, tail=(w.sync is None))
                for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
@@ -488,7 +539,7 @@ def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
         compile_in[where] += e - s
     compile_total = sum(compile_in.values())
     window = max(0.0, w.end - w.start)
-    idle = window - _overlap(busy, w.start, w.end)
+    idle = window - busy.overlap(w.start, w.end)
     host_rest = max(0.0, window - sync - reads - inputs - ours - compile_in["trace"])
     wait = 0.0
     if tail:      # after the last sync: the host waited for the device where it was busy
@@ -531,7 +582,7 @@ def _summarise(steps, tail, busy, collector) -> Anatomy:
                            total / wall if wall > 0 else 0.0)
     anatomy = Anatomy(steps=steps, tail=tail, parts=parts, wall_seconds=wall,
                       device_busy=device_busy, verdict=None,
-                      complete=not (collector.lost_samples or collector.dropped_steps),
+                      complete=not collector.lost_samples,
                       dropped_steps=collector.dropped_steps)
     return _with_verdict(anatomy, busy)
 
