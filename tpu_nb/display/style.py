@@ -14,8 +14,8 @@ selector of the host page, and colours are CSS variables set by one scoped style
   or a dark `prefers-color-scheme` when no front end says otherwise.
 
 Each view carries its own block's background, so its text never depends on the page behind
-it. Inline colours name a light fallback (`var(--tpunb-red,#b3261e)`) for the case the
-stylesheet was stripped.
+it. Where the stylesheet is stripped (JupyterLab's untrusted outputs) the variables are
+undefined and the colours fall back to the front end's own text colour (see `color`).
 """
 
 from __future__ import annotations
@@ -80,8 +80,11 @@ STYLE = _stylesheet()
 
 
 def color(name: str) -> str:
-    """A palette colour as CSS, with its light value as the fallback."""
-    return f"var(--tpunb-{name},{PALETTE[name][0]})"
+    """A palette colour as CSS. No fallback on purpose: where the stylesheet was stripped
+    (JupyterLab's untrusted outputs) the variable is undefined, so the property falls back
+    to `unset` - text inherits the front end's own colour, backgrounds stay transparent -
+    which is readable in any theme, where a fixed light or dark fallback is not."""
+    return f"var(--tpunb-{name})"
 
 
 FG, BG, MUTED, RED, RED_BG = color("fg"), color("bg"), color("muted"), color("red"), \
