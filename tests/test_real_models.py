@@ -560,4 +560,5 @@ def test_findings_name_other_cells_by_their_in_number_in_a_real_kernel():
     helper, cell = nb.cells[1], nb.cells[2]
     shown = outputs(cell, ("display_data", "execute_result"))
     assert "line 3: read from the device \u00d71" in shown, shown
-    assert f"via In [{helper.execution_count}], line 4 mean_of" in shown, shown
+    assert f"In [{helper.execution_count}], line 4 mean_of" in shown, shown
+    assert ".py:4 mean_of" not in shown, shown
