@@ -346,3 +346,45 @@ def test_a_long_run_keeps_its_last_steps_numbered_from_the_start(monkeypatch):
     assert [s.index for s in a.steps] == list(range(15, 25))
     assert a.dropped_steps == 15 and "10 steps (the last of 25)" in a.summary()
     assert all(s.executions == 1 for s in a.steps)
+
+
+# -- the profile itself in the notebook --------------------------------------------------------
+
+_PROFILE_N_STEPS = '''
+import json, torch, torch_xla, tpu_nb
+from tpu_nb.runtime.profile_trace import profile
+from tpu_nb.display.profile_view import TraceView
+
+tpu_nb.setup("cpu")
+x = torch.ones(64, 64, device=torch_xla.device())
+with tpu_nb.track():
+    with profile(steps=2) as capture:
+        for _ in range(5):
+            x = torch.tanh(x @ x)
+            torch_xla.sync()
+        traced_before_exit = capture.trace is not None
+html = TraceView(capture.trace)._repr_html_()
+print(json.dumps({"steps": capture.trace.steps, "early": traced_before_exit,
+                  "threads": list(capture.trace.threads), "svg": html.count("<svg"),
+                  "rects": html.count("<rect"), "repr": repr(TraceView(capture.trace))}))
+'''
+
+
+def test_profile_of_n_steps_is_drawn_without_tensorboard(py):
+    import json
+
+    out = json.loads(py(_PROFILE_N_STEPS, timeout=300).stdout.strip().splitlines()[-1])
+    assert out["steps"] == 2 and out["early"], out       # stopped at the second sync
+    assert "python" in out["threads"] and out["svg"] == 1 and out["rects"] > 4, out
+    assert out["repr"].startswith("profiler trace: 2 steps"), out
+
+
+def test_profile_steps_outside_a_tracked_run_says_the_fix():
+    from tpu_nb.runtime.errors import TpuNbError
+    from tpu_nb.runtime.profile_trace import profile
+
+    with pytest.raises(TpuNbError, match="Fix: use it inside %%on_tpu"):
+        with profile(steps=2):
+            pass
+    with pytest.raises(TpuNbError, match="Fix: e.g. steps=3"):
+        profile(steps=0)

@@ -1,0 +1,148 @@
+"""A torch_xla profiler trace of a block, or of its first N steps, as plain data.
+
+    with tpu_nb.track():
+        with tpu_nb.runtime.profile_trace.profile(steps=3) as capture:
+            for batch in loader:
+                train_step(batch)          # the trace stops after the third sync
+    TraceView(capture.trace)               # tpu_nb.display.profile_view: the timeline
+
+torch_xla's profiler (`torch_xla.debug.profiler.start_trace/stop_trace`) writes, next to its
+XPlane protobuf, the same trace as Chrome trace events (`<host>.trace.json.gz`, converted by
+the profiler itself). That file is what is read here: a documented JSON format, no protobuf
+parser of our own, no TensorBoard. Times are seconds from the trace's start.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from tpu_nb.runtime.errors import TpuNbError
+
+MAX_EVENTS = 50_000          # events kept from a trace (the longest, when there are more)
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    thread: str
+    name: str
+    start: float                 # seconds from the trace's first event
+    duration: float
+
+
+@dataclass(frozen=True)
+class ProfileTrace:
+    events: tuple[TraceEvent, ...]
+    threads: tuple[str, ...]     # in the profiler's display order
+    steps: int = 0               # syncs traced (StepMarker events)
+    dropped: int = 0             # short events left out beyond MAX_EVENTS
+
+    @property
+    def seconds(self) -> float:
+        return max((e.start + e.duration for e in self.events), default=0.0)
+
+    def named(self, name: str) -> list[TraceEvent]:
+        return [e for e in self.events if e.name == name]
+
+
+def read_trace(logdir: str) -> ProfileTrace:
+    """The newest `*.trace.json.gz` under `logdir` (what `stop_trace()` wrote)."""
+    paths = sorted(glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if not paths:
+        raise TpuNbError(f"no profiler trace (*.trace.json.gz) under {logdir}. Fix: capture one "
+                         "with tpu_nb.runtime.profile_trace.profile() around the steps.")
+    with gzip.open(paths[-1], "rt") as f:
+        raw = json.load(f).get("traceEvents", [])
+    names, order = {}, {}
+    for e in raw:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[e.get("tid")] = str(e.get("args", {}).get("name", e.get("tid")))
+        if e.get("ph") == "M" and e.get("name") == "thread_sort_index":
+            order[e.get("tid")] = e.get("args", {}).get("sort_index", 0)
+    complete = [e for e in raw if e.get("ph") == "X" and "ts" in e]
+    dropped = max(0, len(complete) - MAX_EVENTS)
+    if dropped:
+        complete = sorted(complete, key=lambda e: -e.get("dur", 0))[:MAX_EVENTS]
+    t0 = min((e["ts"] for e in complete), default=0.0)
+    events = tuple(sorted((TraceEvent(names.get(e.get("tid"), str(e.get("tid"))),
+                                      str(e.get("name", "")), (e["ts"] - t0) * 1e-6,
+                                      e.get("dur", 0) * 1e-6) for e in complete),
+                          key=lambda e: e.start))
+    used = {e.thread for e in events}
+    threads = tuple(sorted(used, key=lambda t: (min((order[k] for k, v in names.items()
+                                                     if v == t and k in order), default=99), t)))
+    steps = sum(1 for e in events if e.name == "StepMarker")
+    return ProfileTrace(events, threads, steps, dropped)
+
+
+class profile:
+    """Capture a profiler trace of the block; `steps=N`: stop after the block's N-th sync
+    (needs a tracked run: inside `%%on_tpu` or `tpu_nb.track()`). The trace is in
+    `.trace` after the block (or as soon as the N-th sync returns)."""
+
+    def __init__(self, steps: int | None = None, *, logdir: str | None = None):
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                                  or steps < 1):
+            raise TpuNbError(f"steps must be a whole number >= 1; got {steps!r}. "
+                             "Fix: e.g. steps=3.")
+        self.steps = steps
+        self._own_dir = logdir is None
+        self.logdir = logdir or tempfile.mkdtemp(prefix="tpu_nb-profile-")
+        self.trace: ProfileTrace | None = None
+        self._seen = 0
+        self._tracing = False
+        self._recorder = None
+
+    def __enter__(self) -> "profile":
+        import torch_xla.debug.profiler as xp
+
+        from tpu_nb.runtime import anatomy
+
+        if self.steps is not None:
+            collector = anatomy.current()
+            if collector is None or collector._recorder is None:
+                raise TpuNbError("profile(steps=N) counts the syncs of a tracked run. Fix: "
+                                 "use it inside %%on_tpu or `with tpu_nb.track():`, or drop "
+                                 "steps= to trace the whole block.")
+            self._recorder = collector._recorder
+            self._recorder.on_sync.append(self._on_sync)
+        try:
+            xp.start_trace(self.logdir)
+        except Exception as exc:     # a trace already running, a profiler that cannot start
+            self._unhook()
+            raise TpuNbError(f"the torch_xla profiler did not start: {exc}. Fix: stop the "
+                             "other trace first (torch_xla.debug.profiler.stop_trace()).") from None
+        self._tracing = True
+        return self
+
+    def _on_sync(self, entry: float, start: float, end: float) -> None:
+        self._seen += 1
+        if self._seen >= (self.steps or 0):
+            self._stop(unhook=False)     # not while the recorder iterates its hooks
+
+    def _stop(self, unhook: bool = True) -> None:
+        if unhook:
+            self._unhook()
+        if not self._tracing:
+            return
+        import torch_xla.debug.profiler as xp
+
+        self._tracing = False
+        xp.stop_trace()
+        self.trace = read_trace(self.logdir)
+        if self._own_dir:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+
+    def _unhook(self) -> None:
+        if self._recorder is not None and self._on_sync in self._recorder.on_sync:
+            self._recorder.on_sync.remove(self._on_sync)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._stop()
+        return False
