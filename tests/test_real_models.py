@@ -317,9 +317,13 @@ def test_resnet18_built_in_the_cell_initialisation_is_no_recompilation(shell, mo
     earlier_only = [f for f in warm.changed if f.startswith("ops only the earlier graph")]
     assert earlier_only and "aten::normal" in earlier_only[0], warm.changed
 
+    # The plain cell placing the model explicitly (built under `with torch.device(dev)`)
+    # runs the very same graphs: it compiles none, finds every one in the cache.
     plain = run(shell, monkeypatch, "dev = torch_xla.device()\n"
-                + RESNET_TRAIN.format(to_dev=".to(dev)").replace("torch_xla.device()", "dev"))
+                + RESNET_TRAIN.format(to_dev="").replace("torch_xla.device()", "dev")
+                .replace("net = torchvision", "with torch.device(dev):\n    net = torchvision"))
     assert work(magic.raw) == work(plain.raw)
+    assert plain.raw["compiles"] == 0
     assert magic.raw["executions"] == magic.raw["syncs"] == 3
 
 
@@ -504,8 +508,10 @@ def _summary_figures(text: str) -> dict[str, int]:
 @pytest.mark.kernel
 def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
     magic_cell = "%%on_tpu -o\n" + GPT2_TRAIN.format(to_dev="")
-    plain_cell = ("dev = torch_xla.device()\n" + GPT2_TRAIN.format(to_dev=".to(dev)")
-                  .replace("torch_xla.device()", "dev"))
+    # the plain cell places the model explicitly: built under `with torch.device(dev)`
+    plain_cell = ("dev = torch_xla.device()\n" + GPT2_TRAIN.format(to_dev="")
+                  .replace("torch_xla.device()", "dev")
+                  .replace("model = GPT2", "with torch.device(dev):\n    model = GPT2"))
     sources = [
         "%load_ext tpu_nb\n%tpu_setup --device cpu",
         GPT2_SETUP + KERNEL_COUNTERS.format(raw=RAW),
@@ -528,19 +534,24 @@ def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
     steps = facts["steps"]
     assert facts["magic"] == {k: facts["magic_raw"][k] for k in RAW}
     assert work(facts["magic_raw"]) == work(facts["plain_raw"])
+    assert facts["plain_raw"]["compiles"] == 0        # the very same graphs: all cached
     assert facts["magic_raw"]["executions"] == facts["magic_raw"]["host_reads"] == steps
     assert (facts["state"], facts["batches"], facts["recompiled"]) == (["cpu"], ["cpu"], False)
 
     # What the user sees: the report under the %%on_tpu cell, the XLA line under the plain
-    # one, with the same figures; the read placed on the cell's line, named by its In [n].
+    # one, with the same figures (the plain cell's graphs were all in the cache); the reads
+    # placed on the cell's line.
     shown, = [text for text in (outputs(nb.cells[3], ("display_data", "execute_result")),)
               if text.startswith("XLA: ")]      # -o: the report is the cell's Out, once
     summary = shown.splitlines()[0]
     assert "RECOMPILED" not in shown
     xla_line = [line for line in outputs(nb.cells[5], ("stream",)).splitlines()
                 if line.startswith("XLA: ")][-1]
-    assert _summary_figures(summary) == _summary_figures(xla_line)
-    assert _summary_figures(summary)["host_reads"] == steps
+    shown_magic, shown_plain = _summary_figures(summary), _summary_figures(xla_line)
+    for figures_ in (shown_magic, shown_plain):
+        figures_["graphs"] = figures_.pop("compiles") + figures_.pop("cache_hits")
+    assert shown_magic == shown_plain
+    assert shown_magic["host_reads"] == shown_magic["executions"] == steps
     print_line = Ran(magic_cell, None, {}, None).line("print(")
     assert f"line {print_line}: read from the device \u00d7{steps}" in shown
 
