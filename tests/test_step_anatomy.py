@@ -388,3 +388,38 @@ def test_profile_steps_outside_a_tracked_run_says_the_fix():
             pass
     with pytest.raises(TpuNbError, match="Fix: e.g. steps=3"):
         profile(steps=0)
+
+
+_PROFILE_MAGIC = '''
+from IPython.testing.globalipapp import start_ipython
+ip = start_ipython()
+ip.run_line_magic("load_ext", "tpu_nb")
+ip.run_cell("import torch, torch_xla, tpu_nb")
+ip.run_cell("%%on_tpu --profile 2\\n"
+            "x = torch.ones(32, 32)\\n"
+            "for _ in range(4):\\n"
+            "    x = torch.tanh(x @ x)\\n"
+            "    torch_xla.sync()\\n")
+'''
+
+
+@pytest.mark.stack
+def test_on_tpu_profile_n_draws_the_trace_of_n_steps(py):
+    out = py(_PROFILE_MAGIC, timeout=300).stdout
+    assert "profile of In [" in out and ": 2 steps," in out, out[-2000:]
+    first = [line for line in out.splitlines() if line.startswith("XLA:")]
+    assert first and " | " in first[0], out[-2000:]      # the report still shows
+
+
+def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
+    capsys.readouterr()
+    result = shell.run_cell("%%on_tpu --profile 0\nx = 1\n")
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert "--profile: needs a whole number from 1 to 1,000; got '0'. Fix: e.g. --profile 3" \
+        in text, text
+    assert "Traceback" not in text           # one line; the cell fails (a UsageError)
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    shell.run_cell("%%on_tpu --profile 2 --replicas 2\nx = 1\n")
+    text = "".join(capsys.readouterr())
+    assert "Fix: drop --profile, or use --spmd --profile N" in text and "Traceback" not in text

@@ -34,6 +34,7 @@ from tpu_nb.runtime.timing import MAX_NUMBER, MAX_REPEAT
 # The most distinct graphs --max-graphs and --alert-graphs accept: more is never a useful
 # limit, and a huge number would reach torch_xla's C++ as an overflowing int.
 MAX_GRAPHS = 10_000
+MAX_PROFILE_STEPS = 1000      # --profile N: a trace of more steps is too large to draw
 
 
 def _parse(magic, line: str, *, code: bool = False):
@@ -276,6 +277,9 @@ class TpuMagics(Magics):
     @argument("--spmd", nargs="?", const="all", default=None, metavar="MESH",
               help="run the cell once over all devices (SPMD); `mesh` and `shard_batch` set")
     @argument("--graph", action="store_true", help="show the pending graph before the sync")
+    @argument("--profile", type=_whole("--profile", 1, MAX_PROFILE_STEPS, 3), default=None,
+              metavar="N", help="capture a profiler trace of the cell's first N steps (syncs) "
+                                "and draw its timeline")
     @no_var_expand
     @cell_magic
     def on_tpu(self, line, cell):
@@ -297,6 +301,9 @@ class TpuMagics(Magics):
             raise UsageError("--live watches this kernel's XLA runtime, and --replicas runs "
                              "the cell elsewhere. Fix: drop --live (each replica reports), or "
                              "use --spmd --live")
+        if args.profile and args.replicas is not None:
+            raise UsageError("--profile traces this kernel, and --replicas runs the cell "
+                             "elsewhere. Fix: drop --profile, or use --spmd --profile N")
         code = _CellCode(self.shell, cell)     # a syntax error stops here, nothing run
         if args.replicas is not None:
             return self._run_replicas(code, args)
@@ -342,18 +349,27 @@ class TpuMagics(Magics):
         session = on_tpu(f"In[{code.number}]", code=code.codes, source=code.source,
                          filename=code.filename, sync=not args.no_sync,
                          max_graphs=args.max_graphs, locations=args.graph, device=dev)
-        report = None
+        report = capture = None
         try:
             with ExitStack() as stack:
                 if args.live:   # outermost: its final state includes the cell's last sync
                     stack.enter_context(_start_dashboard())
                 report = stack.enter_context(session)
+                if args.profile:   # inside the tracked run: it counts the run's syncs
+                    from tpu_nb.runtime.profile_trace import profile
+
+                    with _user_mistake():
+                        capture = stack.enter_context(profile(args.profile))
                 value = code.run(self.shell)
                 if args.graph:             # before the final sync runs it
                     self._show_pending_graph(value)
         finally:
             if report is not None and report.complete:
                 self._show(report, args)
+            if capture is not None and capture.trace is not None:
+                from tpu_nb.display.profile_view import TraceView
+
+                display(TraceView(capture.trace, title=f"profile of In [{code.number}]"))
         return report if args.output else value
 
     def _show_pending_graph(self, value) -> None:
