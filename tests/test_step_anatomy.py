@@ -185,6 +185,7 @@ def test_item_every_step_is_read_bound():
     assert a.share("read") > 0.5
 
 
+@pytest.mark.stack
 def test_run_view_summary_ends_with_the_verdict(shell, capsys):
     capsys.readouterr()
     shell.run_cell("%%on_tpu\n"
@@ -407,7 +408,8 @@ ip.run_cell("%%on_tpu --profile 2\\n"
 def test_on_tpu_profile_n_draws_the_trace_of_n_steps(py):
     out = py(_PROFILE_MAGIC, timeout=300).stdout
     assert "profile of In [" in out and ": 2 steps," in out, out[-2000:]
-    first = [line for line in out.splitlines() if line.startswith("XLA:")]
+    first = [line for line in out.splitlines() if "XLA: " in line]   # IPython 7 may put a
+    # terminal-title escape before it
     assert first and " | " in first[0], out[-2000:]      # the report still shows
 
 
