@@ -161,7 +161,9 @@ def test_large_matmuls_are_device_bound():
     device = sum(s.device for s in a.steps)
     assert 0.6 * report.wall_seconds < device <= report.wall_seconds * 1.01
     assert device <= report.metrics.execute_seconds * 1.01
-    assert a.parts["device"].median > 10 * (a.parts["trace"].median + a.parts["sync"].median)
+    # Tracing is cheap; the host's time goes to waiting (in the sync when the runtime holds
+    # it a step behind, else at the end), not to the user's Python.
+    assert a.parts["device"].median > 10 * a.parts["trace"].median
 
 
 def test_changing_shapes_are_compile_bound():
@@ -425,3 +427,20 @@ def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
     shell.run_cell("%%on_tpu --profile 2 --replicas 2\nx = 1\n")
     text = "".join(capsys.readouterr())
     assert "Fix: drop --profile, or use --spmd --profile N" in text and "Traceback" not in text
+
+
+def test_a_run_tracked_inside_another_leaves_the_outer_one_whole():
+    from tpu_nb.runtime import anatomy
+
+    x = torch.ones(4, device=torch_xla.device())
+    with tpu_nb.track() as outer:
+        outer_collector = anatomy.current()
+        x = x * 2
+        torch_xla.sync()
+        with tpu_nb.track() as inner:
+            x = x * 2
+            torch_xla.sync()
+        assert anatomy.current() is outer_collector      # the live view follows the outer
+        x = x * 2
+        torch_xla.sync()
+    assert len(outer.steps) == 3 and inner.anatomy.verdict is None

@@ -152,5 +152,10 @@ def live_anatomy(since: float) -> Anatomy | None:
 
 
 def panel_html(since: float) -> str:
-    """The dashboard's anatomy panel body."""
-    return anatomy_html(live_anatomy(since), title="where the last steps' time went")
+    """The dashboard's anatomy panel body (a failure here says so; it never stops the
+    dashboard's other panels)."""
+    try:
+        return anatomy_html(live_anatomy(since), title="where the last steps' time went")
+    except Exception as exc:
+        return (f"<span style='color:{style.MUTED}'>step anatomy unavailable: "
+                f"{escape(type(exc).__name__)}</span>")

@@ -32,6 +32,7 @@ host time is split into reads, input, the device's work it waited for (`wait`) a
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 import threading
 import time
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from tpu_nb.runtime.units import format_seconds
+
+log = logging.getLogger("tpu_nb")
 
 _clock = time.time            # the clock of torch_xla's metric samples (wall-clock seconds)
 _SAMPLED = ("ExecuteTime", "ExecuteReplicatedTime", "CompileTime", "TransferToDeviceTime",
@@ -227,9 +230,20 @@ class Collector:
         self._depth = 0
         self._restore: list = []
         self._recorder = None
+        self._outer: Collector | None = None
         self._xc = None
 
     def start(self, recorder) -> "Collector":
+        """Hook `recorder` and the loaders; on failure (logged) record nothing, so the run
+        still runs and reports, without an anatomy's steps."""
+        try:
+            return self._start(recorder)
+        except Exception:
+            log.debug("tpu_nb: the step anatomy could not start", exc_info=True)
+            self._unhook()
+            return self
+
+    def _start(self, recorder) -> "Collector":
         global _active
         import torch_xla
 
@@ -243,18 +257,24 @@ class Collector:
         recorder.on_read.append(self._on_read)
         self._wrap_loaders()
         self.started = self.origin = _clock()
-        _active = self
+        self._outer, _active = _active, self
         return self
 
-    def finish(self) -> Anatomy:
+    def finish(self) -> Anatomy | None:
+        """Unhook and build the run's Anatomy; None if that failed (logged: a bug in tpu_nb
+        must not cost the user the run's report)."""
         global _active
         end = _clock()
         if _active is self:
-            _active = None
+            _active = self._outer           # a run tracked inside another: the outer again
         self._unhook()
-        with self._lock:
-            self._harvest()
-        return build(self, end)
+        try:
+            with self._lock:
+                self._harvest()
+            return build(self, end)
+        except Exception:
+            log.debug("tpu_nb: the step anatomy failed", exc_info=True)
+            return None
 
     def snapshot(self, last: int = 64) -> Anatomy:
         """The anatomy of the last `last` complete steps so far (for a polling thread: its
