@@ -338,7 +338,8 @@ def _notes(graph: Graph, scene: _Scene) -> list[str]:
     if not any(n.location for n in graph.nodes) and graph.pending:
         notes.append("No source lines recorded (torch_xla records none by default), so "
                      "groups are ranges of node ids. To see which line made each node, run "
-                     "the cell as <code>%%on_tpu --graph</code> (or set XLA_IR_DEBUG=1 "
+                     "the cell as <code style='white-space:nowrap'>%%on_tpu --graph</code> "
+                     "(or set XLA_IR_DEBUG=1 "
                      "before importing torch_xla).")
     if graph.fallback_ops:
         ops = ", ".join(f"{esc(op)} ×{count}" for op, count in graph.fallback_ops)
