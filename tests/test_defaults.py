@@ -85,9 +85,8 @@ seen = {{"step": next(iter(opt.state.values()))["step"].device, "weight": model.
 
 
 def test_default_device_rejects_what_is_not_a_device():
-    with pytest.raises(TpuNbError, match="Fix: default_device()"):
-        with tpu_nb.default_device("foo"):
-            pass
+    with pytest.raises(TpuNbError, match="Fix: default_device()"), tpu_nb.default_device("foo"):
+        pass
 
 
 def test_default_device_in_a_script_covers_the_block_and_restores(py):

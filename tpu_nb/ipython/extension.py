@@ -6,6 +6,7 @@ everything registered is recorded in one `_Loaded` per shell and removed from th
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -82,6 +83,7 @@ def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
             wait_device_ops()
         return snapshot()
     except Exception:        # a broken runtime must not break every cell
+        logging.getLogger("tpu_nb").debug("reading XLA metrics after a cell", exc_info=True)
         return None
 
 

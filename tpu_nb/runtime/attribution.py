@@ -125,7 +125,7 @@ def _shape_change(a, b) -> str:
         f"{a.op} \u2192 {b.op} ({b.shape})"
     dims_a, dims_b = _dims(a.shape), _dims(b.shape)
     if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
-        moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in enumerate(zip(dims_a, dims_b))
+        moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in enumerate(zip(dims_a, dims_b, strict=True))
                  if x != y]
         if moved:
             text += f" ({', '.join(moved[:2])})"
@@ -199,9 +199,9 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
             out.append(LineFinding(0, "compile", what, place=place,
                                    via="" if ends else _via(event), order=order))
             continue
-        kind, hint, changed = "compile", "", ()
+        kind, hint, changed = "compile", "", tuple[str, ...]()
         frame = event.user_frame
-        key = (frame.file, frame.line) if frame is not None else None
+        key = (frame.file, frame.line) if frame is not None else ("", 0)
         hashes = report.recompilations.get(key, ())
         index = hashes.index(event.graph_hash) if event.graph_hash in hashes else 0
         if index > 0:

@@ -26,8 +26,8 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from tpu_nb.runtime.errors import TpuNbError
 

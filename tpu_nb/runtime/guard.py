@@ -21,8 +21,9 @@ import itertools
 import os
 import re
 import sys
-from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
 
 from tpu_nb.runtime import provenance
 from tpu_nb.runtime._xla import xla
@@ -36,7 +37,7 @@ class RecompilationError(TpuNbError):
     """More distinct graphs than allowed were traced (raised by `max_graphs`)."""
 
     @classmethod
-    def at_line(cls, limit: int, where, graphs: list) -> "RecompilationError":
+    def at_line(cls, limit: int, where, graphs: list) -> RecompilationError:
         """The error for a line (a compile_log.Frame) that compiled `graphs`, one too many."""
         from tpu_nb.runtime import attribution
         from tpu_nb.runtime.sources import short_path
@@ -89,7 +90,7 @@ def as_recompilation_error(exc: BaseException, limit: int) -> RecompilationError
 
 def _sync_site() -> str:
     """file:line of the user code that called the sync now running (called in a closure)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     library = tuple(os.path.dirname(getattr(sys.modules.get(m), "__file__", "") or "") + os.sep
                     for m in ("torch_xla", "torch", "tpu_nb"))
     while frame is not None and frame.f_code.co_filename.startswith(library):
@@ -107,18 +108,19 @@ class max_graphs:
                              "Fix: e.g. max_graphs(2) (a training loop's first step often "
                              "traces its own graph, so allow 2 or more).")
         self.limit = limit
-        self._fallback = None
-        self._wrapper = self._original = None
+        self._fallback: AbstractContextManager[None] | None = None
+        self._wrapper: Callable | None = None
+        self._original: Callable | None = None
 
     def __enter__(self) -> None:
         from tpu_nb.runtime.compile_log import compile_log
 
-        self._log = compile_log()
-        if self._log is None:
-            self._fallback = _detector_guard(self.limit)
-            self._fallback.__enter__()
+        log = self._log = compile_log()
+        if log is None:
+            fallback = self._fallback = _detector_guard(self.limit)
+            fallback.__enter__()
             return None
-        self._read = self._log.size()
+        self._read = log.size()
         self._graphs: dict[tuple[str, int], list] = {}
         torch_xla = xla()
         original = self._original = torch_xla.sync
@@ -152,8 +154,11 @@ class max_graphs:
 
     def _check(self, frame) -> None:
         __tracebackhide__ = True   # noqa: F841
-        events = self._log.events_since(self._read)
-        self._read = self._log.size()
+        log = self._log
+        if log is None:
+            return
+        events = log.events_since(self._read)
+        self._read = log.size()
         site = _user_site(frame)
         for event in events:
             where = site if event.kind != "value-access" else event.user_frame

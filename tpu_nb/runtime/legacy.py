@@ -53,7 +53,7 @@ def _module_getattr(module_name: str):
                         "(tpu_nb)")
         raise AttributeError(message, name=name, obj=sys.modules.get(module_name))
 
-    __getattr__.__tpu_nb_legacy__ = True
+    __getattr__.__tpu_nb_legacy__ = True  # type: ignore[attr-defined]
     return __getattr__
 
 
@@ -73,7 +73,8 @@ def _spawn_with_note(spawn):
 
 
 def _add_note(exc: BaseException, note: str) -> None:
-    exc.add_note(note)
+    if hasattr(exc, "add_note"):             # Python >= 3.11
+        exc.add_note(note)
     # IPython 7 (Colab) does not print notes: put it in the message too.
     if len(exc.args) == 1 and isinstance(exc.args[0], str) and note not in exc.args[0]:
         exc.args = (f"{exc.args[0]}\n{note}",)

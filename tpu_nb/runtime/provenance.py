@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tpu_nb.runtime.compile_log import Frame
 from tpu_nb.runtime.sources import is_library, short_path
@@ -162,7 +163,7 @@ class Recorder:
 
     # -- install / remove ---------------------------------------------------------------------
 
-    def start(self) -> "Recorder":
+    def start(self) -> Recorder:
         import torch
         import torch_xla
 

@@ -15,6 +15,7 @@ checkout of the user's project that no distribution names — is user code.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
@@ -59,6 +60,8 @@ def _installed_names(path_key: tuple[str, ...]) -> frozenset[str]:
         try:
             names = frozenset(packages_distributions())
         except Exception:                 # a broken distribution's metadata: names we have
+            logging.getLogger("tpu_nb").debug("installed distributions unreadable",
+                                              exc_info=True)
             names = frozenset()
         _distributions_cache.clear()      # one sys.path at a time
         _distributions_cache[path_key] = names
@@ -122,6 +125,7 @@ def short_path(path: str) -> str:
         try:
             name = namer(path)
         except Exception:
+            logging.getLogger("tpu_nb").debug("a file namer failed for %s", path, exc_info=True)
             name = None
         if name:
             return name

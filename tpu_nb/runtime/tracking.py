@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from tpu_nb.runtime import anatomy, provenance
 from tpu_nb.runtime._xla import wait_device_ops, xla
@@ -18,7 +19,7 @@ from tpu_nb.runtime.metrics import MetricsDelta, on_reset, snapshot
 # active lines, the first graphs and the latest of each).
 _graphs_by_line: OrderedDict[tuple[str, int], list[CompileEvent]] = OrderedDict()
 _MAX_LINES, _MAX_GRAPHS_PER_LINE = 256, 32
-_last: "RunReport | None" = None
+_last: RunReport | None = None
 
 
 @on_reset
@@ -205,7 +206,7 @@ class track:
                  record: bool = True, code: tuple = ()):
         self._report = RunReport(name=name)
         self._sync, self._wait, self._record, self._code = sync, wait, record, tuple(code)
-        self._recorder = None
+        self._recorder: provenance.Recorder | None = None
 
     def __enter__(self) -> RunReport:
         self._log = compile_log()
@@ -221,7 +222,7 @@ class track:
         self._start = time.perf_counter()
         return self._report
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         report = self._report
         try:
             if exc is None:
@@ -291,7 +292,8 @@ def _quiet_wait(report: RunReport) -> None:
         wait_device_ops()
         report.waited = True
     except Exception:     # the run already failed; its own error is the one to show
-        pass
+        logging.getLogger("tpu_nb").debug("waiting for the device after a failed run",
+                                          exc_info=True)
 
 
 def last_report() -> RunReport | None:
