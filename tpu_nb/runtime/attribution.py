@@ -125,8 +125,8 @@ def _shape_change(a, b) -> str:
         f"{a.op} \u2192 {b.op} ({b.shape})"
     dims_a, dims_b = _dims(a.shape), _dims(b.shape)
     if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
-        moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in enumerate(zip(dims_a, dims_b, strict=True))
-                 if x != y]
+        pairs = enumerate(zip(dims_a, dims_b, strict=True))
+        moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
         if moved:
             text += f" ({', '.join(moved[:2])})"
     if b.location is not None:
