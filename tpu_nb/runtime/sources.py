@@ -4,9 +4,8 @@ Decided by where the module was imported from, not by substrings of its path:
 - the standard library (sysconfig's stdlib directories, frozen modules);
 - tpu_nb itself;
 - installed distributions: a file under a `sys.path` entry whose top-level package (or
-  module) is named by an installed distribution (importlib.metadata), which covers
-  site-packages, dist-packages, user sites and `pip install --target` folders put on the
-  path with PYTHONPATH;
+  module) is named by a distribution installed in that entry (its *.dist-info metadata),
+  which covers `pip install --target` folders put on the path with PYTHONPATH;
 - any file under a `sys.path` entry named site-packages or dist-packages.
 
 Everything else — notebook cells, scripts, the user's own modules next to them, an editable
@@ -48,24 +47,35 @@ def _path_entries(path_key: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
     return tuple(sorted(out, key=lambda e: -len(e[0])))
 
 
-_distributions_cache: dict[tuple[str, ...], frozenset[str]] = {}
-
-
-def _installed_names(path_key: tuple[str, ...]) -> frozenset[str]:
-    """Top-level import names provided by installed distributions on this sys.path."""
-    names = _distributions_cache.get(path_key)
-    if names is None:
-        from importlib.metadata import packages_distributions
-
+@lru_cache(maxsize=256)
+def _installed_names(entry: str) -> frozenset[str]:
+    """Top-level import names the distributions installed in one sys.path entry provide
+    (a `pip install --target` folder): from each *.dist-info's top_level.txt, else its
+    RECORD. Reads only this folder's metadata (importlib.metadata's packages_distributions
+    reads every distribution on the path: ~0.5 s), once per folder."""
+    names: set[str] = set()
+    try:
+        infos = [d for d in os.listdir(entry) if d.endswith((".dist-info", ".egg-info"))]
+    except OSError:
+        return frozenset()
+    for info in infos:
+        folder = os.path.join(entry, info)
         try:
-            names = frozenset(packages_distributions())
-        except Exception:                 # a broken distribution's metadata: names we have
-            logging.getLogger("tpu_nb").debug("installed distributions unreadable",
-                                              exc_info=True)
-            names = frozenset()
-        _distributions_cache.clear()      # one sys.path at a time
-        _distributions_cache[path_key] = names
-    return names
+            with open(os.path.join(folder, "top_level.txt"), encoding="utf-8") as f:
+                names.update(line.strip() for line in f if line.strip())
+            continue
+        except OSError:
+            pass
+        try:
+            with open(os.path.join(folder, "RECORD"), encoding="utf-8") as f:
+                for line in f:
+                    first = line.split(",", 1)[0].split("/", 1)[0]
+                    if first and not first.endswith((".dist-info", ".egg-info")) \
+                            and first != "..":
+                        names.add(first[:-3] if first.endswith(".py") else first)
+        except OSError:
+            logging.getLogger("tpu_nb").debug("no metadata in %s", folder)
+    return frozenset(names)
 
 
 @lru_cache(maxsize=4096)
@@ -83,7 +93,7 @@ def _classify(path: str, path_key: tuple[str, ...]) -> bool:
                 return True
             top = full[len(entry):].split(os.sep, 1)[0]
             top = top[:-3] if top.endswith(".py") else top
-            return top in _installed_names(path_key) and not _is_cwd(entry)
+            return top in _installed_names(entry) and not _is_cwd(entry)
     return False
 
 
