@@ -36,6 +36,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 # -- the graphs ----------------------------------------------------------------------------
 
+
 def _capture(tensors_fn):
     """Trace a step with locations on; return (Graph, torch_xla's DOT of the same tensors)."""
     import torch_xla
@@ -56,8 +57,9 @@ def mlp_step():
 
     dev = tpu_nb.device()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10)).to(dev)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    ).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 256).to(dev), torch.randint(0, 10, (64,)).to(dev)
     torch_xla.sync()
@@ -79,8 +81,9 @@ def transformer_step(blocks: int = 1):
 
     dev = tpu_nb.device()
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=256,
-                                             batch_first=True)
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model=128, nhead=4, dim_feedforward=256, batch_first=True
+    )
     model = (layer if blocks == 1 else torch.nn.TransformerEncoder(layer, blocks)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(8, 32, 128).to(dev)
@@ -104,6 +107,7 @@ def synthetic(nodes: int = 20_000):
 
 # -- ours ----------------------------------------------------------------------------------
 
+
 def ours_full(graph):
     """Layout + SVG of every node (no grouping), and the crossings of that drawing."""
     from tpu_nb.display.graph_layout import count_crossings
@@ -114,8 +118,11 @@ def ours_full(graph):
     svg = render_svg(graph, budget=budget)
     seconds = time.process_time() - start
     grouped, lay = layout(graph, budget=budget)
-    routes = [[(lay.x[e.src], lay.y[e.src])] + r[1:-1] + [(lay.x[e.dst], lay.y[e.dst])]
-              for e, r in zip(grouped.edges, lay.routes) if r]
+    routes = [
+        [(lay.x[e.src], lay.y[e.src])] + r[1:-1] + [(lay.x[e.dst], lay.y[e.dst])]
+        for e, r in zip(grouped.edges, lay.routes, strict=True)
+        if r
+    ]
     return seconds, count_crossings(routes, lay.y), len(svg), lay
 
 
@@ -128,6 +135,7 @@ def ours_summary(graph):
 
 
 # -- dot -----------------------------------------------------------------------------------
+
 
 def _memory_cap() -> int:
     """Bytes of address space dot may use: half the machine's memory, at most 8 GB. Without
@@ -155,17 +163,24 @@ def run_dot(dot_text: str, timeout: float):
     before = _children_cpu()
     start = time.perf_counter()
     try:
-        proc = subprocess.run(["dot", "-Tsvg"], input=dot_text, capture_output=True,
-                              text=True, timeout=timeout, preexec_fn=limit)
+        proc = subprocess.run(
+            ["dot", "-Tsvg"],
+            input=dot_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=limit,
+        )
     except subprocess.TimeoutExpired:
         return None, f"did not finish in {timeout:.0f} s (wall time)"
     seconds = _children_cpu() - before
-    if seconds <= 0:                     # no rusage (unusual platforms): fall back to wall
+    if seconds <= 0:  # no rusage (unusual platforms): fall back to wall
         seconds = time.perf_counter() - start
     if proc.returncode != 0:
         why = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return None, (f"failed after {seconds:.0f} s (memory capped at {cap >> 30} GB): "
-                      f"{why[0][:160]}")
+        return None, (
+            f"failed after {seconds:.0f} s (memory capped at {cap >> 30} GB): {why[0][:160]}"
+        )
     return seconds, proc.stdout
 
 
@@ -179,9 +194,13 @@ def _bezier(points, steps: int = 8):
         p0, p1, p2, p3 = points[k - 1], points[k], points[k + 1], points[k + 2]
         for s in range(1, steps + 1):
             t = s / steps
-            a, b, c, d = (1 - t) ** 3, 3 * t * (1 - t) ** 2, 3 * t * t * (1 - t), t ** 3
-            out.append((a * p0[0] + b * p1[0] + c * p2[0] + d * p3[0],
-                        a * p0[1] + b * p1[1] + c * p2[1] + d * p3[1]))
+            a, b, c, d = (1 - t) ** 3, 3 * t * (1 - t) ** 2, 3 * t * t * (1 - t), t**3
+            out.append(
+                (
+                    a * p0[0] + b * p1[0] + c * p2[0] + d * p3[0],
+                    a * p0[1] + b * p1[1] + c * p2[1] + d * p3[1],
+                )
+            )
     return out
 
 
@@ -199,8 +218,7 @@ def dot_crossings(svg_text: str) -> int:
                 centres[title.text] = (float(shape.get("cx")), float(shape.get("cy")))
             else:
                 xy = [float(v) for v in _NUM.findall(g.find(f"{SVG}polygon").get("points"))]
-                centres[title.text] = (sum(xy[0::2]) / len(xy[0::2]),
-                                       sum(xy[1::2]) / len(xy[1::2]))
+                centres[title.text] = (sum(xy[0::2]) / len(xy[0::2]), sum(xy[1::2]) / len(xy[1::2]))
     for g in root.iter(f"{SVG}g"):
         if g.get("class") != "edge":
             continue
@@ -209,26 +227,32 @@ def dot_crossings(svg_text: str) -> int:
             continue
         seen.add((src, dst))
         nums = [float(v) for v in _NUM.findall(g.find(f"{SVG}path").get("d"))]
-        route = _bezier(list(zip(nums[0::2], nums[1::2])))
+        route = _bezier(list(zip(nums[0::2], nums[1::2], strict=False)))
         routes.append([centres[src]] + route[1:-1] + [centres[dst]])
     return count_crossings(routes, [y for _, y in centres.values()])
 
 
 # -- report --------------------------------------------------------------------------------
 
+
 def measure(name: str, graph, dot_text: str, dot_timeout: float, have_dot: bool) -> None:
     full_s, full_x, full_bytes, lay = ours_full(graph)
     summary_s, summary_bytes = ours_summary(graph)
     print(f"\n{name}: {len(graph.nodes):,} nodes, {len(graph.edges):,} edges")
-    extra = (f", {lay.direct_edges:,} very long edges drawn straight"
-             if lay.direct_edges else "")
-    print(f"  ours, every node     {full_s:8.2f} s   {full_x:>9,} crossings   "
-          f"SVG {full_bytes / 1e6:6.2f} MB   ({lay.virtual_nodes:,} virtual nodes{extra})")
-    print(f"  ours, notebook view  {summary_s:8.2f} s   HTML {summary_bytes / 1e6:.2f} MB "
-          f"(groups above 500 nodes, IR text panel)")
+    extra = f", {lay.direct_edges:,} very long edges drawn straight" if lay.direct_edges else ""
+    print(
+        f"  ours, every node     {full_s:8.2f} s   {full_x:>9,} crossings   "
+        f"SVG {full_bytes / 1e6:6.2f} MB   ({lay.virtual_nodes:,} virtual nodes{extra})"
+    )
+    print(
+        f"  ours, notebook view  {summary_s:8.2f} s   HTML {summary_bytes / 1e6:.2f} MB "
+        f"(groups above 500 nodes, IR text panel)"
+    )
     if not have_dot:
-        print("  dot                  skipped: Graphviz `dot` is not installed "
-              "(apt-get install graphviz)")
+        print(
+            "  dot                  skipped: Graphviz `dot` is not installed "
+            "(apt-get install graphviz)"
+        )
         return
     dot_s, out = run_dot(dot_text, dot_timeout)
     if dot_s is None:
@@ -237,34 +261,44 @@ def measure(name: str, graph, dot_text: str, dot_timeout: float, have_dot: bool)
         return
     dot_x = dot_crossings(out)
     ratio = f"{full_x / dot_x:.2f}x" if dot_x else ("1.00x" if full_x == 0 else "inf")
-    print(f"  dot -Tsvg            {dot_s:8.2f} s   {dot_x:>9,} crossings   "
-          f"SVG {len(out) / 1e6:6.2f} MB")
+    print(
+        f"  dot -Tsvg            {dot_s:8.2f} s   {dot_x:>9,} crossings   "
+        f"SVG {len(out) / 1e6:6.2f} MB"
+    )
     print(f"  ours / dot           CPU time {full_s / dot_s:.3f}x, crossings {ratio}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dot-timeout", type=float, default=300.0)
-    parser.add_argument("--deep", action="store_true",
-                        help="also a real 40-block transformer training step (~21,000 nodes)")
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="also a real 40-block transformer training step (~21,000 nodes)",
+    )
     args = parser.parse_args()
 
     import tpu_nb
 
     tpu_nb.setup("cpu")
     have_dot = shutil.which("dot") is not None
-    version = (subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
-               if have_dot else "not installed")
-    print(f"graph viewer vs Graphviz ({version}); dot timeout {args.dot_timeout:.0f} s; "
-          "times are CPU seconds")
-    cases = [("2-layer MLP training step (SGD)", mlp_step),
-             ("transformer-block training step (AdamW)", transformer_step),
-             ("synthetic 20,000-node training step", synthetic)]
+    version = (
+        subprocess.run(["dot", "-V"], capture_output=True, text=True).stderr.strip()
+        if have_dot
+        else "not installed"
+    )
+    print(
+        f"graph viewer vs Graphviz ({version}); dot timeout {args.dot_timeout:.0f} s; "
+        "times are CPU seconds"
+    )
+    cases = [
+        ("2-layer MLP training step (SGD)", mlp_step),
+        ("transformer-block training step (AdamW)", transformer_step),
+        ("synthetic 20,000-node training step", synthetic),
+    ]
     if args.deep:
-        cases.insert(2, ("2-block transformer training step (AdamW)",
-                         lambda: transformer_step(2)))
-        cases.append(("40-block transformer training step (AdamW)",
-                      lambda: transformer_step(40)))
+        cases.insert(2, ("2-block transformer training step (AdamW)", lambda: transformer_step(2)))
+        cases.append(("40-block transformer training step (AdamW)", lambda: transformer_step(40)))
     for name, make in cases:
         graph, dot_text = make()
         measure(name, graph, dot_text, args.dot_timeout, have_dot)

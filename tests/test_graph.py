@@ -21,10 +21,14 @@ def _mlp_step(batch=8, width=6, optimizer="sgd"):
     """A pending MLP training step: (loss, model, optimizer), nothing synced after it."""
     dev = tpu_nb.device()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, 3)).to(dev)
-    opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
-           else torch.optim.AdamW(model.parameters()))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    ).to(dev)
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1)
+        if optimizer == "sgd"
+        else torch.optim.AdamW(model.parameters())
+    )
     x = torch.randn(batch, width).to(dev)
     y = torch.randint(0, 3, (batch,)).to(dev)
     torch_xla.sync()
@@ -39,7 +43,7 @@ def _operand_count(text):
     for line in text.splitlines():
         if _NODE_LINE.match(line):
             head = line.split(" = ", 1)[1]
-            args = head[head.index("(") + 1:head.index(")", head.index("("))]
+            args = head[head.index("(") + 1 : head.index(")", head.index("("))]
             count += len(_OPERAND.findall(args))
     return count
 
@@ -47,16 +51,23 @@ def _operand_count(text):
 def test_node_and_edge_counts_match_torch_xla_text_and_dot():
     loss, model, opt = _mlp_step(optimizer="adamw")
     g = graph(loss, model, opt)
-    tensors = [loss] + list(model.parameters()) + [
-        s for st in opt.state.values() for s in st.values()
-        if torch.is_tensor(s) and s.device.type == "xla"]
+    tensors = (
+        [loss]
+        + list(model.parameters())
+        + [
+            s
+            for st in opt.state.values()
+            for s in st.values()
+            if torch.is_tensor(s) and s.device.type == "xla"
+        ]
+    )
     text = X._get_xla_tensors_text(tensors)
     dot = X._get_xla_tensors_dot(tensors)
     dot_nodes = re.findall(r"^\s*node\d+ \[label=", dot, re.M)
     assert len(g.nodes) == len(_NODE_LINE.findall(text)) == len(dot_nodes)
     assert len(g.edges) == _operand_count(text) == dot.count(" -> ")
     assert len(g.roots) == text.count("ROOT=") == len(tensors)
-    assert g.nodes[g.roots[0]].op == "aten::nll_loss"   # the loss is output 0
+    assert g.nodes[g.roots[0]].op == "aten::nll_loss"  # the loss is output 0
     assert g.hash == g.hash.lower() and len(g.hash) >= 16
     assert g.pending and g.kinds()["data"] > 0 and "compute" in g.kinds()
 
@@ -121,9 +132,9 @@ def test_record_locations_points_nodes_at_the_lines_that_made_them():
     torch_xla.sync()
     here = inspect.currentframe().f_lineno
     with record_locations():
-        b = a * 3                                # here + 2
-        c = torch.tanh(b)                        # here + 3
-    d = c + 1                                    # outside: no location
+        b = a * 3  # here + 2
+        c = torch.tanh(b)  # here + 3
+    d = c + 1  # outside: no location
     g = graph(d)
     by_op = {n.op: n for n in g.nodes}
     assert by_op["aten::mul"].location.line == here + 2
@@ -131,10 +142,10 @@ def test_record_locations_points_nodes_at_the_lines_that_made_them():
     assert by_op["aten::tanh"].location.file == "test_graph.py"
     assert by_op["aten::tanh"].location.function == inspect.currentframe().f_code.co_name
     assert by_op["aten::add"].location is None
-    assert not X._get_ir_debug()                 # restored on exit
+    assert not X._get_ir_debug()  # restored on exit
 
 
-SCRIPT = '''\
+SCRIPT = """\
 import json
 import torch, torch_xla
 from tpu_nb.runtime.graph import graph
@@ -152,14 +163,16 @@ print(json.dumps([[n.op, [n.location.file, n.location.line, n.location.function]
                    if n.location else None,
                    [n.user_frame.file, n.user_frame.line] if n.user_frame else None]
                   for n in g.nodes]))
-'''
+"""
 
 
 def test_xla_ir_debug_source_lines_point_at_the_script_lines(py, tmp_path):
     script = tmp_path / "lines_script.py"
     script.write_text(SCRIPT)
-    out = py(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
-             env={"XLA_IR_DEBUG": "1"}).stdout
+    out = py(
+        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+        env={"XLA_IR_DEBUG": "1"},
+    ).stdout
     rows = json.loads(out.strip().splitlines()[-1])
     located = {op: loc for op, loc, _ in rows}
     assert located["aten::mul"] == ["lines_script.py", 6, "<module>"]
@@ -219,8 +232,8 @@ def test_fallback_ops_are_recorded_and_host_reads_are_not():
     dev = tpu_nb.device()
     a = torch.tensor([3.0, 1.0, 3.0, 2.0], device=dev)
     torch_xla.sync()
-    u = torch.unique(a)                # no XLA lowering: runs on the CPU
-    a.sum().item()                     # a device->host read, not a fallback
+    u = torch.unique(a)  # no XLA lowering: runs on the CPU
+    a.sum().item()  # a device->host read, not a fallback
     g = graph(u * 2)
     names = dict(g.fallback_ops)
     assert names.get("aten::_unique2", 0) >= 1
@@ -233,10 +246,10 @@ def test_pending_graph_finds_what_a_cell_left_pending_in_its_namespace():
     x = torch.randn(4, 3).to(dev)
     torch_xla.sync()
     namespace = {"model": model, "x": x, "n": 3, "outs": [model(x).relu()], "torch": torch}
-    namespace["again"] = namespace                     # cycles are fine
+    namespace["again"] = namespace  # cycles are fine
     assert not is_pending(x) and is_pending(namespace["outs"][0])
     g = pending_graph(namespace)
-    assert [g.node(r).op for r in g.roots] == ["aten::relu"]   # not the synced params
+    assert [g.node(r).op for r in g.roots] == ["aten::relu"]  # not the synced params
     torch_xla.sync()
     assert pending_graph(namespace) is None
 
@@ -248,7 +261,7 @@ def test_pending_graph_without_arguments_finds_live_tensors_only_a_function_hold
     seen = {}
 
     def step():
-        hidden = torch.tanh(x * 2)                     # held only by this frame
+        hidden = torch.tanh(x * 2)  # held only by this frame
         seen["graph"] = pending_graph()
         return hidden.sum().item()
 
@@ -265,8 +278,8 @@ def test_nodes_made_inside_a_module_know_the_user_line_that_called_it():
     torch_xla.sync()
     here = inspect.currentframe().f_lineno
     with record_locations():
-        h = first(x)                             # here + 2
-        out = second(torch.relu(h))              # here + 3
+        h = first(x)  # here + 2
+        out = second(torch.relu(h))  # here + 3
     g = graph(out)
     addmm = [n for n in g.nodes if n.op == "aten::addmm"]
     assert [n.location.file for n in addmm] == ["linear.py", "linear.py"]
@@ -275,8 +288,9 @@ def test_nodes_made_inside_a_module_know_the_user_line_that_called_it():
     assert len(addmm[0].frames) > 2 and addmm[0].frames[0].file.endswith("linear.py")
     assert Graph.from_json(g.to_json()) == g
     grouped = g.groups(budget=1)
-    assert any(k.startswith(f"test_graph.py:{here + 3} › ") for gr in grouped.groups
-               for k, _ in gr.sources)
+    assert any(
+        k.startswith(f"test_graph.py:{here + 3} › ") for gr in grouped.groups for k, _ in gr.sources
+    )
 
 
 def test_profiler_scopes_group_the_graph_when_code_opens_them():

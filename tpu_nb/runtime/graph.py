@@ -29,16 +29,17 @@ import json
 import random
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tpu_nb.runtime._xla import xlac
 from tpu_nb.runtime.compile_log import Frame, _is_library
 from tpu_nb.runtime.errors import TpuNbUsageError
 
-if TYPE_CHECKING:   # both import this module: at run time Graph.diff/groups import them late
+if TYPE_CHECKING:  # both import this module: at run time Graph.diff/groups import them late
     from tpu_nb.runtime.graph_diff import GraphDiff
     from tpu_nb.runtime.graph_groups import GroupedGraph
 
@@ -51,18 +52,34 @@ _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 _TAG_NAME = re.compile(r"[A-Za-z0-9_]+\Z")
 _LAYOUT = re.compile(r"\{[^}]*\}")
 
-_VIEW_OPS = frozenset("""permute view expand reshape transpose t squeeze unsqueeze select slice
+# Word lists, split once at import: easier to read and extend than dozens of quoted names.
+_VIEW_OPS = frozenset(
+    """permute view expand reshape transpose t squeeze unsqueeze select slice
     generic_slice as_strided as_strided_view_update cast clone copy diagonal unfold flip
     alias update_slice unselect unbind split narrow contiguous resize cat stack pad
-    expand_copy view_copy permute_copy""".split())
-_REDUCTION_OPS = frozenset("""sum mean prod max min amax amin argmax argmin all any norm
+    expand_copy view_copy permute_copy""".split()  # noqa: SIM905
+)
+_REDUCTION_OPS = frozenset(
+    """sum mean prod max min amax amin argmax argmin all any norm
     logsumexp var std var_mean std_mean count_nonzero nll_loss mse_loss l1_loss
     binary_cross_entropy kl_div cumsum cumprod cummax cummin softmax log_softmax
-    native_layer_norm native_batch_norm topk sort median mode""".split())
-_COLLECTIVE_WORDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                     "collective_permute", "cross_replica", "send", "recv", "replica_id")
-_RANDOM_OPS = frozenset("""bernoulli normal uniform random randperm multinomial exponential
-    geometric cauchy log_normal rrelu_with_noise native_dropout dropout""".split())
+    native_layer_norm native_batch_norm topk sort median mode""".split()  # noqa: SIM905
+)
+_COLLECTIVE_WORDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "collective_permute",
+    "cross_replica",
+    "send",
+    "recv",
+    "replica_id",
+)
+_RANDOM_OPS = frozenset(
+    """bernoulli normal uniform random randperm multinomial exponential
+    geometric cauchy log_normal rrelu_with_noise native_dropout dropout""".split()  # noqa: SIM905
+)
 
 
 def node_kind(op: str) -> str:
@@ -99,20 +116,20 @@ def _classify(op: str) -> str:
 class Node:
     """One IR node: an op, its output shape and where in Python it was recorded."""
 
-    id: int                          # torch_xla's %id in this dump (post-order position)
-    op: str                          # "aten::addmm", "xla::device_data", "prim::Constant"
-    shape: str                       # "f32[32,16]"; several outputs: "(f32[6], s64[6])"
-    dtype: str                       # "f32"; several outputs: "f32,s64"
-    kind: str                        # one of KINDS
-    inputs: tuple[int, ...] = ()     # operand node ids, in operand order
-    location: Frame | None = None    # innermost Python frame (IR debug only), file basename
-    scope: str = ""                  # torch_xla scope path, e.g. "block1.6/aten::mul.1"
-    root: int | None = None          # index among the graph's outputs, if it is one
+    id: int  # torch_xla's %id in this dump (post-order position)
+    op: str  # "aten::addmm", "xla::device_data", "prim::Constant"
+    shape: str  # "f32[32,16]"; several outputs: "(f32[6], s64[6])"
+    dtype: str  # "f32"; several outputs: "f32,s64"
+    kind: str  # one of KINDS
+    inputs: tuple[int, ...] = ()  # operand node ids, in operand order
+    location: Frame | None = None  # innermost Python frame (IR debug only), file basename
+    scope: str = ""  # torch_xla scope path, e.g. "block1.6/aten::mul.1"
+    root: int | None = None  # index among the graph's outputs, if it is one
     num_outputs: int = 1
-    layout: str = ""                 # XLA layout(s), e.g. "{1,0}"
-    attrs: tuple[tuple[str, str], ...] = ()   # any other `name=value` tags, verbatim
-    frames: tuple[Frame, ...] = ()   # the whole Python stack, innermost first, full paths
-                                     # (from the HLO's stack-frame index; see graph())
+    layout: str = ""  # XLA layout(s), e.g. "{1,0}"
+    attrs: tuple[tuple[str, str], ...] = ()  # any other `name=value` tags, verbatim
+    frames: tuple[Frame, ...] = ()  # the whole Python stack, innermost first, full paths
+    # (from the HLO's stack-frame index; see graph())
 
     @property
     def name(self) -> str:
@@ -121,7 +138,7 @@ class Node:
 
     @property
     def where(self) -> str:
-        """"function@file:line", or "" without a location."""
+        """ "function@file:line", or "" without a location."""
         loc = self.location
         return f"{loc.function}@{loc.file}:{loc.line}" if loc else ""
 
@@ -152,22 +169,22 @@ class Edge:
 
     src: int
     dst: int
-    operand: int       # position among dst's operands
-    output: int = 0    # which output of src (multi-output nodes)
-    shape: str = ""    # the shape of that value
+    operand: int  # position among dst's operands
+    output: int = 0  # which output of src (multi-output nodes)
+    shape: str = ""  # the shape of that value
 
 
 def _split_tuple(shape: str) -> list[str]:
-    """"(f32[6], s64[6])" -> ["f32[6]", "s64[6]"]."""
+    """ "(f32[6], s64[6])" -> ["f32[6]", "s64[6]"]."""
     return [m.group(0) for m in _ARRAY.finditer(shape)]
 
 
 def _parse_shape(text: str) -> tuple[str, str, str]:
     """XLA shape text -> (shape without layout, dtype(s), layout(s))."""
-    if text[0] != "(":                            # one array: the common case, no regex
+    if text[0] != "(":  # one array: the common case, no regex
         open_at, close_at = text.find("["), text.find("]")
         if 0 < open_at < close_at:
-            return text[:close_at + 1], text[:open_at], text[close_at + 1:]
+            return text[: close_at + 1], text[:open_at], text[close_at + 1 :]
     arrays = _ARRAY.findall(text)
     layout = "".join(a[2] for a in arrays)
     shape = _LAYOUT.sub("", text) if layout else text
@@ -176,7 +193,7 @@ def _parse_shape(text: str) -> tuple[str, str, str]:
 
 
 def _parse_tags(rest: str) -> list[tuple[str, str]]:
-    """", a=1, b=(x, y), c=z" -> [(a, 1), (b, (x, y)), (c, z)], splitting at ", " outside
+    """ ", a=1, b=(x, y), c=z" -> [(a, 1), (b, (x, y)), (c, z)], splitting at ", " outside
     brackets as torch_xla's own ParseAttrTag does."""
     if not rest.startswith(", "):
         return []
@@ -196,7 +213,7 @@ def _unbalanced(value: str) -> bool:
 
 
 def parse_location(value: str) -> Frame | None:
-    """"fn@file.py:12" -> Frame(file="file.py", line=12, function="fn")."""
+    """ "fn@file.py:12" -> Frame(file="file.py", line=12, function="fn")."""
     head, _, line = value.rpartition(":")
     function, at, file = head.partition("@")
     if not at or not line.isdigit():
@@ -225,8 +242,14 @@ def _new(cls, values: dict) -> Any:
     return obj
 
 
-_NODE_DEFAULTS = {"location": None, "scope": "", "root": None, "num_outputs": 1, "attrs": (),
-                  "frames": ()}
+_NODE_DEFAULTS = {
+    "location": None,
+    "scope": "",
+    "root": None,
+    "num_outputs": 1,
+    "attrs": (),
+    "frames": (),
+}
 
 
 def _parse_line(line: str, frames: dict[str, Frame | None]) -> dict | None:
@@ -235,8 +258,15 @@ def _parse_line(line: str, frames: dict[str, Frame | None]) -> dict | None:
         return None
     nid, shape_text, op, operands, rest = match.groups()
     shape, dtype, layout = _parse_shape(shape_text)
-    values = dict(_NODE_DEFAULTS, id=int(nid), op=op, shape=shape, dtype=dtype,
-                  kind=node_kind(op), layout=layout)
+    values = dict(
+        _NODE_DEFAULTS,
+        id=int(nid),
+        op=op,
+        shape=shape,
+        dtype=dtype,
+        kind=node_kind(op),
+        layout=layout,
+    )
     values["_operands"] = operands.split(", ") if operands else []
     attrs = []
     for name, value in _parse_tags(rest):
@@ -262,34 +292,44 @@ class Graph:
 
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...]
-    roots: tuple[int, ...] = ()      # node id of each output, in output order
+    roots: tuple[int, ...] = ()  # node id of each output, in output order
     # torch_xla's hash of the graph of these tensors (_get_graph_hash, hex); "" if parsed.
     # Same graph, same hash; not the compile log's "Graph Hash" (a sync hashes differently).
     hash: str = ""
-    ir_debug: bool = False           # IR debug was on, or some node has a location
+    ir_debug: bool = False  # IR debug was on, or some node has a location
     fallback_ops: tuple[tuple[str, int], ...] = ()  # CPU fallbacks run so far in the process
-    text: str = field(default="", repr=False)       # the IR text this was parsed from
+    text: str = field(default="", repr=False)  # the IR text this was parsed from
     hlo_text: str | None = field(default=None, repr=False)
 
     # -- construction -----------------------------------------------------------------------
 
     @classmethod
-    def from_ir_text(cls, text: str, *, hash: str = "", hlo_text: str | None = None,
-                     ir_debug: bool | None = None,
-                     fallback_ops: Iterable[tuple[str, int]] = ()) -> "Graph":
+    def from_ir_text(
+        cls,
+        text: str,
+        *,
+        hash: str = "",
+        hlo_text: str | None = None,
+        ir_debug: bool | None = None,
+        fallback_ops: Iterable[tuple[str, int]] = (),
+    ) -> Graph:
         """Parse torch_xla's IR text (`_get_xla_tensors_text`) into a Graph."""
         with gc_paused():
-            return cls._from_ir_text(text, hash=hash, hlo_text=hlo_text, ir_debug=ir_debug,
-                                     fallback_ops=fallback_ops)
+            return cls._from_ir_text(
+                text, hash=hash, hlo_text=hlo_text, ir_debug=ir_debug, fallback_ops=fallback_ops
+            )
 
     @classmethod
-    def _from_ir_text(cls, text: str, *, hash: str, hlo_text: str | None,
-                      ir_debug: bool | None, fallback_ops) -> "Graph":
+    def _from_ir_text(
+        cls, text: str, *, hash: str, hlo_text: str | None, ir_debug: bool | None, fallback_ops
+    ) -> Graph:
         frames: dict[str, Frame | None] = {}
         parsed = [p for p in (_parse_line(line, frames) for line in text.splitlines()) if p]
         if not parsed and "IR {" not in text:
-            raise TpuNbUsageError("this text is not torch_xla IR (no `IR {` block). Fix: pass "
-                                  "the output of torch_xla._XLAC._get_xla_tensors_text([...]).")
+            raise TpuNbUsageError(
+                "this text is not torch_xla IR (no `IR {` block). Fix: pass "
+                "the output of torch_xla._XLAC._get_xla_tensors_text([...])."
+            )
         index = {p["id"]: p for p in parsed}
         nodes, edges = [], []
         for values in parsed:
@@ -301,40 +341,73 @@ class Graph:
                 inputs.append(src)
                 producer = index.get(src)
                 shape = _output_shape(producer, output) if producer else ""
-                edges.append(_new(Edge, {"src": src, "dst": values["id"], "operand": position,
-                                         "output": output, "shape": shape}))
+                edges.append(
+                    _new(
+                        Edge,
+                        {
+                            "src": src,
+                            "dst": values["id"],
+                            "operand": position,
+                            "output": output,
+                            "shape": shape,
+                        },
+                    )
+                )
             values["inputs"] = tuple(inputs)
             nodes.append(_new(Node, values))
-        roots = tuple(n.id for n in sorted((n for n in nodes if n.root is not None),
-                                           key=lambda n: n.root))
+        roots = tuple(
+            n.id for n in sorted((n for n in nodes if n.root is not None), key=lambda n: n.root)
+        )
         if ir_debug is None:
             ir_debug = any(n.location for n in nodes)
-        return cls(nodes=tuple(nodes), edges=tuple(edges), roots=roots, hash=hash,
-                   ir_debug=ir_debug, fallback_ops=tuple(fallback_ops), text=text,
-                   hlo_text=hlo_text)
+        return cls(
+            nodes=tuple(nodes),
+            edges=tuple(edges),
+            roots=roots,
+            hash=hash,
+            ir_debug=ir_debug,
+            fallback_ops=tuple(fallback_ops),
+            text=text,
+            hlo_text=hlo_text,
+        )
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Graph":
+    def from_dict(cls, data: dict) -> Graph:
         """The inverse of `to_dict()`."""
         nodes = []
         for raw in data["nodes"]:
             loc = raw.get("location")
-            nodes.append(Node(
-                id=raw["id"], op=raw["op"], shape=raw["shape"], dtype=raw["dtype"],
-                kind=raw["kind"], inputs=tuple(raw.get("inputs", ())),
-                location=Frame(loc["file"], loc["line"], loc["function"]) if loc else None,
-                scope=raw.get("scope", ""), root=raw.get("root"),
-                num_outputs=raw.get("num_outputs", 1), layout=raw.get("layout", ""),
-                attrs=tuple(tuple(a) for a in raw.get("attrs", ())),
-                frames=tuple(Frame(*f) for f in raw.get("frames", ()))))
+            nodes.append(
+                Node(
+                    id=raw["id"],
+                    op=raw["op"],
+                    shape=raw["shape"],
+                    dtype=raw["dtype"],
+                    kind=raw["kind"],
+                    inputs=tuple(raw.get("inputs", ())),
+                    location=Frame(loc["file"], loc["line"], loc["function"]) if loc else None,
+                    scope=raw.get("scope", ""),
+                    root=raw.get("root"),
+                    num_outputs=raw.get("num_outputs", 1),
+                    layout=raw.get("layout", ""),
+                    attrs=tuple(tuple(a) for a in raw.get("attrs", ())),
+                    frames=tuple(Frame(*f) for f in raw.get("frames", ())),
+                )
+            )
         edges = tuple(Edge(*e) for e in data["edges"])
-        return cls(nodes=tuple(nodes), edges=edges, roots=tuple(data.get("roots", ())),
-                   hash=data.get("hash", ""), ir_debug=data.get("ir_debug", False),
-                   fallback_ops=tuple(tuple(f) for f in data.get("fallback_ops", ())),
-                   text=data.get("ir_text", ""), hlo_text=data.get("hlo_text"))
+        return cls(
+            nodes=tuple(nodes),
+            edges=edges,
+            roots=tuple(data.get("roots", ())),
+            hash=data.get("hash", ""),
+            ir_debug=data.get("ir_debug", False),
+            fallback_ops=tuple(tuple(f) for f in data.get("fallback_ops", ())),
+            text=data.get("ir_text", ""),
+            hlo_text=data.get("hlo_text"),
+        )
 
     @classmethod
-    def from_json(cls, text: str) -> "Graph":
+    def from_json(cls, text: str) -> Graph:
         return cls.from_dict(json.loads(text))
 
     # -- reading ----------------------------------------------------------------------------
@@ -344,8 +417,10 @@ class Graph:
 
     def __repr__(self) -> str:
         short = f", hash={self.hash[:12]!r}" if self.hash else ""
-        return (f"Graph({len(self.nodes)} nodes, {len(self.edges)} edges, "
-                f"{len(self.roots)} outputs{short})")
+        return (
+            f"Graph({len(self.nodes)} nodes, {len(self.edges)} edges, "
+            f"{len(self.roots)} outputs{short})"
+        )
 
     def node(self, node_id: int) -> Node:
         return self.nodes[self._position[node_id]]
@@ -358,7 +433,7 @@ class Graph:
     def consumers(self) -> dict[int, tuple[int, ...]]:
         """node id -> ids of the nodes that use its outputs (each once, in id order)."""
         users: dict[int, list[int]] = defaultdict(list)
-        for e in self.edges:          # edges come grouped by dst in id order: no sort needed
+        for e in self.edges:  # edges come grouped by dst in id order: no sort needed
             lst = users[e.src]
             if not lst or lst[-1] != e.dst:
                 lst.append(e.dst)
@@ -392,34 +467,55 @@ class Graph:
     def hlo(self) -> str:
         """The HLO module text torch_xla lowers this graph to."""
         if self.hlo_text is None:
-            raise TpuNbUsageError("this Graph has no HLO: it was parsed from IR text or "
-                                  "captured with hlo=False. Fix: capture it with "
-                                  "tpu_nb.graph(*tensors), before the sync that runs it.")
+            raise TpuNbUsageError(
+                "this Graph has no HLO: it was parsed from IR text or "
+                "captured with hlo=False. Fix: capture it with "
+                "tpu_nb.graph(*tensors), before the sync that runs it."
+            )
         return self.hlo_text
 
     def summary(self) -> str:
         """One line: size, outputs and what the nodes are."""
         kinds = ", ".join(f"{v} {k}" for k, v in self.kinds().items())
-        return (f"{len(self.nodes)} nodes ({kinds}), {len(self.edges)} edges, "
-                f"{len(self.roots)} outputs")
+        return (
+            f"{len(self.nodes)} nodes ({kinds}), {len(self.edges)} edges, {len(self.roots)} outputs"
+        )
 
     # -- export -----------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
         """Plain JSON-ready data (lists, dicts, strings, numbers)."""
+
         def node(n: Node) -> dict:
             loc = n.location
-            return {"id": n.id, "op": n.op, "kind": n.kind, "shape": n.shape, "dtype": n.dtype,
-                    "layout": n.layout, "inputs": list(n.inputs), "scope": n.scope,
-                    "location": {"file": loc.file, "line": loc.line, "function": loc.function}
-                    if loc else None, "root": n.root, "num_outputs": n.num_outputs,
-                    "attrs": [list(a) for a in n.attrs],
-                    "frames": [[f.file, f.line, f.function] for f in n.frames]}
-        return {"hash": self.hash, "ir_debug": self.ir_debug, "roots": list(self.roots),
-                "fallback_ops": [list(f) for f in self.fallback_ops],
-                "nodes": [node(n) for n in self.nodes],
-                "edges": [[e.src, e.dst, e.operand, e.output, e.shape] for e in self.edges],
-                "ir_text": self.text, "hlo_text": self.hlo_text}
+            return {
+                "id": n.id,
+                "op": n.op,
+                "kind": n.kind,
+                "shape": n.shape,
+                "dtype": n.dtype,
+                "layout": n.layout,
+                "inputs": list(n.inputs),
+                "scope": n.scope,
+                "location": {"file": loc.file, "line": loc.line, "function": loc.function}
+                if loc
+                else None,
+                "root": n.root,
+                "num_outputs": n.num_outputs,
+                "attrs": [list(a) for a in n.attrs],
+                "frames": [[f.file, f.line, f.function] for f in n.frames],
+            }
+
+        return {
+            "hash": self.hash,
+            "ir_debug": self.ir_debug,
+            "roots": list(self.roots),
+            "fallback_ops": [list(f) for f in self.fallback_ops],
+            "nodes": [node(n) for n in self.nodes],
+            "edges": [[e.src, e.dst, e.operand, e.output, e.shape] for e in self.edges],
+            "ir_text": self.text,
+            "hlo_text": self.hlo_text,
+        }
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -435,8 +531,11 @@ class Graph:
             text = "\\n".join(part.replace("\\", "\\\\").replace('"', '\\"') for part in label)
             lines.append(f'  node{n.id} [label="{text}"]')
         for e in self.edges:
-            lines.append(f'  node{e.src} -> node{e.dst} [label="i={e.operand}"]'
-                         if len(self.node(e.dst).inputs) > 1 else f"  node{e.src} -> node{e.dst}")
+            lines.append(
+                f'  node{e.src} -> node{e.dst} [label="i={e.operand}"]'
+                if len(self.node(e.dst).inputs) > 1
+                else f"  node{e.src} -> node{e.dst}"
+            )
         lines.append("}")
         return "\n".join(lines) + "\n"
 
@@ -445,16 +544,22 @@ class Graph:
     def diff(self, other: Graph) -> GraphDiff:
         """What changed from `other` (the earlier graph) to this one: nodes whose op, shape or
         dtype differ, and nodes only one of them has. `graph_b.diff(graph_a)`."""
-        from tpu_nb.runtime.graph_diff import diff_graphs   # same layer; avoids an import cycle
+        from tpu_nb.runtime.graph_diff import diff_graphs  # same layer; avoids an import cycle
 
         return diff_graphs(before=other, after=self)
 
-    def groups(self, by: str = "auto", *, budget: int = NODE_BUDGET, target: int | None = None,
-               expand: Iterable[str] = ()) -> GroupedGraph:
+    def groups(
+        self,
+        by: str = "auto",
+        *,
+        budget: int = NODE_BUDGET,
+        target: int | None = None,
+        expand: Iterable[str] = (),
+    ) -> GroupedGraph:
         """Above `budget` nodes, about `target` groups of consecutive nodes by source line
         (or "function", "file", "scope", "range"); `expand` names groups to open. See
         tpu_nb.runtime.graph_groups."""
-        from tpu_nb.runtime.graph_groups import group_graph   # same layer; avoids a cycle
+        from tpu_nb.runtime.graph_groups import group_graph  # same layer; avoids a cycle
 
         return group_graph(self, by=by, budget=budget, target=target, expand=expand)
 
@@ -467,6 +572,7 @@ def _output_shape(values: dict, output: int) -> str:
 
 
 # -- capture -------------------------------------------------------------------------------
+
 
 def _hash_hex(raw: bytes) -> str:
     """torch::lazy::HashToString form: high 64 bits, then the low 64 bits zero-padded."""
@@ -488,14 +594,17 @@ def graph(*tensors: Any, hlo: bool = True, frames: bool | None = None) -> Graph:
     X = xlac()
     text = X._get_xla_tensors_text(found)
     g = Graph.from_ir_text(
-        text, hash=_hash_hex(X._get_graph_hash(found)),
+        text,
+        hash=_hash_hex(X._get_graph_hash(found)),
         hlo_text=X._get_xla_tensors_hlo(found) if hlo else None,
-        ir_debug=None if not X._get_ir_debug() else True, fallback_ops=_fallback_counts())
+        ir_debug=None if not X._get_ir_debug() else True,
+        fallback_ops=_fallback_counts(),
+    )
     located = any(n.location for n in g.nodes)
     if frames or (frames is None and located and len(g.nodes) <= 50_000):
-        from tpu_nb.runtime.graph_frames import with_frames   # same layer
+        from tpu_nb.runtime.graph_frames import with_frames  # same layer
 
-        with record_locations():          # lowering writes source metadata only in IR debug
+        with record_locations():  # lowering writes source metadata only in IR debug
             proto = X._get_xla_tensors_hlo_proto(found)
         g = with_frames(g, proto)
     return g
@@ -518,7 +627,8 @@ def _xla_tensors(objects: Sequence[Any]) -> list:
                 raise TpuNbUsageError(
                     f"graph() got a tensor on {obj.device}, which is not lazy: only XLA "
                     "tensors have a pending graph. Fix: leave it out, or move it first with "
-                    ".to(tpu_nb.device()).")
+                    ".to(tpu_nb.device())."
+                )
             found.setdefault(id(obj), obj)
         elif _is_container(obj, torch):
             for t in _walk(obj, torch):
@@ -527,16 +637,20 @@ def _xla_tensors(objects: Sequence[Any]) -> list:
             raise TpuNbUsageError(
                 f"graph() takes XLA tensors, modules, optimizers or lists/dicts of them; got "
                 f"{type(obj).__name__}. Fix: pass the tensors whose computation you want to "
-                "see, e.g. tpu_nb.graph(loss) or tpu_nb.graph(loss, model).")
+                "see, e.g. tpu_nb.graph(loss) or tpu_nb.graph(loss, model)."
+            )
     if not found:
-        raise TpuNbUsageError("graph() found no XLA tensor in its arguments. Fix: pass tensors "
-                              "on the XLA device, e.g. tpu_nb.graph(loss).")
+        raise TpuNbUsageError(
+            "graph() found no XLA tensor in its arguments. Fix: pass tensors "
+            "on the XLA device, e.g. tpu_nb.graph(loss)."
+        )
     return list(found.values())
 
 
 def _is_container(obj: Any, torch) -> bool:
-    return isinstance(obj, (list, tuple, dict, set, frozenset, torch.nn.Module,
-                            torch.optim.Optimizer))
+    return isinstance(
+        obj, (list, tuple, dict, set, frozenset, torch.nn.Module, torch.optim.Optimizer)
+    )
 
 
 def _walk(obj: Any, torch) -> Iterator:
@@ -580,13 +694,19 @@ def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> 
 
     if objects:
         budget = [max_items]
-        candidates = (t for obj in objects
-                      for t in _walk_limited(obj, torch, depth=4, seen=set(), budget=budget))
+        candidates = (
+            t
+            for obj in objects
+            for t in _walk_limited(obj, torch, depth=4, seen=set(), budget=budget)
+        )
     else:
         # type(), not isinstance(): isinstance reads __class__, which some objects in a big
         # process answer with a deprecation warning (torch.distributed.reduce_op)
-        candidates = (o for o in gc.get_objects()
-                      if issubclass(type(o), torch.Tensor) and o.device.type == "xla")
+        candidates = (
+            o
+            for o in gc.get_objects()
+            if issubclass(type(o), torch.Tensor) and o.device.type == "xla"
+        )
     found: dict[int, Any] = {}
     for t in candidates:
         if id(t) not in found and is_pending(t):
@@ -637,6 +757,7 @@ def record_locations(enabled: bool = True) -> Iterator[None]:
 
 # -- synthetic graphs for benchmarks and tests ---------------------------------------------
 
+
 def synthetic_ir(nodes: int = 20_000, *, seed: int = 0) -> str:
     """IR text shaped like an N-layer training step (forward blocks, a backward pass that
     reads the forward activations, per-parameter optimizer updates), about `nodes` long.
@@ -644,8 +765,9 @@ def synthetic_ir(nodes: int = 20_000, *, seed: int = 0) -> str:
     rng = random.Random(seed)
     out: list[str] = []
 
-    def add(shape: str, op: str, operands: Sequence[int] = (), loc: str = "",
-            root: int | None = None) -> int:
+    def add(
+        shape: str, op: str, operands: Sequence[int] = (), loc: str = "", root: int | None = None
+    ) -> int:
         nid = len(out)
         args = ", ".join(f"%{o}" for o in operands)
         tags = f", location={loc}" if loc else ""
@@ -665,11 +787,15 @@ def synthetic_ir(nodes: int = 20_000, *, seed: int = 0) -> str:
         wt = add("f32[256,256]{0,1}", "aten::permute", [w], f"forward@model.py:{line}")
         h = add(act, "aten::addmm", [x, wt, b], f"forward@model.py:{line}")
         c = add("f32[]", "prim::Constant", loc=f"forward@model.py:{line + 1}")
-        h2 = add(act, rng.choice(["aten::gelu", "aten::relu", "aten::silu"]), [h],
-                 f"forward@model.py:{line + 1}")
+        h2 = add(
+            act,
+            rng.choice(["aten::gelu", "aten::relu", "aten::silu"]),
+            [h],
+            f"forward@model.py:{line + 1}",
+        )
         x = add(act, "aten::add", [h2, x, c], f"forward@model.py:{line + 2}")
         saved.append((h, h2, x))
-    loss = add("f32[]", "aten::mean", [x], "<module>@train.py:12", root=0)
+    add("f32[]", "aten::mean", [x], "<module>@train.py:12", root=0)  # the loss
     grad = add("f32[]", "prim::Constant")
     g = add(act, "aten::expand", [grad])
     root = 1
@@ -678,8 +804,9 @@ def synthetic_ir(nodes: int = 20_000, *, seed: int = 0) -> str:
         w, b = params[layer]
         d = add(act, "aten::gelu_backward", [g, h])
         d = add(act, "aten::mul", [d, h2])
-        gw = add("f32[256,256]{1,0}", "aten::mm", [add("f32[256,32]{0,1}", "aten::permute",
-                                                         [d]), h])
+        gw = add(
+            "f32[256,256]{1,0}", "aten::mm", [add("f32[256,32]{0,1}", "aten::permute", [d]), h]
+        )
         gb = add("f32[1,256]{1,0}", "aten::sum", [d])
         gb = add("f32[256]{0}", "aten::view", [gb])
         g = add(act, "aten::mm", [d, add("f32[256,256]{1,0}", "aten::permute", [w])])

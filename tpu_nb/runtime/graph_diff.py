@@ -17,24 +17,26 @@ from dataclasses import dataclass, field
 
 from tpu_nb.runtime.graph import Graph, Node, gc_paused
 
+
 @dataclass(frozen=True)
 class NodeChange:
     """One node that differs: changed (op/shape/dtype), added, or removed."""
 
     before: Node | None
     after: Node | None
-    fields: tuple[str, ...]   # some of ("op", "shape", "dtype"), or ("added",) / ("removed",)
+    fields: tuple[str, ...]  # some of ("op", "shape", "dtype"), or ("added",) / ("removed",)
 
     @property
     def status(self) -> str:
         return self.fields[0] if self.fields[0] in ("added", "removed") else "changed"
 
     def __str__(self) -> str:
-        if self.before is None:
-            return f"added   {self.after.describe()}"
-        if self.after is None:
-            return f"removed {self.before.describe()}"
         a, b = self.before, self.after
+        if a is None:
+            assert b is not None  # a change has at least one side
+            return f"added   {b.describe()}"
+        if b is None:
+            return f"removed {a.describe()}"
         parts = []
         if "op" in self.fields:
             parts.append(f"{a.op} -> {b.op}")
@@ -51,8 +53,8 @@ class GraphDiff:
     before: Graph = field(repr=False)
     after: Graph = field(repr=False)
     changes: tuple[NodeChange, ...]
-    causes: tuple[NodeChange, ...]   # changed nodes whose inputs did not change: the origins
-    aligned: bool                    # same ops in the same order (only shapes/dtypes differ)
+    causes: tuple[NodeChange, ...]  # changed nodes whose inputs did not change: the origins
+    aligned: bool  # same ops in the same order (only shapes/dtypes differ)
 
     def __bool__(self) -> bool:
         return bool(self.changes)
@@ -76,12 +78,17 @@ class GraphDiff:
 
     def summary(self) -> str:
         if not self.changes:
-            same = "same hash" if self.before.hash and self.before.hash == self.after.hash \
+            same = (
+                "same hash"
+                if self.before.hash and self.before.hash == self.after.hash
                 else "same ops, shapes and dtypes"
+            )
             return f"no difference ({same})"
-        return (f"{len(self.changed)} changed, {len(self.added)} added, "
-                f"{len(self.removed)} removed nodes "
-                f"({len(self.before.nodes)} -> {len(self.after.nodes)})")
+        return (
+            f"{len(self.changed)} changed, {len(self.added)} added, "
+            f"{len(self.removed)} removed nodes "
+            f"({len(self.before.nodes)} -> {len(self.after.nodes)})"
+        )
 
     def __str__(self) -> str:
         lines = [self.summary()]
@@ -116,7 +123,7 @@ def _align(a: list, b: list) -> list[tuple[int | None, int | None]]:
     end_a, end_b = len(a), len(b)
     while end_a > start and end_b > start and a[end_a - 1] == b[end_b - 1]:
         end_a, end_b = end_a - 1, end_b - 1
-    pairs = [(i, i) for i in range(start)]
+    pairs: list[tuple[int | None, int | None]] = [(i, i) for i in range(start)]
     pairs += _align_middle(a, b, start, end_a, start, end_b)
     pairs += [(end_a + k, end_b + k) for k in range(len(a) - end_a)]
     return pairs
@@ -149,8 +156,9 @@ def _pair_by_op(a, b, a0, a1, b0, b1) -> list[tuple[int | None, int | None]]:
     """Inside a replaced stretch, pair nodes with the same op (their inputs differ); pair
     the rest one to one only where both sides have the same count (an op changed)."""
     pairs = []
-    ops = difflib.SequenceMatcher(None, [k[0] for k in a[a0:a1]], [k[0] for k in b[b0:b1]],
-                                  autojunk=False)
+    ops = difflib.SequenceMatcher(
+        None, [k[0] for k in a[a0:a1]], [k[0] for k in b[b0:b1]], autojunk=False
+    )
     for tag, i1, i2, j1, j2 in ops.get_opcodes():
         common = i2 - i1 if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1) else 0
         pairs += [(a0 + i1 + k, b0 + j1 + k) for k in range(common)]
@@ -163,8 +171,7 @@ def _unique_anchors(a, b, a0, a1, b0, b1) -> list[tuple[int, int]]:
     """Keys occurring exactly once in each range, as a longest increasing chain of pairs."""
     count_a, count_b = Counter(a[a0:a1]), Counter(b[b0:b1])
     pos_b = {b[j]: j for j in range(b0, b1) if count_b[b[j]] == 1}
-    cands = [(i, pos_b[a[i]]) for i in range(a0, a1)
-             if count_a[a[i]] == 1 and a[i] in pos_b]
+    cands = [(i, pos_b[a[i]]) for i in range(a0, a1) if count_a[a[i]] == 1 and a[i] in pos_b]
     return _longest_increasing(cands)
 
 
@@ -197,6 +204,7 @@ def _diff(before: Graph, after: Graph) -> GraphDiff:
     a_keys = [n.op for n in before.nodes]
     b_keys = [n.op for n in after.nodes]
     aligned = a_keys == b_keys
+    pairs: list[tuple[int | None, int | None]]
     if aligned:
         pairs = [(i, i) for i in range(len(a_keys))]
     else:
@@ -210,13 +218,24 @@ def _diff(before: Graph, after: Graph) -> GraphDiff:
             changes.append(NodeChange(old, new, fields))
             if new is not None:
                 status_after[new.id] = fields
-    causes = tuple(c for c in changes if c.status == "changed"
-                   and not any(src in status_after for src in c.after.inputs))
-    if not causes:   # nothing changed in place: what was added first is where it starts
-        causes = tuple(c for c in changes if c.status == "added"
-                       and not any(src in status_after for src in c.after.inputs))
-    return GraphDiff(before=before, after=after, changes=tuple(changes), causes=causes,
-                     aligned=aligned)
+    causes = tuple(
+        c
+        for c in changes
+        if c.status == "changed"
+        and c.after is not None  # always set for "changed": narrows the type
+        and not any(src in status_after for src in c.after.inputs)
+    )
+    if not causes:  # nothing changed in place: what was added first is where it starts
+        causes = tuple(
+            c
+            for c in changes
+            if c.status == "added"
+            and c.after is not None  # always set for "added": narrows the type
+            and not any(src in status_after for src in c.after.inputs)
+        )
+    return GraphDiff(
+        before=before, after=after, changes=tuple(changes), causes=causes, aligned=aligned
+    )
 
 
 def _changed_fields(old: Node | None, new: Node | None) -> tuple[str, ...]:
@@ -224,5 +243,12 @@ def _changed_fields(old: Node | None, new: Node | None) -> tuple[str, ...]:
         return ("added",)
     if new is None:
         return ("removed",)
-    return tuple(f for f, x, y in (("op", old.op, new.op), ("shape", old.shape, new.shape),
-                                   ("dtype", old.dtype, new.dtype)) if x != y)
+    return tuple(
+        f
+        for f, x, y in (
+            ("op", old.op, new.op),
+            ("shape", old.shape, new.shape),
+            ("dtype", old.dtype, new.dtype),
+        )
+        if x != y
+    )

@@ -47,15 +47,16 @@ def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
     while i < end:
         key, i = _varint(buf, i)
         kind = key & 7
+        value: int | bytes
         if kind == 0:
             value, i = _varint(buf, i)
         elif kind == 2:
             size, i = _varint(buf, i)
-            value, i = buf[i:i + size], i + size
+            value, i = buf[i : i + size], i + size
         elif kind == 1:
-            value, i = buf[i:i + 8], i + 8
+            value, i = buf[i : i + 8], i + 8
         elif kind == 5:
-            value, i = buf[i:i + 4], i + 4
+            value, i = buf[i : i + 4], i + 4
         else:
             raise ValueError(f"unsupported protobuf wire type {kind}")
         out.append((key >> 3, value))
@@ -80,13 +81,19 @@ def _stacks(index: bytes) -> dict[int, tuple[Frame, ...]]:
     functions = [b.decode("utf-8", "replace") for b in _all(fields, _INDEX_FUNCTIONS)]
     locations = []
     for raw in _all(fields, _INDEX_LOCATIONS):
-        loc = _fields(raw)          # file_name_id, function_name_id, line (1-based ids)
-        locations.append(Frame(file=files[_one(loc, 1, 1) - 1], line=_one(loc, 3, 0),
-                               function=functions[_one(loc, 2, 1) - 1]))
+        loc = _fields(raw)  # file_name_id, function_name_id, line (1-based ids)
+        locations.append(
+            Frame(
+                file=files[_one(loc, 1, 1) - 1],
+                line=_one(loc, 3, 0),
+                function=functions[_one(loc, 2, 1) - 1],
+            )
+        )
     frames = [(_one(f, 1, 0), _one(f, 2, 0)) for f in map(_fields, _all(fields, _INDEX_FRAMES))]
     stacks: dict[int, tuple[Frame, ...]] = {}
     for frame_id in range(1, len(frames) + 1):
-        chain, current = [], frame_id
+        chain: list[Frame] = []
+        current = frame_id
         while current and len(chain) < 1000:
             location_id, parent = frames[current - 1]
             chain.append(locations[location_id - 1])
@@ -112,8 +119,13 @@ def instruction_stacks(proto: bytes) -> list[tuple[str, tuple[Frame, ...]]]:
         inst = _fields(raw)
         meta = _fields(_one(inst, _INSTRUCTION_METADATA, b""))
         op_type = _one(meta, _METADATA_OP_TYPE, b"").decode("utf-8", "replace")
-        rows.append((_one(inst, _INSTRUCTION_ID, 0), op_type,
-                     stacks.get(_one(meta, _METADATA_STACK_FRAME, 0), ())))
+        rows.append(
+            (
+                _one(inst, _INSTRUCTION_ID, 0),
+                op_type,
+                stacks.get(_one(meta, _METADATA_STACK_FRAME, 0), ()),
+            )
+        )
     rows.sort(key=lambda r: r[0])
     runs: list[tuple[str, tuple[Frame, ...]]] = []
     for _, op_type, stack in rows:
@@ -126,8 +138,11 @@ def _agrees(stack: tuple[Frame, ...], location: Frame | None) -> bool:
     if not stack or location is None:
         return False
     inner = stack[0]
-    return (inner.line == location.line and inner.function == location.function
-            and os.path.basename(inner.file) == location.file)
+    return (
+        inner.line == location.line
+        and inner.function == location.function
+        and os.path.basename(inner.file) == location.file
+    )
 
 
 def _node_key(node) -> tuple:
