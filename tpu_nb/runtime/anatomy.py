@@ -133,8 +133,8 @@ _FIXES = {
                    "pin_memory and persistent_workers, wrap it in "
                    "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
                    "to the device), or prepare the data ahead of time",
-    "compile-bound": "compiling dominates: see the recompile findings above (keep shapes "
-                     "fixed: pad or bucket them; mark_dynamic) — a first compile in a short run "
+    "compile-bound": "see the compile and recompile findings: keep shapes and Python values "
+                     "in the step fixed (pad or bucket them); a first compile in a short run "
                      "is a one-time cost",
     "read-bound": "value reads (.item(), print(tensor), bool(tensor)) make the host wait for "
                   "the device every step, so tracing and execution no longer overlap: read "
