@@ -45,6 +45,7 @@ _SHOWN_LIVE = 5           # ... and in the live one, whose height is reserved
 # Panel heights reserved from the first paint (the live view must not jump as rows and lines
 # arrive): the top row fits 5 compile rows, the bottom row a fallback with its hint.
 _TOP_HEIGHT, _BOTTOM_HEIGHT = "178px", "96px"
+_ANATOMY_HEIGHT = "204px"  # the step anatomy: bar, legend, timeline and a two-line verdict
 # Theme colours (CSS variables with light fallbacks; display/style.py sets them per theme).
 _RED, _RED_BG, _GREY = style.RED, style.RED_BG, style.MUTED
 _FONT = style.FONT
@@ -796,7 +797,8 @@ _COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 def _anatomy_html(since: float) -> str:
     """The step anatomy panel (display/anatomy_view.py)."""
-    return _panel("where the steps' time went", anatomy_panel_html(since))
+    return _panel("where the steps' time went", anatomy_panel_html(since),
+                  height=_ANATOMY_HEIGHT)
 
 
 def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str, bytes],
@@ -814,6 +816,7 @@ def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str
     # drawn once and needs no reserve.
     for height in (_TOP_HEIGHT, _BOTTOM_HEIGHT):
         panels = [(p.replace(f";min-height:{height}", ""), grow) for p, grow in panels]
+    anatomy = anatomy.replace(f";min-height:{_ANATOMY_HEIGHT}", "")
     return (f"<div class='tpunb tpunb-dashboard' style='{style.ROOT};padding:0'>"
             f"{header_html(state, status, title, elapsed)}{broken}"
             f"{alert_html(state)}<div style='{row}'>"
