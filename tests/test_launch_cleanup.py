@@ -151,8 +151,17 @@ def test_run_directories_of_dead_processes_are_swept(py, tmpdir_env):
     (stale / "payload.pkl").write_bytes(b"old secret")
     alive = Path(folder, f"tpu_nb-launch-{os.getpid()}-def456")   # this process runs: kept
     alive.mkdir()
+    # Older tpu_nb named them without a pid: swept once untouched for a day.
+    old, recent = Path(folder, "tpu_nb-launch-k2j4h1x9"), Path(folder, "tpu_nb-launch-p0q9w8e7")
+    for path in (old, recent):
+        path.mkdir()
+        (path / "payload.pkl").write_bytes(b"old secret")
+    two_days_ago = time.time() - 2 * 24 * 3600
+    for path in (old / "payload.pkl", old):
+        os.utime(path, (two_days_ago, two_days_ago))
     py(PRELUDE + "launch(lambda index: index, stream=lambda line: None)\n", env=env)
     assert not stale.exists() and alive.exists()
+    assert not old.exists() and recent.exists()
 
 
 def test_native_crash_in_a_replica_is_reported_as_such(py, tmpdir_env):

@@ -23,6 +23,7 @@ import pickle
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -397,25 +398,44 @@ def _device_count(devices, device_type: str) -> int:
 RUN_PREFIX = "tpu_nb-launch-"
 
 
+# Run directories of older tpu_nb versions carry no pid: swept once untouched for this long.
+STALE_UNNAMED_SECONDS = 24 * 3600
+
+
 def _sweep_dead_runs() -> None:
     """Remove run directories that launches of dead processes left (a kernel killed mid-launch
-    cannot remove its own): ours, named after a pid that no longer runs."""
+    cannot remove its own): ours, named after a pid that no longer runs — or, made by an
+    older tpu_nb without a pid in the name, untouched for a day."""
     folder = tempfile.gettempdir()
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
+        if not name.startswith(RUN_PREFIX):
+            continue
         match = re.match(re.escape(RUN_PREFIX) + r"(\d+)-", name)
-        if not match or private_files.pid_alive(int(match.group(1))):
+        if match and private_files.pid_alive(int(match.group(1))):
             continue
         path = os.path.join(folder, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        if info.st_uid == os.getuid() and os.path.isdir(path) and not os.path.islink(path):
+        if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
+            continue
+        if match or time.time() - _last_touched(path, info) > STALE_UNNAMED_SECONDS:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _last_touched(path: str, info: os.stat_result) -> float:
+    newest = info.st_mtime
+    try:
+        for entry in os.scandir(path):
+            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    except OSError:
+        pass
+    return newest
 
 
 # Run directories of launches in progress -> the process that made them: removed at its exit
