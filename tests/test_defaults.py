@@ -28,7 +28,9 @@ def _devices(shell, body: str) -> dict:
 
 @pytest.mark.stack
 def test_only_the_cells_own_code_gets_the_device(shell):
-    seen = _devices(shell, """
+    seen = _devices(
+        shell,
+        """
 def own_helper():
     return torch.ones(2)
 class Tiny(torch.nn.Module):
@@ -52,12 +54,17 @@ seen = {
     "another thread": other[0].device,
     "explicit device=": torch.zeros(1, device="cpu").device,
 }
-""")
+""",
+    )
     assert seen == {
-        "cell line": "xla:0", "function defined in the cell": "xla:0",
-        "nn.Linear built here": "xla:0", "module's buffer": "xla:0",
-        "function from an earlier cell": "cpu", "collate_fn called by DataLoader": "cpu",
-        "collate_fn from an earlier cell": "cpu", "another thread": "cpu",
+        "cell line": "xla:0",
+        "function defined in the cell": "xla:0",
+        "nn.Linear built here": "xla:0",
+        "module's buffer": "xla:0",
+        "function from an earlier cell": "cpu",
+        "collate_fn called by DataLoader": "cpu",
+        "collate_fn from an earlier cell": "cpu",
+        "another thread": "cpu",
         "explicit device=": "cpu",
     }
 

@@ -35,7 +35,8 @@ def test_detect_when_torch_xla_cannot_be_imported(py, tmp_path):
     fake = tmp_path / "torch_xla"
     fake.mkdir()
     (fake / "__init__.py").write_text(
-        "raise ImportError('_XLAC.so: undefined symbol: _ZN5torch4lazy13MetricFnValueB5cxx11Ed')")
+        "raise ImportError('_XLAC.so: undefined symbol: _ZN5torch4lazy13MetricFnValueB5cxx11Ed')"
+    )
     out = py(f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
@@ -55,14 +56,20 @@ def test_detect_when_torch_xla_cannot_be_imported(py, tmp_path):
 
 
 def test_problems_each_carry_the_fix(py):
-    out = py("""
+    out = py(
+        """
         import tpu_nb
         env = tpu_nb.detect()
         for p in env.problems:
             print(p.code, "|", p.severity, "|", p.fix)
-    """, env={"XLA_USE_BF16": "1", "PJRT_DEVICE": "CUDA"}).stdout
+    """,
+        env={"XLA_USE_BF16": "1", "PJRT_DEVICE": "CUDA"},
+    ).stdout
     rows = dict(line.split(" | ", 1) for line in out.strip().splitlines())
-    assert rows["xla-use-bf16"].startswith("warning") and "model.to(torch.bfloat16)" in rows["xla-use-bf16"]
+    assert (
+        rows["xla-use-bf16"].startswith("warning")
+        and "model.to(torch.bfloat16)" in rows["xla-use-bf16"]
+    )
     assert rows["xla-gpu"].startswith("error") and "PJRT_DEVICE=CPU" in rows["xla-gpu"]
 
 
@@ -86,24 +93,38 @@ def test_mismatch_is_reported_with_the_pip_command(py, tmp_path):
 
 
 def test_doctor_exit_status(py):
-    import subprocess, sys
+    import subprocess
+    import sys
+
     ROOT = Path(__file__).resolve().parents[1]
-    ok = subprocess.run([sys.executable, "-m", "tpu_nb", "doctor"], capture_output=True,
-                        text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    ok = subprocess.run(
+        [sys.executable, "-m", "tpu_nb", "doctor"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert ok.returncode == 0 and "no problems found" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "tpu_nb", "doctor"], capture_output=True,
-                         text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "GPU"})
+    bad = subprocess.run(
+        [sys.executable, "-m", "tpu_nb", "doctor"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "GPU"},
+    )
     assert bad.returncode == 1
     assert "XLA:GPU" in bad.stdout and "fix: set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU" in bad.stdout
 
 
-@pytest.mark.parametrize("device, words", [
-    ("gpu", "XLA:GPU was removed from torch_xla 2.9"),
-    ("cuda", "XLA:GPU was removed from torch_xla 2.9"),
-    ("tpuu", "unknown device 'tpuu'. Fix: use one of 'auto', 'tpu', 'cpu'"),
-    ("tpu", "this machine has no TPU"),
-])
+@pytest.mark.parametrize(
+    "device, words",
+    [
+        ("gpu", "XLA:GPU was removed from torch_xla 2.9"),
+        ("cuda", "XLA:GPU was removed from torch_xla 2.9"),
+        ("tpuu", "unknown device 'tpuu'. Fix: use one of 'auto', 'tpu', 'cpu'"),
+        ("tpu", "this machine has no TPU"),
+    ],
+)
 def test_setup_bad_device_is_one_line_and_changes_nothing(device, words):
     before = dict(os.environ)
     with pytest.raises(TpuNbError) as info:
@@ -118,23 +139,32 @@ def test_setup_bad_num_devices():
 
 
 def test_setup_fresh_process_sets_everything_and_is_idempotent(py):
-    out = py("""
+    out = py(
+        """
         import os, tpu_nb
         env = tpu_nb.setup("cpu", num_devices=4, ir_debug=True)
         again = tpu_nb.setup("cpu", num_devices=4, ir_debug=True)
         print(sorted(env.applied)); print(again.applied, again.not_applied)
-        for k in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "PT_XLA_DEBUG_LEVEL", "XLA_IR_DEBUG", "XLA_HLO_DEBUG"):
+        for k in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "PT_XLA_DEBUG_LEVEL", "XLA_IR_DEBUG",
+                  "XLA_HLO_DEBUG"):
             print(k, os.environ[k])
         print(os.environ["PT_XLA_DEBUG_FILE"].endswith(f"compile-analysis-{os.getpid()}.log"))
         import torch, torch_xla, torch_xla.runtime as xr
         print("devices", xr.global_runtime_device_count())
         t = torch.ones(3, device=torch_xla.device()) + 1
         print("location" in torch_xla._XLAC._get_xla_tensors_text([t]))
-    """, env={"PJRT_DEVICE": None}).stdout.splitlines()
+    """,
+        env={"PJRT_DEVICE": None},
+    ).stdout.splitlines()
     assert "PJRT_DEVICE=CPU" in out[0] and "CPU_NUM_DEVICES=4" in out[0]
     assert out[1] == "() ()"
-    assert out[2:7] == ["PJRT_DEVICE CPU", "CPU_NUM_DEVICES 4", "PT_XLA_DEBUG_LEVEL 1",
-                        "XLA_IR_DEBUG 1", "XLA_HLO_DEBUG 1"]
+    assert out[2:7] == [
+        "PJRT_DEVICE CPU",
+        "CPU_NUM_DEVICES 4",
+        "PT_XLA_DEBUG_LEVEL 1",
+        "XLA_IR_DEBUG 1",
+        "XLA_HLO_DEBUG 1",
+    ]
     assert out[7:] == ["True", "devices 4", "True"]
 
 
@@ -153,7 +183,7 @@ def test_setup_after_runtime_started_names_what_cannot_apply(py):
     assert "NOT PT_XLA_DEBUG_LEVEL=1 (now unset): a graph was already compiled" in out
     # Source locations can still be switched on: they apply to graphs traced from now on.
     assert "APPLIED XLA_IR_DEBUG=1" in out and "APPLIED XLA_HLO_DEBUG=1" in out
-    assert "PJRT_DEVICE" not in out        # already CPU: nothing to change
+    assert "PJRT_DEVICE" not in out  # already CPU: nothing to change
     assert "location=" in out.split("IR ", 1)[1]
     assert "runtime-initialized" in out
 

@@ -36,8 +36,9 @@ def test_runtime_never_imports_upward_or_notebook_libraries():
         for name in _imports(path):
             top = name.split(".")[0]
             assert top not in NOTEBOOK_LIBS, f"{path.name} imports {name}"
-            assert not name.startswith(("tpu_nb.display", "tpu_nb.ipython")), \
+            assert not name.startswith(("tpu_nb.display", "tpu_nb.ipython")), (
                 f"{path.name} imports {name}"
+            )
 
 
 def test_display_never_imports_the_extension():

@@ -39,7 +39,7 @@ def _resolve(expression: str):
 @pytest.mark.stack
 def test_removed_name_in_a_cell_says_its_replacement(shell):
     legacy.uninstall()
-    shell.run_line_magic("reload_ext", "tpu_nb")     # loading the extension installs it
+    shell.run_line_magic("reload_ext", "tpu_nb")  # loading the extension installs it
     shell.run_cell("import torch_xla.core.xla_model as xm")
     result = shell.run_cell("xm.xrt_world_size()")
     err = result.error_in_exec
@@ -73,7 +73,8 @@ def test_import_after_install_is_patched(py):
 
 def test_spawn_after_the_runtime_started_points_to_launch(py):
     # The classic notebook failure: xmp.spawn once the kernel has touched XLA.
-    out = py("""
+    out = py(
+        """
         from tpu_nb.runtime import legacy
         legacy.install()
         import torch, torch_xla
@@ -86,6 +87,8 @@ def test_spawn_after_the_runtime_started_points_to_launch(py):
             xmp.spawn(work, nprocs=8, start_method="fork")
         except Exception as exc:
             print("ERR", type(exc).__name__, exc)
-    """, timeout=120).stdout
+    """,
+        timeout=120,
+    ).stdout
     assert "ERR" in out, out
     assert "%%on_tpu --replicas" in out and "tpu_nb.launch" in out

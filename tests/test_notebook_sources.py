@@ -32,16 +32,20 @@ def test_notebook_cells_are_what_its_source_says(notebook):
     recorded = nbformat.read(notebook, as_version=4)
     assert recorded.metadata.get("jupytext", {}).get("formats") == PAIRED, (
         f"{notebook.name} is not paired with its source. Fix: "
-        f"jupytext --set-formats {PAIRED} notebooks/{notebook.name}")
+        f"jupytext --set-formats {PAIRED} notebooks/{notebook.name}"
+    )
     assert from_source.metadata.get("jupytext", {}).get("formats") == PAIRED
     expected, found = _cells(from_source), _cells(recorded)
-    first = next((i for i, (a, b) in enumerate(zip(expected, found, strict=False)) if a != b),
-                 min(len(expected), len(found)))
+    first = next(
+        (i for i, (a, b) in enumerate(zip(expected, found, strict=False)) if a != b),
+        min(len(expected), len(found)),
+    )
     assert found == expected, (
         f"{notebook.name} differs from {source.name} from cell {first} on "
         f"({len(found)} cells vs {len(expected)} in the source). Fix: "
         f"jupytext --sync notebooks/{source.name} (make sync-notebooks), then record its "
-        f"outputs with tools/record_outputs.py notebooks/{notebook.name}")
+        f"outputs with tools/record_outputs.py notebooks/{notebook.name}"
+    )
 
 
 def test_sources_hold_no_outputs():

@@ -1,8 +1,9 @@
 """The pins agree everywhere they are written, and the package builds."""
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,11 +34,13 @@ def test_tpu_extra_pins_the_same_torch_xla():
 
 def test_pair_constant_matches_the_pins():
     from tpu_nb.runtime.environment import TORCH_PAIR
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert _pins(project["dependencies"])["torch"] == TORCH_PAIR
 
 
 # -- the locked test environment (uv.lock) ----------------------------------------------------
+
 
 def _project():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -68,10 +71,15 @@ def _wanted(requirements):
 def _recorded(entries, extra=None):
     from packaging.specifiers import SpecifierSet
 
-    return {(_normalized(r["name"]), tuple(sorted(r.get("extras", []))),
-             str(SpecifierSet(r.get("specifier", ""))))
-            for r in entries if r.get("marker", "").replace('"', "'") ==
-            (f"extra == '{extra}'" if extra else "")}
+    return {
+        (
+            _normalized(r["name"]),
+            tuple(sorted(r.get("extras", []))),
+            str(SpecifierSet(r.get("specifier", ""))),
+        )
+        for r in entries
+        if r.get("marker", "").replace('"', "'") == (f"extra == '{extra}'" if extra else "")
+    }
 
 
 def test_lock_was_made_from_these_dependencies():
@@ -96,7 +104,7 @@ def test_lock_pins_the_torch_stack_and_both_notebook_stacks():
     assert colab == {"ipython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7.1"}
     for name, version in colab.items():
         current = _locked_versions(name) - {version}
-        assert version in _locked_versions(name) and current, name   # both stacks are locked
+        assert version in _locked_versions(name) and current, name  # both stacks are locked
         assert all(int(v.split(".")[0]) > int(version.split(".")[0]) for v in current)
 
 
@@ -105,26 +113,39 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
     import subprocess
 
     def path(**env):
-        return subprocess.run([str(ROOT / "tools/setup-env"), "--path"], capture_output=True,
-                              text=True, check=True, env={**os.environ, **env}).stdout.strip()
+        return subprocess.run(
+            [str(ROOT / "tools/setup-env"), "--path"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **env},
+        ).stdout.strip()
 
     here = path(TPU_NB_ENV_ROOT=str(tmp_path))
     assert os.path.dirname(here) == str(tmp_path)
-    assert not os.path.exists(here)       # --path never builds
+    assert not os.path.exists(here)  # --path never builds
     # A fresh clone with the same lock names the same environment.
     clone = tmp_path / "clone"
     (clone / "tools").mkdir(parents=True)
     for name in ("uv.lock", "tools/setup-env"):
         (clone / name).write_bytes((ROOT / name).read_bytes())
     (clone / "tools/setup-env").chmod(0o755)
-    again = subprocess.run([str(clone / "tools/setup-env"), "--path"], capture_output=True,
-                           text=True, check=True,
-                           env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)}).stdout.strip()
+    again = subprocess.run(
+        [str(clone / "tools/setup-env"), "--path"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
+    ).stdout.strip()
     assert again == here
     (clone / "uv.lock").write_text((ROOT / "uv.lock").read_text() + "\n# changed\n")
-    changed = subprocess.run([str(clone / "tools/setup-env"), "--path"], capture_output=True,
-                             text=True, check=True,
-                             env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)}).stdout
+    changed = subprocess.run(
+        [str(clone / "tools/setup-env"), "--path"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
+    ).stdout
     assert changed.strip() != here
 
 
@@ -132,7 +153,7 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
 
 # Import names of the distributions tpu_nb uses directly.
 _DISTRIBUTION_OF = {"PIL": "pillow", "IPython": "ipython", "torch_xla": "torch-xla"}
-_OPTIONAL = {"tpu_info"}     # used when installed (TPU VMs, Colab), never required
+_OPTIONAL = {"tpu_info"}  # used when installed (TPU VMs, Colab), never required
 
 
 def _third_party_imports():
@@ -163,10 +184,15 @@ def test_sdist_ships_the_package_licence_and_no_unrunnable_tests(tmp_path):
     import sys
     import tarfile
 
-    build = ("import sys, setuptools.build_meta as b; "
-             "print(b.build_sdist(sys.argv[1]))")
-    name = subprocess.run([sys.executable, "-c", build, str(tmp_path)], cwd=ROOT, check=True,
-                          capture_output=True, text=True, timeout=300).stdout.split()[-1]
+    build = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
+    name = subprocess.run(
+        [sys.executable, "-c", build, str(tmp_path)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout.split()[-1]
     with tarfile.open(tmp_path / name) as sdist:
         files = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
         info = sdist.extractfile(f"{name.removesuffix('.tar.gz')}/PKG-INFO").read().decode()
@@ -186,11 +212,15 @@ def test_pre_commit_hooks_are_valid_and_use_the_locked_tools():
 
     bin_dir = Path(sys.executable).parent
     config = ROOT / ".pre-commit-config.yaml"
-    check = subprocess.run([str(bin_dir / "pre-commit"), "validate-config", str(config)],
-                           capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [str(bin_dir / "pre-commit"), "validate-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     text = config.read_text()
-    assert "repo: local" in text and "repo: https" not in text    # nothing to download
+    assert "repo: local" in text and "repo: https" not in text  # nothing to download
     for tool in ("ruff", "mypy"):
         assert f'"$(tools/setup-env)/bin/{tool}"' in text
         assert (bin_dir / tool).exists(), f"{tool} is not in the test environment"

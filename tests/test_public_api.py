@@ -21,16 +21,57 @@ DISPLAY_NAMES = {"Dashboard", "GraphView", "dashboard"}
 
 
 def test_public_names_are_pinned():
-    assert sorted(tpu_nb.__all__) == sorted([
-        "Accelerator", "CollectiveRefused", "CompileEvent", "Dashboard", "DeviceTiming", "Edge",
-        "Environment", "EnvironmentProblem", "Frame", "Graph", "GraphDiff", "GraphView", "Group",
-        "GroupEdge", "GroupedGraph", "LaunchResult", "LineFinding", "LiveState", "MetricsDelta",
-        "MetricsSnapshot", "Node", "NodeChange", "Problem",
-        "RecompilationError", "ReplicaError", "ReplicaResult", "RunReport", "RuntimeStateError",
-        "TpuNbError", "TpuNbUsageError", "__version__", "dashboard", "default_device", "detect",
-        "device", "graph", "last_report", "launch", "max_graphs", "on_tpu", "pending_graph",
-        "reset_metrics", "setup", "snapshot", "sync", "time_device", "track",
-    ])
+    assert sorted(tpu_nb.__all__) == sorted(
+        [
+            "Accelerator",
+            "CollectiveRefused",
+            "CompileEvent",
+            "Dashboard",
+            "DeviceTiming",
+            "Edge",
+            "Environment",
+            "EnvironmentProblem",
+            "Frame",
+            "Graph",
+            "GraphDiff",
+            "GraphView",
+            "Group",
+            "GroupEdge",
+            "GroupedGraph",
+            "LaunchResult",
+            "LineFinding",
+            "LiveState",
+            "MetricsDelta",
+            "MetricsSnapshot",
+            "Node",
+            "NodeChange",
+            "Problem",
+            "RecompilationError",
+            "ReplicaError",
+            "ReplicaResult",
+            "RunReport",
+            "RuntimeStateError",
+            "TpuNbError",
+            "TpuNbUsageError",
+            "__version__",
+            "dashboard",
+            "default_device",
+            "detect",
+            "device",
+            "graph",
+            "last_report",
+            "launch",
+            "max_graphs",
+            "on_tpu",
+            "pending_graph",
+            "reset_metrics",
+            "setup",
+            "snapshot",
+            "sync",
+            "time_device",
+            "track",
+        ]
+    )
     assert len(set(tpu_nb.__all__)) == len(tpu_nb.__all__)
     for name in tpu_nb.__all__:
         assert getattr(tpu_nb, name) is not None
@@ -73,9 +114,9 @@ def _public_callables():
             for attr, member in vars(value).items():
                 if attr.startswith("_"):
                     continue
-                member = getattr(member, "__func__", member)     # classmethod, staticmethod
-                member = getattr(member, "fget", member)         # property
-                member = getattr(member, "func", member)         # cached_property
+                member = getattr(member, "__func__", member)  # classmethod, staticmethod
+                member = getattr(member, "fget", member)  # property
+                member = getattr(member, "func", member)  # cached_property
                 if inspect.isfunction(member):
                     yield f"{name}.{attr}", member
 
@@ -106,8 +147,11 @@ def _annotation_names(tree: ast.AST):
         for annotation in found:
             for sub in ast.walk(annotation):
                 if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-                    yield from (n.id for n in ast.walk(ast.parse(sub.value, mode="eval"))
-                                if isinstance(n, ast.Name))
+                    yield from (
+                        n.id
+                        for n in ast.walk(ast.parse(sub.value, mode="eval"))
+                        if isinstance(n, ast.Name)
+                    )
                 elif isinstance(sub, ast.Name):
                     yield sub.id
 
@@ -175,9 +219,14 @@ def test_version_is_written_once():
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "tpu_nb", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_nb", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
 
 
 def test_cli_version_and_usage_name_tpu_nb():

@@ -32,7 +32,7 @@ def test_a_target_folder_on_the_path_is_library_code(target_dir):
 
 
 def test_code_next_to_it_that_no_distribution_names_is_the_users(target_dir):
-    mine = target_dir / "my_helpers.py"          # on the same path entry, not installed
+    mine = target_dir / "my_helpers.py"  # on the same path entry, not installed
     mine.write_text("y = 2\n")
     assert not sources.is_library(str(mine))
 

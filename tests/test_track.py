@@ -1,26 +1,24 @@
 """track(): compile events name the right cause and line; reports are complete on exit."""
 
-
 import pytest
 import torch
 import torch_xla
-
-import tpu_nb
 from conftest import line_of
 
-
+import tpu_nb
 
 
 def _mlp(dev, width=33, optimizer=torch.optim.SGD):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 10)).to(dev)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    ).to(dev)
     return model, optimizer(model.parameters(), lr=0.1)
 
 
 def test_first_training_step_compiles_at_the_sync_line():
     dev = tpu_nb.device()
-    model, opt = _mlp(dev, optimizer=torch.optim.Adam)   # Adam creates its state at step 1
+    model, opt = _mlp(dev, optimizer=torch.optim.Adam)  # Adam creates its state at step 1
     x, y = torch.randn(8, 33, device=dev), torch.randint(0, 10, (8,), device=dev)
     torch_xla.sync()
 
@@ -40,7 +38,9 @@ def test_first_training_step_compiles_at_the_sync_line():
     first = events[0]
     assert first.kind == "sync" and "torch_xla.sync" in first.cause
     assert first.user_frame.file == __file__
-    assert first.user_frame.line == line_of("SYNC-LINE", test_first_training_step_compiles_at_the_sync_line)
+    assert first.user_frame.line == line_of(
+        "SYNC-LINE", test_first_training_step_compiles_at_the_sync_line
+    )
     assert first.user_frame.function == "train_step"
     assert len(first.graph_hash) == 32 and first.inputs > 0 and first.outputs > 0
     assert "graph output" in first.sizes_gb
@@ -68,7 +68,9 @@ def test_item_before_sync_is_a_value_access_at_its_line():
     assert report.metrics.host_reads == 1
     access = [e for e in report.compile_events if e.kind == "value-access"]
     assert len(access) == 1
-    assert access[0].user_frame.line == line_of("ITEM-LINE", test_item_before_sync_is_a_value_access_at_its_line)
+    assert access[0].user_frame.line == line_of(
+        "ITEM-LINE", test_item_before_sync_is_a_value_access_at_its_line
+    )
     assert "access tensor value" in access[0].cause
 
 
@@ -86,16 +88,16 @@ def test_shape_change_is_reported_as_a_recompilation():
         run(3)
     assert not first.recompiled
     with tpu_nb.track() as second:
-        run(5)                       # a new shape: a new graph from the same line
+        run(5)  # a new shape: a new graph from the same line
     assert second.metrics.compiles == 1
     line = line_of("SHAPE-LINE", test_shape_change_is_reported_as_a_recompilation)
     assert second.recompiled
-    (key, hashes), = second.recompilations.items()
+    ((key, hashes),) = second.recompilations.items()
     assert key == (__file__, line) and len(hashes) == 2
     assert hashes[0] == first.compile_events[0].graph_hash
     assert "recompiled" in str(second)
     with tpu_nb.track() as third:
-        run(5)                       # cached: no compile, nothing new
+        run(5)  # cached: no compile, nothing new
     assert third.metrics.compiles == 0 and third.metrics.cache_hits == 1
 
 
@@ -116,10 +118,9 @@ def test_histc_fallback_counted_with_its_compile_line():
 
 def test_report_is_complete_on_error_and_error_propagates():
     dev = tpu_nb.device()
-    with pytest.raises(ZeroDivisionError):
-        with tpu_nb.track("boom") as report:
-            (torch.ones(6, device=dev) * 2).sum().item()
-            1 / 0
+    with pytest.raises(ZeroDivisionError), tpu_nb.track("boom") as report:
+        (torch.ones(6, device=dev) * 2).sum().item()
+        _ = 1 / 0
     assert report.complete
     assert isinstance(report.error, ZeroDivisionError)
     assert report.metrics.host_reads == 1
@@ -141,23 +142,26 @@ def test_sync_skipped_when_the_block_already_synced_and_done_when_work_is_pendin
     torch_xla.sync()
     with tpu_nb.track(wait=False) as synced:
         y = x @ x
-        torch_xla.sync()             # the block's own sync leaves nothing pending
+        torch_xla.sync()  # the block's own sync leaves nothing pending
     assert synced.metrics.syncs == 1
     with tpu_nb.track(wait=False) as pending:
         z = (y @ x).relu()
         torch_xla.sync()
-        z.add_(1)                    # in-place work after the sync: pending
+        z.add_(1)  # in-place work after the sync: pending
     assert pending.metrics.syncs == 2
     # With wait=False an execution still in flight is counted by the next report: wait here so
     # the next block counts only its own.
     tpu_nb.sync(wait=True)
     with tpu_nb.track(wait=False) as unsynced:
-        w = z * 2                    # no sync of its own: track() runs it
+        w = z * 2  # no sync of its own: track() runs it
     tpu_nb.sync(wait=True)
     assert unsynced.metrics.syncs == 1
     assert torch.allclose(w.cpu(), z.cpu() * 2)
-    assert unsynced.metrics.counters.get("UncachedCompile", 0) + \
-        unsynced.metrics.counters.get("CachedCompile", 0) == 1
+    assert (
+        unsynced.metrics.counters.get("UncachedCompile", 0)
+        + unsynced.metrics.counters.get("CachedCompile", 0)
+        == 1
+    )
 
 
 def test_a_third_graph_after_a_warm_up_is_a_recompilation():
@@ -172,15 +176,15 @@ def test_a_third_graph_after_a_warm_up_is_a_recompilation():
 
     with tpu_nb.track() as warm:
         train_step(4)
-        train_step(4)                 # the warm-up pair: state created, then the steady step
+        train_step(4)  # the warm-up pair: state created, then the steady step
     assert warm.warmups and not warm.recompiled
     with tpu_nb.track() as changed:
-        train_step(6)                 # a new batch size: a third graph from the same line
+        train_step(6)  # a new batch size: a third graph from the same line
     assert changed.recompiled
-    (line, hashes), = changed.recompiled_lines().items()
+    ((line, hashes),) = changed.recompiled_lines().items()
     assert line[1] == line_of("LOOP-SYNC", test_a_third_graph_after_a_warm_up_is_a_recompilation)
     assert len(hashes) == 3
-    assert not changed.recompiled_lines(allowed=2)    # accepted when two are allowed
+    assert not changed.recompiled_lines(allowed=2)  # accepted when two are allowed
 
 
 def test_reset_metrics_forgets_tpu_nb_history_too():

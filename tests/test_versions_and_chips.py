@@ -6,16 +6,19 @@ import pytest
 from tpu_nb.runtime.environment import _release, _same_release, chip_generation
 
 
-@pytest.mark.parametrize("version, release", [
-    ("2.9.0", (2, 9, 0)),
-    ("2.9.0+cu128", (2, 9, 0)),
-    ("2.10.0rc1", (2, 10, 0)),
-    ("2.9.0.dev20250101+cpu", (2, 9, 0)),
-    ("2.9", (2, 9)),
-    ("custom-build", None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "version, release",
+    [
+        ("2.9.0", (2, 9, 0)),
+        ("2.9.0+cu128", (2, 9, 0)),
+        ("2.10.0rc1", (2, 10, 0)),
+        ("2.9.0.dev20250101+cpu", (2, 9, 0)),
+        ("2.9", (2, 9)),
+        ("custom-build", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_release_reads_pep440_versions(version, release):
     assert _release(version) == release
 
@@ -53,11 +56,11 @@ def test_a_torch_version_that_is_not_pep440_is_a_mismatch_not_a_crash(py, tmp_pa
 
 def test_chip_names_come_from_tpu_info_when_installed():
     pytest.importorskip("tpu_info.device", reason="tpu-info is in the test extra")
-    assert chip_generation("0x0062") == "v5p"          # tpu_nb's own table had no name for it
+    assert chip_generation("0x0062") == "v5p"  # tpu_nb's own table had no name for it
     assert chip_generation("0x0027", "0x004f") == "v3"  # tpu-info reads the subsystem id
     assert chip_generation("0x0027", "0x004e") == "v2"
     assert chip_generation("0x005e") == "v4"
-    assert chip_generation("0x0056") is None            # a chip torch_xla counts, unnamed
+    assert chip_generation("0x0056") is None  # a chip torch_xla counts, unnamed
 
 
 def test_without_tpu_info_our_table_names_the_chips(py):
@@ -85,8 +88,10 @@ def test_a_broken_tpu_info_falls_back_and_leaves_a_debug_trace(py, tmp_path):
     """).stdout
     assert "NAME v5e" in out
     trace = [line for line in out.splitlines() if line.startswith("tpu_nb.")]
-    assert trace == ["tpu_nb.runtime.environment DEBUG tpu-info failed to import "
-                     "(RuntimeError('protobuf gencode mismatch')); using tpu_nb's chip table"]
+    assert trace == [
+        "tpu_nb.runtime.environment DEBUG tpu-info failed to import "
+        "(RuntimeError('protobuf gencode mismatch')); using tpu_nb's chip table"
+    ]
 
 
 def test_nothing_is_logged_at_the_default_level(py):

@@ -22,7 +22,7 @@ from tpu_nb import runtime
 from tpu_nb._version import __version__
 from tpu_nb.runtime import *  # noqa: F403  (the library's public names: runtime.__all__)
 
-if TYPE_CHECKING:   # for type checkers and IDEs; at run time they load on first use (_LAZY)
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use (_LAZY)
     from tpu_nb.display.dashboard import Dashboard, dashboard
     from tpu_nb.display.graph_view import GraphView
 

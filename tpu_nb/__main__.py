@@ -17,12 +17,16 @@ PROG = "tpu-nb"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="tpu_nb command-line tools (also: python -m tpu_nb)")
+        prog=PROG, description="tpu_nb command-line tools (also: python -m tpu_nb)"
+    )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     doctor = sub.add_parser("doctor", help="check this machine's torch/torch_xla set-up")
-    doctor.add_argument("--import-check", action="store_true",
-                        help="also import torch_xla in a subprocess to prove it loads")
+    doctor.add_argument(
+        "--import-check",
+        action="store_true",
+        help="also import torch_xla in a subprocess to prove it loads",
+    )
     return parser
 
 

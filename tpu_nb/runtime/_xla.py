@@ -1,4 +1,4 @@
-"""The one place torch_xla is imported, lazily, with failures explained instead of raw tracebacks."""
+"""The one place torch_xla is imported, lazily, failures explained instead of raw tracebacks."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def _refuse_gpu() -> None:
         raise TpuNbError(
             f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes. "
             "Fix: tpu_nb.setup('cpu') (or 'tpu' on a TPU host); for an NVIDIA GPU use plain "
-            "PyTorch with device='cuda'.")
+            "PyTorch with device='cuda'."
+        )
 
 
 def _explain_import_error(exc: ImportError) -> str:
@@ -46,8 +47,10 @@ def _explain_import_error(exc: ImportError) -> str:
     text = str(exc)
     pair = f"pip install torch=={TORCH_PAIR} torch-xla=={TORCH_PAIR}"
     if "undefined symbol" in text:
-        return (f"torch_xla {_version('torch_xla')} cannot load with torch {_version('torch')}: "
-                f"they were built for different releases. Fix: {pair}, then restart the runtime.")
+        return (
+            f"torch_xla {_version('torch_xla')} cannot load with torch {_version('torch')}: "
+            f"they were built for different releases. Fix: {pair}, then restart the runtime."
+        )
     if _version("torch_xla") is None:
         return f"torch_xla is not installed. Fix: {pair}"
     return f"import torch_xla failed ({text}). Fix: reinstall the pair: {pair}"

@@ -13,13 +13,14 @@ MAX_CPU_DEVICES = 256
 
 def device(index: int | None = None):
     """The XLA device (`torch_xla.device()`), after `setup()` defaults if none was chosen."""
-    from tpu_nb.runtime.configure import ensure_setup   # configure imports MAX_CPU_DEVICES
+    from tpu_nb.runtime.configure import ensure_setup  # configure imports MAX_CPU_DEVICES
 
-    if index is not None and (isinstance(index, bool) or not isinstance(index, int)
-                              or index < 0):
-        raise TpuNbError(f"index must be a whole number of at least 0 (or None); got "
-                         f"{index!r}. Fix: tpu_nb.device() for the default device, or e.g. "
-                         f"tpu_nb.device(0).")
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
+        raise TpuNbError(
+            f"index must be a whole number of at least 0 (or None); got "
+            f"{index!r}. Fix: tpu_nb.device() for the default device, or e.g. "
+            f"tpu_nb.device(0)."
+        )
     ensure_setup()
     module = xla()
     if index is not None:
@@ -33,9 +34,11 @@ def _check_index(module, index: int) -> None:
     # Under SPMD one virtual device (xla:0) stands for all of them.
     count = 1 if xr.is_spmd() else xr.addressable_runtime_device_count()
     if index >= count:
-        raise TpuNbError(f"there is no XLA device {index}: this process has {count} "
-                         f"(xla:0{f' to xla:{count - 1}' if count > 1 else ''}). Fix: "
-                         f"tpu_nb.device({count - 1 if count > 1 else 0}) or tpu_nb.device().")
+        raise TpuNbError(
+            f"there is no XLA device {index}: this process has {count} "
+            f"(xla:0{f' to xla:{count - 1}' if count > 1 else ''}). Fix: "
+            f"tpu_nb.device({count - 1 if count > 1 else 0}) or tpu_nb.device()."
+        )
 
 
 def sync(wait: bool = False) -> None:

@@ -28,8 +28,15 @@ TORCH_PAIR = "2.9.0"
 # installed (TPU VMs, Colab's TPU runtime) its table names the chip instead: Google keeps it
 # current, and it tells v2 from v3 by the PCI subsystem id.
 _GOOGLE_PCI_VENDOR = "0x1ae0"
-_TPU_PCI_DEVICES = {"0x0027": "v2/v3", "0x005e": "v4", "0x0063": "v5e", "0x0062": "v5p",
-                    "0x006f": "v6e", "0x0076": "7x", "0x0056": None}
+_TPU_PCI_DEVICES = {
+    "0x0027": "v2/v3",
+    "0x005e": "v4",
+    "0x0063": "v5e",
+    "0x0062": "v5p",
+    "0x006f": "v6e",
+    "0x0076": "7x",
+    "0x0056": None,
+}
 
 _GPU_NAMES = {"gpu", "cuda", "rocm"}
 _VALID_PJRT = {"TPU", "CPU"}
@@ -39,10 +46,10 @@ _VALID_PJRT = {"TPU", "CPU"}
 class Problem:
     """Something that stops or spoils a run, with the exact fix."""
 
-    code: str           # stable identifier, e.g. "version-mismatch"
-    severity: str       # "error" blocks running; "warning" spoils it; "info" is worth knowing
-    message: str        # what is wrong, one sentence
-    fix: str            # the exact thing to do
+    code: str  # stable identifier, e.g. "version-mismatch"
+    severity: str  # "error" blocks running; "warning" spoils it; "info" is worth knowing
+    message: str  # what is wrong, one sentence
+    fix: str  # the exact thing to do
 
     def __str__(self) -> str:
         return f"[{self.severity}] {self.message} Fix: {self.fix}"
@@ -52,10 +59,10 @@ class Problem:
 class Accelerator:
     """The XLA device this machine offers: a TPU (type, chip count) or the CPU."""
 
-    kind: str                   # "tpu" or "cpu"
+    kind: str  # "tpu" or "cpu"
     tpu_type: str | None = None  # e.g. "v5litepod-8", "v4", when known
-    chips: int = 0              # TPU chips on this host (0 on CPU)
-    evidence: str = ""          # where we saw it: an env var, /dev/accel*, /dev/vfio, PCI ids
+    chips: int = 0  # TPU chips on this host (0 on CPU)
+    evidence: str = ""  # where we saw it: an env var, /dev/accel*, /dev/vfio, PCI ids
 
     def __str__(self) -> str:
         if self.kind != "tpu":
@@ -69,14 +76,14 @@ class Accelerator:
 class Environment:
     """The result of `detect()` and `setup()`: platform, accelerator, versions, problems."""
 
-    platform: str                       # "colab", "kaggle", "tpu-vm" or "local"
+    platform: str  # "colab", "kaggle", "tpu-vm" or "local"
     accelerator: Accelerator
-    versions: dict[str, str | None]     # python, torch, torch_xla, libtpu, ipython, ...
-    pjrt_device: str | None             # PJRT_DEVICE as set now (None: unset)
+    versions: dict[str, str | None]  # python, torch, torch_xla, libtpu, ipython, ...
+    pjrt_device: str | None  # PJRT_DEVICE as set now (None: unset)
     cpu_num_devices: int | None
     torch_xla_imported: bool
     runtime_initialized: bool
-    debug_file: str | None              # where compile-cause analysis is written, if on
+    debug_file: str | None  # where compile-cause analysis is written, if on
     problems: tuple[Problem, ...] = ()
     # Filled by setup(): what it changed, and what it could not change and why.
     applied: tuple[str, ...] = ()
@@ -96,11 +103,14 @@ class Environment:
     def multi_device(self) -> str:
         """Which ways of using several devices work here, and why (see tpu_nb.launch)."""
         if self.accelerator.kind == "tpu":
-            return ("replicas (one process per chip; collectives work) or SPMD "
-                    "(one process, all chips)")
-        return ("SPMD over CPU_NUM_DEVICES virtual devices (tpu_setup --devices N); replicas "
-                "without collectives only: torch_xla 2.9 hangs on collectives between XLA:CPU "
-                "devices (pytorch/xla #5005, #9089), so tpu_nb refuses them")
+            return (
+                "replicas (one process per chip; collectives work) or SPMD (one process, all chips)"
+            )
+        return (
+            "SPMD over CPU_NUM_DEVICES virtual devices (tpu_setup --devices N); replicas "
+            "without collectives only: torch_xla 2.9 hangs on collectives between XLA:CPU "
+            "devices (pytorch/xla #5005, #9089), so tpu_nb refuses them"
+        )
 
     def report(self) -> str:
         """The environment report as plain text (what `python -m tpu_nb doctor` prints)."""
@@ -206,7 +216,7 @@ def chip_generation(device_id: str, subsystem_id: str = "") -> str | None:
         from tpu_info.device import TpuChip
     except ImportError:
         return _TPU_PCI_DEVICES.get(device_id)
-    except Exception as exc:     # a broken tpu-info install must not stop detect()
+    except Exception as exc:  # a broken tpu-info install must not stop detect()
         log.debug("tpu-info failed to import (%r); using tpu_nb's chip table", exc)
         return _TPU_PCI_DEVICES.get(device_id)
     chip = TpuChip.from_pci_device_id(device_id, subsystem_id)
@@ -268,7 +278,7 @@ def runtime_initialized() -> bool:
     probe = getattr(xlac, "_xla_runtime_is_initialized", None)
     try:
         return bool(probe()) if probe else False
-    except Exception as exc:     # a half-imported torch_xla: say "not started", leave a trace
+    except Exception as exc:  # a half-imported torch_xla: say "not started", leave a trace
         log.debug("torch_xla's runtime probe failed: %r", exc)
         return False
 
@@ -278,63 +288,114 @@ def _problems(versions, accelerator, env) -> list[Problem]:
     tpu = accelerator.kind == "tpu"
     torch_v, xla_v = versions["torch"], versions["torch_xla"]
     if torch_v is None:
-        out.append(Problem("torch-missing", "error", "torch is not installed.",
-                           _pip_text(TORCH_PAIR, tpu)))
+        out.append(
+            Problem("torch-missing", "error", "torch is not installed.", _pip_text(TORCH_PAIR, tpu))
+        )
     if xla_v is None:
-        out.append(Problem("torch-xla-missing", "error", "torch_xla is not installed.",
-                           _pip_text(TORCH_PAIR, tpu)))
+        out.append(
+            Problem(
+                "torch-xla-missing",
+                "error",
+                "torch_xla is not installed.",
+                _pip_text(TORCH_PAIR, tpu),
+            )
+        )
     elif torch_v is not None and not _same_release(torch_v, xla_v):
         pair = _pair_for(xla_v)
-        out.append(Problem(
-            "version-mismatch", "error",
-            f"torch {torch_v} does not match torch_xla {xla_v}: importing torch_xla will fail "
-            "with an undefined _XLAC symbol (the torch_xla wheel does not pin torch).",
-            _pip_text(pair, tpu) + " (then restart the runtime)"))
+        out.append(
+            Problem(
+                "version-mismatch",
+                "error",
+                f"torch {torch_v} does not match torch_xla {xla_v}: importing torch_xla will fail "
+                "with an undefined _XLAC symbol (the torch_xla wheel does not pin torch).",
+                _pip_text(pair, tpu) + " (then restart the runtime)",
+            )
+        )
     if xla_v is not None and tpu and versions["libtpu"] is None:
-        out.append(Problem("libtpu-missing", "error",
-                           "This host has a TPU but libtpu is not installed.",
-                           _pip_text(_pair_for(xla_v), True)))
+        out.append(
+            Problem(
+                "libtpu-missing",
+                "error",
+                "This host has a TPU but libtpu is not installed.",
+                _pip_text(_pair_for(xla_v), True),
+            )
+        )
     if xla_v is not None and _version("tensorflow") is not None:
-        out.append(Problem(
-            "tensorflow-installed", "error" if tpu else "warning",
-            f"The full tensorflow {_version('tensorflow')} is installed next to torch_xla; on a "
-            "TPU it claims the device and its bundled libraries conflict with torch_xla's.",
-            "pip uninstall -y tensorflow (install tensorflow-cpu if you still need TensorFlow)"))
+        out.append(
+            Problem(
+                "tensorflow-installed",
+                "error" if tpu else "warning",
+                f"The full tensorflow {_version('tensorflow')} is installed next to torch_xla; "
+                "on a TPU it claims the device and its bundled libraries conflict with "
+                "torch_xla's.",
+                "pip uninstall -y tensorflow (install tensorflow-cpu if you still need TensorFlow)",
+            )
+        )
     if env.get("XLA_USE_BF16"):
-        out.append(Problem(
-            "xla-use-bf16", "warning",
-            "XLA_USE_BF16 is set; it is deprecated in torch_xla 2.9 and silently changes every "
-            "float32 tensor to bfloat16.",
-            "unset XLA_USE_BF16 and convert explicitly: model.to(torch.bfloat16), or "
-            "torch.autocast('xla', dtype=torch.bfloat16)"))
+        out.append(
+            Problem(
+                "xla-use-bf16",
+                "warning",
+                "XLA_USE_BF16 is set; it is deprecated in torch_xla 2.9 and silently changes every "
+                "float32 tensor to bfloat16.",
+                "unset XLA_USE_BF16 and convert explicitly: model.to(torch.bfloat16), or "
+                "torch.autocast('xla', dtype=torch.bfloat16)",
+            )
+        )
     pjrt = env.get("PJRT_DEVICE")
     if pjrt and pjrt.lower() in _GPU_NAMES:
-        out.append(Problem(
-            "xla-gpu", "error",
-            f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes "
-            "(\"No PjRtPlugin registered for: CUDA\").",
-            "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (tpu_nb.setup('cpu')); for an NVIDIA GPU "
-            "use plain PyTorch with device='cuda'"))
+        out.append(
+            Problem(
+                "xla-gpu",
+                "error",
+                f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes "
+                '("No PjRtPlugin registered for: CUDA").',
+                "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (tpu_nb.setup('cpu')); for an NVIDIA GPU "
+                "use plain PyTorch with device='cuda'",
+            )
+        )
     elif pjrt and pjrt.upper() not in _VALID_PJRT:
-        out.append(Problem("pjrt-device-unknown", "error",
-                           f"PJRT_DEVICE={pjrt} is not a device torch_xla 2.9 knows.",
-                           "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (or call tpu_nb.setup())"))
+        out.append(
+            Problem(
+                "pjrt-device-unknown",
+                "error",
+                f"PJRT_DEVICE={pjrt} is not a device torch_xla 2.9 knows.",
+                "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (or call tpu_nb.setup())",
+            )
+        )
     elif pjrt and pjrt.upper() == "TPU" and not tpu:
-        out.append(Problem("no-tpu", "error",
-                           "PJRT_DEVICE=TPU but this machine has no TPU.",
-                           "use tpu_nb.setup('cpu') (or PJRT_DEVICE=CPU), or switch the "
-                           "notebook to a TPU runtime"))
+        out.append(
+            Problem(
+                "no-tpu",
+                "error",
+                "PJRT_DEVICE=TPU but this machine has no TPU.",
+                "use tpu_nb.setup('cpu') (or PJRT_DEVICE=CPU), or switch the "
+                "notebook to a TPU runtime",
+            )
+        )
     if runtime_initialized():
-        out.append(Problem(
-            "runtime-initialized", "info",
-            "The XLA runtime is already running in this process: the device, the number of "
-            "CPU devices and debug settings can no longer change.",
-            "restart the runtime (kernel) and call tpu_nb.setup() before using the device"))
+        out.append(
+            Problem(
+                "runtime-initialized",
+                "info",
+                "The XLA runtime is already running in this process: the device, the number of "
+                "CPU devices and debug settings can no longer change.",
+                "restart the runtime (kernel) and call tpu_nb.setup() before using the device",
+            )
+        )
     return out
 
 
-_XLA_VARS = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE",
-             "XLA_IR_DEBUG", "XLA_HLO_DEBUG", "XLA_USE_BF16", "XLA_PERSISTENT_CACHE_PATH")
+_XLA_VARS = (
+    "PJRT_DEVICE",
+    "CPU_NUM_DEVICES",
+    "PT_XLA_DEBUG_LEVEL",
+    "PT_XLA_DEBUG_FILE",
+    "XLA_IR_DEBUG",
+    "XLA_HLO_DEBUG",
+    "XLA_USE_BF16",
+    "XLA_PERSISTENT_CACHE_PATH",
+)
 
 
 def detect(*, check_import: bool = False) -> Environment:
@@ -347,8 +408,11 @@ def detect(*, check_import: bool = False) -> Environment:
     versions = _versions()
     accelerator = detect_accelerator(env)
     problems = _problems(versions, accelerator, env)
-    if check_import and versions["torch_xla"] and not any(
-            p.code in ("version-mismatch", "torch-missing") for p in problems):
+    if (
+        check_import
+        and versions["torch_xla"]
+        and not any(p.code in ("version-mismatch", "torch-missing") for p in problems)
+    ):
         failure = _import_failure()
         if failure:
             problems.append(failure)
@@ -375,18 +439,34 @@ def _import_failure() -> Problem | None:
     """Import torch_xla in a child process; explain the failure if it does not import."""
     code = "import torch, torch_xla"
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "PJRT_DEVICE": "CPU"})
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PJRT_DEVICE": "CPU"},
+        )
     except subprocess.TimeoutExpired:
-        return Problem("import-hangs", "error", "import torch_xla did not finish in 120 s.",
-                       "reinstall the pair: " + _pip_text(TORCH_PAIR, False))
+        return Problem(
+            "import-hangs",
+            "error",
+            "import torch_xla did not finish in 120 s.",
+            "reinstall the pair: " + _pip_text(TORCH_PAIR, False),
+        )
     if proc.returncode == 0:
         return None
     last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
     if "undefined symbol" in last:
-        return Problem("version-mismatch", "error",
-                       "import torch_xla fails with an undefined _XLAC symbol: torch and "
-                       "torch_xla were built for different releases.",
-                       _pip_text(TORCH_PAIR, False) + " (then restart the runtime)")
-    return Problem("import-fails", "error", f"import torch_xla fails: {last}",
-                   "reinstall the pair: " + _pip_text(TORCH_PAIR, False))
+        return Problem(
+            "version-mismatch",
+            "error",
+            "import torch_xla fails with an undefined _XLAC symbol: torch and "
+            "torch_xla were built for different releases.",
+            _pip_text(TORCH_PAIR, False) + " (then restart the runtime)",
+        )
+    return Problem(
+        "import-fails",
+        "error",
+        f"import torch_xla fails: {last}",
+        "reinstall the pair: " + _pip_text(TORCH_PAIR, False),
+    )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from tpu_nb.runtime.environment import TORCH_PAIR, detect_accelerator, pair_install_command
 
 
-def install_pair(*, tpu: bool | None = None, dry_run: bool = False,
-                 stream: Callable[[str], None] = print) -> tuple[int, bool]:
+def install_pair(
+    *, tpu: bool | None = None, dry_run: bool = False, stream: Callable[[str], None] = print
+) -> tuple[int, bool]:
     """pip-install torch and torch_xla at the pinned pair (with `[tpu]` on TPU hosts).
 
     pip runs with an argument list, never a shell string. Returns (pip's exit status,
@@ -22,8 +23,9 @@ def install_pair(*, tpu: bool | None = None, dry_run: bool = False,
     if dry_run:
         command.append("--dry-run")
     stream("$ " + " ".join(command[2:]))
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         stream(line.rstrip("\n"))

@@ -33,7 +33,9 @@ import resource
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tpu_nb.runtime._xla import xla, xlac
 from tpu_nb.runtime.compile_log import CompileEvent, CompileLog, Frame, _is_library, compile_log
@@ -41,12 +43,13 @@ from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics import MetricsDelta, snapshot
 
 _EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
-_RECENT_STEPS = 1024          # step intervals the median and p90 are taken over
-_SERIES_POINTS = 1200         # chart points kept; older ones are merged pairwise beyond that
-_SHOWN_COMPILES = 200         # compile events kept for the panel and the chart
+_RECENT_STEPS = 1024  # step intervals the median and p90 are taken over
+_SERIES_POINTS = 1200  # chart points kept; older ones are merged pairwise beyond that
+_SHOWN_COMPILES = 200  # compile events kept for the panel and the chart
 
 
 # -- memory -----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class MemoryInfo:
@@ -57,7 +60,7 @@ class MemoryInfo:
     device_used: int | None = None
     device_limit: int | None = None
     device_peak: int | None = None
-    device_note: str = ""          # why there are no device figures, when there are none
+    device_note: str = ""  # why there are no device figures, when there are none
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -103,7 +106,7 @@ class DeviceMemory:
             try:
                 self._last = _memory_figures(xlac()._xla_memory_info(self.device))
                 return (*self._last, "")
-            except Exception as exc:        # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
+            except Exception as exc:  # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
                 failure = exc
             self._via_tpu_info = True
         else:
@@ -112,7 +115,7 @@ class DeviceMemory:
         if figures is not None:
             self._last = figures
             return (*figures, "")
-        if self._last != (None, None, None):       # tpu-info answered before: a hiccup
+        if self._last != (None, None, None):  # tpu-info answered before: a hiccup
             return (*self._last, "")
         cpu = "CPU" in self.device.upper() or _pjrt() == "CPU"
         if cpu or failure is None or "UNIMPLEMENTED" in str(failure):
@@ -129,7 +132,7 @@ def _pjrt() -> str:
 def _memory_figures(info: dict) -> tuple[int | None, int | None, int | None]:
     """(used, limit, peak) bytes from torch_xla's memory info (older releases: kb_*)."""
     if "bytes_used" in info or "bytes_limit" in info:
-        get = lambda key: int(info[key]) if key in info else None   # noqa: E731
+        get = lambda key: int(info[key]) if key in info else None  # noqa: E731
         return get("bytes_used"), get("bytes_limit"), get("peak_bytes_used")
     if "kb_total" in info:
         total = int(info["kb_total"]) * 1024
@@ -142,7 +145,8 @@ def _tpu_info_memory() -> tuple[int, int, None] | None:
     if _pjrt() != "TPU":
         return None
     try:
-        from tpu_info import device as tpu_device, metrics as tpu_metrics
+        from tpu_info import device as tpu_device
+        from tpu_info import metrics as tpu_metrics
 
         chip_type, count = tpu_device.get_local_chips()
         if not chip_type or not count:
@@ -155,14 +159,15 @@ def _tpu_info_memory() -> tuple[int, int, None] | None:
 
 # -- step times -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class StepPoint:
     """Step times measured in one refresh window, plotted at the step count it ended on."""
 
     step: int
-    median: float       # seconds
+    median: float  # seconds
     p90: float
-    count: int          # intervals measured in the window
+    count: int  # intervals measured in the window
 
 
 def percentile(sorted_values, q: float) -> float:
@@ -179,9 +184,9 @@ class StepClock:
     """Step intervals from execution completion times (see the module docstring)."""
 
     def __init__(self, start_wall: float):
-        self._after = start_wall            # only executions that completed after this count
-        self._totals = {name: None for name in _EXECUTE_METRICS}   # samples recorded so far
-        self._tail: deque[float] = deque(maxlen=64)   # completion times of the last executions
+        self._after = start_wall  # only executions that completed after this count
+        self._totals = {name: None for name in _EXECUTE_METRICS}  # samples recorded so far
+        self._tail: deque[float] = deque(maxlen=64)  # completion times of the last executions
 
     def new_intervals(self, per_step: int) -> list[float]:
         """Intervals (seconds) between step completions recorded since the last call."""
@@ -200,7 +205,7 @@ class StepClock:
         gap = False
         for name, (total, samples) in readings.items():
             known = self._totals.get(name)
-            if known is None or total < known:       # first read, or metrics were reset
+            if known is None or total < known:  # first read, or metrics were reset
                 known = 0
             new = [ts for ts, _ in samples if ts > self._after]
             # The buffer keeps only the last samples: more completions than it shows means
@@ -225,14 +230,15 @@ class StepClock:
 
 # -- compile events and the recompilation alert -----------------------------------------------
 
+
 @dataclass(frozen=True)
 class LiveCompile:
     """One graph compiled while the monitor ran."""
 
-    index: int                      # 1, 2, ... in this session
-    step: float                     # about when: the step count it happened at
-    seconds: float | None           # its compile time (CompileTime), when matched
-    event: CompileEvent | None      # cause, graph hash, frames; None without compile analysis
+    index: int  # 1, 2, ... in this session
+    step: float  # about when: the step count it happened at
+    seconds: float | None  # its compile time (CompileTime), when matched
+    event: CompileEvent | None  # cause, graph hash, frames; None without compile analysis
 
     @property
     def place(self) -> Frame | None:
@@ -244,14 +250,16 @@ class RecompilationAlert:
     """One line compiled more distinct graphs than allowed."""
 
     place: Frame
-    graphs: tuple[str, ...]         # the line's distinct graph hashes, in order
+    graphs: tuple[str, ...]  # the line's distinct graph hashes, in order
     limit: int
-    differs: tuple[str, ...]        # what differs between the last two graphs, line by line
-    source: str                     # "graphs" (captured and diffed) or "compile log"
+    differs: tuple[str, ...]  # what differs between the last two graphs, line by line
+    source: str  # "graphs" (captured and diffed) or "compile log"
 
     def describe(self) -> str:
-        return (f"{place_text(self.place)} compiled {len(self.graphs)} distinct graphs "
-                f"(more than {self.limit})")
+        return (
+            f"{place_text(self.place)} compiled {len(self.graphs)} distinct graphs "
+            f"(more than {self.limit})"
+        )
 
 
 def place_text(frame: Frame | None) -> str:
@@ -263,8 +271,9 @@ def place_text(frame: Frame | None) -> str:
         where = f"cell line {frame.line}"
     else:
         where = f"{os.path.basename(name)}:{frame.line}"
-    if frame.function not in ("<module>", "<cell line: 0>") and not \
-            frame.function.startswith("<cell line"):
+    if frame.function not in ("<module>", "<cell line: 0>") and not frame.function.startswith(
+        "<cell line"
+    ):
         where += f" ({frame.function})"
     return where
 
@@ -276,13 +285,17 @@ def describe_difference(before: CompileEvent, after: CompileEvent) -> tuple[str,
     is. (A captured graph diff, when available, names the op, shape or dtype.)"""
     lines = []
     if (before.inputs, before.outputs) != (after.inputs, after.outputs):
-        lines.append(f"graph inputs {before.inputs} -> {after.inputs}, outputs "
-                     f"{before.outputs} -> {after.outputs}: the traced program changed (a "
-                     "Python branch, new tensors, or state created on the way)")
+        lines.append(
+            f"graph inputs {before.inputs} -> {after.inputs}, outputs "
+            f"{before.outputs} -> {after.outputs}: the traced program changed (a "
+            "Python branch, new tensors, or state created on the way)"
+        )
     else:
-        lines.append(f"same number of graph inputs ({after.inputs}) and outputs "
-                     f"({after.outputs}): a shape, dtype or Python value inside the graph "
-                     "changed")
+        lines.append(
+            f"same number of graph inputs ({after.inputs}) and outputs "
+            f"({after.outputs}): a shape, dtype or Python value inside the graph "
+            "changed"
+        )
     sizes = []
     for key in sorted(set(before.sizes_gb) | set(after.sizes_gb)):
         a, b = before.sizes_gb.get(key), after.sizes_gb.get(key)
@@ -303,7 +316,7 @@ def _gb(value: float | None) -> str:
 
 def _diff_lines(before, after) -> tuple[str, ...]:
     """What differs between two captured Graphs, via the graph module's diff."""
-    diff = after.diff(before)      # Graph.diff: later.diff(earlier)
+    diff = after.diff(before)  # Graph.diff: later.diff(earlier)
     if not diff:
         return ()
     lines = [diff.summary()]
@@ -329,10 +342,10 @@ class SyncProbe:
         self._graphs: dict[tuple[str, int], list] = {}
         self._tries: dict[tuple[str, int], int] = {}
         self._armed: set[tuple[str, int]] = set()
-        self._wanted: dict[tuple[str, int], int] = {}    # new graphs still to capture
+        self._wanted: dict[tuple[str, int], int] = {}  # new graphs still to capture
         self._spent = 0.0
-        self._original = None
-        self._wrapper = None
+        self._original: Callable[..., Any] | None = None
+        self._wrapper: Callable[..., Any] | None = None
 
     def arm(self, site: tuple[str, int]) -> None:
         if self._spent >= self.budget:
@@ -393,8 +406,7 @@ class SyncProbe:
 
             # What the sync is about to run, as far as the calling frame's variables reach
             # (bounded walk: modules, optimizers, containers).
-            captured = pending_graph(frame.f_locals, frame.f_globals, hlo=False,
-                                     max_items=20_000)
+            captured = pending_graph(frame.f_locals, frame.f_globals, hlo=False, max_items=20_000)
             if captured is not None:
                 kept = self._graphs[site]
                 if not kept or kept[-1].hash != captured.hash:
@@ -402,34 +414,38 @@ class SyncProbe:
                     del kept[:-2]
                     self._wanted[site] -= 1
             self._spent += time.perf_counter() - start
-            if (self._wanted[site] <= 0 or self._tries[site] >= self.max_captures
-                    or self._spent >= self.budget):
+            if (
+                self._wanted[site] <= 0
+                or self._tries[site] >= self.max_captures
+                or self._spent >= self.budget
+            ):
                 self._armed.discard(site)
-        except Exception:            # never break the user's sync
+        except Exception:  # never break the user's sync
             if site is not None:
                 self._armed.discard(site)
 
 
 # -- the monitor ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class LiveState:
     """Everything the dashboard shows, at one refresh."""
 
-    elapsed: float                          # seconds since the monitor started
-    metrics: MetricsDelta                   # since the monitor started
-    steps: int                              # syncs since the start
-    execution_rate: float                   # executions per second over the last second or so
-    step_median: float | None               # seconds, over the last measured steps
+    elapsed: float  # seconds since the monitor started
+    metrics: MetricsDelta  # since the monitor started
+    steps: int  # syncs since the start
+    execution_rate: float  # executions per second over the last second or so
+    step_median: float | None  # seconds, over the last measured steps
     step_p90: float | None
-    steps_measured: int                     # step intervals measured so far
-    compiles: tuple[LiveCompile, ...]       # the most recent ones, oldest first
+    steps_measured: int  # step intervals measured so far
+    compiles: tuple[LiveCompile, ...]  # the most recent ones, oldest first
     alerts: tuple[RecompilationAlert, ...]
     memory: MemoryInfo
-    series: tuple[StepPoint, ...]           # step time over steps, for the chart
-    compile_analysis: bool                  # False: compile causes unknown (no setup())
-    series_version: int = 0                 # bumps when `series` changes
-    compile_version: int = 0                # bumps when `compiles` changes
+    series: tuple[StepPoint, ...]  # step time over steps, for the chart
+    compile_analysis: bool  # False: compile causes unknown (no setup())
+    series_version: int = 0  # bumps when `series` changes
+    compile_version: int = 0  # bumps when `compiles` changes
 
     @property
     def recompiling(self) -> bool:
@@ -445,10 +461,11 @@ class LiveMonitor:
     """
 
     def __init__(self, *, alert_graphs: int = 3, probe: bool = True):
-        if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) \
-                or alert_graphs < 1:
-            raise TpuNbError(f"alert_graphs must be a whole number of at least 1; got "
-                             f"{alert_graphs!r}. Fix: e.g. alert_graphs=3.")
+        if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) or alert_graphs < 1:
+            raise TpuNbError(
+                f"alert_graphs must be a whole number of at least 1; got "
+                f"{alert_graphs!r}. Fix: e.g. alert_graphs=3."
+            )
         from tpu_nb.runtime.device import device
 
         self.alert_graphs = alert_graphs
@@ -487,22 +504,30 @@ class LiveMonitor:
         self._marks.append((wall, total.syncs))
         self._rate = self._execution_rate(now.taken_at, total.executions)
         self._measure_steps(window, total.syncs)
-        if total.compiles > self._seconds_seen or (self._log is not None
-                                                   and total.compiles > self._events_seen):
+        if total.compiles > self._seconds_seen or (
+            self._log is not None and total.compiles > self._events_seen
+        ):
             self._note_compiles()
         self._refresh_alerts()
         recent = sorted(self._recent)
         used, limit, peak, note = self._device_memory.read()
         memory = MemoryInfo(host_rss(), host_peak_rss(), used, limit, peak, note)
         return LiveState(
-            elapsed=now.taken_at - self._start.taken_at, metrics=total, steps=total.syncs,
+            elapsed=now.taken_at - self._start.taken_at,
+            metrics=total,
+            steps=total.syncs,
             execution_rate=self._rate,
             step_median=percentile(recent, 0.5) if recent else None,
             step_p90=percentile(recent, 0.9) if recent else None,
-            steps_measured=self._measured, compiles=self._compile_tuple(),
-            alerts=tuple(self._alerts.values()), memory=memory, series=tuple(self._series),
-            compile_analysis=self._log is not None, series_version=self._series_version,
-            compile_version=self._compile_version)
+            steps_measured=self._measured,
+            compiles=self._compile_tuple(),
+            alerts=tuple(self._alerts.values()),
+            memory=memory,
+            series=tuple(self._series),
+            compile_analysis=self._log is not None,
+            series_version=self._series_version,
+            compile_version=self._compile_version,
+        )
 
     def close(self) -> None:
         """Restore anything the monitor installed (the sync probe)."""
@@ -528,8 +553,9 @@ class LiveMonitor:
         self._recent.extend(intervals)
         self._measured += len(intervals)
         ordered = sorted(intervals)
-        self._series.append(StepPoint(steps, percentile(ordered, 0.5), percentile(ordered, 0.9),
-                                      len(ordered)))
+        self._series.append(
+            StepPoint(steps, percentile(ordered, 0.5), percentile(ordered, 0.9), len(ordered))
+        )
         if len(self._series) > _SERIES_POINTS:
             self._series = _merge_pairs(self._series)
         self._series_version += 1
@@ -553,7 +579,7 @@ class LiveMonitor:
                 self._note_line(event)
                 changed = True
         data = xlac()._xla_metric_data("CompileTime")
-        for ts, ns in (data[2] if data is not None else ()):
+        for ts, ns in data[2] if data is not None else ():
             if ts > self._compile_samples_after:
                 self._compile_samples_after = ts
                 self._seconds_seen += 1
@@ -565,15 +591,19 @@ class LiveMonitor:
 
     def _compile_tuple(self) -> tuple[LiveCompile, ...]:
         if getattr(self, "_built", (None,))[0] != self._compile_version:
-            self._built = (self._compile_version, tuple(
-                LiveCompile(index, step, seconds, event)
-                for index, (event, seconds, step) in self._records.items()))
+            self._built = (
+                self._compile_version,
+                tuple(
+                    LiveCompile(index, step, seconds, event)
+                    for index, (event, seconds, step) in self._records.items()
+                ),
+            )
         return self._built[1]
 
     def _step_at(self, ts: float) -> float:
         """The step count at wall-clock time `ts`, interpolated between polls."""
         marks = list(self._marks)
-        for (t0, s0), (t1, s1) in zip(marks, marks[1:]):
+        for (t0, s0), (t1, s1) in zip(marks, marks[1:], strict=False):
             if t0 <= ts <= t1:
                 return s0 + (s1 - s0) * ((ts - t0) / (t1 - t0) if t1 > t0 else 1.0)
         return float(marks[0][1] if ts < marks[0][0] else marks[-1][1])
@@ -589,12 +619,17 @@ class LiveMonitor:
             # Armed one graph before the alert, so that the graph which raises it is usually
             # captured with the one before (a training loop's warm-up pair stays unprobed).
             # Each later graph arms it again: the alert's diff follows the latest graphs.
-            if len(graphs) >= self.alert_graphs and self._probe is not None \
-                    and event.kind == "sync":
+            if (
+                len(graphs) >= self.alert_graphs
+                and self._probe is not None
+                and event.kind == "sync"
+            ):
                 self._probe.arm(site)
 
     def _latest(self, event: CompileEvent) -> CompileEvent:
         """The event as the log has it now (its sizes arrive in a later block)."""
+        if self._log is None:  # no log, no events to refresh (and none were noted)
+            return event
         for fresh in self._log.events_since(event.offset):
             if fresh.offset == event.offset:
                 return fresh
@@ -609,27 +644,35 @@ class LiveMonitor:
             old = self._alerts.get(site)
             if old is not None and old.graphs == hashes and old.source == "graphs":
                 continue
-            differs, source = (), "compile log"
+            differs: tuple[str, ...] = ()
+            source = "compile log"
             if len(captured) >= 2:
                 try:
                     differs, source = _diff_lines(captured[-2], captured[-1]), "graphs"
-                except Exception:        # the graph module is young: fall back, never fail
+                except Exception:  # the graph module is young: fall back, never fail
                     differs = ()
             if not differs:
                 source = "compile log"
-                differs = describe_difference(self._latest(events[-2]),
-                                              self._latest(events[-1]))
-            self._alerts[site] = RecompilationAlert(events[-1].user_frame, hashes,
-                                                    self.alert_graphs, differs, source)
+                differs = describe_difference(self._latest(events[-2]), self._latest(events[-1]))
+            place = events[-1].user_frame
+            assert place is not None  # _note_line keeps only events with a user frame
+            self._alerts[site] = RecompilationAlert(
+                place, hashes, self.alert_graphs, differs, source
+            )
 
 
 def _merge_pairs(points: list[StepPoint]) -> list[StepPoint]:
     """Halve a long series: each pair of points becomes one (the later step, the larger p90)."""
     merged = []
-    for a, b in zip(points[0::2], points[1::2]):
-        merged.append(StepPoint(b.step, (a.median * a.count + b.median * b.count)
-                                / max(1, a.count + b.count), max(a.p90, b.p90),
-                                a.count + b.count))
+    for a, b in zip(points[0::2], points[1::2], strict=False):
+        merged.append(
+            StepPoint(
+                b.step,
+                (a.median * a.count + b.median * b.count) / max(1, a.count + b.count),
+                max(a.p90, b.p90),
+                a.count + b.count,
+            )
+        )
     if len(points) % 2:
         merged.append(points[-1])
     return merged

@@ -6,8 +6,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from tpu_nb.runtime.device import MAX_CPU_DEVICES
 from tpu_nb.runtime.environment import runtime_initialized
@@ -18,7 +19,7 @@ from tpu_nb.runtime.errors import TpuNbError
 class Spmd:
     """What an SPMD function gets: the mesh and how to shard a batch across it."""
 
-    mesh: Any                  # torch_xla.distributed.spmd.Mesh, axes ("data", "model")
+    mesh: Any  # torch_xla.distributed.spmd.Mesh, axes ("data", "model")
     devices: int
 
     def shard_batch(self, tensor):
@@ -38,20 +39,26 @@ def parse_mesh(mesh: str | None) -> tuple[int, int] | None:
         dims = tuple(int(d) for d in str(mesh).lower().split("x"))
     except ValueError:
         dims = ()
-    if len(dims) not in (1, 2) or any(d < 1 for d in dims) or \
-            math.prod(dims) > MAX_CPU_DEVICES:
-        raise TpuNbError(f"mesh {mesh!r} is not a shape like 4 or 2x2 of at most "
-                         f"{MAX_CPU_DEVICES} devices. Fix: e.g. --spmd 4.")
+    if len(dims) not in (1, 2) or any(d < 1 for d in dims) or math.prod(dims) > MAX_CPU_DEVICES:
+        raise TpuNbError(
+            f"mesh {mesh!r} is not a shape like 4 or 2x2 of at most "
+            f"{MAX_CPU_DEVICES} devices. Fix: e.g. --spmd 4."
+        )
     return dims if len(dims) == 2 else (dims[0], 1)
 
 
 def _check_devices(devices) -> int | None:
     if devices == "all":
         return None
-    if isinstance(devices, bool) or not isinstance(devices, int) or not \
-            1 <= devices <= MAX_CPU_DEVICES:
-        raise TpuNbError(f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}; "
-                         f"got {devices!r}. Fix: e.g. devices=4, or devices='all'.")
+    if (
+        isinstance(devices, bool)
+        or not isinstance(devices, int)
+        or not 1 <= devices <= MAX_CPU_DEVICES
+    ):
+        raise TpuNbError(
+            f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}; "
+            f"got {devices!r}. Fix: e.g. devices=4, or devices='all'."
+        )
     return devices
 
 
@@ -74,11 +81,13 @@ def _switch_refused() -> str | None:
         return None
     locked = getattr(xlac, "_xla_get_spmd_config_is_locked", None)
     if locked() if locked else runtime_initialized():
-        return ("this process already used the XLA device without it, and torch_xla 2.9 "
-                "crashes the process (SIGSEGV) at the next XLA work when SPMD is switched on "
-                "after that. Fix: restart the kernel and run the SPMD cell (%%on_tpu --spmd, "
-                "or launch(..., mode='spmd')) before any other XLA work, right after "
-                "%tpu_setup")
+        return (
+            "this process already used the XLA device without it, and torch_xla 2.9 "
+            "crashes the process (SIGSEGV) at the next XLA work when SPMD is switched on "
+            "after that. Fix: restart the kernel and run the SPMD cell (%%on_tpu --spmd, "
+            "or launch(..., mode='spmd')) before any other XLA work, right after "
+            "%tpu_setup"
+        )
     return None
 
 
@@ -103,23 +112,29 @@ def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | Non
     wanted = _check_devices(devices)
     shape = parse_mesh(mesh)
     if shape and wanted is not None and shape[0] * shape[1] != wanted:
-        raise TpuNbError(f"a {shape[0]}x{shape[1]} mesh has {shape[0] * shape[1]} devices, "
-                         f"not {wanted}. Fix: a mesh of {wanted} devices, e.g. --spmd {wanted}.")
+        raise TpuNbError(
+            f"a {shape[0]}x{shape[1]} mesh has {shape[0] * shape[1]} devices, "
+            f"not {wanted}. Fix: a mesh of {wanted} devices, e.g. --spmd {wanted}."
+        )
     why = _switch_refused()
     if why:
         raise TpuNbError(f"cannot switch to SPMD: {why}.")
     cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
-    will_have = wanted if cpu and wanted is not None and not runtime_initialized() \
-        else _expected_devices()
+    will_have = (
+        wanted if cpu and wanted is not None and not runtime_initialized() else _expected_devices()
+    )
     if wanted is not None and will_have is not None and wanted != will_have:
         raise TpuNbError(
             f"SPMD over {wanted} devices, but the runtime started with {will_have}. Fix: "
             f"restart the kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', "
-            f"num_devices={wanted})) before the first XLA computation.")
+            f"num_devices={wanted})) before the first XLA computation."
+        )
     count = wanted or will_have
     if shape and count is not None and shape[0] * shape[1] != count:
-        raise TpuNbError(f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
-                         f"this runtime has {count}. Fix: --spmd {count}.")
+        raise TpuNbError(
+            f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
+            f"this runtime has {count}. Fix: --spmd {count}."
+        )
     return wanted
 
 
@@ -138,15 +153,18 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
 
     xr.use_spmd()
     n = xr.global_runtime_device_count()
-    if wanted is not None and wanted != n:     # only where the count was not knowable before
+    if wanted is not None and wanted != n:  # only where the count was not knowable before
         raise TpuNbError(
             f"SPMD over {wanted} devices, but the runtime started with {n}. Fix: restart the "
             f"kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', num_devices="
-            f"{wanted})) before the first XLA computation.")
+            f"{wanted})) before the first XLA computation."
+        )
     shape = parse_mesh(mesh) or (n, 1)
     if shape[0] * shape[1] != n:
-        raise TpuNbError(f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
-                         f"this runtime has {n}. Fix: --spmd {n}.")
+        raise TpuNbError(
+            f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
+            f"this runtime has {n}. Fix: --spmd {n}."
+        )
     return Spmd(xs.Mesh(np.arange(n), shape, ("data", "model")), n)
 
 
@@ -159,7 +177,11 @@ def run_spmd(fn: Callable, args: tuple, devices: int | str = "all", mesh: str | 
     start = time.perf_counter()
     with track("spmd") as report:
         value = fn(spmd, *args)
-    result = ReplicaResult(ordinal=0, value=value, wall_seconds=report.wall_seconds,
-                           metrics=report.metrics, pid=os.getpid())
-    return LaunchResult("spmd", "in-process", spmd.devices, (result,),
-                        time.perf_counter() - start)
+    result = ReplicaResult(
+        ordinal=0,
+        value=value,
+        wall_seconds=report.wall_seconds,
+        metrics=report.metrics,
+        pid=os.getpid(),
+    )
+    return LaunchResult("spmd", "in-process", spmd.devices, (result,), time.perf_counter() - start)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tpu_nb.runtime._xla import wait_device_ops, xla
 from tpu_nb.runtime.errors import TpuNbError
@@ -23,9 +23,9 @@ class DeviceTiming:
 
     first_seconds: float
     first_compiles: int
-    per_run: tuple[float, ...]     # one figure per repeat: mean seconds of its `number` runs
+    per_run: tuple[float, ...]  # one figure per repeat: mean seconds of its `number` runs
     number: int
-    steady_compiles: int           # graphs compiled during the steady state (should be 0)
+    steady_compiles: int  # graphs compiled during the steady state (should be 0)
 
     @property
     def median(self) -> float:
@@ -44,14 +44,23 @@ class DeviceTiming:
         return self.steady_compiles > 0
 
     def summary(self) -> str:
-        first = (f"first run {_fmt(self.first_seconds)} ({self.first_compiles} graph"
-                 f"{'s' if self.first_compiles != 1 else ''} compiled)")
-        steady = (f"steady state {_fmt(self.median)} per run (median of {len(self.per_run)} "
-                  f"repeats \u00d7 {self.number} runs; range {_fmt(self.best)}\u2013"
-                  f"{_fmt(self.worst)})")
-        tail = (f"; STILL RECOMPILING: {self.steady_compiles} graphs compiled in the steady "
-                "state (shapes or Python values change between runs)") if self.recompiles \
+        first = (
+            f"first run {_fmt(self.first_seconds)} ({self.first_compiles} graph"
+            f"{'s' if self.first_compiles != 1 else ''} compiled)"
+        )
+        steady = (
+            f"steady state {_fmt(self.median)} per run (median of {len(self.per_run)} "
+            f"repeats \u00d7 {self.number} runs; range {_fmt(self.best)}\u2013"
+            f"{_fmt(self.worst)})"
+        )
+        tail = (
+            (
+                f"; STILL RECOMPILING: {self.steady_compiles} graphs compiled in the steady "
+                "state (shapes or Python values change between runs)"
+            )
+            if self.recompiles
             else "; no recompilation"
+        )
         return f"{first}; {steady}{tail}"
 
     __str__ = summary
@@ -66,7 +75,7 @@ def _fmt(seconds: float) -> str:
 
 def _run_once(fn, sync) -> float:
     start = time.perf_counter()
-    result = fn()         # kept alive over the sync, so a returned tensor is computed too
+    result = fn()  # kept alive over the sync, so a returned tensor is computed too
     sync()
     wait_device_ops()
     del result
@@ -81,22 +90,27 @@ MAX_REPEAT = 1_000
 
 def _check_count(name: str, value, maximum: int, example: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-        raise TpuNbError(f"{name} must be a whole number from 1 to {maximum:,}; got {value!r}. "
-                         f"Fix: e.g. {name}={example}.")
+        raise TpuNbError(
+            f"{name} must be a whole number from 1 to {maximum:,}; got {value!r}. "
+            f"Fix: e.g. {name}={example}."
+        )
 
 
 def _check_arguments(fn, number, repeat) -> None:
     if not callable(fn):
-        raise TpuNbError(f"time_device times a function called with no arguments; got "
-                         f"{fn!r:.60}. Fix: e.g. time_device(lambda: "
-                         f"step(x)) or time_device(step).")
+        raise TpuNbError(
+            f"time_device times a function called with no arguments; got "
+            f"{fn!r:.60}. Fix: e.g. time_device(lambda: "
+            f"step(x)) or time_device(step)."
+        )
     if number is not None:
         _check_count("number", number, MAX_NUMBER, 10)
     _check_count("repeat", repeat, MAX_REPEAT, 7)
 
 
-def time_device(fn: Callable[[], object], *, number: int | None = None,
-                repeat: int = 7) -> DeviceTiming:
+def time_device(
+    fn: Callable[[], object], *, number: int | None = None, repeat: int = 7
+) -> DeviceTiming:
     """Time `fn()` on the XLA device: each run synced and waited for.
 
     number: runs per repeat; default: enough for a repeat to take about 0.2 s.
@@ -104,7 +118,7 @@ def time_device(fn: Callable[[], object], *, number: int | None = None,
     """
     _check_arguments(fn, number, repeat)
     sync = xla().sync
-    sync()                    # work pending from before is not part of the timing
+    sync()  # work pending from before is not part of the timing
     wait_device_ops()
     before = snapshot()
     first = _run_once(fn, sync)
