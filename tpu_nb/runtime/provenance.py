@@ -43,6 +43,7 @@ from tpu_nb.runtime.sources import is_library, short_path
 log = logging.getLogger("tpu_nb")
 
 HOST_READ = "aten::_local_scalar_dense"
+_TENSOR_TYPES: tuple = ()      # torch.Tensor and Parameter, set by Recorder.start()
 # Counters that move when device data reaches the host: a scalar read, a copy to the CPU.
 _READ_COUNTERS = (HOST_READ, "xla::_to_cpu", "xla::_to_copy")
 # Tensor methods that read device values, and how a finding names them.
@@ -155,6 +156,13 @@ class Recorder:
         self._started = 0.0
         self._capture_next: set[tuple[str, int]] = set()
         self._captured_here: dict[tuple[str, int], int] = {}
+        # Lines that compiled more than one graph are watched: the shapes of the tensors the
+        # tracked code names (~2 us for a cell's 20 names) are compared at each of their
+        # syncs, and a change (a ragged last batch) captures the graph about to compile.
+        self._compiled_at: dict[tuple[str, int], int] = {}
+        self._shapes_at: dict[tuple[str, int], tuple] = {}
+        named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
+        self._names = tuple(sorted(_names_in(named)))
         self.active = False
         # Called with wall-clock times (time.time()) of each sync and value read: (the hook
         # entered, the call started, it returned), for the step anatomy (runtime/anatomy.py).
@@ -170,6 +178,8 @@ class Recorder:
         self._xc = torch_xla._XLAC
         self._counter = self._xc._xla_counter_value
         self._compiling = torch.compiler.is_compiling
+        global _TENSOR_TYPES
+        _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
         self._started = time.perf_counter()
         self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
         self._log_read = self._log.size() if self._log is not None else 0
@@ -302,8 +312,7 @@ class Recorder:
             if compiles > 0:
                 site = site or self.site_of(frame)
                 self._anchor("sync", site, compiles, graph)
-                if site.line is not None:
-                    self._capture_next.add(_key(site.line))
+                self._note_compiled(site)
             self._notice_new_fallbacks()
         except Exception:
             self._failed()
@@ -316,8 +325,7 @@ class Recorder:
             compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
             if compiled > 0:
                 self._anchor("read", site, compiled, graph)
-                if site.line is not None:
-                    self._capture_next.add(_key(site.line))
+                self._note_compiled(site)
         except Exception:
             self._failed()
 
@@ -333,8 +341,7 @@ class Recorder:
             compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
             if compiled > 0:
                 self._anchor("read", site, compiled, graph)
-                if site.line is not None:
-                    self._capture_next.add(_key(site.line))
+                self._note_compiled(site)
         except Exception:
             self._failed()
 
@@ -427,10 +434,12 @@ class Recorder:
             key = (root.f_code.co_filename, root.f_lineno)
             forced = key in force_capture
             due = forced or key in self._capture_next or line_graphs.get(key) is None
+            if not due and self._compiled_at.get(key, 0) >= 2:
+                due = self._shapes_changed(root, key)
             if not due:
                 return None, None
             taken = self._captured_here.get(key, 0)
-            if (not forced and taken >= 6) or not self._within_budget():
+            if (not forced and taken >= 16) or not self._within_budget():
                 return None, None
             self._capture_next.discard(key)
             self._captured_here[key] = taken + 1
@@ -443,6 +452,20 @@ class Recorder:
         except Exception:
             self._failed()
             return None, None
+
+    def _shapes_changed(self, root, key) -> bool:
+        values = root.f_locals
+        shapes = tuple((v.shape, v.dtype) for v in (values.get(n) for n in self._names)
+                       if type(v) in _TENSOR_TYPES)
+        before = self._shapes_at.get(key)
+        self._shapes_at[key] = shapes
+        return before is not None and before != shapes
+
+    def _note_compiled(self, site: Site) -> None:
+        if site.line is not None:
+            key = _key(site.line)
+            self._capture_next.add(key)
+            self._compiled_at[key] = self._compiled_at.get(key, 0) + 1
 
     def _within_budget(self) -> bool:
         spent = self.recording.capture_seconds
@@ -527,6 +550,15 @@ def _graph_once(tensors: list):
             _by_own_hash.popitem(last=False)
     _by_own_hash.move_to_end(own_hash)
     return known
+
+
+def _names_in(codes) -> set[str]:
+    """Names a code object and the functions it defines refer to (globals and locals)."""
+    names: set[str] = set()
+    for code in codes:
+        names.update(code.co_names, code.co_varnames)
+        names |= _names_in(c for c in code.co_consts if hasattr(c, "co_names"))
+    return names
 
 
 def _root_of(frame, code_ids, root):
