@@ -244,6 +244,9 @@ class RunView:
         notes = []
         if self.report.metrics.compiles and not self.report.compile_analysis:
             notes.append("compile causes unknown: run %tpu_setup before the first compile")
+        problem = getattr(self.report, "compile_log_problem", "")
+        if problem:
+            notes.append(f"compile causes unknown for this cell: {problem}")
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
             notes.append(str(verdict))

@@ -59,6 +59,9 @@ class RunReport:
     occurrences: list = field(default_factory=list)
     capture_seconds: float = 0.0       # spent capturing pending graphs (recompile diffs)
     record_errors: int = 0             # recording hooks that failed (logged by "tpu_nb")
+    # Why some compile causes of this run are unknown (the compile log was deleted, replaced,
+    # truncated or could not be written), or "" when the log holds them all.
+    compile_log_problem: str = ""
     # Set by %%on_tpu: the findings placed on the cell's lines, its source and --max-graphs,
     # so the report shows the same whether displayed by the magic or returned by -o.
     findings: list = field(default_factory=list)
@@ -103,6 +106,8 @@ class RunReport:
         elif self.metrics.compiles and not self.compile_analysis:
             lines.append("  compile causes unknown: call tpu_nb.setup() before the first "
                          "compile to record them")
+        if self.compile_log_problem:
+            lines.append(f"  compile causes unknown: {self.compile_log_problem}")
         beyond = self.recompiled_lines()
         for (file, line), hashes in self.recompilations.items():
             what = ("recompiled" if (file, line) in beyond else
@@ -255,6 +260,8 @@ class track:
         recording = self._recorder.stop() if self._recorder is not None else None
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:
+            report.compile_log_problem = self._log.problem_since(
+                self._offset, report.metrics.compiles) or ""
             events = self._log.events_since(self._offset)
             if recording is not None:
                 events = _place(events, recording.anchors, self._offset)
