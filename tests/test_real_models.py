@@ -372,12 +372,6 @@ def test_fallback_in_a_module_from_another_cell_is_placed_on_the_calling_line(
     assert "outside this cell" not in ran.text
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 10 bug: a model built in the cell leaves its initialisation pending; the first "
-    "step's graph at the model's line runs it (the captured graphs say so: 'ops only the "
-    "earlier graph ran: aten::uniform x2'), yet it is reported as RECOMPILED, because "
-    "tracking._note_recompilations calls a line's first two graphs a warm-up only when the "
-    "compile log's input/output counts differ, and here they are equal"))
 def test_module_built_in_the_cell_its_pending_init_is_no_recompilation_at_a_read(
         shell, monkeypatch):
     """A model constructed in the cell leaves its random initialisation pending; the first

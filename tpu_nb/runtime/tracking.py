@@ -145,10 +145,25 @@ def _note_recompilations(events: list[CompileEvent]):
             _graphs_by_line.popitem(last=False)
         if len(graphs) > 1:
             out[key] = tuple(g.graph_hash for g in graphs)
-            first, second = graphs[0], graphs[1]
-            if (first.inputs, first.outputs) != (second.inputs, second.outputs):
+            if _is_warm_up(graphs[0], graphs[1]):
                 warmups.add(key)
     return out, frozenset(warmups)
+
+
+def _is_warm_up(first: CompileEvent, second: CompileEvent) -> bool:
+    """Whether a line's first graph differs from its second as a first step does, by facts:
+    other graph inputs or outputs (state the first step created), or — from the graphs
+    captured before they compiled — ops only the first ran (a model's initialisation or other
+    work still pending when the loop started). Same ops with other shapes is not a warm-up."""
+    if (first.inputs, first.outputs) != (second.inputs, second.outputs):
+        return True
+    a, b = captured_graph(first), captured_graph(second)
+    if a is None or b is None:
+        return False
+    from collections import Counter
+
+    ops = lambda g: Counter(n.op for n in g.nodes if n.kind not in ("data", "constant"))  # noqa: E731
+    return bool(ops(a) - ops(b))
 
 
 class _SyncWatch:
