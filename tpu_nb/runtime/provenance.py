@@ -21,8 +21,8 @@ innermost user frame below it (a helper in another cell) and the innermost libra
 that did it. Each wrapper costs one or two counter reads (~0.2 us each) and does nothing else
 unless the counters moved; everything is restored when the run ends. Graphs: the pending
 graph is captured just before the first sync of each line and before the sync after each
-compile at a line, so recompile findings can say which op and shape changed (bounded: a time
-budget per run, a few graphs per line).
+compile at a line, so recompile findings can say which op and shape changed (bounded: a few
+graphs per line; captures that do not follow a compile at their line also by a time budget).
 """
 
 from __future__ import annotations
@@ -439,7 +439,11 @@ class Recorder:
             if not due:
                 return None, None
             taken = self._captured_here.get(key, 0)
-            if (not forced and taken >= 16) or not self._within_budget():
+            # A capture after a compile at this line is what names the next recompile's
+            # change; each follows a compile (far costlier), so only the others are held to
+            # the time budget (under load, the first capture alone could use it all up).
+            after_compile = key in self._capture_next
+            if (not forced and taken >= 16) or not (after_compile or self._within_budget()):
                 return None, None
             self._capture_next.discard(key)
             self._captured_here[key] = taken + 1
