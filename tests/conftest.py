@@ -25,31 +25,44 @@ import tpu_nb  # noqa: E402
 tpu_nb.setup("cpu")
 
 
-def run_python(code: str, *, env: dict | None = None, timeout: float = 240,
-               check: bool = True) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, *, env: dict | None = None, timeout: float = 240, check: bool = True
+) -> subprocess.CompletedProcess:
     """Run `code` in a fresh Python process (tpu_nb importable, PJRT_DEVICE=CPU unless `env`
     says otherwise; XLA debug variables of this process are not inherited)."""
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("PT_XLA_DEBUG", "XLA_", "CPU_NUM_DEVICES"))}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PT_XLA_DEBUG", "XLA_", "CPU_NUM_DEVICES"))
+    }
     full_env["PJRT_DEVICE"] = "CPU"
     full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p)
-    for name, value in (env or {}).items():   # a value of None removes the variable
+        p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p
+    )
+    for name, value in (env or {}).items():  # a value of None removes the variable
         if value is None:
             full_env.pop(name, None)
         else:
             full_env[name] = value
-    with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="tpu_nb_test_",
-                                     delete=False) as script:   # a file: tracebacks quote it
+    with tempfile.NamedTemporaryFile(
+        "w", suffix=".py", prefix="tpu_nb_test_", delete=False
+    ) as script:  # a file: tracebacks quote it
         script.write(textwrap.dedent(code))
     try:
-        proc = subprocess.run([sys.executable, script.name], capture_output=True, text=True,
-                              env=full_env, timeout=timeout, cwd=str(ROOT))
+        proc = subprocess.run(
+            [sys.executable, script.name],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            cwd=str(ROOT),
+        )
     finally:
         os.unlink(script.name)
     if check and proc.returncode != 0:
-        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n"
-                             f"{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 

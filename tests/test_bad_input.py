@@ -36,42 +36,57 @@ LIBRARY = [
     (lambda: tpu_nb.setup(cache_dir="  "), "cache_dir must be a directory path"),
     (lambda: tpu_nb.setup(debug_file=123), "debug_file must be a file path; got 123"),
     (lambda: tpu_nb.setup(ir_debug="yes"), "ir_debug must be True or False; got 'yes'"),
-    (lambda: tpu_nb.setup("cpu", num_devices=100000000000),
-     f"num_devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got 100000000000"),
+    (
+        lambda: tpu_nb.setup("cpu", num_devices=100000000000),
+        f"num_devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got 100000000000",
+    ),
     (lambda: tpu_nb.setup("cpu", num_devices=2.0), "num_devices must be a whole number"),
-    (lambda: tpu_nb.setup(cache_dir="/proc/tpu_nb/cache"),
-     "the compile cache /proc/tpu_nb/cache is in /proc, a kernel file system"),
-    (lambda: tpu_nb.time_device(42), "time_device times a function called with no arguments; "
-                                     "got 42"),
-    (lambda: tpu_nb.time_device(_step, repeat=1.5),
-     "repeat must be a whole number from 1 to 1,000; got 1.5"),
-    (lambda: tpu_nb.time_device(_step, number="3"),
-     "number must be a whole number from 1 to 1,000,000; got '3'"),
+    (
+        lambda: tpu_nb.setup(cache_dir="/proc/tpu_nb/cache"),
+        "the compile cache /proc/tpu_nb/cache is in /proc, a kernel file system",
+    ),
+    (
+        lambda: tpu_nb.time_device(42),
+        "time_device times a function called with no arguments; got 42",
+    ),
+    (
+        lambda: tpu_nb.time_device(_step, repeat=1.5),
+        "repeat must be a whole number from 1 to 1,000; got 1.5",
+    ),
+    (
+        lambda: tpu_nb.time_device(_step, number="3"),
+        "number must be a whole number from 1 to 1,000,000; got '3'",
+    ),
     (lambda: tpu_nb.time_device(_step, number=10**12), "got 1000000000000"),
     (lambda: tpu_nb.time_device(_step, repeat=0), "repeat must be a whole number from 1"),
     (lambda: tpu_nb.device(index=99), "there is no XLA device 99: this process has 1"),
     (lambda: tpu_nb.device(index=-1), "index must be a whole number of at least 0"),
     (lambda: tpu_nb.device(index="0"), "index must be a whole number of at least 0"),
-    (lambda: tpu_nb.launch(lambda spmd: 1, mode="spmd", devices=100000000000),
-     f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}"),
+    (
+        lambda: tpu_nb.launch(lambda spmd: 1, mode="spmd", devices=100000000000),
+        f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}",
+    ),
     (lambda: tpu_nb.launch(42), "launch needs a function to run; got int 42"),
-    (lambda: Dashboard(refresh=math.nan), "refresh must be a number of seconds from 0.1 to "
-                                          "3600; got nan"),
+    (
+        lambda: Dashboard(refresh=math.nan),
+        "refresh must be a number of seconds from 0.1 to 3600; got nan",
+    ),
     (lambda: Dashboard(refresh=math.inf), "got inf"),
     (lambda: Dashboard(refresh=1e308), "got 1e+308"),
     (lambda: Dashboard(refresh=0.01), "got 0.01"),
     (lambda: Dashboard(refresh="1"), "got '1'"),
     (lambda: Dashboard(chart_refresh=math.nan), "chart_refresh must be a number of seconds"),
     (lambda: Dashboard(chart_refresh=-math.inf), "chart_refresh must be a number of seconds"),
-    (lambda: Dashboard(alert_graphs=10**20), "alert_graphs must be a whole number from 1 to "
-                                             "10,000; got 100000000000000000000"),
+    (
+        lambda: Dashboard(alert_graphs=10**20),
+        "alert_graphs must be a whole number from 1 to 10,000; got 100000000000000000000",
+    ),
     (lambda: Dashboard(alert_graphs=1.5), "alert_graphs must be a whole number"),
     (lambda: tpu_nb.dashboard(refresh=math.nan), "refresh must be a number of seconds"),
 ]
 
 
-@pytest.mark.parametrize("call, words", LIBRARY,
-                         ids=[w[:40] for _, w in LIBRARY])
+@pytest.mark.parametrize("call, words", LIBRARY, ids=[w[:40] for _, w in LIBRARY])
 def test_library_mistakes_are_one_line_with_a_fix_and_change_nothing(call, words):
     before = dict(os.environ)
     with pytest.raises(TpuNbError) as info:
@@ -86,8 +101,10 @@ def test_library_mistakes_are_one_line_with_a_fix_and_change_nothing(call, words
 def test_cache_dir_that_is_a_file_or_inside_one(tmp_path):
     file = tmp_path / "cache"
     file.write_text("not a directory")
-    for path, words in ((file, "is a file, not a directory"),
-                        (file / "xla", f"is inside a file ({file})")):
+    for path, words in (
+        (file, "is a file, not a directory"),
+        (file / "xla", f"is inside a file ({file})"),
+    ):
         with pytest.raises(TpuNbError) as info:
             tpu_nb.setup(cache_dir=path)
         assert f"the compile cache {path} {words}" in str(info.value)
@@ -96,44 +113,74 @@ def test_cache_dir_that_is_a_file_or_inside_one(tmp_path):
 
 
 MAGICS = [
-    ("tpu_setup", "--devices 100000000000",
-     f"%tpu_setup: argument --devices: needs a whole number from 1 to {MAX_CPU_DEVICES}; got "
-     f"'100000000000'. Fix: e.g. --devices 4"),
+    (
+        "tpu_setup",
+        "--devices 100000000000",
+        f"%tpu_setup: argument --devices: needs a whole number from 1 to {MAX_CPU_DEVICES}; got "
+        f"'100000000000'. Fix: e.g. --devices 4",
+    ),
     ("tpu_setup", "--devices 0", "needs a whole number from 1"),
-    ("tpu_setup", "--cache '/tmp/no end", "%tpu_setup: cannot split \"--cache '/tmp/no end\" "
-                                          "into arguments (No closing quotation). Fix: close "
-                                          "the quote"),
+    (
+        "tpu_setup",
+        "--cache '/tmp/no end",
+        '%tpu_setup: cannot split "--cache \'/tmp/no end" '
+        "into arguments (No closing quotation). Fix: close "
+        "the quote",
+    ),
     ("tpu_setup", "--cache /proc/tpu_nb", "the compile cache /proc/tpu_nb is in /proc"),
-    ("tpu_setup", "--nope", "%tpu_setup: unrecognized arguments: --nope. Fix: see "
-                            "%tpu_setup --help"),
-    ("tpu_dashboard", "--refresh nan", "%tpu_dashboard: argument --refresh: needs a number of "
-                                       "seconds from 0.1 to 3600; got 'nan'. Fix: e.g. "
-                                       "--refresh 0.5"),
+    (
+        "tpu_setup",
+        "--nope",
+        "%tpu_setup: unrecognized arguments: --nope. Fix: see %tpu_setup --help",
+    ),
+    (
+        "tpu_dashboard",
+        "--refresh nan",
+        "%tpu_dashboard: argument --refresh: needs a number of "
+        "seconds from 0.1 to 3600; got 'nan'. Fix: e.g. "
+        "--refresh 0.5",
+    ),
     ("tpu_dashboard", "--refresh inf", "got 'inf'"),
     ("tpu_dashboard", "--refresh 1e400", "got '1e400'"),
     ("tpu_dashboard", "--chart-refresh nan", "argument --chart-refresh: needs a number"),
-    ("tpu_dashboard", "--alert-graphs 99999999999999999999999",
-     "argument --alert-graphs: needs a whole number from 1 to 10,000"),
+    (
+        "tpu_dashboard",
+        "--alert-graphs 99999999999999999999999",
+        "argument --alert-graphs: needs a whole number from 1 to 10,000",
+    ),
     ("tpu_dashboard", '--refresh "1', "No closing quotation"),
     ("tpu_time", "-n 0 x", "argument -n: needs a whole number from 1 to 1,000,000; got '0'"),
     ("tpu_time", "-r 1.5 x", "argument -r: needs a whole number from 1 to 1,000; got '1.5'"),
     ("tpu_time", "-n 'x", "%tpu_time: cannot split"),
-    ("xla_graph", "42", "42 is of type int (42), not an XLA tensor nor anything holding one. Fix: "
-                        "%xla_graph loss"),
+    (
+        "xla_graph",
+        "42",
+        "42 is of type int (42), not an XLA tensor nor anything holding one. Fix: %xla_graph loss",
+    ),
     ("xla_graph", "{'a': [1, 'x']}", "is of type dict ({'a': [1, 'x']}), not an XLA tensor"),
-    ("xla_graph", "__import__('numpy').eye(3)", "is of type ndarray (array([[1., 0., 0.], "
-                                                "[0., 1., 0.], [0., ), not an XLA tensor"),
+    (
+        "xla_graph",
+        "__import__('numpy').eye(3)",
+        "is of type ndarray (array([[1., 0., 0.], [0., 1., 0.], [0., ), not an XLA tensor",
+    ),
     ("xla_graph", "--budget 99999999999999999999999 x", "argument --budget: needs a whole"),
     ("xla_graph", "'x", "%xla_graph: cannot split"),
     ("xla_metrics", '--cells "', "%xla_metrics: cannot split"),
-    ("xla_metrics", "--all --cells", "choose one of --since-cell, --all, --reset, --cells. "
-                                     "Fix: e.g. %xla_metrics --since-cell"),
-    ("xla_graph", "no_such_name", "could not evaluate 'no_such_name': NameError: name "
-                                  "'no_such_name' is not defined. Fix: give an expression"),
+    (
+        "xla_metrics",
+        "--all --cells",
+        "choose one of --since-cell, --all, --reset, --cells. Fix: e.g. %xla_metrics --since-cell",
+    ),
+    (
+        "xla_graph",
+        "no_such_name",
+        "could not evaluate 'no_such_name': NameError: name "
+        "'no_such_name' is not defined. Fix: give an expression",
+    ),
 ]
 
 
-@pytest.mark.parametrize("magic, line, words", MAGICS, ids=[f"{m} {l}" for m, l, _ in MAGICS])
+@pytest.mark.parametrize("magic, line, words", MAGICS, ids=[f"{m} {ln}" for m, ln, _ in MAGICS])
 def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic, line, words):
     before = dict(os.environ)
     with pytest.raises(UsageError) as info:
@@ -144,15 +191,20 @@ def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic,
     assert dict(os.environ) == before
 
 
-@pytest.mark.parametrize("line, words", [
-    ("--max-graphs 99999999999999999999999",
-     "%on_tpu: argument --max-graphs: needs a whole number from 1 to 10,000"),
-    ("--max-graphs 0", "needs a whole number from 1"),
-    ("--spmd 'x", "%on_tpu: cannot split"),
-    ("--spmd abc", "--spmd: mesh 'abc' is not a shape like 4 or 2x2"),
-    ("--spmd 300x300", "of at most 256 devices"),
-    ("--replicas 2 --spmd", "choose one of --replicas and --spmd. Fix: --replicas for a "),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        (
+            "--max-graphs 99999999999999999999999",
+            "%on_tpu: argument --max-graphs: needs a whole number from 1 to 10,000",
+        ),
+        ("--max-graphs 0", "needs a whole number from 1"),
+        ("--spmd 'x", "%on_tpu: cannot split"),
+        ("--spmd abc", "--spmd: mesh 'abc' is not a shape like 4 or 2x2"),
+        ("--spmd 300x300", "of at most 256 devices"),
+        ("--replicas 2 --spmd", "choose one of --replicas and --spmd. Fix: --replicas for a "),
+    ],
+)
 def test_on_tpu_mistakes_stop_before_the_cell_runs(shell, line, words):
     before = dict(os.environ)
     shell.user_ns.pop("ran", None)
@@ -164,8 +216,10 @@ def test_on_tpu_mistakes_stop_before_the_cell_runs(shell, line, words):
 
 
 def test_xla_graph_of_a_tensor_with_nothing_pending_still_says_so(shell, capsys):
-    shell.run_cell("import torch, torch_xla\nsettled = torch.ones(2, device=torch_xla.device())"
-                   "\ntorch_xla.sync()")
+    shell.run_cell(
+        "import torch, torch_xla\nsettled = torch.ones(2, device=torch_xla.device())"
+        "\ntorch_xla.sync()"
+    )
     capsys.readouterr()
     shell.run_line_magic("xla_graph", "settled")
     assert "nothing pending" in capsys.readouterr().out
@@ -173,24 +227,27 @@ def test_xla_graph_of_a_tensor_with_nothing_pending_still_says_so(shell, capsys)
 
 def test_cache_path_with_quotes_spaces_and_tilde_is_what_the_user_meant(py, tmp_path):
     """In a fresh process (the compile cache is latched when the runtime starts)."""
-    out = py(textwrap.dedent("""
+    out = py(
+        textwrap.dedent("""
         import json, os
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "tpu_nb")
         ip.run_line_magic("tpu_setup", "--device cpu --cache '~/my xla cache'")
         print("RESULT", json.dumps(os.environ["XLA_PERSISTENT_CACHE_PATH"]))
-    """), env={"HOME": str(tmp_path)}).stdout
+    """),
+        env={"HOME": str(tmp_path)},
+    ).stdout
     path = json.loads(out.split("RESULT", 1)[1])
     assert path == str(tmp_path / "my xla cache")
     assert (tmp_path / "my xla cache").is_dir()
     assert not any("'" in p.name for p in tmp_path.iterdir())
 
 
-def test_cache_dir_not_writable_by_this_user(py, other_user):
+def test_cache_dir_not_writable_by_this_user(py, other_user):  # noqa: F811 (fixture import)
     """Root may write anywhere: the check runs as a second local uid."""
     tmp_path = Path(tempfile.mkdtemp(prefix="tpu_nb_not_yours_"))
-    os.chmod(tmp_path, 0o755)            # ours: the other user can enter it, not write in it
+    os.chmod(tmp_path, 0o755)  # ours: the other user can enter it, not write in it
     uid, gid = other_user
     out = py(f"""
         import os
@@ -203,8 +260,10 @@ def test_cache_dir_not_writable_by_this_user(py, other_user):
             print("RESULT", exc)
     """).stdout
     message = out.split("RESULT ", 1)[1].strip()
-    assert message.startswith(f"the compile cache {tmp_path / 'cache'} cannot be created: "
-                              f"{tmp_path} is not writable by you. Fix: ")
+    assert message.startswith(
+        f"the compile cache {tmp_path / 'cache'} cannot be created: "
+        f"{tmp_path} is not writable by you. Fix: "
+    )
     assert not (tmp_path / "cache").exists()
     tmp_path.rmdir()
 
@@ -212,7 +271,8 @@ def test_cache_dir_not_writable_by_this_user(py, other_user):
 def test_replica_traceback_from_a_fresh_worker_shows_the_source_line(py):
     """The runtime is in use, so the replicas run in a fresh worker process, which never saw
     the cell: its traceback must still quote the failing line."""
-    out = py("""
+    out = py(
+        """
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "tpu_nb")
@@ -221,10 +281,14 @@ def test_replica_traceback_from_a_fresh_worker_shows_the_source_line(py):
                     "(torch.ones(2, device=torch_xla.device()) + 1).sum().item()")
         ip.run_cell("%%on_tpu --replicas 2\\nx = 1\\nif index == 1:\\n"
                     "    raise ValueError('boom in replica')\\n")
-    """, timeout=240).stdout
+    """,
+        timeout=240,
+    ).stdout
     replica = out.split("--- replica 1 of 2: traceback ---", 1)[1]
-    assert ", line 4, in <module>\n    raise ValueError('boom in replica')\nValueError: boom " \
-           "in replica" in replica
+    assert (
+        ", line 4, in <module>\n    raise ValueError('boom in replica')\nValueError: boom "
+        "in replica" in replica
+    )
 
 
 from test_files import other_user  # noqa: E402,F401  (the second-uid fixture)

@@ -4,7 +4,6 @@ Marked `stack`: runs on the current IPython and again on Colab's (IPython 7.34).
 """
 
 import os
-import sys
 
 import pytest
 import torch
@@ -16,8 +15,6 @@ from tpu_nb.ipython.extension import get_state
 pytestmark = pytest.mark.stack
 
 
-
-
 def run(ip, cell):
     result = ip.run_cell(cell)
     return result
@@ -25,6 +22,7 @@ def run(ip, cell):
 
 def test_expected_stack():
     import IPython
+
     expected = os.environ.get("TPU_NB_STACK")
     if expected == "colab":
         assert IPython.__version__.startswith("7.34")
@@ -33,22 +31,28 @@ def test_expected_stack():
 
 
 def test_load_ext_does_not_import_torch_xla(py):
-    out = py("""
+    out = (
+        py("""
         import sys, time
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "tpu_nb")
         print("RESULT", "torch_xla" in sys.modules, "torch" in sys.modules,
               sorted(ip.magics_manager.magics["cell"]).count("on_tpu"))
-    """).stdout.split("RESULT")[-1].split()      # IPython 7 writes a terminal-title escape
+    """)
+        .stdout.split("RESULT")[-1]
+        .split()
+    )  # IPython 7 writes a terminal-title escape
     assert out == ["False", "False", "1"]
 
 
 def test_reload_and_unload_leave_no_duplicates(shell):
     def count():
-        return (len(shell.events.callbacks["post_run_cell"]),
-                len(shell.events.callbacks["pre_run_cell"]),
-                sum(isinstance(c, type(get_state(shell).settings)) for c in shell.configurables))
+        return (
+            len(shell.events.callbacks["post_run_cell"]),
+            len(shell.events.callbacks["pre_run_cell"]),
+            sum(isinstance(c, type(get_state(shell).settings)) for c in shell.configurables),
+        )
 
     loaded = count()
     for _ in range(3):
@@ -64,22 +68,28 @@ def test_reload_and_unload_leave_no_duplicates(shell):
 
 
 def test_on_tpu_defaults_the_device_and_returns_the_last_value(shell, capsys):
-    r = run(shell, "%%on_tpu\nimport torch\nt = torch.randn(3, 3)\nlayer = torch.nn.Linear(5, 2)\n"
-                   "(t.device.type, layer.weight.device.type, str(torch.zeros(1).device))")
+    r = run(
+        shell,
+        "%%on_tpu\nimport torch\nt = torch.randn(3, 3)\nlayer = torch.nn.Linear(5, 2)\n"
+        "(t.device.type, layer.weight.device.type, str(torch.zeros(1).device))",
+    )
     assert r.error_in_exec is None
     assert r.result == ("xla", "xla", "xla:0")
-    assert torch.zeros(1).device.type == "cpu"         # restored after the cell
+    assert torch.zeros(1).device.type == "cpu"  # restored after the cell
     out = capsys.readouterr().out
     assert "device-synced" in out
 
 
 def test_on_tpu_report_names_lines_of_the_cell(shell, capsys):
     capsys.readouterr()
-    r = run(shell, "%%on_tpu -o\n"
-                   "x = torch.linspace(0, 1, 64)\n"
-                   "h = torch.histc(x, bins=8)\n"
-                   "s = (x * 2).sum()\n"
-                   "print(round(s.item(), 3))\n")
+    r = run(
+        shell,
+        "%%on_tpu -o\n"
+        "x = torch.linspace(0, 1, 64)\n"
+        "h = torch.histc(x, bins=8)\n"
+        "s = (x * 2).sum()\n"
+        "print(round(s.item(), 3))\n",
+    )
     report = r.result
     assert isinstance(report, tpu_nb.RunReport) and report is tpu_nb.last_report()
     assert report.metrics.fallbacks == {"histc": 1}
@@ -88,16 +98,24 @@ def test_on_tpu_report_names_lines_of_the_cell(shell, capsys):
     out = capsys.readouterr().out
     assert "64.0" in out
     assert "line 3: fell back to the CPU ×1: torch.histc ran on the CPU (aten::histc, 1×)" in out
-    assert "line 5: read from the device ×1: .item() read a device value (1×: 1 device→host read)" in out
-    assert "line 5: compiled ×1" in out       # the .item() compiled its graph at line 5
+    assert (
+        "line 5: read from the device ×1: .item() read a device value (1×: 1 device→host read)"
+        in out
+    )
+    assert "line 5: compiled ×1" in out  # the .item() compiled its graph at line 5
 
 
 def test_failing_cell_reports_and_raises_and_next_cell_runs(shell, capsys):
     capsys.readouterr()
-    r = run(shell, "%%on_tpu\na = torch.ones(4)\nb = (a * 3).sum().item()\nraise ValueError('bad')\n")
+    r = run(
+        shell, "%%on_tpu\na = torch.ones(4)\nb = (a * 3).sum().item()\nraise ValueError('bad')\n"
+    )
     assert isinstance(r.error_in_exec, ValueError)
     report = tpu_nb.last_report()
-    assert isinstance(report.error, ValueError) and report.metrics.compiles + report.metrics.cache_hits >= 1
+    assert (
+        isinstance(report.error, ValueError)
+        and report.metrics.compiles + report.metrics.cache_hits >= 1
+    )
     captured = capsys.readouterr()
     assert "failed: ValueError" in captured.out
     r2 = run(shell, "%%on_tpu\n(torch.ones(2) + 1).sum().item()")
@@ -111,12 +129,15 @@ def test_no_sync_leaves_work_pending(shell):
 
 
 def test_max_graphs_stops_at_the_recompiling_step(shell):
-    r = run(shell, "%%on_tpu --max-graphs 2\n"
-                   "w = torch.randn(8, 8)\n"
-                   "torch_xla.sync()\n"           # set-up: its own graph, not the loop's
-                   "for batch in (4, 4, 6, 4, 9):\n"
-                   "    out = (torch.ones(batch, 8) @ w).sum()\n"
-                   "    torch_xla.sync()\n")
+    r = run(
+        shell,
+        "%%on_tpu --max-graphs 2\n"
+        "w = torch.randn(8, 8)\n"
+        "torch_xla.sync()\n"  # set-up: its own graph, not the loop's
+        "for batch in (4, 4, 6, 4, 9):\n"
+        "    out = (torch.ones(batch, 8) @ w).sum()\n"
+        "    torch_xla.sync()\n",
+    )
     err = r.error_in_exec
     assert isinstance(err, tpu_nb.RecompilationError)
     assert tpu_nb.last_report().record_errors == 0
@@ -128,12 +149,15 @@ def test_max_graphs_stops_at_the_recompiling_step(shell):
 def test_max_graphs_counts_the_first_step(shell, capsys):
     # The report counts the first step's graph; so does the guard: graph 3 of the sync line
     # fails with --max-graphs 2, whatever the set-up synced before the loop.
-    r = run(shell, "%%on_tpu --max-graphs 2\n"
-                   "w = torch.randn(8, 7)\n"
-                   "torch_xla.sync()\n"
-                   "for batch in (3, 5, 7):\n"
-                   "    out = (torch.ones(batch, 8) @ w).sum()\n"
-                   "    torch_xla.sync()\n")
+    r = run(
+        shell,
+        "%%on_tpu --max-graphs 2\n"
+        "w = torch.randn(8, 7)\n"
+        "torch_xla.sync()\n"
+        "for batch in (3, 5, 7):\n"
+        "    out = (torch.ones(batch, 8) @ w).sum()\n"
+        "    torch_xla.sync()\n",
+    )
     err = r.error_in_exec
     assert isinstance(err, tpu_nb.RecompilationError), err
     assert shell.user_ns["batch"] == 7
@@ -144,15 +168,19 @@ def test_max_graphs_counts_the_first_step(shell, capsys):
     assert "contextlib" not in shown and "tpu_nb/" not in shown, shown
 
 
-@pytest.mark.parametrize("line, words", [
-    ("--device gpu", "XLA:GPU was removed"),
-    ("--device tpu", "no TPU"),
-    ("--devices 0", "from 1 to 256"),
-    ("--nope", "unrecognized arguments"),
-    ("--devices two", "needs a whole number"),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("--device gpu", "XLA:GPU was removed"),
+        ("--device tpu", "no TPU"),
+        ("--devices 0", "from 1 to 256"),
+        ("--nope", "unrecognized arguments"),
+        ("--devices two", "needs a whole number"),
+    ],
+)
 def test_tpu_setup_mistakes_are_one_line_and_change_nothing(shell, line, words):
     from IPython.core.error import UsageError
+
     before = dict(os.environ)
     with pytest.raises(UsageError, match=words):
         shell.run_line_magic("tpu_setup", line)
@@ -184,7 +212,7 @@ def test_tpu_setup_install_dry_run_streams_pip(shell, capsys):
 def test_xla_line_after_plain_cells_and_config_switch(shell, capsys):
     capsys.readouterr()
     run(shell, "w2 = (torch.ones(5, device=torch_xla.device()) * 3).sum().item()")
-    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("XLA: ")]
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("XLA: ")]
     assert len(line) == 1 and "1 host reads" in line[0]
     shell.run_line_magic("config", "TpuNb.show_xla_line = False")
     run(shell, "w3 = (torch.ones(6, device=torch_xla.device()) * 3).sum().item()")
@@ -206,6 +234,7 @@ def test_xla_metrics_views(shell, capsys):
     shell.run_line_magic("xla_metrics", "")
     assert "since the kernel started" in capsys.readouterr().out
     from IPython.core.error import UsageError
+
     with pytest.raises(UsageError):
         shell.run_line_magic("xla_metrics", "--all --reset")
 
@@ -217,31 +246,40 @@ def test_tpu_time_first_run_apart_and_recompile_warning(shell):
     assert timing.first_compiles == 1 and timing.steady_compiles == 0
     assert len(timing.per_run) == 3 and timing.median > 0
     shell.user_ns["sizes"] = iter(range(2, 100))
-    varying = shell.run_cell_magic("tpu_time", "-o -n 2 -r 2",
-                                   "torch.ones(next(sizes), 8).sum()")
+    varying = shell.run_cell_magic("tpu_time", "-o -n 2 -r 2", "torch.ones(next(sizes), 8).sum()")
     assert varying.recompiles and "STILL RECOMPILING" in varying.summary()
 
 
 def test_same_scenario_through_library_and_magic(shell):
-    code = ("torch.manual_seed(0)\n"
-            "net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))\n"
-            "opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
-            "for _ in range(3):\n"
-            "    opt.zero_grad()\n"
-            "    loss = net(torch.ones(4, 12)).sum()\n"
-            "    loss.backward()\n"
-            "    opt.step()\n"
-            "    torch_xla.sync()\n")
+    code = (
+        "torch.manual_seed(0)\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), "
+        "torch.nn.Linear(16, 3))\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad()\n"
+        "    loss = net(torch.ones(4, 12)).sum()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    torch_xla.sync()\n"
+    )
     ns = {"torch": torch, "torch_xla": torch_xla}
-    source = "\n" + code                               # line 1 is the magic's line
-    compiled = compile(source, "<scenario>", "exec")   # the block's own code, as a cell's
+    source = "\n" + code  # line 1 is the magic's line
+    compiled = compile(source, "<scenario>", "exec")  # the block's own code, as a cell's
     with tpu_nb.on_tpu(code=(compiled,), source=source, filename="<scenario>") as lib:
         exec(compiled, ns)
-    magic = run(shell, "%%on_tpu -o\n" + code.replace("net", "net2").replace("opt =", "opt2 =").replace("opt.", "opt2.")).result
+    magic = run(
+        shell,
+        "%%on_tpu -o\n"
+        + code.replace("net", "net2").replace("opt =", "opt2 =").replace("opt.", "opt2."),
+    ).result
     # Transfers are left out: the second run finds small constants in the device-data cache.
     for field in ("executions", "syncs", "host_reads"):
         assert getattr(lib.metrics, field) == getattr(magic.metrics, field), field
-    assert lib.metrics.compiles + lib.metrics.cache_hits == magic.metrics.compiles + magic.metrics.cache_hits
+    assert (
+        lib.metrics.compiles + lib.metrics.cache_hits
+        == magic.metrics.compiles + magic.metrics.cache_hits
+    )
     # The same findings on the same lines (the library's run compiled what the magic reuses).
     assert lib.findings and {f.line for f in lib.findings} >= {10}
     assert {(f.line, f.kind) for f in magic.findings} <= {(f.line, f.kind) for f in lib.findings}
@@ -250,29 +288,33 @@ def test_same_scenario_through_library_and_magic(shell):
 def test_shuffling_dataloader_inside_on_tpu(shell):
     # DataLoader's sampler builds index tensors with CPU generators: they stay on the CPU
     # (torch.set_default_device breaks this), while the cell's own tensors land on the device.
-    r = run(shell, "%%on_tpu\n"
-                   "from torch.utils.data import DataLoader, TensorDataset\n"
-                   "data = TensorDataset(torch.arange(40.0, device='cpu').reshape(20, 2),\n"
-                   "                     torch.arange(20, device='cpu'))\n"
-                   "loader = DataLoader(data, batch_size=5, shuffle=True,\n"
-                   "                    generator=torch.Generator().manual_seed(0))\n"
-                   "seen = []\n"
-                   "for x, y in loader:\n"
-                   "    seen += y.tolist()\n"
-                   "    w = torch.ones(2)\n"
-                   "    total = (x.to(w.device) * w).sum()\n"
-                   "unseeded = [y for _, y in DataLoader(data, batch_size=20, shuffle=True)]\n"
-                   "(sorted(seen), x.device.type, w.device.type, sorted(unseeded[0].tolist()))")
+    r = run(
+        shell,
+        "%%on_tpu\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "data = TensorDataset(torch.arange(40.0, device='cpu').reshape(20, 2),\n"
+        "                     torch.arange(20, device='cpu'))\n"
+        "loader = DataLoader(data, batch_size=5, shuffle=True,\n"
+        "                    generator=torch.Generator().manual_seed(0))\n"
+        "seen = []\n"
+        "for x, y in loader:\n"
+        "    seen += y.tolist()\n"
+        "    w = torch.ones(2)\n"
+        "    total = (x.to(w.device) * w).sum()\n"
+        "unseeded = [y for _, y in DataLoader(data, batch_size=20, shuffle=True)]\n"
+        "(sorted(seen), x.device.type, w.device.type, sorted(unseeded[0].tolist()))",
+    )
     assert r.error_in_exec is None, r.error_in_exec
     seen, batch_device, ours, unseeded = r.result
     assert seen == list(range(20)) and unseeded == list(range(20))
     assert (batch_device, ours) == ("cpu", "xla")
-    assert tpu_nb.last_report().metrics.host_reads == 0   # no sampler seed read from XLA
+    assert tpu_nb.last_report().metrics.host_reads == 0  # no sampler seed read from XLA
 
 
 def test_on_tpu_graph_shows_the_pending_graph_before_the_sync(shell, monkeypatch):
     from tpu_nb.display.graph_view import GraphView
     from tpu_nb.ipython import magics
+
     shown = []
     monkeypatch.setattr(magics, "display", shown.append)
     r = run(shell, "%%on_tpu --graph -o\nga = torch.ones(4, 4)\ngb = (ga @ ga).relu()\n")
@@ -283,8 +325,8 @@ def test_on_tpu_graph_shows_the_pending_graph_before_the_sync(shell, monkeypatch
     # Nodes carry the cell's lines (recorded for this cell), named after the cell.
     assert any(node.user_frame and node.user_frame.line == 3 for node in views[0].graph.nodes)
     assert "In [" in html
-    assert views[0].graph.pending                    # captured before it ran...
-    assert r.result.metrics.executions == 1          # ...then it ran, at the cell's end
+    assert views[0].graph.pending  # captured before it ran...
+    assert r.result.metrics.executions == 1  # ...then it ran, at the cell's end
 
 
 def test_xla_graph_magic(shell, capsys):
@@ -292,6 +334,7 @@ def test_xla_graph_magic(shell, capsys):
     found = shell.run_line_magic("xla_graph", "-o gz")
     assert "aten::mul" in found.ir_text() and len(found.roots) == 1
     from IPython.core.error import UsageError
+
     with pytest.raises(UsageError, match="is a tensor on cpu, which has no pending graph"):
         shell.run_line_magic("xla_graph", "torch.ones(2, device='cpu')")
     with pytest.raises(UsageError, match="could not evaluate 'no_such_name'"):
@@ -301,16 +344,20 @@ def test_xla_graph_magic(shell, capsys):
 
 
 def test_bucketing_within_max_graphs_is_not_flagged(shell, capsys):
-    cell = ("wb = torch.randn(8, 8)\n"
-            "torch_xla.sync()\n"
-            "for rows in (13, 17, 13, 17):\n"
-            "    kept = (torch.ones(rows, 8) @ wb).sum()\n"
-            "    torch_xla.sync()\n")
+    cell = (
+        "wb = torch.randn(8, 8)\n"
+        "torch_xla.sync()\n"
+        "for rows in (13, 17, 13, 17):\n"
+        "    kept = (torch.ones(rows, 8) @ wb).sum()\n"
+        "    torch_xla.sync()\n"
+    )
     capsys.readouterr()
     run(shell, "%%on_tpu --max-graphs 2\n" + cell)
     allowed = capsys.readouterr().out
-    assert " | 2 compiled | " in allowed.splitlines()[0] or " | 3 compiled | " in \
-        allowed.splitlines()[0]                              # (set-up,) 13 rows, 17 rows
+    assert (
+        " | 2 compiled | " in allowed.splitlines()[0]
+        or " | 3 compiled | " in allowed.splitlines()[0]
+    )  # (set-up,) 13 rows, 17 rows
     assert "RECOMPILED" not in allowed and "within the 2 allowed" in allowed
     run(shell, "%%on_tpu\n" + cell.replace("(13, 17, 13, 17)", "(19, 23)"))
     assert "RECOMPILED" in capsys.readouterr().out
@@ -320,21 +367,38 @@ def test_xla_line_counts_executions_still_running_at_cell_end(shell, capsys):
     run(shell, "big = torch.randn(700, 700, device=torch_xla.device())\ntorch_xla.sync(wait=True)")
     run(shell, "chain = big @ big @ big @ big @ big @ big")
     capsys.readouterr()
-    run(shell, "torch_xla.sync()")                 # launches the work and returns at once
-    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("XLA: ")]
+    run(shell, "torch_xla.sync()")  # launches the work and returns at once
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("XLA: ")]
     assert len(line) == 1 and "1 executed" in line[0], line
 
 
 def test_cells_table_layout_does_not_depend_on_timings():
     import re
+
     from tpu_nb.display.reports import CellsView
     from tpu_nb.runtime.metrics import MetricsDelta
 
     def table(seconds):
-        return repr(CellsView([(3, "%%on_tpu", MetricsDelta(compiles=1, compile_seconds=seconds,
-                                                            executions=2,
-                                                            execute_seconds=seconds / 7))]))
-    mask = lambda text: re.sub(r"\d+(\.\d+)? ?(s|ms|us)\b", "T", text)
+        return repr(
+            CellsView(
+                [
+                    (
+                        3,
+                        "%%on_tpu",
+                        MetricsDelta(
+                            compiles=1,
+                            compile_seconds=seconds,
+                            executions=2,
+                            execute_seconds=seconds / 7,
+                        ),
+                    )
+                ]
+            )
+        )
+
+    def mask(text):
+        return re.sub(r"\d+(\.\d+)? ?(s|ms|us)\b", "T", text)
+
     assert mask(table(0.0099)) == mask(table(0.0108)) == mask(table(12.5))
 
 

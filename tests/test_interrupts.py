@@ -41,7 +41,9 @@ MIDWAY = ["matplotlib.rcsetup", "matplotlib.colors", "PIL"]
 
 @pytest.mark.parametrize("target", MIDWAY)
 def test_interrupt_during_the_charts_import_is_raised_after_it_completes(py, target):
-    out = py(INTERRUPT_AT + f"""
+    out = py(
+        INTERRUPT_AT
+        + f"""
 hook = InterruptAt({target!r})
 sys.meta_path.insert(0, hook)
 from tpu_nb.display.mpl_import import import_charts
@@ -54,14 +56,17 @@ import matplotlib
 print("RESULT", json.dumps({{"sent": hook.sent, "interrupted": interrupted,
                              "complete": hasattr(matplotlib, "get_data_path"),
                              "works": charts_work()}}))
-""").stdout
+"""
+    ).stdout
     result = json.loads(out.split("RESULT", 1)[1])
     assert result == {"sent": True, "interrupted": True, "complete": True, "works": True}
 
 
 @pytest.mark.parametrize("target", MIDWAY)
 def test_a_half_imported_matplotlib_is_purged_and_imported_again(py, target):
-    out = py(INTERRUPT_AT + f"""
+    out = py(
+        INTERRUPT_AT
+        + f"""
 sys.meta_path.insert(0, InterruptAt({target!r}))
 try:
     import tpu_nb.display.charts          # unshielded, as any user import could be
@@ -78,10 +83,12 @@ dash.start()
 dash.stop()
 print("RESULT", json.dumps({{"broken": broken, "works": charts_work(),
                              "status": dash.status}}))
-""").stdout
+"""
+    ).stdout
     result = json.loads(out.split("RESULT", 1)[1])
-    assert result["broken"] == ("AttributeError: module 'matplotlib' has no attribute "
-                                "'get_data_path'")    # what users saw until a restart
+    assert result["broken"] == (
+        "AttributeError: module 'matplotlib' has no attribute 'get_data_path'"
+    )  # what users saw until a restart
     assert result["works"] and result["status"] == "finished"
 
 
@@ -103,12 +110,14 @@ def _kernel():
 
 # About 2,000 chained ops pending at one sync: torch_xla compiles them for several seconds on
 # XLA:CPU, inside C++ where Python cannot run the interrupt until the compile returns.
-LONG_COMPILE = ("x = torch.randn(64, 64, device=torch_xla.device())\n"
-                "for i in range(2000):\n"
-                "    x = torch.tanh(x @ x * 0.01 + i)\n"
-                "print('compiling', flush=True)\n"
-                "torch_xla.sync()\n"
-                "print('not interrupted')")
+LONG_COMPILE = (
+    "x = torch.randn(64, 64, device=torch_xla.device())\n"
+    "for i in range(2000):\n"
+    "    x = torch.tanh(x @ x * 0.01 + i)\n"
+    "print('compiling', flush=True)\n"
+    "torch_xla.sync()\n"
+    "print('not interrupted')"
+)
 
 
 @pytest.mark.stack
@@ -116,12 +125,13 @@ LONG_COMPILE = ("x = torch.randn(64, 64, device=torch_xla.device())\n"
 @pytest.mark.timeout(300)
 def test_interrupt_during_a_long_compile_is_acknowledged_in_the_cell_at_once():
     with _kernel() as (km, kc):
-        setup = kc.execute_interactive("%load_ext tpu_nb\n%tpu_setup --device cpu\n"
-                                       "import torch, torch_xla", timeout=180)
+        setup = kc.execute_interactive(
+            "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla", timeout=180
+        )
         assert setup["content"]["status"] == "ok"
         msg_id = kc.execute(LONG_COMPILE)
         outputs = []
-        while "compiling" not in "".join(outputs):     # the ops are traced; the sync starts
+        while "compiling" not in "".join(outputs):  # the ops are traced; the sync starts
             msg = kc.get_iopub_msg(timeout=120)
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 outputs.append(msg["content"]["text"])
@@ -143,14 +153,17 @@ def test_interrupt_during_a_long_compile_is_acknowledged_in_the_cell_at_once():
             elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 ended = now
         text = "".join(o for o in outputs if o not in ("KeyboardInterrupt", "compiling\n"))
-        assert ("interrupt received: torch_xla finishes the current compile or execution "
-                "first (it cannot be cut short); the cell stops right after\n") in text
+        assert (
+            "interrupt received: torch_xla finishes the current compile or execution "
+            "first (it cannot be cut short); the cell stops right after\n"
+        ) in text
         assert "KeyboardInterrupt" in outputs and "not interrupted" not in text
-        assert said is not None and said < 2.0, (said, ended)      # told within ~0.3 s
-        assert ended > said + 1.0, (said, ended)   # while the compile still ran
+        assert said is not None and said < 2.0, (said, ended)  # told within ~0.3 s
+        assert ended > said + 1.0, (said, ended)  # while the compile still ran
         assert text.count("interrupt received") == 1
-        follow = kc.execute_interactive("print((torch.ones(2, device=torch_xla.device()) + 1)"
-                                        ".sum().item())", timeout=120)
+        follow = kc.execute_interactive(
+            "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())", timeout=120
+        )
         assert follow["content"]["status"] == "ok"
 
 
@@ -161,12 +174,14 @@ def test_an_interrupt_python_handles_at_once_gets_no_message(shell, capsys):
 
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
-    result = shell.run_cell("import signal, time\narmed = signal.getsignal(signal.SIGINT)\n"
-                            "for _ in range(100):\n    time.sleep(0.05)")
+    result = shell.run_cell(
+        "import signal, time\narmed = signal.getsignal(signal.SIGINT)\n"
+        "for _ in range(100):\n    time.sleep(0.05)"
+    )
     timer.join()
-    time.sleep(0.5)                              # past the watcher's grace period
+    time.sleep(0.5)  # past the watcher's grace period
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
-    assert type(shell.user_ns["armed"].__self__).__name__ == "_Watch"   # it was watching
+    assert type(shell.user_ns["armed"].__self__).__name__ == "_Watch"  # it was watching
     assert "interrupt received" not in capsys.readouterr().out
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.set_wakeup_fd(-1) == -1          # the cell's wakeup fd is gone again
+    assert signal.set_wakeup_fd(-1) == -1  # the cell's wakeup fd is gone again

@@ -6,7 +6,6 @@ Marked `stack`: runs on the current stack and on Colab's (ipykernel 6.17, IPytho
 import os
 import time
 from contextlib import contextmanager
-
 from pathlib import Path
 
 import nbformat
@@ -39,8 +38,13 @@ def _notebook(*sources):
 
 def execute(nb, allow_errors=False):
     with kernel_environment():
-        NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=allow_errors,
-                       resources={"metadata": {"path": str(ROOT)}}).execute()
+        NotebookClient(
+            nb,
+            timeout=180,
+            kernel_name="python3",
+            allow_errors=allow_errors,
+            resources={"metadata": {"path": str(ROOT)}},
+        ).execute()
     return nb
 
 
@@ -57,10 +61,12 @@ def _texts(cell):
 
 
 def test_failing_cell_stops_the_notebook_and_shows_report_and_one_traceback():
-    nb = _notebook("%load_ext tpu_nb\n%tpu_setup --device cpu",
-                   "import torch, torch_xla",
-                   "%%on_tpu\nx = torch.ones(3)\ny = (x * 2).sum().item()\nraise KeyError('boom')",
-                   "print('must not run')")
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu",
+        "import torch, torch_xla",
+        "%%on_tpu\nx = torch.ones(3)\ny = (x * 2).sum().item()\nraise KeyError('boom')",
+        "print('must not run')",
+    )
     with pytest.raises(CellExecutionError) as info:
         execute(nb)
     assert "KeyError" in str(info.value)
@@ -69,24 +75,27 @@ def test_failing_cell_stops_the_notebook_and_shows_report_and_one_traceback():
     assert kinds.count("error") == 1
     report = [t for k, t in _texts(failing) if k == "display_data"][0]
     assert "failed: KeyError" in report and "1 compiled" in report
-    tb = "\n".join(line for o in failing.outputs if o.output_type == "error"
-                   for line in o.traceback)
+    tb = "\n".join(
+        line for o in failing.outputs if o.output_type == "error" for line in o.traceback
+    )
     assert "raise KeyError('boom')" in tb
     assert "tpu_nb/ipython/magics.py" not in tb or "skipping hidden" in tb
-    assert nb.cells[3].outputs == []              # nbclient stopped at the failure
+    assert nb.cells[3].outputs == []  # nbclient stopped at the failure
 
 
 def test_next_cell_runs_normally_after_a_failure_and_outputs_are_clean():
-    nb = _notebook("%load_ext tpu_nb\n%tpu_setup --device cpu",
-                   "import torch, torch_xla",
-                   "%%on_tpu\nraise ValueError('first')",
-                   "%%on_tpu\n(torch.ones(4) * 2).sum()",
-                   "v = (torch.ones(2, device=torch_xla.device()) + 1).sum().item()\nprint(v)")
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu",
+        "import torch, torch_xla",
+        "%%on_tpu\nraise ValueError('first')",
+        "%%on_tpu\n(torch.ones(4) * 2).sum()",
+        "v = (torch.ones(2, device=torch_xla.device()) + 1).sum().item()\nprint(v)",
+    )
     execute(nb, allow_errors=True)
     assert _texts(nb.cells[2])[-1][0] == "error"
     after = _texts(nb.cells[3])
     assert ("execute_result", "tensor(8., device='xla:0')") in after
-    (kind, text), = _texts(nb.cells[4])       # the print, then the post-cell XLA line
+    ((kind, text),) = _texts(nb.cells[4])  # the print, then the post-cell XLA line
     assert kind == "stdout"
     printed, xla_line = text.splitlines()
     assert printed == "4.0" and xla_line.startswith("XLA: 1 compiled")
@@ -99,11 +108,14 @@ def test_interrupt_stops_a_long_cell_within_a_second_and_next_cell_runs():
     with kernel_environment():
         km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
     try:
-        kc.execute_interactive("%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
-                               timeout=120)
-        msg_id = kc.execute("%%on_tpu\nw = torch.randn(64, 64)\nfor i in range(10**7):\n"
-                            "    w = (w @ w).tanh()\n    torch_xla.sync()\n")
-        time.sleep(8)                             # well into the loop
+        kc.execute_interactive(
+            "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla", timeout=120
+        )
+        msg_id = kc.execute(
+            "%%on_tpu\nw = torch.randn(64, 64)\nfor i in range(10**7):\n"
+            "    w = (w @ w).tanh()\n    torch_xla.sync()\n"
+        )
+        time.sleep(8)  # well into the loop
         start = time.perf_counter()
         km.interrupt_kernel()
         while True:
@@ -117,8 +129,9 @@ def test_interrupt_stops_a_long_cell_within_a_second_and_next_cell_runs():
         # ipykernel aborts requests that arrive while it handles the interrupt (as a frontend
         # cancels queued cells); the user's next cell comes after.
         time.sleep(1)
-        follow = kc.execute_interactive("print((torch.ones(3, device=torch_xla.device()) * 3).sum().item())",
-                                        timeout=60)
+        follow = kc.execute_interactive(
+            "print((torch.ones(3, device=torch_xla.device()) * 3).sum().item())", timeout=60
+        )
         assert follow["content"]["status"] == "ok"
     finally:
         kc.stop_channels()
@@ -142,15 +155,18 @@ def test_classic_guide_blocks_through_on_tpu():
         "%%on_tpu -o\ncpu_t = torch.zeros(2, 2, device='cpu')\nxla_t = cpu_t.to(dev)\n"
         "xla_t.add_(1)\nprint(cpu_t.sum().item(), xla_t.cpu().sum().item())",
         # a Linear module with autograd
-        "%%on_tpu -o\nlin = torch.nn.Linear(4, 2)\nout = lin(torch.ones(3, 4)).sum()\nout.backward()\n"
+        "%%on_tpu -o\nlin = torch.nn.Linear(4, 2)\nout = lin(torch.ones(3, 4)).sum()\n"
+        "out.backward()\n"
         "print(lin.weight.grad.device, lin.weight.grad.shape)",
         # a training step
-        "%%on_tpu -o\nnet = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))\n"
+        "%%on_tpu -o\nnet = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), "
+        "torch.nn.Linear(8, 2))\n"
         "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor _ in range(3):\n    opt.zero_grad()\n"
         "    loss = F.cross_entropy(net(torch.ones(5, 4)), torch.zeros(5, dtype=torch.long))\n"
         "    loss.backward()\n    opt.step()\n    torch_xla.sync()\n",
         # collect what each report said
-        "import tpu_nb\nprint(_2.metrics.executions >= 1, _3.metrics.host_reads, _4.metrics.host_reads,\n"
+        "import tpu_nb\nprint(_2.metrics.executions >= 1, _3.metrics.host_reads, "
+        "_4.metrics.host_reads,\n"
         "      _5.metrics.to_device_transfers >= 1, _6.metrics.executions >= 1, _7.metrics.syncs,\n"
         "      _7.metrics.executions, _7.metrics.fallbacks)",
     )
@@ -159,9 +175,10 @@ def test_classic_guide_blocks_through_on_tpu():
     def stdout(cell):
         return "".join(t for k, t in _texts(cell) if k == "stdout")
 
-    assert ("tensor([[3., 3., 3.],\n        [3., 3., 3.],\n        [3., 3., 3.]], "
-            "device='xla:0')\n") in stdout(nb.cells[2])
-    assert "288.0\n" in stdout(nb.cells[3])          # 8 filters x 3 positions x (4 x 3) ones
+    assert (
+        "tensor([[3., 3., 3.],\n        [3., 3., 3.],\n        [3., 3., 3.]], device='xla:0')\n"
+    ) in stdout(nb.cells[2])
+    assert "288.0\n" in stdout(nb.cells[3])  # 8 filters x 3 positions x (4 x 3) ones
     assert "0.0 4.0\n" in stdout(nb.cells[4])
     assert "xla:0 torch.Size([2, 4])\n" in stdout(nb.cells[5])
     summary = stdout(nb.cells[-1]).split()
@@ -177,7 +194,7 @@ def test_replica_cells_fork_then_worker_and_spmd_cells():
         "import torch, torch_xla\nbase = 10\ndef double(v):\n    return 2 * v",
         "%%on_tpu --replicas\nprint('replica', index, double((torch.ones(2) * base).sum().item()),"
         " torch.ones(1).device.type)",
-        "(torch.ones(3, device=torch_xla.device()) + 1).sum().item()",   # the kernel uses XLA
+        "(torch.ones(3, device=torch_xla.device()) + 1).sum().item()",  # the kernel uses XLA
         "%%on_tpu --replicas 2 -o\nprint('again', index)\nindex + base",
     )
     execute(nb)
@@ -187,7 +204,7 @@ def test_replica_cells_fork_then_worker_and_spmd_cells():
 
     fork = stdout(nb.cells[2])
     for i in range(4):
-        assert f"[{i}] replica {i} 40.0 xla" in fork      # the cell's own factories: device
+        assert f"[{i}] replica {i} 40.0 xla" in fork  # the cell's own factories: device
     assert "replicas on 4 devices (fork)" in fork
     worker = stdout(nb.cells[4])
     assert "[0] again 0" in worker and "[1] again 1" in worker

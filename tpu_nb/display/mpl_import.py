@@ -32,7 +32,7 @@ def import_charts() -> ModuleType:
             purge()
         try:
             return _import()
-        except Exception:           # a half-import that left no orphans to recognise it by
+        except Exception:  # a half-import that left no orphans to recognise it by
             purge()
             return _import()
 

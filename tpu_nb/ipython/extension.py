@@ -24,12 +24,14 @@ class TpuNb(Configurable):
     """tpu_nb settings: `%config TpuNb.show_xla_line = False`."""
 
     show_xla_line = Bool(
-        True, help="After each cell that did XLA work outside %%on_tpu, print one line: "
-                   "graphs compiled, executions, transfers, host reads, CPU fallbacks.",
+        True,
+        help="After each cell that did XLA work outside %%on_tpu, print one line: "
+        "graphs compiled, executions, transfers, host reads, CPU fallbacks.",
     ).tag(config=True)
     show_report = Bool(
-        True, help="Show the expandable report after each %%on_tpu cell (--quiet turns it "
-                   "off for one cell).",
+        True,
+        help="Show the expandable report after each %%on_tpu cell (--quiet turns it "
+        "off for one cell).",
     ).tag(config=True)
 
 
@@ -43,14 +45,14 @@ class CellWatcher:
         self.settings = settings
         self.before: MetricsSnapshot | None = None
         self.last_delta: MetricsDelta | None = None
-        self.reported_by_magic = False     # %%on_tpu shows its own, fuller report
-        self.history: list[tuple[int, str, MetricsDelta]] = []   # cells that did XLA work
+        self.reported_by_magic = False  # %%on_tpu shows its own, fuller report
+        self.history: list[tuple[int, str, MetricsDelta]] = []  # cells that did XLA work
         self._first_line = ""
 
     def pre_run_cell(self, info=None) -> None:
         self.reported_by_magic = False
         raw = getattr(info, "raw_cell", "") or ""
-        self._first_line = next((l.strip() for l in raw.splitlines() if l.strip()), "")
+        self._first_line = next((ln.strip() for ln in raw.splitlines() if ln.strip()), "")
         self.before = _snapshot_if_loaded()
 
     def post_run_cell(self, result=None) -> None:
@@ -82,7 +84,7 @@ def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
         if wait:
             wait_device_ops()
         return snapshot()
-    except Exception:        # a broken runtime must not break every cell
+    except Exception:  # a broken runtime must not break every cell
         logging.getLogger("tpu_nb").debug("reading XLA metrics after a cell", exc_info=True)
         return None
 
@@ -113,9 +115,11 @@ def _register_formatters(shell, state: _Loaded) -> None:
 
     html = shell.display_formatter.formatters["text/html"]
     plain = shell.display_formatter.formatters["text/plain"]
+
     def run_view(report):
-        return RunView(report, report.findings, allowed_graphs=report.allowed_graphs,
-                       source=report.source)
+        return RunView(
+            report, report.findings, allowed_graphs=report.allowed_graphs, source=report.source
+        )
 
     views = {Environment: EnvironmentView, RunReport: run_view, DeviceTiming: TimingView}
     for typ, view in views.items():
@@ -137,7 +141,7 @@ def _register_formatters(shell, state: _Loaded) -> None:
 
 
 def load_ipython_extension(shell) -> None:
-    if id(shell) in _loaded:          # %load_ext twice: already there
+    if id(shell) in _loaded:  # %load_ext twice: already there
         return
     from tpu_nb.ipython.magics import TpuMagics
 
@@ -150,18 +154,18 @@ def load_ipython_extension(shell) -> None:
     shell.events.register("post_run_cell", watcher.post_run_cell)
     from tpu_nb.ipython.interrupts import InterruptNotice
 
-    state.notice = InterruptNotice()        # after the watcher: also covers its final wait
+    state.notice = InterruptNotice()  # after the watcher: also covers its final wait
     shell.events.register("pre_run_cell", state.notice.pre_run_cell)
     shell.events.register("post_run_cell", state.notice.post_run_cell)
     magics = TpuMagics(shell, state)
     shell.register_magics(magics)
     from tpu_nb.runtime.sources import add_file_namer
 
-    state.namer = magics._cell_name        # findings name cells "In [n]", not temp files
+    state.namer = magics._cell_name  # findings name cells "In [n]", not temp files
     add_file_namer(state.namer)
     from tpu_nb.runtime import legacy
 
-    legacy.install()                       # old tutorials' names say their replacement
+    legacy.install()  # old tutorials' names say their replacement
     state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
     _register_formatters(shell, state)
 
@@ -173,7 +177,7 @@ def unload_ipython_extension(shell) -> None:
     shell.events.unregister("pre_run_cell", state.watcher.pre_run_cell)
     shell.events.unregister("post_run_cell", state.watcher.post_run_cell)
     if state.notice is not None:
-        state.notice.post_run_cell()       # a running cell's watcher stops with the extension
+        state.notice.post_run_cell()  # a running cell's watcher stops with the extension
         shell.events.unregister("pre_run_cell", state.notice.pre_run_cell)
         shell.events.unregister("post_run_cell", state.notice.post_run_cell)
     manager = shell.magics_manager

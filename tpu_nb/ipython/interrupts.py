@@ -13,23 +13,28 @@ joined inside the cell, so the line can only land in that cell, while it runs).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 
-GRACE_SECONDS = 0.3      # an interrupt Python handles within this needs no message
-XLA_BUSY = ("interrupt received: torch_xla finishes the current compile or execution first "
-            "(it cannot be cut short); the cell stops right after")
-NATIVE_BUSY = ("interrupt received: the cell stops when the running native call returns (a "
-               "torch_xla compile or execution cannot be cut short)")
+GRACE_SECONDS = 0.3  # an interrupt Python handles within this needs no message
+XLA_BUSY = (
+    "interrupt received: torch_xla finishes the current compile or execution first "
+    "(it cannot be cut short); the cell stops right after"
+)
+NATIVE_BUSY = (
+    "interrupt received: the cell stops when the running native call returns (a "
+    "torch_xla compile or execution cannot be cut short)"
+)
 
 
 class InterruptNotice:
     """pre/post_run_cell hooks: armed only while a cell runs with torch_xla imported."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._watch: _Watch | None = None
 
     def pre_run_cell(self, info=None) -> None:
@@ -49,20 +54,21 @@ class _Watch:
     def start(cls, stream) -> _Watch | None:
         previous = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or not callable(previous):
-            return None          # signals go to the main thread only; SIG_IGN/DFL: leave them
+            return None  # signals go to the main thread only; SIG_IGN/DFL: leave them
         return cls(stream, previous)
 
     def __init__(self, stream, previous_handler):
         self.stream = stream
         self.previous_handler = previous_handler
-        self.handled = 0                       # interrupts that reached Python
+        self.handled = 0  # interrupts that reached Python
         self.main = threading.main_thread().ident
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.write_fd, False)  # set_wakeup_fd requires it
         self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
         signal.signal(signal.SIGINT, self._on_sigint)
-        self.thread = threading.Thread(target=self._run, name="tpu_nb-interrupt-notice",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name="tpu_nb-interrupt-notice", daemon=True
+        )
         self.thread.start()
 
     def _on_sigint(self, signum, frame):
@@ -73,24 +79,22 @@ class _Watch:
         received, told = 0, False
         while True:
             data = os.read(self.read_fd, 64)
-            if not data:                       # write end closed: the cell ended
+            if not data:  # write end closed: the cell ended
                 return
             self._forward(data)
             received += data.count(bytes([signal.SIGINT]))
             if told or received == 0:
                 continue
             time.sleep(GRACE_SECONDS)
-            if self.handled < received:        # Python has not seen it: native code runs
+            if self.handled < received:  # Python has not seen it: native code runs
                 self._say(self._message())
                 told = True
 
     def _forward(self, data: bytes) -> None:
         """The wakeup fd that was set before (an event loop's) still gets every byte."""
         if self.previous_fd >= 0:
-            try:
+            with contextlib.suppress(OSError):  # that loop closed its end: nothing to wake
                 os.write(self.previous_fd, data)
-            except OSError:
-                pass
 
     def _message(self) -> str:
         """XLA_BUSY when the main thread waits in a call made from torch_xla, torch or
@@ -98,14 +102,19 @@ class _Watch:
         XLA's (a tensor method called straight from user code, or another library)."""
         frame = sys._current_frames().get(self.main)
         top = frame.f_code.co_filename if frame is not None else ""
-        return XLA_BUSY if any(f"{os.sep}{package}{os.sep}" in top
-                               for package in ("torch_xla", "torch", "tpu_nb")) else NATIVE_BUSY
+        return (
+            XLA_BUSY
+            if any(
+                f"{os.sep}{package}{os.sep}" in top for package in ("torch_xla", "torch", "tpu_nb")
+            )
+            else NATIVE_BUSY
+        )
 
     def _say(self, line: str) -> None:
         try:
             self.stream.write(line + "\n")
             self.stream.flush()
-        except Exception:        # a closed stream must not kill the watcher silently mid-cell
+        except Exception:  # a closed stream must not kill the watcher silently mid-cell
             pass
 
     def stop(self) -> None:
@@ -113,8 +122,8 @@ class _Watch:
             signal.signal(signal.SIGINT, self.previous_handler)
         try:
             signal.set_wakeup_fd(self.previous_fd)
-        except (ValueError, OSError):          # that fd was closed meanwhile
+        except (ValueError, OSError):  # that fd was closed meanwhile
             signal.set_wakeup_fd(-1)
-        os.close(self.write_fd)               # the thread reads EOF and ends
+        os.close(self.write_fd)  # the thread reads EOF and ends
         self.thread.join(timeout=2)
         os.close(self.read_fd)

@@ -11,8 +11,10 @@ import re
 import shlex
 import sys
 from argparse import ArgumentTypeError
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import (
@@ -31,10 +33,13 @@ from tpu_nb.runtime.device import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.timing import MAX_NUMBER, MAX_REPEAT
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 # The most distinct graphs --max-graphs and --alert-graphs accept: more is never a useful
 # limit, and a huge number would reach torch_xla's C++ as an overflowing int.
 MAX_GRAPHS = 10_000
-MAX_PROFILE_STEPS = 1000      # --profile N: a trace of more steps is too large to draw
+MAX_PROFILE_STEPS = 1000  # --profile N: a trace of more steps is too large to draw
 
 
 def _parse(magic, line: str, *, code: bool = False):
@@ -47,19 +52,23 @@ def _parse(magic, line: str, *, code: bool = False):
     name = "%" + magic.__name__
     try:
         argv = shlex.split(line) if not code else arg_split(line, posix=False, strict=True)
-    except ValueError as exc:                      # shlex: "No closing quotation"
-        raise UsageError(f"{name}: cannot split {line.strip()!r} into arguments ({exc}). "
-                         f"Fix: close the quote (a path with spaces goes in matching quotes: "
-                         f"'my dir').") from None
+    except ValueError as exc:  # shlex: "No closing quotation"
+        raise UsageError(
+            f"{name}: cannot split {line.strip()!r} into arguments ({exc}). "
+            f"Fix: close the quote (a path with spaces goes in matching quotes: "
+            f"'my dir')."
+        ) from None
     try:
         args = magic.parser.parse_args(argv)
-    except UsageError as exc:                     # argparse's message, e.g. unknown argument
+    except UsageError as exc:  # argparse's message, e.g. unknown argument
         text = str(exc).rstrip(".")
-        raise UsageError(f"{name}: {text}" if "Fix:" in text
-                         else f"{name}: {text}. Fix: see {name} --help.") from None
-    except SystemExit:                          # argparse's exit on a bad value
-        raise UsageError(f"{name}: could not parse arguments {line!r}. Fix: see {name} "
-                         f"--help.") from None
+        raise UsageError(
+            f"{name}: {text}" if "Fix:" in text else f"{name}: {text}. Fix: see {name} --help."
+        ) from None
+    except SystemExit:  # argparse's exit on a bad value
+        raise UsageError(
+            f"{name}: could not parse arguments {line!r}. Fix: see {name} --help."
+        ) from None
     if getattr(args, "help", False):
         print(magic.parser.format_help())
         return None
@@ -69,29 +78,37 @@ def _parse(magic, line: str, *, code: bool = False):
 def _whole(option: str, low: int, high: int, example: int):
     """An argparse type: a whole number from low to high, else a one-line message with a Fix
     (a huge number would otherwise reach torch_xla's C++ and fail there)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
-            raise ArgumentTypeError(f"needs a whole number from {low} to {high:,}; got "
-                                    f"{text!r}. Fix: e.g. {option} {example}")
+            raise ArgumentTypeError(
+                f"needs a whole number from {low} to {high:,}; got "
+                f"{text!r}. Fix: e.g. {option} {example}"
+            )
         return value
+
     return parse
 
 
 def _seconds(option: str, low: float, high: float, example: float):
     """An argparse type: finite seconds from low to high (NaN and inf are refused)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not low <= value <= high:               # false for NaN
-            raise ArgumentTypeError(f"needs a number of seconds from {low:g} to {high:g}; "
-                                    f"got {text!r}. Fix: e.g. {option} {example:g}")
+        if not low <= value <= high:  # false for NaN
+            raise ArgumentTypeError(
+                f"needs a number of seconds from {low:g} to {high:g}; "
+                f"got {text!r}. Fix: e.g. {option} {example:g}"
+            )
         return value
+
     return parse
 
 
@@ -112,9 +129,11 @@ def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
     if mesh in ("all", None, ""):
         return "all", None
     try:
-        rows, columns = parse_mesh(mesh)
+        shape = parse_mesh(mesh)
     except TpuNbError as exc:
         raise UsageError(f"--spmd: {exc}") from None
+    assert shape is not None  # None means all devices, returned above
+    rows, columns = shape
     return rows * columns, mesh
 
 
@@ -132,16 +151,20 @@ def _check_holds_xla_tensor(source: str, value) -> None:
     from tpu_nb.runtime.graph import _walk_limited
 
     if isinstance(value, torch.Tensor) and value.device.type != "xla":
-        raise UsageError(f"{source} is a tensor on {value.device}, which has no pending graph "
-                         f"(only XLA tensors are lazy). Fix: %xla_graph a tensor on the XLA "
-                         f"device, e.g. one made with .to(tpu_nb.device()).")
+        raise UsageError(
+            f"{source} is a tensor on {value.device}, which has no pending graph "
+            f"(only XLA tensors are lazy). Fix: %xla_graph a tensor on the XLA "
+            f"device, e.g. one made with .to(tpu_nb.device())."
+        )
     if next(_walk_limited(value, torch, depth=4, seen=set(), budget=[100_000]), None) is None:
         kind = type(value).__name__
-        shown = " ".join(repr(value).split())[:40]            # one line, whatever the repr
-        raise UsageError(f"{source} is of type {kind} ({shown}), not an XLA tensor nor "
-                         f"anything holding one. Fix: %xla_graph loss (tensors, a module or a "
-                         f"list of them), or %xla_graph alone for every tensor with pending "
-                         f"work.")
+        shown = " ".join(repr(value).split())[:40]  # one line, whatever the repr
+        raise UsageError(
+            f"{source} is of type {kind} ({shown}), not an XLA tensor nor "
+            f"anything holding one. Fix: %xla_graph loss (tensors, a module or a "
+            f"list of them), or %xla_graph alone for every tensor with pending "
+            f"work."
+        )
 
 
 def _start_dashboard(**options):
@@ -166,13 +189,13 @@ def _running_cell_number(shell) -> int:
     """The execution number of the cell running this magic: the cell file of the nearest
     calling frame. (`shell.execution_count` is already the next cell's number on IPython >= 8
     while a cell runs, which made tracebacks say In [n+1].)"""
-    names = getattr(shell.compile, "_filename_map", {})          # IPython >= 8
-    frame = sys._getframe(1)
+    names = getattr(shell.compile, "_filename_map", {})  # IPython >= 8
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
         if path in names:
             return int(names[path])
-        if match := re.match(r"<ipython-input-(\d+)-", path):     # IPython 7
+        if match := re.match(r"<ipython-input-(\d+)-", path):  # IPython 7
             return int(match.group(1))
         frame = frame.f_back
     return shell.execution_count
@@ -200,7 +223,7 @@ class _CellCode:
         self.codes = (self.statements, self.expression)
 
     def run(self, shell):
-        __tracebackhide__ = True   # noqa: F841  (IPython hides this frame in tracebacks)
+        __tracebackhide__ = True  # noqa: F841  (IPython hides this frame in tracebacks)
         exec(self.statements, shell.user_global_ns, shell.user_ns)
         if self.expression is not None:
             return eval(self.expression, shell.user_global_ns, shell.user_ns)
@@ -209,6 +232,8 @@ class _CellCode:
 
 @magics_class
 class TpuMagics(Magics):
+    shell: InteractiveShell  # Magics types it Optional; the extension always passes one
+
     def __init__(self, shell, state):
         super().__init__(shell)
         self.state = state
@@ -217,19 +242,41 @@ class TpuMagics(Magics):
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("--device", default="auto", metavar="{auto,tpu,cpu}",
-              help="the XLA device: a TPU if there is one (auto), or tpu, or cpu")
-    @argument("--devices", type=_whole("--devices", 1, MAX_CPU_DEVICES, 4), default=None,
-              metavar="N", help="number of virtual XLA:CPU devices (for SPMD on a CPU)")
-    @argument("--ir-debug", action="store_true",
-              help="record the Python line of each IR node (for the graph viewer)")
-    @argument("--cache", default=None, metavar="DIR",
-              help="persistent compile cache directory (faster restarts on TPU); quote a "
-                   "path with spaces, ~ is your home")
-    @argument("--check", action="store_true",
-              help="only check the environment (imports torch_xla in a subprocess); change nothing")
-    @argument("--install", action="store_true",
-              help="pip-install the matching torch/torch_xla pair (with [tpu] on TPU hosts)")
+    @argument(
+        "--device",
+        default="auto",
+        metavar="{auto,tpu,cpu}",
+        help="the XLA device: a TPU if there is one (auto), or tpu, or cpu",
+    )
+    @argument(
+        "--devices",
+        type=_whole("--devices", 1, MAX_CPU_DEVICES, 4),
+        default=None,
+        metavar="N",
+        help="number of virtual XLA:CPU devices (for SPMD on a CPU)",
+    )
+    @argument(
+        "--ir-debug",
+        action="store_true",
+        help="record the Python line of each IR node (for the graph viewer)",
+    )
+    @argument(
+        "--cache",
+        default=None,
+        metavar="DIR",
+        help="persistent compile cache directory (faster restarts on TPU); quote a "
+        "path with spaces, ~ is your home",
+    )
+    @argument(
+        "--check",
+        action="store_true",
+        help="only check the environment (imports torch_xla in a subprocess); change nothing",
+    )
+    @argument(
+        "--install",
+        action="store_true",
+        help="pip-install the matching torch/torch_xla pair (with [tpu] on TPU hosts)",
+    )
     @argument("--dry-run", action="store_true", help="with --install: show what pip would do")
     @line_magic
     def tpu_setup(self, line=""):
@@ -246,40 +293,69 @@ class TpuMagics(Magics):
         if args.install:
             status, restart = install_pair(dry_run=args.dry_run)
             if status != 0:
-                raise UsageError(f"pip exited with status {status}. Fix: see pip's error "
-                                 f"above, or try %tpu_setup --install --dry-run")
+                raise UsageError(
+                    f"pip exited with status {status}. Fix: see pip's error "
+                    f"above, or try %tpu_setup --install --dry-run"
+                )
             if restart:
-                print("torch was already imported in this kernel: restart the runtime "
-                      "(Colab: Runtime > Restart session) for the new install to take effect.")
+                print(
+                    "torch was already imported in this kernel: restart the runtime "
+                    "(Colab: Runtime > Restart session) for the new install to take effect."
+                )
             return display(detect())
         if args.check:
             return display(detect(check_import=True))
         with _user_mistake():
-            env = setup(args.device, num_devices=args.devices, ir_debug=args.ir_debug,
-                        cache_dir=args.cache)
+            env = setup(
+                args.device, num_devices=args.devices, ir_debug=args.ir_debug, cache_dir=args.cache
+            )
         display(env)
 
     # -- %%on_tpu ---------------------------------------------------------------------------
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("-o", dest="output", action="store_true",
-              help="return the RunReport (like %%timeit -o)")
-    @argument("--no-sync", action="store_true",
-              help="do not sync at the end of the cell (pending work stays pending)")
+    @argument(
+        "-o", dest="output", action="store_true", help="return the RunReport (like %%timeit -o)"
+    )
+    @argument(
+        "--no-sync",
+        action="store_true",
+        help="do not sync at the end of the cell (pending work stays pending)",
+    )
     @argument("--quiet", action="store_true", help="do not show the report")
-    @argument("--max-graphs", type=_whole("--max-graphs", 1, MAX_GRAPHS, 2), default=None,
-              metavar="N",
-              help="fail when the steps of this cell trace more than N distinct graphs")
+    @argument(
+        "--max-graphs",
+        type=_whole("--max-graphs", 1, MAX_GRAPHS, 2),
+        default=None,
+        metavar="N",
+        help="fail when the steps of this cell trace more than N distinct graphs",
+    )
     @argument("--live", action="store_true", help="attach the live dashboard")
-    @argument("--replicas", nargs="?", const="all", default=None, metavar="all|N",
-              help="run the cell once per device (replica), `index` set in each")
-    @argument("--spmd", nargs="?", const="all", default=None, metavar="MESH",
-              help="run the cell once over all devices (SPMD); `mesh` and `shard_batch` set")
+    @argument(
+        "--replicas",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="all|N",
+        help="run the cell once per device (replica), `index` set in each",
+    )
+    @argument(
+        "--spmd",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="MESH",
+        help="run the cell once over all devices (SPMD); `mesh` and `shard_batch` set",
+    )
     @argument("--graph", action="store_true", help="show the pending graph before the sync")
-    @argument("--profile", type=_whole("--profile", 1, MAX_PROFILE_STEPS, 3), default=None,
-              metavar="N", help="capture a profiler trace of the cell's first N steps (syncs) "
-                                "and draw its timeline")
+    @argument(
+        "--profile",
+        type=_whole("--profile", 1, MAX_PROFILE_STEPS, 3),
+        default=None,
+        metavar="N",
+        help="capture a profiler trace of the cell's first N steps (syncs) and draw its timeline",
+    )
     @no_var_expand
     @cell_magic
     def on_tpu(self, line, cell):
@@ -288,23 +364,29 @@ class TpuMagics(Magics):
         Inside the cell, tensors and modules created without device= land on the XLA
         device. The cell syncs and waits for the device at the end (unless --no-sync).
         """
-        __tracebackhide__ = True   # noqa: F841
+        __tracebackhide__ = True  # noqa: F841
         args = _parse(self.on_tpu, line)
         if args is None:
             return
         if args.spmd is not None:
-            _check_spmd(args.spmd)     # before anything: the switch to SPMD cannot be undone
+            _check_spmd(args.spmd)  # before anything: the switch to SPMD cannot be undone
         if args.replicas is not None and args.spmd is not None:
-            raise UsageError("choose one of --replicas and --spmd. Fix: --replicas for a "
-                             "process per device, or --spmd for one program over all of them")
+            raise UsageError(
+                "choose one of --replicas and --spmd. Fix: --replicas for a "
+                "process per device, or --spmd for one program over all of them"
+            )
         if args.live and args.replicas is not None:
-            raise UsageError("--live watches this kernel's XLA runtime, and --replicas runs "
-                             "the cell elsewhere. Fix: drop --live (each replica reports), or "
-                             "use --spmd --live")
+            raise UsageError(
+                "--live watches this kernel's XLA runtime, and --replicas runs "
+                "the cell elsewhere. Fix: drop --live (each replica reports), or "
+                "use --spmd --live"
+            )
         if args.profile and args.replicas is not None:
-            raise UsageError("--profile traces this kernel, and --replicas runs the cell "
-                             "elsewhere. Fix: drop --profile, or use --spmd --profile N")
-        code = _CellCode(self.shell, cell)     # a syntax error stops here, nothing run
+            raise UsageError(
+                "--profile traces this kernel, and --replicas runs the cell "
+                "elsewhere. Fix: drop --profile, or use --spmd --profile N"
+            )
+        code = _CellCode(self.shell, cell)  # a syntax error stops here, nothing run
         if args.replicas is not None:
             return self._run_replicas(code, args)
         if args.spmd is not None:
@@ -312,12 +394,13 @@ class TpuMagics(Magics):
         return self._run_on_tpu(code, args)
 
     def _run_replicas(self, code: _CellCode, args):
-        __tracebackhide__ = True   # noqa: F841
+        __tracebackhide__ = True  # noqa: F841
         from tpu_nb.runtime.launch import CellFunction, ReplicaError, launch
 
         devices = args.replicas if args.replicas == "all" else _whole_number(args.replicas)
-        cell = CellFunction.from_namespace(code.source, code.filename, self.shell.user_ns,
-                                           code.codes)
+        cell = CellFunction.from_namespace(
+            code.source, code.filename, self.shell.user_ns, code.codes
+        )
         self.state.watcher.reported_by_magic = True
         try:
             result = launch(cell, devices=devices)
@@ -339,29 +422,36 @@ class TpuMagics(Magics):
         self.shell.user_ns.update(spmd=spmd, mesh=spmd.mesh, shard_batch=spmd.shard_batch)
 
     def _run_on_tpu(self, code: _CellCode, args):
-        __tracebackhide__ = True   # noqa: F841
+        __tracebackhide__ = True  # noqa: F841
         from tpu_nb.runtime import device
         from tpu_nb.runtime.session import on_tpu
 
         with _user_mistake():
             dev = device()
         self.state.watcher.reported_by_magic = True
-        session = on_tpu(f"In[{code.number}]", code=code.codes, source=code.source,
-                         filename=code.filename, sync=not args.no_sync,
-                         max_graphs=args.max_graphs, locations=args.graph, device=dev)
+        session = on_tpu(
+            f"In[{code.number}]",
+            code=code.codes,
+            source=code.source,
+            filename=code.filename,
+            sync=not args.no_sync,
+            max_graphs=args.max_graphs,
+            locations=args.graph,
+            device=dev,
+        )
         report = capture = None
         try:
             with ExitStack() as stack:
-                if args.live:   # outermost: its final state includes the cell's last sync
+                if args.live:  # outermost: its final state includes the cell's last sync
                     stack.enter_context(_start_dashboard())
                 report = stack.enter_context(session)
-                if args.profile:   # inside the tracked run: it counts the run's syncs
+                if args.profile:  # inside the tracked run: it counts the run's syncs
                     from tpu_nb.runtime.profile_trace import profile
 
                     with _user_mistake():
                         capture = stack.enter_context(profile(args.profile))
                 value = code.run(self.shell)
-                if args.graph:             # before the final sync runs it
+                if args.graph:  # before the final sync runs it
                     self._show_pending_graph(value)
         finally:
             if report is not None and report.complete:
@@ -380,32 +470,52 @@ class TpuMagics(Magics):
         if pending is None:
             print("nothing pending: the cell's XLA work already ran (a sync or a value read)")
         else:
-            display(GraphView(pending, title="pending graph (about to run at the cell's end)",
-                              source_names=self._cell_name))
+            display(
+                GraphView(
+                    pending,
+                    title="pending graph (about to run at the cell's end)",
+                    source_names=self._cell_name,
+                )
+            )
 
     def _show(self, report, args) -> None:
         if args.quiet or not self.state.settings.show_report:
             return
         if args.output and report.error is None:
-            return             # -o: the returned report shows itself as Out[n], once
+            return  # -o: the returned report shows itself as Out[n], once
         from tpu_nb.display.reports import RunView
 
-        display(RunView(report, report.findings, allowed_graphs=report.allowed_graphs,
-                        source=report.source))
+        display(
+            RunView(
+                report, report.findings, allowed_graphs=report.allowed_graphs, source=report.source
+            )
+        )
 
     # -- %tpu_dashboard ----------------------------------------------------------------------
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("--refresh", type=_seconds("--refresh", 0.1, 3600, 0.5), default=0.5,
-              metavar="SECONDS",
-              help="seconds between updates (default 0.5: at most 2 a second)")
-    @argument("--chart-refresh", type=_seconds("--chart-refresh", 0.1, 3600, 1), default=None,
-              metavar="SECONDS",
-              help="at least this many seconds between chart redraws (default 1)")
-    @argument("--alert-graphs", type=_whole("--alert-graphs", 1, MAX_GRAPHS, 3), default=3,
-              metavar="K",
-              help="alert when one line compiles more than K distinct graphs (default 3)")
+    @argument(
+        "--refresh",
+        type=_seconds("--refresh", 0.1, 3600, 0.5),
+        default=0.5,
+        metavar="SECONDS",
+        help="seconds between updates (default 0.5: at most 2 a second)",
+    )
+    @argument(
+        "--chart-refresh",
+        type=_seconds("--chart-refresh", 0.1, 3600, 1),
+        default=None,
+        metavar="SECONDS",
+        help="at least this many seconds between chart redraws (default 1)",
+    )
+    @argument(
+        "--alert-graphs",
+        type=_whole("--alert-graphs", 1, MAX_GRAPHS, 3),
+        default=3,
+        metavar="K",
+        help="alert when one line compiles more than K distinct graphs (default 3)",
+    )
     @argument("--no-charts", action="store_true", help="panels only, no matplotlib charts")
     @line_magic
     def tpu_dashboard(self, line=""):
@@ -419,21 +529,35 @@ class TpuMagics(Magics):
         args = _parse(self.tpu_dashboard, line)
         if args is None:
             return
-        dash = _start_dashboard(refresh=args.refresh, chart_refresh=args.chart_refresh,
-                                alert_graphs=args.alert_graphs, charts=not args.no_charts)
+        dash = _start_dashboard(
+            refresh=args.refresh,
+            chart_refresh=args.chart_refresh,
+            alert_graphs=args.alert_graphs,
+            charts=not args.no_charts,
+        )
         dash.stop_at_cell_end()
 
     # -- %tpu_time --------------------------------------------------------------------------
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("-n", dest="number", type=_whole("-n", 1, MAX_NUMBER, 10), default=None,
-              help="runs per repeat (default: enough for about 0.2 s)")
-    @argument("-r", dest="repeat", type=_whole("-r", 1, MAX_REPEAT, 7), default=7,
-              help="repeats (default 7)")
+    @argument(
+        "-n",
+        dest="number",
+        type=_whole("-n", 1, MAX_NUMBER, 10),
+        default=None,
+        help="runs per repeat (default: enough for about 0.2 s)",
+    )
+    @argument(
+        "-r",
+        dest="repeat",
+        type=_whole("-r", 1, MAX_REPEAT, 7),
+        default=7,
+        help="repeats (default 7)",
+    )
     @argument("-o", dest="output", action="store_true", help="return the DeviceTiming")
     @argument("statement", nargs="*", help="what to time (line mode)")
-    @no_var_expand        # the statement is code: {...} and $x stay as written, as in %timeit
+    @no_var_expand  # the statement is code: {...} and $x stay as written, as in %timeit
     @line_cell_magic
     def tpu_time(self, line, cell=None):
         """Time code on the XLA device: every run synced and waited for.
@@ -456,8 +580,9 @@ class TpuMagics(Magics):
         try:
             dev = device()
             with default_device(dev, code=code.codes):
-                timing = time_device(lambda: code.run(self.shell), number=args.number,
-                                     repeat=args.repeat)
+                timing = time_device(
+                    lambda: code.run(self.shell), number=args.number, repeat=args.repeat
+                )
         except TpuNbError as exc:
             raise UsageError(str(exc)) from None
         self.state.watcher.reported_by_magic = True
@@ -480,8 +605,10 @@ class TpuMagics(Magics):
         if args is None:
             return
         if sum((args.since_cell, args.all, args.reset, args.cells)) > 1:
-            raise UsageError("choose one of --since-cell, --all, --reset, --cells. Fix: e.g. "
-                             "%xla_metrics --since-cell")
+            raise UsageError(
+                "choose one of --since-cell, --all, --reset, --cells. Fix: e.g. "
+                "%xla_metrics --since-cell"
+            )
         from tpu_nb.display.reports import CellsView, MetricsView
 
         if args.cells:
@@ -505,22 +632,42 @@ class TpuMagics(Magics):
             return display(MetricsView("XLA counters and metrics", full=snapshot(full=True)))
         now = snapshot()
         start = MetricsSnapshot({}, {}, now.taken_at, now.generation)
-        display(MetricsView("XLA work since the kernel started (or the last --reset)",
-                            delta=now.since(start)))
+        display(
+            MetricsView(
+                "XLA work since the kernel started (or the last --reset)", delta=now.since(start)
+            )
+        )
 
     # -- %xla_graph -------------------------------------------------------------------------
 
     @magic_arguments()
     @argument("-h", "--help", action="store_true", help="show this help and exit")
-    @argument("--by", choices=("auto", "line", "scope"), default="auto",
-              help="how to group nodes above the budget (default: auto)")
-    @argument("--budget", type=_whole("--budget", 1, 100_000, 200), default=None, metavar="N",
-              help="nodes drawn one by one before grouping (default about 500)")
-    @argument("--expand", action="append", default=[], metavar="GROUP",
-              help="draw this group node by node (repeatable)")
+    @argument(
+        "--by",
+        choices=("auto", "line", "scope"),
+        default="auto",
+        help="how to group nodes above the budget (default: auto)",
+    )
+    @argument(
+        "--budget",
+        type=_whole("--budget", 1, 100_000, 200),
+        default=None,
+        metavar="N",
+        help="nodes drawn one by one before grouping (default about 500)",
+    )
+    @argument(
+        "--expand",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="draw this group node by node (repeatable)",
+    )
     @argument("-o", dest="output", action="store_true", help="return the Graph")
-    @argument("expression", nargs="*", help="tensors (or objects holding them); none: every "
-                                            "live XLA tensor with pending work")
+    @argument(
+        "expression",
+        nargs="*",
+        help="tensors (or objects holding them); none: every live XLA tensor with pending work",
+    )
     @line_magic
     def xla_graph(self, line=""):
         """Show the pending (lazy) XLA graph of tensors: where each node came from, as SVG."""
@@ -536,26 +683,37 @@ class TpuMagics(Magics):
                 value = self.shell.ev(source)
             except Exception as exc:
                 detail = " ".join(str(exc).split())
-                raise UsageError(f"could not evaluate {source!r}: {type(exc).__name__}: "
-                                 f"{detail}. Fix: give an expression of this kernel, e.g. "
-                                 f"%xla_graph loss") from None
+                raise UsageError(
+                    f"could not evaluate {source!r}: {type(exc).__name__}: "
+                    f"{detail}. Fix: give an expression of this kernel, e.g. "
+                    f"%xla_graph loss"
+                ) from None
             _check_holds_xla_tensor(source, value)
             found = pending_graph(value)
         else:
             found = pending_graph()
         if found is None:
-            print("nothing pending: no XLA tensor here has work waiting (it ran at a sync or "
-                  "a value read)")
+            print(
+                "nothing pending: no XLA tensor here has work waiting (it ran at a sync or "
+                "a value read)"
+            )
             return
         if args.output:
             return found
-        display(GraphView(found, by=args.by, budget=args.budget or NODE_BUDGET,
-                          expand=args.expand, source_names=self._cell_name))
+        display(
+            GraphView(
+                found,
+                by=args.by,
+                budget=args.budget or NODE_BUDGET,
+                expand=args.expand,
+                source_names=self._cell_name,
+            )
+        )
 
     def _cell_name(self, path: str) -> str | None:
         """'In [3]' for the file IPython compiled cell 3 into (labels say the cell, not a
         temp file); None for any other file."""
-        number = getattr(self.shell.compile, "_filename_map", {}).get(path)   # IPython >= 8
+        number = getattr(self.shell.compile, "_filename_map", {}).get(path)  # IPython >= 8
         if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):
-            number = match.group(1)                                          # IPython 7
+            number = match.group(1)  # IPython 7
         return f"In [{number}]" if number is not None else None
