@@ -12,8 +12,9 @@ def make_mlp_step(device, width: int = 256, hidden: int = 512, batch: int = 64):
     import torch_xla
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(hidden, 10)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
+    ).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(batch, width, device=device)
     y = torch.randint(0, 10, (batch,), device=device)

@@ -27,7 +27,7 @@ SETUP = f"""
 %load_ext tpu_nb
 %tpu_setup --device cpu
 import sys, time, statistics
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
 import torch, torch_xla
 import torch_xla.core.xla_model as xm
 from _workload import make_mlp_step
@@ -64,8 +64,13 @@ def _cell_seconds(kc, code: str) -> float:
 
 def _output(kc, code: str) -> str:
     out = []
-    kc.execute_interactive(code, timeout=300, output_hook=lambda m: out.append(
-        m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+    kc.execute_interactive(
+        code,
+        timeout=300,
+        output_hook=lambda m: (
+            out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+        ),
+    )
     return "".join(out)
 
 
@@ -83,8 +88,10 @@ def bench_on_tpu(kc) -> None:
     ref = statistics.median(times["plain cell"])
     for name, samples in times.items():
         m = statistics.median(samples)
-        print(f"  {name:32} {m * 1e3:8.1f} ms/cell  {m / STEPS * 1e3:6.3f} ms/step  "
-              f"overhead {100 * (m / ref - 1):+5.1f} %")
+        print(
+            f"  {name:32} {m * 1e3:8.1f} ms/cell  {m / STEPS * 1e3:6.3f} ms/step  "
+            f"overhead {100 * (m / ref - 1):+5.1f} %"
+        )
 
 
 def bench_tpu_time(kc) -> None:
@@ -102,9 +109,11 @@ def bench_tpu_time(kc) -> None:
     rows = [list(map(float, _output(kc, code).split()[-4:])) for _ in range(3)]
     hand = statistics.median(r[0] for r in rows)
     ours = statistics.median(r[1] for r in rows)
-    print(f"  hand-written loop, sync(wait=True) {hand * 1e3:6.3f} ms/step   %tpu_time steady state "
-          f"{ours * 1e3:6.3f} ms/step   difference {100 * (ours / hand - 1):+5.1f} %  "
-          f"(median of 3 alternations; steady-state compiles: {int(rows[-1][3])})")
+    print(
+        f"  hand-written loop, sync(wait=True) {hand * 1e3:6.3f} ms/step   %tpu_time steady state "
+        f"{ours * 1e3:6.3f} ms/step   difference {100 * (ours / hand - 1):+5.1f} %  "
+        f"(median of 3 alternations; steady-state compiles: {int(rows[-1][3])})"
+    )
 
 
 def bench_load_ext() -> None:
@@ -119,23 +128,26 @@ def bench_load_ext() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     runs = []
     for _ in range(5):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=env, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+        ).stdout
         runs.append(float(out.split("RESULT")[-1]))
-    print(f"  %load_ext tpu_nb: median {statistics.median(runs) * 1e3:.1f} ms, max "
-          f"{max(runs) * 1e3:.1f} ms over 5 fresh processes (target <= 300 ms)")
+    print(
+        f"  %load_ext tpu_nb: median {statistics.median(runs) * 1e3:.1f} ms, max "
+        f"{max(runs) * 1e3:.1f} ms over 5 fresh processes (target <= 300 ms)"
+    )
 
 
 def main() -> None:
-    env_clean = {k: os.environ.pop(k) for k in list(os.environ)
-                 if k.startswith(("PT_XLA", "XLA_"))}
+    env_clean = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["PYTHONPATH"] = str(ROOT)
     km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
     try:
         kc.execute_interactive(SETUP, timeout=300, output_hook=lambda msg: None)
-        print(f"%%on_tpu around a {STEPS}-step MLP loop, {ROUNDS} interleaved rounds "
-              "(target <= 2 %)")
+        print(
+            f"%%on_tpu around a {STEPS}-step MLP loop, {ROUNDS} interleaved rounds (target <= 2 %)"
+        )
         bench_on_tpu(kc)
         print("%tpu_time against a hand-written synced loop (target: within 5 %)")
         bench_tpu_time(kc)

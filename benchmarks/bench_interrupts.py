@@ -32,7 +32,7 @@ def per_cell_cost() -> None:
     hooks = (("pre_run_cell", notice.pre_run_cell), ("post_run_cell", notice.post_run_cell))
     times: dict[str, list[float]] = {"with notice": [], "without": []}
     for r in range(ROUNDS):
-        for variant in (("with notice", "without") if r % 2 == 0 else ("without", "with notice")):
+        for variant in ("with notice", "without") if r % 2 == 0 else ("without", "with notice"):
             for event, hook in hooks:
                 registered = hook in ip.events.callbacks[event]
                 if variant == "without" and registered:
@@ -46,8 +46,10 @@ def per_cell_cost() -> None:
     print(f"1. a trivial cell, {CELLS} cells x {ROUNDS} rounds (interleaved):")
     for name, values in times.items():
         q = statistics.quantiles(values, n=4)
-        print(f"   {name:<12} {statistics.median(values) * 1e6:7.0f} us per cell "
-              f"(spread {q[0] * 1e6:.0f}-{q[2] * 1e6:.0f})")
+        print(
+            f"   {name:<12} {statistics.median(values) * 1e6:7.0f} us per cell "
+            f"(spread {q[0] * 1e6:.0f}-{q[2] * 1e6:.0f})"
+        )
     extra = statistics.median(times["with notice"]) - statistics.median(times["without"])
     print(f"   the notice adds {extra * 1e6:.0f} us per cell")
 
@@ -61,11 +63,14 @@ def interrupt_during_compile() -> None:
     finally:
         os.environ.update(saved)
     try:
-        kc.execute_interactive("%load_ext tpu_nb\n%tpu_setup --device cpu\n"
-                               "import torch, torch_xla", timeout=180)
-        msg_id = kc.execute("x = torch.randn(64, 64, device=torch_xla.device())\n"
-                            "for i in range(2500):\n    x = torch.tanh(x @ x * 0.01 + i)\n"
-                            "print('compiling', flush=True)\ntorch_xla.sync()")
+        kc.execute_interactive(
+            "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla", timeout=180
+        )
+        msg_id = kc.execute(
+            "x = torch.randn(64, 64, device=torch_xla.device())\n"
+            "for i in range(2500):\n    x = torch.tanh(x @ x * 0.01 + i)\n"
+            "print('compiling', flush=True)\ntorch_xla.sync()"
+        )
         said = ended = start = None
         while ended is None:
             msg = kc.get_iopub_msg(timeout=300)
@@ -81,8 +86,10 @@ def interrupt_during_compile() -> None:
             elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 ended = time.perf_counter() - start
         print("2. an interrupt 1 s into a long compile, in a real kernel:")
-        print(f"   the cell says 'interrupt received' after {said:.2f} s; "
-              f"the KeyboardInterrupt ends it after {ended:.1f} s")
+        print(
+            f"   the cell says 'interrupt received' after {said:.2f} s; "
+            f"the KeyboardInterrupt ends it after {ended:.1f} s"
+        )
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -37,6 +37,7 @@ ROUNDS = 25
 
 # -- measuring ---------------------------------------------------------------------------------
 
+
 def _quartiles(xs):
     q = statistics.quantiles(xs, n=4)
     return q[0], statistics.median(xs), q[2]
@@ -65,7 +66,7 @@ def rounds(variants: dict, n: int, count: int = ROUNDS) -> dict[str, list[Sample
     names = list(variants)
     out = {name: [] for name in names}
     for r in range(count):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             out[name].append(variants[name](n))
     return out
 
@@ -77,13 +78,17 @@ def spread(xs, unit: str = "us") -> str:
 
 def paired(samples: dict, a: str, b: str, kind: str) -> list[float]:
     """a - b within each round (us): noise common to a round cancels."""
-    return [getattr(x, kind) - getattr(y, kind) for x, y in zip(samples[a], samples[b])]
+    return [
+        getattr(x, kind) - getattr(y, kind) for x, y in zip(samples[a], samples[b], strict=True)
+    ]
 
 
 def print_samples(samples: dict, unit: str, width: int = 22) -> None:
     for name, xs in samples.items():
-        print(f"    {name:{width}} wall {spread([x.wall for x in xs])}   "
-              f"CPU {spread([x.cpu for x in xs])}  per {unit}")
+        print(
+            f"    {name:{width}} wall {spread([x.wall for x in xs])}   "
+            f"CPU {spread([x.cpu for x in xs])}  per {unit}"
+        )
 
 
 def print_difference(samples: dict, a: str, b: str, label: str, unit: str):
@@ -93,20 +98,31 @@ def print_difference(samples: dict, a: str, b: str, label: str, unit: str):
     for kind in ("wall", "cpu"):
         lo, mid, hi = _quartiles(paired(samples, a, b, kind))
         pct = [100 * v / base for v in (lo, mid, hi)]
-        parts.append(f"{kind:4} {mid:+7.2f} us [{lo:+.2f} .. {hi:+.2f}] = "
-                     f"{pct[1]:+5.2f} % [{pct[0]:+.2f} .. {pct[2]:+.2f}]")
+        parts.append(
+            f"{kind:4} {mid:+7.2f} us [{lo:+.2f} .. {hi:+.2f}] = "
+            f"{pct[1]:+5.2f} % [{pct[0]:+.2f} .. {pct[2]:+.2f}]"
+        )
     best = min(x.cpu for x in samples[a]) - min(x.cpu for x in samples[b])
-    print(f"    {label:26} per {unit}: {parts[0]};  {parts[1]};  least disturbed rounds "
-          f"(min - min) cpu {best:+.2f} us")
+    print(
+        f"    {label:26} per {unit}: {parts[0]};  {parts[1]};  least disturbed rounds "
+        f"(min - min) cpu {best:+.2f} us"
+    )
     return lo, mid, hi
 
 
 def verdict(quartiles, limit: float, what: str) -> None:
     lo, mid, hi = quartiles
-    state = ("met" if hi <= limit else "missed" if lo > limit else
-             "undecided: the spread between rounds straddles it")
-    print(f"    -> target {what} <= {limit:.1f} us: recorder's CPU cost {mid:.2f} us "
-          f"[{lo:.2f} .. {hi:.2f}]: {state}")
+    state = (
+        "met"
+        if hi <= limit
+        else "missed"
+        if lo > limit
+        else "undecided: the spread between rounds straddles it"
+    )
+    print(
+        f"    -> target {what} <= {limit:.1f} us: recorder's CPU cost {mid:.2f} us "
+        f"[{lo:.2f} .. {hi:.2f}]: {state}"
+    )
 
 
 def timed(body, context, code=None):
@@ -161,6 +177,7 @@ def print_three(samples: dict, unit: str):
 
 # -- 1. the training step ----------------------------------------------------------------------
 
+
 def bench_step(step) -> None:
     def body(n):
         for _ in range(n):
@@ -171,13 +188,16 @@ def bench_step(step) -> None:
     samples = three_ways(body, 150)
     cost = print_three(samples, "step")
     step_wall = statistics.quantiles([x.wall for x in samples[PLAIN]], n=4)
-    print(f"    (1 % of the plain step: {step_wall[1] / 100:.1f} us at its median wall time, "
-          f"{step_wall[0] / 100:.1f} us at its 25th percentile, the least disturbed rounds)")
+    print(
+        f"    (1 % of the plain step: {step_wall[1] / 100:.1f} us at its median wall time, "
+        f"{step_wall[0] / 100:.1f} us at its 25th percentile, the least disturbed rounds)"
+    )
     verdict(cost, step_wall[0] / 100, "1 % of the step,")
     verdict(cost, 10.0, "per sync (one sync a step)")
 
 
 # -- 2. per sync -------------------------------------------------------------------------------
+
 
 def _deep(depth, fn):
     if depth == 0:
@@ -206,9 +226,11 @@ def bench_sync(dev) -> None:
             torch_xla.sync()
 
     tiny(5)
-    for label, body, n in (("empty sync at the tracked line", empty, 400),
-                           ("empty sync 10 calls below it", empty_deep, 400),
-                           ("tiny step (x = x + 1; sync)", tiny, 200)):
+    for label, body, n in (
+        ("empty sync at the tracked line", empty, 400),
+        ("empty sync 10 calls below it", empty_deep, 400),
+        ("tiny step (x = x + 1; sync)", tiny, 200),
+    ):
         print(f"  {label}:")
         verdict(print_three(three_ways(body, n), "sync"), 10.0, "per sync")
 
@@ -221,6 +243,7 @@ def bench_start_stop() -> None:
                 with context(()):
                     pass
             return since(start, n)
+
         return run
 
     samples = rounds({OFF: enter_exit(record_off), ON: enter_exit(record_on)}, 20)
@@ -268,12 +291,14 @@ class Wrapper(torch.nn.Module):
 def _library():
     """Code from a file that is not the tracked code's (a stand-in for a library's)."""
     namespace: dict = {}
-    exec(compile(LIBRARY_SOURCE, "/opt/lib/python3/site-packages/somelib/core.py", "exec"),
-         namespace)
+    exec(
+        compile(LIBRARY_SOURCE, "/opt/lib/python3/site-packages/somelib/core.py", "exec"), namespace
+    )
     return namespace
 
 
 # -- 3. value reads ----------------------------------------------------------------------------
+
 
 def bench_item(dev, step) -> None:
     import torch
@@ -294,7 +319,7 @@ def bench_item(dev, step) -> None:
 
     cpu_value = torch.tensor(1.0)
 
-    def cpu_reads(n):        # data-pipeline code: values of CPU tensors, no XLA involved
+    def cpu_reads(n):  # data-pipeline code: values of CPU tensors, no XLA involved
         for _ in range(n):
             bool(cpu_value)
 
@@ -313,12 +338,15 @@ def bench_item(dev, step) -> None:
         for _ in range(n):
             model(None)
 
-    print("  .item() inside a model's forward, 5 modules deep (~15 frames, like a read in "
-          "transformers' forward):")
+    print(
+        "  .item() inside a model's forward, 5 modules deep (~15 frames, like a read in "
+        "transformers' forward):"
+    )
     verdict(print_three(three_ways(nested_reads, 200), "read"), 10.0, "per read (as per sync)")
 
 
 # -- 4. graph capture --------------------------------------------------------------------------
+
 
 def _best_of(times: int, fn) -> float:
     best = float("inf")
@@ -336,8 +364,9 @@ def bench_capture_recompiling(dev) -> None:
     import tpu_nb
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10)).to(dev)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    ).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step(batch):
@@ -352,14 +381,18 @@ def bench_capture_recompiling(dev) -> None:
     run = tpu_nb.track("recompiling")
     with run as report:
         for batch in batches:
-            step(batch)       # one line, a new graph at every new batch size
-    recording = run._recorder.recording     # captures are counted there, not in the report
+            step(batch)  # one line, a new graph at every new batch size
+    recording = run._recorder.recording  # captures are counted there, not in the report
     per = report.capture_seconds / max(1, recording.captures)
-    print(f"  MLP step, batch sizes {batches}: {report.metrics.compiles} compiles "
-          f"({report.metrics.compile_seconds:.2f} s), wall {report.wall_seconds:.2f} s")
-    print(f"    report.capture_seconds {report.capture_seconds * 1e3:.1f} ms for "
-          f"{recording.captures} captures = {per * 1e3:.1f} ms per capture "
-          f"({100 * report.capture_seconds / report.wall_seconds:.1f} % of the run's wall)")
+    print(
+        f"  MLP step, batch sizes {batches}: {report.metrics.compiles} compiles "
+        f"({report.metrics.compile_seconds:.2f} s), wall {report.wall_seconds:.2f} s"
+    )
+    print(
+        f"    report.capture_seconds {report.capture_seconds * 1e3:.1f} ms for "
+        f"{recording.captures} captures = {per * 1e3:.1f} ms per capture "
+        f"({100 * report.capture_seconds / report.wall_seconds:.1f} % of the run's wall)"
+    )
 
 
 def bench_capture_gpt2(dev) -> None:
@@ -367,10 +400,10 @@ def bench_capture_gpt2(dev) -> None:
     capture function (what it runs before a sync that is due a capture); nothing is compiled
     (a GPT-2 step takes ~30 s to compile on this machine)."""
     import torch
-
     import torch_xla
 
     from tpu_nb.runtime import provenance
+
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
         from transformers.utils import logging as hf_logging
@@ -379,13 +412,13 @@ def bench_capture_gpt2(dev) -> None:
         return
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).to(dev)      # built on the CPU: copies, no compile
+    model = GPT2LMHeadModel(GPT2Config()).to(dev)  # built on the CPU: copies, no compile
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 50257, (2, 64)).to(dev)
     start = time.perf_counter()
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
-    opt.step()                # the parameters now hold the whole step's pending graph
+    opt.step()  # the parameters now hold the whole step's pending graph
     trace = time.perf_counter() - start
     frame = sys._getframe()
     seconds, graph = [], None
@@ -394,20 +427,25 @@ def bench_capture_gpt2(dev) -> None:
         graph = provenance._capture_pending(frame)
         seconds.append(time.perf_counter() - start)
     nodes = len(graph.nodes) if graph is not None else 0
-    print(f"  GPT-2 124M training step (AdamW, batch 2 x 64), {nodes} IR nodes pending, traced in "
-          f"{trace:.2f} s: one capture {min(seconds) * 1e3:.0f} ms (best of 3; "
-          f"{', '.join(f'{s * 1e3:.0f}' for s in seconds)} ms)")
+    print(
+        f"  GPT-2 124M training step (AdamW, batch 2 x 64), {nodes} IR nodes pending, traced in "
+        f"{trace:.2f} s: one capture {min(seconds) * 1e3:.0f} ms (best of 3; "
+        f"{', '.join(f'{s * 1e3:.0f}' for s in seconds)} ms)"
+    )
     # Where a capture's time goes: torch_xla's IR text dump, against the graph hash alone.
     xc = torch_xla._XLAC
     pending = list(model.parameters()) + [loss]
     dump = _best_of(3, lambda: xc._get_xla_tensors_text(pending))
     hashing = _best_of(3, lambda: xc._get_graph_hash(pending))
-    print(f"    of which torch_xla's IR text dump {dump * 1e3:.0f} ms; the graph's hash alone "
-          f"{hashing * 1e3:.1f} ms")
-    del model, opt, loss      # drop the pending graph unrun: nothing compiles
+    print(
+        f"    of which torch_xla's IR text dump {dump * 1e3:.0f} ms; the graph's hash alone "
+        f"{hashing * 1e3:.1f} ms"
+    )
+    del model, opt, loss  # drop the pending graph unrun: nothing compiles
 
 
 # -- 5. default_device() factory wrapper ----------------------------------------------------
+
 
 def bench_factories(dev) -> None:
     import torch
@@ -425,7 +463,7 @@ def bench_factories(dev) -> None:
             made = torch.zeros(3)
         return made
 
-    def via_library(n):       # the block calls a library that makes a tensor (AdamW's steps)
+    def via_library(n):  # the block calls a library that makes a tensor (AdamW's steps)
         return lib["library_zeros"](n)
 
     def via_library_deep(n):
@@ -437,6 +475,7 @@ def bench_factories(dev) -> None:
                 start = clock()
                 body(n)
                 return since(start, n)
+
         return run
 
     def outside(body):
@@ -444,6 +483,7 @@ def bench_factories(dev) -> None:
             start = clock()
             body(n)
             return since(start, n)
+
         return run
 
     variants = {
@@ -454,25 +494,24 @@ def bench_factories(dev) -> None:
         "library, 1 call below": in_block(via_library, via_library),
         "library, ~10 calls below": in_block(via_library_deep, via_library_deep),
     }
-    with default_device(dev, code=(implicit.__code__,)):   # the variants do what they say
+    with default_device(dev, code=(implicit.__code__,)):  # the variants do what they say
         assert implicit(1).device.type == "xla"
     with default_device(dev, code=(via_library.__code__,)):
         assert via_library(1).device.type == "cpu"
     samples = rounds(variants, 2000)
     print_samples(samples, "call", width=28)
     print("    wrapper cost:")
-    for label, a, b in (("block's own code (-> xla)", "block's code, zeros(3)",
-                         "plain zeros(3, device=xla)"),
-                        ("explicit device= in block", "block, zeros(3, device=xla)",
-                         "plain zeros(3, device=xla)"),
-                        ("library, 1 call (-> CPU)", "library, 1 call below",
-                         "plain zeros(3) (CPU)"),
-                        ("library, 10 calls (-> CPU)", "library, ~10 calls below",
-                         "plain zeros(3) (CPU)")):
+    for label, a, b in (
+        ("block's own code (-> xla)", "block's code, zeros(3)", "plain zeros(3, device=xla)"),
+        ("explicit device= in block", "block, zeros(3, device=xla)", "plain zeros(3, device=xla)"),
+        ("library, 1 call (-> CPU)", "library, 1 call below", "plain zeros(3) (CPU)"),
+        ("library, 10 calls (-> CPU)", "library, ~10 calls below", "plain zeros(3) (CPU)"),
+    ):
         print_difference(samples, a, b, label, "call")
 
 
 # -- main --------------------------------------------------------------------------------------
+
 
 def main() -> None:
     import tpu_nb
@@ -481,18 +520,26 @@ def main() -> None:
     tpu_nb.setup("cpu")
     dev = tpu_nb.device()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"Provenance recorder costs. {os.cpu_count()} cores, load average {load:.1f} at start: "
-          "this machine is shared and noisy, so every figure is a median over interleaved "
-          "rounds with [25th .. 75th percentile] over rounds; differences are paired per round.")
-    print("Target: the recorder (track() against track(record=False)) costs <= 1 % of a ~1 ms "
-          "step and <= 10 us per sync.")
-    print("wall: elapsed time; CPU: the main thread's CPU time (the recorder's work is Python on "
-          "that thread; other processes barely move it). Differences: median of per-round "
-          "differences [25th .. 75th percentile], and that as % of the reference's median wall "
-          "time; min - min: the difference between each variant's least disturbed round.\n")
+    print(
+        f"Provenance recorder costs. {os.cpu_count()} cores, load average {load:.1f} at start: "
+        "this machine is shared and noisy, so every figure is a median over interleaved "
+        "rounds with [25th .. 75th percentile] over rounds; differences are paired per round."
+    )
+    print(
+        "Target: the recorder (track() against track(record=False)) costs <= 1 % of a ~1 ms "
+        "step and <= 10 us per sync."
+    )
+    print(
+        "wall: elapsed time; CPU: the main thread's CPU time (the recorder's work is Python on "
+        "that thread; other processes barely move it). Differences: median of per-round "
+        "differences [25th .. 75th percentile], and that as % of the reference's median wall "
+        "time; min - min: the difference between each variant's least disturbed round.\n"
+    )
     step = make_mlp_step(dev)
-    print(f"1. MLP training step (256-512-10, batch 64, one sync per step), {ROUNDS} rounds "
-          "x 150 steps per variant:")
+    print(
+        f"1. MLP training step (256-512-10, batch 64, one sync per step), {ROUNDS} rounds "
+        "x 150 steps per variant:"
+    )
     bench_step(step)
     print(f"\n2. recorder cost per sync, {ROUNDS} rounds:")
     bench_sync(dev)

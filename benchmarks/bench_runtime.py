@@ -49,8 +49,10 @@ def bench_snapshot(step) -> None:
         tpu_nb.sync(wait=True)
         raw_us = _per_call_us(raw)
         snap_us = _per_call_us(lambda: tpu_nb.snapshot().since(base))
-        print(f"  {label:18} raw _XLAC reads {raw_us:7.1f} us   snapshot()+since() "
-              f"{snap_us:6.1f} us   ratio {snap_us / raw_us:4.2f}x")
+        print(
+            f"  {label:18} raw _XLAC reads {raw_us:7.1f} us   snapshot()+since() "
+            f"{snap_us:6.1f} us   ratio {snap_us / raw_us:4.2f}x"
+        )
 
 
 def bench_track(step) -> None:
@@ -77,9 +79,16 @@ def bench_track(step) -> None:
 
     for _ in range(50):
         step()
-    times = interleave({"bare": bare, "track(sync=False, wait=False)": tracked_nosync,
-                        "track(wait=False)": tracked,
-                        "track() (waits each step)": tracked_wait}, steps=200, rounds=21)
+    times = interleave(
+        {
+            "bare": bare,
+            "track(sync=False, wait=False)": tracked_nosync,
+            "track(wait=False)": tracked,
+            "track() (waits each step)": tracked_wait,
+        },
+        steps=200,
+        rounds=21,
+    )
     ref = median(times["bare"])
     for name, samples in times.items():
         m = median(samples)
@@ -105,12 +114,15 @@ def bench_debug_level() -> None:
     results = {"0": [], "1": []}
     for _ in range(4):
         for level in results:
-            out = subprocess.run([sys.executable, __file__, CHILD, level], capture_output=True,
-                                 text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, CHILD, level], capture_output=True, text=True, check=True
+            )
             results[level].append(float(out.stdout.strip().splitlines()[-1]))
     off, on = median(results["0"]), median(results["1"])
-    print(f"  PT_XLA_DEBUG_LEVEL=0 {off:6.3f} ms/step   =1 {on:6.3f} ms/step   "
-          f"difference {100 * (on / off - 1):+5.1f} %  (4 alternating processes each)")
+    print(
+        f"  PT_XLA_DEBUG_LEVEL=0 {off:6.3f} ms/step   =1 {on:6.3f} ms/step   "
+        f"difference {100 * (on / off - 1):+5.1f} %  (4 alternating processes each)"
+    )
 
 
 def main() -> None:

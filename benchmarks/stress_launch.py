@@ -45,6 +45,7 @@ def main() -> int:
     if path == "worker":
         import torch
         import torch_xla
+
         (torch.ones(2, device=torch_xla.device()) * 2).sum().item()
     launch_dirs = os.path.join(tempfile.gettempdir(), "tpu_nb-launch-*")
     dirs_before = set(glob.glob(launch_dirs))
@@ -60,12 +61,17 @@ def main() -> int:
             failures[str(exc).splitlines()[0][:300]] += 1
         done = i + 1
         if done % 20 == 0 or done == count:
-            print(f"{done:4d} launches, {sum(failures.values())} failed, "
-                  f"{time.perf_counter() - start:6.1f} s", flush=True)
+            print(
+                f"{done:4d} launches, {sum(failures.values())} failed, "
+                f"{time.perf_counter() - start:6.1f} s",
+                flush=True,
+            )
     left_dirs = set(glob.glob(launch_dirs)) - dirs_before
     left_fds = len(os.listdir("/proc/self/fd")) - fds_before
-    print(f"\n{path} path: {count} launches of 4 replicas, {sum(failures.values())} failed, "
-          f"{(time.perf_counter() - start) / count:.2f} s a launch")
+    print(
+        f"\n{path} path: {count} launches of 4 replicas, {sum(failures.values())} failed, "
+        f"{(time.perf_counter() - start) / count:.2f} s a launch"
+    )
     for message, n in failures.most_common():
         print(f"  {n:4d} x {message}")
     print(f"run directories left behind: {len(left_dirs)}; file descriptors gained: {left_fds}")

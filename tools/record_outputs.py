@@ -14,8 +14,12 @@ from nbclient import NotebookClient
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 for path in sys.argv[1:]:
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": os.path.dirname(path)}}).execute()
+    NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": os.path.dirname(path)}},
+    ).execute()
     for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
     nbformat.write(nb, path)

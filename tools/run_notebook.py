@@ -39,8 +39,12 @@ def main(argv=None) -> int:
     nb = nbformat.read(args.notebook, as_version=4)
     report_cell = nbformat.v4.new_code_cell("%xla_metrics --cells")
     nb.cells.append(report_cell)
-    client = NotebookClient(nb, timeout=args.timeout, kernel_name="python3",
-                            resources={"metadata": {"path": os.path.dirname(args.notebook) or "."}})
+    client = NotebookClient(
+        nb,
+        timeout=args.timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": os.path.dirname(args.notebook) or "."}},
+    )
     start = time.perf_counter()
     failed = None
     try:
@@ -48,11 +52,12 @@ def main(argv=None) -> int:
     except CellExecutionError as exc:
         failed = exc
     seconds = time.perf_counter() - start
-    nb.cells.pop()            # the report cell is not part of the notebook
+    nb.cells.pop()  # the report cell is not part of the notebook
     if args.save:
         nbformat.write(nb, args.save)
-    print(f"{args.notebook}: {len(nb.cells)} cells in {seconds:.1f} s on "
-          f"{os.environ['PJRT_DEVICE']}")
+    print(
+        f"{args.notebook}: {len(nb.cells)} cells in {seconds:.1f} s on {os.environ['PJRT_DEVICE']}"
+    )
     if failed is not None:
         print(f"FAILED:\n{failed}")
         return 1
