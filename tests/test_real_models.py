@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -566,11 +565,6 @@ def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
 
 
 @pytest.mark.kernel
-@pytest.mark.xfail(os.environ.get("TPU_NB_STACK") == "colab", strict=True, reason=(
-    "issue 10 bug on Colab's stack: ipykernel 6.17 compiles cells into temp files "
-    "(/tmp/ipykernel_<pid>/<hash>.py), which tpu_nb's cell namer (IPython >= 8's "
-    "_filename_map, IPython 7's <ipython-input-N-...>) does not know: findings say "
-    "'3665473825.py:4 mean_of' instead of 'In [2], line 4 mean_of'"))
 def test_findings_name_other_cells_by_their_in_number_in_a_real_kernel():
     nb = execute_notebook([
         "%load_ext tpu_nb\n%tpu_setup --device cpu",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Bool
 from traitlets.config import Configurable
@@ -48,12 +48,29 @@ class CellWatcher:
         self.reported_by_magic = False  # %%on_tpu shows its own, fuller report
         self.history: list[tuple[int, str, MetricsDelta]] = []  # cells that did XLA work
         self._first_line = ""
+        # The files cells were compiled into -> their execution numbers, where IPython keeps
+        # no such map (IPython 7 under ipykernel 6: /tmp/ipykernel_<pid>/<hash>.py).
+        self.cell_files: dict[str, int] = {}
+        self.shell: Any = None  # the InteractiveShell, set when the extension loads
 
     def pre_run_cell(self, info=None) -> None:
         self.reported_by_magic = False
         raw = getattr(info, "raw_cell", "") or ""
         self._first_line = next((ln.strip() for ln in raw.splitlines() if ln.strip()), "")
+        self._note_cell_file(raw)
         self.before = _snapshot_if_loaded()
+
+    def _note_cell_file(self, raw: str) -> None:
+        compiler = getattr(self.shell, "compile", None)
+        if compiler is None or hasattr(compiler, "_filename_map") or not raw:
+            return  # IPython >= 8 maps file names to numbers itself
+        try:
+            count = self.shell.execution_count
+            self.cell_files[compiler.get_code_name(raw, raw, count)] = count
+        except Exception:
+            logging.getLogger("tpu_nb").debug("naming a cell's file", exc_info=True)
+        while len(self.cell_files) > 2000:
+            self.cell_files.pop(next(iter(self.cell_files)))
 
     def post_run_cell(self, result=None) -> None:
         after = _snapshot_if_loaded()
@@ -148,6 +165,7 @@ def load_ipython_extension(shell) -> None:
     settings = TpuNb(parent=shell)
     shell.configurables.append(settings)
     watcher = CellWatcher(settings)
+    watcher.shell = shell
     state = _Loaded(settings, watcher)
     _loaded[id(shell)] = state
     shell.events.register("pre_run_cell", watcher.pre_run_cell)

@@ -208,10 +208,12 @@ class _CellCode:
     tracebacks say "Cell In[n], line k" with k the line in the whole cell (the magic line is 1).
     """
 
-    def __init__(self, shell, body: str, magic_lines: int = 1):
+    def __init__(self, shell, body: str, magic_lines: int = 1, files: dict | None = None):
         self.source = "\n" * magic_lines + shell.transform_cell(body)
         self.number = _running_cell_number(shell)
         self.filename = shell.compile.cache(self.source, self.number, raw_code=self.source)
+        if files is not None:
+            files[self.filename] = self.number
         # Registered AST transformers run, as for any cell (IPython's own run_cell does this).
         tree = shell.transform_ast(ast.parse(self.source, filename=self.filename))
         last = None
@@ -368,13 +370,13 @@ class TpuMagics(Magics):
         args = _parse(self.on_tpu, line)
         if args is None:
             return
-        if args.spmd is not None:
-            _check_spmd(args.spmd)  # before anything: the switch to SPMD cannot be undone
         if args.replicas is not None and args.spmd is not None:
             raise UsageError(
                 "choose one of --replicas and --spmd. Fix: --replicas for a "
                 "process per device, or --spmd for one program over all of them"
             )
+        if args.spmd is not None:
+            _check_spmd(args.spmd)  # before anything: the switch to SPMD cannot be undone
         if args.live and args.replicas is not None:
             raise UsageError(
                 "--live watches this kernel's XLA runtime, and --replicas runs "
@@ -386,7 +388,8 @@ class TpuMagics(Magics):
                 "--profile traces this kernel, and --replicas runs the cell "
                 "elsewhere. Fix: drop --profile, or use --spmd --profile N"
             )
-        code = _CellCode(self.shell, cell)  # a syntax error stops here, nothing run
+        # a syntax error stops here, nothing run
+        code = _CellCode(self.shell, cell, files=self.state.watcher.cell_files)
         if args.replicas is not None:
             return self._run_replicas(code, args)
         if args.spmd is not None:
@@ -572,7 +575,12 @@ class TpuMagics(Magics):
         body = cell if cell is not None else " ".join(args.statement)
         if not body.strip():
             raise UsageError("nothing to time. Fix: %tpu_time step() or a %%tpu_time cell")
-        code = _CellCode(self.shell, body, magic_lines=1 if cell is not None else 0)
+        code = _CellCode(
+            self.shell,
+            body,
+            magic_lines=1 if cell is not None else 0,
+            files=self.state.watcher.cell_files,
+        )
         from tpu_nb.runtime import device
         from tpu_nb.runtime.defaults import default_device
         from tpu_nb.runtime.timing import time_device
@@ -714,6 +722,8 @@ class TpuMagics(Magics):
         """'In [3]' for the file IPython compiled cell 3 into (labels say the cell, not a
         temp file); None for any other file."""
         number = getattr(self.shell.compile, "_filename_map", {}).get(path)  # IPython >= 8
+        if number is None:  # IPython 7 under ipykernel 6: temp files, noted by the watcher
+            number = self.state.watcher.cell_files.get(path)
         if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):
             number = match.group(1)  # IPython 7
         return f"In [{number}]" if number is not None else None
