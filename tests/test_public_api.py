@@ -24,6 +24,7 @@ def test_public_names_are_pinned():
     assert sorted(tpu_nb.__all__) == sorted(
         [
             "Accelerator",
+            "Anatomy",
             "CollectiveRefused",
             "CompileEvent",
             "Dashboard",
@@ -47,12 +48,15 @@ def test_public_names_are_pinned():
             "NodeChange",
             "Problem",
             "RecompilationError",
+            "ReplicaCrash",
             "ReplicaError",
             "ReplicaResult",
             "RunReport",
+            "StepRecord",
             "RuntimeStateError",
             "TpuNbError",
             "TpuNbUsageError",
+            "Verdict",
             "__version__",
             "dashboard",
             "default_device",

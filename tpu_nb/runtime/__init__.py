@@ -35,6 +35,8 @@ from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.timing import DeviceTiming, time_device
 from tpu_nb.runtime.attribution import LineFinding
 from tpu_nb.runtime.session import on_tpu
+from tpu_nb.runtime.anatomy import Anatomy, StepRecord, Verdict
+from tpu_nb.runtime.launch import ReplicaCrash
 
 # The public API of the library: what its functions take, return and raise. tpu_nb re-exports
 # exactly these (tests/test_public_api.py).
@@ -82,4 +84,8 @@ __all__ = [
     "track",
     "on_tpu",
     "LineFinding",
+    "Anatomy",
+    "StepRecord",
+    "Verdict",
+    "ReplicaCrash",
 ]
