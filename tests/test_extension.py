@@ -141,8 +141,8 @@ def test_max_graphs_stops_at_the_recompiling_step(shell):
     err = r.error_in_exec
     assert isinstance(err, tpu_nb.RecompilationError)
     assert tpu_nb.last_report().record_errors == 0
-    assert "compiled graph 3 (max_graphs=2)" in str(err)
-    assert "aten::expand f32[6,8] \u2192 f32[9,8]" in str(err), str(err)
+    # torch_xla's detector stops the step that traces the third graph, before it compiles.
+    assert "max_graphs=2" in str(err) and "f32[9,8]" in str(err) and "f32[6,8]" in str(err)
     assert shell.user_ns["batch"] == 9
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tpu_nb.runtime import tracking
 from tpu_nb.runtime.compile_log import CompileEvent
 from tpu_nb.runtime.provenance import user_op
+from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import RunReport
 
 HOST_READ_HINT = ("a device value read on the host waits for all pending work and copies it: "
@@ -129,7 +130,12 @@ def _shape_change(a, b) -> str:
         moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
         if moved:
             text += f" ({', '.join(moved[:2])})"
-    if b.location is not None:
+    made = b.user_frame                  # full paths (graphs captured with frames)
+    if made is not None:
+        where = short_path(made.file)
+        where += f", line {made.line}" if where.startswith("In [") else f":{made.line}"
+        text += f", made at {where}"
+    elif b.location is not None:         # IR debug's own location: function@file:line
         text += f", made at {b.where}"
     return text
 

@@ -8,10 +8,12 @@ n+1 has run when RecompilationError is raised; the error says what differs from 
 previous graph (the op and shape when `%%on_tpu`'s recorder captured both graphs — lines at
 their limit are captured at every sync while the guard is on — else the log's counts).
 
-Without compile-cause analysis (no `setup()` before the first compile) there is no log: the
-guard falls back to torch_xla's dynamic-shape detector (the guard behind
-`torch_xla.compile(max_different_graphs=n)`), one session per sync line, which compares the
-steps after a line's first sync and says what the trace got and expected.
+torch_xla's dynamic-shape detector (the guard behind `torch_xla.compile(max_different_graphs=
+n)`) runs too, one session per sync line: it sees graphs the compile cache already holds (a
+loop re-run in a later cell compiles nothing) and stops the step that traces one too many
+before it compiles, saying what the trace got and expected; it compares the steps after a
+line's first sync. Without compile-cause analysis (no `setup()` before the first compile)
+it is the only check.
 """
 
 from __future__ import annotations
@@ -115,10 +117,12 @@ class max_graphs:
     def __enter__(self) -> None:
         from tpu_nb.runtime.compile_log import compile_log
 
+        # torch_xla's detector sees every traced graph, cached or not (a line re-run in a
+        # later cell); the compile log's count sees the first step's graph too.
+        detector = self._fallback = _detector_guard(self.limit)
+        detector.__enter__()
         log = self._log = compile_log()
         if log is None:
-            fallback = self._fallback = _detector_guard(self.limit)
-            fallback.__enter__()
             return None
         self._read = log.size()
         self._graphs: dict[tuple[str, int], list] = {}
@@ -137,19 +141,19 @@ class max_graphs:
         return None
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        torch_xla = xla()
+        if self._wrapper is not None and torch_xla.sync is self._wrapper:
+            torch_xla.sync = self._original
+        for key in getattr(self, "_graphs", {}):
+            provenance.force_capture.discard(key)
+        if isinstance(exc, RecompilationError):
+            _end_at_user_code(tb)
         if self._fallback is not None:
             try:
                 return bool(self._fallback.__exit__(exc_type, exc, tb))
             except RecompilationError as error:
                 _end_at_user_code(error.__traceback__)
                 raise
-        if isinstance(exc, RecompilationError):
-            _end_at_user_code(tb)
-        torch_xla = xla()
-        if torch_xla.sync is self._wrapper:
-            torch_xla.sync = self._original
-        for key in self._graphs:
-            provenance.force_capture.discard(key)
         return False
 
     def _check(self, frame) -> None:

@@ -207,10 +207,12 @@ class Recorder:
 
     def _patch(self, owner, name: str, make: Callable) -> None:
         original = getattr(owner, name, None)
-        if original is None or getattr(original, "__tpu_nb_hook__", False):
+        # A hook of another recorder (a track() inside a tracked cell) is wrapped in turn:
+        # both record, and each removes only its own.
+        if original is None or getattr(original, "__tpu_nb_hook__", None) is self:
             return
         wrapper = make(original)
-        wrapper.__tpu_nb_hook__ = True
+        wrapper.__tpu_nb_hook__ = self
         had_own = name in vars(owner)
         setattr(owner, name, wrapper)
         self._restore.append((owner, name, original, had_own))

@@ -235,9 +235,14 @@ class track:
         self._watch = _SyncWatch(xla()) if self._sync else None
         if self._record:
             caller = None if self._code else sys._getframe(1)
-            self._recorder = provenance.Recorder(root_codes=self._code, root_frame=caller,
-                                                 log=self._log).start()
-            self._report.anatomy = anatomy.Collector().start(self._recorder)
+            recorder = provenance.Recorder(root_codes=self._code, root_frame=caller,
+                                           log=self._log).start()
+            try:
+                self._report.anatomy = anatomy.Collector().start(recorder)
+            except BaseException:           # never leave the hooks installed
+                recorder.stop()
+                raise
+            self._recorder = recorder
         self._before = snapshot()
         self._start = time.perf_counter()
         return self._report
