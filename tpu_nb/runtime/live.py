@@ -406,7 +406,12 @@ class SyncProbe:
 
             # What the sync is about to run, as far as the calling frame's variables reach
             # (bounded walk: modules, optimizers, containers).
-            captured = pending_graph(frame.f_locals, frame.f_globals, hlo=False, max_items=20_000)
+            # Newest variables first: a notebook's namespace holds much else, which could use
+            # up the walk's budget before it reaches the loop's tensors.
+            spaces = [frame.f_locals] if frame.f_locals is frame.f_globals else [
+                frame.f_locals, frame.f_globals]
+            newest = [dict(reversed(list(space.items()))) for space in spaces]
+            captured = pending_graph(*newest, hlo=False, max_items=20_000)
             if captured is not None:
                 kept = self._graphs[site]
                 if not kept or kept[-1].hash != captured.hash:

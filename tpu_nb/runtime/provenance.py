@@ -450,7 +450,8 @@ class Recorder:
             self._capture_next.discard(key)
             self._captured_here[key] = taken + 1
             start = time.perf_counter()
-            graph = _capture_tensor(tensor) if tensor is not None else _capture_pending(root)
+            graph = _capture_tensor(tensor) if tensor is not None else \
+                _capture_pending(root, self._names)
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
             line_graphs.note(key, graph)
@@ -521,15 +522,21 @@ force_capture: set[tuple[str, int]] = set()
 _by_own_hash: OrderedDict[str, Any] = OrderedDict()
 
 
-def _capture_pending(frame):
-    """The pending graph of the XLA tensors the frame's variables reach (bounded walk)."""
+def _capture_pending(frame, names: tuple = ()):
+    """The pending graph of the XLA tensors the frame's variables reach (bounded walk): the
+    variables the tracked code names first (a notebook's namespace holds much else, which
+    could use up the walk's budget before reaching them), then the rest, newest first."""
     import torch
 
     from tpu_nb.runtime.graph import _walk_limited, is_pending
 
     found: dict[int, Any] = {}
     budget = [20_000]
-    for namespace in (frame.f_locals, frame.f_globals):
+    spaces = [frame.f_locals] if frame.f_locals is frame.f_globals else \
+        [frame.f_locals, frame.f_globals]
+    named = {n: space[n] for space in spaces for n in names if n in space}
+    rest = [dict(reversed(list(space.items()))) for space in spaces]
+    for namespace in (named, *rest):
         for t in _walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
             if id(t) not in found and is_pending(t):
                 found[id(t)] = t
