@@ -293,8 +293,10 @@ def test_dashboard_polls_in_a_thread_joined_on_exit_and_prints_nothing(capfd):
     assert dash.state.steps > 0 and dash.state.steps == dash.state.metrics.syncs
     assert repr(dash) == dash.summary() and dash.summary().startswith(
         f"XLA dashboard (finished): {dash.state.steps} steps")
+    # Nothing from the thread; the final view is shown once, from this thread, when an
+    # IPython shell exists in the process (another test module's), else nowhere.
     out, err = capfd.readouterr()
-    assert out == "" and err == ""
+    assert out in ("", f"{dash!r}\n") and err == ""
 
 
 @pytest.mark.parametrize("error, status", [(ValueError("bad"), "failed: ValueError"),
@@ -328,7 +330,7 @@ def test_a_failing_poll_stops_updates_and_is_reported_not_printed(capfd):
     assert "the dashboard stopped updating: RuntimeError" in dash.summary()
     assert "counter read failed" in dash._repr_html_()
     out, err = capfd.readouterr()
-    assert out == "" and err == ""
+    assert out in ("", f"{dash!r}\n") and err == ""
 
 
 def test_options_are_checked_with_the_fix():

@@ -406,12 +406,16 @@ class SyncProbe:
 
             # What the sync is about to run, as far as the calling frame's variables reach
             # (bounded walk: modules, optimizers, containers).
-            # Newest variables first: a notebook's namespace holds much else, which could use
-            # up the walk's budget before it reaches the loop's tensors.
+            # The names the syncing code uses first, then the rest newest first: a notebook's
+            # namespace holds much else, which could use up the walk's budget before it
+            # reaches the loop's tensors.
             spaces = [frame.f_locals] if frame.f_locals is frame.f_globals else [
                 frame.f_locals, frame.f_globals]
+            code = frame.f_code
+            names = (*code.co_varnames, *code.co_names)
+            named = {n: space[n] for space in spaces for n in names if n in space}
             newest = [dict(reversed(list(space.items()))) for space in spaces]
-            captured = pending_graph(*newest, hlo=False, max_items=20_000)
+            captured = pending_graph(named, *newest, hlo=False, max_items=20_000)
             if captured is not None:
                 kept = self._graphs[site]
                 if not kept or kept[-1].hash != captured.hash:
