@@ -66,8 +66,9 @@ def _report_view():
 
     filename = str(ROOT / "tests" / "artifacts" / "views_cell.py")     # the "cell"'s file
     scope = {"torch_xla": torch_xla, "dev": tpu_nb.device()}
-    with tpu_nb.track("In[7]") as report:
-        exec(compile(CELL, filename, "exec"), scope)
+    code = compile(CELL, filename, "exec")       # the cell's own code, as %%on_tpu passes it
+    with tpu_nb.track("In[7]", code=(code,)) as report:
+        exec(code, scope)
     return RunView(report, attribute(report, CELL, filename), label="In[7]", source=CELL)
 
 
