@@ -4,7 +4,6 @@ Marked `stack`: runs with the current ipywidgets 8 / IPython 9 and again with Co
 ipywidgets 7.7.1 / IPython 7.34. Real kernels and comms: test_dashboard_kernel.py.
 """
 
-import os
 import re
 import threading
 import time
