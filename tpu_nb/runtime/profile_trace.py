@@ -99,7 +99,7 @@ class profile:
         self._tracing = False
         self._recorder = None
 
-    def __enter__(self) -> "profile":
+    def __enter__(self) -> profile:
         import torch_xla.debug.profiler as xp
 
         from tpu_nb.runtime import anatomy
