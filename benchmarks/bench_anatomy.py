@@ -1,6 +1,6 @@
 """What the step anatomy costs (issue 14), measured side by side in one run.
 
-While a run is tracked, tpu_nb.runtime.anatomy.Collector records three timestamps per sync and
+While a run is tracked, tpu_nb.runtime.tracking._anatomy.Collector records three timestamps per sync and
 per value read (through provenance.Recorder's hooks), wraps the data loaders' __next__, reads
 the runtime's sample buffers every 48 syncs and reads, and builds the per-step records when
 the run ends. Target: <= 1 % of a ~1 ms step, <= 10 us per sync.
@@ -108,7 +108,7 @@ def main() -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     import tpu_nb
-    from tpu_nb.runtime import anatomy
+    from tpu_nb.runtime.tracking import _anatomy as anatomy
 
     tpu_nb.setup("cpu")
     dev = torch_xla.device()

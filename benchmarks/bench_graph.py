@@ -3,7 +3,7 @@
 On the same graphs, in one run:
   - a 2-layer MLP training step and a transformer-block training step (real IR graphs traced
     on XLA:CPU, source locations on), and a synthetic 20,000-node training-step graph
-    (`tpu_nb.runtime.graph.synthetic_ir`); `--deep` adds real 2- and 40-block transformer
+    (`graph_fixtures.synthetic_ir`); `--deep` adds real 2- and 40-block transformer
     steps (about 1,000 and 21,000 nodes);
   - ours, every node drawn (`render_svg` with no grouping): what dot does;
   - ours, the summary a notebook shows (`render_html`: groups above 500 nodes, panels);
@@ -11,7 +11,7 @@ On the same graphs, in one run:
     real graphs, `Graph.to_dot()` (the same form) for the synthetic one; with a timeout.
 Times are CPU seconds (ours: this process; dot: its child process), so other load on the
 machine does not skew the ratio; dot's timeout is wall time, and its memory is capped.
-Crossings of both drawings are counted by one function (graph_layout.count_crossings): each
+Crossings of both drawings are counted by one function (graph_fixtures.count_crossings): each
 edge is cut at every rank; two edges cross where their left-to-right order flips between
 adjacent ranks. dot's edges are its SVG splines, sampled; both sides' edges start and end at
 node centres.
@@ -99,7 +99,9 @@ def transformer_step(blocks: int = 1):
 
 
 def synthetic(nodes: int = 20_000):
-    from tpu_nb.runtime.graph import Graph, synthetic_ir
+    from graph_fixtures import synthetic_ir
+
+    from tpu_nb.runtime.graph import Graph
 
     g = Graph.from_ir_text(synthetic_ir(nodes))
     return g, g.to_dot()
@@ -110,7 +112,8 @@ def synthetic(nodes: int = 20_000):
 
 def ours_full(graph):
     """Layout + SVG of every node (no grouping), and the crossings of that drawing."""
-    from tpu_nb.display.graph_layout import count_crossings
+    from graph_fixtures import count_crossings
+
     from tpu_nb.display.graph_view import layout, render_svg
 
     budget = len(graph.nodes) + 1
@@ -206,7 +209,7 @@ def _bezier(points, steps: int = 8):
 
 def dot_crossings(svg_text: str) -> int:
     """Crossings of dot's drawing: node centres from its SVG, edges from its splines."""
-    from tpu_nb.display.graph_layout import count_crossings
+    from graph_fixtures import count_crossings
 
     root = ET.fromstring(svg_text)
     centres, routes, seen = {}, [], set()

@@ -13,14 +13,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import textwrap
-from datetime import datetime, timezone
 from pathlib import Path
 
 from jupyter_client.manager import start_new_kernel

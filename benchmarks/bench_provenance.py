@@ -402,7 +402,7 @@ def bench_capture_gpt2(dev) -> None:
     import torch
     import torch_xla
 
-    from tpu_nb.runtime import provenance
+    from tpu_nb.runtime.tracking import _provenance as provenance
 
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -450,7 +450,7 @@ def bench_capture_gpt2(dev) -> None:
 def bench_factories(dev) -> None:
     import torch
 
-    from tpu_nb.runtime.defaults import default_device
+    from tpu_nb.runtime.environment import default_device
 
     lib = _library()
 

@@ -19,7 +19,7 @@ from IPython.core.error import UsageError
 
 import tpu_nb
 from tpu_nb.display.dashboard import Dashboard
-from tpu_nb.runtime.device import MAX_CPU_DEVICES
+from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
 
 pytestmark = pytest.mark.stack
@@ -252,7 +252,7 @@ def test_cache_dir_not_writable_by_this_user(py, other_user):  # noqa: F811 (fix
     out = py(f"""
         import os
         import tpu_nb
-        from tpu_nb.runtime.configure import setup
+        from tpu_nb.runtime.environment import setup
         os.setgid({gid}); os.setuid({uid})
         try:
             setup("cpu", cache_dir={str(tmp_path / "cache")!r})

@@ -8,18 +8,18 @@ scenario with real compiles runs in a fresh process.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from tpu_nb.runtime.compile_log import MAX_EVENTS, CompileLog
+from tpu_nb.runtime.metrics import CompileLog
+from tpu_nb.runtime.metrics._compile_log import MAX_EVENTS
 
 pytestmark = pytest.mark.timeout(240)
 
 # A "cell": compiles `n` graphs never seen before (a new shape each), tracked like %%on_tpu.
 PRELUDE = """
 import json, os, shutil, stat, tpu_nb, torch, torch_xla
-from tpu_nb.runtime.compile_log import compile_log
+from tpu_nb.runtime.metrics import compile_log
 tpu_nb.setup("cpu")
 dev = torch_xla.device()
 shape = [2]
@@ -112,7 +112,7 @@ def real_blocks(tmp_path_factory):
     import torch
     import torch_xla
 
-    from tpu_nb.runtime.compile_log import compile_log
+    from tpu_nb.runtime.metrics import compile_log
 
     log = compile_log()
     start = log.size()

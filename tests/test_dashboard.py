@@ -12,16 +12,15 @@ import pytest
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
+from conftest import line_of
 
 import tpu_nb
-from conftest import line_of
 from tpu_nb.display import dashboard as D
-from tpu_nb.runtime.compile_log import CompileEvent, Frame
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.live import (LiveMonitor, StepClock, describe_difference, percentile,
-                                 place_text)
-
-
+from tpu_nb.runtime.live import LiveMonitor
+from tpu_nb.runtime.live._monitor import StepClock, percentile
+from tpu_nb.runtime.metrics import CompileEvent, Frame, describe_difference
+from tpu_nb.runtime.sources import place_text
 
 
 def _mlp_step(width=48):
@@ -371,7 +370,7 @@ def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no
 
 
 def test_device_memory_figures_from_torch_xla_info_shapes():
-    from tpu_nb.runtime.live import _memory_figures
+    from tpu_nb.runtime.live._monitor import _memory_figures
 
     assert _memory_figures({"bytes_used": 10, "bytes_limit": 100, "peak_bytes_used": 50}) == \
         (10, 100, 50)

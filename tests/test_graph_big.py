@@ -5,10 +5,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tpu_nb.display.graph_layout import count_crossings, layered_layout
+from benchmarks.graph_fixtures import count_crossings, synthetic_ir
+from tpu_nb.display.graph_layout import layered_layout
 from tpu_nb.display.graph_view import GraphView, render_html, render_svg
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.graph import NODE_BUDGET, Graph, synthetic_ir
+from tpu_nb.runtime.graph import NODE_BUDGET, Graph
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_nb.runtime.device import MAX_CPU_DEVICES
+from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.launch import launch
 

@@ -46,3 +46,156 @@ def test_display_never_imports_the_extension():
         for name in _imports(path):
             assert not name.startswith("tpu_nb.ipython"), f"{path.name} imports {name}"
             assert not name.startswith("IPython.core.magic"), f"{path.name} imports {name}"
+
+
+# -- no import cycles --------------------------------------------------------------------------
+#
+# Every import counts, also those inside functions (a function-level import that closes a
+# cycle only hides it until the function runs); imports under `if TYPE_CHECKING:` do not (they
+# never run). A package's own `__init__` importing its modules is not a cycle.
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _runtime_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The tpu_nb modules `name` imports when its code runs (TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            submodules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            targets = submodules if len(submodules) == len(node.names) else [base, *submodules]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # tpu_nb.x.y.Name -> tpu_nb.x.y
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {name: _runtime_imports(name, path, modules) for name, path in modules.items()}
+    for name in graph:  # a package importing its own modules is how a package is built
+        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+    return graph
+
+
+def test_no_module_imports_in_a_cycle():
+    assert _cycles(_import_graph()) == []
+
+
+def test_runtime_packages_import_each_other_in_one_order():
+    """Above the foundations, each runtime package imports only packages listed before it."""
+    order = ["environment", "metrics", "graph", "tracking", "live", "launch"]
+    base = ("tpu_nb.runtime.errors", "tpu_nb.runtime.units", "tpu_nb.runtime.sources")
+    for name, targets in _import_graph().items():
+        if not name.startswith("tpu_nb.runtime.") or name in base:
+            continue
+        own = name.split(".")[2]
+        for target in targets:
+            if target in base or not target.startswith("tpu_nb.runtime."):
+                continue
+            other = target.split(".")[2]
+            assert order.index(other) <= order.index(own), f"{name} imports {target}"
+
+
+def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
+    # _xla as if it imported track() inside a function: _report imports _xla at its top.
+    module = tmp_path / "_xla.py"
+    module.write_text("def f():\n    from tpu_nb.runtime.tracking._report import track\n")
+    graph = _import_graph()
+    name = "tpu_nb.runtime.environment._xla"
+    graph[name] = _runtime_imports(name, module, _modules())
+    assert any(name in cycle for cycle in _cycles(graph))
+    typing_only = tmp_path / "_typing.py"
+    typing_only.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                           "    from tpu_nb.runtime.tracking._report import track\n")
+    graph[name] = _runtime_imports(name, typing_only, _modules())
+    assert _cycles(graph) == []
+
+
+def test_benchmark_only_code_is_not_shipped():
+    shipped = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+    for name in ("def synthetic_ir", "def count_crossings"):
+        assert name not in shipped
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """`from x import _name` across modules hides a helper where it does not belong (a
+    sub-package's private modules, `from pkg import _module`, are how packages are built)."""
+    modules = _modules()
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tpu_nb"):
+                for alias in node.names:
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and f"{node.module}.{alias.name}" not in modules:
+                        raise AssertionError(f"{name} imports {alias.name} from {node.module}")

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from tpu_nb.runtime import legacy
+from tpu_nb.runtime.environment import _legacy as legacy
 
 
 @pytest.mark.parametrize("key", sorted(legacy.REMOVED))
@@ -54,7 +54,7 @@ def test_removed_name_in_a_cell_says_its_replacement(shell):
 def test_import_after_install_is_patched(py):
     out = py("""
         import sys
-        from tpu_nb.runtime import legacy
+        from tpu_nb.runtime.environment import _legacy as legacy
         legacy.install()
         import torch_xla.core.xla_model as xm
         try:
@@ -75,7 +75,7 @@ def test_spawn_after_the_runtime_started_points_to_launch(py):
     # The classic notebook failure: xmp.spawn once the kernel has touched XLA.
     out = py(
         """
-        from tpu_nb.runtime import legacy
+        from tpu_nb.runtime.environment import _legacy as legacy
         legacy.install()
         import torch, torch_xla
         import torch_xla.distributed.xla_multiprocessing as xmp

@@ -26,7 +26,7 @@ import torch_xla.debug.metrics as met
 
 from tpu_nb.display.reports import RunView
 from tpu_nb.ipython import magics
-from tpu_nb.runtime.attribution import LineFinding
+from tpu_nb.runtime.tracking import LineFinding
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 

@@ -12,9 +12,8 @@ from html.parser import HTMLParser
 import pytest
 
 from tpu_nb.display.reports import EnvironmentView, RunView, group_findings
-from tpu_nb.runtime.attribution import LineFinding
 from tpu_nb.runtime.metrics import MetricsDelta
-from tpu_nb.runtime.tracking import RunReport
+from tpu_nb.runtime.tracking import LineFinding, RunReport
 from tpu_nb.runtime.units import format_seconds
 
 SOURCE = ("import torch\n"

@@ -15,7 +15,7 @@ import torch_xla
 from torch.utils.data import DataLoader, Dataset
 
 import tpu_nb
-from tpu_nb.runtime.anatomy import Anatomy, StepRecord
+from tpu_nb.runtime.tracking import Anatomy, StepRecord
 
 DELAY = 0.03          # the sleeping loader's wait per batch
 READS = 40            # value reads per step of the read-bound loop
@@ -303,7 +303,7 @@ def test_view_draws_host_and_device_spans_and_escapes_every_string():
     import dataclasses
     import re
 
-    from tpu_nb.display.anatomy_view import AnatomyView, SHOWN_STEPS
+    from tpu_nb.display.anatomy_view import SHOWN_STEPS, AnatomyView
 
     report, a = _tracked(_read_loop, steps=6)
     html = AnatomyView(a)._repr_html_()
@@ -321,7 +321,7 @@ def test_view_draws_host_and_device_spans_and_escapes_every_string():
 
 
 def test_dashboard_shows_the_running_steps_and_keeps_the_last_run():
-    from tpu_nb.runtime import anatomy
+    from tpu_nb.runtime.tracking import _anatomy as anatomy
 
     seen = []
     with tpu_nb.Dashboard(widgets=False, refresh=0.2) as dash:
@@ -337,7 +337,7 @@ def test_dashboard_shows_the_running_steps_and_keeps_the_last_run():
 
 
 def test_a_long_run_keeps_its_last_steps_numbered_from_the_start(monkeypatch):
-    from tpu_nb.runtime import anatomy
+    from tpu_nb.runtime.tracking import _anatomy as anatomy
 
     monkeypatch.setattr(anatomy, "_MAX_STEPS", 10)
     with tpu_nb.track() as report:
@@ -355,7 +355,7 @@ def test_a_long_run_keeps_its_last_steps_numbered_from_the_start(monkeypatch):
 
 _PROFILE_N_STEPS = '''
 import json, torch, torch_xla, tpu_nb
-from tpu_nb.runtime.profile_trace import profile
+from tpu_nb.runtime.tracking import profile
 from tpu_nb.display.profile_view import TraceView
 
 tpu_nb.setup("cpu")
@@ -384,7 +384,7 @@ def test_profile_of_n_steps_is_drawn_without_tensorboard(py):
 
 def test_profile_steps_outside_a_tracked_run_says_the_fix():
     from tpu_nb.runtime.errors import TpuNbError
-    from tpu_nb.runtime.profile_trace import profile
+    from tpu_nb.runtime.tracking import profile
 
     with pytest.raises(TpuNbError, match="Fix: use it inside %%on_tpu"):
         with profile(steps=2):
@@ -430,7 +430,7 @@ def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
 
 
 def test_a_run_tracked_inside_another_leaves_the_outer_one_whole():
-    from tpu_nb.runtime import anatomy
+    from tpu_nb.runtime.tracking import _anatomy as anatomy
 
     x = torch.ones(4, device=torch_xla.device())
     with tpu_nb.track() as outer:

@@ -188,8 +188,9 @@ def test_a_third_graph_after_a_warm_up_is_a_recompilation():
 
 
 def test_reset_metrics_forgets_tpu_nb_history_too():
-    from tpu_nb.runtime import provenance, tracking
     from tpu_nb.runtime.metrics import reset_metrics
+    from tpu_nb.runtime.tracking import _provenance as provenance
+    from tpu_nb.runtime.tracking import _report as tracking
 
     dev = tpu_nb.device()
     with tpu_nb.track():

@@ -3,7 +3,8 @@ installed, and the silent fallbacks leaving a trace under the `tpu_nb` logger.""
 
 import pytest
 
-from tpu_nb.runtime.environment import _release, _same_release, chip_generation
+from tpu_nb.runtime.environment import chip_generation
+from tpu_nb.runtime.environment._detect import _release, _same_release
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
@@ -62,7 +61,7 @@ def _report_view():
 
     import tpu_nb
     from tpu_nb.display.reports import RunView
-    from tpu_nb.runtime.attribution import attribute
+    from tpu_nb.runtime.tracking._attribution import attribute
 
     filename = str(ROOT / "tests" / "artifacts" / "views_cell.py")     # the "cell"'s file
     scope = {"torch_xla": torch_xla, "dev": tpu_nb.device()}

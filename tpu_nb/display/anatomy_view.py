@@ -12,8 +12,8 @@ from __future__ import annotations
 from html import escape
 
 from tpu_nb.display import style
-from tpu_nb.runtime import anatomy as _anatomy
-from tpu_nb.runtime.anatomy import HOST_PARTS, Anatomy
+from tpu_nb.runtime.tracking import HOST_PARTS, Anatomy
+from tpu_nb.runtime.tracking import _anatomy as _anatomy
 from tpu_nb.runtime.units import format_seconds
 
 # What each part is called on screen, and its colour (a palette colour: light and dark sets).

@@ -18,7 +18,8 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
-from tpu_nb.runtime.live import LiveCompile, StepPoint, place_text
+from tpu_nb.runtime.live import LiveCompile, StepPoint
+from tpu_nb.runtime.sources import place_text
 
 # Drawn at twice the pixels they are shown at: sharp on HiDPI screens. At 160 dpi shown at
 # half size, one point is 1.11 CSS pixels: 9-point labels are 10 px on screen.

@@ -30,10 +30,11 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.display.anatomy_view import panel_html as anatomy_panel_html
-from tpu_nb.display.reports import _seconds
-from tpu_nb.runtime.attribution import HOST_READ_HINT, fallback_hint
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.live import LiveMonitor, LiveState, place_text
+from tpu_nb.runtime.live import LiveMonitor, LiveState
+from tpu_nb.runtime.sources import place_text
+from tpu_nb.runtime.tracking import HOST_READ_HINT, fallback_hint
+from tpu_nb.runtime.units import format_seconds
 
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # Charts may take at most this share of wall time: after a costly draw (a full redraw when
@@ -256,7 +257,7 @@ class Dashboard:
         if error is None:
             self.status = "finished"
             try:
-                from tpu_nb.runtime._xla import wait_device_ops
+                from tpu_nb.runtime.environment import wait_device_ops
 
                 wait_device_ops()              # the last executions' times are then recorded
             except Exception:
@@ -616,9 +617,9 @@ def header_html(state: LiveState | None, status: str, title: str,
     recompiled = state is not None and state.alerts
     alert = (f" <b style='color:{_RED}'>{'RECOMPILING' if running else 'RECOMPILED'}</b>"
              if recompiled else "")
-    counted = (f"sync <span class='tpunb-steps'>{steps}</span> · {_seconds(elapsed)}"
+    counted = (f"sync <span class='tpunb-steps'>{steps}</span> · {format_seconds(elapsed)}"
                if running else
-               f"<span class='tpunb-steps'>{steps}</span> syncs in {_seconds(elapsed)}")
+               f"<span class='tpunb-steps'>{steps}</span> syncs in {format_seconds(elapsed)}")
     return (f"{style.STYLE}<div class='tpunb' style='{style.ROOT}'><b>{escape(title)}</b> "
             f"<span style='color:{colour}' class='tpunb-status'>{escape(status)}</span> · "
             f"{counted}{alert}</div>")
@@ -646,12 +647,12 @@ def compile_html(state: LiveState | None, final: bool = False) -> str:
     if state is None:
         return _panel("Compiles", "-", height=_TOP_HEIGHT)
     m = state.metrics
-    head = (f"graphs compiled <b>{m.compiles}</b> ({_seconds(m.compile_seconds)}) · "
+    head = (f"graphs compiled <b>{m.compiles}</b> ({format_seconds(m.compile_seconds)}) · "
             f"cache hits <b>{m.cache_hits}</b>")
     rows = []
     shown = _SHOWN_EVENTS if final else _SHOWN_LIVE
     for c in reversed(state.compiles[-shown:]):
-        secs = _seconds(c.seconds) if c.seconds is not None else "compiling"
+        secs = format_seconds(c.seconds) if c.seconds is not None else "compiling"
         if c.event is None:
             rows.append(_row(f"#{c.index}", "cause unknown", "", "", secs))
             continue
@@ -702,8 +703,8 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
     m = state.metrics
     if state.step_median is not None:
         measured = "" if final else f", {state.steps_measured} measured"
-        steps = (f"step time median <b>{_seconds(state.step_median)}</b> · p90 "
-                 f"<b>{_seconds(state.step_p90)}</b><br><span style='color:{_GREY}'>"
+        steps = (f"step time median <b>{format_seconds(state.step_median)}</b> · p90 "
+                 f"<b>{format_seconds(state.step_p90)}</b><br><span style='color:{_GREY}'>"
                  f"device-synced: between step completions{measured}</span>")
     else:
         steps = (f"<span style='color:{_GREY}'>step time: no step completed"
@@ -715,7 +716,7 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
             "end of a cell'>(torch_xla.sync calls: one per training step)</span><br>"
             f"executions <b>{m.executions}</b> · {_rate(rate)}"
             f"{' on average' if final else ''}<br>{steps}<br>"
-            f"on device {_seconds(m.execute_seconds)}")
+            f"on device {format_seconds(m.execute_seconds)}")
     return _panel("Execution", body, height=_TOP_HEIGHT)
 
 
@@ -723,8 +724,8 @@ def transfers_html(state: LiveState | None) -> str:
     if state is None:
         return _panel("Transfers", "-", height=_TOP_HEIGHT)
     m = state.metrics
-    body = (f"to device <b>{m.to_device_transfers}</b> ({_seconds(m.to_device_seconds)})<br>"
-            f"to host <b>{m.from_device_transfers}</b> ({_seconds(m.from_device_seconds)})")
+    body = (f"to device <b>{m.to_device_transfers}</b> ({format_seconds(m.to_device_seconds)})<br>"
+            f"to host <b>{m.from_device_transfers}</b> ({format_seconds(m.from_device_seconds)})")
     return _panel("Transfers", body, height=_TOP_HEIGHT)
 
 

@@ -13,8 +13,8 @@ of thousands of nodes in seconds:
      (isotonic regression with minimum gaps, pool-adjacent-violators), sweeping down and up;
      virtual nodes weigh more, which keeps long edges straight;
   6. y: layer by layer, tall enough for the tallest box.
-`count_crossings` counts crossings of any layered drawing the same way, so a benchmark can
-compare this layout with dot's output on equal terms.
+(benchmarks/graph_fixtures.py counts crossings of any layered drawing the same way, so a
+benchmark can compare this layout with dot's output on equal terms.)
 """
 
 from __future__ import annotations
@@ -421,80 +421,6 @@ def count_layer_crossings(net: _Layered) -> int:
         total += _inversions(sequence, len(net.layers[r + 1]))
     return total
 
-
-def count_crossings(routes: Sequence[Sequence[Point]], levels: Sequence[float]) -> int:
-    """Edge crossings of any top-to-bottom drawing, counted the same way for every layout.
-
-    `routes` are polylines from the centre of an edge's source node to the centre of its
-    target (splines: sampled points); `levels` are the y of the node ranks. Between two
-    adjacent levels, two routes cross when their left-to-right order at the upper level is the
-    reverse of their order at the lower one. Routes that meet at a point there (the edges of
-    one node) do not count. Uses numpy: a 20,000-node drawing has millions of route pieces.
-    """
-    import numpy as np
-
-    lv = np.unique(np.asarray(levels, dtype=float))
-    segments = [seg for route in routes for seg in _level_segments(route, lv)]
-    if not segments:
-        return 0
-    seg = np.asarray(segments, dtype=float)
-    x0, y0, x1, y1 = seg.T
-    first = np.searchsorted(lv, y0 - 1e-6)                 # first level at or below the top
-    last = np.searchsorted(lv, y1 + 1e-6, side="right") - 1
-    total = 0
-    for i in range(len(lv) - 1):
-        active = np.flatnonzero((first <= i) & (last >= i + 1))
-        if len(active) < 2:
-            continue
-        slope = (x1[active] - x0[active]) / (y1[active] - y0[active])
-        top = np.round(x0[active] + slope * (lv[i] - y0[active]), 3)
-        bottom = np.round(x0[active] + slope * (lv[i + 1] - y0[active]), 3)
-        order = np.lexsort((bottom, top))
-        total += _strict_inversions(np.unique(bottom, return_inverse=True)[1][order])
-    return int(total)
-
-
-def _level_segments(route: Sequence[Point], lv) -> list[tuple[float, float, float, float]]:
-    """The route as (x0, y0, x1, y1) pieces, top to bottom, whose ends lie on levels: as is
-    when its points do (a layout's virtual nodes); else x at every level it spans (a spline
-    sampled between levels), since only the order at the levels counts."""
-    import numpy as np
-
-    pts = sorted(route, key=lambda p: p[1]) if route[0][1] > route[-1][1] else list(route)
-    ys = np.array([p[1] for p in pts])
-    on_level = np.abs(lv[np.clip(np.searchsorted(lv, ys), 0, len(lv) - 1)] - ys) < 1e-6
-    if on_level.all():
-        return [(x0, y0, x1, y1) for (x0, y0), (x1, y1) in zip(pts, pts[1:]) if y1 > y0]
-    inside = lv[(lv >= ys[0] - 1e-6) & (lv <= ys[-1] + 1e-6)]
-    xs = np.interp(inside, ys, [p[0] for p in pts])
-    return [(xs[i], inside[i], xs[i + 1], inside[i + 1]) for i in range(len(inside) - 1)]
-
-
-def _strict_inversions(values) -> int:
-    """Pairs i < j with values[i] > values[j] (integers), by bottom-up merge counting."""
-    import numpy as np
-
-    a = np.asarray(values, dtype=np.int64).ravel()
-    n, span, total = len(a), 1, 0
-    scale = int(a.max()) + 1 if n else 1
-    while span < n:
-        block = np.arange(n) // (2 * span)
-        right = (np.arange(n) // span) % 2 == 1
-        keys = block * scale + a                   # each block pair sorted in isolation
-        left_keys = np.where(right, -1, keys)
-        left_sorted = np.sort(left_keys[left_keys >= 0])
-        r_keys = keys[right]
-        # left elements in the same block pair that are greater than each right element
-        greater = (np.searchsorted(left_sorted, block[right] * scale + scale - 1, side="right")
-                   - np.searchsorted(left_sorted, r_keys, side="right"))
-        total += int(greater.sum())
-        order = np.argsort(keys, kind="stable")
-        a = a[order]
-        span *= 2
-    return total
-
-
-# -- 5. x positions ------------------------------------------------------------------------
 
 def _x_positions(net: _Layered, widths: list[float], node_gap: float) -> list[float]:
     x = [0.0] * net.size

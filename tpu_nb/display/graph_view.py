@@ -3,7 +3,7 @@
 The HTML needs no JavaScript and no server, so it renders the same in Colab, JupyterLab,
 nbviewer and an exported notebook: an inline SVG (hover a box or an edge: its `<title>` is the
 tooltip), a legend, and `<details>` panels with the group list, the IR text and the HLO.
-Graphs above the node budget are drawn as groups (tpu_nb.runtime.graph_groups); `expand`
+Graphs above the node budget are drawn as groups (tpu_nb.runtime.graph._groups); `expand`
 shows named groups node by node. Every string from user code (file and function names, ops,
 scopes) is escaped before it reaches SVG or HTML.
 
@@ -23,9 +23,17 @@ from typing import Callable, Iterable
 
 from tpu_nb.display import style
 from tpu_nb.display.graph_layout import Layout, layered_layout
-from tpu_nb.runtime.graph import KINDS, NODE_BUDGET, Graph, gc_paused
-from tpu_nb.runtime.graph_diff import GraphDiff
-from tpu_nb.runtime.graph_groups import Group, GroupedGraph, group_graph, shown_location
+from tpu_nb.runtime.graph import (
+    KINDS,
+    NODE_BUDGET,
+    Graph,
+    GraphDiff,
+    Group,
+    GroupedGraph,
+    gc_paused,
+    group_graph,
+    shown_location,
+)
 
 # fill, stroke per kind; CPU fallbacks and changed nodes stand out.
 COLOURS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 
 from tpu_nb.display import style
-from tpu_nb.runtime.profile_trace import ProfileTrace
+from tpu_nb.runtime.tracking import ProfileTrace
 from tpu_nb.runtime.units import format_seconds
 
 MAX_SPANS = 3000             # spans drawn (the longest); a tooltip says how many were left out

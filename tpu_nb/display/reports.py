@@ -10,18 +10,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 
-from tpu_nb.runtime.attribution import LineFinding
+from tpu_nb.display.style import (
+    ACCENT,
+    CODE,
+    MARK_BG,
+    MUTED,
+    NOWRAP,
+    OK,
+    PRE,
+    RED,
+    WARN,
+    root,
+    span,
+    table,
+)
 from tpu_nb.runtime.environment import Environment
-from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot
-from tpu_nb.runtime.timing import DeviceTiming
-from tpu_nb.runtime.tracking import RunReport
-
-from tpu_nb.display.style import (ACCENT, CODE, MARK_BG, MUTED, NOWRAP, OK, PRE, RED, WARN,
-                                  root, span, table)
+from tpu_nb.runtime.metrics import DeviceTiming, MetricsDelta, MetricsSnapshot
+from tpu_nb.runtime.tracking import LineFinding, RunReport
 from tpu_nb.runtime.units import format_seconds
-
-_seconds = format_seconds          # the one time format (µs, ms, s), also for the dashboard
-
 
 # -- environment ------------------------------------------------------------------------------
 
@@ -404,7 +410,7 @@ class MetricsView:
         snap = self.full
         rows = [(name, str(value), "counter") for name, value in sorted(snap.counters.items())]
         for name, (samples, total) in sorted(snap.metrics.items()):
-            shown = _seconds(total / 1e9) if name.endswith("Time") else f"{total:g}"
+            shown = format_seconds(total / 1e9) if name.endswith("Time") else f"{total:g}"
             rows.append((name, f"{samples} samples", f"total {shown}"))
         return rows
 
@@ -467,7 +473,7 @@ class CellsView:
                         str(d.host_reads),
                         ", ".join(f"{op}×{n}" for op, n in sorted(d.fallbacks.items()))
                         or "-", code,
-                        f"{_seconds(d.compile_seconds)} / {_seconds(d.execute_seconds)}"))
+                        f"{format_seconds(d.compile_seconds)} / {format_seconds(d.execute_seconds)}"))
         return out
 
     def __repr__(self) -> str:

@@ -94,7 +94,7 @@ class CellWatcher:
 def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
     if "torch_xla" not in sys.modules:
         return None
-    from tpu_nb.runtime._xla import wait_device_ops
+    from tpu_nb.runtime.environment import wait_device_ops
     from tpu_nb.runtime.metrics import snapshot
 
     try:
@@ -127,7 +127,7 @@ def _register_formatters(shell, state: _Loaded) -> None:
     from tpu_nb.display.reports import EnvironmentView, RunView, TimingView
     from tpu_nb.runtime.environment import Environment
     from tpu_nb.runtime.launch import LaunchResult
-    from tpu_nb.runtime.timing import DeviceTiming
+    from tpu_nb.runtime.metrics import DeviceTiming
     from tpu_nb.runtime.tracking import RunReport
 
     html = shell.display_formatter.formatters["text/html"]
@@ -181,7 +181,7 @@ def load_ipython_extension(shell) -> None:
 
     state.namer = magics._cell_name  # findings name cells "In [n]", not temp files
     add_file_namer(state.namer)
-    from tpu_nb.runtime import legacy
+    from tpu_nb.runtime.environment import _legacy as legacy
 
     legacy.install()  # old tutorials' names say their replacement
     state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
@@ -206,7 +206,7 @@ def unload_ipython_extension(shell) -> None:
     from tpu_nb.runtime.sources import remove_file_namer
 
     remove_file_namer(state.namer)
-    from tpu_nb.runtime import legacy
+    from tpu_nb.runtime.environment import _legacy as legacy
 
     legacy.uninstall()
     for fmt in ("text/html", "text/plain"):

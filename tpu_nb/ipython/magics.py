@@ -29,9 +29,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from IPython.utils.process import arg_split
 
-from tpu_nb.runtime.device import MAX_CPU_DEVICES
+from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.timing import MAX_NUMBER, MAX_REPEAT
+from tpu_nb.runtime.metrics import MAX_NUMBER, MAX_REPEAT
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -124,7 +124,7 @@ def _whole_number(text: str) -> int:
 
 def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
     """--spmd's value as (devices, mesh) for spmd_context: "all", or a shape like 4 or 2x2."""
-    from tpu_nb.runtime.spmd import parse_mesh
+    from tpu_nb.runtime.launch import parse_mesh
 
     if mesh in ("all", None, ""):
         return "all", None
@@ -138,7 +138,7 @@ def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
 
 
 def _check_spmd(mesh: str) -> None:
-    from tpu_nb.runtime.spmd import check_spmd
+    from tpu_nb.runtime.launch import check_spmd
 
     with _user_mistake():
         check_spmd(*_spmd_request(mesh))
@@ -148,7 +148,7 @@ def _check_holds_xla_tensor(source: str, value) -> None:
     """%xla_graph EXPR: a value without any XLA tensor is a mistake, not 'nothing pending'."""
     import torch
 
-    from tpu_nb.runtime.graph import _walk_limited
+    from tpu_nb.runtime.graph import walk_limited
 
     if isinstance(value, torch.Tensor) and value.device.type != "xla":
         raise UsageError(
@@ -156,7 +156,7 @@ def _check_holds_xla_tensor(source: str, value) -> None:
             f"(only XLA tensors are lazy). Fix: %xla_graph a tensor on the XLA "
             f"device, e.g. one made with .to(tpu_nb.device())."
         )
-    if next(_walk_limited(value, torch, depth=4, seen=set(), budget=[100_000]), None) is None:
+    if next(walk_limited(value, torch, depth=4, seen=set(), budget=[100_000]), None) is None:
         kind = type(value).__name__
         shown = " ".join(repr(value).split())[:40]  # one line, whatever the repr
         raise UsageError(
@@ -290,7 +290,7 @@ class TpuMagics(Magics):
         if args is None:
             return
         from tpu_nb.runtime import detect, setup
-        from tpu_nb.runtime.install import install_pair
+        from tpu_nb.runtime.environment import install_pair
 
         if args.install:
             status, restart = install_pair(dry_run=args.dry_run)
@@ -418,7 +418,7 @@ class TpuMagics(Magics):
         return result if args.output else None
 
     def _enter_spmd(self, mesh: str) -> None:
-        from tpu_nb.runtime.spmd import spmd_context
+        from tpu_nb.runtime.launch import spmd_context
 
         with _user_mistake():
             spmd = spmd_context(*_spmd_request(mesh))
@@ -426,8 +426,8 @@ class TpuMagics(Magics):
 
     def _run_on_tpu(self, code: _CellCode, args):
         __tracebackhide__ = True  # noqa: F841
-        from tpu_nb.runtime import device
-        from tpu_nb.runtime.session import on_tpu
+        from tpu_nb.runtime.environment import device
+        from tpu_nb.runtime.tracking import on_tpu
 
         with _user_mistake():
             dev = device()
@@ -449,7 +449,7 @@ class TpuMagics(Magics):
                     stack.enter_context(_start_dashboard())
                 report = stack.enter_context(session)
                 if args.profile:  # inside the tracked run: it counts the run's syncs
-                    from tpu_nb.runtime.profile_trace import profile
+                    from tpu_nb.runtime.tracking import profile
 
                     with _user_mistake():
                         capture = stack.enter_context(profile(args.profile))
@@ -581,9 +581,8 @@ class TpuMagics(Magics):
             magic_lines=1 if cell is not None else 0,
             files=self.state.watcher.cell_files,
         )
-        from tpu_nb.runtime import device
-        from tpu_nb.runtime.defaults import default_device
-        from tpu_nb.runtime.timing import time_device
+        from tpu_nb.runtime.environment import default_device, device
+        from tpu_nb.runtime.metrics import time_device
 
         try:
             dev = device()

@@ -19,6 +19,10 @@ import os
 import sys
 import sysconfig
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tpu_nb.runtime.metrics._compile_log import Frame
 
 _TPU_NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 _SITE_NAMES = ("site-packages", "dist-packages")
@@ -147,3 +151,19 @@ def short_path(path: str) -> str:
         if full.startswith(stdlib):
             return full[len(stdlib):]
     return os.path.basename(path)
+
+
+def place_text(frame: Frame | None) -> str:
+    """Where, readably: "cell line 5" for notebook cells, "train.py:12 (step)" elsewhere."""
+    if frame is None:
+        return "outside user code"
+    name = frame.file
+    if "/ipykernel_" in name or name.startswith("<ipython-input") or "/tmp/xpython_" in name:
+        where = f"cell line {frame.line}"
+    else:
+        where = f"{os.path.basename(name)}:{frame.line}"
+    if frame.function not in ("<module>", "<cell line: 0>") and not frame.function.startswith(
+        "<cell line"
+    ):
+        where += f" ({frame.function})"
+    return where

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from tpu_nb.runtime.environment import TORCH_PAIR, detect_accelerator, pair_install_command
+from tpu_nb.runtime.environment._detect import TORCH_PAIR, detect_accelerator, pair_install_command
 
 
 def install_pair(

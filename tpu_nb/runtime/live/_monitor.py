@@ -37,10 +37,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_nb.runtime._xla import xla, xlac
-from tpu_nb.runtime.compile_log import CompileEvent, CompileLog, Frame, _is_library, compile_log
+from tpu_nb.runtime.environment._xla import xla, xlac
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.metrics import MetricsDelta, snapshot
+from tpu_nb.runtime.metrics._compile_log import (
+    CompileEvent,
+    CompileLog,
+    Frame,
+    compile_log,
+    describe_difference,
+)
+from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
+from tpu_nb.runtime.sources import is_library, place_text
 
 _EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
 _RECENT_STEPS = 1024  # step intervals the median and p90 are taken over
@@ -262,58 +269,6 @@ class RecompilationAlert:
         )
 
 
-def place_text(frame: Frame | None) -> str:
-    """Where, readably: "cell line 5" for notebook cells, "train.py:12 (step)" elsewhere."""
-    if frame is None:
-        return "outside user code"
-    name = frame.file
-    if "/ipykernel_" in name or name.startswith("<ipython-input") or "/tmp/xpython_" in name:
-        where = f"cell line {frame.line}"
-    else:
-        where = f"{os.path.basename(name)}:{frame.line}"
-    if frame.function not in ("<module>", "<cell line: 0>") and not frame.function.startswith(
-        "<cell line"
-    ):
-        where += f" ({frame.function})"
-    return where
-
-
-def describe_difference(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
-    """What the compile log says differs between two graphs of one line.
-
-    The log has no ops or shapes, only counts and sizes: this says which kind of change it
-    is. (A captured graph diff, when available, names the op, shape or dtype.)"""
-    lines = []
-    if (before.inputs, before.outputs) != (after.inputs, after.outputs):
-        lines.append(
-            f"graph inputs {before.inputs} -> {after.inputs}, outputs "
-            f"{before.outputs} -> {after.outputs}: the traced program changed (a "
-            "Python branch, new tensors, or state created on the way)"
-        )
-    else:
-        lines.append(
-            f"same number of graph inputs ({after.inputs}) and outputs "
-            f"({after.outputs}): a shape, dtype or Python value inside the graph "
-            "changed"
-        )
-    sizes = []
-    for key in sorted(set(before.sizes_gb) | set(after.sizes_gb)):
-        a, b = before.sizes_gb.get(key), after.sizes_gb.get(key)
-        if a != b:
-            sizes.append(f"{key} {_gb(a)} -> {_gb(b)}")
-    if sizes:
-        lines.append("sizes: " + ", ".join(sizes))
-    if before.cause != after.cause:
-        lines.append(f"cause: {before.cause} -> {after.cause}")
-    if before.graph_name != after.graph_name:
-        lines.append(f"graph name: {before.graph_name} -> {after.graph_name}")
-    return tuple(lines)
-
-
-def _gb(value: float | None) -> str:
-    return "?" if value is None else f"{value:g} GB"
-
-
 def _diff_lines(before, after) -> tuple[str, ...]:
     """What differs between two captured Graphs, via the graph module's diff."""
     diff = after.diff(before)  # Graph.diff: later.diff(earlier)
@@ -393,7 +348,7 @@ class SyncProbe:
     def _capture(self, frame) -> None:
         site = None
         try:
-            while frame is not None and _is_library(frame.f_code.co_filename):
+            while frame is not None and is_library(frame.f_code.co_filename):
                 frame = frame.f_back
             if frame is None:
                 return
@@ -402,7 +357,7 @@ class SyncProbe:
                 return
             start = time.perf_counter()
             self._tries[site] += 1
-            from tpu_nb.runtime.graph import pending_graph
+            from tpu_nb.runtime.graph._capture import pending_graph
 
             # What the sync is about to run, as far as the calling frame's variables reach
             # (bounded walk: modules, optimizers, containers).
@@ -475,7 +430,7 @@ class LiveMonitor:
                 f"alert_graphs must be a whole number of at least 1; got "
                 f"{alert_graphs!r}. Fix: e.g. alert_graphs=3."
             )
-        from tpu_nb.runtime.device import device
+        from tpu_nb.runtime.environment._device import device
 
         self.alert_graphs = alert_graphs
         self._device_memory = DeviceMemory(str(device()))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from contextlib import ExitStack
 
-from tpu_nb.runtime.tracking import RunReport, track
+from tpu_nb.runtime.tracking._report import RunReport, track
 
 
 class on_tpu:
@@ -41,9 +41,9 @@ class on_tpu:
         self._report: RunReport | None = None
 
     def __enter__(self) -> RunReport:
-        from tpu_nb.runtime.defaults import default_device
-        from tpu_nb.runtime.device import device as xla_device
-        from tpu_nb.runtime.guard import max_graphs
+        from tpu_nb.runtime.environment._defaults import default_device
+        from tpu_nb.runtime.environment._device import device as xla_device
+        from tpu_nb.runtime.tracking._guard import max_graphs
 
         caller = sys._getframe(1)
         code = self.code or (caller.f_code,)
@@ -58,7 +58,7 @@ class on_tpu:
             if guard is not None:
                 stack.enter_context(guard)
             if self.locations:
-                from tpu_nb.runtime.graph import record_locations
+                from tpu_nb.runtime.graph._capture import record_locations
 
                 stack.enter_context(record_locations())
         except BaseException:
@@ -77,7 +77,7 @@ class on_tpu:
         return bool(suppressed)
 
     def _attribute(self) -> None:
-        from tpu_nb.runtime.attribution import attribute
+        from tpu_nb.runtime.tracking._attribution import attribute
 
         report = self._report
         if report is None or not report.complete:

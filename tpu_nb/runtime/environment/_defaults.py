@@ -125,7 +125,7 @@ def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
     import torch
 
     if device is None:
-        from tpu_nb.runtime.device import device as xla_device
+        from tpu_nb.runtime.environment._device import device as xla_device
 
         device = xla_device()
     else:

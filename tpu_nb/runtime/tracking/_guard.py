@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 
-from tpu_nb.runtime import provenance
-from tpu_nb.runtime._xla import xla
+from tpu_nb.runtime.environment._xla import xla
 from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.tracking import _provenance as provenance
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
 _ids = itertools.count()
@@ -41,8 +41,8 @@ class RecompilationError(TpuNbError):
     @classmethod
     def at_line(cls, limit: int, where, graphs: list) -> RecompilationError:
         """The error for a line (a compile_log.Frame) that compiled `graphs`, one too many."""
-        from tpu_nb.runtime import attribution
         from tpu_nb.runtime.sources import short_path
+        from tpu_nb.runtime.tracking import _attribution as attribution
 
         before, after = graphs[-2], graphs[-1]
         a, b = (provenance.line_graphs.graph_for(where, g) for g in (before, after))
@@ -115,7 +115,7 @@ class max_graphs:
         self._original: Callable | None = None
 
     def __enter__(self) -> None:
-        from tpu_nb.runtime.compile_log import compile_log
+        from tpu_nb.runtime.metrics._compile_log import compile_log
 
         # torch_xla's detector sees every traced graph, cached or not (a line re-run in a
         # later cell); the compile log's count sees the first step's graph too.
@@ -193,7 +193,7 @@ def _end_at_user_code(tb) -> None:
 
 
 def _user_site(frame):
-    from tpu_nb.runtime.compile_log import Frame
+    from tpu_nb.runtime.metrics._compile_log import Frame
     from tpu_nb.runtime.sources import is_library
 
     while frame is not None and is_library(frame.f_code.co_filename):

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_nb.runtime.device import MAX_CPU_DEVICES
-from tpu_nb.runtime.environment import runtime_initialized
+from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES
+from tpu_nb.runtime.environment._detect import runtime_initialized
 from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.launch._results import LaunchResult, ReplicaResult
+from tpu_nb.runtime.tracking._report import track
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
     """Switch this process to SPMD (before the first XLA tensor) and build the mesh."""
     import numpy as np
 
-    from tpu_nb.runtime.configure import setup
+    from tpu_nb.runtime.environment._configure import setup
 
     wanted = check_spmd(devices, mesh)
     cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
@@ -170,9 +172,6 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
 
 def run_spmd(fn: Callable, args: tuple, devices: int | str = "all", mesh: str | None = None):
     """`launch(..., mode="spmd")`: fn(spmd, *args) once, over every device."""
-    from tpu_nb.runtime.launch import LaunchResult, ReplicaResult
-    from tpu_nb.runtime.tracking import track
-
     spmd = spmd_context(devices, mesh)
     start = time.perf_counter()
     with track("spmd") as report:

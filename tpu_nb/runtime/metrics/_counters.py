@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from tpu_nb.runtime._xla import xlac
+from tpu_nb.runtime.environment._xla import xlac
 
 HOST_READ = "aten::_local_scalar_dense"  # .item(), printing, bool(tensor): a device->host read
 

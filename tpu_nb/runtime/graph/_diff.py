@@ -14,8 +14,12 @@ import bisect
 import difflib
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from tpu_nb.runtime.graph import Graph, Node, gc_paused
+from tpu_nb.runtime.graph._nodes import Node, gc_paused
+
+if TYPE_CHECKING:  # Graph.diff calls this module
+    from tpu_nb.runtime.graph._graph import Graph
 
 
 @dataclass(frozen=True)

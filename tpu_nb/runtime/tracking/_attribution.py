@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tpu_nb.runtime import tracking
-from tpu_nb.runtime.compile_log import CompileEvent
-from tpu_nb.runtime.provenance import user_op
+from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
-from tpu_nb.runtime.tracking import RunReport
+from tpu_nb.runtime.tracking import _report as tracking
+from tpu_nb.runtime.tracking._provenance import user_op
+from tpu_nb.runtime.tracking._report import RunReport
 
 HOST_READ_HINT = ("a device value read on the host waits for all pending work and copies it: "
                   "keep values on the device (accumulate losses in a tensor) and read once "

@@ -30,15 +30,20 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from tpu_nb.runtime import private_files
-from tpu_nb.runtime.configure import ensure_setup
-from tpu_nb.runtime.device import MAX_CPU_DEVICES
-from tpu_nb.runtime.environment import detect_accelerator, runtime_initialized
+from tpu_nb.runtime.environment import _private_files as private_files
+from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
+from tpu_nb.runtime.environment._detect import detect_accelerator, runtime_initialized
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.metrics import MetricsDelta
+from tpu_nb.runtime.launch._results import (
+    CollectiveRefused,
+    LaunchResult,
+    ReplicaCrash,
+    ReplicaError,
+    ReplicaResult,
+)
+from tpu_nb.runtime.launch._spmd import run_spmd
 
 MODES = ("replicas", "spmd")
 # torch_xla.core.xla_model functions that communicate between replicas.
@@ -52,102 +57,6 @@ MODES_BY_DEVICE = {
            "collectives between XLA:CPU devices, pytorch/xla #5005, #9089), and spmd "
            "(data parallel over CPU_NUM_DEVICES virtual devices)",
 }
-
-
-class CollectiveRefused(TpuNbError):
-    """A collective between XLA:CPU replicas, which torch_xla 2.9 would hang on."""
-
-
-class ReplicaCrash(TpuNbError):
-    """A replica process died in native code (a signal such as SIGSEGV): `signal` is the
-    signal's name, `where` the innermost Python frame running then, `stack` every thread's
-    Python stack as faulthandler wrote it."""
-
-    def __init__(self, signal_name: str, where: str, stack: str):
-        self.signal, self.where, self.stack = signal_name, where, stack
-        at = f" while running {where}" if where else ""
-        super().__init__(f"a replica process crashed in native code ({signal_name}){at}; the "
-                         "other replicas were stopped. Fix: run the launch again; if it "
-                         "crashes again, the stacks are in this error's .stack attribute.")
-
-
-class ReplicaError(TpuNbError):
-    """A replica raised; `traceback` is its traceback, `ordinal` which replica it was."""
-
-    def __init__(self, ordinal: int, world: int, summary: str, trace: str):
-        self.ordinal, self.world, self.traceback = ordinal, world, trace
-        super().__init__(f"replica {ordinal} of {world} failed: {summary} (the other replicas "
-                         "were stopped)")
-
-
-@dataclass(frozen=True)
-class ReplicaResult:
-    """What one replica did."""
-
-    ordinal: int
-    value: Any = None                 # fn's return value (None when it could not be pickled)
-    error: str | None = None          # "Type: message" when it raised
-    traceback: str = ""
-    output: str = ""                  # what it printed
-    wall_seconds: float = 0.0
-    step_seconds: tuple[float, ...] = ()   # time between its syncs
-    metrics: MetricsDelta | None = None    # its process's counters (see LaunchResult.merged)
-    pid: int = 0
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    """All replicas of one launch, and how it was launched."""
-
-    mode: str                          # "replicas" or "spmd"
-    path: str                          # "fork", "worker" or "in-process"
-    devices: int
-    replicas: tuple[ReplicaResult, ...]
-    wall_seconds: float
-    notes: tuple[str, ...] = ()
-
-    @property
-    def values(self) -> list:
-        return [r.value for r in self.replicas]
-
-    def merged(self) -> MetricsDelta:
-        """Counters summed over processes (on XLA:CPU the replicas share one process)."""
-        by_pid: dict[int, MetricsDelta] = {}
-        for r in self.replicas:
-            if r.metrics is not None:
-                by_pid.setdefault(r.pid, r.metrics)
-        total = MetricsDelta()
-        for d in by_pid.values():
-            fallbacks = dict(total.fallbacks)
-            for op, n in d.fallbacks.items():
-                fallbacks[op] = fallbacks.get(op, 0) + n
-            total = MetricsDelta(
-                compiles=total.compiles + d.compiles, cache_hits=total.cache_hits + d.cache_hits,
-                compile_seconds=total.compile_seconds + d.compile_seconds,
-                executions=total.executions + d.executions,
-                execute_seconds=total.execute_seconds + d.execute_seconds,
-                to_device_transfers=total.to_device_transfers + d.to_device_transfers,
-                from_device_transfers=total.from_device_transfers + d.from_device_transfers,
-                syncs=total.syncs + d.syncs, host_reads=total.host_reads + d.host_reads,
-                fallbacks=fallbacks)
-        return total
-
-    def summary(self) -> str:
-        m = self.merged()
-        steps = [f"[{r.ordinal}] {_median_ms(r.step_seconds)}" for r in self.replicas]
-        return (f"{self.mode} on {self.devices} device{'s' if self.devices != 1 else ''} "
-                f"({self.path}): {self.wall_seconds:.2f} s, {m.compiles} compiled, "
-                f"{m.executions} executed; median step " + ", ".join(steps))
-
-    def __str__(self) -> str:
-        return "\n".join([self.summary(), *self.notes])
-
-
-def _median_ms(steps) -> str:
-    if not steps:
-        return "-"
-    ordered = sorted(steps)
-    return f"{ordered[len(ordered) // 2] * 1e3:.2f} ms"
 
 
 # -- inside the launcher process --------------------------------------------------------------
@@ -589,7 +498,8 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
     fd = os.open(os.path.join(rundir, "payload.pkl"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with open(fd, "wb") as f:
         f.write(payload)
-    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_parent, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
@@ -646,63 +556,6 @@ def native_crash(errors: str) -> ReplicaCrash | None:
     return ReplicaCrash(signal_name, where, stack)
 
 
-class CellFunction:
-    """A notebook cell's code as a function of the replica index, with the variables it uses.
-
-    Picklable by value (the worker path sends it to a fresh process): the source, not the
-    code object, and only the user variables the code names.
-    """
-
-    def __init__(self, source: str, filename: str, variables: dict):
-        self.source, self.filename, self.variables = source, filename, variables
-
-    # Names of a notebook namespace that are IPython's own, never sent to a replica.
-    HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
-
-    @classmethod
-    def from_namespace(cls, source: str, filename: str, namespace: dict,
-                       codes: tuple = ()) -> "CellFunction":
-        """The cell with the variables of `namespace` its code (compiled as `codes`, else
-        compiled from `source`) names: user variables only, not IPython's or private ones."""
-        codes = tuple(c for c in codes if c is not None) or (compile(source, filename, "exec"),)
-        used = set().union(*(names_used(c) for c in codes))
-        variables = {n: namespace[n] for n in used
-                     if n in namespace and n not in cls.HIDDEN and not n.startswith("_")}
-        return cls(source, filename, variables)
-
-    def __call__(self, index: int):
-        import ast
-
-        from tpu_nb.runtime.defaults import default_device
-
-        import linecache
-
-        # A fresh worker has not seen the cell: without this its traceback lacks the lines.
-        linecache.cache[self.filename] = (len(self.source), None,
-                                          self.source.splitlines(True), self.filename)
-        tree = ast.parse(self.source, self.filename)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        namespace = {"__name__": "__main__", **self.variables, "index": index}
-        statements = compile(tree, self.filename, "exec")
-        expression = compile(ast.Expression(last.value), self.filename, "eval") \
-            if last is not None else None
-        # As in %%on_tpu: the replica's device by default, for the cell's own code only.
-        with default_device(code=(statements, expression)):
-            exec(statements, namespace)
-            if expression is not None:
-                return eval(expression, namespace)
-        return None
-
-
-def names_used(code) -> set[str]:
-    """Global names a code object (and the functions and classes it defines) refers to."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= names_used(const)
-    return names
-
-
 def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replicas",
            stream: Callable[[str], None] = print) -> LaunchResult:
     """Run `fn` on every XLA device, from a notebook or a script.
@@ -721,8 +574,6 @@ def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replica
     ensure_setup()
     device_type = os.environ.get("PJRT_DEVICE", "CPU").upper()
     if mode == "spmd":
-        from tpu_nb.runtime.spmd import run_spmd
-
         return run_spmd(fn, args, devices)
     n = _device_count(devices, device_type)
     _sweep_dead_runs()
@@ -738,6 +589,3 @@ def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replica
     finally:
         run.remove()
 
-
-if __name__ == "__main__":
-    worker_main(sys.argv[1])

@@ -23,11 +23,13 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from tpu_nb.runtime.compile_log import Frame
 from tpu_nb.runtime.errors import TpuNbUsageError
-from tpu_nb.runtime.graph import NODE_BUDGET, Graph, Node, gc_paused
+from tpu_nb.runtime.graph._nodes import NODE_BUDGET, Frame, Node, gc_paused
+
+if TYPE_CHECKING:  # Graph.groups calls this module
+    from tpu_nb.runtime.graph._graph import Graph
 
 GROUP_BY = ("auto", "line", "function", "file", "scope", "range")
 # Boxes in a big graph's overview: about what a reader takes in at once, at readable size.
@@ -177,7 +179,7 @@ def _location_key(n: Node, level: str) -> str:
     return f"{os.path.basename(user.file)}:{user.line} › {key}"
 
 
-_TPU_NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+_TPU_NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "")
 
 
 def _in_tpu_nb(path: str) -> bool:

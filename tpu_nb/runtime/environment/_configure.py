@@ -17,12 +17,19 @@ import os
 import sys
 from dataclasses import replace
 
-from tpu_nb.runtime import private_files
-from tpu_nb.runtime.environment import (Environment, detect, detect_accelerator,
-                                        runtime_initialized)
-from tpu_nb.runtime.device import MAX_CPU_DEVICES
+from tpu_nb.runtime.environment import _private_files as private_files
+from tpu_nb.runtime.environment._detect import (
+    Environment,
+    detect,
+    detect_accelerator,
+    runtime_initialized,
+)
 from tpu_nb.runtime.errors import TpuNbError
 
+# The most virtual XLA:CPU devices tpu_nb asks for (setup's num_devices, %tpu_setup --devices,
+# launch/--replicas/--spmd device counts). 256 start in ~4 s and ~1 GB, like 4; a typo such as
+# 100000000000 would otherwise eat all memory before the first cell could be interrupted.
+MAX_CPU_DEVICES = 256
 DEVICES = ("auto", "tpu", "cpu")
 # Samples kept per metric: enough for percentiles of recent steps, while a metric read (a copy
 # of the buffer) stays ~2 µs instead of ~38 µs at torch_xla's default of 1,024.

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpu_nb.runtime.metrics import on_reset
+from tpu_nb.runtime.metrics._counters import on_reset
 from tpu_nb.runtime.sources import is_library
 
 _COMPILE = "Compilation Analysis: "
@@ -84,7 +84,7 @@ class CompileEvent:
         if self.site is not None:
             return self.site.user or self.site.line
         for frame in self.frames:
-            if not _is_library(frame.file):
+            if not is_library(frame.file):
                 return frame
         return None
 
@@ -94,9 +94,40 @@ class CompileEvent:
         return f"graph {self.graph_hash[:8]} compiled: {self.cause}{at}"
 
 
-def _is_library(path: str) -> bool:
-    # Kept for the modules that import it; the decision lives in sources.py.
-    return is_library(path)
+def describe_difference(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
+    """What the compile log says differs between two graphs of one line.
+
+    The log has no ops or shapes, only counts and sizes: this says which kind of change it
+    is. (A captured graph diff, when available, names the op, shape or dtype.)"""
+    lines = []
+    if (before.inputs, before.outputs) != (after.inputs, after.outputs):
+        lines.append(
+            f"graph inputs {before.inputs} -> {after.inputs}, outputs "
+            f"{before.outputs} -> {after.outputs}: the traced program changed (a "
+            "Python branch, new tensors, or state created on the way)"
+        )
+    else:
+        lines.append(
+            f"same number of graph inputs ({after.inputs}) and outputs "
+            f"({after.outputs}): a shape, dtype or Python value inside the graph "
+            "changed"
+        )
+    sizes = []
+    for key in sorted(set(before.sizes_gb) | set(after.sizes_gb)):
+        a, b = before.sizes_gb.get(key), after.sizes_gb.get(key)
+        if a != b:
+            sizes.append(f"{key} {_gb(a)} -> {_gb(b)}")
+    if sizes:
+        lines.append("sizes: " + ", ".join(sizes))
+    if before.cause != after.cause:
+        lines.append(f"cause: {before.cause} -> {after.cause}")
+    if before.graph_name != after.graph_name:
+        lines.append(f"graph name: {before.graph_name} -> {after.graph_name}")
+    return tuple(lines)
+
+
+def _gb(value: float | None) -> str:
+    return "?" if value is None else f"{value:g} GB"
 
 
 def _field(line: str, name: str) -> str | None:
@@ -249,7 +280,7 @@ class CompileLog:
     def _recreate(self) -> os.stat_result | None:
         """The file is gone: make our private one again (before torch_xla recreates it with
         default permissions, or cannot because its directory went too)."""
-        from tpu_nb.runtime import private_files
+        from tpu_nb.runtime.environment import _private_files as private_files
 
         if not private_files.ensure_log(self.path):
             return None

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from tpu_nb.runtime._xla import wait_device_ops, xla
+from tpu_nb.runtime.environment._configure import ensure_setup
+from tpu_nb.runtime.environment._xla import wait_device_ops, xla
 from tpu_nb.runtime.errors import TpuNbError
-
-# The most virtual XLA:CPU devices tpu_nb asks for (setup's num_devices, %tpu_setup --devices,
-# launch/--replicas/--spmd device counts). 256 start in ~4 s and ~1 GB, like 4; a typo such as
-# 100000000000 would otherwise eat all memory before the first cell could be interrupted.
-MAX_CPU_DEVICES = 256
 
 
 def device(index: int | None = None):
     """The XLA device (`torch_xla.device()`), after `setup()` defaults if none was chosen."""
-    from tpu_nb.runtime.configure import ensure_setup  # configure imports MAX_CPU_DEVICES
-
     if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
         raise TpuNbError(
             f"index must be a whole number of at least 0 (or None); got "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from tpu_nb.runtime.environment._detect import TORCH_PAIR, installed_version
 from tpu_nb.runtime.errors import TpuNbError
 
 
@@ -42,16 +43,15 @@ def _refuse_gpu() -> None:
 
 
 def _explain_import_error(exc: ImportError) -> str:
-    from tpu_nb.runtime.environment import TORCH_PAIR, _version
 
     text = str(exc)
     pair = f"pip install torch=={TORCH_PAIR} torch-xla=={TORCH_PAIR}"
     if "undefined symbol" in text:
         return (
-            f"torch_xla {_version('torch_xla')} cannot load with torch {_version('torch')}: "
+            f"torch_xla {installed_version('torch_xla')} cannot load with torch {installed_version('torch')}: "
             f"they were built for different releases. Fix: {pair}, then restart the runtime."
         )
-    if _version("torch_xla") is None:
+    if installed_version("torch_xla") is None:
         return f"torch_xla is not installed. Fix: {pair}"
     return f"import torch_xla failed ({text}). Fix: reinstall the pair: {pair}"
 

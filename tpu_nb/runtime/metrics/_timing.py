@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpu_nb.runtime._xla import wait_device_ops, xla
+from tpu_nb.runtime.environment._xla import wait_device_ops, xla
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.metrics import snapshot
+from tpu_nb.runtime.metrics._counters import snapshot
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from typing import Iterable, Sequence
 
 from tpu_nb.runtime.units import format_seconds

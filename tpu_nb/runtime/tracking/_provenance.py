@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpu_nb.runtime.compile_log import Frame
+from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import is_library, short_path
 
 log = logging.getLogger("tpu_nb")
@@ -528,7 +528,7 @@ def _capture_pending(frame, names: tuple = ()):
     could use up the walk's budget before reaching them), then the rest, newest first."""
     import torch
 
-    from tpu_nb.runtime.graph import _walk_limited, is_pending
+    from tpu_nb.runtime.graph._capture import is_pending, walk_limited
 
     found: dict[int, Any] = {}
     budget = [20_000]
@@ -537,25 +537,25 @@ def _capture_pending(frame, names: tuple = ()):
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
     for namespace in (named, *rest):
-        for t in _walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
+        for t in walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
             if id(t) not in found and is_pending(t):
                 found[id(t)] = t
     return _graph_once(list(found.values()))
 
 
 def _capture_tensor(tensor):
-    from tpu_nb.runtime.graph import is_pending
+    from tpu_nb.runtime.graph._capture import is_pending
 
     return _graph_once([tensor]) if is_pending(tensor) else None
 
 
 def _graph_once(tensors: list):
-    from tpu_nb.runtime._xla import xlac
-    from tpu_nb.runtime.graph import _hash_hex, graph
+    from tpu_nb.runtime.environment._xla import xlac
+    from tpu_nb.runtime.graph._capture import graph, hash_hex
 
     if not tensors:
         return None
-    own_hash = _hash_hex(xlac()._get_graph_hash(tensors))
+    own_hash = hash_hex(xlac()._get_graph_hash(tensors))
     known = _by_own_hash.get(own_hash)
     if known is None:
         known = _by_own_hash[own_hash] = graph(*tensors, hlo=False, frames=False)

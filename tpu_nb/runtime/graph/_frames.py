@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from tpu_nb.runtime.compile_log import Frame
-from tpu_nb.runtime.graph import Graph
+from tpu_nb.runtime.metrics._compile_log import Frame
+
+if TYPE_CHECKING:
+    from tpu_nb.runtime.graph._graph import Graph
 
 # Field numbers in xla/service/hlo.proto and xla/xla_data.proto (OpMetadata).
 _MODULE_COMPUTATIONS, _MODULE_ENTRY_ID, _MODULE_STACK_INDEX = 3, 6, 17

@@ -18,7 +18,7 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tpu_nb.runtime.environment")  # the package, not its private module
 
 #: The torch/torch_xla pair this release of tpu_nb is built and tested on.
 TORCH_PAIR = "2.9.0"
@@ -140,7 +140,7 @@ class Environment:
     __str__ = report
 
 
-def _version(dist: str) -> str | None:
+def installed_version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -249,15 +249,15 @@ def _chips_from_bounds(env) -> int:
 
 
 def _versions() -> dict[str, str | None]:
-    libtpu = _version("libtpu") or _version("libtpu-nightly")
+    libtpu = installed_version("libtpu") or installed_version("libtpu-nightly")
     return {
         "python": _platform.python_version(),
-        "torch": _version("torch"),
-        "torch_xla": _version("torch_xla") or _version("torch-xla"),
+        "torch": installed_version("torch"),
+        "torch_xla": installed_version("torch_xla") or installed_version("torch-xla"),
         "libtpu": libtpu,
-        "ipython": _version("ipython"),
-        "ipykernel": _version("ipykernel"),
-        "ipywidgets": _version("ipywidgets"),
+        "ipython": installed_version("ipython"),
+        "ipykernel": installed_version("ipykernel"),
+        "ipywidgets": installed_version("ipywidgets"),
     }
 
 
@@ -320,12 +320,12 @@ def _problems(versions, accelerator, env) -> list[Problem]:
                 _pip_text(_pair_for(xla_v), True),
             )
         )
-    if xla_v is not None and _version("tensorflow") is not None:
+    if xla_v is not None and installed_version("tensorflow") is not None:
         out.append(
             Problem(
                 "tensorflow-installed",
                 "error" if tpu else "warning",
-                f"The full tensorflow {_version('tensorflow')} is installed next to torch_xla; "
+                f"The full tensorflow {installed_version('tensorflow')} is installed next to torch_xla; "
                 "on a TPU it claims the device and its bundled libraries conflict with "
                 "torch_xla's.",
                 "pip uninstall -y tensorflow (install tensorflow-cpu if you still need TensorFlow)",

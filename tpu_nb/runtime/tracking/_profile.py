@@ -1,7 +1,7 @@
 """A torch_xla profiler trace of a block, or of its first N steps, as plain data.
 
     with tpu_nb.track():
-        with tpu_nb.runtime.profile_trace.profile(steps=3) as capture:
+        with tpu_nb.runtime.tracking.profile(steps=3) as capture:
             for batch in loader:
                 train_step(batch)          # the trace stops after the third sync
     TraceView(capture.trace)               # tpu_nb.display.profile_view: the timeline
@@ -56,7 +56,7 @@ def read_trace(logdir: str) -> ProfileTrace:
                    key=os.path.getmtime)
     if not paths:
         raise TpuNbError(f"no profiler trace (*.trace.json.gz) under {logdir}. Fix: capture one "
-                         "with tpu_nb.runtime.profile_trace.profile() around the steps.")
+                         "with tpu_nb.runtime.tracking.profile() around the steps.")
     with gzip.open(paths[-1], "rt") as f:
         raw = json.load(f).get("traceEvents", [])
     names, order = {}, {}
@@ -102,7 +102,7 @@ class profile:
     def __enter__(self) -> profile:
         import torch_xla.debug.profiler as xp
 
-        from tpu_nb.runtime import anatomy
+        from tpu_nb.runtime.tracking import _anatomy as anatomy
 
         if self.steps is not None:
             collector = anatomy.current()

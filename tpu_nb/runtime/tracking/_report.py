@@ -9,10 +9,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from tpu_nb.runtime import anatomy, provenance
-from tpu_nb.runtime._xla import wait_device_ops, xla
-from tpu_nb.runtime.compile_log import CompileEvent, compile_log
-from tpu_nb.runtime.metrics import MetricsDelta, on_reset, snapshot
+from tpu_nb.runtime.environment._xla import wait_device_ops, xla
+from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
+from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
+from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _provenance as provenance
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
 # graph it compiled, in order, over the life of the process (bounded: the most recently
@@ -68,7 +69,7 @@ class RunReport:
     source: str = ""
     allowed_graphs: int = 1
     complete: bool = False
-    # Where each step's time went, and the verdict (tpu_nb.runtime.anatomy); a Collector
+    # Where each step's time went, and the verdict (tpu_nb.runtime.tracking._anatomy); a Collector
     # while the run is tracked (needs record=True), an Anatomy once complete.
     anatomy: Any = None
 
@@ -212,7 +213,7 @@ class track:
         ends the overlap of device execution with the next step's tracing; around every step
         of a loop use wait=False (executions still in flight are counted by the next report).
     record: record where each compile, value read and CPU fallback came from (the block's own
-        line, and the library function in between; see tpu_nb.runtime.provenance). Costs one
+        line, and the library function in between; see tpu_nb.runtime.tracking._provenance). Costs one
         or two counter reads per sync and per read; off, findings fall back to torch_xla's
         compile log (8 frames).
     code: code objects that are the tracked code (a notebook cell's compiled code); by

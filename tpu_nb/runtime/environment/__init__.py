@@ -1,0 +1,24 @@
+"""The machine, the software and the device: what is installed and wrong (`detect`, without
+importing torch_xla), the settings torch_xla latches (`setup`), the device and sync point, the
+cell-scoped default device, the pair install, and old tutorials' torch_xla names.
+
+Lowest layer of the runtime above errors/units/sources: imports nothing else of tpu_nb.
+"""
+
+from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup, setup
+from tpu_nb.runtime.environment._defaults import default_device
+from tpu_nb.runtime.environment._detect import (
+                                                TORCH_PAIR,
+                                                Accelerator,
+                                                Environment,
+                                                Problem,
+                                                chip_generation,
+                                                detect,
+)
+from tpu_nb.runtime.environment._device import device, sync
+from tpu_nb.runtime.environment._install import install_pair
+from tpu_nb.runtime.environment._xla import wait_device_ops
+
+__all__ = ["MAX_CPU_DEVICES", "TORCH_PAIR", "Accelerator", "Environment", "Problem",
+           "chip_generation", "default_device", "detect", "device", "ensure_setup",
+           "install_pair", "setup", "sync", "wait_device_ops"]

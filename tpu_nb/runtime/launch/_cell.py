@@ -1,0 +1,59 @@
+"""A notebook cell's code as a function of the replica index (`%%on_tpu --replicas`)."""
+
+from __future__ import annotations
+
+import ast
+import linecache
+
+from tpu_nb.runtime.environment._defaults import default_device
+
+
+class CellFunction:
+    """A notebook cell's code as a function of the replica index, with the variables it uses.
+
+    Picklable by value (the worker path sends it to a fresh process): the source, not the
+    code object, and only the user variables the code names.
+    """
+
+    def __init__(self, source: str, filename: str, variables: dict):
+        self.source, self.filename, self.variables = source, filename, variables
+
+    # Names of a notebook namespace that are IPython's own, never sent to a replica.
+    HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
+
+    @classmethod
+    def from_namespace(cls, source: str, filename: str, namespace: dict,
+                       codes: tuple = ()) -> "CellFunction":
+        """The cell with the variables of `namespace` its code (compiled as `codes`, else
+        compiled from `source`) names: user variables only, not IPython's or private ones."""
+        codes = tuple(c for c in codes if c is not None) or (compile(source, filename, "exec"),)
+        used = set().union(*(names_used(c) for c in codes))
+        variables = {n: namespace[n] for n in used
+                     if n in namespace and n not in cls.HIDDEN and not n.startswith("_")}
+        return cls(source, filename, variables)
+
+    def __call__(self, index: int):
+        # A fresh worker has not seen the cell: without this its traceback lacks the lines.
+        linecache.cache[self.filename] = (len(self.source), None,
+                                          self.source.splitlines(True), self.filename)
+        tree = ast.parse(self.source, self.filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        namespace = {"__name__": "__main__", **self.variables, "index": index}
+        statements = compile(tree, self.filename, "exec")
+        expression = compile(ast.Expression(last.value), self.filename, "eval") \
+            if last is not None else None
+        # As in %%on_tpu: the replica's device by default, for the cell's own code only.
+        with default_device(code=(statements, expression)):
+            exec(statements, namespace)
+            if expression is not None:
+                return eval(expression, namespace)
+        return None
+
+
+def names_used(code) -> set[str]:
+    """Global names a code object (and the functions and classes it defines) refers to."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= names_used(const)
+    return names

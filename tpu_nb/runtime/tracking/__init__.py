@@ -1,0 +1,16 @@
+"""What one tracked run did and why: `track()` and its `RunReport`; the recorder of syncs,
+reads and fallbacks with their lines (provenance); findings per line (attribution); the
+recompilation guard (`max_graphs`); the step anatomy and its verdict; a profiler trace of a few
+steps; and `on_tpu()`, which composes them the way `%%on_tpu` does.
+Above runtime.graph, runtime.metrics and runtime.environment."""
+
+from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
+from tpu_nb.runtime.tracking._attribution import HOST_READ_HINT, LineFinding, fallback_hint
+from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
+from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
+from tpu_nb.runtime.tracking._report import RunReport, last_report, track
+from tpu_nb.runtime.tracking._session import on_tpu
+
+__all__ = ["HOST_PARTS", "HOST_READ_HINT", "Anatomy", "LineFinding", "ProfileTrace",
+           "RecompilationError", "RunReport", "StepRecord", "Verdict", "fallback_hint",
+           "last_report", "max_graphs", "on_tpu", "profile", "track"]
