@@ -3,13 +3,19 @@ the runtime's samples, compiles, memory, and the recompilation alert with what d
 Above runtime.tracking."""
 
 from tpu_nb.runtime.live._monitor import (
-                                          LiveCompile,
-                                          LiveMonitor,
-                                          LiveState,
-                                          MemoryInfo,
-                                          RecompilationAlert,
-                                          StepPoint,
+    LiveCompile,
+    LiveMonitor,
+    LiveState,
+    MemoryInfo,
+    RecompilationAlert,
+    StepPoint,
 )
 
-__all__ = ["LiveCompile", "LiveMonitor", "LiveState", "MemoryInfo", "RecompilationAlert",
-           "StepPoint"]
+__all__ = [
+    "LiveCompile",
+    "LiveMonitor",
+    "LiveState",
+    "MemoryInfo",
+    "RecompilationAlert",
+    "StepPoint",
+]

@@ -16,7 +16,10 @@ k completions. The sample buffer holds the last XLA_METRICS_SAMPLES executions (
 figures are a sample of each refresh window, never a stale or made-up value.
 
 Recompilation alert: when one line of user code has compiled more than `alert_graphs`
-distinct graphs, the alert says what differs between its last two graphs. When that line is
+distinct graphs, the alert says what differs between its last two graphs. Inside a tracked
+run (%%on_tpu) the recorder has usually read the pending graph just before each of those
+compiles (tracking._provenance keys them by the compile log's hash), and `Graph.diff` of the
+two names the op, shape or dtype that changed. Otherwise, when that line is
 a `torch_xla.sync()`, a `SyncProbe` (armed when the line reaches `alert_graphs` graphs)
 captures the pending graph at the line's next syncs (`pending_graph` of what the calling
 frame's variables reach) and `Graph.diff` names the op, shape or dtype that changed. The
@@ -48,6 +51,7 @@ from tpu_nb.runtime.metrics._compile_log import (
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import is_library, place_text
+from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
 _EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
 _RECENT_STEPS = 1024  # step intervals the median and p90 are taken over
@@ -364,8 +368,11 @@ class SyncProbe:
             # The names the syncing code uses first, then the rest newest first: a notebook's
             # namespace holds much else, which could use up the walk's budget before it
             # reaches the loop's tensors.
-            spaces = [frame.f_locals] if frame.f_locals is frame.f_globals else [
-                frame.f_locals, frame.f_globals]
+            spaces = (
+                [frame.f_locals]
+                if frame.f_locals is frame.f_globals
+                else [frame.f_locals, frame.f_globals]
+            )
             code = frame.f_code
             names = (*code.co_varnames, *code.co_names)
             named = {n: space[n] for space in spaces for n in names if n in space}
@@ -599,12 +606,21 @@ class LiveMonitor:
                 return fresh
         return event
 
+    def _captured_pair(self, site: tuple[str, int], events: list[CompileEvent]) -> list:
+        """The line's last two graphs as captured: the recorder's when a tracked run (as
+        %%on_tpu) read the pending graph just before each of these two compiles, keyed by the
+        compile log's hash, so exactly the pair the alert names; else the probe's."""
+        before, after = (graphs_by_hash.get(e.graph_hash) for e in events[-2:])
+        if before is not None and after is not None:
+            return [before, after]
+        return self._probe.graphs(site) if self._probe is not None else []
+
     def _refresh_alerts(self) -> None:
         for site, events in self._lines.items():
             if len(events) <= self.alert_graphs:
                 continue
             hashes = tuple(e.graph_hash for e in events)
-            captured = self._probe.graphs(site) if self._probe is not None else []
+            captured = self._captured_pair(site, events)
             old = self._alerts.get(site)
             if old is not None and old.graphs == hashes and old.source == "graphs":
                 continue

@@ -43,43 +43,71 @@ from tpu_nb.runtime.sources import is_library, short_path
 log = logging.getLogger("tpu_nb")
 
 HOST_READ = "aten::_local_scalar_dense"
-_TENSOR_TYPES: tuple = ()      # torch.Tensor and Parameter, set by Recorder.start()
+_TENSOR_TYPES: tuple = ()  # torch.Tensor and Parameter, set by Recorder.start()
 # Counters that move when device data reaches the host: a scalar read, a copy to the CPU.
 _READ_COUNTERS = (HOST_READ, "xla::_to_cpu", "xla::_to_copy")
 # Tensor methods that read device values, and how a finding names them.
 _READ_METHODS = {
-    "item": ".item()", "tolist": ".tolist()", "numpy": ".numpy()", "cpu": ".cpu()",
-    "__bool__": "bool(tensor)", "__float__": "float(tensor)", "__int__": "int(tensor)",
-    "__index__": "a tensor used as an index", "__format__": "formatting a tensor",
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "cpu": ".cpu()",
+    "__bool__": "bool(tensor)",
+    "__float__": "float(tensor)",
+    "__int__": "int(tensor)",
+    "__index__": "a tensor used as an index",
+    "__format__": "formatting a tensor",
     "__repr__": "printing a tensor",
 }
 # Python entry points of ops torch_xla 2.9 runs on the CPU (no XLA lowering), as
 # (namespace, attribute); the op each becomes, for the finding's wording.
 _FALLBACK_ENTRY_POINTS = (
-    ("torch", "unique"), ("torch", "unique_consecutive"), ("torch", "nonzero"),
-    ("torch", "masked_select"), ("torch", "histc"), ("torch", "median"),
-    ("torch", "nanmedian"), ("torch", "bucketize"), ("torch", "searchsorted"),
-    ("torch", "kthvalue"), ("torch", "mode"), ("torch", "bincount"),
-    ("Tensor", "nonzero"), ("Tensor", "masked_select"), ("Tensor", "histc"),
-    ("Tensor", "median"), ("Tensor", "nanmedian"), ("Tensor", "kthvalue"),
-    ("Tensor", "bincount"), ("functional", "grid_sample"),
+    ("torch", "unique"),
+    ("torch", "unique_consecutive"),
+    ("torch", "nonzero"),
+    ("torch", "masked_select"),
+    ("torch", "histc"),
+    ("torch", "median"),
+    ("torch", "nanmedian"),
+    ("torch", "bucketize"),
+    ("torch", "searchsorted"),
+    ("torch", "kthvalue"),
+    ("torch", "mode"),
+    ("torch", "bincount"),
+    ("Tensor", "nonzero"),
+    ("Tensor", "masked_select"),
+    ("Tensor", "histc"),
+    ("Tensor", "median"),
+    ("Tensor", "nanmedian"),
+    ("Tensor", "kthvalue"),
+    ("Tensor", "bincount"),
+    ("functional", "grid_sample"),
 )
 # Library frames that only pass a call along: a finding names the function behind them.
-_PLUMBING_FILES = ("torch/_tensor.py", "torch/_tensor_str.py", "torch/overrides.py",
-                   "torch/utils/_contextlib.py", "torch/utils/_device.py",
-                   "torch_xla/torch_xla.py", "typing_extensions.py", "functools.py",
-                   "contextlib.py", "torch/_jit_internal.py", "torch/functional.py")
+_PLUMBING_FILES = (
+    "torch/_tensor.py",
+    "torch/_tensor_str.py",
+    "torch/overrides.py",
+    "torch/utils/_contextlib.py",
+    "torch/utils/_device.py",
+    "torch_xla/torch_xla.py",
+    "typing_extensions.py",
+    "functools.py",
+    "contextlib.py",
+    "torch/_jit_internal.py",
+    "torch/functional.py",
+)
 _PLUMBING_FUNCTIONS = {"mark_step", "sync"}
-_MAX_DEPTH = 400          # frames walked at most from a hook to the tracked code
+_MAX_DEPTH = 400  # frames walked at most from a hook to the tracked code
 
 
 @dataclass(frozen=True)
 class Site:
     """Where in the tracked code something happened."""
 
-    line: Frame | None        # the tracked code's own line (a cell line); None: not reached
-                              # from it (another thread, a callback after the run)
-    user: Frame | None = None     # the innermost user-code frame below `line` (a helper)
+    line: Frame | None  # the tracked code's own line (a cell line); None: not reached
+    # from it (another thread, a callback after the run)
+    user: Frame | None = None  # the innermost user-code frame below `line` (a helper)
     library: Frame | None = None  # the innermost library function that did it
 
     @property
@@ -99,12 +127,12 @@ class Site:
 class Occurrence:
     """Reads or fallbacks of one kind at one site, aggregated over the run."""
 
-    kind: str             # "read" or "fallback"
-    what: str             # ".item()", "aten::_unique2"
+    kind: str  # "read" or "fallback"
+    what: str  # ".item()", "aten::_unique2"
     site: Site
-    calls: int = 0        # calls that did it
-    count: int = 0        # host reads / fallback ops they made
-    order: int = 0        # when the first happened (a sequence number within the run)
+    calls: int = 0  # calls that did it
+    count: int = 0  # host reads / fallback ops they made
+    order: int = 0  # when the first happened (a sequence number within the run)
 
 
 @dataclass(frozen=True)
@@ -112,12 +140,12 @@ class CompileAnchor:
     """A sync or read during which the runtime compiled: blocks of the compile log written
     before `log_end` (and after the previous anchor) came from it."""
 
-    kind: str             # "sync" or "read"
+    kind: str  # "sync" or "read"
     site: Site
     log_end: int
     compiles: int
     order: int
-    graph: Any = None     # the pending graph captured just before it (a runtime Graph)
+    graph: Any = None  # the pending graph captured just before it (a runtime Graph)
 
 
 @dataclass
@@ -139,12 +167,13 @@ class Recorder:
     frame was running.
     """
 
-    def __init__(self, *, root_codes: tuple = (), root_frame=None, log=None,
-                 capture_graphs: bool = True):
+    def __init__(
+        self, *, root_codes: tuple = (), root_frame=None, log=None, capture_graphs: bool = True
+    ):
         # Code objects compared by identity: `code in set` hashes the code object (~1-2 us
         # for a cell or Module._call_impl), on every frame of every walk.
         self._code_ids = frozenset(id(c) for c in root_codes if c is not None)
-        self._codes = tuple(c for c in root_codes if c is not None)   # kept alive
+        self._codes = tuple(c for c in root_codes if c is not None)  # kept alive
         self._root_frame = root_frame
         self._log = log
         self._capture = capture_graphs
@@ -185,8 +214,11 @@ class Recorder:
         self._log_read = self._log.size() if self._log is not None else 0
         self._patch(torch_xla, "sync", self._sync_wrapper)
         for name, label in _READ_METHODS.items():
-            self._patch(torch.Tensor, name,
-                        lambda original, label=label: self._read_wrapper(original, label))
+            self._patch(
+                torch.Tensor,
+                name,
+                lambda original, label=label: self._read_wrapper(original, label),
+            )
         for namespace, name in _FALLBACK_ENTRY_POINTS:
             self._wrap_fallback(_namespace(torch, namespace), name)
         self.active = True
@@ -228,13 +260,14 @@ class Recorder:
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
-            __tracebackhide__ = True   # noqa: F841
+            __tracebackhide__ = True  # noqa: F841
             if not recorder.active or recorder._compiling():
                 return original(*args, **kwargs)
             entry = time.time()
             before = recorder._counter("UncachedCompile")
-            graph, site = recorder._maybe_capture(sys._getframe(1)) if recorder._capture \
-                else (None, None)
+            graph, site = (
+                recorder._maybe_capture(sys._getframe(1)) if recorder._capture else (None, None)
+            )
             start = time.time()
             result = original(*args, **kwargs)
             recorder._notify(recorder.on_sync, entry, start)
@@ -248,19 +281,26 @@ class Recorder:
 
         @functools.wraps(original)
         def read(tensor, *args, **kwargs):
-            __tracebackhide__ = True   # noqa: F841
+            __tracebackhide__ = True  # noqa: F841
             local = recorder._local
             # A CPU tensor's read cannot move XLA's counters: nothing to record.
-            if not recorder.active or not getattr(tensor, "is_xla", False) \
-                    or getattr(local, "depth", 0) or recorder._compiling():
+            if (
+                not recorder.active
+                or not getattr(tensor, "is_xla", False)
+                or getattr(local, "depth", 0)
+                or recorder._compiling()
+            ):
                 return original(tensor, *args, **kwargs)
             entry = time.time()
             counter = recorder._counter
             before = [counter(n) or 0 for n in _READ_COUNTERS]
             compiles = counter("UncachedCompile")
             local.depth = 1
-            graph, site = recorder._maybe_capture(sys._getframe(1), tensor) \
-                if recorder._capture else (None, None)
+            graph, site = (
+                recorder._maybe_capture(sys._getframe(1), tensor)
+                if recorder._capture
+                else (None, None)
+            )
             start = time.time()
             try:
                 return original(tensor, *args, **kwargs)
@@ -269,8 +309,9 @@ class Recorder:
                 local.depth = 0
                 after = [counter(n) or 0 for n in _READ_COUNTERS]
                 if after != before:
-                    recorder._record_read(label, before, after, compiles, sys._getframe(1),
-                                          graph, site)
+                    recorder._record_read(
+                        label, before, after, compiles, sys._getframe(1), graph, site
+                    )
 
         return read
 
@@ -279,20 +320,19 @@ class Recorder:
 
         @functools.wraps(original)
         def op(*args, **kwargs):
-            __tracebackhide__ = True   # noqa: F841
+            __tracebackhide__ = True  # noqa: F841
             if not recorder.active or recorder._compiling():
                 return original(*args, **kwargs)
             before = recorder._fallback_counts()
             compiles = recorder._counter("UncachedCompile")
             tensor = next((a for a in args if getattr(a, "is_xla", False)), None)
             graph = site = None
-            if tensor is not None:         # running on the CPU materialises its input
+            if tensor is not None:  # running on the CPU materialises its input
                 graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
             result = original(*args, **kwargs)
             after = recorder._fallback_counts()
             if after != before:
-                recorder._record_fallbacks(before, after, compiles, sys._getframe(1), graph,
-                                           site)
+                recorder._record_fallbacks(before, after, compiles, sys._getframe(1), graph, site)
             return result
 
         return op
@@ -319,8 +359,9 @@ class Recorder:
         except Exception:
             self._failed()
 
-    def _record_read(self, label, before, after, compiles_before, frame, graph=None,
-                     site=None) -> None:
+    def _record_read(
+        self, label, before, after, compiles_before, frame, graph=None, site=None
+    ) -> None:
         try:
             site = site or self.site_of(frame)
             self._occur("read", label, site, max(0, after[0] - before[0]))
@@ -331,8 +372,9 @@ class Recorder:
         except Exception:
             self._failed()
 
-    def _record_fallbacks(self, before, after, compiles_before, frame, graph=None,
-                          site=None) -> None:
+    def _record_fallbacks(
+        self, before, after, compiles_before, frame, graph=None, site=None
+    ) -> None:
         try:
             site = site or self.site_of(frame)
             for name, value in after.items():
@@ -368,12 +410,13 @@ class Recorder:
         key = (kind, what, site)
         occ = self.recording.occurrences.get(key)
         if occ is None:
-            if len(self.recording.occurrences) >= 10_000:    # bounded: one run, many sites
+            if len(self.recording.occurrences) >= 10_000:  # bounded: one run, many sites
                 key = (kind, what, Site(None))
                 occ = self.recording.occurrences.get(key)
             if occ is None:
                 occ = self.recording.occurrences[key] = Occurrence(
-                    kind, what, key[2], order=self._next())
+                    kind, what, key[2], order=self._next()
+                )
         occ.calls += 1
         occ.count += count
 
@@ -450,8 +493,11 @@ class Recorder:
             self._capture_next.discard(key)
             self._captured_here[key] = taken + 1
             start = time.perf_counter()
-            graph = _capture_tensor(tensor) if tensor is not None else \
-                _capture_pending(root, self._names)
+            graph = (
+                _capture_tensor(tensor)
+                if tensor is not None
+                else _capture_pending(root, self._names)
+            )
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
             line_graphs.note(key, graph)
@@ -462,8 +508,11 @@ class Recorder:
 
     def _shapes_changed(self, root, key) -> bool:
         values = root.f_locals
-        shapes = tuple((v.shape, v.dtype) for v in (values.get(n) for n in self._names)
-                       if type(v) in _TENSOR_TYPES)
+        shapes = tuple(
+            (v.shape, v.dtype)
+            for v in (values.get(n) for n in self._names)
+            if type(v) in _TENSOR_TYPES
+        )
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
         return before is not None and before != shapes
@@ -495,7 +544,7 @@ class LineGraphs:
         self._lines.move_to_end(key)
         if graph is not None and not any(g.hash == graph.hash for g in kept):
             kept.append(graph)
-            del kept[:-self._per_line]
+            del kept[: -self._per_line]
         while len(self._lines) > self._max_lines:
             self._lines.popitem(last=False)
 
@@ -532,8 +581,9 @@ def _capture_pending(frame, names: tuple = ()):
 
     found: dict[int, Any] = {}
     budget = [20_000]
-    spaces = [frame.f_locals] if frame.f_locals is frame.f_globals else \
-        [frame.f_locals, frame.f_globals]
+    spaces = (
+        [frame.f_locals] if frame.f_locals is frame.f_globals else [frame.f_locals, frame.f_globals]
+    )
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
     for namespace in (named, *rest):
@@ -617,12 +667,21 @@ def _entry_points_for(counter: str) -> list[tuple[str, str]]:
 
 # Counter op (no namespace, no overload, leading underscores dropped) -> what the user wrote.
 USER_OPS = {
-    "unique2": "torch.unique", "unique_dim": "torch.unique", "unique": "torch.unique",
-    "unique_consecutive": "torch.unique_consecutive", "grid_sampler_2d": "F.grid_sample",
-    "grid_sampler_3d": "F.grid_sample", "nonzero": "torch.nonzero",
-    "masked_select": "torch.masked_select", "histc": "torch.histc", "median": "torch.median",
-    "nanmedian": "torch.nanmedian", "bucketize": "torch.bucketize",
-    "searchsorted": "torch.searchsorted", "kthvalue": "torch.kthvalue", "mode": "torch.mode",
+    "unique2": "torch.unique",
+    "unique_dim": "torch.unique",
+    "unique": "torch.unique",
+    "unique_consecutive": "torch.unique_consecutive",
+    "grid_sampler_2d": "F.grid_sample",
+    "grid_sampler_3d": "F.grid_sample",
+    "nonzero": "torch.nonzero",
+    "masked_select": "torch.masked_select",
+    "histc": "torch.histc",
+    "median": "torch.median",
+    "nanmedian": "torch.nanmedian",
+    "bucketize": "torch.bucketize",
+    "searchsorted": "torch.searchsorted",
+    "kthvalue": "torch.kthvalue",
+    "mode": "torch.mode",
     "bincount": "torch.bincount",
 }
 
