@@ -22,11 +22,14 @@ figures are checked by tests/test_dashboard*.py instead.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from html import escape
+from typing import TYPE_CHECKING, Any
 
 # The renderers are re-exported: tpu_nb.display.dashboard.compile_html etc. stay where they were.
 from tpu_nb.display.dashboard_html import (
@@ -47,6 +50,9 @@ from tpu_nb.display.dashboard_html import (
 )
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.live import LiveMonitor, LiveState
+
+if TYPE_CHECKING:
+    from tpu_nb.display.charts import CompileChart, StepTimeChart
 
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # Charts may take at most this share of wall time: after a costly draw (a full redraw when
@@ -173,11 +179,11 @@ class Dashboard:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._widgets: list = []
-        self._root = None
+        self._root: Any = None             # an ipywidgets VBox (ipywidgets has no types)
         self._handle = None
         self._shown = False
         self._hooks: list = []
-        self._charts = None
+        self._charts: tuple[StepTimeChart, CompileChart] | None = None
         self._pngs: dict[str, bytes] = {}
         self._drawn: dict[str, tuple] = {}
         self._next_chart = 0.0
@@ -192,7 +198,7 @@ class Dashboard:
     def running(self) -> bool:
         return self._thread is not None
 
-    def start(self) -> "Dashboard":
+    def start(self) -> Dashboard:
         """Show the live view (in a kernel) and start the polling thread."""
         if self.running:
             return self
@@ -200,7 +206,7 @@ class Dashboard:
             raise TpuNbError("this dashboard has already run and stopped. Fix: make a new "
                              "one: tpu_nb.dashboard() (or %%on_tpu --live).")
         began = time.perf_counter()
-        self._monitor = LiveMonitor(alert_graphs=self.alert_graphs)
+        self._monitor = monitor = LiveMonitor(alert_graphs=self.alert_graphs)
         try:
             ip = _ipython()
             use_widgets = self._want_widgets
@@ -220,7 +226,7 @@ class Dashboard:
         except BaseException:
             self._close_widgets()
             self._release_charts()
-            self._monitor.close()
+            monitor.close()
             self.status = "ready"
             raise
         self._stopping.clear()
@@ -249,7 +255,8 @@ class Dashboard:
             except Exception as exc:     # drawing the final state must not fail the cell
                 self.error = self.error or exc
             finally:
-                self._monitor.close()
+                if self._monitor is not None:      # start() made it before the thread
+                    self._monitor.close()
                 self._close_widgets()
                 self._release_charts()
                 self.stats.stop_seconds = time.perf_counter() - began
@@ -261,8 +268,9 @@ class Dashboard:
                 from tpu_nb.runtime.environment import wait_device_ops
 
                 wait_device_ops()              # the last executions' times are then recorded
-            except Exception:
-                pass
+            except Exception:       # the final state is drawn anyway, with what was recorded
+                logging.getLogger("tpu_nb").debug("waiting for the device before the "
+                                                  "dashboard's final state", exc_info=True)
         elif isinstance(error, KeyboardInterrupt):
             self.status = "interrupted"
         else:
@@ -282,14 +290,13 @@ class Dashboard:
             display(final)
         self._shown = True
 
-    def __enter__(self) -> "Dashboard":
+    def __enter__(self) -> Dashboard:
         return self.start()
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self.stop(exc)
-        return False
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop(exc)      # the exception, if any, goes on
 
-    def stop_at_cell_end(self) -> "Dashboard":
+    def stop_at_cell_end(self) -> Dashboard:
         """Stop when the running IPython cell ends (even if it fails); the next cell's start
         stops it too, should the end of this one not be reported."""
         ip = _ipython()
@@ -312,10 +319,8 @@ class Dashboard:
 
     def _unhook(self) -> None:
         for ip, event, callback in self._hooks:
-            try:
+            with contextlib.suppress(ValueError):     # already unregistered
                 ip.events.unregister(event, callback)
-            except ValueError:
-                pass
         self._hooks = []
 
     # -- polling ------------------------------------------------------------------------------
@@ -337,21 +342,23 @@ class Dashboard:
         if not self.running:
             raise TpuNbError(f"the dashboard is not running ({self.status}). Fix: "
                              "dash.start() first, or use `with tpu_nb.dashboard(): ...`.")
-        self._refresh_once(final=False)
-        return self.state
+        return self._refresh_once(final=False)
 
-    def _refresh_once(self, final: bool, charts: bool = True, counted: bool = False) -> None:
+    def _refresh_once(self, final: bool, charts: bool = True, counted: bool = False) -> LiveState:
+        monitor = self._monitor
+        assert monitor is not None, "start() makes the monitor before the first refresh"
         with self._lock:
             cpu, wall = time.thread_time(), time.perf_counter()
-            self.state = self._monitor.poll()
+            self.state = state = monitor.poll()
             if self._widgets:
-                self._update_widgets(self.state, final, charts and self.charts, counted)
+                self._update_widgets(state, final, charts and self.charts, counted)
             elif final and self.charts:
-                self._draw_charts(self.state, final=True)
+                self._draw_charts(state, final=True)
             if counted:
                 self.stats.refreshes += 1
                 self.stats.refresh_cpu += time.thread_time() - cpu
                 self.stats.refresh_seconds += time.perf_counter() - wall
+        return state
 
     # -- widgets ------------------------------------------------------------------------------
 
@@ -412,8 +419,8 @@ class Dashboard:
         for widget in self._widgets + [p for p in parts if hasattr(p, "close")]:
             try:
                 widget.close()
-            except Exception:
-                pass
+            except Exception:       # a comm the front end already dropped: the rest still close
+                logging.getLogger("tpu_nb").debug("closing a dashboard widget", exc_info=True)
         self._widgets = []
         self._root = None
 
@@ -434,18 +441,19 @@ class Dashboard:
             if "compile" in pngs:
                 self._compile_image.value = pngs["compile"]
 
-    def _make_charts(self) -> None:
+    def _make_charts(self) -> tuple[StepTimeChart, CompileChart]:
         if self._charts is None:
             from tpu_nb.display.mpl_import import import_charts
 
             charts = import_charts()      # matplotlib: an interrupt cannot leave it half-imported
-            self._charts = {"step": charts.acquire_step_chart(), "compile": charts.CompileChart()}
+            self._charts = (charts.acquire_step_chart(), charts.CompileChart())
+        return self._charts
 
     def _release_charts(self) -> None:
         if self._charts is not None:
             from tpu_nb.display.charts import release_step_chart
 
-            release_step_chart(self._charts["step"])
+            release_step_chart(self._charts[0])
             self._charts = None
 
     def _draw_charts(self, state: LiveState, final: bool,
@@ -454,22 +462,24 @@ class Dashboard:
         now = time.perf_counter()
         if not final and now < self._next_chart:
             return {}
-        self._make_charts()
+        step_chart, compile_chart = self._make_charts()
         # `final` in the key: the final drawing fits the axes to the data and says "in this
         # run", even when no new data came since the last live drawing.
         keys = {"step": (state.series_version, state.compile_version, final),
                 "compile": (state.compile_version, final)}
         drawn, cost = {}, 0.0
+        level = 6 if final else 1
         for name, key in keys.items():
             if self._drawn.get(name) == key and name in self._pngs:
                 continue                 # (an empty chart says why it is empty)
-            chart = self._charts[name]
-            level = 6 if final else 1
+            chart: StepTimeChart | CompileChart
             if name == "step":
-                png = chart.render(state.series, [c.step for c in state.compiles],
-                                   final=final, compress_level=level)
+                chart = step_chart
+                png = step_chart.render(state.series, [c.step for c in state.compiles],
+                                        final=final, compress_level=level)
             else:
-                png = chart.render(state.compiles, final=final, compress_level=level)
+                chart = compile_chart
+                png = compile_chart.render(state.compiles, final=final, compress_level=level)
             cost += chart.last_cost
             if counted and chart.last_full:
                 self.stats.chart_full_draws += 1
@@ -510,7 +520,7 @@ class Dashboard:
             return report.wall_seconds
         return (self._code_end or time.perf_counter()) - self._code_start
 
-    def _live_data(self) -> dict:
+    def _live_data(self) -> dict[str, Any]:
         """The live view's display data: the widget view, and for front ends without widgets
         (nbviewer, exported HTML) a line saying what was here. Both are replaced by the final
         view when the dashboard stops."""
