@@ -1,1 +1,2 @@
-"""tpu_nb.display: HTML/SVG/text rendering, widgets and charts over runtime data (never IPython magics)."""
+"""tpu_nb.display: HTML/SVG/text rendering, widgets and charts over runtime data (never
+IPython magics)."""

@@ -66,7 +66,7 @@ class StepTimeChart:
     _INITIAL = (10.0, 0.1, 10.0)            # x: steps; y: ms, bottom and top (decades)
     _KEPT_BACKGROUNDS = 8
 
-    def __init__(self, size=_STEP_INCHES):
+    def __init__(self, size: tuple[float, float] = _STEP_INCHES) -> None:
         self.figure = Figure(figsize=size, dpi=DPI)
         self.canvas = FigureCanvasAgg(self.figure)
         ax = self.ax = self.figure.add_subplot(1, 1, 1)
@@ -89,7 +89,7 @@ class StepTimeChart:
         # Room for the last x tick's label at the right edge, and for the labels' size.
         self.figure.subplots_adjust(left=0.1, right=0.95, top=0.95, bottom=0.15)
         self.limits = self._INITIAL
-        self._shown_limits = None
+        self._shown_limits: tuple[float, float, float] | None = None
         self._backgrounds: dict[tuple, object] = {}
         self.full_draws = 0
         self.last_cost = 0.0
@@ -176,7 +176,7 @@ class CompileChart:
     SHOWN = 10
     last_full = True
 
-    def __init__(self, size=_COMPILE_INCHES):
+    def __init__(self, size: tuple[float, float] = _COMPILE_INCHES) -> None:
         self.figure = Figure(figsize=size, dpi=DPI)
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot(1, 1, 1)
@@ -188,10 +188,10 @@ class CompileChart:
         ax = self.ax
         ax.clear()
         ax.tick_params(labelsize=LABEL_POINTS, colors=_TEXT)
-        shown = [c for c in compiles if c.seconds is not None][-self.SHOWN:]
+        shown = [(c, c.seconds) for c in compiles if c.seconds is not None][-self.SHOWN:]
         if shown:
-            labels = [_label(c) for c in shown]
-            ax.barh(range(len(shown)), [c.seconds for c in shown], color=_RED, alpha=0.75)
+            labels = [_label(c) for c, _ in shown]
+            ax.barh(range(len(shown)), [seconds for _, seconds in shown], color=_RED, alpha=0.75)
             ax.set_yticks(range(len(shown)))
             ax.set_yticklabels(labels, fontsize=LABEL_POINTS)
             ax.invert_yaxis()

@@ -20,8 +20,8 @@ benchmark can compare this layout with dot's output on equal terms.)
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 Point = tuple[float, float]
 
@@ -286,14 +286,16 @@ def _sweep(net: _Layered, downward: bool) -> None:
 
 def _order(net: _Layered, sweeps: int) -> int:
     """Order every layer to reduce crossings; the best order found is left in `net`."""
-    best, best_rows = None, None
-    for start in _initial_orders(net):
-        net.place(start)
-        crossings, rows = _improve(net, sweeps)
-        if best is None or crossings < best:
-            best, best_rows = crossings, rows
+    first, *others = _initial_orders(net)
+    net.place(first)
+    best, best_rows = _improve(net, sweeps)
+    for start in others:
         if best == 0:
             break
+        net.place(start)
+        crossings, rows = _improve(net, sweeps)
+        if crossings < best:
+            best, best_rows = crossings, rows
     net.place(best_rows)
     return best
 
@@ -480,15 +482,15 @@ def _place_row(net: _Layered, row: list[int], neighbours, widths, gap,
     offsets = [0.0]
     for i in range(1, len(row)):
         offsets.append(offsets[-1] + _gap(widths, row[i - 1], row[i], gap))
-    fitted = _isotonic([t - o for t, o in zip(targets, offsets)], weights)
-    for v, z, o in zip(row, fitted, offsets):
+    fitted = _isotonic([t - o for t, o in zip(targets, offsets, strict=True)], weights)
+    for v, z, o in zip(row, fitted, offsets, strict=True):
         x[v] = z + o
 
 
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     """Weighted least-squares fit of a non-decreasing sequence (pool adjacent violators)."""
     blocks: list[list[float]] = []        # [weighted sum, weight, count]
-    for v, w in zip(values, weights):
+    for v, w in zip(values, weights, strict=True):
         blocks.append([v * w, w, 1])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             s, w2, c = blocks.pop()
@@ -518,7 +520,7 @@ def _y_positions(net: _Layered, sizes, layer_gap: float,
 
 def _routes(edges, flipped: set, net: _Layered, x, y, sizes) -> list[list[Point]]:
     """Per input edge: source bottom, its virtual nodes, target top (reversed edges too)."""
-    routes = []
+    routes: list[list[Point]] = []
     for u, v in edges:
         if u == v:
             routes.append([])

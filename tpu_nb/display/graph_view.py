@@ -18,8 +18,9 @@ import html
 import os
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from itertools import pairwise
 
 from tpu_nb.display import style
 from tpu_nb.display.graph_layout import Layout, layered_layout
@@ -525,7 +526,7 @@ class GraphView:
         """The boxes this view draws (their keys are what `expand` takes)."""
         return group_graph(self.graph, by=self.by, budget=self.budget, expand=self.expanded)
 
-    def expand(self, *keys: str) -> "GraphView":
+    def expand(self, *keys: str) -> GraphView:
         """The same view with the named groups drawn node by node."""
         return GraphView(self.graph, by=self.by, budget=self.budget,
                          expand=self.expanded + keys, diff=self.diff, title=self.title,
@@ -599,7 +600,7 @@ def _mpl_path(route: list[tuple[float, float]]) -> tuple[list, list]:
     from matplotlib.path import Path
 
     verts, codes = [route[0]], [Path.MOVETO]
-    for (x, y), (nx, ny) in zip(route, route[1:]):
+    for (x, y), (nx, ny) in pairwise(route):
         mid = (y + ny) / 2
         verts += [(x, mid), (nx, mid), (nx, ny)]
         codes += [Path.CURVE4] * 3

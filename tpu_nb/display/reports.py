@@ -172,12 +172,12 @@ def _shown_lines(total: int, marked: set[int]) -> list[int | None]:
     keep = sorted({n for m in marked for n in range(m - _CONTEXT, m + _CONTEXT + 1)
                    if 1 <= n <= total})
     out: list[int | None] = []
+    last = 0
     for n in keep:
-        if out and out[-1] is not None and n != out[-1] + 1:
-            out.append(None)
-        elif not out and n != 1:
+        if n != last + 1:           # lines left out before this one (also before the first)
             out.append(None)
         out.append(n)
+        last = n
     if keep and keep[-1] != total:
         out.append(None)
     return out
@@ -356,8 +356,7 @@ class RunView:
                          f"\u00d7{g.count}", e(format_seconds(secs)) if secs is not None
                          else "", details))
         if all(g.seconds is None for g in self.groups):      # no column of blanks
-            rows = [r[:3] + r[4:] for r in rows]
-            return table(rows, ("where", "what", "times", "details"),
+            return table([r[:3] + r[4:] for r in rows], ("where", "what", "times", "details"),
                          styles=(NOWRAP, NOWRAP, NOWRAP, ""))
         return table(rows, ("where", "what", "times", "time", "details"),
                      styles=(NOWRAP, NOWRAP, NOWRAP, NOWRAP, ""))
@@ -406,17 +405,17 @@ class MetricsView:
                  full: MetricsSnapshot | None = None):
         self.title, self.delta, self.full = title, delta, full
 
-    def _full_rows(self):
-        snap = self.full
+    @staticmethod
+    def _full_rows(snap: MetricsSnapshot) -> list[tuple[str, str, str]]:
         rows = [(name, str(value), "counter") for name, value in sorted(snap.counters.items())]
         for name, (samples, total) in sorted(snap.metrics.items()):
             shown = format_seconds(total / 1e9) if name.endswith("Time") else f"{total:g}"
             rows.append((name, f"{samples} samples", f"total {shown}"))
         return rows
 
-    def _delta_rows(self) -> list[tuple[str, str, str]]:
+    @staticmethod
+    def _delta_rows(d: MetricsDelta) -> list[tuple[str, str, str]]:
         """(what, count, time) of the delta, times in the package's one format."""
-        d = self.delta
         rows = [("graphs compiled", str(d.compiles), format_seconds(d.compile_seconds)),
                 ("compile cache hits", str(d.cache_hits), ""),
                 ("executions", str(d.executions), format_seconds(d.execute_seconds)),
@@ -433,12 +432,12 @@ class MetricsView:
         lines = [self.title]
         if self.delta is not None:
             # times last: their width varies (masked by the nbval sanitizer)
-            lines += [f"  {a:22}{b:>8}  {c}".rstrip() for a, b, c in self._delta_rows()]
+            lines += [f"  {a:22}{b:>8}  {c}".rstrip() for a, b, c in self._delta_rows(self.delta)]
             if self.delta.host_reads:
                 lines.append("  device->host reads: .item(), print(tensor), bool(tensor) wait "
                              "for the device; read once after the loop instead")
         if self.full is not None:
-            lines += [f"  {a:40}{b:>16}  {c}" for a, b, c in self._full_rows()]
+            lines += [f"  {a:40}{b:>16}  {c}" for a, b, c in self._full_rows(self.full)]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -446,10 +445,10 @@ class MetricsView:
         parts = [f"<b>{e(self.title)}</b>"]
         if self.delta is not None:
             parts.append(table([(e(a.replace("->", "\u2192")), e(b), e(c))
-                                for a, b, c in self._delta_rows()],
+                                for a, b, c in self._delta_rows(self.delta)],
                                styles=(NOWRAP, "text-align:right", NOWRAP)))
         if self.full is not None:
-            parts.append(table([(e(a), e(b), e(c)) for a, b, c in self._full_rows()],
+            parts.append(table([(e(a), e(b), e(c)) for a, b, c in self._full_rows(self.full)],
                                 ("name", "value", "")))
         return root("".join(parts), "tpunb-metrics")
 
@@ -465,7 +464,7 @@ class CellsView:
         self.history = history
 
     def rows(self) -> list[tuple[str, ...]]:
-        out = []
+        out: list[tuple[str, ...]] = []
         for count, first_line, d in self.history:
             code = first_line if len(first_line) <= 40 else first_line[:39] + "…"
             out.append((f"[{count}]", str(d.compiles), str(d.executions),
@@ -473,13 +472,15 @@ class CellsView:
                         str(d.host_reads),
                         ", ".join(f"{op}×{n}" for op, n in sorted(d.fallbacks.items()))
                         or "-", code,
-                        f"{format_seconds(d.compile_seconds)} / {format_seconds(d.execute_seconds)}"))
+                        f"{format_seconds(d.compile_seconds)} / "
+                        f"{format_seconds(d.execute_seconds)}"))
         return out
 
     def __repr__(self) -> str:
         rows = [self.HEADER] + self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER) - 1)] + [0]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+                 for r in rows]
         if not self.history:
             lines.append("no cell did XLA work yet")
         return "\n".join(lines)

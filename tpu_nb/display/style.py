@@ -131,7 +131,8 @@ def table(rows, header=None, *, styles: tuple[str, ...] = (),
     head = row(header, "th") if header else ""
     extras = row_styles or [""] * len(rows)
     return (f"<table style='{TABLE}'>{head}"
-            + "".join(row(r, "td", extra) for r, extra in zip(rows, extras)) + "</table>")
+            + "".join(row(r, "td", extra) for r, extra in zip(rows, extras, strict=True))
+            + "</table>")
 
 
 def span(text: str, colour: str, *, bold: bool = False, cls: str = "") -> str:
