@@ -115,7 +115,8 @@ def _weights():
 
 def _recompiling_loop(batches, monitor, w, poll_every=1):
     for i, batch in enumerate(batches):
-        out = (torch.ones(batch, 8, device=tpu_nb.device()) @ w).relu().sum()
+        # Bound until the sync: a lazy tensor dropped before it is never computed.
+        _out = (torch.ones(batch, 8, device=tpu_nb.device()) @ w).relu().sum()
         torch_xla.sync()  # SYNC-LINE
         if i % poll_every == 0:
             monitor.poll()
@@ -183,7 +184,8 @@ def test_alert_on_a_value_read_line_comes_from_the_compile_log():
     monitor.close()
     (alert,) = state.alerts
     assert alert.source == "compile log"
-    assert alert.place.line == line_of("READ", test_alert_on_a_value_read_line_comes_from_the_compile_log)
+    assert alert.place.line == line_of(
+        "READ", test_alert_on_a_value_read_line_comes_from_the_compile_log)
     assert any("same number of graph inputs" in line for line in alert.differs)
     assert state.metrics.host_reads == 4
 
@@ -303,10 +305,9 @@ def test_dashboard_polls_in_a_thread_joined_on_exit_and_prints_nothing(capfd):
 def test_dashboard_stops_on_error_and_interrupt(error, status):
     threads = set(threading.enumerate())
     dash = tpu_nb.Dashboard(widgets=False)
-    with pytest.raises(type(error)):
-        with dash:
-            (torch.ones(3, device=tpu_nb.device()) * 2).sum()
-            raise error
+    with pytest.raises(type(error)), dash:
+        (torch.ones(3, device=tpu_nb.device()) * 2).sum()
+        raise error
     assert dash.status == status and not dash.running
     assert set(threading.enumerate()) == threads
     assert dash.summary().startswith(f"XLA dashboard ({status})")

@@ -70,7 +70,7 @@ def test_text_report_one_hint_per_kind_and_an_annotated_listing():
     assert "      line 4 → torch/optim/adamw.py:480 _single_tensor_adamw" in text
     assert "input 0 shape [3] -> [4]" in text
     happened = lines[lines.index("what happened, in order:") + 1:]
-    assert [l.split(":")[0].strip() for l in happened[:2]] == ["line 4", "line 5"]
+    assert [line.split(":")[0].strip() for line in happened[:2]] == ["line 4", "line 5"]
     # The listing marks the lines that did something, under the line, like %lprun's.
     listing = lines[lines.index("the cell, annotated:") + 1:]
     assert listing[0] == "    1  import torch"
@@ -167,7 +167,7 @@ def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
     listing = text.split("the cell, annotated:\n")[1].splitlines()
     # Lines are the cell's own (line 1 holds the %%on_tpu line, not listed).
     assert not listing[0].startswith("    1")
-    sync_line = [l for l in listing if l.startswith(">   5")]
+    sync_line = [line for line in listing if line.startswith(">   5")]
     assert sync_line, listing
     marks = listing[listing.index(sync_line[0]) + 1]
     assert "recompiled" in marks and marks.lstrip().startswith("^"), marks

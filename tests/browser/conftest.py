@@ -50,39 +50,39 @@ def lab(tmp_path_factory):
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
         JUPYTER_DATA_DIR=str(home / "data"), IPYTHONDIR=str(home / "ipython"))
-    log = open(home / "server.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--LabApp.extension_manager=readonly",
-         f"--LabApp.user_settings_dir={home / 'settings'}",
-         f"--LabApp.workspaces_dir={home / 'workspaces'}"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),     # CI runs as root
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    log.flush()
-                    raise RuntimeError("JupyterLab did not start:\n"
-                                       + (home / "server.log").read_text()[-4000:])
-                time.sleep(0.5)
-        yield base, token, home
-    finally:
-        server.terminate()
+    with open(home / "server.log", "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
+             "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+             f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             "--LabApp.extension_manager=readonly",
+             f"--LabApp.user_settings_dir={home / 'settings'}",
+             f"--LabApp.workspaces_dir={home / 'workspaces'}"]
+            + (["--allow-root"] if os.geteuid() == 0 else []),     # CI runs as root
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root))
+        base = f"http://127.0.0.1:{port}"
         try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+            deadline = time.monotonic() + 90
+            while True:
+                try:
+                    urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        log.flush()
+                        # The server's log says why; the refused connection does not.
+                        raise RuntimeError("JupyterLab did not start:\n"
+                                           + (home / "server.log").read_text()[-4000:]) from None
+                    time.sleep(0.5)
+            yield base, token, home
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 @pytest.fixture(scope="module")
