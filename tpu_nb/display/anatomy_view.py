@@ -17,14 +17,28 @@ from tpu_nb.runtime.tracking import _anatomy as _anatomy
 from tpu_nb.runtime.units import format_seconds
 
 # What each part is called on screen, and its colour (a palette colour: light and dark sets).
-LABELS = {"trace": "tracing (Python)", "sync": "sync", "compile": "compile",
-          "input": "waiting for input", "read": "value reads", "wait": "waiting for device",
-          "tpu_nb": "tpu_nb recording", "device": "device executing"}
-COLOURS = {"trace": style.ACCENT, "sync": style.MUTED, "compile": style.RED,
-           "input": style.WARN, "read": style.color("red-bg"), "wait": style.OK,
-           "tpu_nb": style.LINE, "device": style.OK}
-SHOWN_STEPS = 5              # steps on the timeline
-BAR_STEPS = 50               # steps the live bar sums over
+LABELS = {
+    "trace": "tracing (Python)",
+    "sync": "sync",
+    "compile": "compile",
+    "input": "waiting for input",
+    "read": "value reads",
+    "wait": "waiting for device",
+    "tpu_nb": "tpu_nb recording",
+    "device": "device executing",
+}
+COLOURS = {
+    "trace": style.ACCENT,
+    "sync": style.MUTED,
+    "compile": style.RED,
+    "input": style.WARN,
+    "read": style.color("red-bg"),
+    "wait": style.OK,
+    "tpu_nb": style.LINE,
+    "device": style.OK,
+}
+SHOWN_STEPS = 5  # steps on the timeline
+BAR_STEPS = 50  # steps the live bar sums over
 _WIDTH, _LANE, _GAP, _LEFT = 560, 16, 6, 52
 
 
@@ -38,17 +52,23 @@ def bar_html(a: Anatomy, last: int = BAR_STEPS) -> str:
     shares = [(n, v) for n, v in shares if v > 0.001]
     segments = "".join(
         f"<div title='{escape(LABELS[n])}: {v:.0%}' style='width:{100 * v:.2f}%;"
-        f"background:{COLOURS[n]};height:100%'></div>" for n, v in shares)
+        f"background:{COLOURS[n]};height:100%'></div>"
+        for n, v in shares
+    )
     busy = sum(s.wall - s.idle for s in steps) / total
     legend = " ".join(
         f"<span style='white-space:nowrap;margin-right:8px'><span style='display:inline-block;"
         f"width:9px;height:9px;background:{COLOURS[n]};border:1px solid {style.LINE};"
-        f"margin-right:3px'></span>{escape(LABELS[n])} {v:.0%}</span>" for n, v in shares)
-    return (f"<div style='display:flex;width:100%;max-width:{_WIDTH}px;height:14px;"
-            f"border:1px solid {style.LINE};box-sizing:border-box'>{segments}</div>"
-            f"<div style='font-size:11px'>{legend}"
-            f"<span style='white-space:nowrap;color:{style.MUTED}'>· device busy "
-            f"{busy:.0%}</span></div>")
+        f"margin-right:3px'></span>{escape(LABELS[n])} {v:.0%}</span>"
+        for n, v in shares
+    )
+    return (
+        f"<div style='display:flex;width:100%;max-width:{_WIDTH}px;height:14px;"
+        f"border:1px solid {style.LINE};box-sizing:border-box'>{segments}</div>"
+        f"<div style='font-size:11px'>{legend}"
+        f"<span style='white-space:nowrap;color:{style.MUTED}'>· device busy "
+        f"{busy:.0%}</span></div>"
+    )
 
 
 def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
@@ -66,32 +86,61 @@ def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
 
     def rect(lo, hi, y, colour, tip):
         width = max(x(hi) - x(lo), 0.5)
-        return (f"<rect x='{x(lo):.1f}' y='{y}' width='{width:.1f}' height='{_LANE}' "
-                f"style='fill:{colour}'><title>{escape(tip)}</title></rect>")
+        return (
+            f"<rect x='{x(lo):.1f}' y='{y}' width='{width:.1f}' height='{_LANE}' "
+            f"style='fill:{colour}'><title>{escape(tip)}</title></rect>"
+        )
 
     host_y, dev_y = 2, 2 + _LANE + _GAP
     parts = []
     for s in steps:
-        parts.append(rect(s.start, s.end, host_y, COLOURS["trace"],
-                          f"step {s.index}: {format_seconds(s.wall)}"))
+        parts.append(
+            rect(
+                s.start,
+                s.end,
+                host_y,
+                COLOURS["trace"],
+                f"step {s.index}: {format_seconds(s.wall)}",
+            )
+        )
         for kind, lo, hi in s.host_spans:
-            parts.append(rect(lo, hi, host_y, COLOURS.get(kind, style.MUTED),
-                              f"{LABELS.get(kind, kind)}: {format_seconds(hi - lo)}"))
+            parts.append(
+                rect(
+                    lo,
+                    hi,
+                    host_y,
+                    COLOURS.get(kind, style.MUTED),
+                    f"{LABELS.get(kind, kind)}: {format_seconds(hi - lo)}",
+                )
+            )
         for lo, hi in s.device_spans:
-            parts.append(rect(lo, hi, dev_y, COLOURS["device"],
-                              f"step {s.index} executing: {format_seconds(hi - lo)}"))
-        parts.append(f"<line x1='{x(s.end):.1f}' x2='{x(s.end):.1f}' y1='0' "
-                     f"y2='{dev_y + _LANE + 2}' style='stroke:{style.FG};stroke-width:1'/>")
+            parts.append(
+                rect(
+                    lo,
+                    hi,
+                    dev_y,
+                    COLOURS["device"],
+                    f"step {s.index} executing: {format_seconds(hi - lo)}",
+                )
+            )
+        parts.append(
+            f"<line x1='{x(s.end):.1f}' x2='{x(s.end):.1f}' y1='0' "
+            f"y2='{dev_y + _LANE + 2}' style='stroke:{style.FG};stroke-width:1'/>"
+        )
     height = dev_y + _LANE + 16
     text = f"style='fill:{style.FG};font-size:10px;font-family:{style.MONO}'"
-    labels = (f"<text x='0' y='{host_y + 12}' {text}>host</text>"
-              f"<text x='0' y='{dev_y + 12}' {text}>device</text>"
-              f"<text x='{_LEFT}' y='{height - 2}' {text}>0</text>"
-              f"<text x='{_WIDTH - 4}' y='{height - 2}' text-anchor='end' {text}>"
-              f"{escape(format_seconds(span))}</text>")
-    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{_WIDTH}' height='{height}' "
-            f"viewBox='0 0 {_WIDTH} {height}' style='max-width:100%;display:block'>"
-            f"{labels}{''.join(parts)}</svg>")
+    labels = (
+        f"<text x='0' y='{host_y + 12}' {text}>host</text>"
+        f"<text x='0' y='{dev_y + 12}' {text}>device</text>"
+        f"<text x='{_LEFT}' y='{height - 2}' {text}>0</text>"
+        f"<text x='{_WIDTH - 4}' y='{height - 2}' text-anchor='end' {text}>"
+        f"{escape(format_seconds(span))}</text>"
+    )
+    return (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{_WIDTH}' height='{height}' "
+        f"viewBox='0 0 {_WIDTH} {height}' style='max-width:100%;display:block'>"
+        f"{labels}{''.join(parts)}</svg>"
+    )
 
 
 def verdict_html(a: Anatomy) -> str:
@@ -100,23 +149,31 @@ def verdict_html(a: Anatomy) -> str:
         return ""
     colour = style.OK if v.good else style.WARN
     steady = f" (steady state: {v.steady})" if v.steady else ""
-    return (f"<div><b style='color:{colour}'>{escape(v.kind + steady)}</b>: "
-            f"{escape(v.reason)}. <span style='color:{style.MUTED}'>Fix: "
-            f"{escape(v.fix)}</span></div>")
+    return (
+        f"<div><b style='color:{colour}'>{escape(v.kind + steady)}</b>: "
+        f"{escape(v.reason)}. <span style='color:{style.MUTED}'>Fix: "
+        f"{escape(v.fix)}</span></div>"
+    )
 
 
 def anatomy_html(a: Anatomy | None, *, title: str = "where the steps' time went") -> str:
     """Bar, timeline and verdict as one block (no outer root: for panels)."""
     if a is None or not a.steps:
-        return (f"<span style='color:{style.MUTED}'>no step yet: the anatomy appears from "
-                "the first sync of a tracked run (%%on_tpu)</span>")
+        return (
+            f"<span style='color:{style.MUTED}'>no step yet: the anatomy appears from "
+            "the first sync of a tracked run (%%on_tpu)</span>"
+        )
     shown = min(len(a.steps), SHOWN_STEPS)
-    head = (f"{escape(title)}: last {min(len(a.steps), BAR_STEPS)} steps, median "
-            f"{escape(format_seconds(a.step_median))}")
-    return (f"<div style='font-size:11px;color:{style.MUTED}'>{head}</div>{bar_html(a)}"
-            f"<div style='font-size:11px;color:{style.MUTED};margin-top:4px'>the last "
-            f"{shown} steps: host spans above, device executions below</div>"
-            f"{timeline_svg(a)}{verdict_html(a)}")
+    head = (
+        f"{escape(title)}: last {min(len(a.steps), BAR_STEPS)} steps, median "
+        f"{escape(format_seconds(a.step_median))}"
+    )
+    return (
+        f"<div style='font-size:11px;color:{style.MUTED}'>{head}</div>{bar_html(a)}"
+        f"<div style='font-size:11px;color:{style.MUTED};margin-top:4px'>the last "
+        f"{shown} steps: host spans above, device executions below</div>"
+        f"{timeline_svg(a)}{verdict_html(a)}"
+    )
 
 
 def anatomy_text(a: Anatomy | None) -> str:
@@ -157,5 +214,7 @@ def panel_html(since: float) -> str:
     try:
         return anatomy_html(live_anatomy(since), title="where the last steps' time went")
     except Exception as exc:
-        return (f"<span style='color:{style.MUTED}'>step anatomy unavailable: "
-                f"{escape(type(exc).__name__)}</span>")
+        return (
+            f"<span style='color:{style.MUTED}'>step anatomy unavailable: "
+            f"{escape(type(exc).__name__)}</span>"
+        )

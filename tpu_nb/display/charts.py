@@ -28,8 +28,10 @@ DPI = 80 * PIXEL_DENSITY
 LABEL_POINTS = 9
 _STEP_INCHES, _COMPILE_INCHES = (6.2, 2.3), (3.8, 2.3)
 # name -> (width, height) in CSS pixels, as the dashboard reserves them.
-CHART_SIZES = {name: (round(w * 80), round(h * 80))
-               for name, (w, h) in (("step", _STEP_INCHES), ("compile", _COMPILE_INCHES))}
+CHART_SIZES = {
+    name: (round(w * 80), round(h * 80))
+    for name, (w, h) in (("step", _STEP_INCHES), ("compile", _COMPILE_INCHES))
+}
 # Light colours (the theme's dark mode inverts the image, keeping hues: display/style.py).
 _BLUE, _LIGHT, _RED, _TEXT = "#1565c0", "#5e9fe0", "#c62828", "#333333"
 
@@ -38,8 +40,8 @@ def _nice_ceiling(value: float) -> float:
     """The smallest of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above `value` (value > 0)."""
     exp = math.floor(math.log10(value))
     for mult in (1, 1.5, 2, 3, 5, 7.5, 10):
-        if mult * 10 ** exp >= value:
-            return mult * 10 ** exp
+        if mult * 10**exp >= value:
+            return mult * 10**exp
     return 10 ** (exp + 1)
 
 
@@ -63,7 +65,7 @@ class StepTimeChart:
     render fits the axes to the data.
     """
 
-    _INITIAL = (10.0, 0.1, 10.0)            # x: steps; y: ms, bottom and top (decades)
+    _INITIAL = (10.0, 0.1, 10.0)  # x: steps; y: ms, bottom and top (decades)
     _KEPT_BACKGROUNDS = 8
 
     def __init__(self, size: tuple[float, float] = _STEP_INCHES) -> None:
@@ -74,12 +76,27 @@ class StepTimeChart:
         ax.grid(True, alpha=0.3)
         (self.median_line,) = ax.plot([], [], color=_BLUE, lw=1.4, animated=True)
         (self.p90_line,) = ax.plot([], [], color=_LIGHT, lw=1.0, ls="--", animated=True)
-        self.compile_lines = LineCollection([], colors=_RED, linewidths=0.9, alpha=0.8,
-                                            transform=ax.get_xaxis_transform(), animated=True)
+        self.compile_lines = LineCollection(
+            [],
+            colors=_RED,
+            linewidths=0.9,
+            alpha=0.8,
+            transform=ax.get_xaxis_transform(),
+            animated=True,
+        )
         ax.add_collection(self.compile_lines)
         # Said on an empty chart: why there is nothing to plot.
-        self.note = ax.text(0.5, 0.5, "", ha="center", va="center", transform=ax.transAxes,
-                            fontsize=LABEL_POINTS + 1, color=_TEXT, animated=True)
+        self.note = ax.text(
+            0.5,
+            0.5,
+            "",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=LABEL_POINTS + 1,
+            color=_TEXT,
+            animated=True,
+        )
         # Log scale: a compile step (seconds) and steady steps (ms) both stay readable. Few
         # ticks and no minor ones: tick text is most of a full redraw's cost.
         ax.set_yscale("log")
@@ -93,7 +110,7 @@ class StepTimeChart:
         self._backgrounds: dict[tuple, object] = {}
         self.full_draws = 0
         self.last_cost = 0.0
-        self.last_full = False          # whether the last render redrew everything
+        self.last_full = False  # whether the last render redrew everything
 
     def reset(self) -> None:
         """Start over for a new dashboard (the kept backgrounds stay)."""
@@ -105,7 +122,7 @@ class StepTimeChart:
         if final:
             x_top = _nice_ceiling(last * 1.05)
         elif last > x_top:
-            x_top = _nice_ceiling(last * 2)   # the data fills at least half the width
+            x_top = _nice_ceiling(last * 2)  # the data fills at least half the width
         values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
         if values:
             if final:
@@ -117,8 +134,14 @@ class StepTimeChart:
                 y_top *= 10
         return x_top, y_bottom, y_top
 
-    def render(self, series: tuple[StepPoint, ...], compile_steps, *, final: bool = False,
-               compress_level: int = 1) -> bytes:
+    def render(
+        self,
+        series: tuple[StepPoint, ...],
+        compile_steps,
+        *,
+        final: bool = False,
+        compress_level: int = 1,
+    ) -> bytes:
         start = time.perf_counter()
         self.limits = self._wanted_limits(series, compile_steps, final)
         background = self._backgrounds.get(self.limits)
@@ -129,7 +152,7 @@ class StepTimeChart:
             self.ax.set_ylim(y_bottom, y_top)
             self._shown_limits = self.limits
         if background is None:
-            self.canvas.draw()                      # everything but the animated artists
+            self.canvas.draw()  # everything but the animated artists
             background = self.canvas.copy_from_bbox(self.figure.bbox)
             self._backgrounds[self.limits] = background
             while len(self._backgrounds) > self._KEPT_BACKGROUNDS:
@@ -141,9 +164,15 @@ class StepTimeChart:
         self.median_line.set_data(steps, [p.median * 1e3 for p in series])
         self.p90_line.set_data(steps, [p.p90 * 1e3 for p in series])
         self.compile_lines.set_segments([[(s, 0), (s, 1)] for s in compile_steps])
-        self.note.set_text("" if series else (
-            "no step completed: no torch_xla.sync() ran twice" if final
-            else "waiting for the first steps (torch_xla.sync)"))
+        self.note.set_text(
+            ""
+            if series
+            else (
+                "no step completed: no torch_xla.sync() ran twice"
+                if final
+                else "waiting for the first steps (torch_xla.sync)"
+            )
+        )
         for artist in (self.p90_line, self.median_line, self.compile_lines, self.note):
             self.ax.draw_artist(artist)
         png = _png(self.canvas, compress_level)
@@ -182,13 +211,14 @@ class CompileChart:
         self.ax = self.figure.add_subplot(1, 1, 1)
         self.last_cost = 0.0
 
-    def render(self, compiles: tuple[LiveCompile, ...], *, final: bool = False,
-               compress_level: int = 1) -> bytes:
+    def render(
+        self, compiles: tuple[LiveCompile, ...], *, final: bool = False, compress_level: int = 1
+    ) -> bytes:
         start = time.perf_counter()
         ax = self.ax
         ax.clear()
         ax.tick_params(labelsize=LABEL_POINTS, colors=_TEXT)
-        shown = [(c, c.seconds) for c in compiles if c.seconds is not None][-self.SHOWN:]
+        shown = [(c, c.seconds) for c in compiles if c.seconds is not None][-self.SHOWN :]
         if shown:
             labels = [_label(c) for c, _ in shown]
             ax.barh(range(len(shown)), [seconds for _, seconds in shown], color=_RED, alpha=0.75)
@@ -199,11 +229,17 @@ class CompileChart:
         else:
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.text(0.5, 0.5, "no graph compiled in this run" if final
-                    else "no graph compiled yet", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=LABEL_POINTS + 1, color=_TEXT)
-        self.figure.subplots_adjust(left=0.5 if shown else 0.05, right=0.95, top=0.95,
-                                    bottom=0.15)
+            ax.text(
+                0.5,
+                0.5,
+                "no graph compiled in this run" if final else "no graph compiled yet",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=LABEL_POINTS + 1,
+                color=_TEXT,
+            )
+        self.figure.subplots_adjust(left=0.5 if shown else 0.05, right=0.95, top=0.95, bottom=0.15)
         self.canvas.draw()
         png = _png(self.canvas, compress_level)
         self.last_cost = time.perf_counter() - start
@@ -214,8 +250,8 @@ def _label(c: LiveCompile) -> str:
     if c.event is None:
         return f"#{c.index}"
     where = place_text(c.place) if c.place is not None else "library"
-    if len(where) > 20:            # drop the function, then the file's start: the line
-        where = where.split(" (")[0]       # number is what tells the bars apart
+    if len(where) > 20:  # drop the function, then the file's start: the line
+        where = where.split(" (")[0]  # number is what tells the bars apart
         where = where if len(where) <= 20 else "\u2026" + where[-19:]
     # A "$" in a file name would start matplotlib's math text: escape it. (The graph hash is
     # in the compile table; at 10 px there is no room for it here.)

@@ -69,16 +69,16 @@ class RefreshStats:
     (`start_seconds`) and the final state (`stop_seconds`) are counted apart."""
 
     refreshes: int = 0
-    refresh_seconds: float = 0.0      # wall time inside the thread's refreshes
-    refresh_cpu: float = 0.0          # CPU time inside them (thread time)
-    chart_draws: int = 0              # charts drawn by the thread (each chart counts)
+    refresh_seconds: float = 0.0  # wall time inside the thread's refreshes
+    refresh_cpu: float = 0.0  # CPU time inside them (thread time)
+    chart_draws: int = 0  # charts drawn by the thread (each chart counts)
     chart_seconds: float = 0.0
-    chart_full_draws: int = 0         # of those, full redraws (an axis grew; compile chart)
+    chart_full_draws: int = 0  # of those, full redraws (an axis grew; compile chart)
     chart_full_seconds: float = 0.0
-    thread_cpu: float = 0.0           # the polling thread's CPU time over its life
-    thread_seconds: float = 0.0       # how long the polling thread ran
-    start_seconds: float = 0.0        # start(): first poll, widgets, display
-    stop_seconds: float = 0.0         # stop(): join, final poll, final charts, display
+    thread_cpu: float = 0.0  # the polling thread's CPU time over its life
+    thread_seconds: float = 0.0  # how long the polling thread ran
+    start_seconds: float = 0.0  # start(): first poll, widgets, display
+    stop_seconds: float = 0.0  # stop(): join, final poll, final charts, display
 
     @property
     def refresh_cost(self) -> float:
@@ -104,8 +104,7 @@ class RefreshStats:
     @property
     def full_draw_cost(self) -> float:
         """Mean seconds of a full chart redraw."""
-        return (self.chart_full_seconds / self.chart_full_draws if self.chart_full_draws
-                else 0.0)
+        return self.chart_full_seconds / self.chart_full_draws if self.chart_full_draws else 0.0
 
     @property
     def cpu_per_second(self) -> float:
@@ -122,11 +121,16 @@ MAX_ALERT_GRAPHS = 10_000
 def _check_seconds(name: str, value, minimum: float) -> float:
     # NaN compares false with everything: it would pass a plain `value < minimum` and make the
     # polling thread spin without waiting.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not minimum <= value <= MAX_REFRESH_SECONDS:
-        raise TpuNbError(f"{name} must be a number of seconds from {minimum:g} to "
-                         f"{MAX_REFRESH_SECONDS:g}; got {value!r}. Fix: e.g. "
-                         f"{name}={max(minimum, 0.5):g}.")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not minimum <= value <= MAX_REFRESH_SECONDS
+    ):
+        raise TpuNbError(
+            f"{name} must be a number of seconds from {minimum:g} to "
+            f"{MAX_REFRESH_SECONDS:g}; got {value!r}. Fix: e.g. "
+            f"{name}={max(minimum, 0.5):g}."
+        )
     return float(value)
 
 
@@ -154,18 +158,30 @@ class Dashboard:
     `repr()` is a summary without timings, stable for nbval.
     """
 
-    def __init__(self, *, refresh: float = 0.5, chart_refresh: float | None = None,
-                 alert_graphs: int = 3, charts: bool = True, widgets: bool | None = None,
-                 title: str = "XLA dashboard"):
+    def __init__(
+        self,
+        *,
+        refresh: float = 0.5,
+        chart_refresh: float | None = None,
+        alert_graphs: int = 3,
+        charts: bool = True,
+        widgets: bool | None = None,
+        title: str = "XLA dashboard",
+    ):
         self.refresh = _check_seconds("refresh", refresh, 0.1)
         if chart_refresh is None:
             chart_refresh = max(1.0, self.refresh)
         self.chart_refresh = _check_seconds("chart_refresh", chart_refresh, self.refresh)
-        if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) \
-                or not 1 <= alert_graphs <= MAX_ALERT_GRAPHS:
-            raise TpuNbError(f"alert_graphs must be a whole number from 1 to "
-                             f"{MAX_ALERT_GRAPHS:,}; got {alert_graphs!r}. Fix: e.g. "
-                             f"alert_graphs=3.")
+        if (
+            isinstance(alert_graphs, bool)
+            or not isinstance(alert_graphs, int)
+            or not 1 <= alert_graphs <= MAX_ALERT_GRAPHS
+        ):
+            raise TpuNbError(
+                f"alert_graphs must be a whole number from 1 to "
+                f"{MAX_ALERT_GRAPHS:,}; got {alert_graphs!r}. Fix: e.g. "
+                f"alert_graphs=3."
+            )
         self.alert_graphs = alert_graphs
         self.charts = bool(charts)
         self.title = str(title)
@@ -173,13 +189,13 @@ class Dashboard:
         self.status = "ready"
         self.state: LiveState | None = None
         self.stats = RefreshStats()
-        self.error: BaseException | None = None          # what the polling thread hit
+        self.error: BaseException | None = None  # what the polling thread hit
         self._monitor: LiveMonitor | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._widgets: list = []
-        self._root: Any = None             # an ipywidgets VBox (ipywidgets has no types)
+        self._root: Any = None  # an ipywidgets VBox (ipywidgets has no types)
         self._handle = None
         self._shown = False
         self._hooks: list = []
@@ -190,7 +206,7 @@ class Dashboard:
         self._code_start: float | None = None
         self._code_end: float | None = None
         self._last_report = None
-        self._since = time.time()      # the step anatomy panel shows runs from here on
+        self._since = time.time()  # the step anatomy panel shows runs from here on
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -203,8 +219,10 @@ class Dashboard:
         if self.running:
             return self
         if self.status != "ready":
-            raise TpuNbError("this dashboard has already run and stopped. Fix: make a new "
-                             "one: tpu_nb.dashboard() (or %%on_tpu --live).")
+            raise TpuNbError(
+                "this dashboard has already run and stopped. Fix: make a new "
+                "one: tpu_nb.dashboard() (or %%on_tpu --live)."
+            )
         began = time.perf_counter()
         self._monitor = monitor = LiveMonitor(alert_graphs=self.alert_graphs)
         try:
@@ -216,8 +234,8 @@ class Dashboard:
                 self._build_widgets()
             self.status = "running"
             if self.charts:
-                self._make_charts()      # imports matplotlib here, not in the polling thread
-            self._refresh_once(final=False, charts=False)   # charts: from the first poll on
+                self._make_charts()  # imports matplotlib here, not in the polling thread
+            self._refresh_once(final=False, charts=False)  # charts: from the first poll on
             if self._root is not None and ip is not None:
                 from IPython.display import display
 
@@ -233,7 +251,7 @@ class Dashboard:
         self._thread = threading.Thread(target=self._loop, name="tpu_nb-dashboard", daemon=True)
         self._thread.start()
         self.stats.start_seconds = time.perf_counter() - began
-        self._code_start = time.perf_counter()      # the user's code runs from here
+        self._code_start = time.perf_counter()  # the user's code runs from here
         self._last_report = _last_report()
         return self
 
@@ -252,10 +270,10 @@ class Dashboard:
             self._unhook()
             try:
                 self._finish(error)
-            except Exception as exc:     # drawing the final state must not fail the cell
+            except Exception as exc:  # drawing the final state must not fail the cell
                 self.error = self.error or exc
             finally:
-                if self._monitor is not None:      # start() made it before the thread
+                if self._monitor is not None:  # start() made it before the thread
                     self._monitor.close()
                 self._close_widgets()
                 self._release_charts()
@@ -267,10 +285,11 @@ class Dashboard:
             try:
                 from tpu_nb.runtime.environment import wait_device_ops
 
-                wait_device_ops()              # the last executions' times are then recorded
-            except Exception:       # the final state is drawn anyway, with what was recorded
-                logging.getLogger("tpu_nb").debug("waiting for the device before the "
-                                                  "dashboard's final state", exc_info=True)
+                wait_device_ops()  # the last executions' times are then recorded
+            except Exception:  # the final state is drawn anyway, with what was recorded
+                logging.getLogger("tpu_nb").debug(
+                    "waiting for the device before the dashboard's final state", exc_info=True
+                )
         elif isinstance(error, KeyboardInterrupt):
             self.status = "interrupted"
         else:
@@ -294,7 +313,7 @@ class Dashboard:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.stop(exc)      # the exception, if any, goes on
+        self.stop(exc)  # the exception, if any, goes on
 
     def stop_at_cell_end(self) -> Dashboard:
         """Stop when the running IPython cell ends (even if it fails); the next cell's start
@@ -306,7 +325,8 @@ class Dashboard:
 
         def cell_ended(result=None, *args):
             error = getattr(result, "error_in_exec", None) or getattr(
-                result, "error_before_exec", None)
+                result, "error_before_exec", None
+            )
             dash.stop(error)
 
         def next_cell(*args):
@@ -319,7 +339,7 @@ class Dashboard:
 
     def _unhook(self) -> None:
         for ip, event, callback in self._hooks:
-            with contextlib.suppress(ValueError):     # already unregistered
+            with contextlib.suppress(ValueError):  # already unregistered
                 ip.events.unregister(event, callback)
         self._hooks = []
 
@@ -330,7 +350,7 @@ class Dashboard:
         try:
             while not self._stopping.wait(self.refresh):
                 self._refresh_once(final=False, counted=True)
-        except BaseException as exc:     # shown in the final state; the thread never prints
+        except BaseException as exc:  # shown in the final state; the thread never prints
             self.error = exc
         finally:
             self.stats.thread_cpu += time.thread_time() - cpu
@@ -340,8 +360,10 @@ class Dashboard:
         """Poll and update the view once, now (the polling thread does this every
         `refresh` seconds)."""
         if not self.running:
-            raise TpuNbError(f"the dashboard is not running ({self.status}). Fix: "
-                             "dash.start() first, or use `with tpu_nb.dashboard(): ...`.")
+            raise TpuNbError(
+                f"the dashboard is not running ({self.status}). Fix: "
+                "dash.start() first, or use `with tpu_nb.dashboard(): ...`."
+            )
         return self._refresh_once(final=False)
 
     def _refresh_once(self, final: bool, charts: bool = True, counted: bool = False) -> LiveState:
@@ -370,19 +392,32 @@ class Dashboard:
 
         self._header = W.HTML()
         self._alert = W.HTML()
-        self._compile_panel = panel("42%")        # the rows wrap below ~1000 px
+        self._compile_panel = panel("42%")  # the rows wrap below ~1000 px
         self._exec_panel = panel("31%")
         self._transfer_panel = panel("24%")
         self._fallback_panel = panel("63%")
         self._memory_panel = panel("34%")
         self._anatomy_panel = panel("97%")
-        rows = [self._header, self._alert,
-                W.HBox([self._compile_panel, self._exec_panel, self._transfer_panel],
-                       layout=W.Layout(flex_flow="row wrap")),
-                W.HBox([self._fallback_panel, self._memory_panel],
-                       layout=W.Layout(flex_flow="row wrap"))]
-        made = [self._header, self._alert, self._compile_panel, self._exec_panel,
-                self._transfer_panel, self._fallback_panel, self._memory_panel] + rows[2:]
+        rows = [
+            self._header,
+            self._alert,
+            W.HBox(
+                [self._compile_panel, self._exec_panel, self._transfer_panel],
+                layout=W.Layout(flex_flow="row wrap"),
+            ),
+            W.HBox(
+                [self._fallback_panel, self._memory_panel], layout=W.Layout(flex_flow="row wrap")
+            ),
+        ]
+        made = [
+            self._header,
+            self._alert,
+            self._compile_panel,
+            self._exec_panel,
+            self._transfer_panel,
+            self._fallback_panel,
+            self._memory_panel,
+        ] + rows[2:]
         rows.append(self._anatomy_panel)
         made.append(self._anatomy_panel)
         if self.charts:
@@ -392,21 +427,30 @@ class Dashboard:
             # natural size (charts are drawn at twice the pixels: sharp on HiDPI screens).
             def image(name):
                 width, height = CHART_SIZES[name]
-                img = W.Image(format="png", layout=W.Layout(
-                    width=f"{width}px", height=f"{height}px", max_width="100%",
-                    object_fit="contain"))
-                img.add_class("tpunb-chart")         # inverted in dark themes (style.py)
+                img = W.Image(
+                    format="png",
+                    layout=W.Layout(
+                        width=f"{width}px",
+                        height=f"{height}px",
+                        max_width="100%",
+                        object_fit="contain",
+                    ),
+                )
+                img.add_class("tpunb-chart")  # inverted in dark themes (style.py)
                 return img
 
             self._step_image = image("step")
             self._compile_image = image("compile")
             for img in (self._step_image, self._compile_image):
-                img.value = BLANK_PNG        # until the first draw: no broken-image icon
+                img.value = BLANK_PNG  # until the first draw: no broken-image icon
             captions = [W.HTML(caption_html(STEP_CAPTION)), W.HTML(caption_html(COMPILE_CAPTION))]
-            columns = [W.VBox([captions[0], self._step_image],
-                              layout=W.Layout(max_width="62%", margin="0 6px 0 0")),
-                       W.VBox([captions[1], self._compile_image],
-                              layout=W.Layout(max_width="38%"))]
+            columns = [
+                W.VBox(
+                    [captions[0], self._step_image],
+                    layout=W.Layout(max_width="62%", margin="0 6px 0 0"),
+                ),
+                W.VBox([captions[1], self._compile_image], layout=W.Layout(max_width="38%")),
+            ]
             chart_row = W.HBox(columns, layout=W.Layout(flex_flow="row wrap"))
             rows.append(chart_row)
             made += [self._step_image, self._compile_image, *captions, *columns, chart_row]
@@ -419,13 +463,12 @@ class Dashboard:
         for widget in self._widgets + [p for p in parts if hasattr(p, "close")]:
             try:
                 widget.close()
-            except Exception:       # a comm the front end already dropped: the rest still close
+            except Exception:  # a comm the front end already dropped: the rest still close
                 logging.getLogger("tpu_nb").debug("closing a dashboard widget", exc_info=True)
         self._widgets = []
         self._root = None
 
-    def _update_widgets(self, state: LiveState, final: bool, charts: bool,
-                        counted: bool) -> None:
+    def _update_widgets(self, state: LiveState, final: bool, charts: bool, counted: bool) -> None:
         _set(self._header, header_html(state, self.status, self.title, self.elapsed))
         _set(self._alert, alert_html(state))
         _set(self._compile_panel, compile_html(state, final))
@@ -445,7 +488,7 @@ class Dashboard:
         if self._charts is None:
             from tpu_nb.display.mpl_import import import_charts
 
-            charts = import_charts()      # matplotlib: an interrupt cannot leave it half-imported
+            charts = import_charts()  # matplotlib: an interrupt cannot leave it half-imported
             self._charts = (charts.acquire_step_chart(), charts.CompileChart())
         return self._charts
 
@@ -456,8 +499,9 @@ class Dashboard:
             release_step_chart(self._charts[0])
             self._charts = None
 
-    def _draw_charts(self, state: LiveState, final: bool,
-                     counted: bool = False) -> dict[str, bytes]:
+    def _draw_charts(
+        self, state: LiveState, final: bool, counted: bool = False
+    ) -> dict[str, bytes]:
         """Redraw the charts whose data changed, if one is due (always when final)."""
         now = time.perf_counter()
         if not final and now < self._next_chart:
@@ -465,18 +509,24 @@ class Dashboard:
         step_chart, compile_chart = self._make_charts()
         # `final` in the key: the final drawing fits the axes to the data and says "in this
         # run", even when no new data came since the last live drawing.
-        keys = {"step": (state.series_version, state.compile_version, final),
-                "compile": (state.compile_version, final)}
+        keys = {
+            "step": (state.series_version, state.compile_version, final),
+            "compile": (state.compile_version, final),
+        }
         drawn, cost = {}, 0.0
         level = 6 if final else 1
         for name, key in keys.items():
             if self._drawn.get(name) == key and name in self._pngs:
-                continue                 # (an empty chart says why it is empty)
+                continue  # (an empty chart says why it is empty)
             chart: StepTimeChart | CompileChart
             if name == "step":
                 chart = step_chart
-                png = step_chart.render(state.series, [c.step for c in state.compiles],
-                                        final=final, compress_level=level)
+                png = step_chart.render(
+                    state.series,
+                    [c.step for c in state.compiles],
+                    final=final,
+                    compress_level=level,
+                )
             else:
                 chart = compile_chart
                 png = compile_chart.render(state.compiles, final=final, compress_level=level)
@@ -490,8 +540,9 @@ class Dashboard:
             if counted:
                 self.stats.chart_draws += len(drawn)
                 self.stats.chart_seconds += cost
-            self._next_chart = now + max(self.chart_refresh,
-                                         min(_CHART_MAX_GAP, cost / _CHART_DUTY))
+            self._next_chart = now + max(
+                self.chart_refresh, min(_CHART_MAX_GAP, cost / _CHART_DUTY)
+            )
         return drawn
 
     # -- text and display ---------------------------------------------------------------------
@@ -504,8 +555,15 @@ class Dashboard:
         return self.summary()
 
     def _repr_html_(self) -> str:
-        return static_html(self.state, self.status, self.title, self._pngs, self.error,
-                           elapsed=self.elapsed, anatomy=anatomy_html(self._since))
+        return static_html(
+            self.state,
+            self.status,
+            self.title,
+            self._pngs,
+            self.error,
+            elapsed=self.elapsed,
+            anatomy=anatomy_html(self._since),
+        )
 
     @property
     def elapsed(self) -> float | None:
@@ -515,8 +573,12 @@ class Dashboard:
         if self._code_start is None:
             return None
         report = _last_report()
-        if (self._code_end is not None and report is not None
-                and report is not self._last_report and report.complete):
+        if (
+            self._code_end is not None
+            and report is not None
+            and report is not self._last_report
+            and report.complete
+        ):
             return report.wall_seconds
         return (self._code_end or time.perf_counter()) - self._code_start
 
@@ -524,10 +586,15 @@ class Dashboard:
         """The live view's display data: the widget view, and for front ends without widgets
         (nbviewer, exported HTML) a line saying what was here. Both are replaced by the final
         view when the dashboard stops."""
-        note = (f"{escape(self.title)}: live view (needs a front end with ipywidgets); its "
-                "final state replaces it when the cell ends")
-        return {VIEW_MIME: self._root.get_view_spec(), "text/plain": "",
-                "text/html": _marked(f"<div class='tpunb-dashboard-live'>{note}</div>")}
+        note = (
+            f"{escape(self.title)}: live view (needs a front end with ipywidgets); its "
+            "final state replaces it when the cell ends"
+        )
+        return {
+            VIEW_MIME: self._root.get_view_spec(),
+            "text/plain": "",
+            "text/html": _marked(f"<div class='tpunb-dashboard-live'>{note}</div>"),
+        }
 
     def _ipython_display_(self) -> None:
         """Shown once: `tpu_nb.dashboard()` as a cell's last line does not show it twice."""
@@ -569,12 +636,17 @@ def _last_report():
 
 
 def _set(widget, value: str) -> None:
-    if widget.value != value:       # an unchanged trait sends nothing anyway; skip the work
+    if widget.value != value:  # an unchanged trait sends nothing anyway; skip the work
         widget.value = value
 
 
-def dashboard(*, refresh: float = 0.5, chart_refresh: float | None = None,
-              alert_graphs: int = 3, charts: bool = True) -> Dashboard:
+def dashboard(
+    *,
+    refresh: float = 0.5,
+    chart_refresh: float | None = None,
+    alert_graphs: int = 3,
+    charts: bool = True,
+) -> Dashboard:
     """Show a live XLA dashboard for the rest of the running cell, and return it.
 
         tpu_nb.dashboard()                 # stops when the cell ends
@@ -586,7 +658,8 @@ def dashboard(*, refresh: float = 0.5, chart_refresh: float | None = None,
     steps and compile seconds per graph. Outside IPython it polls without showing anything
     until stopped; `print(dash)` then gives the summary.
     """
-    dash = Dashboard(refresh=refresh, chart_refresh=chart_refresh, alert_graphs=alert_graphs,
-                     charts=charts)
+    dash = Dashboard(
+        refresh=refresh, chart_refresh=chart_refresh, alert_graphs=alert_graphs, charts=charts
+    )
     dash.start()
     return dash.stop_at_cell_end()

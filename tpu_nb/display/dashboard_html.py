@@ -19,8 +19,8 @@ from tpu_nb.runtime.sources import place_text
 from tpu_nb.runtime.tracking import HOST_READ_HINT, fallback_hint
 from tpu_nb.runtime.units import format_seconds
 
-_SHOWN_EVENTS = 8         # compile events listed in the final panel (newest first)
-_SHOWN_LIVE = 5           # ... and in the live one, whose height is reserved
+_SHOWN_EVENTS = 8  # compile events listed in the final panel (newest first)
+_SHOWN_LIVE = 5  # ... and in the live one, whose height is reserved
 # Panel heights reserved from the first paint (the live view must not jump as rows and lines
 # arrive): the top row fits 5 compile rows, the bottom row a fallback with its hint.
 _TOP_HEIGHT, _BOTTOM_HEIGHT = "178px", "96px"
@@ -28,13 +28,18 @@ _ANATOMY_HEIGHT = "204px"  # the step anatomy: bar, legend, timeline and a two-l
 # Theme colours (CSS variables with light fallbacks; display/style.py sets them per theme).
 _RED, _RED_BG, _GREY = style.RED, style.RED_BG, style.MUTED
 _FONT = style.FONT
-_PANEL = (f"{style.ROOT};border:1px solid {style.LINE};border-radius:4px;padding:4px 8px;"
-          "margin:2px;overflow:hidden;flex:1 1 auto")
+_PANEL = (
+    f"{style.ROOT};border:1px solid {style.LINE};border-radius:4px;padding:4px 8px;"
+    "margin:2px;overflow:hidden;flex:1 1 auto"
+)
 
 
 def _panel(title: str, body: str, *, alert: bool = False, height: str = "") -> str:
-    css = _PANEL + (f";border:2px solid {_RED};background:{_RED_BG}" if alert else "") + (
-        f";min-height:{height}" if height else "")
+    css = (
+        _PANEL
+        + (f";border:2px solid {_RED};background:{_RED_BG}" if alert else "")
+        + (f";min-height:{height}" if height else "")
+    )
     # class tpunb: the theme's colour variables apply inside (display/style.py)
     return f"<div class='tpunb' style='{css}'><b>{escape(title)}</b><br>{body}</div>"
 
@@ -52,8 +57,9 @@ def _rate(per_second: float) -> str:
     return f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:.0f}/s"
 
 
-def header_html(state: LiveState | None, status: str, title: str,
-                elapsed: float | None = None) -> str:
+def header_html(
+    state: LiveState | None, status: str, title: str, elapsed: float | None = None
+) -> str:
     """The title line; present tense while running, past tense once stopped.
 
     elapsed: the run's wall time, when the caller measured it (the dashboard: from the end of
@@ -64,14 +70,21 @@ def header_html(state: LiveState | None, status: str, title: str,
     running = status in ("running", "ready")
     colour = {"running": style.OK, "finished": style.ACCENT}.get(status, _RED)
     recompiled = state is not None and state.alerts
-    alert = (f" <b style='color:{_RED}'>{'RECOMPILING' if running else 'RECOMPILED'}</b>"
-             if recompiled else "")
-    counted = (f"sync <span class='tpunb-steps'>{steps}</span> · {format_seconds(elapsed)}"
-               if running else
-               f"<span class='tpunb-steps'>{steps}</span> syncs in {format_seconds(elapsed)}")
-    return (f"{style.STYLE}<div class='tpunb' style='{style.ROOT}'><b>{escape(title)}</b> "
-            f"<span style='color:{colour}' class='tpunb-status'>{escape(status)}</span> · "
-            f"{counted}{alert}</div>")
+    alert = (
+        f" <b style='color:{_RED}'>{'RECOMPILING' if running else 'RECOMPILED'}</b>"
+        if recompiled
+        else ""
+    )
+    counted = (
+        f"sync <span class='tpunb-steps'>{steps}</span> · {format_seconds(elapsed)}"
+        if running
+        else f"<span class='tpunb-steps'>{steps}</span> syncs in {format_seconds(elapsed)}"
+    )
+    return (
+        f"{style.STYLE}<div class='tpunb' style='{style.ROOT}'><b>{escape(title)}</b> "
+        f"<span style='color:{colour}' class='tpunb-status'>{escape(status)}</span> · "
+        f"{counted}{alert}</div>"
+    )
 
 
 def alert_html(state: LiveState | None) -> str:
@@ -79,15 +92,19 @@ def alert_html(state: LiveState | None) -> str:
         return ""
     parts = []
     for alert in state.alerts:
-        how = ("captured graphs of its next syncs" if alert.source == "graphs"
-               else "its compile-log blocks (counts and sizes; the ops are not logged)")
+        how = (
+            "captured graphs of its next syncs"
+            if alert.source == "graphs"
+            else "its compile-log blocks (counts and sizes; the ops are not logged)"
+        )
         lines = "".join(f"<li>{escape(line)}</li>" for line in alert.differs)
         parts.append(
             f"<div><b style='color:{_RED}'>Recompilation: {escape(alert.describe())}</b><br>"
             f"what differs between its last two graphs, from {escape(how)}:"
             f"<ul style='margin:2px 0 2px 1.2em;padding:0'>{lines}</ul>"
             "what to do: keep shapes, dtypes and Python values in the step fixed (pad or "
-            "bucket batches; pass changing scalars as tensors)</div>")
+            "bucket batches; pass changing scalars as tensors)</div>"
+        )
     css = f"{_PANEL};border:2px solid {_RED};background:{_RED_BG}"
     return f"<div class='tpunb' style='{css}'>{''.join(parts)}</div>"
 
@@ -96,8 +113,10 @@ def compile_html(state: LiveState | None, final: bool = False) -> str:
     if state is None:
         return _panel("Compiles", "-", height=_TOP_HEIGHT)
     m = state.metrics
-    head = (f"graphs compiled <b>{m.compiles}</b> ({format_seconds(m.compile_seconds)}) · "
-            f"cache hits <b>{m.cache_hits}</b>")
+    head = (
+        f"graphs compiled <b>{m.compiles}</b> ({format_seconds(m.compile_seconds)}) · "
+        f"cache hits <b>{m.cache_hits}</b>"
+    )
     rows = []
     shown = _SHOWN_EVENTS if final else _SHOWN_LIVE
     for c in reversed(state.compiles[-shown:]):
@@ -105,37 +124,54 @@ def compile_html(state: LiveState | None, final: bool = False) -> str:
         if c.event is None:
             rows.append(_row(f"#{c.index}", "cause unknown", "", "", secs))
             continue
-        rows.append(_row(f"#{c.index}", escape(place_text(c.place)),
-                         f"<span title='{escape(c.event.cause)}'>"
-                         f"{escape(_short_cause(c.event))}</span>",
-                         f"<code style='font-size:inherit'>{escape(c.event.graph_hash[:8])}"
-                         "</code>", secs))
+        rows.append(
+            _row(
+                f"#{c.index}",
+                escape(place_text(c.place)),
+                f"<span title='{escape(c.event.cause)}'>{escape(_short_cause(c.event))}</span>",
+                f"<code style='font-size:inherit'>{escape(c.event.graph_hash[:8])}</code>",
+                secs,
+            )
+        )
     body = head
     if rows:
         earlier = len(state.compiles) - min(len(state.compiles), shown)
         more = f"<br><span style='color:{_GREY}'>… {earlier} earlier</span>" if earlier else ""
         head_row = _row("#", "line", "cause", "graph", "time", tag="th")
-        body += ("<table style='border-collapse:collapse;font-size:11px;margin:2px 0;"
-                 "color:inherit;border:none;background:none'>"
-                 f"{head_row}{''.join(rows)}</table>{more}")
+        body += (
+            "<table style='border-collapse:collapse;font-size:11px;margin:2px 0;"
+            "color:inherit;border:none;background:none'>"
+            f"{head_row}{''.join(rows)}</table>{more}"
+        )
     if m.compiles and not state.compile_analysis:
-        body += (f"<br><span style='color:{_GREY}'>compile causes unknown: run %tpu_setup "
-                 "(tpu_nb.setup()) before the first compile to record them</span>")
+        body += (
+            f"<br><span style='color:{_GREY}'>compile causes unknown: run %tpu_setup "
+            "(tpu_nb.setup()) before the first compile to record them</span>"
+        )
     return _panel("Compiles", body, alert=bool(state.alerts), height=_TOP_HEIGHT)
 
 
 # Inline styles: notebook front ends restyle bare tables (JupyterLab right-aligns cells).
-_CELL = ("text-align:left;padding:0 8px 0 0;border:none;background:none;vertical-align:top;"
-         "color:inherit;font-size:inherit;line-height:1.35")
+_CELL = (
+    "text-align:left;padding:0 8px 0 0;border:none;background:none;vertical-align:top;"
+    "color:inherit;font-size:inherit;line-height:1.35"
+)
 
 
 def _row(*cells: str, tag: str = "td") -> str:
-    return "<tr style='background:none'>" + "".join(
-        f"<{tag} style='{_CELL}'>{cell}</{tag}>" for cell in cells) + "</tr>"
+    return (
+        "<tr style='background:none'>"
+        + "".join(f"<{tag} style='{_CELL}'>{cell}</{tag}>" for cell in cells)
+        + "</tr>"
+    )
 
 
-_CAUSES = {"sync": "sync", "value-access": "value read", "dynamo": "dynamo",
-           "compile": "torch_xla.compile"}
+_CAUSES = {
+    "sync": "sync",
+    "value-access": "value read",
+    "dynamo": "dynamo",
+    "compile": "torch_xla.compile",
+}
 
 
 def _short_cause(event: CompileEvent) -> str:
@@ -152,20 +188,25 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
     m = state.metrics
     if state.step_median is not None:
         measured = "" if final else f", {state.steps_measured} measured"
-        steps = (f"step time median <b>{format_seconds(state.step_median)}</b> · p90 "
-                 f"<b>{format_seconds(state.step_p90)}</b><br><span style='color:{_GREY}'>"
-                 f"device-synced: between step completions{measured}</span>")
+        steps = (
+            f"step time median <b>{format_seconds(state.step_median)}</b> · p90 "
+            f"<b>{format_seconds(state.step_p90)}</b><br><span style='color:{_GREY}'>"
+            f"device-synced: between step completions{measured}</span>"
+        )
     else:
-        steps = (f"<span style='color:{_GREY}'>step time: no step completed"
-                 f"{'' if final else ' yet'}</span>")
-    rate = (m.executions / state.elapsed if final and state.elapsed > 0
-            else state.execution_rate)
-    body = (f"syncs <b>{state.steps}</b> <span style='color:{_GREY}' title='torch_xla.sync() "
-            "and mark_step calls: one per training step, plus any sync tpu_nb adds at the "
-            "end of a cell'>(torch_xla.sync calls: one per training step)</span><br>"
-            f"executions <b>{m.executions}</b> · {_rate(rate)}"
-            f"{' on average' if final else ''}<br>{steps}<br>"
-            f"on device {format_seconds(m.execute_seconds)}")
+        steps = (
+            f"<span style='color:{_GREY}'>step time: no step completed"
+            f"{'' if final else ' yet'}</span>"
+        )
+    rate = m.executions / state.elapsed if final and state.elapsed > 0 else state.execution_rate
+    body = (
+        f"syncs <b>{state.steps}</b> <span style='color:{_GREY}' title='torch_xla.sync() "
+        "and mark_step calls: one per training step, plus any sync tpu_nb adds at the "
+        "end of a cell'>(torch_xla.sync calls: one per training step)</span><br>"
+        f"executions <b>{m.executions}</b> · {_rate(rate)}"
+        f"{' on average' if final else ''}<br>{steps}<br>"
+        f"on device {format_seconds(m.execute_seconds)}"
+    )
     return _panel("Execution", body, height=_TOP_HEIGHT)
 
 
@@ -173,8 +214,10 @@ def transfers_html(state: LiveState | None) -> str:
     if state is None:
         return _panel("Transfers", "-", height=_TOP_HEIGHT)
     m = state.metrics
-    body = (f"to device <b>{m.to_device_transfers}</b> ({format_seconds(m.to_device_seconds)})<br>"
-            f"to host <b>{m.from_device_transfers}</b> ({format_seconds(m.from_device_seconds)})")
+    body = (
+        f"to device <b>{m.to_device_transfers}</b> ({format_seconds(m.to_device_seconds)})<br>"
+        f"to host <b>{m.from_device_transfers}</b> ({format_seconds(m.from_device_seconds)})"
+    )
     return _panel("Transfers", body, height=_TOP_HEIGHT)
 
 
@@ -183,16 +226,19 @@ def fallbacks_html(state: LiveState | None) -> str:
         return _panel("CPU fallbacks and device\u2192host reads", "-", height=_BOTTOM_HEIGHT)
     m = state.metrics
     if m.fallbacks:
-        fall = "".join(f"<code>aten::{escape(op)}</code> ran on the CPU <b>{n}</b>\u00d7<br>"
-                       f"<span style='color:{_GREY}'>{escape(fallback_hint(op))}</span><br>"
-                       for op, n in sorted(m.fallbacks.items()))
+        fall = "".join(
+            f"<code>aten::{escape(op)}</code> ran on the CPU <b>{n}</b>\u00d7<br>"
+            f"<span style='color:{_GREY}'>{escape(fallback_hint(op))}</span><br>"
+            for op, n in sorted(m.fallbacks.items())
+        )
     else:
         fall = "CPU fallbacks: none<br>"
     reads = f"device\u2192host reads <b>{m.host_reads}</b>"
     if m.host_reads:
         reads += f"<br><span style='color:{_GREY}'>{escape(HOST_READ_HINT)}</span>"
-    return _panel("CPU fallbacks and device\u2192host reads", f"{fall}{reads}",
-                  height=_BOTTOM_HEIGHT)
+    return _panel(
+        "CPU fallbacks and device\u2192host reads", f"{fall}{reads}", height=_BOTTOM_HEIGHT
+    )
 
 
 def memory_html(state: LiveState | None) -> str:
@@ -202,34 +248,35 @@ def memory_html(state: LiveState | None) -> str:
     if mem.device_note:
         device = f"<span style='color:{_GREY}'>{escape(mem.device_note)}</span>"
     else:
-        device = (f"device used <b>{_bytes(mem.device_used)}</b> of {_bytes(mem.device_limit)}"
-                  + (f" · peak {_bytes(mem.device_peak)}" if mem.device_peak is not None
-                     else ""))
+        device = f"device used <b>{_bytes(mem.device_used)}</b> of {_bytes(mem.device_limit)}" + (
+            f" · peak {_bytes(mem.device_peak)}" if mem.device_peak is not None else ""
+        )
     host = f"host RSS <b>{_bytes(mem.host_rss)}</b> · peak {_bytes(mem.host_peak)}"
     return _panel("Memory", f"{device}<br>{host}", height=_BOTTOM_HEIGHT)
 
 
 def caption_html(text: str) -> str:
-    return (f"<div class='tpunb' style='{_FONT};font-size:11px;color:{_GREY}'>"
-            f"{escape(text)}</div>")
+    return f"<div class='tpunb' style='{_FONT};font-size:11px;color:{_GREY}'>{escape(text)}</div>"
 
 
 def _img(png: bytes | None, caption: str) -> str:
     if not png:
         return ""
     width, height = _css_size(png)
-    return (f"<div style='margin:2px 6px 2px 0;width:{width}px;max-width:100%'>"
-            f"{caption_html(caption)}"
-            f"<img class='tpunb-chart' alt='{escape(caption)}' width='{width}' "
-            f"height='{height}' style='max-width:100%;height:auto;display:block' "
-            f"src='data:image/png;base64,{b64encode(png).decode()}'></div>")
+    return (
+        f"<div style='margin:2px 6px 2px 0;width:{width}px;max-width:100%'>"
+        f"{caption_html(caption)}"
+        f"<img class='tpunb-chart' alt='{escape(caption)}' width='{width}' "
+        f"height='{height}' style='max-width:100%;height:auto;display:block' "
+        f"src='data:image/png;base64,{b64encode(png).decode()}'></div>"
+    )
 
 
 def _css_size(png: bytes) -> tuple[int, int]:
     """The size a chart is shown at: its pixels over the charts' density (sharp at 2x)."""
     from tpu_nb.display.charts import PIXEL_DENSITY
 
-    width = int.from_bytes(png[16:20], "big")       # the PNG header's width and height
+    width = int.from_bytes(png[16:20], "big")  # the PNG header's width and height
     height = int.from_bytes(png[20:24], "big")
     return round(width / PIXEL_DENSITY), round(height / PIXEL_DENSITY)
 
@@ -237,58 +284,87 @@ def _css_size(png: bytes) -> tuple[int, int]:
 # A 1x1 transparent PNG: what a chart slot holds before its first draw.
 BLANK_PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
-    "0000000b49444154789c6360000200000500017a5eab3f0000000049454e44ae426082")
+    "0000000b49444154789c6360000200000500017a5eab3f0000000049454e44ae426082"
+)
 
 # The charts' captions, without importing matplotlib for a text-only dashboard.
-STEP_CAPTION = ("step time (ms, log scale) over steps: median (solid) and p90 (dashed) per "
-                 "refresh; red lines: compiles")
+STEP_CAPTION = (
+    "step time (ms, log scale) over steps: median (solid) and p90 (dashed) per "
+    "refresh; red lines: compiles"
+)
 COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
 def anatomy_html(since: float) -> str:
     """The step anatomy panel (display/anatomy_view.py)."""
-    return _panel("where the steps' time went", anatomy_panel_html(since),
-                  height=_ANATOMY_HEIGHT)
+    return _panel("where the steps' time went", anatomy_panel_html(since), height=_ANATOMY_HEIGHT)
 
 
-def static_html(state: LiveState | None, status: str, title: str, pngs: dict[str, bytes],
-                error: BaseException | None = None, elapsed: float | None = None,
-                anatomy: str = "") -> str:
+def static_html(
+    state: LiveState | None,
+    status: str,
+    title: str,
+    pngs: dict[str, bytes],
+    error: BaseException | None = None,
+    elapsed: float | None = None,
+    anatomy: str = "",
+) -> str:
     """The final (or any) state as one self-contained HTML block."""
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
-    panels = [(compile_html(state, True), 2), (execution_html(state, True), 1),
-              (transfers_html(state), 1), (fallbacks_html(state), 2), (memory_html(state), 1)]
+    panels = [
+        (compile_html(state, True), 2),
+        (execution_html(state, True), 1),
+        (transfers_html(state), 1),
+        (fallbacks_html(state), 2),
+        (memory_html(state), 1),
+    ]
     broken = ""
     if error is not None:
-        broken = (f"<div style='{_FONT};color:{_RED}'>the dashboard stopped updating: "
-                  f"{escape(type(error).__name__)}: {escape(str(error)[:300])}</div>")
+        broken = (
+            f"<div style='{_FONT};color:{_RED}'>the dashboard stopped updating: "
+            f"{escape(type(error).__name__)}: {escape(str(error)[:300])}</div>"
+        )
     # The live view reserves panel heights (no jumps while it updates); the final one is
     # drawn once and needs no reserve.
     for height in (_TOP_HEIGHT, _BOTTOM_HEIGHT):
         panels = [(p.replace(f";min-height:{height}", ""), grow) for p, grow in panels]
     anatomy = anatomy.replace(f";min-height:{_ANATOMY_HEIGHT}", "")
-    return (f"<div class='tpunb tpunb-dashboard' style='{style.ROOT};padding:0'>"
-            f"{header_html(state, status, title, elapsed)}{broken}"
-            f"{alert_html(state)}<div style='{row}'>"
-            + "".join(f"<div style='flex:{grow} 1 {240 * grow}px;display:flex'>{p}</div>"
-                      for p, grow in panels) + "</div>" + anatomy +
-            f"<div style='{row}'>{_img(pngs.get('step'), STEP_CAPTION)}"
-            f"{_img(pngs.get('compile'), COMPILE_CAPTION)}</div></div>")
+    return (
+        f"<div class='tpunb tpunb-dashboard' style='{style.ROOT};padding:0'>"
+        f"{header_html(state, status, title, elapsed)}{broken}"
+        f"{alert_html(state)}<div style='{row}'>"
+        + "".join(
+            f"<div style='flex:{grow} 1 {240 * grow}px;display:flex'>{p}</div>"
+            for p, grow in panels
+        )
+        + "</div>"
+        + anatomy
+        + f"<div style='{row}'>{_img(pngs.get('step'), STEP_CAPTION)}"
+        f"{_img(pngs.get('compile'), COMPILE_CAPTION)}</div></div>"
+    )
 
 
-def summary_text(state: LiveState | None, status: str, title: str = "XLA dashboard",
-                 error: BaseException | None = None) -> str:
+def summary_text(
+    state: LiveState | None,
+    status: str,
+    title: str = "XLA dashboard",
+    error: BaseException | None = None,
+) -> str:
     """Counts and findings, no timings: the same text for the same work on every run."""
     if state is None:
         return f"{title} ({status})"
     m = state.metrics
-    lines = [f"{title} ({status}): {state.steps} steps, {m.executions} executions, "
-             f"{m.compiles} graphs compiled, {m.cache_hits} cache hits, "
-             f"{sum(m.fallbacks.values())} CPU fallbacks, {m.host_reads} device->host reads"]
+    lines = [
+        f"{title} ({status}): {state.steps} steps, {m.executions} executions, "
+        f"{m.compiles} graphs compiled, {m.cache_hits} cache hits, "
+        f"{sum(m.fallbacks.values())} CPU fallbacks, {m.host_reads} device->host reads"
+    ]
     for c in state.compiles[-_SHOWN_EVENTS:]:
         if c.event is not None:
-            lines.append(f"  compiled graph {c.event.graph_hash[:8]} at {place_text(c.place)}: "
-                         f"{c.event.cause}")
+            lines.append(
+                f"  compiled graph {c.event.graph_hash[:8]} at {place_text(c.place)}: "
+                f"{c.event.cause}"
+            )
     for alert in state.alerts:
         lines.append(f"  RECOMPILATION ALERT: {alert.describe()}; what differs:")
         lines += [f"    {line}" for line in alert.differs]

@@ -35,15 +35,22 @@ class Layout:
     width: float
     height: float
     layer: list[int]
-    routes: list[list[Point]]   # per input edge: from the source's bottom to the target's top
-    crossings: int              # crossings between adjacent layers (edges with virtual nodes)
+    routes: list[list[Point]]  # per input edge: from the source's bottom to the target's top
+    crossings: int  # crossings between adjacent layers (edges with virtual nodes)
     virtual_nodes: int
-    direct_edges: int           # edges too long for virtual nodes: drawn straight
+    direct_edges: int  # edges too long for virtual nodes: drawn straight
 
 
-def layered_layout(sizes: Sequence[tuple[float, float]], edges: Sequence[tuple[int, int]], *,
-                   node_gap: float = 18.0, layer_gap: float = 40.0, margin: float = 12.0,
-                   sweeps: int | None = None, max_virtual: int | None = None) -> Layout:
+def layered_layout(
+    sizes: Sequence[tuple[float, float]],
+    edges: Sequence[tuple[int, int]],
+    *,
+    node_gap: float = 18.0,
+    layer_gap: float = 40.0,
+    margin: float = 12.0,
+    sweeps: int | None = None,
+    max_virtual: int | None = None,
+) -> Layout:
     """Lay out nodes 0..len(sizes)-1 (width, height each) joined by directed `edges`.
 
     `max_virtual` caps the virtual nodes long edges get (default: 50,000 or 4 per node);
@@ -61,11 +68,21 @@ def layered_layout(sizes: Sequence[tuple[float, float]], edges: Sequence[tuple[i
     x = [xv + shift for xv in x]
     width = max((x[v] + widths[v] / 2 for v in range(net.size)), default=0.0) + margin
     routes = _routes(edges, flipped, net, x, y, sizes)
-    return Layout(x=x[:n], y=y[:n], width=width, height=height, layer=layer, routes=routes,
-                  crossings=crossings, virtual_nodes=net.size - n, direct_edges=len(net.long))
+    return Layout(
+        x=x[:n],
+        y=y[:n],
+        width=width,
+        height=height,
+        layer=layer,
+        routes=routes,
+        crossings=crossings,
+        virtual_nodes=net.size - n,
+        direct_edges=len(net.long),
+    )
 
 
 # -- 1. cycles -----------------------------------------------------------------------------
+
 
 def _acyclic(n: int, edges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]], set]:
     """Distinct edges with back edges reversed, and the set of reversed (u, v) pairs."""
@@ -75,7 +92,7 @@ def _acyclic(n: int, edges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, 
         if u != v and (u, v) not in seen_pairs:
             seen_pairs.add((u, v))
             succ[u].append(v)
-    state = [0] * n                      # 0 new, 1 on the DFS stack, 2 done
+    state = [0] * n  # 0 new, 1 on the DFS stack, 2 done
     flipped = set()
     for start in range(n):
         if state[start]:
@@ -103,10 +120,11 @@ def _acyclic(n: int, edges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, 
 
 # -- 2. layers -----------------------------------------------------------------------------
 
+
 def _topological(n: int, succ: list[list[int]], indeg: list[int]) -> list[int]:
     remaining = list(indeg)
     order = [v for v in range(n) if remaining[v] == 0]
-    for u in order:                      # the list grows while we walk it
+    for u in order:  # the list grows while we walk it
         for v in succ[u]:
             remaining[v] -= 1
             if remaining[v] == 0:
@@ -140,16 +158,17 @@ def _layers(n: int, dag: list[tuple[int, int]]) -> list[int]:
     for v in reversed(order):
         if succ[v]:
             late[v] = min(late[w] for w in succ[v]) - 1
-    for v in order:                       # and the mirror image: results rise to their inputs
+    for v in order:  # and the mirror image: results rise to their inputs
         if pred[v] and len(pred[v]) > len(succ[v]):
             late[v] = max(late[u] for u in pred[v]) + 1
     lowest = min(late, default=0)
     late = [v - lowest for v in late]
-    length = lambda layer: sum(layer[v] - layer[u] for u, v in dag)   # noqa: E731
+    length = lambda layer: sum(layer[v] - layer[u] for u, v in dag)  # noqa: E731
     return late if length(late) < length(early) else early
 
 
 # -- 3. virtual nodes ----------------------------------------------------------------------
+
 
 class _Layered:
     """Nodes (real, then virtual) on layers, with every edge between adjacent layers, except
@@ -161,8 +180,9 @@ class _Layered:
     virtual nodes are spent on the shortest edges; the rest go straight to their target.
     """
 
-    def __init__(self, n: int, layer: list[int], dag: list[tuple[int, int]],
-                 max_virtual: int) -> None:
+    def __init__(
+        self, n: int, layer: list[int], dag: list[tuple[int, int]], max_virtual: int
+    ) -> None:
         self.n = n
         self.layer = list(layer)
         self.up: list[list[int]] = [[] for _ in range(n)]
@@ -222,8 +242,8 @@ def _span_limit(spans: list[int], max_virtual: int) -> int:
 
 # -- 4. order within layers ----------------------------------------------------------------
 
-_SMALL = 4000     # layered nodes (real + virtual) up to which ordering tries harder
-_SIFT = 1500      # ... and up to which it also sifts
+_SMALL = 4000  # layered nodes (real + virtual) up to which ordering tries harder
+_SIFT = 1500  # ... and up to which it also sifts
 
 
 def _initial_orders(net: _Layered) -> list[list[list[int]]]:
@@ -278,7 +298,7 @@ def _sweep(net: _Layered, downward: bool) -> None:
             if adj:
                 keys[v] = _median(sorted(pos[u] for u in adj))
             else:
-                keys[v] = pos[v]          # nothing pulls it: keep its place
+                keys[v] = pos[v]  # nothing pulls it: keep its place
         row.sort(key=keys.__getitem__)
         for i, v in enumerate(row):
             pos[v] = i
@@ -322,7 +342,7 @@ def _improve(net: _Layered, sweeps: int) -> tuple[int, list[list[int]]]:
                 break
     if net.size <= _SIFT and best:
         net.place(best_rows)
-        for _ in range(4):                 # polish: sifting finds moves sweeps cannot
+        for _ in range(4):  # polish: sifting finds moves sweeps cannot
             _sift(net)
             _transpose(net)
             crossings = count_layer_crossings(net)
@@ -341,8 +361,9 @@ def _crossing_counter(net: _Layered, row: list[int]):
 
     def crossings(a: int, b: int) -> int:
         up_b, down_b = ups[b], downs[b]
-        return (sum(bisect_left(up_b, p) for p in ups[a]) if up_b else 0) + \
-               (sum(bisect_left(down_b, p) for p in downs[a]) if down_b else 0)
+        return (sum(bisect_left(up_b, p) for p in ups[a]) if up_b else 0) + (
+            sum(bisect_left(down_b, p) for p in downs[a]) if down_b else 0
+        )
 
     return crossings
 
@@ -379,13 +400,13 @@ def _sift(net: _Layered) -> None:
             others = [u for u in row if u != v]
             left = [crossings(v, u) for u in others]
             right = [crossings(u, v) for u in others]
-            cost = best_cost = sum(left)           # v placed first, left of everyone
+            cost = best_cost = sum(left)  # v placed first, left of everyone
             best_at = 0
-            for k in range(len(others)):           # v moves right, past others[k]
+            for k in range(len(others)):  # v moves right, past others[k]
                 cost += right[k] - left[k]
                 if cost < best_cost:
                     best_cost, best_at = cost, k + 1
-            now = row.index(v)                     # its cost where it is now:
+            now = row.index(v)  # its cost where it is now:
             if best_cost < sum(right[:now]) + sum(left[now:]):
                 row[:] = others[:best_at] + [v] + others[best_at:]
                 for i, u in enumerate(row):
@@ -432,9 +453,8 @@ def _x_positions(net: _Layered, widths: list[float], node_gap: float) -> list[fl
         downward = i % 2 == 0
         rows = range(1, len(net.layers)) if downward else range(len(net.layers) - 2, -1, -1)
         for r in rows:
-            _place_row(net, net.layers[r], net.up if downward else net.down, widths,
-                       node_gap, x)
-    for row in net.layers:                # last: balance between both neighbour layers
+            _place_row(net, net.layers[r], net.up if downward else net.down, widths, node_gap, x)
+    for row in net.layers:  # last: balance between both neighbour layers
         _place_row(net, row, None, widths, node_gap, x)
     return x
 
@@ -451,7 +471,7 @@ def _pack(row: list[int], widths: list[float], gap: float, x: list[float]) -> No
 
 
 def _gap(widths: list[float], a: int, b: int, gap: float) -> float:
-    space = gap if widths[a] and widths[b] else gap / 3     # virtual nodes pack closer
+    space = gap if widths[a] and widths[b] else gap / 3  # virtual nodes pack closer
     return (widths[a] + widths[b]) / 2 + space
 
 
@@ -467,8 +487,7 @@ def _pull(net: _Layered, v: int, u: int) -> float:
     return 0.3 if v_real else 0.05
 
 
-def _place_row(net: _Layered, row: list[int], neighbours, widths, gap,
-               x: list[float]) -> None:
+def _place_row(net: _Layered, row: list[int], neighbours, widths, gap, x: list[float]) -> None:
     targets, weights = [], []
     for v in row:
         adj = neighbours[v] if neighbours is not None else net.up[v] + net.down[v]
@@ -489,7 +508,7 @@ def _place_row(net: _Layered, row: list[int], neighbours, widths, gap,
 
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     """Weighted least-squares fit of a non-decreasing sequence (pool adjacent violators)."""
-    blocks: list[list[float]] = []        # [weighted sum, weight, count]
+    blocks: list[list[float]] = []  # [weighted sum, weight, count]
     for v, w in zip(values, weights, strict=True):
         blocks.append([v * w, w, 1])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
@@ -505,8 +524,10 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
 
 # -- 6. y positions and routes -------------------------------------------------------------
 
-def _y_positions(net: _Layered, sizes, layer_gap: float,
-                 margin: float) -> tuple[list[float], float]:
+
+def _y_positions(
+    net: _Layered, sizes, layer_gap: float, margin: float
+) -> tuple[list[float], float]:
     heights = [0.0] * len(net.layers)
     for v in range(net.n):
         heights[net.layer[v]] = max(heights[net.layer[v]], sizes[v][1])

@@ -48,18 +48,23 @@ COLOURS = {
     "fallback": ("#fee2e2", "#dc2626"),
 }
 KIND_NAMES = {
-    "data": "device data", "constant": "constant", "view": "view / layout",
-    "compute": "compute", "reduction": "reduction", "collective": "collective",
-    "random": "random", "fallback": "CPU fallback",
+    "data": "device data",
+    "constant": "constant",
+    "view": "view / layout",
+    "compute": "compute",
+    "reduction": "reduction",
+    "collective": "collective",
+    "random": "random",
+    "fallback": "CPU fallback",
 }
 CHANGED = "#ea580c"
 # Names source files for people: path -> e.g. "In [3]" for a notebook cell's file, or None.
 SourceNames = Callable[[str], "str | None"]
-MAX_TEXT = 200_000          # characters of IR / HLO text embedded in the HTML (at most)
-MAX_HTML = 1_900_000        # the IR / HLO panels shrink to keep a view's HTML under this
+MAX_TEXT = 200_000  # characters of IR / HLO text embedded in the HTML (at most)
+MAX_HTML = 1_900_000  # the IR / HLO panels shrink to keep a view's HTML under this
 _FONT = 12
-_SMALL = 10                 # the smallest text drawn: 10 px at the natural size
-_CHAR = 0.62                # monospace glyph width per font-size unit
+_SMALL = 10  # the smallest text drawn: 10 px at the natural size
+_CHAR = 0.62  # monospace glyph width per font-size unit
 _BOX_H = 34
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -70,7 +75,7 @@ def esc(text: object) -> str:
 
 
 def _fit(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -95,20 +100,33 @@ def _node_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _B
     loc = shown_location(n)
     where = f"{loc.function}@{loc.file}:{loc.line}" if loc else ""
     out = f" → out {n.root}" if n.root is not None else ""
-    tip = [f"%{n.id} {n.op}", f"shape {n.shape}" + (f" {n.layout}" if n.layout else ""),
-           f"kind {KIND_NAMES.get(n.kind, n.kind)}"]
+    tip = [
+        f"%{n.id} {n.op}",
+        f"shape {n.shape}" + (f" {n.layout}" if n.layout else ""),
+        f"kind {KIND_NAMES.get(n.kind, n.kind)}",
+    ]
     tip += [f"line {where}"] if where else ["line: not recorded (IR debug off, or autograd)"]
     user = n.user_frame
-    if user is not None and loc is not None and (user.line, user.function) != (loc.line,
-                                                                               loc.function):
+    if (
+        user is not None
+        and loc is not None
+        and (user.line, user.function) != (loc.line, loc.function)
+    ):
         tip.append(f"called from {user.file}:{user.line} ({user.function})")
     tip += [f"scope {n.scope}"] if n.scope else []
     tip += [f"output {n.root} of the graph"] if n.root is not None else []
     tip += [f"attrs {', '.join(f'{k}={v}' for k, v in n.attrs)}"] if n.attrs else []
     short = f"{loc.file}:{loc.line}" if loc else ""
     line2 = _fit(_cell_label(rename(f"%{n.id}" + (f" · {short}" if short else "") + out)), 34)
-    return _Box(title=rename("\n".join(tip)), line1=_fit(n.name, 28), line2=line2,
-                kind=n.kind, output=n.root is not None, changed=n.id in changed, group=False)
+    return _Box(
+        title=rename("\n".join(tip)),
+        line1=_fit(n.name, 28),
+        line2=line2,
+        kind=n.kind,
+        output=n.root is not None,
+        changed=n.id in changed,
+        group=False,
+    )
 
 
 def _quoted(key: str) -> str:
@@ -117,7 +135,7 @@ def _quoted(key: str) -> str:
 
 
 def _cell_label(text: str) -> str:
-    """"<module>@In [3]:4" -> "In [3]:4": a cell's own top-level code needs no function."""
+    """ "<module>@In [3]:4" -> "In [3]:4": a cell's own top-level code needs no function."""
     return text.replace("<module>@", "")
 
 
@@ -127,18 +145,29 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _
     n_changed = sum(1 for m in group.members if m in changed)
     outs = sum(1 for m in group.members if graph.node(m).root is not None)
     tip = [f"group {group.key}", f"{group.size} nodes: {ops}{more}"]
-    tip += ["lines: " + "; ".join(f"{k} ({c})" for k, c in group.sources[:6])] \
-        if group.sources else []
-    callers = Counter(f"{u.file}:{u.line} ({u.function})" for u in
-                      (graph.node(m).user_frame for m in group.members) if u is not None)
+    tip += (
+        ["lines: " + "; ".join(f"{k} ({c})" for k, c in group.sources[:6])] if group.sources else []
+    )
+    callers = Counter(
+        f"{u.file}:{u.line} ({u.function})"
+        for u in (graph.node(m).user_frame for m in group.members)
+        if u is not None
+    )
     if callers:
         tip.append("called from " + "; ".join(f"{k} ×{c}" for k, c in callers.most_common(3)))
     tip += [f"{outs} graph outputs"] if outs else []
     tip += [f"{n_changed} changed nodes"] if n_changed else []
     title = rename("\n".join(tip)) + f"\nexpand: %xla_graph --expand {_quoted(group.key)} ..."
     line2 = _fit(f"×{group.size} · {ops}{more}", 40)
-    return _Box(title=title, line1=_fit(_cell_label(rename(group.label)), 44), line2=line2,
-                kind=group.kind, output=outs > 0, changed=n_changed > 0, group=True)
+    return _Box(
+        title=title,
+        line1=_fit(_cell_label(rename(group.label)), 44),
+        line2=line2,
+        kind=group.kind,
+        output=outs > 0,
+        changed=n_changed > 0,
+        group=True,
+    )
 
 
 @dataclass
@@ -169,21 +198,31 @@ def _renamer(graph: Graph, source_names: SourceNames | None) -> Callable[[str], 
     return lambda text: pattern.sub(lambda m: table[m.group(0)], text)
 
 
-def _scene(graph: Graph, by: str, budget: int, expand: Iterable[str],
-           changed: frozenset[int], source_names: SourceNames | None = None) -> _Scene:
+def _scene(
+    graph: Graph,
+    by: str,
+    budget: int,
+    expand: Iterable[str],
+    changed: frozenset[int],
+    source_names: SourceNames | None = None,
+) -> _Scene:
     rename = _renamer(graph, source_names)
     with gc_paused():
         grouped = group_graph(graph, by=by, budget=budget, expand=expand)
-        boxes = [(_group_box if g.size > 1 else _node_box)(graph, g, changed, rename)
-                 for g in grouped.groups]
+        boxes = [
+            (_group_box if g.size > 1 else _node_box)(graph, g, changed, rename)
+            for g in grouped.groups
+        ]
         pairs = [(e.src, e.dst) for e in grouped.edges]
-        layout = layered_layout([(b.width, _BOX_H) for b in boxes], pairs, node_gap=14,
-                                layer_gap=34)
+        layout = layered_layout(
+            [(b.width, _BOX_H) for b in boxes], pairs, node_gap=14, layer_gap=34
+        )
     return _Scene(grouped, boxes, layout, pairs)
 
 
-def layout(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
-           expand: Iterable[str] = ()) -> tuple[GroupedGraph, Layout]:
+def layout(
+    graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET, expand: Iterable[str] = ()
+) -> tuple[GroupedGraph, Layout]:
     """The boxes a view draws (groups above `budget` nodes) and where: box i of
     `grouped.groups` is centred at (layout.x[i], layout.y[i]); route k follows
     `grouped.edges[k]`. For custom drawings and for benchmarks."""
@@ -192,6 +231,7 @@ def layout(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
 
 
 # -- SVG -----------------------------------------------------------------------------------
+
 
 def _straighten(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Drop points in the middle of vertical runs (a long edge's virtual nodes mostly line
@@ -232,15 +272,16 @@ def _edge_svg(scene: _Scene) -> list[str]:
         direct = len(route) == 2 and abs(route[1][1] - route[0][1]) > 2 * (_BOX_H + 34)
         style = ' stroke-dasharray="4 3" opacity="0.55"' if direct else ""
         # f<i>/t<j>: the boxes it joins, for hover highlighting (_hover_css)
-        out.append(f'<path d="{_path(route)}" class="e f{edge.src} t{edge.dst}"{style} '
-                   f'marker-end="url(#tpu-nb-arrow)"><title>{esc(tip)}</title></path>')
+        out.append(
+            f'<path d="{_path(route)}" class="e f{edge.src} t{edge.dst}"{style} '
+            f'marker-end="url(#tpu-nb-arrow)"><title>{esc(tip)}</title></path>'
+        )
         # One label per box, under it: labels of a box's other edges would start at the
         # same point and overprint (each edge's tooltip has its shapes).
         if edge.src not in labelled and shape:
             labelled.add(edge.src)
             x, y = route[0][0] + 4, route[0][1] + 11
-            text = _fit(shape, 30) + (f" ×{edge.count}" if edge.count > 1 and
-                                      src.size > 1 else "")
+            text = _fit(shape, 30) + (f" ×{edge.count}" if edge.count > 1 and src.size > 1 else "")
             out.append(f'<text x="{x:.1f}" y="{y:.1f}" class="s">{esc(text)}</text>')
     return out
 
@@ -255,24 +296,31 @@ def _node_svg(scene: _Scene) -> list[str]:
         extra = ""
         if box.changed:
             stroke, width, extra = CHANGED, 3.0, ' stroke-dasharray="5 2"'
-        shadow = (f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{box.width:.1f}" '
-                  f'height="{_BOX_H}" rx="4" fill="{fill}" stroke="{stroke}" '
-                  f'stroke-width="0.8"/>' if box.group else "")
+        shadow = (
+            f'<rect x="{x + 3:.1f}" y="{y + 3:.1f}" width="{box.width:.1f}" '
+            f'height="{_BOX_H}" rx="4" fill="{fill}" stroke="{stroke}" '
+            f'stroke-width="0.8"/>'
+            if box.group
+            else ""
+        )
         out.append(
             f'<g class="nd n{i}"><title>{esc(box.title)}</title>{shadow}'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{box.width:.1f}" height="{_BOX_H}" rx="4" '
             f'fill="{fill}" stroke="{stroke}" stroke-width="{width}"{extra}/>'
             f'<text x="{lay.x[i]:.1f}" y="{y + 14:.1f}" class="o">{esc(box.line1)}</text>'
-            f'<text x="{lay.x[i]:.1f}" y="{y + 27:.1f}" class="d">{esc(box.line2)}</text></g>')
+            f'<text x="{lay.x[i]:.1f}" y="{y + 27:.1f}" class="d">{esc(box.line2)}</text></g>'
+        )
     return out
 
 
-_STYLE = ("<style>.e{fill:none;stroke:#64748b;stroke-width:1.1}"
-          f".s{{font-size:{_SMALL}px;fill:#475569}}"
-          f".o{{font-size:{_FONT}px;text-anchor:middle;fill:#0f172a}}"
-          f".d{{font-size:{_SMALL}px;text-anchor:middle;fill:#475569}}"
-          ".nd{cursor:default}</style>")
-_HOVER = "#d97706"          # a hovered box's edges and neighbours
+_STYLE = (
+    "<style>.e{fill:none;stroke:#64748b;stroke-width:1.1}"
+    f".s{{font-size:{_SMALL}px;fill:#475569}}"
+    f".o{{font-size:{_FONT}px;text-anchor:middle;fill:#0f172a}}"
+    f".d{{font-size:{_SMALL}px;text-anchor:middle;fill:#475569}}"
+    ".nd{cursor:default}</style>"
+)
+_HOVER = "#d97706"  # a hovered box's edges and neighbours
 
 
 def _hover_css(scene: _Scene, scope: str) -> str:
@@ -282,14 +330,15 @@ def _hover_css(scene: _Scene, scope: str) -> str:
     for e in scene.grouped.edges:
         near.setdefault(e.src, set()).add(e.dst)
         near.setdefault(e.dst, set()).add(e.src)
-    rules = [f"{scope} svg:has(.nd:hover) .e{{opacity:.25}}",
-             f"{scope} .nd:hover>rect:last-of-type{{stroke:{_HOVER};stroke-width:3px}}"]
+    rules = [
+        f"{scope} svg:has(.nd:hover) .e{{opacity:.25}}",
+        f"{scope} .nd:hover>rect:last-of-type{{stroke:{_HOVER};stroke-width:3px}}",
+    ]
     for i, others in sorted(near.items()):
         on = f"{scope} svg:has(.n{i}:hover)"
         rules.append(f"{on} :is(.f{i},.t{i}){{opacity:1;stroke:{_HOVER};stroke-width:2.4px}}")
         boxes = ",".join(f".n{j}" for j in sorted(others))
-        rules.append(f"{on} :is({boxes})>rect:last-of-type{{stroke:{_HOVER};"
-                     "stroke-width:2.4px}")
+        rules.append(f"{on} :is({boxes})>rect:last-of-type{{stroke:{_HOVER};stroke-width:2.4px}}")
     return "<style>" + "".join(rules) + "</style>"
 
 
@@ -298,23 +347,31 @@ def _svg(scene: _Scene) -> str:
     w, h = max(lay.width, 60), max(lay.height, 40)
     # Natural size: front ends shrink SVG to the output's width (JupyterLab: max-width 100%),
     # which makes a big graph's labels unreadable; the frame around it scrolls instead.
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}" '
-             f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="monospace" class="tpunb-chart" '
-             f'style="background:#ffffff;max-width:none;height:auto;display:block">',
-             _STYLE,
-             '<defs><marker id="tpu-nb-arrow" viewBox="0 0 8 8" refX="7" refY="4" '
-             'markerWidth="7" markerHeight="7" orient="auto">'
-             '<path d="M0,0L8,4L0,8z" fill="#64748b"/></marker></defs>',
-             f'<rect width="{w:.0f}" height="{h:.0f}" fill="#ffffff"/>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}" '
+        f'viewBox="0 0 {w:.0f} {h:.0f}" font-family="monospace" class="tpunb-chart" '
+        f'style="background:#ffffff;max-width:none;height:auto;display:block">',
+        _STYLE,
+        '<defs><marker id="tpu-nb-arrow" viewBox="0 0 8 8" refX="7" refY="4" '
+        'markerWidth="7" markerHeight="7" orient="auto">'
+        '<path d="M0,0L8,4L0,8z" fill="#64748b"/></marker></defs>',
+        f'<rect width="{w:.0f}" height="{h:.0f}" fill="#ffffff"/>',
+    ]
     parts += _edge_svg(scene)
     parts += _node_svg(scene)
     parts.append("</svg>")
     return "".join(parts)
 
 
-def render_svg(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
-               expand: Iterable[str] = (), diff: GraphDiff | None = None,
-               source_names: SourceNames | None = None) -> str:
+def render_svg(
+    graph: Graph,
+    *,
+    by: str = "auto",
+    budget: int = NODE_BUDGET,
+    expand: Iterable[str] = (),
+    diff: GraphDiff | None = None,
+    source_names: SourceNames | None = None,
+) -> str:
     """The graph (or, above `budget` nodes, its groups) as a standalone SVG document."""
     return _svg(_scene(graph, by, budget, expand, _changed(diff), source_names))
 
@@ -325,19 +382,24 @@ def _changed(diff: GraphDiff | None) -> frozenset[int]:
 
 # -- HTML ----------------------------------------------------------------------------------
 
+
 def _legend(scene: _Scene) -> str:
     present = Counter(b.kind for b in scene.boxes)
     items = []
     for kind in KINDS:
         if present[kind]:
             fill, stroke = COLOURS[kind]
-            items.append(f'<span style="display:inline-block;width:10px;height:10px;'
-                         f'background:{fill};border:1.5px solid {stroke};margin:0 3px 0 10px;'
-                         f'vertical-align:middle"></span>{esc(KIND_NAMES[kind])}')
+            items.append(
+                f'<span style="display:inline-block;width:10px;height:10px;'
+                f"background:{fill};border:1.5px solid {stroke};margin:0 3px 0 10px;"
+                f'vertical-align:middle"></span>{esc(KIND_NAMES[kind])}'
+            )
     if any(b.changed for b in scene.boxes):
-        items.append(f'<span style="display:inline-block;width:10px;height:10px;'
-                     f'border:2px dashed {CHANGED};margin:0 3px 0 10px;vertical-align:middle">'
-                     f"</span>changed")
+        items.append(
+            f'<span style="display:inline-block;width:10px;height:10px;'
+            f'border:2px dashed {CHANGED};margin:0 3px 0 10px;vertical-align:middle">'
+            f"</span>changed"
+        )
     items.append('<span style="margin-left:10px">thick border: graph output</span>')
     return "".join(items)
 
@@ -345,22 +407,27 @@ def _legend(scene: _Scene) -> str:
 def _notes(graph: Graph, scene: _Scene) -> list[str]:
     notes = []
     if not any(n.location for n in graph.nodes) and graph.pending:
-        notes.append("No source lines recorded (torch_xla records none by default), so "
-                     "groups are ranges of node ids. To see which line made each node, run "
-                     "the cell as <code style='white-space:nowrap'>%%on_tpu --graph</code> "
-                     "(or set XLA_IR_DEBUG=1 "
-                     "before importing torch_xla).")
+        notes.append(
+            "No source lines recorded (torch_xla records none by default), so "
+            "groups are ranges of node ids. To see which line made each node, run "
+            "the cell as <code style='white-space:nowrap'>%%on_tpu --graph</code> "
+            "(or set XLA_IR_DEBUG=1 "
+            "before importing torch_xla)."
+        )
     if graph.fallback_ops:
         ops = ", ".join(f"{esc(op)} ×{count}" for op, count in graph.fallback_ops)
-        notes.append(f"<b>CPU fallbacks</b> ran in this process: {ops}. They run eagerly on "
-                     "the host while tracing, so they are not nodes here: their results "
-                     "enter the graph as device data.")
+        notes.append(
+            f"<b>CPU fallbacks</b> ran in this process: {ops}. They run eagerly on "
+            "the host while tracing, so they are not nodes here: their results "
+            "enter the graph as device data."
+        )
     if scene.layout.direct_edges:
-        notes.append(f"{scene.layout.direct_edges} very long edges are drawn dashed and "
-                     "straight.")
+        notes.append(f"{scene.layout.direct_edges} very long edges are drawn dashed and straight.")
     if not graph.pending:
-        notes.append("Nothing pending: these tensors are already device data (capture "
-                     "the graph before the sync that runs it).")
+        notes.append(
+            "Nothing pending: these tensors are already device data (capture "
+            "the graph before the sync that runs it)."
+        )
     return notes
 
 
@@ -368,12 +435,21 @@ def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
     grouped = scene.grouped
     shown = ""
     if grouped.collapsed:
-        how = {"line": "source line", "scope": "scope", "function": "function",
-               "file": "file", "range": "id range"}.get(grouped.by, grouped.by)
-        shown = (f" · shown as {len(grouped.groups)} groups by {how} "
-                 f"(more than {grouped.budget} nodes)")
-    digest = f' · <span class="tpu-nb-hash">graph hash {esc(graph.hash[:16])}</span>' \
-        if graph.hash else ""
+        how = {
+            "line": "source line",
+            "scope": "scope",
+            "function": "function",
+            "file": "file",
+            "range": "id range",
+        }.get(grouped.by, grouped.by)
+        shown = (
+            f" · shown as {len(grouped.groups)} groups by {how} (more than {grouped.budget} nodes)"
+        )
+    digest = (
+        f' · <span class="tpu-nb-hash">graph hash {esc(graph.hash[:16])}</span>'
+        if graph.hash
+        else ""
+    )
     head = esc(title) if title else "XLA graph"
     return f"<b>{head}</b>: {esc(graph.summary())}{shown}{digest}"
 
@@ -381,12 +457,16 @@ def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
 def _text_panel(summary: str, text: str, limit: int) -> str:
     cut = ""
     if len(text) > limit:
-        cut = (f"\n… {len(text) - limit:,} more characters: graph.ir_text() / graph.hlo() "
-               "return all of it")
+        cut = (
+            f"\n… {len(text) - limit:,} more characters: graph.ir_text() / graph.hlo() "
+            "return all of it"
+        )
         text = text[:limit]
-    return (f"<details><summary style='cursor:pointer'>{esc(summary)}</summary>"
-            f"<pre style=\"{style.PRE};max-height:420px;overflow:auto;font-size:11px;"
-            f"line-height:1.3\">{esc(text)}{esc(cut)}</pre></details>")
+    return (
+        f"<details><summary style='cursor:pointer'>{esc(summary)}</summary>"
+        f'<pre style="{style.PRE};max-height:420px;overflow:auto;font-size:11px;'
+        f'line-height:1.3">{esc(text)}{esc(cut)}</pre></details>'
+    )
 
 
 def _groups_panel(scene: _Scene) -> str:
@@ -397,29 +477,44 @@ def _groups_panel(scene: _Scene) -> str:
     big = sorted((g for g in grouped.groups if g.size > 1), key=lambda g: -g.size)
     for g in big[:300]:
         ops = ", ".join(f"{op} {c}" for op, c in g.ops[:4])
-        rows.append((f"<code style='{style.CODE}'>{esc(_quoted(g.key))}</code>", str(g.size),
-                     esc(ops)))
+        rows.append(
+            (f"<code style='{style.CODE}'>{esc(_quoted(g.key))}</code>", str(g.size), esc(ops))
+        )
     more = f"<div>… and {len(big) - 300} smaller groups</div>" if len(big) > 300 else ""
-    return ("<details><summary style='cursor:pointer'>Groups, largest first: draw one node "
-            f"by node with <code style='{style.CODE}'>%xla_graph --expand KEY tensors</code> "
-            f"(or <code style='{style.CODE}'>GraphView(graph).expand(KEY)</code>)</summary>"
-            f"<div style='font-size:11px'>{style.table(rows, ('key', 'nodes', 'ops'))}</div>"
-            f"{more}</details>")
+    return (
+        "<details><summary style='cursor:pointer'>Groups, largest first: draw one node "
+        f"by node with <code style='{style.CODE}'>%xla_graph --expand KEY tensors</code> "
+        f"(or <code style='{style.CODE}'>GraphView(graph).expand(KEY)</code>)</summary>"
+        f"<div style='font-size:11px'>{style.table(rows, ('key', 'nodes', 'ops'))}</div>"
+        f"{more}</details>"
+    )
 
 
-def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
-                expand: Iterable[str] = (), diff: GraphDiff | None = None,
-                title: str | None = None, max_text: int = MAX_TEXT,
-                source_names: SourceNames | None = None) -> str:
+def render_html(
+    graph: Graph,
+    *,
+    by: str = "auto",
+    budget: int = NODE_BUDGET,
+    expand: Iterable[str] = (),
+    diff: GraphDiff | None = None,
+    title: str | None = None,
+    max_text: int = MAX_TEXT,
+    source_names: SourceNames | None = None,
+) -> str:
     """The graph as one self-contained HTML fragment: SVG picture, legend, notes, and the
     group list, IR text and HLO in collapsible panels. No JavaScript."""
     scene = _scene(graph, by, budget, expand, _changed(diff), source_names)
     picture = _svg(scene)
-    parts = [f'<div class="tpunb tpu-nb-graph" style="{style.ROOT};'
-             'font-family:system-ui,sans-serif;font-size:13px">', style.STYLE,
-             f"<div>{_header(graph, scene, title)}</div>"]
-    parts += [f'<div style="color:{style.WARN};margin:2px 0">{note}</div>'
-              for note in _notes(graph, scene)]
+    parts = [
+        f'<div class="tpunb tpu-nb-graph" style="{style.ROOT};'
+        'font-family:system-ui,sans-serif;font-size:13px">',
+        style.STYLE,
+        f"<div>{_header(graph, scene, title)}</div>",
+    ]
+    parts += [
+        f'<div style="color:{style.WARN};margin:2px 0">{note}</div>'
+        for note in _notes(graph, scene)
+    ]
     if diff is not None:
         parts.append(_diff_panel(diff))
     parts.append(_frame(scene, picture))
@@ -428,7 +523,7 @@ def render_html(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
     texts = [(f"IR text ({len(graph.nodes):,} nodes)", graph.ir_text())]
     texts += [("HLO", graph.hlo_text)] if graph.hlo_text is not None else []
     room = (MAX_HTML - sum(len(p) for p in parts)) // len(texts)
-    limit = max(2_000, min(max_text, room * 4 // 5))     # escaping can grow text by ~1/4
+    limit = max(2_000, min(max_text, room * 4 // 5))  # escaping can grow text by ~1/4
     parts += [_text_panel(summary, text, limit) for summary, text in texts]
     parts.append("</div>")
     return "".join(parts)
@@ -438,17 +533,19 @@ _ZOOMS = (("fit", None), ("50%", 0.5), ("100%", 1.0), ("200%", 2.0))
 # Drag to pan, where the front end runs an output's scripts (JupyterLab and Notebook with a
 # trusted notebook, VS Code, Colab); elsewhere the frame's scroll bars do it. No "<" or "&"
 # in it: the view stays well-formed XML.
-_PAN = ("(function(){var v=document.getElementById('VIEW');if(!v||v.dataset.pan)return;"
-        "v.dataset.pan='1';var f=v.querySelector('.tpunb-frame');var d=null;"
-        "f.style.cursor='grab';"
-        "f.addEventListener('pointerdown',function(e){if(e.button!==0)return;"
-        "if(e.target.closest('input,label,a'))return;"
-        "d=[e.clientX,e.clientY,f.scrollLeft,f.scrollTop];f.setPointerCapture(e.pointerId);"
-        "f.style.cursor='grabbing';f.style.userSelect='none';});"
-        "f.addEventListener('pointermove',function(e){if(!d)return;"
-        "f.scrollLeft=d[2]-(e.clientX-d[0]);f.scrollTop=d[3]-(e.clientY-d[1]);});"
-        "function up(){d=null;f.style.cursor='grab';f.style.userSelect='';}"
-        "f.addEventListener('pointerup',up);f.addEventListener('pointercancel',up);})();")
+_PAN = (
+    "(function(){var v=document.getElementById('VIEW');if(!v||v.dataset.pan)return;"
+    "v.dataset.pan='1';var f=v.querySelector('.tpunb-frame');var d=null;"
+    "f.style.cursor='grab';"
+    "f.addEventListener('pointerdown',function(e){if(e.button!==0)return;"
+    "if(e.target.closest('input,label,a'))return;"
+    "d=[e.clientX,e.clientY,f.scrollLeft,f.scrollTop];f.setPointerCapture(e.pointerId);"
+    "f.style.cursor='grabbing';f.style.userSelect='none';});"
+    "f.addEventListener('pointermove',function(e){if(!d)return;"
+    "f.scrollLeft=d[2]-(e.clientX-d[0]);f.scrollTop=d[3]-(e.clientY-d[1]);});"
+    "function up(){d=null;f.style.cursor='grab';f.style.userSelect='';}"
+    "f.addEventListener('pointerup',up);f.addEventListener('pointercancel',up);})();"
+)
 
 
 def _frame(scene: _Scene, picture: str) -> str:
@@ -463,34 +560,50 @@ def _frame(scene: _Scene, picture: str) -> str:
     view = "tpunb-g-" + hashlib.sha1(picture.encode()).hexdigest()[:10]
     scope = f"#{view}"
     w = max(scene.layout.width, 60)
-    rules = [f"{scope} .tpunb-zoom-fit:checked~.tpunb-frame svg{{width:100%!important;"
-             "max-width:100%!important;height:auto!important}"]
-    rules += [f"{scope} .tpunb-zoom-{int(z * 100)}:checked~.tpunb-frame svg{{width:{w * z:.0f}px"
-              "!important;height:auto!important}" for _, z in _ZOOMS if z]
+    rules = [
+        f"{scope} .tpunb-zoom-fit:checked~.tpunb-frame svg{{width:100%!important;"
+        "max-width:100%!important;height:auto!important}"
+    ]
+    rules += [
+        f"{scope} .tpunb-zoom-{int(z * 100)}:checked~.tpunb-frame svg{{width:{w * z:.0f}px"
+        "!important;height:auto!important}"
+        for _, z in _ZOOMS
+        if z
+    ]
     buttons = []
     for label, z in _ZOOMS:
         cls = "tpunb-zoom-" + ("fit" if z is None else str(int(z * 100)))
         checked = ' checked="checked"' if z == 1.0 else ""
-        buttons.append(f'<input type="radio" name="{view}-zoom" id="{view}-{cls}" '
-                       f'class="{cls}"{checked} style="margin:0 2px 0 8px;'
-                       'vertical-align:middle"/>'
-                       f'<label for="{view}-{cls}" style="font-size:11px;cursor:pointer;'
-                       f'vertical-align:middle">{label}</label>')
-    return (f'<div id="{view}" class="tpunb-graph-view" style="margin:4px 0">'
-            f"<style>{''.join(rules)}</style>{_hover_css(scene, scope)}"
-            f'<span style="font-size:11px;color:{style.MUTED}">zoom</span>{"".join(buttons)}'
-            f'<div class="tpunb-frame" style="overflow:auto;max-height:640px;max-width:100%;'
-            f'border:1px solid {style.LINE};margin:4px 0">{picture}</div>'
-            f"<script>{_PAN.replace('VIEW', view)}</script></div>")
+        buttons.append(
+            f'<input type="radio" name="{view}-zoom" id="{view}-{cls}" '
+            f'class="{cls}"{checked} style="margin:0 2px 0 8px;'
+            'vertical-align:middle"/>'
+            f'<label for="{view}-{cls}" style="font-size:11px;cursor:pointer;'
+            f'vertical-align:middle">{label}</label>'
+        )
+    return (
+        f'<div id="{view}" class="tpunb-graph-view" style="margin:4px 0">'
+        f"<style>{''.join(rules)}</style>{_hover_css(scene, scope)}"
+        f'<span style="font-size:11px;color:{style.MUTED}">zoom</span>{"".join(buttons)}'
+        f'<div class="tpunb-frame" style="overflow:auto;max-height:640px;max-width:100%;'
+        f'border:1px solid {style.LINE};margin:4px 0">{picture}</div>'
+        f"<script>{_PAN.replace('VIEW', view)}</script></div>"
+    )
 
 
 def _diff_panel(diff: GraphDiff) -> str:
     lines = str(diff).splitlines()
-    return (f'<div style="margin:2px 0"><b>Difference from the earlier graph</b>: '
-            f"{esc(lines[0])}</div>" + (f'<pre style="font-size:11px;max-height:200px;'
-                                        f'overflow:auto;margin:2px 0">'
-                                        f"{esc(chr(10).join(lines[1:]))}</pre>"
-                                        if len(lines) > 1 else ""))
+    return (
+        f'<div style="margin:2px 0"><b>Difference from the earlier graph</b>: '
+        f"{esc(lines[0])}</div>"
+        + (
+            f'<pre style="font-size:11px;max-height:200px;'
+            f'overflow:auto;margin:2px 0">'
+            f"{esc(chr(10).join(lines[1:]))}</pre>"
+            if len(lines) > 1
+            else ""
+        )
+    )
 
 
 def render_diff_html(diff: GraphDiff, *, budget: int = NODE_BUDGET) -> str:
@@ -500,6 +613,7 @@ def render_diff_html(diff: GraphDiff, *, budget: int = NODE_BUDGET) -> str:
 
 
 # -- notebook objects ----------------------------------------------------------------------
+
 
 class GraphView:
     """A graph as a notebook shows it: HTML (SVG picture, panels) via `_repr_html_`, and a
@@ -515,9 +629,17 @@ class GraphView:
         (labels and tooltips; group keys stay raw, as `expand` takes them).
     """
 
-    def __init__(self, graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
-                 expand: Iterable[str] = (), diff: GraphDiff | None = None,
-                 title: str | None = None, source_names: SourceNames | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        *,
+        by: str = "auto",
+        budget: int = NODE_BUDGET,
+        expand: Iterable[str] = (),
+        diff: GraphDiff | None = None,
+        title: str | None = None,
+        source_names: SourceNames | None = None,
+    ) -> None:
         self.graph = graph
         self.by, self.budget, self.expanded = by, budget, tuple(expand)
         self.diff, self.title, self.source_names = diff, title, source_names
@@ -528,35 +650,64 @@ class GraphView:
 
     def expand(self, *keys: str) -> GraphView:
         """The same view with the named groups drawn node by node."""
-        return GraphView(self.graph, by=self.by, budget=self.budget,
-                         expand=self.expanded + keys, diff=self.diff, title=self.title,
-                         source_names=self.source_names)
+        return GraphView(
+            self.graph,
+            by=self.by,
+            budget=self.budget,
+            expand=self.expanded + keys,
+            diff=self.diff,
+            title=self.title,
+            source_names=self.source_names,
+        )
 
     def _repr_html_(self) -> str:
-        return render_html(self.graph, by=self.by, budget=self.budget, expand=self.expanded,
-                           diff=self.diff, title=self.title, source_names=self.source_names)
+        return render_html(
+            self.graph,
+            by=self.by,
+            budget=self.budget,
+            expand=self.expanded,
+            diff=self.diff,
+            title=self.title,
+            source_names=self.source_names,
+        )
 
     def to_svg(self) -> str:
-        return render_svg(self.graph, by=self.by, budget=self.budget, expand=self.expanded,
-                          diff=self.diff, source_names=self.source_names)
+        return render_svg(
+            self.graph,
+            by=self.by,
+            budget=self.budget,
+            expand=self.expanded,
+            diff=self.diff,
+            source_names=self.source_names,
+        )
 
     def save(self, path: str) -> None:
         """Write a standalone HTML page (opens in any browser, no network needed)."""
         with open(path, "w", encoding="utf-8") as f:
-            f.write('<!DOCTYPE html><html><head><meta charset="utf-8"><title>XLA graph'
-                    f"</title></head><body>{self._repr_html_()}</body></html>")
+            f.write(
+                '<!DOCTYPE html><html><head><meta charset="utf-8"><title>XLA graph'
+                f"</title></head><body>{self._repr_html_()}</body></html>"
+            )
 
     def __repr__(self) -> str:
         g = self.graph
-        return (f"<GraphView: {len(g.nodes)} nodes, {len(g.edges)} edges, "
-                f"{len(g.roots)} outputs>")
+        return f"<GraphView: {len(g.nodes)} nodes, {len(g.edges)} edges, {len(g.roots)} outputs>"
 
 
 # -- matplotlib ----------------------------------------------------------------------------
 
-def plot(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
-         expand: Iterable[str] = (), diff: GraphDiff | None = None, scale: float = 0.01,
-         max_inches: float = 60.0, source_names: SourceNames | None = None):
+
+def plot(
+    graph: Graph,
+    *,
+    by: str = "auto",
+    budget: int = NODE_BUDGET,
+    expand: Iterable[str] = (),
+    diff: GraphDiff | None = None,
+    scale: float = 0.01,
+    max_inches: float = 60.0,
+    source_names: SourceNames | None = None,
+):
     """The same picture as a matplotlib Figure (boxes, edges, shapes; no tooltips), for
     papers and slides: `plot(g).savefig("graph.pdf")`. `scale` is inches per pixel."""
     from matplotlib.figure import Figure
@@ -576,23 +727,53 @@ def plot(graph: Graph, *, by: str = "auto", budget: int = NODE_BUDGET,
     for k, edge in enumerate(scene.grouped.edges):
         route = lay.routes[k]
         if route:
-            ax.add_patch(PathPatch(Path(*_mpl_path(route)), fill=False, lw=0.6,
-                                   edgecolor="#64748b"))
+            ax.add_patch(
+                PathPatch(Path(*_mpl_path(route)), fill=False, lw=0.6, edgecolor="#64748b")
+            )
             label = ", ".join(edge.shapes)
-            ax.text(route[0][0] + 4, route[0][1] + 11, label, fontsize=_SMALL * points,
-                    color="#475569", family="monospace", clip_on=True)
+            ax.text(
+                route[0][0] + 4,
+                route[0][1] + 11,
+                label,
+                fontsize=_SMALL * points,
+                color="#475569",
+                family="monospace",
+                clip_on=True,
+            )
     for i, box in enumerate(scene.boxes):
         fill, stroke = COLOURS.get(box.kind, COLOURS["compute"])
         if box.changed:
             stroke = CHANGED
-        ax.add_patch(FancyBboxPatch((lay.x[i] - box.width / 2, lay.y[i] - _BOX_H / 2),
-                                    box.width, _BOX_H, boxstyle="round,pad=0,rounding_size=4",
-                                    facecolor=fill, edgecolor=stroke,
-                                    lw=2.0 if box.output or box.changed else 0.8))
-        ax.text(lay.x[i], lay.y[i] - 4, box.line1, ha="center", va="center",
-                fontsize=_FONT * points, family="monospace")
-        ax.text(lay.x[i], lay.y[i] + 9, box.line2, ha="center", va="center",
-                fontsize=_SMALL * points, family="monospace", color="#475569")
+        ax.add_patch(
+            FancyBboxPatch(
+                (lay.x[i] - box.width / 2, lay.y[i] - _BOX_H / 2),
+                box.width,
+                _BOX_H,
+                boxstyle="round,pad=0,rounding_size=4",
+                facecolor=fill,
+                edgecolor=stroke,
+                lw=2.0 if box.output or box.changed else 0.8,
+            )
+        )
+        ax.text(
+            lay.x[i],
+            lay.y[i] - 4,
+            box.line1,
+            ha="center",
+            va="center",
+            fontsize=_FONT * points,
+            family="monospace",
+        )
+        ax.text(
+            lay.x[i],
+            lay.y[i] + 9,
+            box.line2,
+            ha="center",
+            va="center",
+            fontsize=_SMALL * points,
+            family="monospace",
+            color="#475569",
+        )
     return fig
 
 

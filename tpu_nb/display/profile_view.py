@@ -13,7 +13,7 @@ from tpu_nb.display import style
 from tpu_nb.runtime.tracking import ProfileTrace
 from tpu_nb.runtime.units import format_seconds
 
-MAX_SPANS = 3000             # spans drawn (the longest); a tooltip says how many were left out
+MAX_SPANS = 3000  # spans drawn (the longest); a tooltip says how many were left out
 _WIDTH, _LANE, _LEFT = 760, 14, 150
 # What a span is, by name: the step's sync, the device's execution, the rest.
 _SYNC = ("StepMarker", "SyncTensorsGraph")
@@ -41,8 +41,10 @@ class TraceView:
 
     def __repr__(self) -> str:
         t = self.trace
-        return (f"{self.title}: {t.steps} steps, {len(t.events)} events on "
-                f"{len(t.threads)} threads over {format_seconds(t.seconds)}")
+        return (
+            f"{self.title}: {t.steps} steps, {len(t.events)} events on "
+            f"{len(t.threads)} threads over {format_seconds(t.seconds)}"
+        )
 
     def to_svg(self) -> str:
         t = self.trace
@@ -52,29 +54,40 @@ class TraceView:
         shown = sorted(t.events, key=lambda e: -e.duration)[:MAX_SPANS]
         height = len(lanes) * (_LANE + 4) + 16
         text = f"style='fill:{style.FG};font-size:10px;font-family:{style.MONO}'"
-        parts = [f"<text x='0' y='{i * (_LANE + 4) + 11}' {text}>{escape(name[:24])}</text>"
-                 for name, i in lanes.items()]
+        parts = [
+            f"<text x='0' y='{i * (_LANE + 4) + 11}' {text}>{escape(name[:24])}</text>"
+            for name, i in lanes.items()
+        ]
         for e in sorted(shown, key=lambda e: e.start):
             y = lanes[e.thread] * (_LANE + 4)
             width = max(e.duration * scale, 0.5)
             parts.append(
                 f"<rect x='{_LEFT + e.start * scale:.1f}' y='{y}' width='{width:.1f}' "
                 f"height='{_LANE}' style='fill:{_colour(e.name)};fill-opacity:0.45'>"
-                f"<title>{escape(e.name)}: {escape(format_seconds(e.duration))}</title></rect>")
-        parts.append(f"<text x='{_LEFT}' y='{height - 2}' {text}>0</text>"
-                     f"<text x='{_WIDTH - 4}' y='{height - 2}' text-anchor='end' {text}>"
-                     f"{escape(format_seconds(span))}</text>")
-        return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{_WIDTH}' height='{height}' "
-                f"viewBox='0 0 {_WIDTH} {height}' style='max-width:100%;display:block'>"
-                + "".join(parts) + "</svg>")
+                f"<title>{escape(e.name)}: {escape(format_seconds(e.duration))}</title></rect>"
+            )
+        parts.append(
+            f"<text x='{_LEFT}' y='{height - 2}' {text}>0</text>"
+            f"<text x='{_WIDTH - 4}' y='{height - 2}' text-anchor='end' {text}>"
+            f"{escape(format_seconds(span))}</text>"
+        )
+        return (
+            f"<svg xmlns='http://www.w3.org/2000/svg' width='{_WIDTH}' height='{height}' "
+            f"viewBox='0 0 {_WIDTH} {height}' style='max-width:100%;display:block'>"
+            + "".join(parts)
+            + "</svg>"
+        )
 
     def _repr_html_(self) -> str:
         t = self.trace
         left_out = len(t.events) - min(len(t.events), MAX_SPANS) + t.dropped
-        note = (f" ({left_out} shorter spans not drawn)" if left_out else "")
-        head = (f"<b>{escape(self.title)}</b>: {t.steps} steps over "
-                f"{escape(format_seconds(t.seconds))}, {len(t.threads)} threads"
-                f"<span style='color:{style.MUTED}'>{escape(note)}; hover a span for its "
-                "name and time; nested calls darken</span>")
-        return style.root(f"<div>{head}</div><div style='overflow-x:auto'>{self.to_svg()}</div>",
-                          "tpunb-profile")
+        note = f" ({left_out} shorter spans not drawn)" if left_out else ""
+        head = (
+            f"<b>{escape(self.title)}</b>: {t.steps} steps over "
+            f"{escape(format_seconds(t.seconds))}, {len(t.threads)} threads"
+            f"<span style='color:{style.MUTED}'>{escape(note)}; hover a span for its "
+            "name and time; nested calls darken</span>"
+        )
+        return style.root(
+            f"<div>{head}</div><div style='overflow-x:auto'>{self.to_svg()}</div>", "tpunb-profile"
+        )

@@ -31,6 +31,7 @@ from tpu_nb.runtime.units import format_seconds
 
 # -- environment ------------------------------------------------------------------------------
 
+
 class EnvironmentView:
     """`%tpu_setup`'s report: an HTML table in notebooks, text in a terminal."""
 
@@ -46,8 +47,11 @@ class EnvironmentView:
         rows = [
             ("platform", e(env.platform)),
             ("accelerator", e(str(env.accelerator))),
-            ("device", e(env.pjrt_device or "unset") + (
-                f", {env.cpu_num_devices} CPU devices" if env.cpu_num_devices else "")),
+            (
+                "device",
+                e(env.pjrt_device or "unset")
+                + (f", {env.cpu_num_devices} CPU devices" if env.cpu_num_devices else ""),
+            ),
             ("runtime", "initialized" if env.runtime_initialized else "not started"),
             ("compile log", e(env.debug_file or "off")),
             ("versions", e(", ".join(f"{k} {v or '-'}" for k, v in env.versions.items()))),
@@ -55,12 +59,19 @@ class EnvironmentView:
         ]
         rows += [("applied", e(a)) for a in env.applied]
         rows += [(span("not applied", WARN, bold=True), e(n)) for n in env.not_applied]
-        html = ["<b>tpu_nb environment</b>",
-                table([(f"<b>{k}</b>", v) for k, v in rows], styles=(NOWRAP,))]
+        html = [
+            "<b>tpu_nb environment</b>",
+            table([(f"<b>{k}</b>", v) for k, v in rows], styles=(NOWRAP,)),
+        ]
         if env.problems:
-            probs = [(span(e(p.severity), RED if p.severity == "error" else WARN, bold=True),
-                      e(p.message), f"<code style='{CODE}'>{e(p.fix)}</code>")
-                     for p in env.problems]
+            probs = [
+                (
+                    span(e(p.severity), RED if p.severity == "error" else WARN, bold=True),
+                    e(p.message),
+                    f"<code style='{CODE}'>{e(p.fix)}</code>",
+                )
+                for p in env.problems
+            ]
             html.append(table(probs, ("", "problem", "fix")))
         else:
             html.append(span("no problems found", OK))
@@ -70,15 +81,24 @@ class EnvironmentView:
 # -- a run (a cell) ---------------------------------------------------------------------------
 
 # What each kind of finding did, as the report says it.
-KIND_WORDS = {"compile": "compiled", "warm-up": "compiled its warm-up graph",
-              "recompile": "recompiled", "fallback": "fell back to the CPU",
-              "host-read": "read from the device"}
-_KIND_COLOURS = {"compile": ACCENT, "warm-up": MUTED, "recompile": RED, "fallback": WARN,
-                 "host-read": WARN}
+KIND_WORDS = {
+    "compile": "compiled",
+    "warm-up": "compiled its warm-up graph",
+    "recompile": "recompiled",
+    "fallback": "fell back to the CPU",
+    "host-read": "read from the device",
+}
+_KIND_COLOURS = {
+    "compile": ACCENT,
+    "warm-up": MUTED,
+    "recompile": RED,
+    "fallback": WARN,
+    "host-read": WARN,
+}
 _FLAGGED = ("recompile", "fallback", "host-read")
-_SHOWN_WHATS = 3           # distinct descriptions listed per group before "and N more"
-_CONTEXT = 2               # source lines shown around a marked line of a long cell
-_LONG_CELL = 30            # cells longer than this show only marked lines and their context
+_SHOWN_WHATS = 3  # distinct descriptions listed per group before "and N more"
+_CONTEXT = 2  # source lines shown around a marked line of a long cell
+_LONG_CELL = 30  # cells longer than this show only marked lines and their context
 
 
 def _where(finding: LineFinding) -> str:
@@ -131,8 +151,9 @@ class FindingGroup:
     def marker(self) -> str:
         """A few words for the annotated listing: "recompiled ×3 (1.20 s)"."""
         secs = self.seconds
-        return (f"{KIND_WORDS.get(self.kind, self.kind)} \u00d7{self.count}"
-                + (f" ({format_seconds(secs)})" if secs is not None else ""))
+        return f"{KIND_WORDS.get(self.kind, self.kind)} \u00d7{self.count}" + (
+            f" ({format_seconds(secs)})" if secs is not None else ""
+        )
 
     def description(self) -> str:
         whats = self.whats
@@ -169,12 +190,13 @@ def _shown_lines(total: int, marked: set[int]) -> list[int | None]:
     """Line numbers to list (None: an elision); all of them for a short cell."""
     if total <= _LONG_CELL:
         return list(range(1, total + 1))
-    keep = sorted({n for m in marked for n in range(m - _CONTEXT, m + _CONTEXT + 1)
-                   if 1 <= n <= total})
+    keep = sorted(
+        {n for m in marked for n in range(m - _CONTEXT, m + _CONTEXT + 1) if 1 <= n <= total}
+    )
     out: list[int | None] = []
     last = 0
     for n in keep:
-        if n != last + 1:           # lines left out before this one (also before the first)
+        if n != last + 1:  # lines left out before this one (also before the first)
             out.append(None)
         out.append(n)
         last = n
@@ -188,25 +210,35 @@ class RunView:
     order, with one hint per kind of problem; the cell's source annotated line by line (as
     `%lprun` annotates a listing); all figures on demand."""
 
-    def __init__(self, report: RunReport, findings: list[LineFinding] | None = None,
-                 label: str = "XLA", allowed_graphs: int = 1, source: str = ""):
+    def __init__(
+        self,
+        report: RunReport,
+        findings: list[LineFinding] | None = None,
+        label: str = "XLA",
+        allowed_graphs: int = 1,
+        source: str = "",
+    ):
         self.report = report
-        self.source = source                      # the cell's code, for the annotated listing
+        self.source = source  # the cell's code, for the annotated listing
         self.findings = findings or []
         self.label = label
-        self.allowed_graphs = allowed_graphs      # the cell's --max-graphs: not flagged
+        self.allowed_graphs = allowed_graphs  # the cell's --max-graphs: not flagged
         self.groups = group_findings(self.findings)
         self.recompiled = bool(report.recompiled_lines(allowed_graphs)) or any(
-            g.kind == "recompile" for g in self.groups)
+            g.kind == "recompile" for g in self.groups
+        )
 
     # -- content, shared by the text and HTML forms --
 
     def summary(self) -> str:
         r = self.report
         m = r.metrics
-        bits = [f"{self.label}: {format_seconds(r.wall_seconds)}"
-                + (" (device-synced)" if r.waited else ""),
-                f"{m.compiles} compiled", f"{m.executions} executed"]
+        bits = [
+            f"{self.label}: {format_seconds(r.wall_seconds)}"
+            + (" (device-synced)" if r.waited else ""),
+            f"{m.compiles} compiled",
+            f"{m.executions} executed",
+        ]
         if m.cache_hits:
             bits.append(f"{m.cache_hits} cache hits")
         if m.host_reads:
@@ -217,26 +249,37 @@ class RunView:
             bits.append("RECOMPILED")
         if r.error is not None:
             bits.append(f"failed: {type(r.error).__name__}")
-        verdict = getattr(r.anatomy, "verdict", None)     # where the steps' time went
+        verdict = getattr(r.anatomy, "verdict", None)  # where the steps' time went
         if verdict is not None:
-            bits.append(verdict.kind + (f" (steady state: {verdict.steady})"
-                                        if verdict.steady else ""))
+            bits.append(
+                verdict.kind + (f" (steady state: {verdict.steady})" if verdict.steady else "")
+            )
         return " | ".join(bits)
 
     def figures(self) -> list[tuple[str, str]]:
         r, m = self.report, self.report.metrics
         fallbacks = ", ".join(f"aten::{op} \u00d7{n}" for op, n in sorted(m.fallbacks.items()))
         return [
-            ("wall time", format_seconds(r.wall_seconds)
-             + (" (the cell's code, its final sync and the device's work)" if r.waited
-                else " (the cell's code and its final sync)")),
+            (
+                "wall time",
+                format_seconds(r.wall_seconds)
+                + (
+                    " (the cell's code, its final sync and the device's work)"
+                    if r.waited
+                    else " (the cell's code and its final sync)"
+                ),
+            ),
             ("graphs compiled", f"{m.compiles} ({format_seconds(m.compile_seconds)})"),
             ("compile cache hits", str(m.cache_hits)),
             ("executions", f"{m.executions} ({format_seconds(m.execute_seconds)} on device)"),
-            ("transfers to device", f"{m.to_device_transfers} "
-                                    f"({format_seconds(m.to_device_seconds)})"),
-            ("transfers to host", f"{m.from_device_transfers} "
-                                  f"({format_seconds(m.from_device_seconds)})"),
+            (
+                "transfers to device",
+                f"{m.to_device_transfers} ({format_seconds(m.to_device_seconds)})",
+            ),
+            (
+                "transfers to host",
+                f"{m.from_device_transfers} ({format_seconds(m.from_device_seconds)})",
+            ),
             ("device\u2192host reads", str(m.host_reads)),
             ("CPU fallbacks", fallbacks or "none"),
         ]
@@ -280,8 +323,7 @@ class RunView:
         hints = _hints(self.groups)
         if hints:
             lines.append("what to do:")
-            lines += [f"  {words} ({', '.join(places)}): {hint}"
-                      for words, places, hint in hints]
+            lines += [f"  {words} ({', '.join(places)}): {hint}" for words, places, hint in hints]
         lines += [f"  {note}" for note in self._notes()]
         lines += self._listing_text()
         return "\n".join(lines)
@@ -294,7 +336,7 @@ class RunView:
         out = ["the cell, annotated:"]
         for n in _shown_lines(len(code), set(marks)):
             if n == 1 and not code[0].strip() and 1 not in marks:
-                continue                # the %%on_tpu line, left blank in the cell's code
+                continue  # the %%on_tpu line, left blank in the cell's code
             if n is None:
                 out.append("   ...")
                 continue
@@ -313,8 +355,10 @@ class RunView:
         e = escape
         bad = self.report.error is not None or self.recompiled
         flagged = bad or any(g.kind in _FLAGGED for g in self.groups)
-        parts = [f"<div class='tpunb-summary' style='font-weight:bold'>"
-                 f"{span(e(self.summary()), RED if bad else OK)}</div>"]
+        parts = [
+            f"<div class='tpunb-summary' style='font-weight:bold'>"
+            f"{span(e(self.summary()), RED if bad else OK)}</div>"
+        ]
         if self.groups:
             parts.append(self._groups_html())
         hints = _hints(self.groups)
@@ -323,20 +367,27 @@ class RunView:
                 f"<li style='margin:0;padding:0;text-align:left'>"
                 f"{span(e(words), _KIND_COLOURS.get(_kind_of(words), ACCENT), bold=True)} "
                 f"<span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}</li>"
-                for words, places, hint in hints)
-            parts.append("<div class='tpunb-hints' style='margin:4px 0 0'><b>what to do</b>"
-                         f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>")
+                for words, places, hint in hints
+            )
+            parts.append(
+                "<div class='tpunb-hints' style='margin:4px 0 0'><b>what to do</b>"
+                f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
+            )
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
         listing = self._listing_html()
         if listing:
-            parts.append(f"<details{' open' if flagged else ''} style='margin:4px 0 0'>"
-                         "<summary style='cursor:pointer'>the cell, annotated</summary>"
-                         f"{listing}</details>")
-        parts.append("<details style='margin:4px 0 0'><summary style='cursor:pointer'>"
-                     "all figures</summary>"
-                     + table([(f"<b>{e(k)}</b>", e(v)) for k, v in self.figures()],
-                             styles=(NOWRAP,)) + "</details>")
+            parts.append(
+                f"<details{' open' if flagged else ''} style='margin:4px 0 0'>"
+                "<summary style='cursor:pointer'>the cell, annotated</summary>"
+                f"{listing}</details>"
+            )
+        parts.append(
+            "<details style='margin:4px 0 0'><summary style='cursor:pointer'>"
+            "all figures</summary>"
+            + table([(f"<b>{e(k)}</b>", e(v)) for k, v in self.figures()], styles=(NOWRAP,))
+            + "</details>"
+        )
         return root("".join(parts), "tpunb-report")
 
     def _groups_html(self) -> str:
@@ -345,21 +396,34 @@ class RunView:
         for g in self.groups:
             colour = _KIND_COLOURS.get(g.kind, ACCENT)
             details = e(g.description())
-            details += "".join(f"<br><span style='color:{MUTED}'>{e(g.where)} \u2192 {e(v)}"
-                               "</span>"
-                               for v in g.vias)
+            details += "".join(
+                f"<br><span style='color:{MUTED}'>{e(g.where)} \u2192 {e(v)}</span>" for v in g.vias
+            )
             if g.changed:
-                details += (f"<br><span style='color:{RED}'>changed:</span> "
-                            + e("; ".join(g.changed)))
+                details += f"<br><span style='color:{RED}'>changed:</span> " + e(
+                    "; ".join(g.changed)
+                )
             secs = g.seconds
-            rows.append((e(g.where), span(e(KIND_WORDS.get(g.kind, g.kind)), colour, bold=True),
-                         f"\u00d7{g.count}", e(format_seconds(secs)) if secs is not None
-                         else "", details))
-        if all(g.seconds is None for g in self.groups):      # no column of blanks
-            return table([r[:3] + r[4:] for r in rows], ("where", "what", "times", "details"),
-                         styles=(NOWRAP, NOWRAP, NOWRAP, ""))
-        return table(rows, ("where", "what", "times", "time", "details"),
-                     styles=(NOWRAP, NOWRAP, NOWRAP, NOWRAP, ""))
+            rows.append(
+                (
+                    e(g.where),
+                    span(e(KIND_WORDS.get(g.kind, g.kind)), colour, bold=True),
+                    f"\u00d7{g.count}",
+                    e(format_seconds(secs)) if secs is not None else "",
+                    details,
+                )
+            )
+        if all(g.seconds is None for g in self.groups):  # no column of blanks
+            return table(
+                [r[:3] + r[4:] for r in rows],
+                ("where", "what", "times", "details"),
+                styles=(NOWRAP, NOWRAP, NOWRAP, ""),
+            )
+        return table(
+            rows,
+            ("where", "what", "times", "time", "details"),
+            styles=(NOWRAP, NOWRAP, NOWRAP, NOWRAP, ""),
+        )
 
     def _listing_html(self) -> str:
         e = escape
@@ -370,22 +434,34 @@ class RunView:
         rows, row_styles = [], []
         for n in _shown_lines(len(code), set(marks)):
             if n == 1 and not code[0].strip() and 1 not in marks:
-                continue                # the %%on_tpu line, left blank in the cell's code
+                continue  # the %%on_tpu line, left blank in the cell's code
             if n is None:
                 rows.append((f"<span style='color:{MUTED}'>\u22ee</span>", "", ""))
                 row_styles.append("")
                 continue
             groups = marks.get(n, [])
-            badges = ", ".join(span(e(g.marker()), _KIND_COLOURS.get(g.kind, ACCENT),
-                                    bold=g.kind in _FLAGGED) for g in groups)
-            rows.append((f"<span style='color:{MUTED}'>{n}</span>", badges,
-                         f"<pre style='{PRE}'>{e(code[n - 1])}</pre>"))
+            badges = ", ".join(
+                span(e(g.marker()), _KIND_COLOURS.get(g.kind, ACCENT), bold=g.kind in _FLAGGED)
+                for g in groups
+            )
+            rows.append(
+                (
+                    f"<span style='color:{MUTED}'>{n}</span>",
+                    badges,
+                    f"<pre style='{PRE}'>{e(code[n - 1])}</pre>",
+                )
+            )
             # Lines that did something worth fixing stand out.
-            row_styles.append(f";background:{MARK_BG}"
-                              if any(g.kind in _FLAGGED for g in groups) else "")
+            row_styles.append(
+                f";background:{MARK_BG}" if any(g.kind in _FLAGGED for g in groups) else ""
+            )
         flat = "border-bottom:none;padding-top:0;padding-bottom:0"
-        html = table(rows, ("line", "tpu_nb", "code"), row_styles=row_styles,
-                     styles=(f"text-align:right;{flat}", f"{NOWRAP};{flat}", flat))
+        html = table(
+            rows,
+            ("line", "tpu_nb", "code"),
+            row_styles=row_styles,
+            styles=(f"text-align:right;{flat}", f"{NOWRAP};{flat}", flat),
+        )
         return f"<div class='tpunb-listing' style='overflow-x:auto'>{html}</div>"
 
 
@@ -398,11 +474,13 @@ def _kind_of(words: str) -> str:
 
 # -- metrics ----------------------------------------------------------------------------------
 
+
 class MetricsView:
     """`%xla_metrics`: a delta (since the last cell, or since the start) or a full snapshot."""
 
-    def __init__(self, title: str, delta: MetricsDelta | None = None,
-                 full: MetricsSnapshot | None = None):
+    def __init__(
+        self, title: str, delta: MetricsDelta | None = None, full: MetricsSnapshot | None = None
+    ):
         self.title, self.delta, self.full = title, delta, full
 
     @staticmethod
@@ -416,15 +494,23 @@ class MetricsView:
     @staticmethod
     def _delta_rows(d: MetricsDelta) -> list[tuple[str, str, str]]:
         """(what, count, time) of the delta, times in the package's one format."""
-        rows = [("graphs compiled", str(d.compiles), format_seconds(d.compile_seconds)),
-                ("compile cache hits", str(d.cache_hits), ""),
-                ("executions", str(d.executions), format_seconds(d.execute_seconds)),
-                ("transfers to device", str(d.to_device_transfers),
-                 format_seconds(d.to_device_seconds)),
-                ("transfers to host", str(d.from_device_transfers),
-                 format_seconds(d.from_device_seconds)),
-                ("syncs", str(d.syncs), ""),
-                ("device->host reads", str(d.host_reads), "")]
+        rows = [
+            ("graphs compiled", str(d.compiles), format_seconds(d.compile_seconds)),
+            ("compile cache hits", str(d.cache_hits), ""),
+            ("executions", str(d.executions), format_seconds(d.execute_seconds)),
+            (
+                "transfers to device",
+                str(d.to_device_transfers),
+                format_seconds(d.to_device_seconds),
+            ),
+            (
+                "transfers to host",
+                str(d.from_device_transfers),
+                format_seconds(d.from_device_seconds),
+            ),
+            ("syncs", str(d.syncs), ""),
+            ("device->host reads", str(d.host_reads), ""),
+        ]
         rows += [(f"CPU fallback aten::{op}", str(n), "") for op, n in sorted(d.fallbacks.items())]
         return rows
 
@@ -434,8 +520,10 @@ class MetricsView:
             # times last: their width varies (masked by the nbval sanitizer)
             lines += [f"  {a:22}{b:>8}  {c}".rstrip() for a, b, c in self._delta_rows(self.delta)]
             if self.delta.host_reads:
-                lines.append("  device->host reads: .item(), print(tensor), bool(tensor) wait "
-                             "for the device; read once after the loop instead")
+                lines.append(
+                    "  device->host reads: .item(), print(tensor), bool(tensor) wait "
+                    "for the device; read once after the loop instead"
+                )
         if self.full is not None:
             lines += [f"  {a:40}{b:>16}  {c}" for a, b, c in self._full_rows(self.full)]
         return "\n".join(lines)
@@ -444,12 +532,22 @@ class MetricsView:
         e = escape
         parts = [f"<b>{e(self.title)}</b>"]
         if self.delta is not None:
-            parts.append(table([(e(a.replace("->", "\u2192")), e(b), e(c))
-                                for a, b, c in self._delta_rows(self.delta)],
-                               styles=(NOWRAP, "text-align:right", NOWRAP)))
+            parts.append(
+                table(
+                    [
+                        (e(a.replace("->", "\u2192")), e(b), e(c))
+                        for a, b, c in self._delta_rows(self.delta)
+                    ],
+                    styles=(NOWRAP, "text-align:right", NOWRAP),
+                )
+            )
         if self.full is not None:
-            parts.append(table([(e(a), e(b), e(c)) for a, b, c in self._full_rows(self.full)],
-                                ("name", "value", "")))
+            parts.append(
+                table(
+                    [(e(a), e(b), e(c)) for a, b, c in self._full_rows(self.full)],
+                    ("name", "value", ""),
+                )
+            )
         return root("".join(parts), "tpunb-metrics")
 
 
@@ -457,8 +555,17 @@ class CellsView:
     """`%xla_metrics --cells`: one row per cell that did XLA work."""
 
     # Timings last: their width varies, and nothing after them must move when they change.
-    HEADER = ("cell", "graphs compiled", "executions", "to device", "to host", "host reads",
-              "CPU fallbacks", "code", "compile / execute time")
+    HEADER = (
+        "cell",
+        "graphs compiled",
+        "executions",
+        "to device",
+        "to host",
+        "host reads",
+        "CPU fallbacks",
+        "code",
+        "compile / execute time",
+    )
 
     def __init__(self, history: list[tuple[int, str, MetricsDelta]]):
         self.history = history
@@ -467,27 +574,36 @@ class CellsView:
         out: list[tuple[str, ...]] = []
         for count, first_line, d in self.history:
             code = first_line if len(first_line) <= 40 else first_line[:39] + "…"
-            out.append((f"[{count}]", str(d.compiles), str(d.executions),
-                        str(d.to_device_transfers), str(d.from_device_transfers),
-                        str(d.host_reads),
-                        ", ".join(f"{op}×{n}" for op, n in sorted(d.fallbacks.items()))
-                        or "-", code,
-                        f"{format_seconds(d.compile_seconds)} / "
-                        f"{format_seconds(d.execute_seconds)}"))
+            out.append(
+                (
+                    f"[{count}]",
+                    str(d.compiles),
+                    str(d.executions),
+                    str(d.to_device_transfers),
+                    str(d.from_device_transfers),
+                    str(d.host_reads),
+                    ", ".join(f"{op}×{n}" for op, n in sorted(d.fallbacks.items())) or "-",
+                    code,
+                    f"{format_seconds(d.compile_seconds)} / {format_seconds(d.execute_seconds)}",
+                )
+            )
         return out
 
     def __repr__(self) -> str:
         rows = [self.HEADER] + self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER) - 1)] + [0]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-                 for r in rows]
+        lines = [
+            "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows
+        ]
         if not self.history:
             lines.append("no cell did XLA work yet")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        return root(table([tuple(escape(c) for c in r) for r in self.rows()], self.HEADER),
-                    "tpunb-cells")
+        return root(
+            table([tuple(escape(c) for c in r) for r in self.rows()], self.HEADER), "tpunb-cells"
+        )
 
 
 class TimingView:
@@ -501,5 +617,7 @@ class TimingView:
 
     def _repr_html_(self) -> str:
         t = self.timing
-        return root(span(escape(t.summary()), RED if t.recompiles else OK, bold=t.recompiles),
-                    "tpunb-timing")
+        return root(
+            span(escape(t.summary()), RED if t.recompiles else OK, bold=t.recompiles),
+            "tpunb-timing",
+        )

@@ -31,16 +31,21 @@ PALETTE = {
     "ok": ("#1b6e20", "#86cf8a"),
     "accent": ("#0b57d0", "#8ab4f8"),
     "line": ("#c4c4c4", "#4a4a4a"),
-    "mark-bg": ("#fff4ce", "#3a3000"),     # highlighted source lines
+    "mark-bg": ("#fff4ce", "#3a3000"),  # highlighted source lines
 }
 # Front ends' own text and background variables, tried in this order.
 _FG = ("--jp-content-font-color1", "--vscode-editor-foreground")
 _BG = ("--jp-layout-color0", "--vscode-editor-background")
-_DARK_HOSTS = ("body[data-jp-theme-light=false] .tpunb",
-               "body.vscode-dark .tpunb",
-               "body.vscode-high-contrast:not(.vscode-high-contrast-light) .tpunb")
-_LIGHT_HOSTS = ("body[data-jp-theme-light=true] .tpunb", "body.vscode-light .tpunb",
-                "body.vscode-high-contrast-light .tpunb")
+_DARK_HOSTS = (
+    "body[data-jp-theme-light=false] .tpunb",
+    "body.vscode-dark .tpunb",
+    "body.vscode-high-contrast:not(.vscode-high-contrast-light) .tpunb",
+)
+_LIGHT_HOSTS = (
+    "body[data-jp-theme-light=true] .tpunb",
+    "body.vscode-light .tpunb",
+    "body.vscode-high-contrast-light .tpunb",
+)
 # Charts and graph pictures are drawn light; in a dark theme they are inverted, hues kept.
 _CHART_DARK = "filter:invert(0.88) hue-rotate(180deg)"
 
@@ -53,8 +58,11 @@ def _chain(names: tuple[str, ...], fallback: str) -> str:
 
 
 def _variables(which: int) -> str:
-    decl = [f"--tpunb-{name}:{pair[which]}" for name, pair in PALETTE.items()
-            if name not in ("fg", "bg")]
+    decl = [
+        f"--tpunb-{name}:{pair[which]}"
+        for name, pair in PALETTE.items()
+        if name not in ("fg", "bg")
+    ]
     decl.append(f"--tpunb-fg:{_chain(_FG, PALETTE['fg'][which])}")
     decl.append(f"--tpunb-bg:{_chain(_BG, PALETTE['bg'][which])}")
     return ";".join(decl)
@@ -65,15 +73,17 @@ def _stylesheet() -> str:
     # Chart images may sit outside a .tpunb block (the dashboard's image widgets).
     dark_charts = ",".join(h.replace(" .tpunb", " .tpunb-chart") for h in _DARK_HOSTS)
     light_charts = ",".join(h.replace(" .tpunb", " .tpunb-chart") for h in _LIGHT_HOSTS)
-    return ("<style>"
-            f".tpunb{{{light}}}"
-            "@media (prefers-color-scheme:dark){"
-            f".tpunb{{{dark}}}.tpunb-chart{{{_CHART_DARK}}}}}"
-            f"{','.join(_DARK_HOSTS)}{{{dark}}}"
-            f"{','.join(_LIGHT_HOSTS)}{{{light}}}"
-            f"{dark_charts}{{{_CHART_DARK}}}"
-            f"{light_charts}{{filter:none}}"
-            "</style>")
+    return (
+        "<style>"
+        f".tpunb{{{light}}}"
+        "@media (prefers-color-scheme:dark){"
+        f".tpunb{{{dark}}}.tpunb-chart{{{_CHART_DARK}}}}}"
+        f"{','.join(_DARK_HOSTS)}{{{dark}}}"
+        f"{','.join(_LIGHT_HOSTS)}{{{light}}}"
+        f"{dark_charts}{{{_CHART_DARK}}}"
+        f"{light_charts}{{filter:none}}"
+        "</style>"
+    )
 
 
 STYLE = _stylesheet()
@@ -87,26 +97,40 @@ def color(name: str) -> str:
     return f"var(--tpunb-{name})"
 
 
-FG, BG, MUTED, RED, RED_BG = color("fg"), color("bg"), color("muted"), color("red"), \
-    color("red-bg")
-WARN, OK, ACCENT, LINE, MARK_BG = color("warn"), color("ok"), color("accent"), \
-    color("line"), color("mark-bg")
+FG, BG, MUTED, RED, RED_BG = color("fg"), color("bg"), color("muted"), color("red"), color("red-bg")
+WARN, OK, ACCENT, LINE, MARK_BG = (
+    color("warn"),
+    color("ok"),
+    color("accent"),
+    color("line"),
+    color("mark-bg"),
+)
 MONO = "var(--jp-code-font-family,var(--vscode-editor-font-family,monospace))"
 FONT = f"font-family:{MONO};font-size:12px;line-height:1.4"
 # The root of every view: its own colours and alignment, whatever the page around it.
-ROOT = (f"{FONT};color:{FG};background:{BG};text-align:left;padding:2px 4px;"
-        "box-sizing:border-box;max-width:100%")
-TABLE = ("border-collapse:collapse;border:none;margin:2px 0;font-size:inherit;"
-         "color:inherit;background:transparent;table-layout:auto;width:auto")
-CELL = ("text-align:left;vertical-align:top;padding:1px 10px 1px 0;border:none;"
-        f"border-bottom:1px solid {LINE};background:transparent;color:inherit;"
-        "white-space:normal;max-width:none;line-height:1.4")
+ROOT = (
+    f"{FONT};color:{FG};background:{BG};text-align:left;padding:2px 4px;"
+    "box-sizing:border-box;max-width:100%"
+)
+TABLE = (
+    "border-collapse:collapse;border:none;margin:2px 0;font-size:inherit;"
+    "color:inherit;background:transparent;table-layout:auto;width:auto"
+)
+CELL = (
+    "text-align:left;vertical-align:top;padding:1px 10px 1px 0;border:none;"
+    f"border-bottom:1px solid {LINE};background:transparent;color:inherit;"
+    "white-space:normal;max-width:none;line-height:1.4"
+)
 NOWRAP = "white-space:nowrap"
 ROW = "background:transparent;border:none"
-CODE = (f"font-family:{MONO};font-size:inherit;background:transparent;color:inherit;"
-        "padding:0;border:none;white-space:pre-wrap")
-PRE = (f"font-family:{MONO};font-size:inherit;background:transparent;color:inherit;"
-       "padding:0;margin:0;border:none;white-space:pre;overflow:visible;line-height:1.4")
+CODE = (
+    f"font-family:{MONO};font-size:inherit;background:transparent;color:inherit;"
+    "padding:0;border:none;white-space:pre-wrap"
+)
+PRE = (
+    f"font-family:{MONO};font-size:inherit;background:transparent;color:inherit;"
+    "padding:0;margin:0;border:none;white-space:pre;overflow:visible;line-height:1.4"
+)
 
 
 def root(body: str, cls: str = "", extra: str = "") -> str:
@@ -119,20 +143,34 @@ def cell(content: str, *, tag: str = "td", style: str = "") -> str:
     return f"<{tag} style='{CELL}{';' + style if style else ''}'>{content}</{tag}>"
 
 
-def table(rows, header=None, *, styles: tuple[str, ...] = (),
-          row_styles: list[str] | None = None) -> str:
+def table(
+    rows, header=None, *, styles: tuple[str, ...] = (), row_styles: list[str] | None = None
+) -> str:
     """A table of already-escaped cells; `styles[i]` is added to column i's cells,
     `row_styles[j]` to row j."""
+
     def row(cells, tag, extra=""):
-        return f"<tr style='{ROW}{extra}'>" + "".join(
-            cell(c, tag=tag, style=(styles[i] if i < len(styles) else "")
-                 + (";font-weight:bold" if tag == "th" else ""))
-            for i, c in enumerate(cells)) + "</tr>"
+        return (
+            f"<tr style='{ROW}{extra}'>"
+            + "".join(
+                cell(
+                    c,
+                    tag=tag,
+                    style=(styles[i] if i < len(styles) else "")
+                    + (";font-weight:bold" if tag == "th" else ""),
+                )
+                for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
+
     head = row(header, "th") if header else ""
     extras = row_styles or [""] * len(rows)
-    return (f"<table style='{TABLE}'>{head}"
-            + "".join(row(r, "td", extra) for r, extra in zip(rows, extras, strict=True))
-            + "</table>")
+    return (
+        f"<table style='{TABLE}'>{head}"
+        + "".join(row(r, "td", extra) for r, extra in zip(rows, extras, strict=True))
+        + "</table>"
+    )
 
 
 def span(text: str, colour: str, *, bold: bool = False, cls: str = "") -> str:
