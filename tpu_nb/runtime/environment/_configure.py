@@ -184,7 +184,7 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
         wanted.append(("XLA_IR_DEBUG", "1", None))
     if hlo_debug:
         wanted.append(("XLA_HLO_DEBUG", "1", None))     # read at each lowering
-    if cache_dir is not None:
+    if cache_path is not None:      # None exactly when cache_dir is
         wanted.append(("XLA_PERSISTENT_CACHE_PATH", cache_path, started_why))
 
     applied, not_applied, changes = [], [], {}

@@ -325,8 +325,8 @@ def _problems(versions, accelerator, env) -> list[Problem]:
             Problem(
                 "tensorflow-installed",
                 "error" if tpu else "warning",
-                f"The full tensorflow {installed_version('tensorflow')} is installed next to torch_xla; "
-                "on a TPU it claims the device and its bundled libraries conflict with "
+                f"The full tensorflow {installed_version('tensorflow')} is installed next to "
+                "torch_xla; on a TPU it claims the device and its bundled libraries conflict with "
                 "torch_xla's.",
                 "pip uninstall -y tensorflow (install tensorflow-cpu if you still need TensorFlow)",
             )

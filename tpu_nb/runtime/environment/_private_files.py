@@ -19,6 +19,7 @@ import os
 import re
 import stat
 import tempfile
+from contextlib import suppress
 
 from tpu_nb.runtime.errors import TpuNbError
 
@@ -154,10 +155,8 @@ def ensure_log(path: str) -> bool:
     folder, _ = private_dir()
     if os.path.dirname(path) != folder:
         return False
-    try:
+    with suppress(OSError):
         os.mkdir(folder, 0o700)
-    except OSError:
-        pass
     fd, _problem = _open_private(folder)
     if fd is None:
         return False
@@ -184,10 +183,8 @@ def _sweep_dead_logs(dir_fd: int) -> None:
     for name in os.listdir(dir_fd):
         match = LOG_NAME.match(name)
         if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
-            try:
+            with suppress(OSError):
                 os.unlink(name, dir_fd=dir_fd)
-            except OSError:
-                pass
 
 
 def remove_log(path: str, owner: int) -> None:
@@ -195,10 +192,8 @@ def remove_log(path: str, owner: int) -> None:
     if os.getpid() != owner:
         return
     _exited[path] = owner
-    try:
+    with suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _remove_dir(path: str, owner: int) -> None:

@@ -48,8 +48,9 @@ def _explain_import_error(exc: ImportError) -> str:
     pair = f"pip install torch=={TORCH_PAIR} torch-xla=={TORCH_PAIR}"
     if "undefined symbol" in text:
         return (
-            f"torch_xla {installed_version('torch_xla')} cannot load with torch {installed_version('torch')}: "
-            f"they were built for different releases. Fix: {pair}, then restart the runtime."
+            f"torch_xla {installed_version('torch_xla')} cannot load with torch "
+            f"{installed_version('torch')}: they were built for different releases. "
+            f"Fix: {pair}, then restart the runtime."
         )
     if installed_version("torch_xla") is None:
         return f"torch_xla is not installed. Fix: {pair}"

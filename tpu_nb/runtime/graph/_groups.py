@@ -21,9 +21,11 @@ from __future__ import annotations
 import heapq
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Iterable
+from itertools import pairwise
+from typing import TYPE_CHECKING
 
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph._nodes import NODE_BUDGET, Frame, Node, gc_paused
@@ -98,7 +100,7 @@ class GroupedGraph:
     def group_of(self, node_id: int) -> Group:
         return self.groups[self._of_node[node_id]]
 
-    def expand(self, *keys: str) -> "GroupedGraph":
+    def expand(self, *keys: str) -> GroupedGraph:
         """The same grouping with the named groups shown node by node."""
         return group_graph(self.graph, by=self.by if self.by in GROUP_BY else "auto",
                            budget=self.budget, target=self.target,
@@ -179,7 +181,9 @@ def _location_key(n: Node, level: str) -> str:
     return f"{os.path.basename(user.file)}:{user.line} › {key}"
 
 
-_TPU_NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "")
+_TPU_NB_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ""
+)
 
 
 def _in_tpu_nb(path: str) -> bool:
@@ -244,10 +248,11 @@ def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
     starts = _runs(keys, lo, hi)
     ends = starts[1:] + [hi]
     run_of = {s: s for s in starts}
-    nxt = dict(zip(starts, starts[1:]))
+    nxt = dict(pairwise(starts))
     prv = {b: a for a, b in nxt.items()}
-    end = dict(zip(starts, ends))
-    top = {s: (e - s, keys[s]) for s, e in zip(starts, ends)}   # (count, dominant key)
+    end = dict(zip(starts, ends, strict=True))
+    # (count, dominant key)
+    top = {s: (e - s, keys[s]) for s, e in zip(starts, ends, strict=True)}
     heap = [(_cost(top, end, a, b), a, b) for a, b in nxt.items()]
     heapq.heapify(heap)
     alive = len(starts)
@@ -268,7 +273,7 @@ def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
             z = prv[a]
             heapq.heappush(heap, (_cost(top, end, z, a), z, a))
     out: list[int] = []
-    for s, e in zip(starts, ends):          # starts ascend: a run's root is resolved first
+    for s, e in zip(starts, ends, strict=True):   # starts ascend: a run's root is resolved first
         run_of[s] = run_of[run_of[s]]
         out += [run_of[s]] * (e - s)
     return out
@@ -313,10 +318,10 @@ def _label(graph: Graph, positions: list[int], keys: list[str]) -> str:
 
 
 def _unique_names(labels: list[str], members: list[list[int]], graph: Graph) -> list[str]:
-    seen = Counter(label for label, m in zip(labels, members) if len(m) > 1)
+    seen = Counter(label for label, m in zip(labels, members, strict=True) if len(m) > 1)
     number: Counter = Counter()
     names = []
-    for label, m in zip(labels, members):
+    for label, m in zip(labels, members, strict=True):
         if len(m) == 1:
             names.append(f"%{graph.nodes[m[0]].id}")
         elif seen[label] == 1:
@@ -380,6 +385,6 @@ def _expand_one(grouped: GroupedGraph, name: str, keys: list[str], piece: list[i
             sub = _merge_runs(keys, lo, hi, grouped.target)
             if len(set(sub)) == 1:               # one key throughout: cut it evenly
                 sub = _even_runs(lo, hi, grouped.target)
-        for p, r in zip(range(lo, hi), sub):
+        for p, r in zip(range(lo, hi), sub, strict=True):
             piece[p] = fresh + r
     return piece

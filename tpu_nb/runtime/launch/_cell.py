@@ -23,7 +23,7 @@ class CellFunction:
 
     @classmethod
     def from_namespace(cls, source: str, filename: str, namespace: dict,
-                       codes: tuple = ()) -> "CellFunction":
+                       codes: tuple = ()) -> CellFunction:
         """The cell with the variables of `namespace` its code (compiled as `codes`, else
         compiled from `source`) names: user variables only, not IPython's or private ones."""
         codes = tuple(c for c in codes if c is not None) or (compile(source, filename, "exec"),)
@@ -37,11 +37,13 @@ class CellFunction:
         linecache.cache[self.filename] = (len(self.source), None,
                                           self.source.splitlines(True), self.filename)
         tree = ast.parse(self.source, self.filename)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        last = tree.body[-1] if tree.body else None
+        expression = None
+        if isinstance(last, ast.Expr):
+            tree.body.pop()
+            expression = compile(ast.Expression(last.value), self.filename, "eval")
         namespace = {"__name__": "__main__", **self.variables, "index": index}
         statements = compile(tree, self.filename, "exec")
-        expression = compile(ast.Expression(last.value), self.filename, "eval") \
-            if last is not None else None
         # As in %%on_tpu: the replica's device by default, for the cell's own code only.
         with default_device(code=(statements, expression)):
             exec(statements, namespace)

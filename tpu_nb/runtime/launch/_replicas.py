@@ -30,7 +30,10 @@ import tempfile
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
+from contextlib import suppress
+from itertools import pairwise
+from typing import cast
 
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
@@ -154,9 +157,16 @@ def _replica(index: int, rundir: str) -> None:
 
     _first_use_alone()
     ordinal = xr.global_ordinal()
-    out = open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1)
-    sys.stdout.local.file = out
-    sys.stderr.local.file = out
+    with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
+        for stream in (sys.stdout, sys.stderr):     # as _launcher installed them
+            cast(_ReplicaStreams, stream).local.file = out
+        result = _run_replica(index, rundir, ordinal, torch_xla, xla_model)
+    if "error" in result:
+        os.killpg(os.getpgrp(), signal.SIGTERM)   # stop the other replicas and the launcher
+
+
+def _run_replica(index: int, rundir: str, ordinal: int, torch_xla, xla_model) -> dict:
+    """Run the replica's function and write its result (value or error, timings, counters)."""
     syncs: list[float] = []
 
     def on_sync():
@@ -165,7 +175,7 @@ def _replica(index: int, rundir: str) -> None:
 
     xla_model.add_step_closure(on_sync)
     before, start = _snapshot(), time.perf_counter()
-    result = {"ordinal": ordinal, "pid": os.getpid()}
+    result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
     fn, args = _work[rundir]
     try:
         value = fn(index, *args)
@@ -177,12 +187,9 @@ def _replica(index: int, rundir: str) -> None:
         result["traceback"] = _user_traceback(exc)
     result["wall_seconds"] = time.perf_counter() - start
     result["metrics"] = _snapshot().since(before)
-    steps = [b - a for a, b in zip([start] + syncs, syncs)]
-    result["step_seconds"] = tuple(steps)
+    result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
     _write_result(rundir, ordinal, result)
-    out.close()
-    if "error" in result:
-        os.killpg(os.getpgrp(), signal.SIGTERM)   # stop the other replicas and the launcher
+    return result
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -375,6 +382,7 @@ class _Run:
         if device_type == "CPU":
             env["CPU_NUM_DEVICES"] = str(n)
         refuse = device_type == "CPU" and n > 1
+        self.proc: _ForkedProcess | subprocess.Popen
         self.offsets = [0] * n
         self.partial = [""] * n
         try:
@@ -411,14 +419,14 @@ class _Run:
                 self.stream(f"[{i}] {line}")
 
     def wait(self) -> int:
-        while self.proc.poll() is None:
+        while (status := self.proc.poll()) is None:
             self.pump()
             time.sleep(0.02)
         self.pump()
         for i, rest in enumerate(self.partial):
             if rest:
                 self.stream(f"[{i}] {rest}")
-        return self.proc.returncode
+        return status
 
     def kill(self) -> None:
         try:
@@ -454,19 +462,20 @@ class _ForkedProcess:
     """A forked launcher with the small Popen interface _Run uses."""
 
     def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
+        self.pid = pid
+        self.returncode: int | None = None
 
-    def poll(self):
+    def poll(self) -> int | None:
         if self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
-    def wait(self):
-        while self.poll() is None:
+    def wait(self) -> int:
+        while (status := self.poll()) is None:
             time.sleep(0.02)
-        return self.returncode
+        return status
 
 
 def _fork(rundir, fn, args, env, refuse) -> _ForkedProcess:
@@ -479,10 +488,8 @@ def _fork(rundir, fn, args, env, refuse) -> _ForkedProcess:
         os.dup2(err, 2)
         _forked_launcher(rundir, fn, args, env, refuse, os.getppid())
     os.close(err)
-    try:
+    with suppress(PermissionError, ProcessLookupError):
         os.setpgid(pid, pid)                # both sides set it: no race with killpg
-    except (PermissionError, ProcessLookupError):
-        pass
     return _ForkedProcess(pid)
 
 
@@ -526,7 +533,7 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
     replicas = tuple(ReplicaResult(
         ordinal=r["ordinal"], value=r.get("value"), output="", wall_seconds=r["wall_seconds"],
         step_seconds=r["step_seconds"], metrics=r["metrics"], pid=r["pid"]) for r in raw)
-    notes = ()
+    notes: tuple[str, ...] = ()
     if run.path == "worker":
         notes = ("This kernel had already used the XLA device, so the replicas ran in a fresh "
                  "worker process that received the function and its variables by value.",)

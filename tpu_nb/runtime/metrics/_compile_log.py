@@ -201,7 +201,7 @@ class CompileLog:
         self._dropped_below = -1        # offsets at or below this were dropped
 
     @classmethod
-    def following(cls, other: "CompileLog") -> "CompileLog":
+    def following(cls, other: CompileLog) -> CompileLog:
         """A reader of the same file that starts where `other` is now (same offsets)."""
         other.size()
         log = cls(other.path, start=other._physical)
@@ -214,11 +214,11 @@ class CompileLog:
 
     def size(self) -> int:
         try:
-            info = os.stat(self.path)
+            info: os.stat_result | None = os.stat(self.path)
         except OSError:
             info = self._recreate()
-            if info is None:
-                return self._end
+        if info is None:
+            return self._end
         self._follow(info)
         self._physical = info.st_size
         self._end = self._base + info.st_size
@@ -296,7 +296,7 @@ class CompileLog:
                 self._follow(info)
                 head = os.pread(f.fileno(), _HEAD, 0)
                 if self._head and not head.startswith(self._head):   # rewritten, same size
-                    self._restart(self._identity)
+                    self._restart((info.st_dev, info.st_ino))
                 if len(head) > len(self._head):
                     self._head = head
                 f.seek(self._consumed)
@@ -395,8 +395,10 @@ def _forget_events() -> None:
 def compile_log() -> CompileLog | None:
     """The reader of this process's compile-cause file, or None when analysis is off."""
     path = os.environ.get("PT_XLA_DEBUG_FILE")
+    if not path:
+        return None
     log = _logs.get(path)
-    if log is None and path:
+    if log is None:
         if os.environ.get("PT_XLA_DEBUG_LEVEL", "0").strip() in ("", "0"):
             return None
         log = _logs[path] = CompileLog(path)

@@ -9,9 +9,9 @@ has not moved since it was last read, and `setup()` bounds the buffer (XLA_METRI
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping
 
 from tpu_nb.runtime.environment._xla import xlac
 
@@ -29,7 +29,8 @@ _METRICS = {
     "TransferToDeviceTime": None,
     "TransferFromDeviceTime": None,
 }
-_EMPTY = MappingProxyType({})
+_NO_COUNTERS: Mapping[str, int] = MappingProxyType({})
+_NO_METRICS: Mapping[str, tuple[int, float]] = MappingProxyType({})
 # name -> (gating counter value when read, (samples, accumulator)); see _read_metric.
 _metric_cache: dict[str, tuple[int, tuple[int, float]]] = {}
 # Counter names only grow (until a reset): the names a snapshot reads, computed once per list.
@@ -61,7 +62,7 @@ class MetricsSnapshot:
     def counter(self, name: str) -> int:
         return self.counters.get(name, 0)
 
-    def since(self, earlier: "MetricsSnapshot") -> "MetricsDelta":
+    def since(self, earlier: MetricsSnapshot) -> MetricsDelta:
         """What happened between `earlier` and this snapshot."""
         return _delta(earlier, self)
 
@@ -111,7 +112,8 @@ class MetricsDelta:
             ("graphs compiled", f"{self.compiles}", f"{self.compile_seconds:.3f} s"),
             ("compile cache hits", f"{self.cache_hits}", ""),
             ("executions", f"{self.executions}", f"{self.execute_seconds:.3f} s"),
-            ("transfers to device", f"{self.to_device_transfers}", f"{self.to_device_seconds:.3f} s"),
+            ("transfers to device", f"{self.to_device_transfers}",
+             f"{self.to_device_seconds:.3f} s"),
             ("transfers to host", f"{self.from_device_transfers}",
              f"{self.from_device_seconds:.3f} s"),
             ("syncs", f"{self.syncs}", ""),
@@ -202,7 +204,7 @@ def _metric_delta(earlier, later, name: str) -> tuple[int, float]:
 
 def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
     if earlier.generation != later.generation:
-        earlier = MetricsSnapshot(_EMPTY, _EMPTY, earlier.taken_at, later.generation)
+        earlier = MetricsSnapshot(_NO_COUNTERS, _NO_METRICS, earlier.taken_at, later.generation)
     moved = {}
     for name, value in later.counters.items():
         d = _diff(value, earlier.counters.get(name, 0))

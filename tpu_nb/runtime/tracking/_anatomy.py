@@ -38,11 +38,15 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tpu_nb.runtime.units import format_seconds
+
+if TYPE_CHECKING:
+    from tpu_nb.runtime.tracking._provenance import Recorder
 
 log = logging.getLogger("tpu_nb")
 
@@ -109,10 +113,10 @@ class Part:
 class Verdict:
     """What bounds the loop, why (with figures) and what to do about it."""
 
-    kind: str                     # device-bound, host-bound, input-bound, compile-bound, read-bound
+    kind: str  # device-bound, host-bound, input-bound, compile-bound, read-bound
     reason: str
     fix: str
-    steady: str = ""              # compile-bound runs: the verdict of the steps that did not compile
+    steady: str = ""  # compile-bound runs: the verdict of the steps that did not compile
 
     @property
     def good(self) -> bool:
@@ -197,10 +201,10 @@ class Anatomy:
 
 # -- collection while a run is tracked ---------------------------------------------------------
 
-_active: "Collector | None" = None
+_active: Collector | None = None
 
 
-def current() -> "Collector | None":
+def current() -> Collector | None:
     """The collector of the run being tracked now (for a live view), if any."""
     return _active
 
@@ -212,13 +216,13 @@ class Collector:
     removes everything and returns the Anatomy. Hooks never raise into the user's code.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.started = _clock()
         self.origin = self.started           # start of the first kept step's window
         self.syncs: deque = deque(maxlen=_MAX_STEPS)        # (hook entry, call, return)
         self.reads: deque = deque(maxlen=_MAX_EVENTS)       # (hook entry, call, return)
         self.inputs: deque = deque(maxlen=_MAX_EVENTS)      # (start, end)
-        self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
+        self.samples: dict[str, deque] = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
         self._gate_values: dict[str, tuple] = {}
         self._base: dict[str, int] = {}       # samples each metric had when the run began
@@ -229,11 +233,11 @@ class Collector:
         self._thread = threading.get_ident()
         self._depth = 0
         self._restore: list = []
-        self._recorder = None
+        self._recorder: Recorder | None = None
         self._outer: Collector | None = None
-        self._xc = None
+        self._xc: Any = None                  # torch_xla._XLAC once started (no stubs)
 
-    def start(self, recorder) -> "Collector":
+    def start(self, recorder) -> Collector:
         """Hook `recorder` and the loaders; on failure (logged) record nothing, so the run
         still runs and reports, without an anatomy's steps."""
         try:
@@ -243,7 +247,7 @@ class Collector:
             self._unhook()
             return self
 
-    def _start(self, recorder) -> "Collector":
+    def _start(self, recorder) -> Collector:
         global _active
         import torch_xla
 
@@ -346,7 +350,9 @@ class Collector:
         if parallel is not None:
             targets.append(getattr(parallel, "PerDeviceLoader", None))
         for cls in targets:
-            original = getattr(cls, "__next__", None) if cls is not None else None
+            if cls is None:
+                continue
+            original = getattr(cls, "__next__", None)
             if original is None or getattr(original, "__tpu_nb_anatomy__", False):
                 continue
             had_own = "__next__" in vars(cls)
@@ -553,11 +559,13 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
         for i, items in _assign(filter(keep, spans), lambda s: s[1], bounds).items():
             setattr(windows[i], name, items)
     graphs = {ordinal: ts for ts, _, ordinal in samples["TensorsGraphSize"]}
-    for x, owner in zip(executions, _owners(executions, graphs, origin, bounds, windows)):
+    owned: dict[int, list] = {}
+    owners = _owners(executions, graphs, origin, bounds, windows)
+    for x, owner in zip(executions, owners, strict=True):
         if owner is not None:
-            if not windows[owner].executions:
-                windows[owner].executions = []
-            windows[owner].executions.append(x[:3])
+            owned.setdefault(owner, []).append(x[:3])
+    for owner, items in owned.items():
+        windows[owner].executions = items
     busy = _Busy(_union((b, e) for _, b, e, _ in executions))
     records = [_record(first + i, w, busy, tail=(w.sync is None))
                for i, w in enumerate(windows)]
@@ -679,7 +687,7 @@ def judge(a: Anatomy) -> Verdict | None:
     candidates = {"host-bound": host, "input-bound": share("input"),
                   "compile-bound": share("compile"), "read-bound": share("read"),
                   "device-bound": a.device_share}
-    kind = max(candidates, key=candidates.get)
+    kind = max(candidates, key=lambda k: candidates[k])
     reasons = {
         "host-bound": f"the host's Python tracing and syncs took {pct(host)} of the time; the "
                       f"device was busy {pct(a.device_share)}",

@@ -21,8 +21,12 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tpu_nb.runtime.errors import TpuNbError
+
+if TYPE_CHECKING:
+    from tpu_nb.runtime.tracking._provenance import Recorder
 
 MAX_EVENTS = 50_000          # events kept from a trace (the longest, when there are more)
 
@@ -97,7 +101,7 @@ class profile:
         self.trace: ProfileTrace | None = None
         self._seen = 0
         self._tracing = False
-        self._recorder = None
+        self._recorder: Recorder | None = None
 
     def __enter__(self) -> profile:
         import torch_xla.debug.profiler as xp
@@ -143,6 +147,5 @@ class profile:
         if self._recorder is not None and self._on_sync in self._recorder.on_sync:
             self._recorder.on_sync.remove(self._on_sync)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self._stop()
-        return False

@@ -213,9 +213,9 @@ class track:
         ends the overlap of device execution with the next step's tracing; around every step
         of a loop use wait=False (executions still in flight are counted by the next report).
     record: record where each compile, value read and CPU fallback came from (the block's own
-        line, and the library function in between; see tpu_nb.runtime.tracking._provenance). Costs one
-        or two counter reads per sync and per read; off, findings fall back to torch_xla's
-        compile log (8 frames).
+        line, and the library function in between; see tpu_nb.runtime.tracking._provenance).
+        Costs one or two counter reads per sync and per read; off, findings fall back to
+        torch_xla's compile log (8 frames).
     code: code objects that are the tracked code (a notebook cell's compiled code); by
         default the code of the function that entered the block.
     """
