@@ -1,9 +1,9 @@
 """What the step anatomy costs (issue 14), measured side by side in one run.
 
-While a run is tracked, tpu_nb.runtime.tracking._anatomy.Collector records three timestamps per sync and
-per value read (through provenance.Recorder's hooks), wraps the data loaders' __next__, reads
-the runtime's sample buffers every 48 syncs and reads, and builds the per-step records when
-the run ends. Target: <= 1 % of a ~1 ms step, <= 10 us per sync.
+While a run is tracked, tpu_nb.runtime.tracking._anatomy.Collector records three timestamps per
+sync and per value read (through provenance.Recorder's hooks), wraps the data loaders'
+__next__, reads the runtime's sample buffers every 48 syncs and reads, and builds the per-step
+records when the run ends. Target: <= 1 % of a ~1 ms step, <= 10 us per sync.
 
 1. a ~1.3 ms MLP training step inside track(): the recorder alone (anatomy unhooked right
    after entry) against the recorder with the anatomy, and plain for reference;
@@ -58,7 +58,7 @@ def _show(samples, unit: str, base_name: str | None = None) -> None:
         if name == base_name:
             continue
         for i, kind in enumerate(("wall", "CPU")):
-            diffs = [a[i] - b[i] for a, b in zip(samples[name], samples[base_name])]
+            diffs = [a[i] - b[i] for a, b in zip(samples[name], samples[base_name], strict=True)]
             lo, mid, hi = _quartiles(diffs)
             print(f"    paired {name} - {base_name} {kind:4}: {mid:+8.2f} us "
                   f"[{lo:+.2f} .. {hi:+.2f}] = {100 * mid / base_wall:+.2f} % of the "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from itertools import pairwise
 
 Point = tuple[float, float]
 
@@ -110,7 +111,7 @@ def _level_segments(route: Sequence[Point], lv) -> list[tuple[float, float, floa
     ys = np.array([p[1] for p in pts])
     on_level = np.abs(lv[np.clip(np.searchsorted(lv, ys), 0, len(lv) - 1)] - ys) < 1e-6
     if on_level.all():
-        return [(x0, y0, x1, y1) for (x0, y0), (x1, y1) in zip(pts, pts[1:]) if y1 > y0]
+        return [(x0, y0, x1, y1) for (x0, y0), (x1, y1) in pairwise(pts) if y1 > y0]
     inside = lv[(lv >= ys[0] - 1e-6) & (lv <= ys[-1] + 1e-6)]
     xs = np.interp(inside, ys, [p[0] for p in pts])
     return [(xs[i], inside[i], xs[i + 1], inside[i + 1]) for i in range(len(inside) - 1)]

@@ -87,10 +87,10 @@ def _usual(shared_tmp: str) -> str:
 def test_log_is_private_by_default_and_other_users_cannot_read_it(py, shared_tmp, other_user):
     script = VICTIM + """
 import subprocess
-seen = subprocess.run(["setpriv", "--reuid=%d", "--regid=%d", "--clear-groups", "cat", path],
+seen = subprocess.run(["setpriv", "--reuid={}", "--regid={}", "--clear-groups", "cat", path],
                       capture_output=True, text=True)
 print("OTHER", seen.returncode, "Compilation Analysis" in seen.stdout)
-""" % other_user
+""".format(*other_user)
     proc = py(script, env={"TMPDIR": shared_tmp})
     got = _result(proc)
     assert got["dir"] == _usual(shared_tmp)
@@ -127,7 +127,7 @@ def before_setup():
     link = os.path.join(%r, f"compile-analysis-{os.getpid()}.log")
     subprocess.run(["setpriv", "--reuid=%d", "--regid=%d", "--clear-groups", "ln", "-s",
                     %r, link], check=True)
-""" % (usual, *other_user, str(precious)) + VICTIM
+""" % (usual, *other_user, str(precious)) + VICTIM  # noqa: UP031  the script's own {} braces
     got = _result(py(script, env={"TMPDIR": shared_tmp}))
     assert precious.read_text() == "keep me\n"
     assert got["dir"] != usual and got["regular"]
@@ -140,7 +140,7 @@ def before_setup():
 import os
 def before_setup():
     os.symlink(%r, os.path.join(%r, f"compile-analysis-{os.getpid()}.log"))
-""" % (str(precious), usual) + VICTIM
+""" % (str(precious), usual) + VICTIM  # noqa: UP031  the script's own {} braces
     got = _result(py(script, env={"TMPDIR": shared_tmp}))
     assert got["dir"] == usual and got["regular"] and got["file_mode"] == "0o600"
     assert precious.read_text() == "keep me\n"
@@ -159,7 +159,7 @@ def before_setup():
     subprocess.run(run + ["mkdir", "-m", "0777", %r], check=True)
     subprocess.run(run + ["sh", "-c", 'umask 0; cat > "$0"', log], input=%r, text=True,
                    check=True)
-""" % (usual, *other_user, usual, forged) + VICTIM
+""" % (usual, *other_user, usual, forged) + VICTIM  # noqa: UP031  the script's own {} braces
     got = _result(py(script, env={"TMPDIR": shared_tmp}))
     assert got["dir"] != usual
     assert got["causes"] and not any("FORGED" in c for c in got["causes"])

@@ -140,7 +140,7 @@ def test_spmd_data_parallel_loss_matches_one_device(py):
     n1, losses1 = _spmd_losses(py, 1)
     assert (n4, n1) == (4, 1)
     assert losses4[-1] < losses4[0]
-    for a, b in zip(losses4, losses1):
+    for a, b in zip(losses4, losses1, strict=True):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (losses4, losses1)
 
 

@@ -21,8 +21,11 @@ def test_deleted_compile_log_is_said_in_the_report(py, tmp_path):
             os.remove(os.environ["PT_XLA_DEBUG_FILE"])     # a tmp cleaner, mid-cell
             c = (torch.ones(7, device=dev) * 4).sum()
             torch_xla.sync()
-        print("FIRST", first.metrics.compiles, len(first.compile_events), repr(first.compile_log_problem))
-        print("SECOND", second.metrics.compiles, [e.graph_hash in {{f.graph_hash for f in first.compile_events}} for e in second.compile_events])
+        print("FIRST", first.metrics.compiles, len(first.compile_events),
+              repr(first.compile_log_problem))
+        old = {{f.graph_hash for f in first.compile_events}}
+        print("SECOND", second.metrics.compiles,
+              [e.graph_hash in old for e in second.compile_events])
         print("TEXT", RunView(second).text())
     """).stdout
     first = out.split("FIRST ")[1].split("\\n")[0]

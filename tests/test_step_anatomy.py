@@ -273,7 +273,7 @@ def _profile_steps(events):
     done = sorted(ts + dur for name, ts, dur in events if name.startswith("ThunkExecutor"))
     device = [next(end for end in done if end > launch) - launch for launch in launches]
     walls = [None] + [(ts + dur) - (p_ts + p_dur)
-                      for (p_ts, p_dur), (ts, dur) in zip(marks, marks[1:])]
+                      for (p_ts, p_dur), (ts, dur) in zip(marks, marks[1:], strict=False)]
     return [dur for _, dur in marks], walls, device
 
 
@@ -285,7 +285,7 @@ def test_figures_agree_with_the_torch_xla_profiler(py):
         steps, events = result[name]["steps"], result[name]["events"]
         syncs, walls, device = _profile_steps(events)
         assert len(syncs) == len(steps), (name, len(syncs), len(steps))
-        for i, (start, end, sync, dev) in enumerate(steps):
+        for i, (start, end, sync, _) in enumerate(steps):
             # The profiler's StepMarker is the C++ part of torch_xla.sync(); tpu_nb's sync is
             # the whole call (its Python, step closures, releasing the traced graph).
             assert sync >= syncs[i] * 0.9 - 1e-4, (name, i, sync, syncs[i])
@@ -324,12 +324,11 @@ def test_dashboard_shows_the_running_steps_and_keeps_the_last_run():
     from tpu_nb.runtime.tracking import _anatomy as anatomy
 
     seen = []
-    with tpu_nb.Dashboard(widgets=False, refresh=0.2) as dash:
-        with tpu_nb.track():
-            for _ in range(6):
-                _host_loop(steps=1, ops=300)
-                if anatomy.current() is not None:
-                    seen.append(dash._repr_html_())
+    with tpu_nb.Dashboard(widgets=False, refresh=0.2) as dash, tpu_nb.track():
+        for _ in range(6):
+            _host_loop(steps=1, ops=300)
+            if anatomy.current() is not None:
+                seen.append(dash._repr_html_())
     assert any("<svg" in html for html in seen[2:]), "no live timeline while the run ran"
     final = dash._repr_html_()
     assert "where the steps&#x27; time went" in final and "<svg" in final
@@ -386,9 +385,8 @@ def test_profile_steps_outside_a_tracked_run_says_the_fix():
     from tpu_nb.runtime.errors import TpuNbError
     from tpu_nb.runtime.tracking import profile
 
-    with pytest.raises(TpuNbError, match="Fix: use it inside %%on_tpu"):
-        with profile(steps=2):
-            pass
+    with pytest.raises(TpuNbError, match="Fix: use it inside %%on_tpu"), profile(steps=2):
+        pass
     with pytest.raises(TpuNbError, match="Fix: e.g. steps=3"):
         profile(steps=0)
 
