@@ -41,7 +41,7 @@ def _rounds(variants: dict, n: int, count: int) -> dict[str, list[tuple[float, f
     names = list(variants)
     out = {name: [] for name in names}
     for r in range(count):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             out[name].append(variants[name](n))
     return out
 
@@ -60,9 +60,11 @@ def _show(samples, unit: str, base_name: str | None = None) -> None:
         for i, kind in enumerate(("wall", "CPU")):
             diffs = [a[i] - b[i] for a, b in zip(samples[name], samples[base_name], strict=True)]
             lo, mid, hi = _quartiles(diffs)
-            print(f"    paired {name} - {base_name} {kind:4}: {mid:+8.2f} us "
-                  f"[{lo:+.2f} .. {hi:+.2f}] = {100 * mid / base_wall:+.2f} % of the "
-                  f"{unit} [{100 * lo / base_wall:+.2f} .. {100 * hi / base_wall:+.2f}]")
+            print(
+                f"    paired {name} - {base_name} {kind:4}: {mid:+8.2f} us "
+                f"[{lo:+.2f} .. {hi:+.2f}] = {100 * mid / base_wall:+.2f} % of the "
+                f"{unit} [{100 * lo / base_wall:+.2f} .. {100 * hi / base_wall:+.2f}]"
+            )
 
 
 def _clock():
@@ -79,7 +81,7 @@ def _tracked(anatomy: bool):
     import tpu_nb
 
     with tpu_nb.track(wait=False) as report:
-        if not anatomy:                 # the recorder alone: what tpu_nb cost before
+        if not anatomy:  # the recorder alone: what tpu_nb cost before
             report.anatomy._unhook()
         yield report
 
@@ -119,14 +121,18 @@ def main() -> None:
             step()
 
     with tpu_nb.track():
-        steps(20)                        # compile, warm every hook and cache
+        steps(20)  # compile, warm every hook and cache
 
     print(f"1. ~1 ms MLP training step, {args.rounds} rounds of 200 steps")
-    samples = _rounds({
-        "plain": _timed(steps, contextlib.nullcontext),
-        "recorder": _timed(steps, lambda: _tracked(False)),
-        "recorder+anatomy": _timed(steps, lambda: _tracked(True)),
-    }, 200, args.rounds)
+    samples = _rounds(
+        {
+            "plain": _timed(steps, contextlib.nullcontext),
+            "recorder": _timed(steps, lambda: _tracked(False)),
+            "recorder+anatomy": _timed(steps, lambda: _tracked(True)),
+        },
+        200,
+        args.rounds,
+    )
     _show(samples, "step", base_name="recorder")
 
     print(f"\n2. empty syncs in a tracked block, {args.rounds} rounds of 2,000")
@@ -135,9 +141,18 @@ def main() -> None:
         for _ in range(n):
             torch_xla.sync()
 
-    _show(_rounds({"recorder": _timed(empty_syncs, lambda: _tracked(False)),
-                   "recorder+anatomy": _timed(empty_syncs, lambda: _tracked(True))},
-                  2000, args.rounds), "sync", base_name="recorder")
+    _show(
+        _rounds(
+            {
+                "recorder": _timed(empty_syncs, lambda: _tracked(False)),
+                "recorder+anatomy": _timed(empty_syncs, lambda: _tracked(True)),
+            },
+            2000,
+            args.rounds,
+        ),
+        "sync",
+        base_name="recorder",
+    )
 
     print(f"\n3. DataLoader.__next__ (in-memory, batch 8), {args.rounds} rounds of 2,000")
     data = TensorDataset(torch.randn(16000, 4))
@@ -147,9 +162,18 @@ def main() -> None:
             if i + 1 >= n:
                 break
 
-    _show(_rounds({"recorder": _timed(batches, lambda: _tracked(False)),
-                   "recorder+anatomy": _timed(batches, lambda: _tracked(True))},
-                  2000, args.rounds), "batch", base_name="recorder")
+    _show(
+        _rounds(
+            {
+                "recorder": _timed(batches, lambda: _tracked(False)),
+                "recorder+anatomy": _timed(batches, lambda: _tracked(True)),
+            },
+            2000,
+            args.rounds,
+        ),
+        "batch",
+        base_name="recorder",
+    )
 
     print("\n4. one-off costs")
     with tpu_nb.track() as report:
@@ -157,24 +181,30 @@ def main() -> None:
         collector = report.anatomy
         t = time.perf_counter()
         for _ in range(20):
-            collector._gate_values.clear()      # every buffer read, as after busy syncs
+            collector._gate_values.clear()  # every buffer read, as after busy syncs
             collector._harvest()
         harvest = (time.perf_counter() - t) / 20
         t = time.perf_counter()
         built = anatomy.build(collector, None)
         build = time.perf_counter() - t
-    print(f"    reading the sample buffers once: {harvest * 1e6:.1f} us "
-          f"(at most every 48 syncs and reads: {harvest * 1e6 / 48:.2f} us per sync)")
-    print(f"    building the anatomy of {len(built.steps)} steps: {build * 1e3:.1f} ms "
-          f"({build / max(len(built.steps), 1) * 1e6:.1f} us per step, once at the run's end)")
+    print(
+        f"    reading the sample buffers once: {harvest * 1e6:.1f} us "
+        f"(at most every 48 syncs and reads: {harvest * 1e6 / 48:.2f} us per sync)"
+    )
+    print(
+        f"    building the anatomy of {len(built.steps)} steps: {build * 1e3:.1f} ms "
+        f"({build / max(len(built.steps), 1) * 1e6:.1f} us per step, once at the run's end)"
+    )
     with tpu_nb.track() as report:
         steps(300)
         t = time.perf_counter()
         for _ in range(10):
             report.anatomy.snapshot(last=64)
         snap = (time.perf_counter() - t) / 10
-    print(f"    live snapshot of the last 64 steps (a 300-step run): {snap * 1e3:.2f} ms "
-          "(twice a second from the dashboard's thread)")
+    print(
+        f"    live snapshot of the last 64 steps (a 300-step run): {snap * 1e3:.2f} ms "
+        "(twice a second from the dashboard's thread)"
+    )
 
 
 if __name__ == "__main__":

@@ -63,12 +63,17 @@ def bench_kernel_paths() -> dict[str, float]:
     os.environ.clear()
     os.environ.update(saved)
     try:
-        kc.execute_interactive("%load_ext tpu_nb\n%tpu_setup --device cpu --devices 4\n"
-                               "import torch, torch_xla", timeout=120,
-                               output_hook=lambda m: None)
+        kc.execute_interactive(
+            "%load_ext tpu_nb\n%tpu_setup --device cpu --devices 4\nimport torch, torch_xla",
+            timeout=120,
+            output_hook=lambda m: None,
+        )
         fork = [_first_output_seconds(kc) for _ in range(ROUNDS)]
-        kc.execute_interactive("(torch.ones(2, device=torch_xla.device()) * 2).sum().item()",
-                               timeout=120, output_hook=lambda m: None)
+        kc.execute_interactive(
+            "(torch.ones(2, device=torch_xla.device()) * 2).sum().item()",
+            timeout=120,
+            output_hook=lambda m: None,
+        )
         worker = [_first_output_seconds(kc) for _ in range(ROUNDS)]
     finally:
         kc.stop_channels()
@@ -89,8 +94,9 @@ def bench_bare_launch() -> float:
     """)
     runs = []
     for _ in range(ROUNDS):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env=_env(), check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True
+        ).stdout
         start = float(re.search(r"start ([0-9.]+)", out).group(1))
         firsts = [float(t) for t in re.findall(r"first \d+ ([0-9]+\.[0-9]+)", out)]
         runs.append(min(firsts) - start)
@@ -128,8 +134,13 @@ def bench_spmd() -> dict[int, float]:
     for n in (1, 4):
         runs = []
         for _ in range(3):
-            text = subprocess.run([sys.executable, "-c", SPMD, str(n)], capture_output=True,
-                                  text=True, env=_env(), check=True).stdout
+            text = subprocess.run(
+                [sys.executable, "-c", SPMD, str(n)],
+                capture_output=True,
+                text=True,
+                env=_env(),
+                check=True,
+            ).stdout
             runs.append(float(text.split("RESULT")[1]))
         out[n] = statistics.median(runs)
     return out
@@ -157,8 +168,13 @@ FIRST_USE = textwrap.dedent("""
 def bench_first_use(rounds: int = 6) -> tuple[float, float]:
     """A whole fork-path launch with the replicas' first counter use made by one thread
     (issue 13, item 10) and without it (what torch_xla alone does)."""
-    out = subprocess.run([sys.executable, "-c", FIRST_USE, str(rounds)], capture_output=True,
-                         text=True, env=_env(), check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_USE, str(rounds)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        check=True,
+    ).stdout
     with_, without = out.split("RESULT")[1].split()
     return float(with_), float(without)
 
@@ -168,17 +184,25 @@ def main() -> None:
     bare = bench_bare_launch()
     paths = bench_kernel_paths()
     print(f"  bare torch_xla.launch(fork) in a script   {bare:6.3f} s")
-    print(f"  %%on_tpu --replicas all, fork path        {paths['fork']:6.3f} s   "
-          f"({paths['fork'] / bare:.2f}x the bare launch)")
-    print(f"  %%on_tpu --replicas all, worker path      {paths['worker']:6.3f} s   "
-          f"({paths['worker'] / bare:.2f}x; a fresh process imports torch and torch_xla)")
+    print(
+        f"  %%on_tpu --replicas all, fork path        {paths['fork']:6.3f} s   "
+        f"({paths['fork'] / bare:.2f}x the bare launch)"
+    )
+    print(
+        f"  %%on_tpu --replicas all, worker path      {paths['worker']:6.3f} s   "
+        f"({paths['worker'] / bare:.2f}x; a fresh process imports torch and torch_xla)"
+    )
     print("SPMD data parallel, MLP 256-1024-10, global batch 512, synced steps (median of 3 runs)")
     spmd = bench_spmd()
     print(f"  1 device  {spmd[1] * 1e3:7.2f} ms/step")
-    print(f"  4 devices {spmd[4] * 1e3:7.2f} ms/step   ({spmd[1] / spmd[4]:.2f}x; XLA:CPU devices "
-          "share this machine's 2 cores)")
-    print("replicas' first counter use made by one thread (whole launch, fork path, 4 XLA:CPU "
-          "devices, median of 6 interleaved)")
+    print(
+        f"  4 devices {spmd[4] * 1e3:7.2f} ms/step   ({spmd[1] / spmd[4]:.2f}x; XLA:CPU devices "
+        "share this machine's 2 cores)"
+    )
+    print(
+        "replicas' first counter use made by one thread (whole launch, fork path, 4 XLA:CPU "
+        "devices, median of 6 interleaved)"
+    )
     warm, bare = bench_first_use()
     print(f"  with     {warm:6.3f} s\n  without  {bare:6.3f} s   ({warm - bare:+.3f} s)")
 

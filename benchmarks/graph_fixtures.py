@@ -9,6 +9,7 @@ from itertools import pairwise
 
 Point = tuple[float, float]
 
+
 def synthetic_ir(nodes: int = 20_000, *, seed: int = 0) -> str:
     """IR text shaped like an N-layer training step (forward blocks, a backward pass that
     reads the forward activations, per-parameter optimizer updates), about `nodes` long.
@@ -86,7 +87,7 @@ def count_crossings(routes: Sequence[Sequence[Point]], levels: Sequence[float]) 
         return 0
     seg = np.asarray(segments, dtype=float)
     x0, y0, x1, y1 = seg.T
-    first = np.searchsorted(lv, y0 - 1e-6)                 # first level at or below the top
+    first = np.searchsorted(lv, y0 - 1e-6)  # first level at or below the top
     last = np.searchsorted(lv, y1 + 1e-6, side="right") - 1
     total = 0
     for i in range(len(lv) - 1):
@@ -127,13 +128,14 @@ def _strict_inversions(values) -> int:
     while span < n:
         block = np.arange(n) // (2 * span)
         right = (np.arange(n) // span) % 2 == 1
-        keys = block * scale + a                   # each block pair sorted in isolation
+        keys = block * scale + a  # each block pair sorted in isolation
         left_keys = np.where(right, -1, keys)
         left_sorted = np.sort(left_keys[left_keys >= 0])
         r_keys = keys[right]
         # left elements in the same block pair that are greater than each right element
-        greater = (np.searchsorted(left_sorted, block[right] * scale + scale - 1, side="right")
-                   - np.searchsorted(left_sorted, r_keys, side="right"))
+        greater = np.searchsorted(
+            left_sorted, block[right] * scale + scale - 1, side="right"
+        ) - np.searchsorted(left_sorted, r_keys, side="right")
         total += int(greater.sum())
         order = np.argsort(keys, kind="stable")
         a = a[order]

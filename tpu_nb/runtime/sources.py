@@ -74,8 +74,7 @@ def _installed_names(entry: str) -> frozenset[str]:
             with open(os.path.join(folder, "RECORD"), encoding="utf-8") as f:
                 for line in f:
                     first = line.split(",", 1)[0].split("/", 1)[0]
-                    if first and not first.endswith((".dist-info", ".egg-info")) \
-                            and first != "..":
+                    if first and not first.endswith((".dist-info", ".egg-info")) and first != "..":
                         names.add(first[:-3] if first.endswith(".py") else first)
         except OSError:
             logging.getLogger("tpu_nb").debug("no metadata in %s", folder)
@@ -86,7 +85,7 @@ def _installed_names(entry: str) -> frozenset[str]:
 def _classify(path: str, path_key: tuple[str, ...]) -> bool:
     if not path or path.startswith("<frozen"):
         return True
-    if path.startswith("<"):              # <string>, <stdin>, <ipython-input-...>: typed code
+    if path.startswith("<"):  # <string>, <stdin>, <ipython-input-...>: typed code
         return False
     full = os.path.realpath(path)
     if full.startswith(_stdlib_dirs()) or full.startswith(_TPU_NB_DIR):
@@ -95,7 +94,7 @@ def _classify(path: str, path_key: tuple[str, ...]) -> bool:
         if full.startswith(entry):
             if is_site:
                 return True
-            top = full[len(entry):].split(os.sep, 1)[0]
+            top = full[len(entry) :].split(os.sep, 1)[0]
             top = top[:-3] if top.endswith(".py") else top
             return top in _installed_names(entry) and not _is_cwd(entry)
     return False
@@ -146,10 +145,10 @@ def short_path(path: str) -> str:
     full = os.path.realpath(path)
     for entry, _ in _path_entries(tuple(sys.path)):
         if full.startswith(entry):
-            return full[len(entry):]
+            return full[len(entry) :]
     for stdlib in _stdlib_dirs():
         if full.startswith(stdlib):
-            return full[len(stdlib):]
+            return full[len(stdlib) :]
     return os.path.basename(path)
 
 

@@ -23,7 +23,7 @@ def format_seconds(seconds: float | None) -> str:
         value = seconds / scale
         if value >= 1 or unit == "µs":
             text = _three_digits(value)
-            if text == "1000" and unit != "s":       # 999.7 ms rounds up to the next unit
+            if text == "1000" and unit != "s":  # 999.7 ms rounds up to the next unit
                 return "1.00 " + _UNITS[_UNITS.index((scale, unit)) - 1][1]
             return f"{text} {unit}"
     return f"{seconds:.3g} s"

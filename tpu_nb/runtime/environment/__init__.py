@@ -8,17 +8,30 @@ Lowest layer of the runtime above errors/units/sources: imports nothing else of 
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup, setup
 from tpu_nb.runtime.environment._defaults import default_device
 from tpu_nb.runtime.environment._detect import (
-                                                TORCH_PAIR,
-                                                Accelerator,
-                                                Environment,
-                                                Problem,
-                                                chip_generation,
-                                                detect,
+    TORCH_PAIR,
+    Accelerator,
+    Environment,
+    Problem,
+    chip_generation,
+    detect,
 )
 from tpu_nb.runtime.environment._device import device, sync
 from tpu_nb.runtime.environment._install import install_pair
 from tpu_nb.runtime.environment._xla import wait_device_ops
 
-__all__ = ["MAX_CPU_DEVICES", "TORCH_PAIR", "Accelerator", "Environment", "Problem",
-           "chip_generation", "default_device", "detect", "device", "ensure_setup",
-           "install_pair", "setup", "sync", "wait_device_ops"]
+__all__ = [
+    "MAX_CPU_DEVICES",
+    "TORCH_PAIR",
+    "Accelerator",
+    "Environment",
+    "Problem",
+    "chip_generation",
+    "default_device",
+    "detect",
+    "device",
+    "ensure_setup",
+    "install_pair",
+    "setup",
+    "sync",
+    "wait_device_ops",
+]

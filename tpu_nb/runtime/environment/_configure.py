@@ -44,49 +44,64 @@ def default_debug_file() -> str:
 
 def _check_device(device: str, accelerator) -> str:
     if not isinstance(device, str):
-        raise TpuNbError(f"device must be one of {', '.join(map(repr, DEVICES))}; got "
-                         f"{device!r}. Fix: device='auto' (a TPU if there is one, else the "
-                         f"CPU), or 'tpu' or 'cpu'.")
+        raise TpuNbError(
+            f"device must be one of {', '.join(map(repr, DEVICES))}; got "
+            f"{device!r}. Fix: device='auto' (a TPU if there is one, else the "
+            f"CPU), or 'tpu' or 'cpu'."
+        )
     name = device.strip().lower()
     if name in ("gpu", "cuda", "rocm"):
         raise TpuNbError(
             f"device={device!r}: XLA:GPU was removed from torch_xla 2.9. Fix: use "
             "device='tpu' on a TPU host or device='cpu' anywhere; for an NVIDIA GPU use plain "
-            "PyTorch with device='cuda' (no tpu_nb.setup needed).")
+            "PyTorch with device='cuda' (no tpu_nb.setup needed)."
+        )
     if name not in DEVICES:
-        raise TpuNbError(f"unknown device {device!r}. Fix: use one of "
-                         f"{', '.join(map(repr, DEVICES))}.")
+        raise TpuNbError(
+            f"unknown device {device!r}. Fix: use one of {', '.join(map(repr, DEVICES))}."
+        )
     if name == "auto":
         return "tpu" if accelerator.kind == "tpu" else "cpu"
     if name == "tpu" and accelerator.kind != "tpu":
-        raise TpuNbError("device='tpu' but this machine has no TPU (no TPU_ACCELERATOR_TYPE, "
-                         "/dev/accel* or /dev/vfio). Fix: use device='cpu' (or 'auto'), or "
-                         "switch the notebook to a TPU runtime.")
+        raise TpuNbError(
+            "device='tpu' but this machine has no TPU (no TPU_ACCELERATOR_TYPE, "
+            "/dev/accel* or /dev/vfio). Fix: use device='cpu' (or 'auto'), or "
+            "switch the notebook to a TPU runtime."
+        )
     return name
 
 
 def _check_num_devices(num_devices, device: str) -> int | None:
     if num_devices is None:
         return None
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1 \
-            or num_devices > MAX_CPU_DEVICES:
-        raise TpuNbError(f"num_devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got "
-                         f"{num_devices!r}. Fix: e.g. num_devices=4.")
+    if (
+        isinstance(num_devices, bool)
+        or not isinstance(num_devices, int)
+        or num_devices < 1
+        or num_devices > MAX_CPU_DEVICES
+    ):
+        raise TpuNbError(
+            f"num_devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got "
+            f"{num_devices!r}. Fix: e.g. num_devices=4."
+        )
     if device != "cpu":
-        raise TpuNbError("num_devices sets the number of virtual XLA:CPU devices; a TPU host "
-                         "uses all of its chips. Fix: drop num_devices, or use device='cpu'.")
+        raise TpuNbError(
+            "num_devices sets the number of virtual XLA:CPU devices; a TPU host "
+            "uses all of its chips. Fix: drop num_devices, or use device='cpu'."
+        )
     return num_devices
 
 
 def _check_options(**flags) -> None:
     debug_file = flags.pop("debug_file")
     if debug_file is not None and not isinstance(debug_file, (str, os.PathLike)):
-        raise TpuNbError(f"debug_file must be a file path; got {debug_file!r}. Fix: e.g. "
-                         "debug_file='/tmp/compile-analysis.log', or leave it out.")
+        raise TpuNbError(
+            f"debug_file must be a file path; got {debug_file!r}. Fix: e.g. "
+            "debug_file='/tmp/compile-analysis.log', or leave it out."
+        )
     for name, value in flags.items():
         if not isinstance(value, bool) and not (name == "hlo_debug" and value is None):
-            raise TpuNbError(f"{name} must be True or False; got {value!r}. Fix: e.g. "
-                             f"{name}=True.")
+            raise TpuNbError(f"{name} must be True or False; got {value!r}. Fix: e.g. {name}=True.")
 
 
 def _check_cache_dir(cache_dir) -> str | None:
@@ -96,24 +111,30 @@ def _check_cache_dir(cache_dir) -> str | None:
         return None
     raw = os.fspath(cache_dir) if isinstance(cache_dir, (str, os.PathLike)) else None
     if not isinstance(raw, str) or not raw.strip() or "\0" in raw:
-        raise TpuNbError(f"cache_dir must be a directory path; got {cache_dir!r}. Fix: e.g. "
-                         "cache_dir='~/.cache/xla' (created if missing).")
+        raise TpuNbError(
+            f"cache_dir must be a directory path; got {cache_dir!r}. Fix: e.g. "
+            "cache_dir='~/.cache/xla' (created if missing)."
+        )
     path = os.path.abspath(os.path.expanduser(raw))
     fix = "Fix: choose a directory of yours, e.g. cache_dir='~/.cache/xla'."
     existing = path
-    while not os.path.exists(existing):      # the nearest part of the path that exists
+    while not os.path.exists(existing):  # the nearest part of the path that exists
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         what = "is a file" if existing == path else f"is inside a file ({existing})"
         raise TpuNbError(f"the compile cache {path} {what}, not a directory. {fix}")
     top = "/" + existing.strip("/").split("/")[0]
-    if top in ("/proc", "/sys", "/dev"):    # root may "write" there, yet nothing is created
-        raise TpuNbError(f"the compile cache {path} is in {top}, a kernel file system, not a "
-                         f"place for files. {fix}")
+    if top in ("/proc", "/sys", "/dev"):  # root may "write" there, yet nothing is created
+        raise TpuNbError(
+            f"the compile cache {path} is in {top}, a kernel file system, not a "
+            f"place for files. {fix}"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise TpuNbError(f"the compile cache {path} cannot be "
-                         f"{'written' if existing == path else 'created'}: {existing} is not "
-                         f"writable by you. {fix}")
+        raise TpuNbError(
+            f"the compile cache {path} cannot be "
+            f"{'written' if existing == path else 'created'}: {existing} is not "
+            f"writable by you. {fix}"
+        )
     return path
 
 
@@ -121,8 +142,10 @@ def _make_cache_dir(path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise TpuNbError(f"the compile cache {path} cannot be created ({exc.strerror}). Fix: "
-                         "choose a directory of yours, e.g. cache_dir='~/.cache/xla'.") from None
+        raise TpuNbError(
+            f"the compile cache {path} cannot be created ({exc.strerror}). Fix: "
+            "choose a directory of yours, e.g. cache_dir='~/.cache/xla'."
+        ) from None
 
 
 def _compiled_yet() -> bool:
@@ -130,13 +153,21 @@ def _compiled_yet() -> bool:
     if not runtime_initialized():
         return False
     xlac = sys.modules["torch_xla"]._XLAC
-    return bool(xlac._xla_counter_value("UncachedCompile")
-                or xlac._xla_counter_value("CachedCompile"))
+    return bool(
+        xlac._xla_counter_value("UncachedCompile") or xlac._xla_counter_value("CachedCompile")
+    )
 
 
-def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: bool = False,
-          hlo_debug: bool | None = None, cache_dir: str | os.PathLike | None = None,
-          compile_analysis: bool = True, debug_file: str | None = None) -> Environment:
+def setup(
+    device: str = "auto",
+    *,
+    num_devices: int | None = None,
+    ir_debug: bool = False,
+    hlo_debug: bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    compile_analysis: bool = True,
+    debug_file: str | None = None,
+) -> Environment:
     """Choose the XLA device and switch on compile-cause analysis before the first compile.
 
     device: "auto" (a TPU if this machine has one, else the CPU), "tpu" or "cpu".
@@ -153,38 +184,58 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
     target = _check_device(device, accelerator)
     n_devices = _check_num_devices(num_devices, target)
     cache_path = _check_cache_dir(cache_dir)
-    _check_options(ir_debug=ir_debug, hlo_debug=hlo_debug, compile_analysis=compile_analysis,
-                   debug_file=debug_file)
+    _check_options(
+        ir_debug=ir_debug,
+        hlo_debug=hlo_debug,
+        compile_analysis=compile_analysis,
+        debug_file=debug_file,
+    )
     hlo_debug = ir_debug if hlo_debug is None else hlo_debug
 
     imported = "torch_xla" in sys.modules
     started = runtime_initialized()
     compiled = _compiled_yet()
-    wanted: list[tuple[str, str, str | None]] = []   # (variable, value, why it is latched)
-    started_why = ("the XLA runtime already started in this process; restart the kernel and "
-                   "call tpu_nb.setup() first") if started else None
+    wanted: list[tuple[str, str, str | None]] = []  # (variable, value, why it is latched)
+    started_why = (
+        (
+            "the XLA runtime already started in this process; restart the kernel and "
+            "call tpu_nb.setup() first"
+        )
+        if started
+        else None
+    )
     wanted.append(("PJRT_DEVICE", target.upper(), started_why))
     if n_devices is not None:
         wanted.append(("CPU_NUM_DEVICES", str(n_devices), started_why))
     if compile_analysis:
-        compiled_why = ("a graph was already compiled in this process, and torch_xla reads "
-                        "PT_XLA_DEBUG_* at the first compile; restart the kernel and call "
-                        "tpu_nb.setup() first") if compiled else None
+        compiled_why = (
+            (
+                "a graph was already compiled in this process, and torch_xla reads "
+                "PT_XLA_DEBUG_* at the first compile; restart the kernel and call "
+                "tpu_nb.setup() first"
+            )
+            if compiled
+            else None
+        )
         current = os.environ.get("PT_XLA_DEBUG_LEVEL", "")
         if current.strip() in ("", "0"):
             wanted.append(("PT_XLA_DEBUG_LEVEL", "1", compiled_why))
         path = debug_file or os.environ.get("PT_XLA_DEBUG_FILE") or default_debug_file()
         wanted.append(("PT_XLA_DEBUG_FILE", os.path.abspath(path), compiled_why))
     if "XLA_METRICS_SAMPLES" not in os.environ:
-        wanted.append(("XLA_METRICS_SAMPLES", METRICS_SAMPLES,
-                       "torch_xla already recorded metrics with its default buffer"
-                       if started else None))
+        wanted.append(
+            (
+                "XLA_METRICS_SAMPLES",
+                METRICS_SAMPLES,
+                "torch_xla already recorded metrics with its default buffer" if started else None,
+            )
+        )
     # XLA_IR_DEBUG is read at import; after it, torch_xla's _set_ir_debug switches it on.
     if ir_debug:
         wanted.append(("XLA_IR_DEBUG", "1", None))
     if hlo_debug:
-        wanted.append(("XLA_HLO_DEBUG", "1", None))     # read at each lowering
-    if cache_path is not None:      # None exactly when cache_dir is
+        wanted.append(("XLA_HLO_DEBUG", "1", None))  # read at each lowering
+    if cache_path is not None:  # None exactly when cache_dir is
         wanted.append(("XLA_PERSISTENT_CACHE_PATH", cache_path, started_why))
 
     applied, not_applied, changes = [], [], {}
@@ -193,22 +244,25 @@ def setup(device: str = "auto", *, num_devices: int | None = None, ir_debug: boo
             continue
         if latched_why:
             now = os.environ.get(name)
-            not_applied.append(f"{name}={value} (now {now if now is not None else 'unset'}): "
-                               f"{latched_why}.")
+            not_applied.append(
+                f"{name}={value} (now {now if now is not None else 'unset'}): {latched_why}."
+            )
         else:
             changes[name] = value
             applied.append(f"{name}={value}")
     notes = []
     if cache_dir is not None and target == "cpu" and not started:
-        notes.append("compile cache on XLA:CPU: executables are written but cannot be loaded "
-                     "back on CPU, so it gives no speed-up there (it does on TPU)")
-    if "PT_XLA_DEBUG_FILE" in changes:    # created 0600 by us before torch_xla opens it
+        notes.append(
+            "compile cache on XLA:CPU: executables are written but cannot be loaded "
+            "back on CPU, so it gives no speed-up there (it does on TPU)"
+        )
+    if "PT_XLA_DEBUG_FILE" in changes:  # created 0600 by us before torch_xla opens it
         notes += private_files.prepare_log(changes["PT_XLA_DEBUG_FILE"])
     if "XLA_PERSISTENT_CACHE_PATH" in changes:
         _make_cache_dir(changes["XLA_PERSISTENT_CACHE_PATH"])
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
     global _configured
-    os.environ.update(changes)       # everything validated above: all or nothing
+    os.environ.update(changes)  # everything validated above: all or nothing
     _configured = True
     if ir_debug and imported:
         sys.modules["torch_xla"]._XLAC._set_ir_debug(True)

@@ -34,11 +34,33 @@ from tpu_nb.runtime.errors import TpuNbError
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
 # and tensor methods follow their input's device already). torch.from_numpy shares memory
 # with a NumPy array, so it stays on the CPU.
-FACTORIES = ("empty", "empty_strided", "zeros", "ones", "full", "rand", "randn", "randint",
-             "randperm", "arange", "range", "linspace", "logspace", "eye", "tensor",
-             "as_tensor", "scalar_tensor", "normal", "tril_indices", "triu_indices",
-             "bartlett_window", "blackman_window", "hamming_window", "hann_window",
-             "kaiser_window")
+FACTORIES = (
+    "empty",
+    "empty_strided",
+    "zeros",
+    "ones",
+    "full",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "arange",
+    "range",
+    "linspace",
+    "logspace",
+    "eye",
+    "tensor",
+    "as_tensor",
+    "scalar_tensor",
+    "normal",
+    "tril_indices",
+    "triu_indices",
+    "bartlett_window",
+    "blackman_window",
+    "hamming_window",
+    "hann_window",
+    "kaiser_window",
+)
 
 _lock = threading.Lock()
 
@@ -50,10 +72,11 @@ class _Scope:
 
     def __init__(self, codes: tuple = (), root=None):
         self.codes = tuple(c for c in codes if c is not None)
-        self.code_ids = frozenset(id(c) for c in self.codes)   # identity: no hashing of code
+        self.code_ids = frozenset(id(c) for c in self.codes)  # identity: no hashing of code
         self.root = root
         self.files = frozenset(c.co_filename for c in self.codes) or (
-            frozenset((root.f_code.co_filename,)) if root is not None else frozenset())
+            frozenset((root.f_code.co_filename,)) if root is not None else frozenset()
+        )
 
     def covers(self, frame) -> bool:
         own, built, depth = True, False, 0
@@ -162,7 +185,7 @@ def _uninstall(torch) -> None:
             for name, original in _originals.items():
                 current = getattr(torch, name, None)
                 if getattr(current, "__tpu_nb_original__", None) is original:
-                    setattr(torch, name, original)   # unless something replaced ours since
+                    setattr(torch, name, original)  # unless something replaced ours since
             _originals.clear()
 
 
@@ -172,6 +195,8 @@ def _as_device(torch, device):
     try:
         return torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise TpuNbError(f"default_device() takes a torch.device or a device string; got "
-                         f"{device!r}. Fix: default_device() for the XLA device, or e.g. "
-                         "default_device(torch_xla.device()).") from None
+        raise TpuNbError(
+            f"default_device() takes a torch.device or a device string; got "
+            f"{device!r}. Fix: default_device() for the XLA device, or e.g. "
+            "default_device(torch_xla.device())."
+        ) from None

@@ -32,11 +32,12 @@ DEPRECATED: dict[tuple[str, str], str] = {
     (XM, "is_master_ordinal"): "torch_xla.runtime.global_ordinal() == 0",
     (XM, "xla_device_hw"): "torch_xla.runtime.device_type()",
 }
-SPAWN_NOTE = ("tpu_nb: from a notebook, run a cell once per device with `%%on_tpu --replicas` "
-              "or call `tpu_nb.launch(fn, *args)`: they fork before the kernel touches XLA, or "
-              "use a fresh worker process after, so neither fails this way")
-_SPAWN_FAILURES = ("Runtime is already initialized", "Unsupported nprocs",
-                   "already initialized")
+SPAWN_NOTE = (
+    "tpu_nb: from a notebook, run a cell once per device with `%%on_tpu --replicas` "
+    "or call `tpu_nb.launch(fn, *args)`: they fork before the kernel touches XLA, or "
+    "use a fresh worker process after, so neither fails this way"
+)
+_SPAWN_FAILURES = ("Runtime is already initialized", "Unsupported nprocs", "already initialized")
 
 
 def replacement(module: str, name: str) -> str | None:
@@ -49,8 +50,7 @@ def _module_getattr(module_name: str):
         new = REMOVED.get((module_name, name))
         message = f"module {module_name!r} has no attribute {name!r}"
         if new is not None:
-            message += (f": it was removed from torch_xla (XRT-era API). Use {new} instead "
-                        "(tpu_nb)")
+            message += f": it was removed from torch_xla (XRT-era API). Use {new} instead (tpu_nb)"
         raise AttributeError(message, name=name, obj=sys.modules.get(module_name))
 
     __getattr__.__tpu_nb_legacy__ = True  # type: ignore[attr-defined]
@@ -73,7 +73,7 @@ def _spawn_with_note(spawn):
 
 
 def _add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):             # Python >= 3.11
+    if hasattr(exc, "add_note"):  # Python >= 3.11
         exc.add_note(note)
     # IPython 7 (Colab) does not print notes: put it in the message too.
     if len(exc.args) == 1 and isinstance(exc.args[0], str) and note not in exc.args[0]:
@@ -111,8 +111,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None and \
-                    hasattr(spec.loader, "exec_module"):
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
                 spec.loader = _Loader(spec.loader)
                 return spec
         return None

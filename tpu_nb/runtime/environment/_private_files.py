@@ -29,7 +29,7 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # pid -> (directory, note): the directory this process uses, and why it is not the usual one.
 _chosen: dict[int, tuple[str, str | None]] = {}
 _removed_at_exit: set[str] = set()
-_exited: dict[str, int] = {}           # logs removed at exit -> by which process
+_exited: dict[str, int] = {}  # logs removed at exit -> by which process
 
 
 def usual_dir() -> str:
@@ -74,14 +74,16 @@ def private_dir() -> tuple[str, str | None]:
     except FileExistsError:
         pass
     except OSError:
-        pass                        # reported by _open_private below
+        pass  # reported by _open_private below
     fd, problem = _open_private(path)
     note = None
     if fd is None:
-        fresh = tempfile.mkdtemp(prefix=f"tpu_nb-{os.getuid()}-")   # 0700, random name
-        note = (f"{path} {problem}: it was not used; the compile log of this process is in "
-                f"{fresh} instead (removed at exit). Fix: remove that directory, or make it "
-                "yours with mode 0700, to get rid of this note")
+        fresh = tempfile.mkdtemp(prefix=f"tpu_nb-{os.getuid()}-")  # 0700, random name
+        note = (
+            f"{path} {problem}: it was not used; the compile log of this process is in "
+            f"{fresh} instead (removed at exit). Fix: remove that directory, or make it "
+            "yours with mode 0700, to get rid of this note"
+        )
         atexit.register(_remove_dir, fresh, os.getpid())
         path = fresh
     else:
@@ -109,7 +111,7 @@ def prepare_log(path: str) -> list[str]:
             _prepare_chosen(path)
             return []
         fd, problem = _open_private(folder)
-        if fd is None:          # changed under us since private_dir() checked it
+        if fd is None:  # changed under us since private_dir() checked it
             raise OSError(0, f"{folder} {problem}")
         try:
             _sweep_dead_logs(fd)
@@ -117,9 +119,11 @@ def prepare_log(path: str) -> list[str]:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise TpuNbError(f"cannot create the compile log {path}: {exc.strerror or exc}. Fix: "
-                         "debug_file='<a file in a directory of yours>', or "
-                         "compile_analysis=False.") from None
+        raise TpuNbError(
+            f"cannot create the compile log {path}: {exc.strerror or exc}. Fix: "
+            "debug_file='<a file in a directory of yours>', or "
+            "compile_analysis=False."
+        ) from None
     if path not in _removed_at_exit:
         _removed_at_exit.add(path)
         atexit.register(remove_log, path, os.getpid())
@@ -129,21 +133,20 @@ def prepare_log(path: str) -> list[str]:
 def _create_private(name: str, dir_fd: int, *, replace: bool = True) -> None:
     try:
         fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
-    except FileExistsError:            # only we can write here: our own stale file
+    except FileExistsError:  # only we can write here: our own stale file
         if not replace:
             return
         os.unlink(name, dir_fd=dir_fd)
         fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
-    os.fchmod(fd, 0o600)               # whatever the umask says, torch_xla must be able to write
+    os.fchmod(fd, 0o600)  # whatever the umask says, torch_xla must be able to write
     os.close(fd)
 
 
 def _prepare_chosen(path: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     if os.path.islink(path):
-        return    # the user's own link: torch_xla opens it as given
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+        return  # the user's own link: torch_xla opens it as given
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.close(fd)
 
 
@@ -151,7 +154,7 @@ def ensure_log(path: str) -> bool:
     """Re-create our log after something removed it (a tmp cleaner, a user clearing /tmp),
     before torch_xla recreates it with default permissions. False if it is not ours to make."""
     if path in _removed_at_exit and _exited.get(path) == os.getpid():
-        return False                   # removed by us at exit: stays removed
+        return False  # removed by us at exit: stays removed
     folder, _ = private_dir()
     if os.path.dirname(path) != folder:
         return False
@@ -174,7 +177,7 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:          # someone else's process: alive
+    except PermissionError:  # someone else's process: alive
         return True
     return True
 

@@ -23,17 +23,34 @@ as `xla::device_data`. A Graph records which fallback ops the process had run wh
 """
 
 from tpu_nb.runtime.graph._capture import (
-                                           graph,
-                                           is_pending,
-                                           pending_graph,
-                                           record_locations,
-                                           walk_limited,
+    graph,
+    is_pending,
+    pending_graph,
+    record_locations,
+    walk_limited,
 )
 from tpu_nb.runtime.graph._diff import GraphDiff, NodeChange
 from tpu_nb.runtime.graph._graph import Graph
 from tpu_nb.runtime.graph._groups import Group, GroupEdge, GroupedGraph, group_graph, shown_location
 from tpu_nb.runtime.graph._nodes import KINDS, NODE_BUDGET, Edge, Node, gc_paused
 
-__all__ = ["KINDS", "NODE_BUDGET", "Edge", "Graph", "GraphDiff", "Group", "GroupEdge",
-           "GroupedGraph", "Node", "NodeChange", "gc_paused", "graph", "group_graph",
-           "is_pending", "pending_graph", "record_locations", "shown_location", "walk_limited"]
+__all__ = [
+    "KINDS",
+    "NODE_BUDGET",
+    "Edge",
+    "Graph",
+    "GraphDiff",
+    "Group",
+    "GroupEdge",
+    "GroupedGraph",
+    "Node",
+    "NodeChange",
+    "gc_paused",
+    "graph",
+    "group_graph",
+    "is_pending",
+    "pending_graph",
+    "record_locations",
+    "shown_location",
+    "walk_limited",
+]

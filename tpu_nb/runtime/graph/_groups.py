@@ -42,11 +42,11 @@ OVERVIEW_GROUPS = 40
 class Group:
     """Nodes shown as one box. A single node is a group of one, keyed "%<id>"."""
 
-    key: str                     # unique in its GroupedGraph, e.g. "relu@functional.py:1697 #2"
-    label: str                   # what the box says
-    members: tuple[int, ...]     # node ids
-    kind: str                    # the kind most members have (data/constants aside)
-    ops: tuple[tuple[str, int], ...]      # op -> count, most frequent first
+    key: str  # unique in its GroupedGraph, e.g. "relu@functional.py:1697 #2"
+    label: str  # what the box says
+    members: tuple[int, ...]  # node ids
+    kind: str  # the kind most members have (data/constants aside)
+    ops: tuple[tuple[str, int], ...]  # op -> count, most frequent first
     sources: tuple[tuple[str, int], ...]  # source key -> count, most frequent first
     location: Frame | None = None
 
@@ -59,10 +59,10 @@ class Group:
 class GroupEdge:
     """The node edges between two boxes."""
 
-    src: int                     # index into GroupedGraph.groups
+    src: int  # index into GroupedGraph.groups
     dst: int
-    count: int                   # how many node edges it stands for
-    shapes: tuple[str, ...]      # distinct value shapes, at most 3 (then "…")
+    count: int  # how many node edges it stands for
+    shapes: tuple[str, ...]  # distinct value shapes, at most 3 (then "…")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class GroupedGraph:
     graph: Graph = field(repr=False)
     groups: tuple[Group, ...]
     edges: tuple[GroupEdge, ...]
-    by: str                      # "node" (nothing collapsed), "line", "scope", "range", ...
+    by: str  # "node" (nothing collapsed), "line", "scope", "range", ...
     expanded: tuple[str, ...] = ()
     budget: int = NODE_BUDGET
     target: int = OVERVIEW_GROUPS
@@ -93,8 +93,10 @@ class GroupedGraph:
     def group(self, key: str) -> Group:
         """The group with this key (see `[g.key for g in grouped.groups]`)."""
         if key not in self._by_key:
-            raise TpuNbUsageError(f"no group named {key!r}. Fix: use a key from "
-                                  f"[g.key for g in grouped.groups], e.g. {self.groups[0].key!r}.")
+            raise TpuNbUsageError(
+                f"no group named {key!r}. Fix: use a key from "
+                f"[g.key for g in grouped.groups], e.g. {self.groups[0].key!r}."
+            )
         return self.groups[self._by_key[key]]
 
     def group_of(self, node_id: int) -> Group:
@@ -102,17 +104,29 @@ class GroupedGraph:
 
     def expand(self, *keys: str) -> GroupedGraph:
         """The same grouping with the named groups shown node by node."""
-        return group_graph(self.graph, by=self.by if self.by in GROUP_BY else "auto",
-                           budget=self.budget, target=self.target,
-                           expand=self.expanded + keys)
+        return group_graph(
+            self.graph,
+            by=self.by if self.by in GROUP_BY else "auto",
+            budget=self.budget,
+            target=self.target,
+            expand=self.expanded + keys,
+        )
 
     def __repr__(self) -> str:
-        return (f"GroupedGraph({len(self.groups)} boxes for {len(self.graph.nodes)} nodes, "
-                f"by {self.by})")
+        return (
+            f"GroupedGraph({len(self.groups)} boxes for {len(self.graph.nodes)} nodes, "
+            f"by {self.by})"
+        )
 
 
-def group_graph(graph: Graph, by: str = "auto", *, budget: int = NODE_BUDGET,
-                target: int | None = None, expand: Iterable[str] = ()) -> GroupedGraph:
+def group_graph(
+    graph: Graph,
+    by: str = "auto",
+    *,
+    budget: int = NODE_BUDGET,
+    target: int | None = None,
+    expand: Iterable[str] = (),
+) -> GroupedGraph:
     """Collapse a graph of more than `budget` nodes into about `target` boxes (default
     OVERVIEW_GROUPS, fewer for a smaller budget); `expand` names groups (keys, or a source
     key such as "forward@linear.py:134" for all its runs) to show node by node."""
@@ -121,8 +135,9 @@ def group_graph(graph: Graph, by: str = "auto", *, budget: int = NODE_BUDGET,
         return _group_graph(graph, by, budget, target, tuple(expand))
 
 
-def _group_graph(graph: Graph, by: str, budget: int, target: int,
-                 expand: tuple[str, ...]) -> GroupedGraph:
+def _group_graph(
+    graph: Graph, by: str, budget: int, target: int, expand: tuple[str, ...]
+) -> GroupedGraph:
     level = _level(graph, by)
     if len(graph.nodes) <= budget:
         keys = [f"%{n.id}" for n in graph.nodes]
@@ -136,14 +151,15 @@ def _group_graph(graph: Graph, by: str, budget: int, target: int,
     grouped = _build(graph, piece, keys, level, budget, target)
     for step, name in enumerate(expand):
         piece = _expand_one(grouped, name, keys, piece, step)
-        grouped = _build(graph, piece, keys, level, budget, target, expand[:step + 1])
+        grouped = _build(graph, piece, keys, level, budget, target, expand[: step + 1])
     return grouped
 
 
 def _level(graph: Graph, by: str) -> str:
     if by not in GROUP_BY:
-        raise TpuNbUsageError(f"unknown grouping {by!r}. Fix: use one of "
-                              f"{', '.join(map(repr, GROUP_BY))}.")
+        raise TpuNbUsageError(
+            f"unknown grouping {by!r}. Fix: use one of {', '.join(map(repr, GROUP_BY))}."
+        )
     if by != "auto":
         return by
     if any(_user_scope(n) for n in graph.nodes):
@@ -163,7 +179,7 @@ def _leaf(n: Node) -> bool:
 
 
 def _location_key(n: Node, level: str) -> str:
-    """"fn@file:line", prefixed with the user's line when the node came from inside a
+    """ "fn@file:line", prefixed with the user's line when the node came from inside a
     library call made there: "train.py:12 › forward@linear.py:134"."""
     if level == "scope" and _user_scope(n):
         return "scope " + _user_scope(n)
@@ -209,7 +225,7 @@ def _base_keys(graph: Graph, level: str) -> list[str]:
         if not keys[i] and not _leaf(n):
             keys[i] = _inherited_key(graph, n, own, keys, pos)
     consumers = graph.consumers
-    for i in range(len(graph.nodes) - 1, -1, -1):     # consumers come later: walk backward
+    for i in range(len(graph.nodes) - 1, -1, -1):  # consumers come later: walk backward
         n = graph.nodes[i]
         if (_leaf(n) or not keys[i]) and n.id in consumers:
             keys[i] = keys[pos[consumers[n.id][0]]] or keys[i]
@@ -230,7 +246,7 @@ def _inherited_key(graph: Graph, n: Node, own: list[str], keys: list[str], pos) 
 
 
 def _family(key: str) -> str:
-    """"forward@linear.py:134" -> "forward@linear.py": runs of one function merge first
+    """ "forward@linear.py:134" -> "forward@linear.py": runs of one function merge first
     (and "train.py:12 › forward@linear.py:134" -> "train.py:12": of one user line)."""
     if " › " in key:
         return key.split(" › ", 1)[0]
@@ -259,7 +275,7 @@ def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
     while alive > target and heap:
         _, a, b = heapq.heappop(heap)
         if nxt.get(a) != b or run_of[a] != a or run_of[b] != b:
-            continue                          # stale: one of them merged meanwhile
+            continue  # stale: one of them merged meanwhile
         run_of[b] = a
         end[a] = end[b]
         top[a] = max(top[a], top[b])
@@ -273,7 +289,7 @@ def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
             z = prv[a]
             heapq.heappush(heap, (_cost(top, end, z, a), z, a))
     out: list[int] = []
-    for s, e in zip(starts, ends, strict=True):   # starts ascend: a run's root is resolved first
+    for s, e in zip(starts, ends, strict=True):  # starts ascend: a run's root is resolved first
         run_of[s] = run_of[run_of[s]]
         out += [run_of[s]] * (e - s)
     return out
@@ -291,20 +307,35 @@ def _cost(top: dict, end: dict, a: int, b: int) -> float:
     return size * (0.35 if same else 1.0)
 
 
-def _build(graph: Graph, piece: list[int], keys: list[str], by: str, budget: int,
-           target: int, expanded: tuple[str, ...] = ()) -> GroupedGraph:
+def _build(
+    graph: Graph,
+    piece: list[int],
+    keys: list[str],
+    by: str,
+    budget: int,
+    target: int,
+    expanded: tuple[str, ...] = (),
+) -> GroupedGraph:
     members: dict[int, list[int]] = {}
     for i, p in enumerate(piece):
         members.setdefault(p, []).append(i)
-    order = list(members)                    # by first member: post-order of the graph
+    order = list(members)  # by first member: post-order of the graph
     index = {p: k for k, p in enumerate(order)}
     labels = [_label(graph, members[p], keys) for p in order]
     names = _unique_names(labels, [members[p] for p in order], graph)
-    groups = tuple(_make_group(graph, names[k], labels[k], members[p], keys)
-                   for k, p in enumerate(order))
+    groups = tuple(
+        _make_group(graph, names[k], labels[k], members[p], keys) for k, p in enumerate(order)
+    )
     node_group = [index[p] for p in piece]
-    return GroupedGraph(graph=graph, groups=groups, edges=_group_edges(graph, node_group),
-                        by=by, expanded=expanded, budget=budget, target=target)
+    return GroupedGraph(
+        graph=graph,
+        groups=groups,
+        edges=_group_edges(graph, node_group),
+        by=by,
+        expanded=expanded,
+        budget=budget,
+        target=target,
+    )
 
 
 def _label(graph: Graph, positions: list[int], keys: list[str]) -> str:
@@ -312,7 +343,7 @@ def _label(graph: Graph, positions: list[int], keys: list[str]) -> str:
         return graph.nodes[positions[0]].name
     counts = Counter(keys[i] for i in positions)
     top = counts.most_common(1)[0][0]
-    if not top:                                 # no sources: name the id range
+    if not top:  # no sources: name the id range
         return f"%{graph.nodes[positions[0]].id}-%{graph.nodes[positions[-1]].id}"
     return top if len(counts) == 1 else f"{top} (+{len(counts) - 1} more)"
 
@@ -332,20 +363,34 @@ def _unique_names(labels: list[str], members: list[list[int]], graph: Graph) -> 
     return names
 
 
-def _make_group(graph: Graph, name: str, label: str, positions: list[int],
-                keys: list[str]) -> Group:
+def _make_group(
+    graph: Graph, name: str, label: str, positions: list[int], keys: list[str]
+) -> Group:
     nodes = [graph.nodes[i] for i in positions]
     if len(nodes) == 1:
         n = nodes[0]
-        return Group(key=name, label=label, members=(n.id,), kind=n.kind, ops=((n.op, 1),),
-                     sources=((keys[positions[0]], 1),), location=n.location)
-    kinds = Counter(n.kind for n in nodes if n.kind not in ("data", "constant")) \
-        or Counter(n.kind for n in nodes)
+        return Group(
+            key=name,
+            label=label,
+            members=(n.id,),
+            kind=n.kind,
+            ops=((n.op, 1),),
+            sources=((keys[positions[0]], 1),),
+            location=n.location,
+        )
+    kinds = Counter(n.kind for n in nodes if n.kind not in ("data", "constant")) or Counter(
+        n.kind for n in nodes
+    )
     kind = "fallback" if "fallback" in kinds else kinds.most_common(1)[0][0]
-    return Group(key=name, label=label, members=tuple(n.id for n in nodes), kind=kind,
-                 ops=tuple(Counter(n.op for n in nodes).most_common()),
-                 sources=tuple(Counter(keys[i] for i in positions if keys[i]).most_common()),
-                 location=next((n.location for n in nodes if n.location), None))
+    return Group(
+        key=name,
+        label=label,
+        members=tuple(n.id for n in nodes),
+        kind=kind,
+        ops=tuple(Counter(n.op for n in nodes).most_common()),
+        sources=tuple(Counter(keys[i] for i in positions if keys[i]).most_common()),
+        location=next((n.location for n in nodes if n.location), None),
+    )
 
 
 def _group_edges(graph: Graph, node_group: list[int]) -> tuple[GroupEdge, ...]:
@@ -359,31 +404,39 @@ def _group_edges(graph: Graph, node_group: list[int]) -> tuple[GroupEdge, ...]:
         entry[0] += 1
         if e.shape not in entry[1] and len(entry[1]) < 4:
             entry[1].append(e.shape)
-    return tuple(GroupEdge(a, b, c, tuple(s[:3]) + (("…",) if len(s) > 3 else ()))
-                 for (a, b), (c, s) in agg.items())
+    return tuple(
+        GroupEdge(a, b, c, tuple(s[:3]) + (("…",) if len(s) > 3 else ()))
+        for (a, b), (c, s) in agg.items()
+    )
 
 
-def _expand_one(grouped: GroupedGraph, name: str, keys: list[str], piece: list[int],
-                step: int) -> list[int]:
+def _expand_one(
+    grouped: GroupedGraph, name: str, keys: list[str], piece: list[int], step: int
+) -> list[int]:
     """New run ids: the named group(s) split into single nodes, or into sub-groups when a
     group is bigger than the budget. Every other group stays as it was."""
-    hits = [g for g in grouped.groups
-            if g.size > 1 and (name in (g.key, g.label) or (g.sources and g.sources[0][0] == name))]
+    hits = [
+        g
+        for g in grouped.groups
+        if g.size > 1 and (name in (g.key, g.label) or (g.sources and g.sources[0][0] == name))
+    ]
     if not hits:
         sample = next((g.key for g in grouped.groups if g.size > 1), grouped.groups[0].key)
-        raise TpuNbUsageError(f"no group named {name!r} to expand. Fix: use a key from "
-                              f"[g.key for g in grouped.groups], e.g. {sample!r}.")
+        raise TpuNbUsageError(
+            f"no group named {name!r} to expand. Fix: use a key from "
+            f"[g.key for g in grouped.groups], e.g. {sample!r}."
+        )
     n, pos = len(piece), grouped.graph._position
-    fresh = (step + 1) * 2 * n              # ids no earlier step has used
+    fresh = (step + 1) * 2 * n  # ids no earlier step has used
     piece = list(piece)
     for g in hits:
-        positions = sorted(pos[m] for m in g.members)   # a run: consecutive positions
+        positions = sorted(pos[m] for m in g.members)  # a run: consecutive positions
         lo, hi = positions[0], positions[-1] + 1
         if g.size <= grouped.budget:
             sub = list(range(lo, hi))
         else:
             sub = _merge_runs(keys, lo, hi, grouped.target)
-            if len(set(sub)) == 1:               # one key throughout: cut it evenly
+            if len(set(sub)) == 1:  # one key throughout: cut it evenly
                 sub = _even_runs(lo, hi, grouped.target)
         for p, r in zip(range(lo, hi), sub, strict=True):
             piece[p] = fresh + r

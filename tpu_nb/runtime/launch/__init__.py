@@ -5,13 +5,24 @@ Above runtime.tracking."""
 from tpu_nb.runtime.launch._cell import CellFunction
 from tpu_nb.runtime.launch._replicas import launch
 from tpu_nb.runtime.launch._results import (
-                                            CollectiveRefused,
-                                            LaunchResult,
-                                            ReplicaCrash,
-                                            ReplicaError,
-                                            ReplicaResult,
+    CollectiveRefused,
+    LaunchResult,
+    ReplicaCrash,
+    ReplicaError,
+    ReplicaResult,
 )
 from tpu_nb.runtime.launch._spmd import Spmd, check_spmd, parse_mesh, spmd_context
 
-__all__ = ["CellFunction", "CollectiveRefused", "LaunchResult", "ReplicaCrash", "ReplicaError",
-           "ReplicaResult", "Spmd", "check_spmd", "launch", "parse_mesh", "spmd_context"]
+__all__ = [
+    "CellFunction",
+    "CollectiveRefused",
+    "LaunchResult",
+    "ReplicaCrash",
+    "ReplicaError",
+    "ReplicaResult",
+    "Spmd",
+    "check_spmd",
+    "launch",
+    "parse_mesh",
+    "spmd_context",
+]

@@ -22,20 +22,28 @@ class CellFunction:
     HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
 
     @classmethod
-    def from_namespace(cls, source: str, filename: str, namespace: dict,
-                       codes: tuple = ()) -> CellFunction:
+    def from_namespace(
+        cls, source: str, filename: str, namespace: dict, codes: tuple = ()
+    ) -> CellFunction:
         """The cell with the variables of `namespace` its code (compiled as `codes`, else
         compiled from `source`) names: user variables only, not IPython's or private ones."""
         codes = tuple(c for c in codes if c is not None) or (compile(source, filename, "exec"),)
         used = set().union(*(names_used(c) for c in codes))
-        variables = {n: namespace[n] for n in used
-                     if n in namespace and n not in cls.HIDDEN and not n.startswith("_")}
+        variables = {
+            n: namespace[n]
+            for n in used
+            if n in namespace and n not in cls.HIDDEN and not n.startswith("_")
+        }
         return cls(source, filename, variables)
 
     def __call__(self, index: int):
         # A fresh worker has not seen the cell: without this its traceback lacks the lines.
-        linecache.cache[self.filename] = (len(self.source), None,
-                                          self.source.splitlines(True), self.filename)
+        linecache.cache[self.filename] = (
+            len(self.source),
+            None,
+            self.source.splitlines(True),
+            self.filename,
+        )
         tree = ast.parse(self.source, self.filename)
         last = tree.body[-1] if tree.body else None
         expression = None

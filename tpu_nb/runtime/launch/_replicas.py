@@ -50,19 +50,31 @@ from tpu_nb.runtime.launch._spmd import run_spmd
 
 MODES = ("replicas", "spmd")
 # torch_xla.core.xla_model functions that communicate between replicas.
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_bucketized", "all_to_all",
-               "collective_permute", "collective_broadcast", "send", "recv", "reduce_scatter",
-               "reduce_scatter_bucketized", "all_reduce_bucketized_gradients", "xla_rendezvous")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_bucketized",
+    "all_to_all",
+    "collective_permute",
+    "collective_broadcast",
+    "send",
+    "recv",
+    "reduce_scatter",
+    "reduce_scatter_bucketized",
+    "all_reduce_bucketized_gradients",
+    "xla_rendezvous",
+)
 
 MODES_BY_DEVICE = {
     "TPU": "replicas (a process per chip; collectives work) and spmd",
     "CPU": "replicas without collectives (threads in one process; torch_xla 2.9 hangs on "
-           "collectives between XLA:CPU devices, pytorch/xla #5005, #9089), and spmd "
-           "(data parallel over CPU_NUM_DEVICES virtual devices)",
+    "collectives between XLA:CPU devices, pytorch/xla #5005, #9089), and spmd "
+    "(data parallel over CPU_NUM_DEVICES virtual devices)",
 }
 
 
 # -- inside the launcher process --------------------------------------------------------------
+
 
 class _ReplicaStreams:
     """sys.stdout/sys.stderr that send each replica thread's writes to its own file."""
@@ -93,7 +105,9 @@ def _refuse_collectives() -> None:
             raise CollectiveRefused(
                 f"xm.{name} between XLA:CPU replicas would hang in torch_xla 2.9 "
                 "(pytorch/xla #5005, #9089), so tpu_nb stops it. Fix: use SPMD (launch(..., "
-                "mode='spmd') or %%on_tpu --spmd), one device, or run on a TPU.")
+                "mode='spmd') or %%on_tpu --spmd), one device, or run on a TPU."
+            )
+
         return collective
 
     for name in COLLECTIVES:
@@ -126,7 +140,7 @@ def _first_use_alone() -> None:
         import torch_xla
         from torch_xla.core import xla_model
 
-        if len(xla_model.get_xla_supported_devices()) > 1:   # replica threads share it
+        if len(xla_model.get_xla_supported_devices()) > 1:  # replica threads share it
             _warm_up(torch, torch_xla, xla_model)
         _first_use_done = True
 
@@ -158,11 +172,11 @@ def _replica(index: int, rundir: str) -> None:
     _first_use_alone()
     ordinal = xr.global_ordinal()
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
-        for stream in (sys.stdout, sys.stderr):     # as _launcher installed them
+        for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
             cast(_ReplicaStreams, stream).local.file = out
         result = _run_replica(index, rundir, ordinal, torch_xla, xla_model)
     if "error" in result:
-        os.killpg(os.getpgrp(), signal.SIGTERM)   # stop the other replicas and the launcher
+        os.killpg(os.getpgrp(), signal.SIGTERM)  # stop the other replicas and the launcher
 
 
 def _run_replica(index: int, rundir: str, ordinal: int, torch_xla, xla_model) -> dict:
@@ -182,7 +196,7 @@ def _run_replica(index: int, rundir: str, ordinal: int, torch_xla, xla_model) ->
         torch_xla.sync()
         xla_model.wait_device_ops()
         result["value"] = value
-    except BaseException as exc:   # the replica's own error: reported, then the group ends
+    except BaseException as exc:  # the replica's own error: reported, then the group ends
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = _user_traceback(exc)
     result["wall_seconds"] = time.perf_counter() - start
@@ -226,6 +240,7 @@ def _end_group(signum, frame) -> None:
 def _watch_parent(rundir: str, parent: int) -> None:
     """End the launch when the process that launched it is gone (a kernel killed or exited
     mid-launch): remove the run directory, stop the replicas."""
+
     def watch():
         while os.getppid() == parent:
             time.sleep(0.5)
@@ -235,12 +250,11 @@ def _watch_parent(rundir: str, parent: int) -> None:
     threading.Thread(target=watch, name="tpu_nb-launch-watch", daemon=True).start()
 
 
-def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool,
-              parent: int) -> None:
+def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, parent: int) -> None:
     """The launcher process: torch_xla's launcher, replicas' output routed per replica."""
     # A native crash of a replica process (forked from this one, so it inherits this) leaves
     # every thread's Python stack in launcher.err instead of a bare BrokenProcessPool.
-    faulthandler.enable(file=2, all_threads=True)      # fd 2 is launcher.err here
+    faulthandler.enable(file=2, all_threads=True)  # fd 2 is launcher.err here
     signal.signal(signal.SIGTERM, _end_group)
     _watch_parent(rundir, parent)
     os.environ.update(env)
@@ -278,11 +292,12 @@ def worker_main(rundir: str) -> None:
     payload = os.path.join(rundir, "payload.pkl")
     with open(payload, "rb") as f:
         fn, args, env, refuse, parent = cloudpickle.load(f)
-    os.unlink(payload)      # the user's function and variables, by value: not kept on disk
+    os.unlink(payload)  # the user's function and variables, by value: not kept on disk
     _launcher(rundir, fn, args, env, refuse, parent)
 
 
 # -- in the calling process -------------------------------------------------------------------
+
 
 def _device_count(devices, device_type: str) -> int:
     """How many replicas: 'all' the devices, or N — at most the chips of a TPU host, at most
@@ -293,21 +308,29 @@ def _device_count(devices, device_type: str) -> int:
             return chips
         configured = os.environ.get("CPU_NUM_DEVICES") or "1"
         if not configured.isdigit() or not 1 <= int(configured) <= MAX_CPU_DEVICES:
-            raise TpuNbError(f"CPU_NUM_DEVICES={configured!r} is not a device count from 1 "
-                             f"to {MAX_CPU_DEVICES}. Fix: tpu_nb.setup('cpu', num_devices=4) "
-                             "(or %tpu_setup --devices 4) in a fresh kernel.")
+            raise TpuNbError(
+                f"CPU_NUM_DEVICES={configured!r} is not a device count from 1 "
+                f"to {MAX_CPU_DEVICES}. Fix: tpu_nb.setup('cpu', num_devices=4) "
+                "(or %tpu_setup --devices 4) in a fresh kernel."
+            )
         return int(configured)
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise TpuNbError(f"devices must be 'all' or a whole number of at least 1; got "
-                         f"{devices!r}. Fix: e.g. devices=4.")
+        raise TpuNbError(
+            f"devices must be 'all' or a whole number of at least 1; got "
+            f"{devices!r}. Fix: e.g. devices=4."
+        )
     if chips is not None and devices != chips:
-        raise TpuNbError(f"devices={devices}, but this TPU host has {chips} chip"
-                         f"{'s' if chips != 1 else ''} and a launch uses all of them. Fix: "
-                         "devices='all'.")
+        raise TpuNbError(
+            f"devices={devices}, but this TPU host has {chips} chip"
+            f"{'s' if chips != 1 else ''} and a launch uses all of them. Fix: "
+            "devices='all'."
+        )
     if devices > MAX_CPU_DEVICES:
-        raise TpuNbError(f"devices={devices} is more than the {MAX_CPU_DEVICES} virtual XLA:CPU "
-                         f"devices tpu_nb runs (each is a thread with its own device). Fix: "
-                         f"e.g. devices=4.")
+        raise TpuNbError(
+            f"devices={devices} is more than the {MAX_CPU_DEVICES} virtual XLA:CPU "
+            f"devices tpu_nb runs (each is a thread with its own device). Fix: "
+            f"e.g. devices=4."
+        )
     return devices
 
 
@@ -376,7 +399,7 @@ class _Run:
         _active_runs[self.rundir] = os.getpid()
         self.n, self.stream = n, stream
         env = {"PJRT_DEVICE": device_type}
-        if os.environ.get("PT_XLA_DEBUG_LEVEL"):    # the replicas' compile log, not ours
+        if os.environ.get("PT_XLA_DEBUG_LEVEL"):  # the replicas' compile log, not ours
             env["PT_XLA_DEBUG_LEVEL"] = os.environ["PT_XLA_DEBUG_LEVEL"]
             env["PT_XLA_DEBUG_FILE"] = os.path.join(self.rundir, "compile-analysis.log")
         if device_type == "CPU":
@@ -483,13 +506,13 @@ def _fork(rundir, fn, args, env, refuse) -> _ForkedProcess:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
-    if pid == 0:                            # the launcher: C-level output to its own file
+    if pid == 0:  # the launcher: C-level output to its own file
         os.dup2(err, 1)
         os.dup2(err, 2)
         _forked_launcher(rundir, fn, args, env, refuse, os.getppid())
     os.close(err)
     with suppress(PermissionError, ProcessLookupError):
-        os.setpgid(pid, pid)                # both sides set it: no race with killpg
+        os.setpgid(pid, pid)  # both sides set it: no race with killpg
     return _ForkedProcess(pid)
 
 
@@ -499,24 +522,33 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
     try:
         payload = cloudpickle.dumps((fn, args, env, refuse, os.getpid()))
     except Exception as exc:
-        raise TpuNbError(f"cannot send the function to a fresh worker process ({exc}). Fix: "
-                         "restart the kernel and launch before using the XLA device, so the "
-                         "replicas can be forked instead.") from None
+        raise TpuNbError(
+            f"cannot send the function to a fresh worker process ({exc}). Fix: "
+            "restart the kernel and launch before using the XLA device, so the "
+            "replicas can be forked instead."
+        ) from None
     fd = os.open(os.path.join(rundir, "payload.pkl"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with open(fd, "wb") as f:
         f.write(payload)
-    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
+    package_parent = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
     child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (package_parent, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-    with open(os.path.join(rundir, "launcher.err"), "w") as err:   # the child keeps its copy
-        return subprocess.Popen([sys.executable, "-m", "tpu_nb.runtime.launch", rundir],
-                                stdout=err, stderr=err, env=child_env, start_new_session=True)
+        p for p in (package_parent, os.getcwd(), os.environ.get("PYTHONPATH")) if p
+    )
+    with open(os.path.join(rundir, "launcher.err"), "w") as err:  # the child keeps its copy
+        return subprocess.Popen(
+            [sys.executable, "-m", "tpu_nb.runtime.launch", rundir],
+            stdout=err,
+            stderr=err,
+            env=child_env,
+            start_new_session=True,
+        )
 
 
 def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
-    __tracebackhide__ = True   # noqa: F841  (IPython: the error is the replica's, not ours)
+    __tracebackhide__ = True  # noqa: F841  (IPython: the error is the replica's, not ours)
     raw = run.results()
     failed = [r for r in raw if r is not None and r.get("error")]
     if failed:
@@ -528,15 +560,28 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         if crash is not None:
             raise crash
         detail = errors.strip().splitlines()
-        raise TpuNbError("the replicas did not finish (launcher exit status "
-                         f"{status}): {detail[-1] if detail else 'no message'}")
-    replicas = tuple(ReplicaResult(
-        ordinal=r["ordinal"], value=r.get("value"), output="", wall_seconds=r["wall_seconds"],
-        step_seconds=r["step_seconds"], metrics=r["metrics"], pid=r["pid"]) for r in raw)
+        raise TpuNbError(
+            "the replicas did not finish (launcher exit status "
+            f"{status}): {detail[-1] if detail else 'no message'}"
+        )
+    replicas = tuple(
+        ReplicaResult(
+            ordinal=r["ordinal"],
+            value=r.get("value"),
+            output="",
+            wall_seconds=r["wall_seconds"],
+            step_seconds=r["step_seconds"],
+            metrics=r["metrics"],
+            pid=r["pid"],
+        )
+        for r in raw
+    )
     notes: tuple[str, ...] = ()
     if run.path == "worker":
-        notes = ("This kernel had already used the XLA device, so the replicas ran in a fresh "
-                 "worker process that received the function and its variables by value.",)
+        notes = (
+            "This kernel had already used the XLA device, so the replicas ran in a fresh "
+            "worker process that received the function and its variables by value.",
+        )
     return LaunchResult(mode, run.path, run.n, replicas, time.perf_counter() - start, notes)
 
 
@@ -549,22 +594,32 @@ def native_crash(errors: str) -> ReplicaCrash | None:
     found = list(_FATAL.finditer(errors))
     if not found:
         return None
-    stack = errors[found[-1].start():]
+    stack = errors[found[-1].start() :]
     reason = found[-1].group(1).strip()
-    name = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
-            "Floating-point exception": "SIGFPE", "Illegal instruction": "SIGILL"}.get(reason)
+    name = {
+        "Segmentation fault": "SIGSEGV",
+        "Bus error": "SIGBUS",
+        "Aborted": "SIGABRT",
+        "Floating-point exception": "SIGFPE",
+        "Illegal instruction": "SIGILL",
+    }.get(reason)
     signal_name = f"{reason}, {name}" if name else reason
     current = stack.find("Current thread")
     where = ""
-    for line in stack[current if current >= 0 else 0:].splitlines():
+    for line in stack[current if current >= 0 else 0 :].splitlines():
         if m := _FRAME_LINE.match(line):
             where = f"{m.group(3)} ({m.group(1)}:{m.group(2)})"
             break
     return ReplicaCrash(signal_name, where, stack)
 
 
-def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replicas",
-           stream: Callable[[str], None] = print) -> LaunchResult:
+def launch(
+    fn: Callable,
+    *args,
+    devices: int | str = "all",
+    mode: str = "replicas",
+    stream: Callable[[str], None] = print,
+) -> LaunchResult:
     """Run `fn` on every XLA device, from a notebook or a script.
 
     replicas: `fn(index, *args)` runs once per device; prints come back prefixed with the
@@ -572,12 +627,14 @@ def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replica
     spmd: `fn(spmd, *args)` runs once over all devices; `spmd.mesh` is a 1-D data mesh and
         `spmd.shard_batch(tensor)` shards a tensor's first dimension across the devices.
     """
-    __tracebackhide__ = True   # noqa: F841
+    __tracebackhide__ = True  # noqa: F841
     if mode not in MODES:
         raise TpuNbError(f"unknown mode {mode!r}. Fix: mode='replicas' or mode='spmd'.")
     if not callable(fn):
-        raise TpuNbError(f"launch needs a function to run; got {type(fn).__name__} "
-                         f"{fn!r:.40}. Fix: launch(train), with train(index) defined first.")
+        raise TpuNbError(
+            f"launch needs a function to run; got {type(fn).__name__} "
+            f"{fn!r:.40}. Fix: launch(train), with train(index) defined first."
+        )
     ensure_setup()
     device_type = os.environ.get("PJRT_DEVICE", "CPU").upper()
     if mode == "spmd":
@@ -589,10 +646,9 @@ def launch(fn: Callable, *args, devices: int | str = "all", mode: str = "replica
     try:
         try:
             status = run.wait()
-        except BaseException:              # KeyboardInterrupt: no orphan replicas
+        except BaseException:  # KeyboardInterrupt: no orphan replicas
             run.kill()
             raise
         return _collect(run, status, start, "replicas")
     finally:
         run.remove()
-

@@ -21,9 +21,11 @@ class ReplicaCrash(TpuNbError):
     def __init__(self, signal_name: str, where: str, stack: str):
         self.signal, self.where, self.stack = signal_name, where, stack
         at = f" while running {where}" if where else ""
-        super().__init__(f"a replica process crashed in native code ({signal_name}){at}; the "
-                         "other replicas were stopped. Fix: run the launch again; if it "
-                         "crashes again, the stacks are in this error's .stack attribute.")
+        super().__init__(
+            f"a replica process crashed in native code ({signal_name}){at}; the "
+            "other replicas were stopped. Fix: run the launch again; if it "
+            "crashes again, the stacks are in this error's .stack attribute."
+        )
 
 
 class ReplicaError(TpuNbError):
@@ -31,8 +33,9 @@ class ReplicaError(TpuNbError):
 
     def __init__(self, ordinal: int, world: int, summary: str, trace: str):
         self.ordinal, self.world, self.traceback = ordinal, world, trace
-        super().__init__(f"replica {ordinal} of {world} failed: {summary} (the other replicas "
-                         "were stopped)")
+        super().__init__(
+            f"replica {ordinal} of {world} failed: {summary} (the other replicas were stopped)"
+        )
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,13 @@ class ReplicaResult:
     """What one replica did."""
 
     ordinal: int
-    value: Any = None                 # fn's return value (None when it could not be pickled)
-    error: str | None = None          # "Type: message" when it raised
+    value: Any = None  # fn's return value (None when it could not be pickled)
+    error: str | None = None  # "Type: message" when it raised
     traceback: str = ""
-    output: str = ""                  # what it printed
+    output: str = ""  # what it printed
     wall_seconds: float = 0.0
-    step_seconds: tuple[float, ...] = ()   # time between its syncs
-    metrics: MetricsDelta | None = None    # its process's counters (see LaunchResult.merged)
+    step_seconds: tuple[float, ...] = ()  # time between its syncs
+    metrics: MetricsDelta | None = None  # its process's counters (see LaunchResult.merged)
     pid: int = 0
 
 
@@ -54,8 +57,8 @@ class ReplicaResult:
 class LaunchResult:
     """All replicas of one launch, and how it was launched."""
 
-    mode: str                          # "replicas" or "spmd"
-    path: str                          # "fork", "worker" or "in-process"
+    mode: str  # "replicas" or "spmd"
+    path: str  # "fork", "worker" or "in-process"
     devices: int
     replicas: tuple[ReplicaResult, ...]
     wall_seconds: float
@@ -77,22 +80,27 @@ class LaunchResult:
             for op, n in d.fallbacks.items():
                 fallbacks[op] = fallbacks.get(op, 0) + n
             total = MetricsDelta(
-                compiles=total.compiles + d.compiles, cache_hits=total.cache_hits + d.cache_hits,
+                compiles=total.compiles + d.compiles,
+                cache_hits=total.cache_hits + d.cache_hits,
                 compile_seconds=total.compile_seconds + d.compile_seconds,
                 executions=total.executions + d.executions,
                 execute_seconds=total.execute_seconds + d.execute_seconds,
                 to_device_transfers=total.to_device_transfers + d.to_device_transfers,
                 from_device_transfers=total.from_device_transfers + d.from_device_transfers,
-                syncs=total.syncs + d.syncs, host_reads=total.host_reads + d.host_reads,
-                fallbacks=fallbacks)
+                syncs=total.syncs + d.syncs,
+                host_reads=total.host_reads + d.host_reads,
+                fallbacks=fallbacks,
+            )
         return total
 
     def summary(self) -> str:
         m = self.merged()
         steps = [f"[{r.ordinal}] {_median_ms(r.step_seconds)}" for r in self.replicas]
-        return (f"{self.mode} on {self.devices} device{'s' if self.devices != 1 else ''} "
-                f"({self.path}): {self.wall_seconds:.2f} s, {m.compiles} compiled, "
-                f"{m.executions} executed; median step " + ", ".join(steps))
+        return (
+            f"{self.mode} on {self.devices} device{'s' if self.devices != 1 else ''} "
+            f"({self.path}): {self.wall_seconds:.2f} s, {m.compiles} compiled, "
+            f"{m.executions} executed; median step " + ", ".join(steps)
+        )
 
     def __str__(self) -> str:
         return "\n".join([self.summary(), *self.notes])

@@ -3,21 +3,34 @@ timings of a statement (`%tpu_time`), and the compile-cause log (PT_XLA_DEBUG_FI
 into `CompileEvent`s. Above runtime.environment."""
 
 from tpu_nb.runtime.metrics._compile_log import (
-                                                 CompileEvent,
-                                                 CompileLog,
-                                                 Frame,
-                                                 compile_log,
-                                                 describe_difference,
+    CompileEvent,
+    CompileLog,
+    Frame,
+    compile_log,
+    describe_difference,
 )
 from tpu_nb.runtime.metrics._counters import (
-                                                 MetricsDelta,
-                                                 MetricsSnapshot,
-                                                 on_reset,
-                                                 reset_metrics,
-                                                 snapshot,
+    MetricsDelta,
+    MetricsSnapshot,
+    on_reset,
+    reset_metrics,
+    snapshot,
 )
 from tpu_nb.runtime.metrics._timing import MAX_NUMBER, MAX_REPEAT, DeviceTiming, time_device
 
-__all__ = ["MAX_NUMBER", "MAX_REPEAT", "CompileEvent", "CompileLog", "DeviceTiming", "Frame",
-           "MetricsDelta", "MetricsSnapshot", "compile_log", "describe_difference", "on_reset",
-           "reset_metrics", "snapshot", "time_device"]
+__all__ = [
+    "MAX_NUMBER",
+    "MAX_REPEAT",
+    "CompileEvent",
+    "CompileLog",
+    "DeviceTiming",
+    "Frame",
+    "MetricsDelta",
+    "MetricsSnapshot",
+    "compile_log",
+    "describe_difference",
+    "on_reset",
+    "reset_metrics",
+    "snapshot",
+    "time_device",
+]

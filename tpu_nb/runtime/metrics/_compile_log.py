@@ -22,12 +22,14 @@ _COMPILE = "Compilation Analysis: "
 _POST = "Post Compilation Analysis: "
 _RULE = "====="
 _FRAME = re.compile(r"^\s+(.*) \((.*):(\d+)\)$")
-_SIZE = re.compile(r"^(Graph input|Graph output|Aliased Input|Intermediate tensor|"
-                   r"Compiled program) size: ([0-9.]+) GB")
+_SIZE = re.compile(
+    r"^(Graph input|Graph output|Aliased Input|Intermediate tensor|"
+    r"Compiled program) size: ([0-9.]+) GB"
+)
 
 # torch_xla's own words for a cause, and the short kind a report groups them by.
 _CAUSE_KINDS = (
-    ("access tensor value", "value-access"),   # .item(), print, bool() before a sync
+    ("access tensor value", "value-access"),  # .item(), print, bool() before a sync
     ("torch_xla.sync", "sync"),
     ("mark_step", "sync"),
     ("dynamo", "dynamo"),
@@ -51,15 +53,15 @@ class Frame:
 class CompileEvent:
     """One graph torch_xla compiled (not found in its cache), and why."""
 
-    cause: str                      # torch_xla's words, e.g. "user torch_xla.sync"
+    cause: str  # torch_xla's words, e.g. "user torch_xla.sync"
     graph_hash: str
-    frames: tuple[Frame, ...]       # innermost first, as torch_xla prints them
+    frames: tuple[Frame, ...]  # innermost first, as torch_xla prints them
     inputs: int | None = None
     outputs: int | None = None
-    graph_name: str | None = None   # set by torch_xla.compile(name=...)
+    graph_name: str | None = None  # set by torch_xla.compile(name=...)
     computation_hash: str | None = None
     sizes_gb: dict[str, float] = field(default_factory=dict)  # input, output, aliased, ...
-    offset: int = 0                 # byte offset of the block in the log
+    offset: int = 0  # byte offset of the block in the log
     # Where it came from, recorded by tpu_nb itself (a provenance.Site: the tracked code's
     # line, the helper and library function in between), when a tracked run saw it; the
     # log's own `frames` stop after 8.
@@ -133,7 +135,7 @@ def _gb(value: float | None) -> str:
 def _field(line: str, name: str) -> str | None:
     body = line.strip()
     if body.startswith(name + ":"):
-        return body[len(name) + 1:].strip()
+        return body[len(name) + 1 :].strip()
     return None
 
 
@@ -161,13 +163,20 @@ def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
                 n_out = int(v)
         elif section == "frames" and (m := _FRAME.match(raw)):
             frames.append(Frame(file=m.group(2), line=int(m.group(3)), function=m.group(1)))
-    return CompileEvent(cause=cause, graph_hash=graph_hash, frames=tuple(frames), inputs=n_in,
-                        outputs=n_out, graph_name=graph_name, offset=offset)
+    return CompileEvent(
+        cause=cause,
+        graph_hash=graph_hash,
+        frames=tuple(frames),
+        inputs=n_in,
+        outputs=n_out,
+        graph_name=graph_name,
+        offset=offset,
+    )
 
 
 # A report needs the events of the current cell; a long session compiles thousands of graphs.
 MAX_EVENTS = 2_000
-_HEAD = 1024        # bytes from the start of the file (its first block) that tell a rewrite
+_HEAD = 1024  # bytes from the start of the file (its first block) that tell a rewrite
 
 
 class CompileLog:
@@ -189,16 +198,16 @@ class CompileLog:
         # next (the live dashboard) starts at the file's current size: a block boundary
         # unless a compile is being logged at that very moment.
         self._consumed = start
-        self._base = 0                  # logical offset of the current file's first byte
-        self._end = start               # logical end of the file when last seen
-        self._physical = start          # its size then
-        self._identity: tuple[int, int] | None = None   # (st_dev, st_ino) of the file
-        self._head = b""                # its first bytes, once read
+        self._base = 0  # logical offset of the current file's first byte
+        self._end = start  # logical end of the file when last seen
+        self._physical = start  # its size then
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file
+        self._head = b""  # its first bytes, once read
         self._events: deque[CompileEvent] = deque(maxlen=MAX_EVENTS)
-        self.parsed = 0                 # events ever parsed, dropped ones included
-        self.breaks: deque[int] = deque(maxlen=64)   # logical offsets where a new file began
-        self.cut_blocks = 0             # blocks left unfinished (a write failed mid-block)
-        self._dropped_below = -1        # offsets at or below this were dropped
+        self.parsed = 0  # events ever parsed, dropped ones included
+        self.breaks: deque[int] = deque(maxlen=64)  # logical offsets where a new file began
+        self.cut_blocks = 0  # blocks left unfinished (a write failed mid-block)
+        self._dropped_below = -1  # offsets at or below this were dropped
 
     @classmethod
     def following(cls, other: CompileLog) -> CompileLog:
@@ -233,7 +242,7 @@ class CompileLog:
     def events_from(self, count: int) -> list[CompileEvent]:
         """Events after the first `count` ever parsed (those still kept)."""
         self.events_since(0)
-        return list(self._events)[max(0, count - self.dropped):]
+        return list(self._events)[max(0, count - self.dropped) :]
 
     def problem_since(self, offset: int, compiles: int) -> str | None:
         """Why the causes of `compiles` compiles since `offset` are unknown or incomplete;
@@ -242,16 +251,22 @@ class CompileLog:
             return None
         logged = len(self.events_since(offset))
         if any(b > offset for b in self.breaks):
-            return (f"the compile log {self.path} was deleted, replaced or truncated during "
-                    "this run, so the causes of its compiles are unknown")
+            return (
+                f"the compile log {self.path} was deleted, replaced or truncated during "
+                "this run, so the causes of its compiles are unknown"
+            )
         if logged >= compiles:
             return None
         if offset <= self._dropped_below:
-            return (f"only the causes of the last {MAX_EVENTS} compiles are kept; "
-                    f"{compiles - logged} of this run's are not")
-        return (f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
-                f"compile log {self.path} holds the causes of {logged}: "
-                f"{_write_failure(self.path)}")
+            return (
+                f"only the causes of the last {MAX_EVENTS} compiles are kept; "
+                f"{compiles - logged} of this run's are not"
+            )
+        return (
+            f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
+            f"compile log {self.path} holds the causes of {logged}: "
+            f"{_write_failure(self.path)}"
+        )
 
     def forget(self) -> None:
         """Drop the events read so far (`reset_metrics()`); later ones are read as usual."""
@@ -295,7 +310,7 @@ class CompileLog:
                 info = os.fstat(f.fileno())
                 self._follow(info)
                 head = os.pread(f.fileno(), _HEAD, 0)
-                if self._head and not head.startswith(self._head):   # rewritten, same size
+                if self._head and not head.startswith(self._head):  # rewritten, same size
                     self._restart((info.st_dev, info.st_ino))
                 if len(head) > len(self._head):
                     self._head = head
@@ -307,23 +322,23 @@ class CompileLog:
 
     def _parse(self, data: bytes) -> None:
         base, pos, done = self._base + self._consumed, 0, 0
-        block: list[str] | None = None      # body lines of the block being read
+        block: list[str] | None = None  # body lines of the block being read
         kind, opened_by, block_start = "", "", 0
         for line in data.splitlines(keepends=True):
             start, pos = pos, pos + len(line)
             if not line.endswith(b"\n"):
-                break                        # a line still being written: read it next time
+                break  # a line still being written: read it next time
             text = line.decode("utf-8", errors="replace").rstrip("\r\n")
             cut = text.find("Analysis: ")
-            if cut < 0:                      # text between blocks
+            if cut < 0:  # text between blocks
                 if block is None:
                     if text.startswith("Computation hash:") and self._events:
                         self._set_last(computation_hash=text.split(":", 1)[1].strip())
                     done = pos
                 continue
-            prefix, body = text[:cut + len("Analysis: ")], text[cut + len("Analysis: "):]
+            prefix, body = text[: cut + len("Analysis: ")], text[cut + len("Analysis: ") :]
             if block is None:
-                if body.startswith(_RULE):   # the opening rule
+                if body.startswith(_RULE):  # the opening rule
                     block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
                 else:
                     done = pos
@@ -332,7 +347,7 @@ class CompileLog:
                 # short (a write failed part-way, e.g. on a full disk). Start again here.
                 self.cut_blocks += 1
                 block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
-            elif body.startswith(_RULE):     # the closing rule: the block is complete
+            elif body.startswith(_RULE):  # the closing rule: the block is complete
                 self._finish(kind, block, base + block_start)
                 block, done = None, pos
             else:

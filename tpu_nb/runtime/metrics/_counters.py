@@ -18,8 +18,15 @@ from tpu_nb.runtime.environment._xla import xlac
 HOST_READ = "aten::_local_scalar_dense"  # .item(), printing, bool(tensor): a device->host read
 
 # Counters a delta is made of (besides every aten::* counter: the CPU fallbacks).
-_COUNTERS = ("UncachedCompile", "CachedCompile", "ExecuteComputation", "ExecuteReplicated",
-             "MarkStep", "PersistentCacheHit", "PersistentCacheMiss")
+_COUNTERS = (
+    "UncachedCompile",
+    "CachedCompile",
+    "ExecuteComputation",
+    "ExecuteReplicated",
+    "MarkStep",
+    "PersistentCacheHit",
+    "PersistentCacheMiss",
+)
 # Time metrics (nanoseconds) a delta needs, each with the counter that moves whenever the
 # metric gets a sample (None: no such counter, always read).
 _METRICS = {
@@ -55,9 +62,9 @@ class MetricsSnapshot:
     """The runtime's counters and time metrics at one moment (`snapshot()`)."""
 
     counters: Mapping[str, int]
-    metrics: Mapping[str, tuple[int, float]]   # name -> (samples, accumulated value)
-    taken_at: float                             # time.perf_counter()
-    generation: int = 0                         # reset_metrics() calls before this snapshot
+    metrics: Mapping[str, tuple[int, float]]  # name -> (samples, accumulated value)
+    taken_at: float  # time.perf_counter()
+    generation: int = 0  # reset_metrics() calls before this snapshot
 
     def counter(self, name: str) -> int:
         return self.counters.get(name, 0)
@@ -71,40 +78,50 @@ class MetricsSnapshot:
 class MetricsDelta:
     """What the XLA runtime did between two snapshots. Seconds are wall seconds."""
 
-    compiles: int = 0                 # graphs compiled (not found in the in-memory cache)
-    cache_hits: int = 0               # graphs found in the in-memory compile cache
+    compiles: int = 0  # graphs compiled (not found in the in-memory cache)
+    cache_hits: int = 0  # graphs found in the in-memory compile cache
     compile_seconds: float = 0.0
-    executions: int = 0               # graph executions (single-device and SPMD)
-    execute_seconds: float = 0.0      # complete once device ops were waited for
+    executions: int = 0  # graph executions (single-device and SPMD)
+    execute_seconds: float = 0.0  # complete once device ops were waited for
     to_device_transfers: int = 0
     to_device_seconds: float = 0.0
     from_device_transfers: int = 0
     from_device_seconds: float = 0.0
-    syncs: int = 0                    # torch_xla.sync() / step markers
-    host_reads: int = 0               # .item(), print(tensor), bool(tensor): device->host reads
-    fallbacks: dict[str, int] = field(default_factory=dict)   # op -> calls run on the CPU
+    syncs: int = 0  # torch_xla.sync() / step markers
+    host_reads: int = 0  # .item(), print(tensor), bool(tensor): device->host reads
+    fallbacks: dict[str, int] = field(default_factory=dict)  # op -> calls run on the CPU
     persistent_cache_hits: int = 0
-    wall_seconds: float = 0.0         # time between the two snapshots
-    counters: dict[str, int] = field(default_factory=dict)    # every counter that moved
+    wall_seconds: float = 0.0  # time between the two snapshots
+    counters: dict[str, int] = field(default_factory=dict)  # every counter that moved
 
     @property
     def did_xla_work(self) -> bool:
-        return bool(self.compiles or self.cache_hits or self.executions
-                    or self.to_device_transfers or self.from_device_transfers
-                    or self.host_reads or self.fallbacks)
+        return bool(
+            self.compiles
+            or self.cache_hits
+            or self.executions
+            or self.to_device_transfers
+            or self.from_device_transfers
+            or self.host_reads
+            or self.fallbacks
+        )
 
     def summary(self) -> str:
         """One line: the figures a user checks first."""
-        parts = [f"{self.compiles} compiled ({self.compile_seconds:.2f}s)",
-                 f"{self.executions} executed ({self.execute_seconds:.3f}s)"]
+        parts = [
+            f"{self.compiles} compiled ({self.compile_seconds:.2f}s)",
+            f"{self.executions} executed ({self.execute_seconds:.3f}s)",
+        ]
         if self.cache_hits:
             parts.append(f"{self.cache_hits} cache hits")
         parts.append(f"{self.to_device_transfers}\u2192dev {self.from_device_transfers}\u2192host")
         if self.host_reads:
             parts.append(f"{self.host_reads} host reads")
         if self.fallbacks:
-            parts.append(f"{sum(self.fallbacks.values())} CPU fallbacks "
-                         f"({', '.join(sorted(self.fallbacks))})")
+            parts.append(
+                f"{sum(self.fallbacks.values())} CPU fallbacks "
+                f"({', '.join(sorted(self.fallbacks))})"
+            )
         return ", ".join(parts)
 
     def __str__(self) -> str:
@@ -112,10 +129,16 @@ class MetricsDelta:
             ("graphs compiled", f"{self.compiles}", f"{self.compile_seconds:.3f} s"),
             ("compile cache hits", f"{self.cache_hits}", ""),
             ("executions", f"{self.executions}", f"{self.execute_seconds:.3f} s"),
-            ("transfers to device", f"{self.to_device_transfers}",
-             f"{self.to_device_seconds:.3f} s"),
-            ("transfers to host", f"{self.from_device_transfers}",
-             f"{self.from_device_seconds:.3f} s"),
+            (
+                "transfers to device",
+                f"{self.to_device_transfers}",
+                f"{self.to_device_seconds:.3f} s",
+            ),
+            (
+                "transfers to host",
+                f"{self.from_device_transfers}",
+                f"{self.from_device_seconds:.3f} s",
+            ),
             ("syncs", f"{self.syncs}", ""),
             ("device->host reads", f"{self.host_reads}", ""),
         ]
@@ -156,8 +179,10 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
         counters = {n: value(n) for n in names}
     else:
         if _wanted_names[0] != len(names):
-            _wanted_names = (len(names), tuple(n for n in names
-                                               if n.startswith("aten::") or n in _COUNTERS))
+            _wanted_names = (
+                len(names),
+                tuple(n for n in names if n.startswith("aten::") or n in _COUNTERS),
+            )
         counters = {n: value(n) for n in _wanted_names[1]}
     metrics = {}
     for name, gate in _METRICS.items():
@@ -169,8 +194,9 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
             if name not in metrics:
                 data = xc._xla_metric_data(name)
                 metrics[name] = (int(data[0]), float(data[1]))
-    return MetricsSnapshot(MappingProxyType(counters), MappingProxyType(metrics),
-                           time.perf_counter(), _generation)
+    return MetricsSnapshot(
+        MappingProxyType(counters), MappingProxyType(metrics), time.perf_counter(), _generation
+    )
 
 
 def reset_metrics() -> None:
@@ -210,8 +236,7 @@ def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
         d = _diff(value, earlier.counters.get(name, 0))
         if d:
             moved[name] = d
-    fallbacks = {n[6:]: d for n, d in moved.items()
-                 if n.startswith("aten::") and n != HOST_READ}
+    fallbacks = {n[6:]: d for n, d in moved.items() if n.startswith("aten::") and n != HOST_READ}
     n_compile, compile_s = _metric_delta(earlier, later, "CompileTime")
     n_exec, exec_s = _metric_delta(earlier, later, "ExecuteTime")
     n_rep, rep_s = _metric_delta(earlier, later, "ExecuteReplicatedTime")

@@ -11,6 +11,20 @@ from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
 from tpu_nb.runtime.tracking._report import RunReport, last_report, track
 from tpu_nb.runtime.tracking._session import on_tpu
 
-__all__ = ["HOST_PARTS", "HOST_READ_HINT", "Anatomy", "LineFinding", "ProfileTrace",
-           "RecompilationError", "RunReport", "StepRecord", "Verdict", "fallback_hint",
-           "last_report", "max_graphs", "on_tpu", "profile", "track"]
+__all__ = [
+    "HOST_PARTS",
+    "HOST_READ_HINT",
+    "Anatomy",
+    "LineFinding",
+    "ProfileTrace",
+    "RecompilationError",
+    "RunReport",
+    "StepRecord",
+    "Verdict",
+    "fallback_hint",
+    "last_report",
+    "max_graphs",
+    "on_tpu",
+    "profile",
+    "track",
+]

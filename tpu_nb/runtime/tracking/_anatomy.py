@@ -50,19 +50,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tpu_nb")
 
-_clock = time.time            # the clock of torch_xla's metric samples (wall-clock seconds)
-_SAMPLED = ("ExecuteTime", "ExecuteReplicatedTime", "CompileTime", "TransferToDeviceTime",
-            "TransferFromDeviceTime", "TensorsGraphSize")
-_HARVEST_EVERY = 48           # syncs and reads between two reads of the sample buffers
+_clock = time.time  # the clock of torch_xla's metric samples (wall-clock seconds)
+_SAMPLED = (
+    "ExecuteTime",
+    "ExecuteReplicatedTime",
+    "CompileTime",
+    "TransferToDeviceTime",
+    "TransferFromDeviceTime",
+    "TensorsGraphSize",
+)
+_HARVEST_EVERY = 48  # syncs and reads between two reads of the sample buffers
 # Counters that move whenever a metric gets a sample: a metric whose counters stayed put is
 # not read (a read copies its whole buffer). Transfers have no such counter: always read.
-_GATES = {"ExecuteTime": ("ExecuteComputation",), "ExecuteReplicatedTime": ("ExecuteReplicated",),
-          "CompileTime": ("UncachedCompile",),
-          "TensorsGraphSize": ("UncachedCompile", "CachedCompile")}
+_GATES = {
+    "ExecuteTime": ("ExecuteComputation",),
+    "ExecuteReplicatedTime": ("ExecuteReplicated",),
+    "CompileTime": ("UncachedCompile",),
+    "TensorsGraphSize": ("UncachedCompile", "CachedCompile"),
+}
 # Steps kept: the most recent; older ones leave the summary (building the records costs
 # ~40 us a step once, when the run ends: 4,096 steps ~0.2 s, after a run of >= 4 s).
 _MAX_STEPS = 4096
-_MAX_EVENTS = 65_536          # reads, loader calls and samples kept
+_MAX_EVENTS = 65_536  # reads, loader calls and samples kept
 HOST_PARTS = ("trace", "sync", "compile", "input", "read", "wait", "tpu_nb")
 PARTS = HOST_PARTS + ("device", "idle", "to_device", "from_device")
 
@@ -72,26 +81,26 @@ class StepRecord:
     """One step (one sync): seconds spent on each part; spans on the wall clock (time.time())."""
 
     index: int
-    start: float                  # the previous sync's return (the run's start for the first)
-    end: float                    # this sync's return
+    start: float  # the previous sync's return (the run's start for the first)
+    end: float  # this sync's return
     trace: float = 0.0
     sync: float = 0.0
     compile: float = 0.0
     input: float = 0.0
     read: float = 0.0
-    wait: float = 0.0             # the tail only: waiting for the device's remaining work
-    tpu_nb: float = 0.0           # tpu_nb's own recording in the sync and read hooks
-    device: float = 0.0           # executions this step launched
-    idle: float = 0.0             # time in [start, end] the device ran nothing
+    wait: float = 0.0  # the tail only: waiting for the device's remaining work
+    tpu_nb: float = 0.0  # tpu_nb's own recording in the sync and read hooks
+    device: float = 0.0  # executions this step launched
+    idle: float = 0.0  # time in [start, end] the device ran nothing
     to_device: float = 0.0
     from_device: float = 0.0
     executions: int = 0
     compiles: int = 0
     reads: int = 0
-    host_spans: tuple = ()        # (kind, start, end): "input", "read", "sync", "compile",
-                                  # "tpu_nb"
-    device_spans: tuple = ()      # (start, end) of the executions this step launched
-    tail: bool = False            # after the last sync: not a step, part of the run's wall
+    host_spans: tuple = ()  # (kind, start, end): "input", "read", "sync", "compile",
+    # "tpu_nb"
+    device_spans: tuple = ()  # (start, end) of the executions this step launched
+    tail: bool = False  # after the last sync: not a step, part of the run's wall
 
     @property
     def wall(self) -> float:
@@ -129,21 +138,21 @@ class Verdict:
 
 _FIXES = {
     "device-bound": "nothing on the host side: the device is busy. To go faster, do less device "
-                    "work per step (bf16, a smaller model) or use a bigger device",
+    "work per step (bf16, a smaller model) or use a bigger device",
     "host-bound": "the host's Python tracing takes longer than the device's work: use a larger "
-                  "batch, fewer and larger ops (no Python loops over tensor elements), or cache "
-                  "tracing with torch_xla.compile(step_fn) or torch.compile(backend='openxla')",
+    "batch, fewer and larger ops (no Python loops over tensor elements), or cache "
+    "tracing with torch_xla.compile(step_fn) or torch.compile(backend='openxla')",
     "input-bound": "the device waits for data: raise the DataLoader's num_workers, use "
-                   "pin_memory and persistent_workers, wrap it in "
-                   "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
-                   "to the device), or prepare the data ahead of time",
+    "pin_memory and persistent_workers, wrap it in "
+    "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
+    "to the device), or prepare the data ahead of time",
     "compile-bound": "see the compile and recompile findings: keep shapes and Python values "
-                     "in the step fixed (pad or bucket them); a first compile in a short run "
-                     "is a one-time cost",
+    "in the step fixed (pad or bucket them); a first compile in a short run "
+    "is a one-time cost",
     "read-bound": "value reads (.item(), print(tensor), bool(tensor)) make the host wait for "
-                  "the device every step, so tracing and execution no longer overlap: read "
-                  "values every N steps, accumulate them on the device, or read them in a "
-                  "step closure (xm.add_step_closure)",
+    "the device every step, so tracing and execution no longer overlap: read "
+    "values every N steps, accumulate them on the device, or read them in a "
+    "step closure (xm.add_step_closure)",
 }
 
 
@@ -154,11 +163,11 @@ class Anatomy:
     steps: tuple[StepRecord, ...]
     tail: StepRecord | None
     parts: dict
-    wall_seconds: float            # the steps' wall time plus the tail's
-    device_busy: float             # seconds some execution ran within that time
+    wall_seconds: float  # the steps' wall time plus the tail's
+    device_busy: float  # seconds some execution ran within that time
     verdict: Verdict | None
-    complete: bool = True          # False: sample buffers overflowed between reads
-    dropped_steps: int = 0         # earlier steps beyond the last _MAX_STEPS, not in `steps`
+    complete: bool = True  # False: sample buffers overflowed between reads
+    dropped_steps: int = 0  # earlier steps beyond the last _MAX_STEPS, not in `steps`
 
     @property
     def device_share(self) -> float:
@@ -172,13 +181,17 @@ class Anatomy:
         """One line: the verdict and the largest parts."""
         if not self.steps:
             return "no steps (no sync ran)"
-        top = sorted((p for p in self.parts.values() if p.name in HOST_PARTS),
-                     key=lambda p: -p.share)[:3]
+        top = sorted(
+            (p for p in self.parts.values() if p.name in HOST_PARTS), key=lambda p: -p.share
+        )[:3]
         shares = ", ".join(f"{p.name} {p.share:.0%}" for p in top if p.share >= 0.005)
-        kept = f" (the last of {len(self.steps) + self.dropped_steps})" \
-            if self.dropped_steps else ""
-        line = (f"{len(self.steps)} steps{kept}, median {format_seconds(self.step_median)}: "
-                f"{shares}; device busy {self.device_share:.0%}")
+        kept = (
+            f" (the last of {len(self.steps) + self.dropped_steps})" if self.dropped_steps else ""
+        )
+        line = (
+            f"{len(self.steps)} steps{kept}, median {format_seconds(self.step_median)}: "
+            f"{shares}; device busy {self.device_share:.0%}"
+        )
         return f"{line}; {self.verdict.kind}" if self.verdict else line
 
     @property
@@ -188,14 +201,18 @@ class Anatomy:
     def __str__(self) -> str:
         lines = [self.summary()]
         for p in self.parts.values():
-            lines.append(f"  {p.name:12} median {format_seconds(p.median):>9}  p90 "
-                         f"{format_seconds(p.p90):>9}  total {format_seconds(p.total):>9}"
-                         f"  {p.share:5.1%}")
+            lines.append(
+                f"  {p.name:12} median {format_seconds(p.median):>9}  p90 "
+                f"{format_seconds(p.p90):>9}  total {format_seconds(p.total):>9}"
+                f"  {p.share:5.1%}"
+            )
         if self.verdict:
             lines.append(f"  verdict: {self.verdict}")
         if not self.complete:
-            lines.append("  incomplete: some runtime samples were overwritten before tpu_nb "
-                         "read them (figures are lower bounds)")
+            lines.append(
+                "  incomplete: some runtime samples were overwritten before tpu_nb "
+                "read them (figures are lower bounds)"
+            )
         return "\n".join(lines)
 
 
@@ -218,14 +235,14 @@ class Collector:
 
     def __init__(self) -> None:
         self.started = _clock()
-        self.origin = self.started           # start of the first kept step's window
-        self.syncs: deque = deque(maxlen=_MAX_STEPS)        # (hook entry, call, return)
-        self.reads: deque = deque(maxlen=_MAX_EVENTS)       # (hook entry, call, return)
-        self.inputs: deque = deque(maxlen=_MAX_EVENTS)      # (start, end)
+        self.origin = self.started  # start of the first kept step's window
+        self.syncs: deque = deque(maxlen=_MAX_STEPS)  # (hook entry, call, return)
+        self.reads: deque = deque(maxlen=_MAX_EVENTS)  # (hook entry, call, return)
+        self.inputs: deque = deque(maxlen=_MAX_EVENTS)  # (start, end)
         self.samples: dict[str, deque] = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
         self._gate_values: dict[str, tuple] = {}
-        self._base: dict[str, int] = {}       # samples each metric had when the run began
+        self._base: dict[str, int] = {}  # samples each metric had when the run began
         self.lost_samples = False
         self.dropped_steps = 0
         self._until_harvest = _HARVEST_EVERY
@@ -235,7 +252,7 @@ class Collector:
         self._restore: list = []
         self._recorder: Recorder | None = None
         self._outer: Collector | None = None
-        self._xc: Any = None                  # torch_xla._XLAC once started (no stubs)
+        self._xc: Any = None  # torch_xla._XLAC once started (no stubs)
 
     def start(self, recorder) -> Collector:
         """Hook `recorder` and the loaders; on failure (logged) record nothing, so the run
@@ -252,7 +269,7 @@ class Collector:
         import torch_xla
 
         self._xc = torch_xla._XLAC
-        self._harvest()                      # samples before the run are not the run's
+        self._harvest()  # samples before the run are not the run's
         self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._base = {name: total for name, (total, _) in self._seen.items()}
         self.lost_samples = False
@@ -270,7 +287,7 @@ class Collector:
         global _active
         end = _clock()
         if _active is self:
-            _active = self._outer           # a run tracked inside another: the outer again
+            _active = self._outer  # a run tracked inside another: the outer again
         self._unhook()
         try:
             with self._lock:
@@ -330,14 +347,15 @@ class Collector:
             fresh = [(ts, ns) for ts, ns in samples if ts > last_ts]
             if total - seen_total > len(fresh) and seen_total:
                 self.lost_samples = True
-            if total < seen_total:               # reset_metrics() in between
+            if total < seen_total:  # reset_metrics() in between
                 fresh = list(samples)
                 self._base[name] = total - len(fresh)
             # Each sample's ordinal since the run began: the k-th graph built is the k-th
             # executed, whatever samples were dropped or cut off around them.
             first = total - len(fresh) - self._base.get(name, 0)
-            self.samples[name].extend((ts, ns * 1e-9, first + i)
-                                      for i, (ts, ns) in enumerate(fresh))
+            self.samples[name].extend(
+                (ts, ns * 1e-9, first + i) for i, (ts, ns) in enumerate(fresh)
+            )
             self._seen[name] = (total, samples[-1][0] if samples else last_ts)
 
     # data loaders
@@ -364,7 +382,7 @@ class Collector:
 
         def __next__(iterator):
             if collector._depth or threading.get_ident() != collector._thread:
-                return original(iterator)        # nested (MpDeviceLoader's own) or a worker
+                return original(iterator)  # nested (MpDeviceLoader's own) or a worker
             collector._depth = 1
             start = _clock()
             try:
@@ -386,13 +404,16 @@ class Collector:
         self._restore.clear()
         recorder = self._recorder
         if recorder is not None:
-            for hooks, hook in ((recorder.on_sync, self._on_sync),
-                                (recorder.on_read, self._on_read)):
+            for hooks, hook in (
+                (recorder.on_sync, self._on_sync),
+                (recorder.on_read, self._on_read),
+            ):
                 if hook in hooks:
                     hooks.remove(hook)
 
 
 # -- from timestamps to steps ------------------------------------------------------------------
+
 
 def _spans(samples: Iterable[tuple]) -> list[tuple[float, float]]:
     """(end, duration, ordinal) samples -> (start, end) spans, in order of end."""
@@ -428,8 +449,8 @@ class _Busy:
             self.cumulative.append(self.cumulative[-1] + e - s)
 
     def overlap(self, lo: float, hi: float) -> float:
-        i = bisect_right(self.ends, lo)          # the first span ending after lo
-        j = bisect_left(self.starts, hi)         # spans from i to j-1 start before hi
+        i = bisect_right(self.ends, lo)  # the first span ending after lo
+        j = bisect_left(self.starts, hi)  # spans from i to j-1 start before hi
         if i >= j:
             return 0.0
         total = self.cumulative[j] - self.cumulative[i]
@@ -472,7 +493,7 @@ class _Window:
     inputs: Sequence = ()
     compiles: Sequence = ()
     executions: Sequence = ()
-    overhead: Sequence = ()       # tpu_nb's hooks: (entry, call)
+    overhead: Sequence = ()  # tpu_nb's hooks: (entry, call)
     to_device: Sequence = ()
     from_device: Sequence = ()
 
@@ -487,8 +508,9 @@ def _owners(executions, graphs: dict, origin: float, bounds, windows) -> list[in
     for launch, _, _, ordinal in executions:
         built = graphs.get(ordinal)
         if built is not None and built <= launch + 1e-3:
-            owners.append(min(bisect_left(bounds, built), len(windows) - 1)
-                          if built > origin else None)
+            owners.append(
+                min(bisect_left(bounds, built), len(windows) - 1) if built > origin else None
+            )
             continue
         at = bisect_left(times, launch + 1e-9) - 1
         owners.append(points[at] if at >= 0 and launch >= origin else None)
@@ -499,8 +521,10 @@ def _launch_points(windows: list[_Window]) -> tuple[list[float], list[int]]:
     """When each sync and read was called, and its window, in time order. An execution
     belongs to the last one called at or before its launch (the runtime starts the clock when
     its execution thread takes the graph, which can be just after the sync returned)."""
-    points = sorted([(w.sync[0], i) for i, w in enumerate(windows) if w.sync]
-                    + [(start, i) for i, w in enumerate(windows) for start, _ in w.reads])
+    points = sorted(
+        [(w.sync[0], i) for i, w in enumerate(windows) if w.sync]
+        + [(start, i) for i, w in enumerate(windows) for start, _ in w.reads]
+    )
     return [t for t, _ in points], [i for _, i in points]
 
 
@@ -532,30 +556,36 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     if last is not None and len(syncs) > last:
         origin = syncs.pop(0)[2]
     bounds = [ret for _, _, ret in syncs]
-    first = collector.dropped_steps + len(collector.syncs) - len(syncs)   # absolute numbering
+    first = collector.dropped_steps + len(collector.syncs) - len(syncs)  # absolute numbering
     events = None if last is None else 64 * (last + 1)
     samples = {name: _tail(collector.samples[name], events) for name in _SAMPLED}
     single, replicated = samples["ExecuteTime"], samples["ExecuteReplicatedTime"]
-    if single and replicated:        # both kinds in one run: ordinals do not pair with graphs
+    if single and replicated:  # both kinds in one run: ordinals do not pair with graphs
         single = [(e, d, None) for e, d, _ in single + replicated]
     executions = _device_spans(single or replicated)
-    windows = [_Window(bounds[i - 1] if i else origin, bounds[i], syncs[i][1:],
-                       overhead=[syncs[i][:2]]) for i in range(len(syncs))]
+    windows = [
+        _Window(bounds[i - 1] if i else origin, bounds[i], syncs[i][1:], overhead=[syncs[i][:2]])
+        for i in range(len(syncs))
+    ]
     if end is not None:
         windows.append(_Window(bounds[-1] if bounds else origin, max(end, origin), None))
     else:
-        windows.append(_Window(0.0, 0.0, None))        # discarded: a running step
-    keep = lambda span: span[1] > origin                # noqa: E731
-    for i, items in _assign(filter(keep, _tail(collector.inputs, events)), lambda s: s[1],
-                            bounds).items():
+        windows.append(_Window(0.0, 0.0, None))  # discarded: a running step
+    keep = lambda span: span[1] > origin  # noqa: E731
+    for i, items in _assign(
+        filter(keep, _tail(collector.inputs, events)), lambda s: s[1], bounds
+    ).items():
         windows[i].inputs = items
-    for i, items in _assign((r for r in _tail(collector.reads, events) if r[2] > origin),
-                            lambda r: r[2], bounds).items():
+    for i, items in _assign(
+        (r for r in _tail(collector.reads, events) if r[2] > origin), lambda r: r[2], bounds
+    ).items():
         windows[i].reads = [r[1:] for r in items]
         windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
-    for name, spans in (("compiles", _spans(samples["CompileTime"])),
-                        ("to_device", _spans(samples["TransferToDeviceTime"])),
-                        ("from_device", _spans(samples["TransferFromDeviceTime"]))):
+    for name, spans in (
+        ("compiles", _spans(samples["CompileTime"])),
+        ("to_device", _spans(samples["TransferToDeviceTime"])),
+        ("from_device", _spans(samples["TransferFromDeviceTime"])),
+    ):
         for i, items in _assign(filter(keep, spans), lambda s: s[1], bounds).items():
             setattr(windows[i], name, items)
     graphs = {ordinal: ts for ts, _, ordinal in samples["TensorsGraphSize"]}
@@ -567,8 +597,7 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     for owner, items in owned.items():
         windows[owner].executions = items
     busy = _Busy(_union((b, e) for _, b, e, _ in executions))
-    records = [_record(first + i, w, busy, tail=(w.sync is None))
-               for i, w in enumerate(windows)]
+    records = [_record(first + i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
     tail = records[-1] if end is not None and records[-1].tail else None
     return _summarise(steps, tail, busy, collector)
@@ -583,32 +612,53 @@ def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
     sync = (w.sync[1] - w.sync[0]) if w.sync else 0.0
     compile_in = {"sync": 0.0, "read": 0.0, "trace": 0.0}
     for s, e in w.compiles:
-        where = ("sync" if w.sync and w.sync[0] - 1e-4 <= s and e <= w.sync[1] + 1e-4 else
-                 "read" if any(rs - 1e-4 <= s and e <= re + 1e-4 for rs, re in w.reads) else
-                 "trace")
+        where = (
+            "sync"
+            if w.sync and w.sync[0] - 1e-4 <= s and e <= w.sync[1] + 1e-4
+            else "read"
+            if any(rs - 1e-4 <= s and e <= re + 1e-4 for rs, re in w.reads)
+            else "trace"
+        )
         compile_in[where] += e - s
     compile_total = sum(compile_in.values())
     window = max(0.0, w.end - w.start)
     idle = window - busy.overlap(w.start, w.end)
     host_rest = max(0.0, window - sync - reads - inputs - ours - compile_in["trace"])
     wait = 0.0
-    if tail:      # after the last sync: the host waited for the device where it was busy
-        wait = min(host_rest, max(0.0, window - idle
-                                  - _overlap([*w.reads, *w.inputs], w.start, w.end)))
+    if tail:  # after the last sync: the host waited for the device where it was busy
+        wait = min(
+            host_rest, max(0.0, window - idle - _overlap([*w.reads, *w.inputs], w.start, w.end))
+        )
         host_rest -= wait
-    spans = ([("input", s, e) for s, e in w.inputs] + [("read", s, e) for s, e in w.reads]
-             + ([("sync", *w.sync)] if w.sync else []) + [("compile", s, e) for s, e in w.compiles]
-             + [("tpu_nb", s, e) for s, e in w.overhead if e - s > 1e-5])
+    spans = (
+        [("input", s, e) for s, e in w.inputs]
+        + [("read", s, e) for s, e in w.reads]
+        + ([("sync", *w.sync)] if w.sync else [])
+        + [("compile", s, e) for s, e in w.compiles]
+        + [("tpu_nb", s, e) for s, e in w.overhead if e - s > 1e-5]
+    )
     return StepRecord(
-        index=index, start=w.start, end=w.end, trace=host_rest,
-        sync=max(0.0, sync - compile_in["sync"]), compile=compile_total,
-        input=inputs, read=max(0.0, reads - compile_in["read"]), wait=wait, tpu_nb=ours,
-        device=sum(e - b for _, b, e in w.executions), idle=max(0.0, idle),
+        index=index,
+        start=w.start,
+        end=w.end,
+        trace=host_rest,
+        sync=max(0.0, sync - compile_in["sync"]),
+        compile=compile_total,
+        input=inputs,
+        read=max(0.0, reads - compile_in["read"]),
+        wait=wait,
+        tpu_nb=ours,
+        device=sum(e - b for _, b, e in w.executions),
+        idle=max(0.0, idle),
         to_device=sum(e - s for s, e in w.to_device),
         from_device=sum(e - s for s, e in w.from_device),
-        executions=len(w.executions), compiles=len(w.compiles), reads=len(w.reads),
+        executions=len(w.executions),
+        compiles=len(w.compiles),
+        reads=len(w.reads),
         host_spans=tuple(sorted(spans, key=lambda x: x[1])),
-        device_spans=tuple((b, e) for _, b, e in w.executions), tail=tail)
+        device_spans=tuple((b, e) for _, b, e in w.executions),
+        tail=tail,
+    )
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -628,20 +678,31 @@ def _summarise(steps, tail, busy, collector) -> Anatomy:
     for name in PARTS:
         values = sorted(getattr(s, name) for s in steps)
         total = sum(getattr(r, name) for r in every)
-        parts[name] = Part(name, _quantile(values, 0.5), _quantile(values, 0.9), total,
-                           total / wall if wall > 0 else 0.0)
-    anatomy = Anatomy(steps=steps, tail=tail, parts=parts, wall_seconds=wall,
-                      device_busy=device_busy, verdict=None,
-                      complete=not collector.lost_samples,
-                      dropped_steps=collector.dropped_steps)
+        parts[name] = Part(
+            name,
+            _quantile(values, 0.5),
+            _quantile(values, 0.9),
+            total,
+            total / wall if wall > 0 else 0.0,
+        )
+    anatomy = Anatomy(
+        steps=steps,
+        tail=tail,
+        parts=parts,
+        wall_seconds=wall,
+        device_busy=device_busy,
+        verdict=None,
+        complete=not collector.lost_samples,
+        dropped_steps=collector.dropped_steps,
+    )
     return _with_verdict(anatomy, busy)
 
 
 # -- the verdict -------------------------------------------------------------------------------
 
-_BOUND = 0.25          # a part this large a share of the wall time bounds the loop
-_DEVICE_BUSY = 0.6     # the device busy this much of the time: the loop is device-bound
-_MIN_STEPS = 3         # fewer syncs are not a loop: no verdict
+_BOUND = 0.25  # a part this large a share of the wall time bounds the loop
+_DEVICE_BUSY = 0.6  # the device busy this much of the time: the loop is device-bound
+_MIN_STEPS = 3  # fewer syncs are not a loop: no verdict
 
 
 def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
@@ -670,27 +731,45 @@ def judge(a: Anatomy) -> Verdict | None:
     share = a.share
     host = share("trace") + share("sync")
     reads_per_step = sum(s.reads for s in a.steps) / len(a.steps)
-    pct = lambda x: f"{x:.0%}"      # noqa: E731
+    pct = lambda x: f"{x:.0%}"  # noqa: E731
     if share("compile") >= _BOUND:
-        return Verdict("compile-bound", f"compiling took {pct(share('compile'))} of the time "
-                       f"({sum(s.compiles for s in a.steps)} compiles)", _FIXES["compile-bound"])
+        return Verdict(
+            "compile-bound",
+            f"compiling took {pct(share('compile'))} of the time "
+            f"({sum(s.compiles for s in a.steps)} compiles)",
+            _FIXES["compile-bound"],
+        )
     if share("input") >= _BOUND:
-        return Verdict("input-bound", f"waiting for the data loader took "
-                       f"{pct(share('input'))} of the time", _FIXES["input-bound"])
+        return Verdict(
+            "input-bound",
+            f"waiting for the data loader took {pct(share('input'))} of the time",
+            _FIXES["input-bound"],
+        )
     if a.device_share >= _DEVICE_BUSY:
-        return Verdict("device-bound", f"the device was busy {pct(a.device_share)} of the time",
-                       _FIXES["device-bound"])
+        return Verdict(
+            "device-bound",
+            f"the device was busy {pct(a.device_share)} of the time",
+            _FIXES["device-bound"],
+        )
     if share("read") >= _BOUND * 0.8 and reads_per_step >= 0.5:
-        return Verdict("read-bound", f"value reads took {pct(share('read'))} of the time, "
-                       f"{reads_per_step:.1f} per step; the device was idle "
-                       f"{pct(1 - a.device_share)}", _FIXES["read-bound"])
-    candidates = {"host-bound": host, "input-bound": share("input"),
-                  "compile-bound": share("compile"), "read-bound": share("read"),
-                  "device-bound": a.device_share}
+        return Verdict(
+            "read-bound",
+            f"value reads took {pct(share('read'))} of the time, "
+            f"{reads_per_step:.1f} per step; the device was idle "
+            f"{pct(1 - a.device_share)}",
+            _FIXES["read-bound"],
+        )
+    candidates = {
+        "host-bound": host,
+        "input-bound": share("input"),
+        "compile-bound": share("compile"),
+        "read-bound": share("read"),
+        "device-bound": a.device_share,
+    }
     kind = max(candidates, key=lambda k: candidates[k])
     reasons = {
         "host-bound": f"the host's Python tracing and syncs took {pct(host)} of the time; the "
-                      f"device was busy {pct(a.device_share)}",
+        f"device was busy {pct(a.device_share)}",
         "input-bound": f"waiting for the data loader took {pct(share('input'))} of the time",
         "compile-bound": f"compiling took {pct(share('compile'))} of the time",
         "read-bound": f"value reads took {pct(share('read'))} of the time",

@@ -20,22 +20,26 @@ from tpu_nb.runtime.tracking import _report as tracking
 from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._report import RunReport
 
-HOST_READ_HINT = ("a device value read on the host waits for all pending work and copies it: "
-                  "keep values on the device (accumulate losses in a tensor) and read once "
-                  "after the loop, or log with xm.add_step_closure")
-RECOMPILE_HINT = ("keep shapes and Python values in the step fixed (pad or bucket the batch "
-                  "to a few fixed sizes), or allow the graphs with --max-graphs")
+HOST_READ_HINT = (
+    "a device value read on the host waits for all pending work and copies it: "
+    "keep values on the device (accumulate losses in a tensor) and read once "
+    "after the loop, or log with xm.add_step_closure"
+)
+RECOMPILE_HINT = (
+    "keep shapes and Python values in the step fixed (pad or bucket the batch "
+    "to a few fixed sizes), or allow the graphs with --max-graphs"
+)
 _FALLBACK_HINTS = {
     "torch.nonzero": "its output size depends on the data; use torch.where with a mask instead",
     "torch.masked_select": "its output size depends on the data; multiply by the mask instead",
     "torch.unique": "its output size depends on the data; compute it once on the CPU before "
-                    "training, or count with one-hot sums",
+    "training, or count with one-hot sums",
     "torch.histc": "compute the histogram on the CPU outside the step, or with one-hot sums",
     "torch.median": "use torch.quantile(x, 0.5) or sort and index the middle element",
     "torch.bucketize": "compare against the boundaries and sum: (x[..., None] > b).sum(-1)",
     "torch.searchsorted": "compare against the sorted values and sum the mask",
     "F.grid_sample": "no XLA lowering for its backward/forward here: sample with gather on "
-                     "computed indices, or move it out of the step",
+    "computed indices, or move it out of the step",
 }
 
 
@@ -43,16 +47,16 @@ _FALLBACK_HINTS = {
 class LineFinding:
     """Something a line did, with what to do about it."""
 
-    line: int            # 1-based line in the source; 0 when not on a line of it
-    kind: str            # "compile", "warm-up", "recompile", "fallback", "host-read"
-    what: str            # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
-    hint: str = ""       # what to do; findings of one kind on one topic share the same text
-    place: str = ""      # where, when not a line: "end of cell" (the final sync)
-    count: int = 1       # how many times it happened (host reads, fallbacks, graphs)
-    via: str = ""        # the library function between the line and the event, e.g.
-                         # "torch/optim/adamw.py:480 _single_tensor_adamw"
-    seconds: float | None = None   # time it cost where known (a compile's compile time)
-    order: int = 0       # when it first happened in the run (findings sort by it)
+    line: int  # 1-based line in the source; 0 when not on a line of it
+    kind: str  # "compile", "warm-up", "recompile", "fallback", "host-read"
+    what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
+    hint: str = ""  # what to do; findings of one kind on one topic share the same text
+    place: str = ""  # where, when not a line: "end of cell" (the final sync)
+    count: int = 1  # how many times it happened (host reads, fallbacks, graphs)
+    via: str = ""  # the library function between the line and the event, e.g.
+    # "torch/optim/adamw.py:480 _single_tensor_adamw"
+    seconds: float | None = None  # time it cost where known (a compile's compile time)
+    order: int = 0  # when it first happened in the run (findings sort by it)
     changed: tuple[str, ...] = ()  # recompiles: what differs from the line's earlier graph
 
 
@@ -61,10 +65,15 @@ def fallback_hint(op: str) -> str:
     user wrote, like "torch.unique")."""
     wrote = op if "." in op and not op.startswith("aten") else user_op(op)
     specific = _FALLBACK_HINTS.get(wrote)
-    base = (f"{wrote} has no XLA lowering, so it ran on the CPU (its inputs were copied to "
-            "the host and its result back)")
-    return f"{base}: {specific}" if specific else (
-        f"{base}: use an op with an XLA lowering, or move it out of the hot loop")
+    base = (
+        f"{wrote} has no XLA lowering, so it ran on the CPU (its inputs were copied to "
+        "the host and its result back)"
+    )
+    return (
+        f"{base}: {specific}"
+        if specific
+        else (f"{base}: use an op with an XLA lowering, or move it out of the hot loop")
+    )
 
 
 def _cell_line(frame, filename: str) -> int | None:
@@ -75,7 +84,7 @@ def _event_line(event: CompileEvent, filename: str) -> int | None:
     site = event.site
     if site is not None:
         return _cell_line(site.line, filename)
-    for frame in reversed(event.frames):        # outermost visible frame of the cell
+    for frame in reversed(event.frames):  # outermost visible frame of the cell
         if frame.file == filename:
             return frame.line
     return None
@@ -85,8 +94,11 @@ def _ends_run(event: CompileEvent) -> bool:
     """The compile of track()'s own final sync (the end of the cell)."""
     site = event.site
     if site is not None:
-        return site.line is None and site.library is not None and \
-            site.library.file == tracking.__file__
+        return (
+            site.line is None
+            and site.library is not None
+            and site.library.file == tracking.__file__
+        )
     return any(f.file == tracking.__file__ for f in event.frames)
 
 
@@ -98,14 +110,14 @@ def graph_facts(before, after) -> tuple[str, ...]:
     """What differs between two captured graphs of one line, as facts: the op, shape or dtype
     where the difference starts; inputs and ops only one of them has."""
     facts: list[str] = []
-    diff = after.diff(before)            # Graph.diff: later.diff(earlier)
+    diff = after.diff(before)  # Graph.diff: later.diff(earlier)
     # Same ops in the same order: the program is the same and shapes or dtypes changed,
     # where the difference starts is the fact. Otherwise node pairs are guesses of an
     # alignment: say what each graph has that the other does not.
     for change in diff.causes[:3] if diff.aligned else ():
         if change.before is not None and change.after is not None:
             facts.append(_shape_change(change.before, change.after))
-    data = lambda g: sum(1 for n in g.nodes if n.kind == "data")   # noqa: E731
+    data = lambda g: sum(1 for n in g.nodes if n.kind == "data")  # noqa: E731
     d_before, d_after = data(before), data(after)
     if d_before != d_after:
         facts.append(f"graph inputs (device data) {d_before} \u2192 {d_after}")
@@ -122,20 +134,23 @@ def graph_facts(before, after) -> tuple[str, ...]:
 
 
 def _shape_change(a, b) -> str:
-    text = f"{b.op} {a.shape} \u2192 {b.shape}" if a.shape != b.shape else \
-        f"{a.op} \u2192 {b.op} ({b.shape})"
+    text = (
+        f"{b.op} {a.shape} \u2192 {b.shape}"
+        if a.shape != b.shape
+        else f"{a.op} \u2192 {b.op} ({b.shape})"
+    )
     dims_a, dims_b = _dims(a.shape), _dims(b.shape)
     if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
         pairs = enumerate(zip(dims_a, dims_b, strict=True))
         moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
         if moved:
             text += f" ({', '.join(moved[:2])})"
-    made = b.user_frame                  # full paths (graphs captured with frames)
+    made = b.user_frame  # full paths (graphs captured with frames)
     if made is not None:
         where = short_path(made.file)
         where += f", line {made.line}" if where.startswith("In [") else f":{made.line}"
         text += f", made at {where}"
-    elif b.location is not None:         # IR debug's own location: function@file:line
+    elif b.location is not None:  # IR debug's own location: function@file:line
         text += f", made at {b.where}"
     return text
 
@@ -143,7 +158,7 @@ def _shape_change(a, b) -> str:
 def _dims(shape: str) -> list[str] | None:
     if "[" not in shape or shape.startswith("("):
         return None
-    inner = shape[shape.index("[") + 1:shape.index("]")]
+    inner = shape[shape.index("[") + 1 : shape.index("]")]
     return inner.split(",") if inner else []
 
 
@@ -156,11 +171,15 @@ def _ops(counts: Counter) -> str:
 def _log_facts(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
     facts = []
     if (before.inputs, before.outputs) != (after.inputs, after.outputs):
-        facts.append(f"graph inputs {before.inputs} \u2192 {after.inputs}, outputs "
-                     f"{before.outputs} \u2192 {after.outputs}")
+        facts.append(
+            f"graph inputs {before.inputs} \u2192 {after.inputs}, outputs "
+            f"{before.outputs} \u2192 {after.outputs}"
+        )
     else:
-        facts.append(f"same number of inputs ({after.inputs}) and outputs ({after.outputs}): a "
-                     "shape, dtype or Python value inside the graph changed")
+        facts.append(
+            f"same number of inputs ({after.inputs}) and outputs ({after.outputs}): a "
+            "shape, dtype or Python value inside the graph changed"
+        )
     if before.cause != after.cause:
         facts.append(f"cause: {before.cause} \u2192 {after.cause}")
     return tuple(facts) + ("tpu_nb did not capture both graphs, so it cannot name the op",)
@@ -179,8 +198,7 @@ def what_changed(event: CompileEvent) -> tuple[str, ...]:
     return _log_facts(earlier, event)
 
 
-def attribute(report: RunReport, source: str, filename: str,
-              allowed: int = 1) -> list[LineFinding]:
+def attribute(report: RunReport, source: str, filename: str, allowed: int = 1) -> list[LineFinding]:
     """Findings of `report` placed on lines of `source` (compiled under `filename`).
 
     allowed: distinct graphs a line may compile (the cell's --max-graphs: deliberate
@@ -202,8 +220,11 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
             ends = _ends_run(event)
             place = "end of cell" if ends else "code this cell called (line not recorded)"
             # the end of the cell is tpu_nb's own final sync: no code in between to name
-            out.append(LineFinding(0, "compile", what, place=place,
-                                   via="" if ends else _via(event), order=order))
+            out.append(
+                LineFinding(
+                    0, "compile", what, place=place, via="" if ends else _via(event), order=order
+                )
+            )
             continue
         kind, hint, changed = "compile", "", tuple[str, ...]()
         frame = event.user_frame
@@ -214,17 +235,22 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
             changed = what_changed(event)
             warm = key in report.warmups and index == 1
             if warm:
-                kind, hint = "warm-up", ("expected once: the first step's graph differed "
-                                         "from the steady step's, as listed")
+                kind, hint = (
+                    "warm-up",
+                    (
+                        "expected once: the first step's graph differed "
+                        "from the steady step's, as listed"
+                    ),
+                )
             elif key in beyond and index >= allowed + (key in report.warmups):
                 kind, hint = "recompile", RECOMPILE_HINT
             else:
-                hint = f"another graph of this line, within the {allowed} allowed " \
-                       "(--max-graphs)"
+                hint = f"another graph of this line, within the {allowed} allowed (--max-graphs)"
         if event.kind == "value-access":
             hint = HOST_READ_HINT
-        out.append(LineFinding(line, kind, what, hint, via=_via(event), order=order,
-                               changed=changed))
+        out.append(
+            LineFinding(line, kind, what, hint, via=_via(event), order=order, changed=changed)
+        )
     return out
 
 
@@ -236,18 +262,37 @@ def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
             continue
         placed += occ.count
         line = _cell_line(occ.site.line, filename)
-        reads = f"{occ.count} device\u2192host read{'s' if occ.count != 1 else ''}" \
-            if occ.count else "a copy of device data to the host"
+        reads = (
+            f"{occ.count} device\u2192host read{'s' if occ.count != 1 else ''}"
+            if occ.count
+            else "a copy of device data to the host"
+        )
         what = f"{occ.what} read a device value ({occ.calls}\u00d7: {reads})"
-        out.append(LineFinding(line or 0, "host-read", what, HOST_READ_HINT,
-                               place="" if line else "outside this cell's code",
-                               count=occ.calls, via=occ.site.via, order=base + occ.order))
+        out.append(
+            LineFinding(
+                line or 0,
+                "host-read",
+                what,
+                HOST_READ_HINT,
+                place="" if line else "outside this cell's code",
+                count=occ.calls,
+                via=occ.site.via,
+                order=base + occ.order,
+            )
+        )
     unplaced = report.metrics.host_reads - placed
     if unplaced > 0 and report.occurrences is not None:
-        out.append(LineFinding(0, "host-read", f"{unplaced} device\u2192host reads tpu_nb "
-                               "could not place on a line", HOST_READ_HINT,
-                               place="line not recorded", count=unplaced,
-                               order=base + 10**6))
+        out.append(
+            LineFinding(
+                0,
+                "host-read",
+                f"{unplaced} device\u2192host reads tpu_nb could not place on a line",
+                HOST_READ_HINT,
+                place="line not recorded",
+                count=unplaced,
+                order=base + 10**6,
+            )
+        )
     return out
 
 
@@ -261,17 +306,31 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
         op = occ.what.split("::", 1)[-1]
         placed[op] += occ.count
         line = _cell_line(occ.site.line, filename)
-        out.append(LineFinding(line or 0, "fallback",
-                               f"{user_op(occ.what)} ran on the CPU (aten::{op}, "
-                               f"{occ.count}\u00d7)", fallback_hint(occ.what),
-                               place="" if line else "outside this cell's code",
-                               count=occ.count, via=occ.site.via, order=base + occ.order))
+        out.append(
+            LineFinding(
+                line or 0,
+                "fallback",
+                f"{user_op(occ.what)} ran on the CPU (aten::{op}, {occ.count}\u00d7)",
+                fallback_hint(occ.what),
+                place="" if line else "outside this cell's code",
+                count=occ.count,
+                via=occ.site.via,
+                order=base + occ.order,
+            )
+        )
     for op, count in sorted(report.metrics.fallbacks.items()):
         left = count - placed[op]
         if left > 0:
-            out.append(LineFinding(0, "fallback", f"{user_op('aten::' + op)} ran on the CPU "
-                                   f"(aten::{op}, {left}\u00d7)", fallback_hint(op),
-                                   place="line not recorded (the first calls of an op tpu_nb "
-                                   "had not seen fall back yet, or a call from C++)",
-                                   count=left, order=base + 10**6))
+            out.append(
+                LineFinding(
+                    0,
+                    "fallback",
+                    f"{user_op('aten::' + op)} ran on the CPU (aten::{op}, {left}\u00d7)",
+                    fallback_hint(op),
+                    place="line not recorded (the first calls of an op tpu_nb "
+                    "had not seen fall back yet, or a call from C++)",
+                    count=left,
+                    order=base + 10**6,
+                )
+            )
     return out

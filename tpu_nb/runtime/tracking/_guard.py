@@ -56,7 +56,8 @@ class RecompilationError(TpuNbError):
             error,
             f"{place} compiled graph {len(graphs)} (max_graphs={limit}): it differs from the "
             f"line's previous graph: {'; '.join(facts)}. Fix: keep shapes and Python values "
-            "in the step fixed (pad or bucket the batch), or allow more graphs.")
+            "in the step fixed (pad or bucket the batch), or allow more graphs.",
+        )
         return error
 
     def __init__(self, limit: int, got: str, expected: list[str]):
@@ -66,7 +67,8 @@ class RecompilationError(TpuNbError):
             f"more than {limit} distinct graph{'s' if limit != 1 else ''} traced "
             f"(max_graphs={limit}): this step traced {self.got} where earlier steps traced "
             f"{earlier}. Fix: keep shapes and Python values in the step fixed (pad or bucket "
-            "the batch), or allow more graphs.")
+            "the batch), or allow more graphs."
+        )
 
 
 def _node(text: str) -> str:
@@ -93,8 +95,10 @@ def as_recompilation_error(exc: BaseException, limit: int) -> RecompilationError
 def _sync_site() -> str:
     """file:line of the user code that called the sync now running (called in a closure)."""
     frame: FrameType | None = sys._getframe(2)
-    library = tuple(os.path.dirname(getattr(sys.modules.get(m), "__file__", "") or "") + os.sep
-                    for m in ("torch_xla", "torch", "tpu_nb"))
+    library = tuple(
+        os.path.dirname(getattr(sys.modules.get(m), "__file__", "") or "") + os.sep
+        for m in ("torch_xla", "torch", "tpu_nb")
+    )
     while frame is not None and frame.f_code.co_filename.startswith(library):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "?"
@@ -106,9 +110,11 @@ class max_graphs:
 
     def __init__(self, limit: int):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise TpuNbError(f"max_graphs needs a whole number of at least 1; got {limit!r}. "
-                             "Fix: e.g. max_graphs(2) (a training loop's first step often "
-                             "traces its own graph, so allow 2 or more).")
+            raise TpuNbError(
+                f"max_graphs needs a whole number of at least 1; got {limit!r}. "
+                "Fix: e.g. max_graphs(2) (a training loop's first step often "
+                "traces its own graph, so allow 2 or more)."
+            )
         self.limit = limit
         self._fallback: AbstractContextManager[None] | None = None
         self._wrapper: Callable | None = None
@@ -132,7 +138,7 @@ class max_graphs:
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
-            __tracebackhide__ = True   # noqa: F841
+            __tracebackhide__ = True  # noqa: F841
             result = original(*args, **kwargs)
             guard._check(sys._getframe(1))
             return result
@@ -157,7 +163,7 @@ class max_graphs:
         return False
 
     def _check(self, frame) -> None:
-        __tracebackhide__ = True   # noqa: F841
+        __tracebackhide__ = True  # noqa: F841
         log = self._log
         if log is None:
             return
@@ -172,7 +178,7 @@ class max_graphs:
             graphs = self._graphs.setdefault(key, [])
             if all(g.graph_hash != event.graph_hash for g in graphs):
                 graphs.append(event)
-            if len(graphs) >= self.limit - 1:   # capture the last allowed graph and the next
+            if len(graphs) >= self.limit - 1:  # capture the last allowed graph and the next
                 provenance.force_capture.add(key)
             if len(graphs) > self.limit:
                 raise RecompilationError.at_line(self.limit, where, graphs)
@@ -221,7 +227,7 @@ def _detector_guard(limit: int) -> Iterator[None]:
             xc._dynamic_shape_detector_start_session(session)
             xla_model.add_step_closure(renew)
 
-    torch_xla.sync()                     # work pending from before is not this block's
+    torch_xla.sync()  # work pending from before is not this block's
     saved = xc._dynamic_shape_detector_get_max_different_graphs()
     xc._dynamic_shape_detector_set_max_different_graphs(limit)
     xc._dynamic_shape_detector_start_session(f"{prefix}:start")

@@ -28,23 +28,23 @@ from tpu_nb.runtime.errors import TpuNbError
 if TYPE_CHECKING:
     from tpu_nb.runtime.tracking._provenance import Recorder
 
-MAX_EVENTS = 50_000          # events kept from a trace (the longest, when there are more)
+MAX_EVENTS = 50_000  # events kept from a trace (the longest, when there are more)
 
 
 @dataclass(frozen=True)
 class TraceEvent:
     thread: str
     name: str
-    start: float                 # seconds from the trace's first event
+    start: float  # seconds from the trace's first event
     duration: float
 
 
 @dataclass(frozen=True)
 class ProfileTrace:
     events: tuple[TraceEvent, ...]
-    threads: tuple[str, ...]     # in the profiler's display order
-    steps: int = 0               # syncs traced (StepMarker events)
-    dropped: int = 0             # short events left out beyond MAX_EVENTS
+    threads: tuple[str, ...]  # in the profiler's display order
+    steps: int = 0  # syncs traced (StepMarker events)
+    dropped: int = 0  # short events left out beyond MAX_EVENTS
 
     @property
     def seconds(self) -> float:
@@ -56,11 +56,15 @@ class ProfileTrace:
 
 def read_trace(logdir: str) -> ProfileTrace:
     """The newest `*.trace.json.gz` under `logdir` (what `stop_trace()` wrote)."""
-    paths = sorted(glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True),
-                   key=os.path.getmtime)
+    paths = sorted(
+        glob.glob(os.path.join(logdir, "**", "*.trace.json.gz"), recursive=True),
+        key=os.path.getmtime,
+    )
     if not paths:
-        raise TpuNbError(f"no profiler trace (*.trace.json.gz) under {logdir}. Fix: capture one "
-                         "with tpu_nb.runtime.tracking.profile() around the steps.")
+        raise TpuNbError(
+            f"no profiler trace (*.trace.json.gz) under {logdir}. Fix: capture one "
+            "with tpu_nb.runtime.tracking.profile() around the steps."
+        )
     with gzip.open(paths[-1], "rt") as f:
         raw = json.load(f).get("traceEvents", [])
     names, order = {}, {}
@@ -74,13 +78,30 @@ def read_trace(logdir: str) -> ProfileTrace:
     if dropped:
         complete = sorted(complete, key=lambda e: -e.get("dur", 0))[:MAX_EVENTS]
     t0 = min((e["ts"] for e in complete), default=0.0)
-    events = tuple(sorted((TraceEvent(names.get(e.get("tid"), str(e.get("tid"))),
-                                      str(e.get("name", "")), (e["ts"] - t0) * 1e-6,
-                                      e.get("dur", 0) * 1e-6) for e in complete),
-                          key=lambda e: e.start))
+    events = tuple(
+        sorted(
+            (
+                TraceEvent(
+                    names.get(e.get("tid"), str(e.get("tid"))),
+                    str(e.get("name", "")),
+                    (e["ts"] - t0) * 1e-6,
+                    e.get("dur", 0) * 1e-6,
+                )
+                for e in complete
+            ),
+            key=lambda e: e.start,
+        )
+    )
     used = {e.thread for e in events}
-    threads = tuple(sorted(used, key=lambda t: (min((order[k] for k, v in names.items()
-                                                     if v == t and k in order), default=99), t)))
+    threads = tuple(
+        sorted(
+            used,
+            key=lambda t: (
+                min((order[k] for k, v in names.items() if v == t and k in order), default=99),
+                t,
+            ),
+        )
+    )
     steps = sum(1 for e in events if e.name == "StepMarker")
     return ProfileTrace(events, threads, steps, dropped)
 
@@ -91,10 +112,12 @@ class profile:
     `.trace` after the block (or as soon as the N-th sync returns)."""
 
     def __init__(self, steps: int | None = None, *, logdir: str | None = None):
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
-                                  or steps < 1):
-            raise TpuNbError(f"steps must be a whole number >= 1; got {steps!r}. "
-                             "Fix: e.g. steps=3.")
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
+        ):
+            raise TpuNbError(
+                f"steps must be a whole number >= 1; got {steps!r}. Fix: e.g. steps=3."
+            )
         self.steps = steps
         self._own_dir = logdir is None
         self.logdir = logdir or tempfile.mkdtemp(prefix="tpu_nb-profile-")
@@ -111,24 +134,28 @@ class profile:
         if self.steps is not None:
             collector = anatomy.current()
             if collector is None or collector._recorder is None:
-                raise TpuNbError("profile(steps=N) counts the syncs of a tracked run. Fix: "
-                                 "use it inside %%on_tpu or `with tpu_nb.track():`, or drop "
-                                 "steps= to trace the whole block.")
+                raise TpuNbError(
+                    "profile(steps=N) counts the syncs of a tracked run. Fix: "
+                    "use it inside %%on_tpu or `with tpu_nb.track():`, or drop "
+                    "steps= to trace the whole block."
+                )
             self._recorder = collector._recorder
             self._recorder.on_sync.append(self._on_sync)
         try:
             xp.start_trace(self.logdir)
-        except Exception as exc:     # a trace already running, a profiler that cannot start
+        except Exception as exc:  # a trace already running, a profiler that cannot start
             self._unhook()
-            raise TpuNbError(f"the torch_xla profiler did not start: {exc}. Fix: stop the "
-                             "other trace first (torch_xla.debug.profiler.stop_trace()).") from None
+            raise TpuNbError(
+                f"the torch_xla profiler did not start: {exc}. Fix: stop the "
+                "other trace first (torch_xla.debug.profiler.stop_trace())."
+            ) from None
         self._tracing = True
         return self
 
     def _on_sync(self, entry: float, start: float, end: float) -> None:
         self._seen += 1
         if self._seen >= (self.steps or 0):
-            self._stop(unhook=False)     # not while the recorder iterates its hooks
+            self._stop(unhook=False)  # not while the recorder iterates its hooks
 
     def _stop(self, unhook: bool = True) -> None:
         if unhook:

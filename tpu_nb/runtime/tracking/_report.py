@@ -43,12 +43,12 @@ class RunReport:
     """What a tracked run did on XLA. Filled in when the `track()` block exits, also on error."""
 
     name: str | None = None
-    wall_seconds: float = 0.0          # includes the final sync and the device wait
+    wall_seconds: float = 0.0  # includes the final sync and the device wait
     metrics: MetricsDelta = field(default_factory=MetricsDelta)
     compile_events: list[CompileEvent] = field(default_factory=list)
     error: BaseException | None = None
-    waited: bool = False               # device ops waited for: execute_seconds is complete
-    compile_analysis: bool = False     # False: compile causes unknown (setup() not called)
+    waited: bool = False  # device ops waited for: execute_seconds is complete
+    compile_analysis: bool = False  # False: compile causes unknown (setup() not called)
     # Lines that compiled more than one distinct graph (in this run or before): graph hashes.
     recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     # Of those, lines whose first two graphs are a training loop's warm-up: the first step
@@ -58,8 +58,8 @@ class RunReport:
     # Value reads and CPU fallbacks, each placed on the line that led to it (with the library
     # function in between), aggregated per line: provenance.Occurrence, in time order.
     occurrences: list = field(default_factory=list)
-    capture_seconds: float = 0.0       # spent capturing pending graphs (recompile diffs)
-    record_errors: int = 0             # recording hooks that failed (logged by "tpu_nb")
+    capture_seconds: float = 0.0  # spent capturing pending graphs (recompile diffs)
+    record_errors: int = 0  # recording hooks that failed (logged by "tpu_nb")
     # Why some compile causes of this run are unknown (the compile log was deleted, replaced,
     # truncated or could not be written), or "" when the log holds them all.
     compile_log_problem: str = ""
@@ -86,8 +86,11 @@ class RunReport:
     def recompiled_lines(self, allowed: int = 1) -> dict[tuple[str, int], tuple[str, ...]]:
         """Lines that compiled more than `allowed` distinct graphs (a warm-up graph aside):
         the recompilations worth a look. `allowed` > 1 accepts deliberate bucketing."""
-        return {line: hashes for line, hashes in self.recompilations.items()
-                if len(hashes) - (line in self.warmups) > allowed}
+        return {
+            line: hashes
+            for line, hashes in self.recompilations.items()
+            if len(hashes) - (line in self.warmups) > allowed
+        }
 
     def summary(self) -> str:
         """One line: wall time and the XLA figures that matter."""
@@ -105,16 +108,23 @@ class RunReport:
             lines.append("  compiles:")
             lines += [f"    {e.describe()}" for e in self.compile_events]
         elif self.metrics.compiles and not self.compile_analysis:
-            lines.append("  compile causes unknown: call tpu_nb.setup() before the first "
-                         "compile to record them")
+            lines.append(
+                "  compile causes unknown: call tpu_nb.setup() before the first "
+                "compile to record them"
+            )
         if self.compile_log_problem:
             lines.append(f"  compile causes unknown: {self.compile_log_problem}")
         beyond = self.recompiled_lines()
         for (file, line), hashes in self.recompilations.items():
-            what = ("recompiled" if (file, line) in beyond else
-                    "warm-up (the first step creates gradients and optimizer state)")
-            lines.append(f"  {what}: {file}:{line} has compiled {len(hashes)} distinct "
-                         f"graphs ({', '.join(h[:8] for h in hashes)})")
+            what = (
+                "recompiled"
+                if (file, line) in beyond
+                else "warm-up (the first step creates gradients and optimizer state)"
+            )
+            lines.append(
+                f"  {what}: {file}:{line} has compiled {len(hashes)} distinct "
+                f"graphs ({', '.join(h[:8] for h in hashes)})"
+            )
         return "\n".join(lines)
 
 
@@ -140,7 +150,7 @@ def _note_recompilations(events: list[CompileEvent]):
         _graphs_by_line.move_to_end(key)
         if all(event.graph_hash != g.graph_hash for g in graphs):
             graphs.append(event)
-            if len(graphs) > _MAX_GRAPHS_PER_LINE:     # keep the first two and the latest
+            if len(graphs) > _MAX_GRAPHS_PER_LINE:  # keep the first two and the latest
                 del graphs[2]
         while len(_graphs_by_line) > _MAX_LINES:
             _graphs_by_line.popitem(last=False)
@@ -181,7 +191,7 @@ class _SyncWatch:
         self._xla = xla_module
         self._value = xla_module._XLAC._xla_counter_value
         self.active = True
-        self.at_last_sync = self._value("CreateXlaTensor")   # entry: as if just synced
+        self.at_last_sync = self._value("CreateXlaTensor")  # entry: as if just synced
         self._arm()
 
     def _arm(self) -> None:
@@ -220,11 +230,29 @@ class track:
         default the code of the function that entered the block.
     """
 
-    __slots__ = ("_report", "_sync", "_wait", "_log", "_offset", "_watch", "_before", "_start",
-                 "_record", "_code", "_recorder")
+    __slots__ = (
+        "_report",
+        "_sync",
+        "_wait",
+        "_log",
+        "_offset",
+        "_watch",
+        "_before",
+        "_start",
+        "_record",
+        "_code",
+        "_recorder",
+    )
 
-    def __init__(self, name: str | None = None, *, sync: bool = True, wait: bool = True,
-                 record: bool = True, code: tuple = ()):
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        sync: bool = True,
+        wait: bool = True,
+        record: bool = True,
+        code: tuple = (),
+    ):
         self._report = RunReport(name=name)
         self._sync, self._wait, self._record, self._code = sync, wait, record, tuple(code)
         self._recorder: provenance.Recorder | None = None
@@ -236,11 +264,12 @@ class track:
         self._watch = _SyncWatch(xla()) if self._sync else None
         if self._record:
             caller = None if self._code else sys._getframe(1)
-            recorder = provenance.Recorder(root_codes=self._code, root_frame=caller,
-                                           log=self._log).start()
+            recorder = provenance.Recorder(
+                root_codes=self._code, root_frame=caller, log=self._log
+            ).start()
             try:
                 self._report.anatomy = anatomy.Collector().start(recorder)
-            except BaseException:           # never leave the hooks installed
+            except BaseException:  # never leave the hooks installed
                 recorder.stop()
                 raise
             self._recorder = recorder
@@ -253,7 +282,7 @@ class track:
         try:
             if exc is None:
                 self._finish_work(report)
-        except BaseException as failure:     # the final sync or wait failed: the run failed
+        except BaseException as failure:  # the final sync or wait failed: the run failed
             report.error = failure
             self._complete(report)
             raise
@@ -281,8 +310,9 @@ class track:
         recording = self._recorder.stop() if self._recorder is not None else None
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:
-            report.compile_log_problem = self._log.problem_since(
-                self._offset, report.metrics.compiles) or ""
+            report.compile_log_problem = (
+                self._log.problem_since(self._offset, report.metrics.compiles) or ""
+            )
             events = self._log.events_since(self._offset)
             if recording is not None:
                 events = _place(events, recording.anchors, self._offset)
@@ -306,10 +336,14 @@ def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEven
     placed = list(events)
     start = offset
     for anchor in anchors:
-        window = [i for i, e in enumerate(placed)
-                  if start <= e.offset < anchor.log_end and e.site is None
-                  and (e.kind == "value-access") == (anchor.kind == "read")]
-        for i in window[-anchor.compiles:]:
+        window = [
+            i
+            for i, e in enumerate(placed)
+            if start <= e.offset < anchor.log_end
+            and e.site is None
+            and (e.kind == "value-access") == (anchor.kind == "read")
+        ]
+        for i in window[-anchor.compiles :]:
             placed[i] = replace(placed[i], site=anchor.site)
         start = max(start, anchor.log_end)
     return placed
@@ -319,9 +353,10 @@ def _quiet_wait(report: RunReport) -> None:
     try:
         wait_device_ops()
         report.waited = True
-    except Exception:     # the run already failed; its own error is the one to show
-        logging.getLogger("tpu_nb").debug("waiting for the device after a failed run",
-                                          exc_info=True)
+    except Exception:  # the run already failed; its own error is the one to show
+        logging.getLogger("tpu_nb").debug(
+            "waiting for the device after a failed run", exc_info=True
+        )
 
 
 def last_report() -> RunReport | None:

@@ -31,9 +31,18 @@ class on_tpu:
     device: the default device (default: tpu_nb.device()).
     """
 
-    def __init__(self, name: str | None = None, *, code: tuple = (), source: str | None = None,
-                 filename: str | None = None, sync: bool = True, max_graphs: int | None = None,
-                 locations: bool = False, device=None):
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        code: tuple = (),
+        source: str | None = None,
+        filename: str | None = None,
+        sync: bool = True,
+        max_graphs: int | None = None,
+        locations: bool = False,
+        device=None,
+    ):
         self.name, self.code, self.sync = name, tuple(code), sync
         self.source, self.filename = source, filename
         self.max_graphs, self.locations, self.device = max_graphs, locations, device
@@ -68,7 +77,7 @@ class on_tpu:
         return self._report
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        __tracebackhide__ = True   # noqa: F841
+        __tracebackhide__ = True  # noqa: F841
         stack, self._stack = self._stack, None
         try:
             suppressed = stack.__exit__(exc_type, exc, tb) if stack is not None else False
