@@ -201,3 +201,21 @@ def test_reset_metrics_forgets_tpu_nb_history_too():
     reset_metrics()
     assert not tracking._graphs_by_line and not provenance.graphs_by_hash
     assert tpu_nb.last_report() is None
+
+
+def test_max_graphs_flush_of_earlier_work_is_placed_at_the_start_not_on_a_line():
+    """--max-graphs syncs as it starts, so work left pending before the block is not counted
+    against the limit: its compile is said to be that, not "code this cell called"."""
+    dev = tpu_nb.device()
+    left_pending = torch.full((13, 17), 3.0, device=dev) * 2 + 1  # an earlier cell's tensor
+    with tpu_nb.on_tpu(max_graphs=2) as report:
+        total = torch.ones(19, 5, device=dev).sum()
+        torch_xla.sync()  # BLOCK-SYNC
+    compiles = [f for f in report.findings if f.kind == "compile"]
+    assert [f.place for f in compiles if not f.line] == [
+        "start of cell: work pending from before it, run by --max-graphs's sync"
+    ]
+    here = test_max_graphs_flush_of_earlier_work_is_placed_at_the_start_not_on_a_line
+    assert [f.line for f in compiles if f.line] == [line_of("# BLOCK-SYNC", here)]
+    assert not any("not recorded" in f.place for f in report.findings)
+    assert left_pending.cpu()[0, 0].item() == 7.0 and total.item() == 95.0

@@ -11,6 +11,7 @@ input/output counts, and the finding says which.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -100,6 +101,21 @@ def _ends_run(event: CompileEvent) -> bool:
             and site.library.file == tracking.__file__
         )
     return any(f.file == tracking.__file__ for f in event.frames)
+
+
+# The guard's module, named by path: it imports this one (for its error's "what changed").
+_GUARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
+
+
+def _flushes_before_guard(event: CompileEvent) -> bool:
+    """The compile of the --max-graphs guard's own sync as it starts: work left pending from
+    before the block (an earlier cell's tensors), not a line of the block."""
+    site = event.site
+    frames = (site.library,) if site is not None else event.frames
+    return any(
+        f is not None and f.file == _GUARD_FILE and f.function == "_detector_guard"
+        for f in frames
+    )
 
 
 def _via(event: CompileEvent) -> str:
@@ -214,15 +230,22 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
     out = []
     beyond = report.recompiled_lines(allowed)
     for order, event in enumerate(report.compile_events):
-        line = _event_line(event, filename)
+        guard_start = _flushes_before_guard(event)  # at the block's `with` line, if any
+        line = None if guard_start else _event_line(event, filename)
         what = f"graph {event.graph_hash[:8]} compiled ({event.cause})"
         if line is None:
-            ends = _ends_run(event)
-            place = "end of cell" if ends else "code this cell called (line not recorded)"
-            # the end of the cell is tpu_nb's own final sync: no code in between to name
+            # tpu_nb's own syncs (the final one; the guard's at the start): no code in
+            # between to name
+            own = True
+            if _ends_run(event):
+                place = "end of cell"
+            elif guard_start:
+                place = "start of cell: work pending from before it, run by --max-graphs's sync"
+            else:
+                place, own = "code this cell called (line not recorded)", False
             out.append(
                 LineFinding(
-                    0, "compile", what, place=place, via="" if ends else _via(event), order=order
+                    0, "compile", what, place=place, via="" if own else _via(event), order=order
                 )
             )
             continue
