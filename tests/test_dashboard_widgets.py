@@ -93,10 +93,6 @@ def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):
     assert not _dashboard_threads()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, timing-dependent: the alert always fires, but its sync probe does not "
-    "always capture two different graphs of the line within its budget, and then 'what "
-    "differs' falls back to the compile log's counts (seen on both stacks; to fix next)"))
 def test_on_tpu_live_recompiling_loop_raises_the_alert_with_what_changed(shell, capsys):
     capsys.readouterr()
     r = shell.run_cell("%%on_tpu --live\n"
