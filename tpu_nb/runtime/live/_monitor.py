@@ -31,6 +31,7 @@ compile-log blocks: input/output counts, sizes and causes, and the alert says so
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import resource
 import sys
@@ -53,6 +54,7 @@ from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import is_library, place_text
 from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
+log = logging.getLogger("tpu_nb")
 _EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
 _RECENT_STEPS = 1024  # step intervals the median and p90 are taken over
 _SERIES_POINTS = 1200  # chart points kept; older ones are merged pairwise beyond that
@@ -165,6 +167,7 @@ def _tpu_info_memory() -> tuple[int, int, None] | None:
         usages = tpu_metrics.get_chip_usage(chip_type)
         return (sum(u.memory_usage for u in usages), sum(u.total_memory for u in usages), None)
     except Exception:
+        log.debug("tpu-info could not read the chips' memory", exc_info=True)
         return None
 
 
@@ -392,6 +395,7 @@ class SyncProbe:
             ):
                 self._armed.discard(site)
         except Exception:  # never break the user's sync
+            log.debug("the sync probe could not capture a graph", exc_info=True)
             if site is not None:
                 self._armed.discard(site)
 
@@ -629,7 +633,8 @@ class LiveMonitor:
             if len(captured) >= 2:
                 try:
                     differs, source = _diff_lines(captured[-2], captured[-1]), "graphs"
-                except Exception:  # the graph module is young: fall back, never fail
+                except Exception:  # fall back to the compile log, never fail
+                    log.debug("diffing the alert's two graphs failed", exc_info=True)
                     differs = ()
             if not differs:
                 source = "compile log"
