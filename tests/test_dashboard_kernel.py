@@ -199,7 +199,8 @@ def test_nbval_compares_a_notebook_with_live_cells(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell(s) for s in (
         "%load_ext tpu_nb\n%tpu_setup --device cpu",
         "import torch, torch_xla",
-        "%%on_tpu --live\nlin = torch.nn.Linear(8, 2)\nopt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+        "%%on_tpu --live\nlin = torch.nn.Linear(8, 2)\n"
+        "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
         "for _ in range(30):\n    opt.zero_grad()\n    lin(torch.ones(4, 8)).sum().backward()\n"
         "    opt.step()\n    torch_xla.sync()\n",
         "%tpu_dashboard\nx = torch.linspace(0, 1, 32, device=torch_xla.device())\n"
