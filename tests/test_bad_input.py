@@ -2,6 +2,9 @@
 
 One table for the library (TpuNbError) and one for the magics (UsageError): each input, the
 words its message must hold, and a check that the process environment is untouched.
+
+Marked `stack` (run again on Colab's IPython 7.34): the magics' tests, which go through IPython's
+argument handling and UsageError; the library's are the same under any IPython.
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ import tpu_nb
 from tpu_nb.display.dashboard import Dashboard
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
-
-pytestmark = pytest.mark.stack
 
 
 def _step():
@@ -180,6 +181,7 @@ MAGICS = [
 ]
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize("magic, line, words", MAGICS, ids=[f"{m} {ln}" for m, ln, _ in MAGICS])
 def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic, line, words):
     before = dict(os.environ)
@@ -191,6 +193,7 @@ def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic,
     assert dict(os.environ) == before
 
 
+@pytest.mark.stack
 @pytest.mark.parametrize(
     "line, words",
     [
@@ -215,6 +218,7 @@ def test_on_tpu_mistakes_stop_before_the_cell_runs(shell, line, words):
     assert dict(os.environ) == before
 
 
+@pytest.mark.stack
 def test_xla_graph_of_a_tensor_with_nothing_pending_still_says_so(shell, capsys):
     shell.run_cell(
         "import torch, torch_xla\nsettled = torch.ones(2, device=torch_xla.device())"
@@ -225,6 +229,7 @@ def test_xla_graph_of_a_tensor_with_nothing_pending_still_says_so(shell, capsys)
     assert "nothing pending" in capsys.readouterr().out
 
 
+@pytest.mark.stack
 def test_cache_path_with_quotes_spaces_and_tilde_is_what_the_user_meant(py, tmp_path):
     """In a fresh process (the compile cache is latched when the runtime starts)."""
     out = py(
@@ -268,6 +273,7 @@ def test_cache_dir_not_writable_by_this_user(py, other_user):  # noqa: F811 (fix
     tmp_path.rmdir()
 
 
+@pytest.mark.stack
 def test_replica_traceback_from_a_fresh_worker_shows_the_source_line(py):
     """The runtime is in use, so the replicas run in a fresh worker process, which never saw
     the cell: its traceback must still quote the failing line."""

@@ -59,8 +59,10 @@ def kernel_environment():
         os.environ.update(saved)
 
 
-@contextmanager
+@pytest.fixture(scope="module")
 def kernel():
+    """One kernel for the module's live-cell tests: each compares the kernel's threads, comms
+    and widgets with its own baseline, so what an earlier test left would fail that test."""
     with kernel_environment():
         km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
     try:
@@ -99,99 +101,99 @@ def counts(kc) -> dict:
     return json.loads(stdout(messages).strip().splitlines()[-1])
 
 
-def test_live_cell_updates_while_running_then_leaves_a_static_view():
-    with kernel() as (km, kc):
-        baseline = counts(kc)
-        reply, messages = run(kc, "%%on_tpu --live\n"
-                                  "start = time.perf_counter()\n"
-                                  "while time.perf_counter() - start < 4:\n"
-                                  "    step()\n")
+def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
+    km, kc = kernel
+    baseline = counts(kc)
+    reply, messages = run(kc, "%%on_tpu --live\n"
+                              "start = time.perf_counter()\n"
+                              "while time.perf_counter() - start < 4:\n"
+                              "    step()\n")
+    assert reply["status"] == "ok", reply
+    kinds = [m["msg_type"] for _, m in messages]
+    # The live view: a widget view (empty text, an HTML placeholder), replaced in place at
+    # the end by the final view (a saved notebook needs no widget state, and the view
+    # stays above the cell's prints).
+    view = next(m for _, m in messages if m["msg_type"] == "display_data"
+                and VIEW_MIME in m["content"]["data"])
+    assert view["content"]["data"]["text/plain"] == ""
+    assert "live view" in view["content"]["data"]["text/html"]
+    display_id = view["content"]["transient"]["display_id"]
+    updates = [m for _, m in messages if m["msg_type"] == "update_display_data"]
+    assert len(updates) == 1
+    assert updates[0]["content"]["transient"]["display_id"] == display_id
+    # Trait updates of the header (the step counter) arrived while the cell ran, at most
+    # two a second.
+    steps = []
+    for at, m in messages:
+        if m["msg_type"] == "comm_msg":
+            value = m["content"]["data"].get("state", {}).get("value", "")
+            if isinstance(value, str) and (found := re.search(
+                    r"class='tpunb-steps'>(\d+)<", value)):
+                steps.append((at, int(found.group(1))))
+    idle_at = messages[-1][0]
+    during = [s for at, s in steps if at < idle_at - 0.3]
+    assert len(set(during)) >= 4, steps
+    assert during == sorted(during)
+    assert len(steps) <= 2 * idle_at + 3
+    # The final state, in place: the summary without timings, and HTML; no other output.
+    final = [updates[0]["content"]["data"]]
+    assert not [m for _, m in messages if m["msg_type"] == "display_data"
+                and m["content"]["data"].get("text/plain", "").startswith("XLA dashboard")]
+    text = final[0]["text/plain"]
+    assert re.match(r"XLA dashboard \(finished\): \d+ steps, \d+ executions, ", text)
+    assert int(text.split(": ")[1].split()[0]) >= max(during)
+    html = final[0]["text/html"]
+    assert "tpunb-steps" in html and "data:image/png;base64," in html
+    assert "does not report memory (XLA:CPU)" in html
+    assert kinds.index("update_display_data") < kinds.index("execute_reply") \
+        if "execute_reply" in kinds else True
+    # Every widget comm opened for the dashboard was closed with the cell.
+    opened = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_open"}
+    closed = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_close"}
+    assert opened and opened == closed
+    assert counts(kc) == baseline
+
+
+def test_a_hundred_live_cells_leave_no_threads_and_no_comms(kernel):
+    km, kc = kernel
+    run(kc, "%%on_tpu --live --quiet\nstep()")       # first imports and charts
+    baseline = counts(kc)
+    opened = closed = 0
+    for _ in range(100):
+        reply, messages = run(kc, "%%on_tpu --live --quiet\nfor _ in range(3):\n    step()\n")
         assert reply["status"] == "ok", reply
-        kinds = [m["msg_type"] for _, m in messages]
-        # The live view: a widget view (empty text, an HTML placeholder), replaced in place at
-        # the end by the final view (a saved notebook needs no widget state, and the view
-        # stays above the cell's prints).
-        view = next(m for _, m in messages if m["msg_type"] == "display_data"
-                    and VIEW_MIME in m["content"]["data"])
-        assert view["content"]["data"]["text/plain"] == ""
-        assert "live view" in view["content"]["data"]["text/html"]
-        display_id = view["content"]["transient"]["display_id"]
-        updates = [m for _, m in messages if m["msg_type"] == "update_display_data"]
-        assert len(updates) == 1
-        assert updates[0]["content"]["transient"]["display_id"] == display_id
-        # Trait updates of the header (the step counter) arrived while the cell ran, at most
-        # two a second.
-        steps = []
-        for at, m in messages:
-            if m["msg_type"] == "comm_msg":
-                value = m["content"]["data"].get("state", {}).get("value", "")
-                if isinstance(value, str) and (found := re.search(
-                        r"class='tpunb-steps'>(\d+)<", value)):
-                    steps.append((at, int(found.group(1))))
-        idle_at = messages[-1][0]
-        during = [s for at, s in steps if at < idle_at - 0.3]
-        assert len(set(during)) >= 4, steps
-        assert during == sorted(during)
-        assert len(steps) <= 2 * idle_at + 3
-        # The final state, in place: the summary without timings, and HTML; no other output.
-        final = [updates[0]["content"]["data"]]
-        assert not [m for _, m in messages if m["msg_type"] == "display_data"
-                    and m["content"]["data"].get("text/plain", "").startswith("XLA dashboard")]
-        text = final[0]["text/plain"]
-        assert re.match(r"XLA dashboard \(finished\): \d+ steps, \d+ executions, ", text)
-        assert int(text.split(": ")[1].split()[0]) >= max(during)
-        html = final[0]["text/html"]
-        assert "tpunb-steps" in html and "data:image/png;base64," in html
-        assert "does not report memory (XLA:CPU)" in html
-        assert kinds.index("update_display_data") < kinds.index("execute_reply") \
-            if "execute_reply" in kinds else True
-        # Every widget comm opened for the dashboard was closed with the cell.
-        opened = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_open"}
-        closed = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_close"}
-        assert opened and opened == closed
-        assert counts(kc) == baseline
+        opened += sum(m["msg_type"] == "comm_open" for _, m in messages)
+        closed += sum(m["msg_type"] == "comm_close" for _, m in messages)
+    after = counts(kc)
+    assert after == baseline, (baseline, after)
+    assert "tpu_nb-dashboard" not in after["threads"]
+    assert opened >= 100 * 10 and closed == opened
 
 
-def test_a_hundred_live_cells_leave_no_threads_and_no_comms():
-    with kernel() as (km, kc):
-        run(kc, "%%on_tpu --live --quiet\nstep()")       # first imports and charts
-        baseline = counts(kc)
-        opened = closed = 0
-        for _ in range(100):
-            reply, messages = run(kc, "%%on_tpu --live --quiet\nfor _ in range(3):\n    step()\n")
-            assert reply["status"] == "ok", reply
-            opened += sum(m["msg_type"] == "comm_open" for _, m in messages)
-            closed += sum(m["msg_type"] == "comm_close" for _, m in messages)
-        after = counts(kc)
-        assert after == baseline, (baseline, after)
-        assert "tpu_nb-dashboard" not in after["threads"]
-        assert opened >= 100 * 10 and closed == opened
-
-
-def test_interrupting_a_live_cell_stops_it_within_a_second_with_the_final_state():
-    with kernel() as (km, kc):
-        baseline = counts(kc)
-        msg_id = kc.execute("%%on_tpu --live\nfor i in range(10**7):\n    step()\n")
-        time.sleep(5)
-        start = time.perf_counter()
-        km.interrupt_kernel()
-        final = None
-        while True:
-            msg = kc.get_iopub_msg(timeout=30)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] in ("display_data", "update_display_data") and msg["content"][
-                    "data"].get("text/plain", "").startswith("XLA dashboard"):
-                final = msg["content"]["data"]["text/plain"]
-            if msg["msg_type"] == "error":
-                stopped = time.perf_counter() - start
-                assert msg["content"]["ename"] == "KeyboardInterrupt"
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
-        assert stopped < 1.0, stopped
-        assert final is not None and final.startswith("XLA dashboard (interrupted): ")
-        time.sleep(1)          # ipykernel aborts requests that arrive while it handles it
-        assert counts(kc) == baseline
+def test_interrupting_a_live_cell_stops_it_within_a_second_with_the_final_state(kernel):
+    km, kc = kernel
+    baseline = counts(kc)
+    msg_id = kc.execute("%%on_tpu --live\nfor i in range(10**7):\n    step()\n")
+    time.sleep(5)
+    start = time.perf_counter()
+    km.interrupt_kernel()
+    final = None
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in ("display_data", "update_display_data") and msg["content"][
+                "data"].get("text/plain", "").startswith("XLA dashboard"):
+            final = msg["content"]["data"]["text/plain"]
+        if msg["msg_type"] == "error":
+            stopped = time.perf_counter() - start
+            assert msg["content"]["ename"] == "KeyboardInterrupt"
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert stopped < 1.0, stopped
+    assert final is not None and final.startswith("XLA dashboard (interrupted): ")
+    time.sleep(1)          # ipykernel aborts requests that arrive while it handles it
+    assert counts(kc) == baseline
 
 
 def test_nbval_compares_a_notebook_with_live_cells(tmp_path):

@@ -7,7 +7,10 @@ torch_xla's own counters (read around the cell with torch_xla.debug.metrics), th
 in a plain cell with explicit device= does the same work, and each finding names the cell's
 line, the library or helper function in between, and what changed.
 
-Marked `stack`: runs in the real InteractiveShell of the current stack and of Colab's.
+What each test checks of the runtime (figures, lines, what changed) does not depend on the
+notebook stack, so most run once, on the current one. Marked `stack` (run again on Colab's
+IPython 7.34 and ipykernel 6.17): the tests whose findings name another cell by its In [n],
+which is how each IPython and ipykernel version names a cell that matters.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tpu_nb.display.reports import RunView
 from tpu_nb.ipython import magics
 from tpu_nb.runtime.tracking import LineFinding
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 # What the report calls each figure -> torch_xla's own counter for it.
 RAW = {"compiles": "UncachedCompile", "cache_hits": "CachedCompile",
@@ -348,6 +351,7 @@ robust = RobustHead().to(torch_xla.device())
 """
 
 
+@pytest.mark.stack
 def test_fallback_in_a_module_from_another_cell_is_placed_on_the_calling_line(
         shell, monkeypatch):
     assert shell.run_cell(ROBUST_CELL).error_in_exec is None
@@ -417,6 +421,7 @@ def train_loop(loader, model, opt):
 """
 
 
+@pytest.mark.stack
 def test_kaggle_mp_device_loader_in_a_helper_names_the_cells_line(shell, monkeypatch):
     assert shell.run_cell(KAGGLE_SETUP).error_in_exec is None
     ran = run(shell, monkeypatch, "%%on_tpu -o\n"
@@ -565,6 +570,7 @@ def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
     assert f"line {print_line}: read from the device \u00d7{steps}" in shown
 
 
+@pytest.mark.stack
 @pytest.mark.kernel
 def test_findings_name_other_cells_by_their_in_number_in_a_real_kernel():
     nb = execute_notebook([

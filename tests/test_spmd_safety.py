@@ -4,15 +4,15 @@ request completely before switching (the switch cannot be undone).
 
 Each scenario runs in a fresh process (the switch is process-wide; a crash must not take the
 test run down): a real IPython shell with the extension, on XLA:CPU with 4 devices.
+
+Not marked `stack`: what is checked is the runtime's refusal and validation, the same under any
+IPython; `%%on_tpu --spmd` itself runs on Colab's stack in test_kernel.py, its usage errors in
+test_bad_input.py.
 """
 
 from __future__ import annotations
 
 import json
-
-import pytest
-
-pytestmark = pytest.mark.stack
 
 SHELL = """
 import json, os, sys
