@@ -4,15 +4,10 @@
 SHELL := /bin/bash
 ENV = $(shell tools/setup-env)
 PY = $(ENV)/bin/python
-# Python's bytecode cache, next to the environment (never inside it: only tools/setup-env writes
-# there) and keyed with it. Where PYTHONDONTWRITEBYTECODE is set (as where CI runs) every
-# process would otherwise compile torch, torch_xla and transformers from source again: about
-# 5 s of CPU for each test subprocess, kernel and replica worker, over half of `make test`.
-PYC = PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(ENV).pycache
-RUN = $(PYC) PYTHONPATH=$(CURDIR) PJRT_DEVICE=CPU $(PY)
+RUN = PYTHONPATH=$(CURDIR) PJRT_DEVICE=CPU $(PY)
 # Colab's notebook stack (IPython 7.34, ipykernel 6.17, ipywidgets 7.7.1: the lock's `colab`
 # group), layered over the same torch install.
-COLAB = $(PYC) PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU TPU_NB_STACK=colab $(PY)
+COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU TPU_NB_STACK=colab $(PY)
 
 .PHONY: demo test test-current test-colab test-notebooks test-browser bench env doctor lint \
     sync-notebooks
