@@ -54,7 +54,9 @@ def _results(py, code: str, tmp: str, env: dict | None = None) -> dict:
 
 
 def test_deleted_truncated_replaced_log_reports_only_each_cells_own_events(py, own_tmp):
-    got = _results(py, """
+    got = _results(
+        py,
+        """
 path = compile_log().path
 assert path.startswith(os.environ["TMPDIR"] + os.sep), path    # never the shared directory
 out = {"first": cell(1)}
@@ -71,9 +73,17 @@ out["mode after rmtree"] = oct(stat.S_IMODE(os.stat(os.path.dirname(path)).st_mo
 out["deleted midway"] = cell(2, midway=lambda: os.unlink(path))
 out["next"] = cell(1)
 print("RESULT", json.dumps(out))
-""", own_tmp)
-    for name in ("first", "after delete", "after truncate", "after replace", "after rmtree",
-                 "next"):
+""",
+        own_tmp,
+    )
+    for name in (
+        "first",
+        "after delete",
+        "after truncate",
+        "after replace",
+        "after rmtree",
+        "next",
+    ):
         assert got[name]["compiles"] == 1 and got[name]["events"] == 1, (name, got[name])
         assert got[name]["problem"] is None, (name, got[name])
     assert got["mode after delete"] == "0o600" and got["mode after rmtree"] == "0o700"
@@ -84,23 +94,33 @@ print("RESULT", json.dumps(out))
 
 def test_unwritable_log_says_so_instead_of_zero_events(py, own_tmp):
     """/dev/full fails every write with ENOSPC, as a full disk does."""
-    got = _results(py, """
+    got = _results(
+        py,
+        """
 print("RESULT", json.dumps(cell(2)))
-""", own_tmp, env={"PT_XLA_DEBUG_FILE": "/dev/full"})
+""",
+        own_tmp,
+        env={"PT_XLA_DEBUG_FILE": "/dev/full"},
+    )
     assert got["compiles"] == 2 and got["events"] == 0
-    assert got["problem"].startswith("torch_xla compiled 2 graphs but the compile log "
-                                     "/dev/full holds the causes of 0: ")
+    assert got["problem"].startswith(
+        "torch_xla compiled 2 graphs but the compile log /dev/full holds the causes of 0: "
+    )
 
 
 def test_reset_metrics_forgets_events_and_reading_goes_on(py, own_tmp):
-    got = _results(py, """
+    got = _results(
+        py,
+        """
 from tpu_nb.runtime.metrics import reset_metrics
 cell(2)
 before = len(compile_log().events_since(0))
 reset_metrics()
 after = len(compile_log().events_since(0))
 print("RESULT", json.dumps({"before": before, "after": after, "next": cell(1)}))
-""", own_tmp)
+""",
+        own_tmp,
+    )
     assert got["before"] >= 2 and got["after"] == 0
     assert got["next"]["events"] == 1 and got["next"]["problem"] is None
 
@@ -136,10 +156,10 @@ def test_events_kept_in_memory_are_bounded(tmp_path, real_blocks):
 
 
 def test_block_cut_short_by_a_failed_write_is_skipped(tmp_path, real_blocks):
-    cut = real_blocks[:real_blocks.index(b"Number of Graph Inputs")]
+    cut = real_blocks[: real_blocks.index(b"Number of Graph Inputs")]
     path = tmp_path / "cut.log"
     path.write_bytes(cut + real_blocks)
     log = CompileLog(str(path))
     (event,) = log.events_since(0)
     assert log.cut_blocks == 1 and event.inputs is not None and event.offset == len(cut) + 1
-    assert event.sizes_gb                               # its post-compilation block too
+    assert event.sizes_gb  # its post-compilation block too

@@ -26,8 +26,9 @@ from tpu_nb.runtime.sources import place_text
 def _mlp_step(width=48):
     dev = tpu_nb.device()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(width, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 10)).to(dev)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    ).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(16, width, device=dev), torch.randint(0, 10, (16,), device=dev)
 
@@ -41,6 +42,7 @@ def _mlp_step(width=48):
 
 
 # -- step times -------------------------------------------------------------------------------
+
 
 def test_step_clock_spans_k_executions_per_step_and_never_a_gap():
     clock = StepClock(start_wall=100.0)
@@ -82,8 +84,10 @@ def test_step_times_steps_and_rate_follow_a_training_loop():
     assert state.execution_rate > 0 and state.elapsed > 0
 
 
-@pytest.mark.skipif(tpu_nb.detect().accelerator.kind != "tpu",
-                    reason="HBM used/limit/peak need a TPU: XLA:CPU reports no device memory")
+@pytest.mark.skipif(
+    tpu_nb.detect().accelerator.kind != "tpu",
+    reason="HBM used/limit/peak need a TPU: XLA:CPU reports no device memory",
+)
 def test_memory_on_a_tpu_reports_hbm():
     monitor = LiveMonitor()
     keep = torch.ones(1024, 1024, device=tpu_nb.device()) * 2
@@ -99,13 +103,15 @@ def test_memory_host_everywhere_and_the_device_says_it_does_not_report():
     mem = monitor.poll().memory
     monitor.close()
     assert mem.host_rss > 50e6 and mem.host_peak >= mem.host_rss * 0.5
-    assert mem.device_used is None and mem.device_note == \
-        "the device does not report memory (XLA:CPU)"
+    assert (
+        mem.device_used is None and mem.device_note == "the device does not report memory (XLA:CPU)"
+    )
     html = D.memory_html(monitor.poll())
     assert "does not report memory (XLA:CPU)" in html and "host RSS" in html
 
 
 # -- compiles and the recompilation alert -----------------------------------------------------
+
 
 def _weights():
     w = torch.randn(8, 8, device=tpu_nb.device())
@@ -142,23 +148,24 @@ def test_more_than_k_graphs_on_one_line_raise_the_alert_with_the_changed_shape()
     w = _weights()
     monitor = LiveMonitor(alert_graphs=3)
     state = _recompiling_loop((4, 5, 6), monitor, w)
-    assert not state.alerts                        # 3 distinct graphs: not more than 3
+    assert not state.alerts  # 3 distinct graphs: not more than 3
     state = _recompiling_loop((11, 12, 13, 14, 15), monitor, w)
     monitor.close()
-    assert torch_xla.sync.__module__ == "torch_xla.torch_xla"      # the probe is gone
+    assert torch_xla.sync.__module__ == "torch_xla.torch_xla"  # the probe is gone
     (alert,) = state.alerts
     assert alert.place.line == line_of("SYNC-LINE", _recompiling_loop)
     assert len(alert.graphs) >= 4 and alert.limit == 3
     # The probe captured the pending graphs of the line's next syncs and diffed them.
     assert alert.source == "graphs"
-    assert any("aten::expand" in line and "f32[" in line and "->" in line
-               for line in alert.differs), alert.differs
+    assert any(
+        "aten::expand" in line and "f32[" in line and "->" in line for line in alert.differs
+    ), alert.differs
     assert "compiled" in alert.describe() and "(more than 3)" in alert.describe()
     html = D.alert_html(state)
     assert "Recompilation" in html and "pad or" in html
-    assert "border:2px solid" in D.compile_html(state)              # the panel turns red
+    assert "border:2px solid" in D.compile_html(state)  # the panel turns red
     assert "RECOMPILING" in D.header_html(state, "running", "XLA dashboard")
-    assert "RECOMPILED" in D.header_html(state, "finished", "XLA dashboard")   # past tense
+    assert "RECOMPILED" in D.header_html(state, "finished", "XLA dashboard")  # past tense
 
 
 def test_the_alert_diff_follows_the_latest_graphs_of_the_line():
@@ -185,19 +192,33 @@ def test_alert_on_a_value_read_line_comes_from_the_compile_log():
     (alert,) = state.alerts
     assert alert.source == "compile log"
     assert alert.place.line == line_of(
-        "READ", test_alert_on_a_value_read_line_comes_from_the_compile_log)
+        "READ", test_alert_on_a_value_read_line_comes_from_the_compile_log
+    )
     assert any("same number of graph inputs" in line for line in alert.differs)
     assert state.metrics.host_reads == 4
 
 
 def test_describe_difference_from_compile_log_blocks():
     frames = (Frame("train.py", 12, "step"),)
-    a = CompileEvent("user torch_xla.sync", "a" * 32, frames, inputs=4, outputs=2,
-                     sizes_gb={"graph input": 0.5, "graph output": 0.1})
-    b = CompileEvent("user torch_xla.sync", "b" * 32, frames, inputs=4, outputs=2,
-                     sizes_gb={"graph input": 0.75, "graph output": 0.1})
-    c = CompileEvent("most likely user code trying to access tensor value", "c" * 32, frames,
-                     inputs=5, outputs=3)
+    a = CompileEvent(
+        "user torch_xla.sync",
+        "a" * 32,
+        frames,
+        inputs=4,
+        outputs=2,
+        sizes_gb={"graph input": 0.5, "graph output": 0.1},
+    )
+    b = CompileEvent(
+        "user torch_xla.sync",
+        "b" * 32,
+        frames,
+        inputs=4,
+        outputs=2,
+        sizes_gb={"graph input": 0.75, "graph output": 0.1},
+    )
+    c = CompileEvent(
+        "most likely user code trying to access tensor value", "c" * 32, frames, inputs=5, outputs=3
+    )
     same = describe_difference(a, b)
     assert same[0].startswith("same number of graph inputs (4) and outputs (2)")
     assert same[1] == "sizes: graph input 0.5 GB -> 0.75 GB"
@@ -216,6 +237,7 @@ def test_alert_graphs_must_be_a_whole_number():
 
 # -- fallbacks, host reads, escaping ----------------------------------------------------------
 
+
 def test_fallbacks_and_host_reads_apart_each_with_its_hint():
     monitor = LiveMonitor()
     x = torch.linspace(0, 1, 64, device=tpu_nb.device())
@@ -227,7 +249,7 @@ def test_fallbacks_and_host_reads_apart_each_with_its_hint():
     assert state.metrics.fallbacks == {"histc": 1} and state.metrics.host_reads == 1
     html = D.fallbacks_html(state)
     assert "aten::histc</code> ran on the CPU <b>1</b>" in html
-    assert "one-hot sums" in html                          # histc's own hint
+    assert "one-hot sums" in html  # histc's own hint
     assert "device\u2192host reads <b>1</b>" in html and "read once after the loop" in html
     text = D.summary_text(state, "finished")
     assert "CPU fallback aten::histc x1" in text and "device->host reads: 1" in text
@@ -238,17 +260,23 @@ HOSTILE = "<img src=x onerror=alert(1)>&$x$.py"
 
 def test_user_strings_are_escaped_in_every_panel_and_safe_in_charts():
     monitor = LiveMonitor(alert_graphs=1)
-    code = compile("for n in (2, 3, 4):\n"
-                   "    out = (torch.ones(n, 4, device=dev) * 3).sum()\n"
-                   "    torch_xla.sync()\n", HOSTILE, "exec")
+    code = compile(
+        "for n in (2, 3, 4):\n"
+        "    out = (torch.ones(n, 4, device=dev) * 3).sum()\n"
+        "    torch_xla.sync()\n",
+        HOSTILE,
+        "exec",
+    )
     exec(code, {"torch": torch, "torch_xla": torch_xla, "dev": tpu_nb.device()})
     state = monitor.poll()
     monitor.close()
     assert state.alerts and state.compiles[-1].place.file == HOSTILE
     from tpu_nb.display.charts import CompileChart, StepTimeChart
 
-    pngs = {"step": StepTimeChart().render(state.series, [c.step for c in state.compiles]),
-            "compile": CompileChart().render(state.compiles)}     # "$x$" is not math text
+    pngs = {
+        "step": StepTimeChart().render(state.series, [c.step for c in state.compiles]),
+        "compile": CompileChart().render(state.compiles),
+    }  # "$x$" is not math text
     assert all(p.startswith(b"\x89PNG") for p in pngs.values())
     html = D.static_html(state, "finished", "XLA <dashboard>", pngs)
     assert "<img src=x" not in html and "onerror=alert(1)>" not in html
@@ -260,8 +288,8 @@ def test_user_strings_are_escaped_in_every_panel_and_safe_in_charts():
 def test_summary_has_no_timings_and_is_the_same_for_the_same_work():
     step = _mlp_step(width=40)
     step()
-    step()                                           # warm: both runs below are cached
-    xm.wait_device_ops()                             # (an execution in flight counts later)
+    step()  # warm: both runs below are cached
+    xm.wait_device_ops()  # (an execution in flight counts later)
     texts = []
     for _ in range(2):
         monitor = LiveMonitor()
@@ -271,12 +299,14 @@ def test_summary_has_no_timings_and_is_the_same_for_the_same_work():
         texts.append(D.summary_text(monitor.poll(), "finished"))
         monitor.close()
     assert texts[0] == texts[1]
-    assert texts[0].startswith("XLA dashboard (finished): 30 steps, 30 executions, "
-                               "0 graphs compiled, 30 cache hits")
+    assert texts[0].startswith(
+        "XLA dashboard (finished): 30 steps, 30 executions, 0 graphs compiled, 30 cache hits"
+    )
     assert " ms" not in texts[0] and "/s" not in texts[0]
 
 
 # -- the Dashboard without a notebook ---------------------------------------------------------
+
 
 def test_dashboard_polls_in_a_thread_joined_on_exit_and_prints_nothing(capfd):
     step = _mlp_step(width=44)
@@ -293,15 +323,18 @@ def test_dashboard_polls_in_a_thread_joined_on_exit_and_prints_nothing(capfd):
     assert 3 <= dash.stats.refreshes <= dash.stats.thread_seconds / 0.2 + 1
     assert dash.state.steps > 0 and dash.state.steps == dash.state.metrics.syncs
     assert repr(dash) == dash.summary() and dash.summary().startswith(
-        f"XLA dashboard (finished): {dash.state.steps} steps")
+        f"XLA dashboard (finished): {dash.state.steps} steps"
+    )
     # Nothing from the thread; the final view is shown once, from this thread, when an
     # IPython shell exists in the process (another test module's), else nowhere.
     out, err = capfd.readouterr()
     assert out in ("", f"{dash!r}\n") and err == ""
 
 
-@pytest.mark.parametrize("error, status", [(ValueError("bad"), "failed: ValueError"),
-                                           (KeyboardInterrupt(), "interrupted")])
+@pytest.mark.parametrize(
+    "error, status",
+    [(ValueError("bad"), "failed: ValueError"), (KeyboardInterrupt(), "interrupted")],
+)
 def test_dashboard_stops_on_error_and_interrupt(error, status):
     threads = set(threading.enumerate())
     dash = tpu_nb.Dashboard(widgets=False)
@@ -323,7 +356,7 @@ def test_a_failing_poll_stops_updates_and_is_reported_not_printed(capfd):
 
     dash._monitor.poll = broken
     time.sleep(0.4)
-    assert dash._thread is not None and not dash._thread.is_alive()   # the thread ended
+    assert dash._thread is not None and not dash._thread.is_alive()  # the thread ended
     dash._monitor.poll = real
     dash.stop()
     assert isinstance(dash.error, RuntimeError)
@@ -334,10 +367,12 @@ def test_a_failing_poll_stops_updates_and_is_reported_not_printed(capfd):
 
 
 def test_options_are_checked_with_the_fix():
-    for kwargs, words in (({"refresh": 0}, "refresh must be"),
-                          ({"refresh": "fast"}, "refresh must be"),
-                          ({"refresh": 1.0, "chart_refresh": 0.5}, "chart_refresh"),
-                          ({"alert_graphs": 0}, "alert_graphs")):
+    for kwargs, words in (
+        ({"refresh": 0}, "refresh must be"),
+        ({"refresh": "fast"}, "refresh must be"),
+        ({"refresh": 1.0, "chart_refresh": 0.5}, "chart_refresh"),
+        ({"alert_graphs": 0}, "alert_graphs"),
+    ):
         with pytest.raises(TpuNbError, match=words):
             tpu_nb.Dashboard(**kwargs)
     dash = tpu_nb.Dashboard(widgets=False)
@@ -350,7 +385,8 @@ def test_options_are_checked_with_the_fix():
 
 
 def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no_causes(py):
-    out = py("""
+    out = py(
+        """
         import torch, torch_xla
         import tpu_nb
         from tpu_nb.display import dashboard as D
@@ -365,7 +401,9 @@ def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no
               all(c.event is None and c.seconds > 0 for c in s.compiles), not s.alerts)
         print("HTML", "compile causes unknown" in D.compile_html(s),
               "cause unknown" in D.compile_html(s))
-    """, env={"PT_XLA_DEBUG_LEVEL": None, "PT_XLA_DEBUG_FILE": None}).stdout
+    """,
+        env={"PT_XLA_DEBUG_LEVEL": None, "PT_XLA_DEBUG_FILE": None},
+    ).stdout
     assert "RESULT False 2 2 True True" in out
     assert "HTML True True" in out
 
@@ -373,7 +411,10 @@ def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no
 def test_device_memory_figures_from_torch_xla_info_shapes():
     from tpu_nb.runtime.live._monitor import _memory_figures
 
-    assert _memory_figures({"bytes_used": 10, "bytes_limit": 100, "peak_bytes_used": 50}) == \
-        (10, 100, 50)
+    assert _memory_figures({"bytes_used": 10, "bytes_limit": 100, "peak_bytes_used": 50}) == (
+        10,
+        100,
+        50,
+    )
     assert _memory_figures({"kb_total": 4, "kb_free": 1}) == (3072, 4096, None)
     assert _memory_figures({}) == (None, None, None)

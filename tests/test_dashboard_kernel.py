@@ -27,7 +27,7 @@ SETUP = f"""
 %load_ext tpu_nb
 %tpu_setup --device cpu
 import sys, time, json, threading
-sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
 import torch, torch_xla
 from _workload import make_mlp_step
 step = make_mlp_step(torch_xla.device())
@@ -91,8 +91,11 @@ def run(kc, code: str, timeout: float = 120):
 
 
 def stdout(messages) -> str:
-    return "".join(m["content"]["text"] for _, m in messages
-                   if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+    return "".join(
+        m["content"]["text"]
+        for _, m in messages
+        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+    )
 
 
 def counts(kc) -> dict:
@@ -104,17 +107,23 @@ def counts(kc) -> dict:
 def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
     km, kc = kernel
     baseline = counts(kc)
-    reply, messages = run(kc, "%%on_tpu --live\n"
-                              "start = time.perf_counter()\n"
-                              "while time.perf_counter() - start < 4:\n"
-                              "    step()\n")
+    reply, messages = run(
+        kc,
+        "%%on_tpu --live\n"
+        "start = time.perf_counter()\n"
+        "while time.perf_counter() - start < 4:\n"
+        "    step()\n",
+    )
     assert reply["status"] == "ok", reply
     kinds = [m["msg_type"] for _, m in messages]
     # The live view: a widget view (empty text, an HTML placeholder), replaced in place at
     # the end by the final view (a saved notebook needs no widget state, and the view
     # stays above the cell's prints).
-    view = next(m for _, m in messages if m["msg_type"] == "display_data"
-                and VIEW_MIME in m["content"]["data"])
+    view = next(
+        m
+        for _, m in messages
+        if m["msg_type"] == "display_data" and VIEW_MIME in m["content"]["data"]
+    )
     assert view["content"]["data"]["text/plain"] == ""
     assert "live view" in view["content"]["data"]["text/html"]
     display_id = view["content"]["transient"]["display_id"]
@@ -127,8 +136,9 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
     for at, m in messages:
         if m["msg_type"] == "comm_msg":
             value = m["content"]["data"].get("state", {}).get("value", "")
-            if isinstance(value, str) and (found := re.search(
-                    r"class='tpunb-steps'>(\d+)<", value)):
+            if isinstance(value, str) and (
+                found := re.search(r"class='tpunb-steps'>(\d+)<", value)
+            ):
                 steps.append((at, int(found.group(1))))
     idle_at = messages[-1][0]
     during = [s for at, s in steps if at < idle_at - 0.3]
@@ -137,16 +147,23 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
     assert len(steps) <= 2 * idle_at + 3
     # The final state, in place: the summary without timings, and HTML; no other output.
     final = [updates[0]["content"]["data"]]
-    assert not [m for _, m in messages if m["msg_type"] == "display_data"
-                and m["content"]["data"].get("text/plain", "").startswith("XLA dashboard")]
+    assert not [
+        m
+        for _, m in messages
+        if m["msg_type"] == "display_data"
+        and m["content"]["data"].get("text/plain", "").startswith("XLA dashboard")
+    ]
     text = final[0]["text/plain"]
     assert re.match(r"XLA dashboard \(finished\): \d+ steps, \d+ executions, ", text)
     assert int(text.split(": ")[1].split()[0]) >= max(during)
     html = final[0]["text/html"]
     assert "tpunb-steps" in html and "data:image/png;base64," in html
     assert "does not report memory (XLA:CPU)" in html
-    assert kinds.index("update_display_data") < kinds.index("execute_reply") \
-        if "execute_reply" in kinds else True
+    assert (
+        kinds.index("update_display_data") < kinds.index("execute_reply")
+        if "execute_reply" in kinds
+        else True
+    )
     # Every widget comm opened for the dashboard was closed with the cell.
     opened = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_open"}
     closed = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_close"}
@@ -156,7 +173,7 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
 
 def test_a_hundred_live_cells_leave_no_threads_and_no_comms(kernel):
     km, kc = kernel
-    run(kc, "%%on_tpu --live --quiet\nstep()")       # first imports and charts
+    run(kc, "%%on_tpu --live --quiet\nstep()")  # first imports and charts
     baseline = counts(kc)
     opened = closed = 0
     for _ in range(100):
@@ -183,7 +200,8 @@ def test_interrupting_a_live_cell_stops_it_within_a_second_with_the_final_state(
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] in ("display_data", "update_display_data") and msg["content"][
-                "data"].get("text/plain", "").startswith("XLA dashboard"):
+            "data"
+        ].get("text/plain", "").startswith("XLA dashboard"):
             final = msg["content"]["data"]["text/plain"]
         if msg["msg_type"] == "error":
             stopped = time.perf_counter() - start
@@ -192,26 +210,30 @@ def test_interrupting_a_live_cell_stops_it_within_a_second_with_the_final_state(
             break
     assert stopped < 1.0, stopped
     assert final is not None and final.startswith("XLA dashboard (interrupted): ")
-    time.sleep(1)          # ipykernel aborts requests that arrive while it handles it
+    time.sleep(1)  # ipykernel aborts requests that arrive while it handles it
     assert counts(kc) == baseline
 
 
 def test_nbval_compares_a_notebook_with_live_cells(tmp_path):
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in (
-        "%load_ext tpu_nb\n%tpu_setup --device cpu",
-        "import torch, torch_xla",
-        "%%on_tpu --live\nlin = torch.nn.Linear(8, 2)\n"
-        "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
-        "for _ in range(30):\n    opt.zero_grad()\n    lin(torch.ones(4, 8)).sum().backward()\n"
-        "    opt.step()\n    torch_xla.sync()\n",
-        "%tpu_dashboard\nx = torch.linspace(0, 1, 32, device=torch_xla.device())\n"
-        "print(torch.histc(x, bins=4).sum().item())",
-    )]
+    nb.cells = [
+        nbformat.v4.new_code_cell(s)
+        for s in (
+            "%load_ext tpu_nb\n%tpu_setup --device cpu",
+            "import torch, torch_xla",
+            "%%on_tpu --live\nlin = torch.nn.Linear(8, 2)\n"
+            "opt = torch.optim.SGD(lin.parameters(), lr=0.1)\n"
+            "for _ in range(30):\n    opt.zero_grad()\n    lin(torch.ones(4, 8)).sum().backward()\n"
+            "    opt.step()\n    torch_xla.sync()\n",
+            "%tpu_dashboard\nx = torch.linspace(0, 1, 32, device=torch_xla.device())\n"
+            "print(torch.histc(x, bins=4).sum().item())",
+        )
+    ]
     path = tmp_path / "live.ipynb"
     with kernel_environment():
-        NotebookClient(nb, timeout=180, kernel_name="python3",
-                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+        NotebookClient(
+            nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        ).execute()
     nbformat.write(nb, path)
     recorded = nb.cells[2].outputs
     # The live view's place holds the final view (nbclient applies display updates).
@@ -220,9 +242,26 @@ def test_nbval_compares_a_notebook_with_live_cells(tmp_path):
     assert recorded[0]["data"]["text/html"].startswith("<!--tpunb-dashboard-->")
     with kernel_environment():
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "--nbval", str(path), "--nbval-sanitize-with",
-             str(ROOT / "tools/nbval-sanitize.cfg"), "-p", "no:randomly", "-p",
-             "no:cacheprovider", "--rootdir", str(tmp_path)],
-            capture_output=True, text=True, cwd=str(tmp_path), timeout=240)
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "--nbval",
+                str(path),
+                "--nbval-sanitize-with",
+                str(ROOT / "tools/nbval-sanitize.cfg"),
+                "-p",
+                "no:randomly",
+                "-p",
+                "no:cacheprovider",
+                "--rootdir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            timeout=240,
+        )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert "4 passed" in proc.stdout

@@ -21,9 +21,9 @@ def _widget_count() -> int:
     import ipywidgets
     from ipywidgets.widgets import widget
 
-    instances = getattr(widget, "_instances", None)          # ipywidgets 8
+    instances = getattr(widget, "_instances", None)  # ipywidgets 8
     if instances is None:
-        instances = ipywidgets.Widget.widgets                 # ipywidgets 7
+        instances = ipywidgets.Widget.widgets  # ipywidgets 7
     return len(instances)
 
 
@@ -63,8 +63,8 @@ def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
             seen.add(int(match.group(1)))
             if dash._step_image.value:
                 pngs.add(bytes(dash._step_image.value[:8]))
-        assert len(seen) >= 3, seen                 # the step counter moved while running
-        assert pngs == {b"\x89PNG\r\n\x1a\n"}       # a chart was drawn during the run
+        assert len(seen) >= 3, seen  # the step counter moved while running
+        assert pngs == {b"\x89PNG\r\n\x1a\n"}  # a chart was drawn during the run
         assert "Execution" in dash._exec_panel.value and "syncs <b>" in dash._exec_panel.value
     finally:
         dash.stop()
@@ -76,33 +76,35 @@ def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
     assert dash.state.steps >= max(seen) and dash.status == "finished"
 
 
-
-
 def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):
     capsys.readouterr()
-    r = shell.run_cell("%%on_tpu --live\n"
-                       "lin = torch.nn.Linear(6, 2)\n"
-                       "for _ in range(5):\n"
-                       "    lin(torch.ones(3, 6)).sum().backward()\n"
-                       "    torch_xla.sync()\n")
+    r = shell.run_cell(
+        "%%on_tpu --live\n"
+        "lin = torch.nn.Linear(6, 2)\n"
+        "for _ in range(5):\n"
+        "    lin(torch.ones(3, 6)).sum().backward()\n"
+        "    torch_xla.sync()\n"
+    )
     assert r.error_in_exec is None
     out = capsys.readouterr().out
-    assert "XLA dashboard (finished): 5 steps" in out      # the final view (no kernel: text)
-    assert "XLA: " in out and "device-synced" in out        # %%on_tpu's own report
+    assert "XLA dashboard (finished): 5 steps" in out  # the final view (no kernel: text)
+    assert "XLA: " in out and "device-synced" in out  # %%on_tpu's own report
     assert out.index("XLA dashboard (finished)") < out.index("device-synced")
     assert not _dashboard_threads()
 
 
 def test_on_tpu_live_recompiling_loop_raises_the_alert_with_what_changed(shell, capsys):
     capsys.readouterr()
-    r = shell.run_cell("%%on_tpu --live\n"
-                       "import time\n"
-                       "w = torch.randn(11, 11)\n"      # shapes no other test compiled
-                       "torch_xla.sync()\n"
-                       "for i in range(60):\n"
-                       "    out = (torch.ones(2 + i % 6, 11) @ w).tanh().sum()\n"
-                       "    torch_xla.sync()\n"
-                       "    time.sleep(0.04)\n")
+    r = shell.run_cell(
+        "%%on_tpu --live\n"
+        "import time\n"
+        "w = torch.randn(11, 11)\n"  # shapes no other test compiled
+        "torch_xla.sync()\n"
+        "for i in range(60):\n"
+        "    out = (torch.ones(2 + i % 6, 11) @ w).tanh().sum()\n"
+        "    torch_xla.sync()\n"
+        "    time.sleep(0.04)\n"
+    )
     assert r.error_in_exec is None
     out = capsys.readouterr().out
     assert "RECOMPILATION ALERT: cell line 7 compiled 6 distinct graphs (more than 3)" in out
@@ -123,13 +125,15 @@ def test_on_tpu_live_failing_cell_shows_failed(shell, capsys):
 def test_tpu_dashboard_lives_until_the_end_of_its_cell(shell, capsys):
     capsys.readouterr()
     callbacks = len(shell.events.callbacks["post_run_cell"])
-    r = shell.run_cell("%tpu_dashboard --refresh 0.2\n"
-                       "alive = [t.name for t in __import__('threading').enumerate()]\n"
-                       "v = (torch.ones(4, device=torch_xla.device()) * 3).sum().item()\n")
+    r = shell.run_cell(
+        "%tpu_dashboard --refresh 0.2\n"
+        "alive = [t.name for t in __import__('threading').enumerate()]\n"
+        "v = (torch.ones(4, device=torch_xla.device()) * 3).sum().item()\n"
+    )
     assert r.error_in_exec is None
-    assert "tpu_nb-dashboard" in shell.user_ns["alive"]      # running inside the cell
-    assert not _dashboard_threads()                           # joined when it ended
-    assert len(shell.events.callbacks["post_run_cell"]) == callbacks   # hooks removed
+    assert "tpu_nb-dashboard" in shell.user_ns["alive"]  # running inside the cell
+    assert not _dashboard_threads()  # joined when it ended
+    assert len(shell.events.callbacks["post_run_cell"]) == callbacks  # hooks removed
     out = capsys.readouterr().out
     assert "XLA dashboard (finished): 0 steps, 1 executions" in out
     assert "device->host reads: 1" in out
@@ -153,11 +157,13 @@ def test_tpu_dashboard_help_and_mistakes(shell, capsys):
     shell.run_line_magic("tpu_dashboard", "-h")
     out = capsys.readouterr().out
     assert "--refresh" in out and "--alert-graphs" in out and "--no-charts" in out
-    for line, words in (("--refresh 0", "argument --refresh: needs a number of seconds"),
-                        ("--alert-graphs 0", "argument --alert-graphs: needs a whole number"),
-                        ("--refresh 2 --chart-refresh 1", "chart_refresh"),
-                        ("--refresh soon", "got 'soon'. Fix: e.g. --refresh 0.5"),
-                        ("--bogus", "unrecognized arguments")):
+    for line, words in (
+        ("--refresh 0", "argument --refresh: needs a number of seconds"),
+        ("--alert-graphs 0", "argument --alert-graphs: needs a whole number"),
+        ("--refresh 2 --chart-refresh 1", "chart_refresh"),
+        ("--refresh soon", "got 'soon'. Fix: e.g. --refresh 0.5"),
+        ("--bogus", "unrecognized arguments"),
+    ):
         with pytest.raises(UsageError, match=words):
             shell.run_line_magic("tpu_dashboard", line)
     assert not _dashboard_threads()

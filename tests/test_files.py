@@ -57,8 +57,11 @@ def other_user():
     try:
         pwd.getpwnam(OTHER)
     except KeyError:
-        made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                               OTHER], capture_output=True, text=True)
+        made = subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER],
+            capture_output=True,
+            text=True,
+        )
         if made.returncode != 0:
             pytest.skip(f"useradd failed: {made.stderr.strip()}")
     entry = pwd.getpwnam(OTHER)
@@ -67,8 +70,12 @@ def other_user():
 
 def as_other(user, *command: str) -> subprocess.CompletedProcess:
     uid, gid = user
-    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                           *command], capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.fixture
@@ -85,33 +92,40 @@ def _usual(shared_tmp: str) -> str:
 
 
 def test_log_is_private_by_default_and_other_users_cannot_read_it(py, shared_tmp, other_user):
-    script = VICTIM + """
+    script = (
+        VICTIM
+        + """
 import subprocess
 seen = subprocess.run(["setpriv", "--reuid={}", "--regid={}", "--clear-groups", "cat", path],
                       capture_output=True, text=True)
 print("OTHER", seen.returncode, "Compilation Analysis" in seen.stdout)
 """.format(*other_user)
+    )
     proc = py(script, env={"TMPDIR": shared_tmp})
     got = _result(proc)
     assert got["dir"] == _usual(shared_tmp)
     assert (got["dir_mode"], got["file_mode"], got["regular"]) == ("0o700", "0o600", True)
     assert got["compiles"] >= 1 and len(got["causes"]) == got["compiles"]
-    assert "OTHER 1 False" in proc.stdout            # the second user is refused
-    assert not os.path.exists(got["path"])           # removed when the process exited
+    assert "OTHER 1 False" in proc.stdout  # the second user is refused
+    assert not os.path.exists(got["path"])  # removed when the process exited
 
 
 def test_directory_owned_by_another_user_is_not_used(py, shared_tmp, other_user):
     usual = _usual(shared_tmp)
     assert as_other(other_user, "mkdir", "-m", "0777", usual).returncode == 0
     got = _result(py(VICTIM, env={"TMPDIR": shared_tmp}))
-    assert got["dir"] != usual and os.path.basename(got["dir"]).startswith(
-        f"tpu_nb-{os.getuid()}-")
+    assert got["dir"] != usual and os.path.basename(got["dir"]).startswith(f"tpu_nb-{os.getuid()}-")
     assert (got["dir_mode"], got["file_mode"]) == ("0o700", "0o600")
     note = " ".join(got["notes"])
     assert f"{usual} belongs to uid {other_user[0]}" in note and "Fix:" in note
-    assert os.listdir(usual) == []                   # nothing of ours landed in their directory
-    assert not os.path.exists(got["dir"])            # the fresh directory removed at exit
+    assert os.listdir(usual) == []  # nothing of ours landed in their directory
+    assert not os.path.exists(got["dir"])  # the fresh directory removed at exit
     assert got["compiles"] >= 1 and len(got["causes"]) == got["compiles"]
+
+
+def _fill(template: str, *values) -> str:
+    """A test script with values filled in by %: its own f-strings keep their {} braces."""
+    return template % values  # noqa: UP031  str.format would need every brace doubled
 
 
 def test_symlink_planted_at_the_log_path_is_not_followed(py, shared_tmp, other_user, tmp_path):
@@ -121,13 +135,21 @@ def test_symlink_planted_at_the_log_path_is_not_followed(py, shared_tmp, other_u
     assert as_other(other_user, "mkdir", "-m", "0755", usual).returncode == 0
     precious = tmp_path / "precious.txt"
     precious.write_text("keep me\n")
-    script = """
+    script = (
+        _fill(
+            """
 import os, subprocess
 def before_setup():
     link = os.path.join(%r, f"compile-analysis-{os.getpid()}.log")
     subprocess.run(["setpriv", "--reuid=%d", "--regid=%d", "--clear-groups", "ln", "-s",
                     %r, link], check=True)
-""" % (usual, *other_user, str(precious)) + VICTIM  # noqa: UP031  the script's own {} braces
+""",
+            usual,
+            *other_user,
+            str(precious),
+        )
+        + VICTIM
+    )
     got = _result(py(script, env={"TMPDIR": shared_tmp}))
     assert precious.read_text() == "keep me\n"
     assert got["dir"] != usual and got["regular"]
@@ -136,11 +158,18 @@ def before_setup():
     # there): the link is replaced by a new file, its target untouched.
     os.rmdir(usual) if not os.listdir(usual) else shutil.rmtree(usual)
     os.mkdir(usual, 0o700)
-    script = """
+    script = (
+        _fill(
+            """
 import os
 def before_setup():
     os.symlink(%r, os.path.join(%r, f"compile-analysis-{os.getpid()}.log"))
-""" % (str(precious), usual) + VICTIM  # noqa: UP031  the script's own {} braces
+""",
+            str(precious),
+            usual,
+        )
+        + VICTIM
+    )
     got = _result(py(script, env={"TMPDIR": shared_tmp}))
     assert got["dir"] == usual and got["regular"] and got["file_mode"] == "0o600"
     assert precious.read_text() == "keep me\n"
@@ -148,10 +177,15 @@ def before_setup():
 
 def test_world_writable_log_with_a_forged_block_is_not_read(py, shared_tmp, other_user):
     usual = _usual(shared_tmp)
-    forged = ("Compilation Analysis: " + "=" * 40 + "\nCompilation Analysis: Compilation "
-              "Cause\nCompilation Analysis:   FORGED by another user\nCompilation Analysis: "
-              + "=" * 40 + "\n")
-    script = """
+    forged = (
+        "Compilation Analysis: " + "=" * 40 + "\nCompilation Analysis: Compilation "
+        "Cause\nCompilation Analysis:   FORGED by another user\nCompilation Analysis: "
+        + "=" * 40
+        + "\n"
+    )
+    script = (
+        _fill(
+            """
 import os, subprocess
 def before_setup():
     log = os.path.join(%r, f"compile-analysis-{os.getpid()}.log")
@@ -159,28 +193,35 @@ def before_setup():
     subprocess.run(run + ["mkdir", "-m", "0777", %r], check=True)
     subprocess.run(run + ["sh", "-c", 'umask 0; cat > "$0"', log], input=%r, text=True,
                    check=True)
-""" % (usual, *other_user, usual, forged) + VICTIM  # noqa: UP031  the script's own {} braces
+""",
+            usual,
+            *other_user,
+            usual,
+            forged,
+        )
+        + VICTIM
+    )
     got = _result(py(script, env={"TMPDIR": shared_tmp}))
     assert got["dir"] != usual
     assert got["causes"] and not any("FORGED" in c for c in got["causes"])
     (planted,) = os.listdir(usual)
     with open(os.path.join(usual, planted)) as f:
-        assert f.read() == forged                    # nothing of ours was appended
+        assert f.read() == forged  # nothing of ours was appended
 
 
 def test_own_directory_from_an_older_version_is_closed_and_dead_logs_swept(py, shared_tmp):
     usual = _usual(shared_tmp)
     os.mkdir(usual)
-    os.chmod(usual, 0o755)                           # what tpu_nb made before: readable by all
-    stale = [os.path.join(usual, "compile-analysis-999999999.log")]   # no such process
-    stale.append(os.path.join(usual, f"compile-analysis-{os.getpid()}.log"))   # alive: kept
+    os.chmod(usual, 0o755)  # what tpu_nb made before: readable by all
+    stale = [os.path.join(usual, "compile-analysis-999999999.log")]  # no such process
+    stale.append(os.path.join(usual, f"compile-analysis-{os.getpid()}.log"))  # alive: kept
     for path in stale:
         with open(path, "w") as f:
             f.write("old\n")
     got = _result(py(VICTIM, env={"TMPDIR": shared_tmp}))
     assert got["dir"] == usual and got["dir_mode"] == "0o700"
     assert not os.path.exists(stale[0]) and os.path.exists(stale[1])
-    assert os.listdir(usual) == [os.path.basename(stale[1])]   # the victim's own log removed
+    assert os.listdir(usual) == [os.path.basename(stale[1])]  # the victim's own log removed
 
 
 def test_user_chosen_debug_file_is_created_private(py, tmp_path):
@@ -191,5 +232,5 @@ def test_user_chosen_debug_file_is_created_private(py, tmp_path):
         print(oct(stat.S_IMODE(os.stat({str(chosen)!r}).st_mode)))
     """).stdout.split()
     assert out[-1] == "0o600"
-    assert chosen.exists()                           # the user's own file: kept at exit
+    assert chosen.exists()  # the user's own file: kept at exit
     assert stat.S_IMODE(os.stat(chosen.parent).st_mode) == 0o700

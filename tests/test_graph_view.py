@@ -41,7 +41,7 @@ def test_svg_is_well_formed_with_a_box_per_node_and_hover_tooltips():
     assert "shape f32[2,3]" in softmax and "line " in softmax and "test_graph_view.py:" in softmax
     edge_tips = [t for t in titles if "→" in t]
     assert len(edge_tips) == len({(e.src, e.dst) for e in g.edges})
-    assert any(t.endswith(": f32[2,3]") for t in edge_tips)      # shapes on the edges
+    assert any(t.endswith(": f32[2,3]") for t in edge_tips)  # shapes on the edges
     labels = [t.text for t in root.iter(f"{SVG}text")]
     assert "softmax" in labels and "f32[2,3]" in labels
 
@@ -52,10 +52,10 @@ def test_html_is_self_contained_with_ir_and_hlo_panels():
     # One small script: drag to pan, where scripts run (scroll bars elsewhere).
     assert page.count("<script>") == 1 and "pointermove" in page
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")
-    assert page.count("<details>") == 2        # IR text and HLO (no groups: small graph)
+    assert page.count("<details>") == 2  # IR text and HLO (no groups: small graph)
     assert "aten::softmax" in page and "HloModule" in page
     assert "graph hash" in page
-    ET.fromstring(page)                         # the whole fragment is well-formed XML too
+    ET.fromstring(page)  # the whole fragment is well-formed XML too
 
 
 def test_a_function_named_like_a_script_tag_renders_as_text():
@@ -78,7 +78,7 @@ def test_a_function_named_like_a_script_tag_renders_as_text():
         assert "<script>alert" not in text and "<file>" not in text
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     tip = next(t for t in _titles(svg) if "aten::mul" in t)
-    assert '<script>alert(1)</script>@we"ird&<file>.py:2' in tip   # shown as text
+    assert '<script>alert(1)</script>@we"ird&<file>.py:2' in tip  # shown as text
     ET.fromstring(page)
 
 
@@ -129,7 +129,7 @@ def test_source_names_rename_cell_files_in_labels_and_tooltips():
     relu = next(t for t in tips if "aten::relu" in t)
     assert "@In [7]:" in relu and "test_graph_view.py" not in relu
     grouped = GraphView(g, budget=2, source_names=names.get).to_svg()
-    assert "In [7]:" in grouped and "test_graph_view.py:" in grouped   # keys stay raw
+    assert "In [7]:" in grouped and "test_graph_view.py:" in grouped  # keys stay raw
 
 
 def _transformer_step(locations: bool):
@@ -164,8 +164,12 @@ def test_a_real_training_step_is_an_overview_of_at_most_40_boxes_at_natural_size
         # in a scrolling frame with zoom buttons; text no smaller than 10 px.
         assert "max-width:none" in svg.get("style")
         assert "overflow:auto" in page and 'class="tpunb-zoom-fit"' in page
-        sizes = {float(m) for m in __import__("re").findall(r"font-size:(\d+)px", page[
-            page.index("<svg"):page.index("</svg>")])}
+        sizes = {
+            float(m)
+            for m in __import__("re").findall(
+                r"font-size:(\d+)px", page[page.index("<svg") : page.index("</svg>")]
+            )
+        }
         assert sizes and min(sizes) >= 10, sizes
 
 
@@ -191,14 +195,17 @@ def test_on_tpu_graph_labels_name_the_cell_not_its_temporary_file(shell, monkeyp
 
     shown = []
     monkeypatch.setattr(magics, "display", shown.append)
-    shell.run_cell("%%on_tpu --graph\n"
-                   "lab = torch.nn.Linear(6, 6)\n"
-                   "pre = torch.ones(3, 6)\n"
-                   "for _ in range(40):\n"
-                   "    pre = lab(pre).tanh()\n")
+    shell.run_cell(
+        "%%on_tpu --graph\n"
+        "lab = torch.nn.Linear(6, 6)\n"
+        "pre = torch.ones(3, 6)\n"
+        "for _ in range(40):\n"
+        "    pre = lab(pre).tanh()\n"
+    )
     (view,) = [v for v in shown if isinstance(v, GraphView)]
     svg = view.to_svg()
     import re
-    assert re.search(r"In \[\d+\]:5\b", svg)            # the cell's line 5, by its name
-    assert not re.search(r"\d+\.py:5\b", svg)           # not ipykernel's file for it
+
+    assert re.search(r"In \[\d+\]:5\b", svg)  # the cell's line 5, by its name
+    assert not re.search(r"\d+\.py:5\b", svg)  # not ipykernel's file for it
     assert "defaults.py" not in svg

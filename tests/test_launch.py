@@ -31,7 +31,9 @@ def _run(py, code, **kw):
 
 
 def test_fork_path_runs_notebook_style_closures_with_prefixed_output(py):
-    out = _run(py, """
+    out = _run(
+        py,
+        """
         scale = 2.5
         def make(offset):
             def replica(index):                       # a closure over notebook variables
@@ -44,7 +46,8 @@ def test_fork_path_runs_notebook_style_closures_with_prefixed_output(py):
         result = launch(make(1.0))
         print("RESULT", json.dumps([result.path, result.devices, result.values,
                                     [len(r.step_seconds) > 0 for r in result.replicas]]))
-    """).stdout
+    """,
+    ).stdout
     path, devices, values, stepped = json.loads(out.split("RESULT")[1])
     assert (path, devices, values) == ("fork", 4, [0, 1, 4, 9]) and all(stepped)
     for i in range(4):
@@ -52,7 +55,9 @@ def test_fork_path_runs_notebook_style_closures_with_prefixed_output(py):
 
 
 def test_worker_path_after_the_kernel_used_the_device(py):
-    out = _run(py, """
+    out = _run(
+        py,
+        """
         import torch, torch_xla
         (torch.ones(2, device=torch_xla.device()) * 2).sum().item()   # the runtime is in use
         factor = 7
@@ -62,7 +67,8 @@ def test_worker_path_after_the_kernel_used_the_device(py):
             return (torch.ones(2, device=torch_xla.device()) * factor * index).sum().item()
         result = launch(replica)
         print("RESULT", json.dumps([result.path, result.values, result.notes]))
-    """).stdout
+    """,
+    ).stdout
     path, values, notes = json.loads(out.split("RESULT")[1])
     assert path == "worker" and values == [0.0, 14.0, 28.0, 42.0]
     assert "fresh worker process" in notes[0]
@@ -71,7 +77,9 @@ def test_worker_path_after_the_kernel_used_the_device(py):
 
 
 def test_exception_in_replica_two_stops_the_others(py):
-    out = _run(py, """
+    out = _run(
+        py,
+        """
         def replica(index):
             import time
             if index == 2:
@@ -83,15 +91,18 @@ def test_exception_in_replica_two_stops_the_others(py):
         except ReplicaError as err:
             print("RESULT", json.dumps([err.ordinal, str(err), err.traceback,
                                         time.perf_counter() - start]))
-    """).stdout
+    """,
+    ).stdout
     ordinal, message, trace, seconds = json.loads(out.split("RESULT")[1])
     assert ordinal == 2 and message.startswith("replica 2 of 4 failed: ValueError: bad shard")
     assert "REPLICA-LINE" in trace and "tpu_nb/runtime/launch.py" not in trace
-    assert seconds < 30                       # the sleeping replicas did not run on
+    assert seconds < 30  # the sleeping replicas did not run on
 
 
 def test_collective_on_multi_device_cpu_is_refused_at_once(py):
-    out = _run(py, """
+    out = _run(
+        py,
+        """
         def replica(index):
             import torch, torch_xla, torch_xla.core.xla_model as xm
             return xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device=torch_xla.device()))
@@ -100,7 +111,8 @@ def test_collective_on_multi_device_cpu_is_refused_at_once(py):
             launch(replica)
         except ReplicaError as err:
             print("RESULT", json.dumps([str(err), time.perf_counter() - start]))
-    """).stdout
+    """,
+    ).stdout
     message, seconds = json.loads(out.split("RESULT")[1])
     assert "CollectiveRefused: xm.all_reduce between XLA:CPU replicas would hang" in message
     assert "SPMD" in message and seconds < 30
@@ -145,18 +157,27 @@ def test_spmd_data_parallel_loss_matches_one_device(py):
 
 
 def test_interrupt_during_launch_leaves_no_orphans():
-    code = PRELUDE + """
+    code = (
+        PRELUDE
+        + """
 def replica(index):
     import os, time
     print("group", os.getpgrp(), flush=True)
     time.sleep(120)
 launch(replica)
 """
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
     env.pop("PJRT_DEVICE", None)
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+    )
     group = None
     deadline = time.time() + 120
     while group is None and time.time() < deadline:
@@ -164,10 +185,10 @@ launch(replica)
         if "group" in line:
             group = int(line.split("group")[1])
     assert group is not None and group != os.getpgrp()
-    proc.send_signal(signal.SIGINT)                  # what a kernel interrupt delivers
+    proc.send_signal(signal.SIGINT)  # what a kernel interrupt delivers
     proc.wait(timeout=30)
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
-        os.killpg(group, 0)                          # no process of the launch is left
+        os.killpg(group, 0)  # no process of the launch is left
     leftover = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""

@@ -47,7 +47,9 @@ def _result(out: str):
 
 def test_run_directories_removed_after_success_failure_and_worker_launches(py, tmpdir_env):
     folder, env = tmpdir_env
-    out = py(PRELUDE + textwrap.dedent("""
+    out = py(
+        PRELUDE
+        + textwrap.dedent("""
         secret = "s3cr3t-token"
         def ok(index):
             return len(secret) + index
@@ -72,13 +74,15 @@ def test_run_directories_removed_after_success_failure_and_worker_launches(py, t
         seen["fds gained"] = len(os.listdir("/proc/self/fd")) - fds
         seen["after worker"] = runs()
         print("RESULT", json.dumps(seen))
-    """), env=env).stdout
+    """),
+        env=env,
+    ).stdout
     seen = _result(out)
     assert seen["fork"] == [12, 13, 14, 15]
     assert "replica 2 of 4 failed: ValueError: replica two" in seen["failure"]
     assert seen["worker"] == ["worker", [12, 13, 14, 15]]
     assert seen["after fork"] == [] and seen["after worker"] == []
-    assert seen["fds gained"] == 0                       # no descriptor kept per worker launch
+    assert seen["fds gained"] == 0  # no descriptor kept per worker launch
     # Nor anything else (torch's temp files included): the private log directory, empty.
     assert os.listdir(folder) == [f"tpu_nb-{os.getuid()}"]
     assert os.listdir(os.path.join(folder, f"tpu_nb-{os.getuid()}")) == []
@@ -88,9 +92,14 @@ def _start(code: str, env: dict) -> subprocess.Popen:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
     full.pop("PJRT_DEVICE", None)
     full.update({k: v for k, v in env.items() if v is not None}, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full, cwd=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=full,
+        cwd=str(ROOT),
+    )
 
 
 def _wait_for(proc: subprocess.Popen, word: str) -> str:
@@ -123,7 +132,7 @@ def test_run_directory_removed_when_the_launch_is_cut_short(tmpdir_env, how):
     assert [n for n in os.listdir(folder) if n.startswith("tpu_nb-launch-")]
     proc.send_signal(signal.SIGINT if how == "interrupt" else signal.SIGKILL)
     proc.wait(timeout=30)
-    deadline = time.time() + 15                     # a killed kernel: the launcher notices
+    deadline = time.time() + 15  # a killed kernel: the launcher notices
     while time.time() < deadline and (_alive(group) or _runs(folder)):
         time.sleep(0.2)
     assert not _alive(group)
@@ -149,7 +158,7 @@ def test_run_directories_of_dead_processes_are_swept(py, tmpdir_env):
     stale = Path(folder, f"tpu_nb-launch-{dead.pid}-abc123")
     stale.mkdir()
     (stale / "payload.pkl").write_bytes(b"old secret")
-    alive = Path(folder, f"tpu_nb-launch-{os.getpid()}-def456")   # this process runs: kept
+    alive = Path(folder, f"tpu_nb-launch-{os.getpid()}-def456")  # this process runs: kept
     alive.mkdir()
     # Older tpu_nb named them without a pid: swept once untouched for a day.
     old, recent = Path(folder, "tpu_nb-launch-k2j4h1x9"), Path(folder, "tpu_nb-launch-p0q9w8e7")
@@ -166,7 +175,9 @@ def test_run_directories_of_dead_processes_are_swept(py, tmpdir_env):
 
 def test_native_crash_in_a_replica_is_reported_as_such(py, tmpdir_env):
     _, env = tmpdir_env
-    out = py(PRELUDE + textwrap.dedent("""
+    out = py(
+        PRELUDE
+        + textwrap.dedent("""
         def replica(index):
             import ctypes, time
             if index == 1:
@@ -176,16 +187,23 @@ def test_native_crash_in_a_replica_is_reported_as_such(py, tmpdir_env):
             launch(replica, stream=lambda line: None)
         except ReplicaCrash as exc:
             print("RESULT", json.dumps([str(exc), exc.signal, exc.where, exc.stack[:2000]]))
-    """), env=env).stdout
+    """),
+        env=env,
+    ).stdout
     message, signal_name, where, stack = _result(out)
     assert signal_name == "Segmentation fault, SIGSEGV"
     assert "string_at" in where and "replica" in stack
-    assert message.startswith("a replica process crashed in native code (Segmentation fault, "
-                              "SIGSEGV) while running string_at") and "Fix:" in message
+    assert (
+        message.startswith(
+            "a replica process crashed in native code (Segmentation fault, "
+            "SIGSEGV) while running string_at"
+        )
+        and "Fix:" in message
+    )
     assert "\n" not in message and "BrokenProcessPool" not in message
 
 
-@pytest.mark.parametrize("devices", [0, -3, 2.5, "4", True, MAX_CPU_DEVICES + 1, 10 ** 11])
+@pytest.mark.parametrize("devices", [0, -3, 2.5, "4", True, MAX_CPU_DEVICES + 1, 10**11])
 def test_device_count_out_of_bounds_is_one_line(devices):
     with pytest.raises(TpuNbError) as info:
         launch(lambda index: index, devices=devices)

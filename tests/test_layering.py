@@ -176,8 +176,10 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
     graph[name] = _runtime_imports(name, module, _modules())
     assert any(name in cycle for cycle in _cycles(graph))
     typing_only = tmp_path / "_typing.py"
-    typing_only.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                           "    from tpu_nb.runtime.tracking._report import track\n")
+    typing_only.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from tpu_nb.runtime.tracking._report import track\n"
+    )
     graph[name] = _runtime_imports(name, typing_only, _modules())
     assert _cycles(graph) == []
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ["HF_HUB_OFFLINE"] = "1"        # nothing downloaded: every model from its config
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing downloaded: every model from its config
 
 import pytest
 import torch_xla.debug.metrics as met
@@ -34,9 +34,13 @@ from tpu_nb.runtime.tracking import LineFinding
 pytestmark = pytest.mark.timeout(300)
 
 # What the report calls each figure -> torch_xla's own counter for it.
-RAW = {"compiles": "UncachedCompile", "cache_hits": "CachedCompile",
-       "executions": "ExecuteComputation", "syncs": "MarkStep",
-       "host_reads": "aten::_local_scalar_dense"}
+RAW = {
+    "compiles": "UncachedCompile",
+    "cache_hits": "CachedCompile",
+    "executions": "ExecuteComputation",
+    "syncs": "MarkStep",
+    "host_reads": "aten::_local_scalar_dense",
+}
 
 
 def raw_counters(*extra: str) -> dict[str, int]:
@@ -95,23 +99,32 @@ def run(shell, monkeypatch, cell: str, *counters: str) -> Ran:
     value = result.result
     if not views and hasattr(value, "findings"):
         # `-o`: the returned report is the cell's Out, shown through the RunView formatter
-        views = [RunView(value, value.findings, allowed_graphs=value.allowed_graphs,
-                         source=value.source)]
-    return Ran(cell, value, {k: after[k] - before[k] for k in after},
-               views[-1] if views else None)
+        views = [
+            RunView(value, value.findings, allowed_graphs=value.allowed_graphs, source=value.source)
+        ]
+    return Ran(cell, value, {k: after[k] - before[k] for k in after}, views[-1] if views else None)
 
 
 def figures(report) -> dict[str, int]:
     m = report.metrics
-    return {"compiles": m.compiles, "cache_hits": m.cache_hits, "executions": m.executions,
-            "syncs": m.syncs, "host_reads": m.host_reads}
+    return {
+        "compiles": m.compiles,
+        "cache_hits": m.cache_hits,
+        "executions": m.executions,
+        "syncs": m.syncs,
+        "host_reads": m.host_reads,
+    }
 
 
 def work(raw: dict[str, int]) -> dict[str, int]:
     """The work a run asked of XLA, whatever the compile cache held before it: graphs looked
     up (compiled or found cached), executions, syncs, device->host reads."""
-    return {"graphs": raw["compiles"] + raw["cache_hits"], "executions": raw["executions"],
-            "syncs": raw["syncs"], "host_reads": raw["host_reads"]}
+    return {
+        "graphs": raw["compiles"] + raw["cache_hits"],
+        "executions": raw["executions"],
+        "syncs": raw["syncs"],
+        "host_reads": raw["host_reads"],
+    }
 
 
 def assert_report_is_raw(ran: Ran) -> None:
@@ -177,11 +190,15 @@ def test_gpt2_fixed_padding_and_adamw_do_the_plain_cells_work(gpt2, monkeypatch)
     # %%on_tpu left the notebook's collate_fn and AdamW's step counters on the CPU...
     assert ns["batch_devices"] == {"cpu"}
     assert {s["step"].device.type for s in ns["opt"].state.values()} == {"cpu"}
-    assert next(ns["model"].parameters()).device.type == "xla"     # ...and built the model
+    assert next(ns["model"].parameters()).device.type == "xla"  # ...and built the model
     magic_opt_state = {s["step"].device.type for s in ns["opt"].state.values()}
 
-    plain = run(shell, monkeypatch, "dev = torch_xla.device()\n"
-                + GPT2_TRAIN.format(to_dev=".to(dev)").replace("torch_xla.device()", "dev"))
+    plain = run(
+        shell,
+        monkeypatch,
+        "dev = torch_xla.device()\n"
+        + GPT2_TRAIN.format(to_dev=".to(dev)").replace("torch_xla.device()", "dev"),
+    )
     assert {s["step"].device.type for s in ns["opt"].state.values()} == magic_opt_state
     assert_report_is_raw(magic)
     # The same work as the plain cell: one graph, one execution per step (not 16 compiles,
@@ -193,36 +210,42 @@ def test_gpt2_fixed_padding_and_adamw_do_the_plain_cells_work(gpt2, monkeypatch)
     assert magic.of_kind("recompile") == []
     sync = magic.line("torch_xla.sync()")
     assert {f.line for f in magic.of_kind("compile", "warm-up")} == {sync}
-    read, = magic.of_kind("host-read")
+    (read,) = magic.of_kind("host-read")
     assert (read.line, read.count) == (magic.line("print("), steps)
 
 
 def test_gpt2_dynamic_padding_recompiles_on_the_sync_line_naming_the_sequence_length(
-        gpt2, monkeypatch):
+    gpt2, monkeypatch
+):
     shell = gpt2
     shell.user_ns["uneven"] = [[1] * 9, [2] * 7, [3] * 30, [4] * 12, [5] * 3, [6] * 9]
-    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
-              "torch.manual_seed(0)\n"
-              "model = GPT2LMHeadModel(config)\n"
-              "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
-              "for ids in DataLoader(uneven, batch_size=2, collate_fn=pad_to_longest):\n"
-              "    ids = ids.to(torch_xla.device())\n"
-              "    loss = model(ids, labels=ids).loss\n"
-              "    loss.backward()\n"
-              "    opt.step()\n"
-              "    opt.zero_grad()\n"
-              "    torch_xla.sync()\n")
+    ran = run(
+        shell,
+        monkeypatch,
+        "%%on_tpu -o\n"
+        "torch.manual_seed(0)\n"
+        "model = GPT2LMHeadModel(config)\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "for ids in DataLoader(uneven, batch_size=2, collate_fn=pad_to_longest):\n"
+        "    ids = ids.to(torch_xla.device())\n"
+        "    loss = model(ids, labels=ids).loss\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "    torch_xla.sync()\n",
+    )
     assert_report_is_raw(ran)
     # batches padded to 9, 30, 9: the first step's graph, then one graph per length
     assert ran.raw["compiles"] == 3 and ran.raw["executions"] == 3
     assert ran.report.recompiled and "RECOMPILED" in ran.text
-    recompile, = ran.of_kind("recompile")
+    (recompile,) = ran.of_kind("recompile")
     assert recompile.line == ran.line("torch_xla.sync()")
     # what changed: the sequence dimension (dim 1 of [batch, seq, embedding]), 30 -> 9
     # (the batch of token ids itself, s64[2,30] -> s64[2,9], or the embeddings it feeds)
-    assert any(re.search(r"\[2,30(,64)?\] \u2192 \S*\[2,9(,64)?\] \(dim 1: 30 \u2192 9", fact)
-               for fact in recompile.changed), (recompile.changed, ran.report.capture_seconds,
-                                                getattr(ran.report, "record_errors", None))
+    assert any(
+        re.search(r"\[2,30(,64)?\] \u2192 \S*\[2,9(,64)?\] \(dim 1: 30 \u2192 9", fact)
+        for fact in recompile.changed
+    ), (recompile.changed, ran.report.capture_seconds, getattr(ran.report, "record_errors", None))
     assert "dim 1: 30 \u2192 9" in ran.text
 
 
@@ -254,8 +277,7 @@ print(f"mean loss {total / len(eval_batches):.3f}")
 """
 
 
-def test_bert_evaluation_host_reads_per_line_with_the_transformers_function(
-        shell, monkeypatch):
+def test_bert_evaluation_host_reads_per_line_with_the_transformers_function(shell, monkeypatch):
     assert shell.run_cell(BERT_SETUP).error_in_exec is None
     steps = len(shell.user_ns["eval_batches"])
     for attempt in ("first run", "run again: nothing compiles, the findings stay"):
@@ -276,12 +298,14 @@ def test_bert_evaluation_host_reads_per_line_with_the_transformers_function(
         assert (item.count, item.via) == (steps, "")
         # the branch never taken and the print of a Python float read nothing
         assert set(by_line) == {ran.line("out = bert("), ran.line(".item()")}
-        assert not [f for f in ran.findings
-                    if f.line in (ran.line('"converged"'), ran.line("mean loss"))]
+        assert not [
+            f for f in ran.findings if f.line in (ran.line('"converged"'), ran.line("mean loss"))
+        ]
         # an evaluation under no_grad is never told about gradients
         assert "gradient" not in ran.text.lower(), attempt
-        assert not [f for f in ran.findings
-                    if "grad" in " ".join((f.what, f.hint, *f.changed)).lower()], attempt
+        assert not [
+            f for f in ran.findings if "grad" in " ".join((f.what, f.hint, *f.changed)).lower()
+        ], attempt
         assert not ran.report.recompiled
         # no finding names tpu_nb's own frames (its final sync is "end of cell")
         assert not [f for f in ran.findings if "tpu_nb" in f.via], ran.findings
@@ -306,9 +330,14 @@ print(f"{{loss.item():.3f}}")
 
 
 def test_resnet18_built_in_the_cell_initialisation_is_no_recompilation(shell, monkeypatch):
-    assert shell.run_cell("import torch, torch_xla, torchvision\n"
-                          "images_cpu = torch.randn(2, 3, 32, 32)\n"
-                          "labels_cpu = torch.tensor([1, 7])").error_in_exec is None
+    assert (
+        shell.run_cell(
+            "import torch, torch_xla, torchvision\n"
+            "images_cpu = torch.randn(2, 3, 32, 32)\n"
+            "labels_cpu = torch.tensor([1, 7])"
+        ).error_in_exec
+        is None
+    )
     magic = run(shell, monkeypatch, "%%on_tpu -o\n" + RESNET_TRAIN.format(to_dev=""))
     assert_report_is_raw(magic)
     assert not magic.report.recompiled and "RECOMPILED" not in magic.text
@@ -323,9 +352,14 @@ def test_resnet18_built_in_the_cell_initialisation_is_no_recompilation(shell, mo
 
     # The plain cell placing the model explicitly (built under `with torch.device(dev)`)
     # runs the very same graphs: it compiles none, finds every one in the cache.
-    plain = run(shell, monkeypatch, "dev = torch_xla.device()\n"
-                + RESNET_TRAIN.format(to_dev="").replace("torch_xla.device()", "dev")
-                .replace("net = torchvision", "with torch.device(dev):\n    net = torchvision"))
+    plain = run(
+        shell,
+        monkeypatch,
+        "dev = torch_xla.device()\n"
+        + RESNET_TRAIN.format(to_dev="")
+        .replace("torch_xla.device()", "dev")
+        .replace("net = torchvision", "with torch.device(dev):\n    net = torchvision"),
+    )
     assert work(magic.raw) == work(plain.raw)
     assert plain.raw["compiles"] == 0
     assert magic.raw["executions"] == magic.raw["syncs"] == 3
@@ -352,21 +386,27 @@ robust = RobustHead().to(torch_xla.device())
 
 
 @pytest.mark.stack
-def test_fallback_in_a_module_from_another_cell_is_placed_on_the_calling_line(
-        shell, monkeypatch):
+def test_fallback_in_a_module_from_another_cell_is_placed_on_the_calling_line(shell, monkeypatch):
     assert shell.run_cell(ROBUST_CELL).error_in_exec is None
-    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
-              "for _ in range(3):\n"
-              "    score = robust(torch.randn(4, 8))\n"
-              "    torch_xla.sync()\n", "aten::median", "aten::_unique2")
+    ran = run(
+        shell,
+        monkeypatch,
+        "%%on_tpu -o\n"
+        "for _ in range(3):\n"
+        "    score = robust(torch.randn(4, 8))\n"
+        "    torch_xla.sync()\n",
+        "aten::median",
+        "aten::_unique2",
+    )
     assert_report_is_raw(ran)
-    assert ran.report.metrics.fallbacks == {"median": ran.raw["aten::median"],
-                                            "_unique2": ran.raw["aten::_unique2"]}
+    assert ran.report.metrics.fallbacks == {
+        "median": ran.raw["aten::median"],
+        "_unique2": ran.raw["aten::_unique2"],
+    }
     assert ran.raw["aten::median"] == ran.raw["aten::_unique2"] == 3
     median, unique = ran.of_kind("fallback")
     for fallback in (median, unique):
-        assert (fallback.line, fallback.count, fallback.place) == \
-            (ran.line("robust("), 3, "")
+        assert (fallback.line, fallback.count, fallback.place) == (ran.line("robust("), 3, "")
         # the function in between is the other cell's forward, named by its cell
         assert re.fullmatch(r"In \[\d+\], line \d+ forward", fallback.via), fallback.via
     # counter names mapped to the op the user wrote, each with its own hint
@@ -378,24 +418,34 @@ def test_fallback_in_a_module_from_another_cell_is_placed_on_the_calling_line(
 
 
 def test_module_built_in_the_cell_its_pending_init_is_no_recompilation_at_a_read(
-        shell, monkeypatch):
+    shell, monkeypatch
+):
     """A model constructed in the cell leaves its random initialisation pending; the first
     value read (here the CPU fallback's) runs it with the first step. That graph differs
     from the next step's (it also ran the initialisation, and drew the first random batch
     from the initial seed), but the line did not recompile."""
-    assert shell.run_cell("import torch, torch_xla\n"
-                          "class MedianShift(torch.nn.Module):\n"
-                          "    def __init__(self):\n"
-                          "        super().__init__()\n"
-                          "        self.lin = torch.nn.Linear(8, 6)\n"
-                          "    def forward(self, x):\n"
-                          "        h = self.lin(x)\n"
-                          "        return (h - torch.median(h)).sum()\n").error_in_exec is None
-    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
-              "fresh = MedianShift()\n"
-              "for _ in range(3):\n"
-              "    score = fresh(torch.randn(4, 8))\n"
-              "    torch_xla.sync()\n")
+    assert (
+        shell.run_cell(
+            "import torch, torch_xla\n"
+            "class MedianShift(torch.nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.lin = torch.nn.Linear(8, 6)\n"
+            "    def forward(self, x):\n"
+            "        h = self.lin(x)\n"
+            "        return (h - torch.median(h)).sum()\n"
+        ).error_in_exec
+        is None
+    )
+    ran = run(
+        shell,
+        monkeypatch,
+        "%%on_tpu -o\n"
+        "fresh = MedianShift()\n"
+        "for _ in range(3):\n"
+        "    score = fresh(torch.randn(4, 8))\n"
+        "    torch_xla.sync()\n",
+    )
     assert_report_is_raw(ran)
     assert {f.line for f in ran.of_kind("fallback")} == {ran.line("fresh(")}
     assert not ran.report.recompiled and "RECOMPILED" not in ran.text, ran.text
@@ -424,14 +474,18 @@ def train_loop(loader, model, opt):
 @pytest.mark.stack
 def test_kaggle_mp_device_loader_in_a_helper_names_the_cells_line(shell, monkeypatch):
     assert shell.run_cell(KAGGLE_SETUP).error_in_exec is None
-    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
-              "device = xm.xla_device()\n"
-              "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),\n"
-              "                            torch.nn.Linear(32, 4)).to(device)\n"
-              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-              "loader = pl.MpDeviceLoader(DataLoader(ds, batch_size=16), device)\n"
-              "for epoch in range(2):\n"
-              "    train_loop(loader, model, opt)\n")
+    ran = run(
+        shell,
+        monkeypatch,
+        "%%on_tpu -o\n"
+        "device = xm.xla_device()\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),\n"
+        "                            torch.nn.Linear(32, 4)).to(device)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = pl.MpDeviceLoader(DataLoader(ds, batch_size=16), device)\n"
+        "for epoch in range(2):\n"
+        "    train_loop(loader, model, opt)\n",
+    )
     assert_report_is_raw(ran)
     compiles = ran.of_kind("compile", "warm-up", "recompile")
     assert len(compiles) == ran.raw["compiles"] > 0
@@ -439,26 +493,32 @@ def test_kaggle_mp_device_loader_in_a_helper_names_the_cells_line(shell, monkeyp
     for finding in compiles:
         assert finding.line == call, finding
         # the helper from the other cell, then the loader's sync at the step's end
-        assert re.fullmatch(r"In \[\d+\], line \d+ train_loop \u2192 "
-                            r"torch_xla/distributed/parallel_loader\.py:\d+ \w+",
-                            finding.via), finding.via
+        assert re.fullmatch(
+            r"In \[\d+\], line \d+ train_loop \u2192 "
+            r"torch_xla/distributed/parallel_loader\.py:\d+ \w+",
+            finding.via,
+        ), finding.via
     assert "no line" not in ran.text and "line not recorded" not in ran.text
 
 
 def test_kaggle_parallel_loader_and_mark_step_name_the_cells_lines(shell, monkeypatch):
     assert shell.run_cell(KAGGLE_SETUP).error_in_exec is None
-    ran = run(shell, monkeypatch, "%%on_tpu -o\n"
-              "device = xm.xla_device()\n"
-              "model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Tanh(),\n"
-              "                            torch.nn.Linear(24, 4)).to(device)\n"
-              "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)\n"
-              "para = pl.ParallelLoader(DataLoader(ds, batch_size=16), [device])\n"
-              "for x, y in para.per_device_loader(device):\n"
-              "    opt.zero_grad()\n"
-              "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
-              "    loss.backward()\n"
-              "    opt.step()\n"
-              "    xm.mark_step()\n")
+    ran = run(
+        shell,
+        monkeypatch,
+        "%%on_tpu -o\n"
+        "device = xm.xla_device()\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Tanh(),\n"
+        "                            torch.nn.Linear(24, 4)).to(device)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)\n"
+        "para = pl.ParallelLoader(DataLoader(ds, batch_size=16), [device])\n"
+        "for x, y in para.per_device_loader(device):\n"
+        "    opt.zero_grad()\n"
+        "    loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    xm.mark_step()\n",
+    )
     assert_report_is_raw(ran)
     compiles = ran.of_kind("compile", "warm-up", "recompile")
     assert len(compiles) == ran.raw["compiles"] > 0
@@ -468,8 +528,9 @@ def test_kaggle_parallel_loader_and_mark_step_name_the_cells_lines(shell, monkey
     assert step in {f.line for f in compiles} and {f.line for f in compiles} <= {step, loop}
     for finding in compiles:
         if finding.line == loop:
-            assert re.fullmatch(r"torch_xla/distributed/parallel_loader\.py:\d+ \w+",
-                                finding.via), finding.via
+            assert re.fullmatch(
+                r"torch_xla/distributed/parallel_loader\.py:\d+ \w+", finding.via
+            ), finding.via
     assert "no line" not in ran.text and "line not recorded" not in ran.text
 
 
@@ -495,25 +556,36 @@ def execute_notebook(sources: list[str], allow_errors: bool = False):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
-    try:      # the kernel chooses its own latched XLA settings (%tpu_setup)
-        NotebookClient(nb, timeout=240, kernel_name="python3", allow_errors=allow_errors,
-                       resources={"metadata": {"path": str(Path(__file__).parents[1])}}
-                       ).execute()
+    try:  # the kernel chooses its own latched XLA settings (%tpu_setup)
+        NotebookClient(
+            nb,
+            timeout=240,
+            kernel_name="python3",
+            allow_errors=allow_errors,
+            resources={"metadata": {"path": str(Path(__file__).parents[1])}},
+        ).execute()
     finally:
         os.environ.update(saved)
     return nb
 
 
 def outputs(cell, kinds) -> str:
-    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "")
-                   for o in cell.outputs if o.output_type in kinds)
+    return "".join(
+        o.get("text", "") or o.get("data", {}).get("text/plain", "")
+        for o in cell.outputs
+        if o.output_type in kinds
+    )
 
 
 def _summary_figures(text: str) -> dict[str, int]:
     """The figures of a report's or XLA line's summary: "2 compiled", "8 executed", ..."""
     found = {}
-    for key, words in (("compiles", "compiled"), ("executions", "executed"),
-                       ("cache_hits", "cache hits"), ("host_reads", "host reads")):
+    for key, words in (
+        ("compiles", "compiled"),
+        ("executions", "executed"),
+        ("cache_hits", "cache hits"),
+        ("host_reads", "host reads"),
+    ):
         match = re.search(rf"(\d+) {words}", text)
         found[key] = int(match.group(1)) if match else 0
     return found
@@ -523,9 +595,9 @@ def _summary_figures(text: str) -> dict[str, int]:
 def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
     magic_cell = "%%on_tpu -o\n" + GPT2_TRAIN.format(to_dev="")
     # the plain cell places the model explicitly: built under `with torch.device(dev)`
-    plain_cell = ("dev = torch_xla.device()\n" + GPT2_TRAIN.format(to_dev="")
-                  .replace("torch_xla.device()", "dev")
-                  .replace("model = GPT2", "with torch.device(dev):\n    model = GPT2"))
+    plain_cell = "dev = torch_xla.device()\n" + GPT2_TRAIN.format(to_dev="").replace(
+        "torch_xla.device()", "dev"
+    ).replace("model = GPT2", "with torch.device(dev):\n    model = GPT2")
     sources = [
         "%load_ext tpu_nb\n%tpu_setup --device cpu",
         GPT2_SETUP + KERNEL_COUNTERS.format(raw=RAW),
@@ -548,19 +620,23 @@ def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
     steps = facts["steps"]
     assert facts["magic"] == {k: facts["magic_raw"][k] for k in RAW}
     assert work(facts["magic_raw"]) == work(facts["plain_raw"])
-    assert facts["plain_raw"]["compiles"] == 0        # the very same graphs: all cached
+    assert facts["plain_raw"]["compiles"] == 0  # the very same graphs: all cached
     assert facts["magic_raw"]["executions"] == facts["magic_raw"]["host_reads"] == steps
     assert (facts["state"], facts["batches"], facts["recompiled"]) == (["cpu"], ["cpu"], False)
 
     # What the user sees: the report under the %%on_tpu cell, the XLA line under the plain
     # one, with the same figures (the plain cell's graphs were all in the cache); the reads
     # placed on the cell's line.
-    shown, = [text for text in (outputs(nb.cells[3], ("display_data", "execute_result")),)
-              if text.startswith("XLA: ")]      # -o: the report is the cell's Out, once
+    (shown,) = [
+        text
+        for text in (outputs(nb.cells[3], ("display_data", "execute_result")),)
+        if text.startswith("XLA: ")
+    ]  # -o: the report is the cell's Out, once
     summary = shown.splitlines()[0]
     assert "RECOMPILED" not in shown
-    xla_line = [line for line in outputs(nb.cells[5], ("stream",)).splitlines()
-                if line.startswith("XLA: ")][-1]
+    xla_line = [
+        line for line in outputs(nb.cells[5], ("stream",)).splitlines() if line.startswith("XLA: ")
+    ][-1]
     shown_magic, shown_plain = _summary_figures(summary), _summary_figures(xla_line)
     for figures_ in (shown_magic, shown_plain):
         figures_["graphs"] = figures_.pop("compiles") + figures_.pop("cache_hits")
@@ -573,11 +649,13 @@ def test_gpt2_fixed_padding_in_a_real_kernel_matches_the_plain_cell():
 @pytest.mark.stack
 @pytest.mark.kernel
 def test_findings_name_other_cells_by_their_in_number_in_a_real_kernel():
-    nb = execute_notebook([
-        "%load_ext tpu_nb\n%tpu_setup --device cpu",
-        "import torch, torch_xla\n\ndef mean_of(t):\n    return t.mean().item()",
-        "%%on_tpu -o\nx = torch.arange(6.0)\nm = mean_of(x * 2)\n",
-    ])
+    nb = execute_notebook(
+        [
+            "%load_ext tpu_nb\n%tpu_setup --device cpu",
+            "import torch, torch_xla\n\ndef mean_of(t):\n    return t.mean().item()",
+            "%%on_tpu -o\nx = torch.arange(6.0)\nm = mean_of(x * 2)\n",
+        ]
+    )
     helper, cell = nb.cells[1], nb.cells[2]
     shown = outputs(cell, ("display_data", "execute_result"))
     assert "line 3: read from the device \u00d71" in shown, shown

@@ -31,5 +31,5 @@ def test_deleted_compile_log_is_said_in_the_report(py, tmp_path):
     first = out.split("FIRST ")[1].split("\\n")[0]
     assert first.startswith("1 1 ''"), out
     second = out.split("SECOND ")[1].split("\\n")[0]
-    assert "True" not in second                      # no old event shown as this run's
+    assert "True" not in second  # no old event shown as this run's
     assert "compile causes unknown for this cell: the compile log" in out

@@ -16,44 +16,70 @@ from tpu_nb.runtime.metrics import MetricsDelta
 from tpu_nb.runtime.tracking import LineFinding, RunReport
 from tpu_nb.runtime.units import format_seconds
 
-SOURCE = ("import torch\n"
-          "for i in range(64):\n"
-          "    x = torch.randn(i + 1)\n"
-          "    loss = step(x)\n"
-          "    print(loss.item())\n")
+SOURCE = (
+    "import torch\n"
+    "for i in range(64):\n"
+    "    x = torch.randn(i + 1)\n"
+    "    loss = step(x)\n"
+    "    print(loss.item())\n"
+)
 HINT = "keep shapes and Python values in the step fixed (pad or bucket the batch)"
 READ_HINT = "read once after the loop"
 
 
 def _report(**metrics) -> RunReport:
-    return RunReport(name="In[5]", wall_seconds=1.1, waited=True, compile_analysis=True,
-                     metrics=MetricsDelta(**metrics), complete=True)
+    return RunReport(
+        name="In[5]",
+        wall_seconds=1.1,
+        waited=True,
+        compile_analysis=True,
+        metrics=MetricsDelta(**metrics),
+        complete=True,
+    )
 
 
 def _findings() -> list[LineFinding]:
     via = "torch/optim/adamw.py:480 _single_tensor_adamw"
     return [
         LineFinding(4, "compile", "graph 3a4b5c6d compiled", seconds=0.012, order=0),
-        LineFinding(5, "host-read", ".item() reads a device value", READ_HINT, count=64,
-                    order=1),
-        *[LineFinding(4, "recompile", f"graph {h} compiled", HINT, seconds=0.02, order=o,
-                      via=via, changed=(f"input 0 shape [{o}] -> [{o + 1}]",))
-          for o, h in ((2, "1111aaaa"), (3, "2222bbbb"), (4, "3333cccc"))],
+        LineFinding(5, "host-read", ".item() reads a device value", READ_HINT, count=64, order=1),
+        *[
+            LineFinding(
+                4,
+                "recompile",
+                f"graph {h} compiled",
+                HINT,
+                seconds=0.02,
+                order=o,
+                via=via,
+                changed=(f"input 0 shape [{o}] -> [{o + 1}]",),
+            )
+            for o, h in ((2, "1111aaaa"), (3, "2222bbbb"), (4, "3333cccc"))
+        ],
         LineFinding(0, "compile", "graph 99999999 compiled", place="end of cell", order=9),
     ]
 
 
 def test_format_seconds_one_format_for_every_scale():
-    assert [format_seconds(v) for v in (5.4e-5, 0.4266, 1.1, 12.34, 0.99996, 250)] == \
-        ["54.0 µs", "427 ms", "1.10 s", "12.3 s", "1.00 s", "250 s"]
+    assert [format_seconds(v) for v in (5.4e-5, 0.4266, 1.1, 12.34, 0.99996, 250)] == [
+        "54.0 µs",
+        "427 ms",
+        "1.10 s",
+        "12.3 s",
+        "1.00 s",
+        "250 s",
+    ]
     assert format_seconds(None) == "-" and format_seconds(0) == "0 s"
 
 
 def test_findings_are_grouped_by_line_and_kind_in_time_order():
-    groups = group_findings(_findings()[::-1])          # order comes from `order`
+    groups = group_findings(_findings()[::-1])  # order comes from `order`
     assert [(g.where, g.kind, g.count) for g in groups] == [
-        ("line 4", "compile", 1), ("line 5", "host-read", 64), ("line 4", "recompile", 3),
-        ("end of cell", "compile", 1)]
+        ("line 4", "compile", 1),
+        ("line 5", "host-read", 64),
+        ("line 4", "recompile", 3),
+        ("end of cell", "compile", 1),
+    ]
     recompile = groups[2]
     assert recompile.seconds == pytest.approx(0.06)
     assert recompile.vias == ["torch/optim/adamw.py:480 _single_tensor_adamw"]
@@ -61,18 +87,19 @@ def test_findings_are_grouped_by_line_and_kind_in_time_order():
 
 
 def test_text_report_one_hint_per_kind_and_an_annotated_listing():
-    text = repr(RunView(_report(compiles=5, host_reads=64), _findings(), label="In[5]",
-                        source=SOURCE))
+    text = repr(
+        RunView(_report(compiles=5, host_reads=64), _findings(), label="In[5]", source=SOURCE)
+    )
     lines = text.splitlines()
     assert lines[0].startswith("In[5]: 1.10 s") and "RECOMPILED" in lines[0]
-    assert text.count(HINT) == 1 and text.count(READ_HINT) == 1     # not once per finding
+    assert text.count(HINT) == 1 and text.count(READ_HINT) == 1  # not once per finding
     assert "  line 4: recompiled ×3 (60.0 ms): graph 1111aaaa compiled" in text
     assert "      line 4 → torch/optim/adamw.py:480 _single_tensor_adamw" in text
     assert "input 0 shape [3] -> [4]" in text
-    happened = lines[lines.index("what happened, in order:") + 1:]
+    happened = lines[lines.index("what happened, in order:") + 1 :]
     assert [line.split(":")[0].strip() for line in happened[:2]] == ["line 4", "line 5"]
     # The listing marks the lines that did something, under the line, like %lprun's.
-    listing = lines[lines.index("the cell, annotated:") + 1:]
+    listing = lines[lines.index("the cell, annotated:") + 1 :]
     assert listing[0] == "    1  import torch"
     assert listing[3] == ">   4      loss = step(x)"
     assert listing[4] == "        ^ compiled ×1 (12.0 ms), recompiled ×3 (60.0 ms)"
@@ -84,8 +111,10 @@ def test_text_report_is_deterministic_apart_from_what_the_sanitizer_masks():
     """nbval compares the text: the same work at other speeds gives the same masked text."""
     sanitize = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|us|µs|ns)\b")
     fast = repr(RunView(_report(compiles=5), _findings(), source=SOURCE))
-    slow_findings = [LineFinding(**{**f.__dict__, "seconds": (f.seconds or 0) * 937 or None})
-                     for f in _findings()]
+    slow_findings = [
+        LineFinding(**{**f.__dict__, "seconds": (f.seconds or 0) * 937 or None})
+        for f in _findings()
+    ]
     slow = RunView(_report(compiles=5), slow_findings, source=SOURCE)
     slow.report.wall_seconds = 123.4
     assert sanitize.sub("T", fast) == sanitize.sub("T", repr(slow))
@@ -93,8 +122,17 @@ def test_text_report_is_deterministic_apart_from_what_the_sanitizer_masks():
 
 def test_long_cells_list_only_the_marked_lines_and_their_context():
     source = "".join(f"a{n} = {n}\n" for n in range(1, 101))
-    text = repr(RunView(_report(), [LineFinding(50, "fallback", "aten::nonzero ran on the CPU",
-                                                "use torch.where", count=3)], source=source))
+    text = repr(
+        RunView(
+            _report(),
+            [
+                LineFinding(
+                    50, "fallback", "aten::nonzero ran on the CPU", "use torch.where", count=3
+                )
+            ],
+            source=source,
+        )
+    )
     listing = text.split("the cell, annotated:\n")[1].splitlines()
     assert listing[0] == "   ..." and listing[-1] == "   ..."
     assert ">  50  a50 = 50" in listing and "   48  a48 = 48" in listing
@@ -129,8 +167,9 @@ def _cells(html: str):
 
 
 def test_html_report_lays_out_with_inline_styles_and_escapes_user_text():
-    findings = _findings() + [LineFinding(3, "fallback", "aten::<script>alert(1)</script>",
-                                          "use <b>x</b>", order=5)]
+    findings = _findings() + [
+        LineFinding(3, "fallback", "aten::<script>alert(1)</script>", "use <b>x</b>", order=5)
+    ]
     html = RunView(_report(), findings, source=SOURCE + "y = '<img src=x>'\n")._repr_html_()
     assert "<script>" not in html and "<img src=x>" not in html and "&lt;script&gt;" in html
     cells = _cells(html)
@@ -139,7 +178,7 @@ def test_html_report_lays_out_with_inline_styles_and_escapes_user_text():
     assert text_cells and all("text-align:left" in s for s in text_cells)
     assert html.count(HINT) == 1
     assert "the cell, annotated" in html and "loss = step(x)" in html
-    assert "<details open" in html               # something to fix: the listing is open
+    assert "<details open" in html  # something to fix: the listing is open
     headers = [text for style, text in cells if "font-weight:bold" in style and text]
     assert {"where", "what", "times", "time", "details"} <= set(headers)
 
@@ -156,12 +195,14 @@ def test_environment_view_is_themed_and_left_aligned():
 @pytest.mark.stack
 def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
     capsys.readouterr()
-    shell.run_cell("%%on_tpu\n"
-                   "wr = torch.randn(8, 8)\n"
-                   "for rows in (3, 5, 7):\n"
-                   "    out = (torch.ones(rows, 8) @ wr).sum()\n"
-                   "    torch_xla.sync()\n"
-                   "    seen = out.item()\n")
+    shell.run_cell(
+        "%%on_tpu\n"
+        "wr = torch.randn(8, 8)\n"
+        "for rows in (3, 5, 7):\n"
+        "    out = (torch.ones(rows, 8) @ wr).sum()\n"
+        "    torch_xla.sync()\n"
+        "    seen = out.item()\n"
+    )
     text = capsys.readouterr().out
     assert "RECOMPILED" in text.splitlines()[0], text
     listing = text.split("the cell, annotated:\n")[1].splitlines()

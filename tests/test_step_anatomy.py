@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader, Dataset
 import tpu_nb
 from tpu_nb.runtime.tracking import Anatomy, StepRecord
 
-DELAY = 0.03          # the sleeping loader's wait per batch
-READS = 40            # value reads per step of the read-bound loop
+DELAY = 0.03  # the sleeping loader's wait per batch
+READS = 40  # value reads per step of the read-bound loop
 
 
 class SleepyData(Dataset):
@@ -48,7 +48,7 @@ def _mp_loader_loop(steps: int = 6):
     dev = torch_xla.device()
     w = torch.ones(8, 8, device=dev)
     for x in MpDeviceLoader(DataLoader(SleepyData(steps, DELAY), batch_size=1), dev):
-        w = w + (x @ w).sum() * 1e-3       # MpDeviceLoader syncs at each batch
+        w = w + (x @ w).sum() * 1e-3  # MpDeviceLoader syncs at each batch
     return w
 
 
@@ -64,7 +64,7 @@ def _host_loop(steps: int = 4, ops: int = 1500):
 def _device_loop(steps: int = 5, n: int = 640, depth: int = 6):
     dev = torch_xla.device()
     x = torch.randn(n, n, device=dev)
-    w = torch.randn(n, n, device=dev) / n ** 0.5
+    w = torch.randn(n, n, device=dev) / n**0.5
     for _ in range(steps):
         for _ in range(depth):
             x = torch.tanh(x @ w)
@@ -76,7 +76,7 @@ def _compile_loop(steps: int = 5, first: int = 16):
     dev = torch_xla.device()
     total = torch.zeros((), device=dev)
     for i in range(steps):
-        x = torch.ones(first + i, 24, device=dev)     # a new shape every step
+        x = torch.ones(first + i, 24, device=dev)  # a new shape every step
         total = total + (x @ x.T).relu().sum()
         torch_xla.sync()
     return total
@@ -94,8 +94,8 @@ def _read_loop(steps: int = 8):
 
 
 def _tracked(loop, warm: dict | None = None, **kwargs) -> tuple[tpu_nb.RunReport, Anatomy]:
-    with tpu_nb.track():                      # warm-up: compiles, first calls, and
-        loop(**{**kwargs, "steps": 3, **(warm or {})})   # tpu_nb's one-time look at packages
+    with tpu_nb.track():  # warm-up: compiles, first calls, and
+        loop(**{**kwargs, "steps": 3, **(warm or {})})  # tpu_nb's one-time look at packages
     with tpu_nb.track(loop.__name__) as report:
         loop(**kwargs)
     assert isinstance(report.anatomy, Anatomy), report.anatomy
@@ -105,8 +105,7 @@ def _tracked(loop, warm: dict | None = None, **kwargs) -> tuple[tpu_nb.RunReport
 
 def _adds_up(step: StepRecord) -> None:
     """A step's host parts add up to its wall time."""
-    parts = (step.trace + step.sync + step.compile + step.input + step.read + step.wait
-             + step.tpu_nb)
+    parts = step.trace + step.sync + step.compile + step.input + step.read + step.wait + step.tpu_nb
     assert parts == pytest.approx(step.wall, rel=0.02, abs=2e-5), step
 
 
@@ -123,7 +122,7 @@ def test_sleeping_loader_is_input_bound_and_the_wait_is_the_sleep():
     assert a.parts["input"].median == pytest.approx(DELAY, rel=0.5)
     for step in a.steps:
         _adds_up(step)
-    assert dataloader._BaseDataLoaderIter.__next__ is original    # unwrapped after the run
+    assert dataloader._BaseDataLoaderIter.__next__ is original  # unwrapped after the run
 
 
 def test_mp_device_loader_wait_is_input():
@@ -157,7 +156,8 @@ def test_large_matmuls_are_device_bound():
     # Each step launched one execution; their device time is most of the run, never more
     # than the runtime's own ExecuteTime (which counts queueing too) or the wall time.
     assert [s.executions for s in a.steps] == [1] * 5, [
-        (s.host_spans, s.device_spans) for s in a.steps]
+        (s.host_spans, s.device_spans) for s in a.steps
+    ]
     device = sum(s.device for s in a.steps)
     assert 0.6 * report.wall_seconds < device <= report.wall_seconds * 1.01
     assert device <= report.metrics.execute_seconds * 1.01
@@ -167,13 +167,14 @@ def test_large_matmuls_are_device_bound():
 
 
 def test_changing_shapes_are_compile_bound():
-    report, a = _tracked(_compile_loop, warm={"first": 8}, first=64)   # 5 new shapes
+    report, a = _tracked(_compile_loop, warm={"first": 8}, first=64)  # 5 new shapes
     assert a.verdict.kind == "compile-bound", str(a)
     assert "recompile" in a.verdict.fix
     assert [s.compiles for s in a.steps] == [1] * 5
     # The same compiles as the run's metrics, each placed in its step.
-    assert sum(s.compile for s in a.steps) == pytest.approx(report.metrics.compile_seconds,
-                                                            rel=0.01)
+    assert sum(s.compile for s in a.steps) == pytest.approx(
+        report.metrics.compile_seconds, rel=0.01
+    )
     assert all(s.compile > s.trace for s in a.steps)
 
 
@@ -192,12 +193,14 @@ def test_item_every_step_is_read_bound():
 @pytest.mark.stack
 def test_run_view_summary_ends_with_the_verdict(shell, capsys):
     capsys.readouterr()
-    shell.run_cell("%%on_tpu\n"
-                   "v = torch.randn(30)\n"
-                   "for _ in range(4):\n"
-                   "    v = v * 0.5\n"
-                   "    torch_xla.sync()\n"
-                   "    got = [x.item() for x in v]\n")
+    shell.run_cell(
+        "%%on_tpu\n"
+        "v = torch.randn(30)\n"
+        "for _ in range(4):\n"
+        "    v = v * 0.5\n"
+        "    torch_xla.sync()\n"
+        "    got = [x.item() for x in v]\n"
+    )
     text = capsys.readouterr().out
     first = text.splitlines()[0]
     report = tpu_nb.last_report()
@@ -205,7 +208,7 @@ def test_run_view_summary_ends_with_the_verdict(shell, capsys):
     steady = f" (steady state: {verdict.steady})" if verdict.steady else ""
     assert first.endswith(" | " + verdict.kind + steady), first
     assert f"Fix: {verdict.fix}" in text
-    assert len(report.steps) >= 4       # and the final sync %%on_tpu adds if work is pending
+    assert len(report.steps) >= 4  # and the final sync %%on_tpu adds if work is pending
 
 
 def test_no_verdict_for_a_cell_that_is_not_a_loop():
@@ -217,7 +220,7 @@ def test_no_verdict_for_a_cell_that_is_not_a_loop():
 
 # -- checked against a real profile ------------------------------------------------------------
 
-_PROFILED = '''
+_PROFILED = """
 import glob, gzip, json, sys, tempfile
 import torch, torch_xla, tpu_nb
 import torch_xla.core.xla_model as xm
@@ -262,7 +265,7 @@ for name, loop in (("device", device_loop), ("host", host_loop)):
                                              "completion)",
                                              "PjRtComputationClient::ExecuteComputation")]}
 print(json.dumps(out))
-'''
+"""
 
 
 def _profile_steps(events):
@@ -270,12 +273,15 @@ def _profile_steps(events):
     sync's end, device seconds of the execution it launched). An execution runs from its
     ExecuteComputation to the end of the next 'wait for completion' on XLA:CPU's client."""
     marks = sorted((ts, dur) for name, ts, dur in events if name == "StepMarker")
-    launches = sorted(ts for name, ts, _ in events
-                      if name == "PjRtComputationClient::ExecuteComputation")
+    launches = sorted(
+        ts for name, ts, _ in events if name == "PjRtComputationClient::ExecuteComputation"
+    )
     done = sorted(ts + dur for name, ts, dur in events if name.startswith("ThunkExecutor"))
     device = [next(end for end in done if end > launch) - launch for launch in launches]
-    walls = [None] + [(ts + dur) - (p_ts + p_dur)
-                      for (p_ts, p_dur), (ts, dur) in zip(marks, marks[1:], strict=False)]
+    walls = [None] + [
+        (ts + dur) - (p_ts + p_dur)
+        for (p_ts, p_dur), (ts, dur) in zip(marks, marks[1:], strict=False)
+    ]
     return [dur for _, dur in marks], walls, device
 
 
@@ -301,6 +307,7 @@ def test_figures_agree_with_the_torch_xla_profiler(py):
 
 # -- drawn: the report's view and the dashboard's panel ----------------------------------------
 
+
 def test_view_draws_host_and_device_spans_and_escapes_every_string():
     import dataclasses
     import re
@@ -314,9 +321,13 @@ def test_view_draws_host_and_device_spans_and_escapes_every_string():
     executing = len(re.findall(r"executing: ", html))
     assert executing == sum(len(s.device_spans) for s in shown) > 0
     assert "value reads" in html and "read-bound" in html
-    assert "var(--tpunb-" in html                      # theme colours, not fixed ones
-    hostile = dataclasses.replace(a, verdict=dataclasses.replace(
-        a.verdict, reason="<script>alert('x')</script>", fix="a & b <b>"))
+    assert "var(--tpunb-" in html  # theme colours, not fixed ones
+    hostile = dataclasses.replace(
+        a,
+        verdict=dataclasses.replace(
+            a.verdict, reason="<script>alert('x')</script>", fix="a & b <b>"
+        ),
+    )
     html = AnatomyView(hostile)._repr_html_()
     assert "<script>" not in html and "&lt;script&gt;" in html and "a &amp; b &lt;b&gt;" in html
     assert "read-bound" in repr(AnatomyView(a))
@@ -334,7 +345,7 @@ def test_dashboard_shows_the_running_steps_and_keeps_the_last_run():
     assert any("<svg" in html for html in seen[2:]), "no live timeline while the run ran"
     final = dash._repr_html_()
     assert "where the steps&#x27; time went" in final and "<svg" in final
-    assert tpu_nb.last_report().anatomy.verdict.kind in final      # the run's verdict
+    assert tpu_nb.last_report().anatomy.verdict.kind in final  # the run's verdict
 
 
 def test_a_long_run_keeps_its_last_steps_numbered_from_the_start(monkeypatch):
@@ -354,7 +365,7 @@ def test_a_long_run_keeps_its_last_steps_numbered_from_the_start(monkeypatch):
 
 # -- the profile itself in the notebook --------------------------------------------------------
 
-_PROFILE_N_STEPS = '''
+_PROFILE_N_STEPS = """
 import json, torch, torch_xla, tpu_nb
 from tpu_nb.runtime.tracking import profile
 from tpu_nb.display.profile_view import TraceView
@@ -371,14 +382,14 @@ html = TraceView(capture.trace)._repr_html_()
 print(json.dumps({"steps": capture.trace.steps, "early": traced_before_exit,
                   "threads": list(capture.trace.threads), "svg": html.count("<svg"),
                   "rects": html.count("<rect"), "repr": repr(TraceView(capture.trace))}))
-'''
+"""
 
 
 def test_profile_of_n_steps_is_drawn_without_tensorboard(py):
     import json
 
     out = json.loads(py(_PROFILE_N_STEPS, timeout=300).stdout.strip().splitlines()[-1])
-    assert out["steps"] == 2 and out["early"], out       # stopped at the second sync
+    assert out["steps"] == 2 and out["early"], out  # stopped at the second sync
     assert "python" in out["threads"] and out["svg"] == 1 and out["rects"] > 4, out
     assert out["repr"].startswith("profiler trace: 2 steps"), out
 
@@ -393,7 +404,7 @@ def test_profile_steps_outside_a_tracked_run_says_the_fix():
         profile(steps=0)
 
 
-_PROFILE_MAGIC = '''
+_PROFILE_MAGIC = """
 from IPython.testing.globalipapp import start_ipython
 ip = start_ipython()
 ip.run_line_magic("load_ext", "tpu_nb")
@@ -403,16 +414,16 @@ ip.run_cell("%%on_tpu --profile 2\\n"
             "for _ in range(4):\\n"
             "    x = torch.tanh(x @ x)\\n"
             "    torch_xla.sync()\\n")
-'''
+"""
 
 
 @pytest.mark.stack
 def test_on_tpu_profile_n_draws_the_trace_of_n_steps(py):
     out = py(_PROFILE_MAGIC, timeout=300).stdout
     assert "profile of In [" in out and ": 2 steps," in out, out[-2000:]
-    first = [line for line in out.splitlines() if "XLA: " in line]   # IPython 7 may put a
+    first = [line for line in out.splitlines() if "XLA: " in line]  # IPython 7 may put a
     # terminal-title escape before it
-    assert first and " | " in first[0], out[-2000:]      # the report still shows
+    assert first and " | " in first[0], out[-2000:]  # the report still shows
 
 
 def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
@@ -420,9 +431,10 @@ def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
     result = shell.run_cell("%%on_tpu --profile 0\nx = 1\n")
     err = capsys.readouterr()
     text = err.out + err.err
-    assert "--profile: needs a whole number from 1 to 1,000; got '0'. Fix: e.g. --profile 3" \
-        in text, text
-    assert "Traceback" not in text           # one line; the cell fails (a UsageError)
+    assert (
+        "--profile: needs a whole number from 1 to 1,000; got '0'. Fix: e.g. --profile 3" in text
+    ), text
+    assert "Traceback" not in text  # one line; the cell fails (a UsageError)
     assert type(result.error_in_exec).__name__ == "UsageError"
     shell.run_cell("%%on_tpu --profile 2 --replicas 2\nx = 1\n")
     text = "".join(capsys.readouterr())
@@ -440,7 +452,7 @@ def test_a_run_tracked_inside_another_leaves_the_outer_one_whole():
         with tpu_nb.track() as inner:
             x = x * 2
             torch_xla.sync()
-        assert anatomy.current() is outer_collector      # the live view follows the outer
+        assert anatomy.current() is outer_collector  # the live view follows the outer
         x = x * 2
         torch_xla.sync()
     assert len(outer.steps) == 3 and inner.anatomy.verdict is None

@@ -23,8 +23,9 @@ CHROMEDRIVER = os.environ.get("TPU_NB_CHROMEDRIVER", "/usr/bin/chromedriver")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "browser: drives JupyterLab in a real browser "
-                                       "(make test-browser)")
+    config.addinivalue_line(
+        "markers", "browser: drives JupyterLab in a real browser (make test-browser)"
+    )
 
 
 def _free_port() -> int:
@@ -43,24 +44,41 @@ def lab(tmp_path_factory):
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
-        '{"fetchNews": "false", "checkForUpdates": false}')
+        '{"fetchNews": "false", "checkForUpdates": false}'
+    )
     port, token = _free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
-    env.update(PJRT_DEVICE="CPU", PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-        JUPYTER_DATA_DIR=str(home / "data"), IPYTHONDIR=str(home / "ipython"))
+    env.update(
+        PJRT_DEVICE="CPU",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        JUPYTER_CONFIG_DIR=str(home / "config"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+        JUPYTER_DATA_DIR=str(home / "data"),
+        IPYTHONDIR=str(home / "ipython"),
+    )
     with open(home / "server.log", "w") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}",
-             "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-             f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-             "--LabApp.extension_manager=readonly",
-             f"--LabApp.user_settings_dir={home / 'settings'}",
-             f"--LabApp.workspaces_dir={home / 'workspaces'}"]
-            + (["--allow-root"] if os.geteuid() == 0 else []),     # CI runs as root
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root))
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                f"--port={port}",
+                "--ServerApp.ip=127.0.0.1",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}",
+                "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly",
+                f"--LabApp.user_settings_dir={home / 'settings'}",
+                f"--LabApp.workspaces_dir={home / 'workspaces'}",
+            ]
+            + (["--allow-root"] if os.geteuid() == 0 else []),  # CI runs as root
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(root),
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 90
@@ -72,8 +90,10 @@ def lab(tmp_path_factory):
                     if server.poll() is not None or time.monotonic() > deadline:
                         log.flush()
                         # The server's log says why; the refused connection does not.
-                        raise RuntimeError("JupyterLab did not start:\n"
-                                           + (home / "server.log").read_text()[-4000:]) from None
+                        raise RuntimeError(
+                            "JupyterLab did not start:\n"
+                            + (home / "server.log").read_text()[-4000:]
+                        ) from None
                     time.sleep(0.5)
             yield base, token, home
         finally:
@@ -93,10 +113,17 @@ def browser(lab):
     _, _, home = lab
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update",
-                "--no-first-run", "--window-size=1400,1300",
-                f"--user-data-dir={home / 'chromium'}"):
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--window-size=1400,1300",
+        f"--user-data-dir={home / 'chromium'}",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
@@ -181,4 +208,3 @@ return {roots: roots.length, low, misaligned, broken, cells, texts, images, labe
 def style_checks():
     """driver, selector -> dict of findings (see _CHECKS)."""
     return lambda driver, selector: driver.execute_script(_CHECKS, selector)
-

@@ -27,16 +27,17 @@ CHROMIUM = os.environ.get("TPU_NB_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("TPU_NB_CHROMEDRIVER", "/usr/bin/chromedriver")
 # Front end -> the page that opens a notebook in it (JupyterLab: in a fresh workspace, with
 # no tab left from the previous test).
-PAGES = {"jupyterlab": "/lab/workspaces/{workspace}/tree/{name}?reset&",
-         "notebook7": "/notebooks/{name}?"}
+PAGES = {
+    "jupyterlab": "/lab/workspaces/{workspace}/tree/{name}?reset&",
+    "notebook7": "/notebooks/{name}?",
+}
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 VIEW_CLASSES = ("tpunb-report", "tpunb-env", "tpunb-dashboard", "tpu-nb-graph")
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-    _missing = (f"needs {CHROMIUM} and {CHROMEDRIVER}: apt-get install -y chromium "
-                "chromium-driver")
+    _missing = f"needs {CHROMIUM} and {CHROMEDRIVER}: apt-get install -y chromium chromium-driver"
     if os.environ.get("TPU_NB_REQUIRE_BROWSER"):
         raise RuntimeError(_missing)
     pytest.skip(_missing, allow_module_level=True)
@@ -63,9 +64,9 @@ def _report_view():
     from tpu_nb.display.reports import RunView
     from tpu_nb.runtime.tracking._attribution import attribute
 
-    filename = str(ROOT / "tests" / "artifacts" / "views_cell.py")     # the "cell"'s file
+    filename = str(ROOT / "tests" / "artifacts" / "views_cell.py")  # the "cell"'s file
     scope = {"torch_xla": torch_xla, "dev": tpu_nb.device()}
-    code = compile(CELL, filename, "exec")       # the cell's own code, as %%on_tpu passes it
+    code = compile(CELL, filename, "exec")  # the cell's own code, as %%on_tpu passes it
     with tpu_nb.track("In[7]", code=(code,)) as report:
         exec(code, scope)
     return RunView(report, attribute(report, CELL, filename), label="In[7]", source=CELL)
@@ -114,8 +115,12 @@ def views() -> dict[str, object]:
     from tpu_nb.display.reports import EnvironmentView
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return {"report": _report_view(), "environment": EnvironmentView(tpu_nb.detect()),
-            "dashboard": _dashboard_view(), "graph": _graph_view()}
+    return {
+        "report": _report_view(),
+        "environment": EnvironmentView(tpu_nb.detect()),
+        "dashboard": _dashboard_view(),
+        "graph": _graph_view(),
+    }
 
 
 def _notebook(views: dict, path: Path, data_dir: Path, trusted: bool = True) -> None:
@@ -124,12 +129,18 @@ def _notebook(views: dict, path: Path, data_dir: Path, trusted: bool = True) -> 
     from nbformat.sign import NotebookNotary
 
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     for name, view in views.items():
         cell = nbformat.v4.new_code_cell(f"# {name}", execution_count=len(nb.cells) + 1)
-        cell.outputs = [nbformat.v4.new_output(
-            "display_data", data={"text/html": view._repr_html_(), "text/plain": repr(view)})]
+        cell.outputs = [
+            nbformat.v4.new_output(
+                "display_data", data={"text/html": view._repr_html_(), "text/plain": repr(view)}
+            )
+        ]
         nb.cells.append(cell)
     if trusted:
         NotebookNotary(data_dir=str(data_dir)).sign(nb)
@@ -159,16 +170,22 @@ def _drag_pans(driver) -> bool:
     from selenium.webdriver.common.action_chains import ActionChains
 
     frame = driver.find_element("css selector", ".tpu-nb-graph .tpunb-frame")
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});"
-                          "arguments[0].scrollLeft = 0; arguments[0].scrollTop = 0;", frame)
+    driver.execute_script(
+        "arguments[0].scrollIntoView({block: 'center'});"
+        "arguments[0].scrollLeft = 0; arguments[0].scrollTop = 0;",
+        frame,
+    )
     time.sleep(0.2)
-    ActionChains(driver).move_to_element(frame).click_and_hold().move_by_offset(-120, -90) \
-        .move_by_offset(-80, -60).release().perform()
+    ActionChains(driver).move_to_element(frame).click_and_hold().move_by_offset(
+        -120, -90
+    ).move_by_offset(-80, -60).release().perform()
     time.sleep(0.2)
     left, top, room_x, room_y = driver.execute_script(
         "const f = arguments[0]; return [f.scrollLeft, f.scrollTop, "
-        "f.scrollWidth - f.clientWidth, f.scrollHeight - f.clientHeight];", frame)
-    assert room_y > 150, room_y                     # a 500-node step is taller than the frame
+        "f.scrollWidth - f.clientWidth, f.scrollHeight - f.clientHeight];",
+        frame,
+    )
+    assert room_y > 150, room_y  # a 500-node step is taller than the frame
     return abs(left - min(200, room_x)) <= 1 and abs(top - 150) <= 1
 
 
@@ -176,7 +193,9 @@ def _shots(driver, prefix: str) -> None:
     for name in VIEW_CLASSES:
         driver.execute_script(
             "const el = document.querySelector(arguments[0]);"
-            "if (el) el.scrollIntoView({block: 'start'});", f".{name}")
+            "if (el) el.scrollIntoView({block: 'start'});",
+            f".{name}",
+        )
         time.sleep(0.3)
         driver.save_screenshot(str(ARTIFACTS / f"views-{prefix}-{name}.png"))
 
@@ -192,44 +211,64 @@ def _wait(predicate, timeout: float, what: str):
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_views_on_a_bare_page_without_jupyter_css(views, browser, style_checks, scheme,
-                                                  tmp_path):
+def test_views_on_a_bare_page_without_jupyter_css(views, browser, style_checks, scheme, tmp_path):
     page = tmp_path / "views.html"
-    page.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
-                    + "".join(f"<div style='margin:12px 0'>{v._repr_html_()}</div>"
-                              for v in views.values()) + "</body></html>", encoding="utf-8")
-    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [
-        {"name": "prefers-color-scheme", "value": scheme}]})
+    page.write_text(
+        "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
+        + "".join(f"<div style='margin:12px 0'>{v._repr_html_()}</div>" for v in views.values())
+        + "</body></html>",
+        encoding="utf-8",
+    )
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+    )
     try:
         browser.get(page.as_uri())
-        _wait(lambda: browser.execute_script(
-            "return [...document.images].every(i => i.complete)"), 20, "the images")
+        _wait(
+            lambda: browser.execute_script("return [...document.images].every(i => i.complete)"),
+            20,
+            "the images",
+        )
         result = _check(browser, style_checks)
-        assert _drag_pans(browser)                     # dragging the picture pans it
+        assert _drag_pans(browser)  # dragging the picture pans it
         _shots(browser, f"bare-{scheme}")
     finally:
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
     print(f"bare page, {scheme}: {json.dumps(result)[:400]}")
 
 
-@pytest.mark.parametrize("frontend, theme, trusted", [
-    ("jupyterlab", "light", True), ("jupyterlab", "dark", True), ("notebook7", "light", True),
-    ("notebook7", "dark", True), ("jupyterlab", "dark", False)])
-def test_views_in_jupyter_front_ends(views, lab, browser, style_checks, frontend, theme,
-                                     trusted):
+@pytest.mark.parametrize(
+    "frontend, theme, trusted",
+    [
+        ("jupyterlab", "light", True),
+        ("jupyterlab", "dark", True),
+        ("notebook7", "light", True),
+        ("notebook7", "dark", True),
+        ("jupyterlab", "dark", False),
+    ],
+)
+def test_views_in_jupyter_front_ends(views, lab, browser, style_checks, frontend, theme, trusted):
     base, token, home = lab
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
-    (settings / "themes.jupyterlab-settings").write_text(
-        json.dumps({"theme": THEMES[theme]}))
+    (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": THEMES[theme]}))
     name = f"views-{frontend}-{theme}{'' if trusted else '-untrusted'}.ipynb"
     _notebook(views, home / "notebooks" / name, home / "data", trusted)
-    browser.get(base + PAGES[frontend].format(name=name, workspace=name[:-6])
-                + f"token={token}")
-    _wait(lambda: len(browser.find_elements("css selector", _SELECTOR)) == len(VIEW_CLASSES),
-          90, "the notebook's outputs")
-    _wait(lambda: browser.execute_script("return document.body.dataset.jpThemeLight")
-          == ("true" if theme == "light" else "false"), 30, f"the {theme} theme")
-    time.sleep(1)       # fonts and images settle
+    browser.get(base + PAGES[frontend].format(name=name, workspace=name[:-6]) + f"token={token}")
+    _wait(
+        lambda: len(browser.find_elements("css selector", _SELECTOR)) == len(VIEW_CLASSES),
+        90,
+        "the notebook's outputs",
+    )
+    _wait(
+        lambda: (
+            browser.execute_script("return document.body.dataset.jpThemeLight")
+            == ("true" if theme == "light" else "false")
+        ),
+        30,
+        f"the {theme} theme",
+    )
+    time.sleep(1)  # fonts and images settle
     if not trusted:
         # JupyterLab sanitizes an untrusted notebook's HTML: no <style>, no <svg>, no script.
         # Layout (inline) stays, and the colours fall back to the theme's own text colour.
@@ -237,6 +276,6 @@ def test_views_in_jupyter_front_ends(views, lab, browser, style_checks, frontend
         _shots(browser, f"{frontend}-{theme}-untrusted")
         return
     result = _check(browser, style_checks)
-    assert _drag_pans(browser)                        # a trusted output's script runs
+    assert _drag_pans(browser)  # a trusted output's script runs
     _shots(browser, f"{frontend}-{theme}")
     print(f"{frontend}, {theme}: {json.dumps(result)[:400]}")

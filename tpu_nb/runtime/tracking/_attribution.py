@@ -113,8 +113,7 @@ def _flushes_before_guard(event: CompileEvent) -> bool:
     site = event.site
     frames = (site.library,) if site is not None else event.frames
     return any(
-        f is not None and f.file == _GUARD_FILE and f.function == "_detector_guard"
-        for f in frames
+        f is not None and f.file == _GUARD_FILE and f.function == "_detector_guard" for f in frames
     )
 
 
