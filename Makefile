@@ -42,10 +42,11 @@ bench:
 doctor:
 	$(RUN) -m tpu_nb doctor
 
-## ruff and mypy, the locked versions with pyproject.toml's settings (also a pre-commit hook:
-## .pre-commit-config.yaml). Both run; the target fails if either finds something.
+## ruff (lint and format) and mypy, the locked versions with pyproject.toml's settings (also
+## pre-commit hooks: .pre-commit-config.yaml). All run; the target fails if any finds something.
 lint:
-	@status=0; $(ENV)/bin/ruff check . || status=1; $(ENV)/bin/mypy || status=1; exit $$status
+	@status=0; $(ENV)/bin/ruff check . || status=1; \
+	$(ENV)/bin/ruff format --check . || status=1; $(ENV)/bin/mypy || status=1; exit $$status
 
 ## After editing a tutorial's source (notebooks/NN_name.md, jupytext MyST): update the paired
 ## notebooks' cells, keeping their outputs; then record the outputs (README, Tutorials).
