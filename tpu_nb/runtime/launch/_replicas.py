@@ -126,6 +126,11 @@ _work: dict[str, tuple[Callable, tuple]] = {}
 # first ops at the same moment. So the first replica in runs that first use alone — counter
 # reads and one tiny graph, which registers the counters every replica touches first — while
 # the others wait; and tpu_nb's own counter reads are taken one thread at a time.
+# Likewise the CPU fallback's counter of each op (aten_fallback.cpp, `_fallback_counters`: an
+# unguarded map, inserted into at an op's first fallback in the process): four replicas' first
+# `.item()` (the aten::_local_scalar_dense fallback) inserting at once crashed about one launch
+# in 300 (SIGSEGV in that map's operator[] under xla_fallback). The warm-up's `.item()` makes
+# that insertion; other ops' first fallbacks can still race there, inside torch_xla.
 _first_use = threading.Lock()
 _first_use_done = False
 _counter_reads = threading.Lock()
@@ -146,13 +151,15 @@ def _first_use_alone() -> None:
 
 
 def _warm_up(torch, torch_xla, xla_model) -> None:
-    """Counter reads, a transfer, a compile, an execution and a read back: the first use of
-    the counters a replica's first ops touch, made from this one thread."""
+    """Counter reads, a transfer, a compile, an execution and read backs (`.cpu()` and
+    `.item()`, a CPU fallback): the first use of the counters a replica's first ops touch,
+    made from this one thread."""
     _snapshot()
-    warm = torch.ones(2, device=torch_xla.device()) + 1
+    warm = torch.ones(1, device=torch_xla.device()) + 1
     torch_xla.sync()
     xla_model.wait_device_ops()
     warm.cpu()
+    warm.item()
     _snapshot()
 
 
