@@ -46,12 +46,22 @@ def test_fork_path_runs_notebook_style_closures_with_prefixed_output(py):
         result = launch(make(1.0))
         print("RESULT", json.dumps([result.path, result.devices, result.values,
                                     [len(r.step_seconds) > 0 for r in result.replicas]]))
+        import threading
+        kept = launch(lambda index: threading.Lock(), devices=2)   # cannot be pickled
+        print("UNSENT", json.dumps([kept.values, list(kept.notes)]))
     """,
     ).stdout
-    path, devices, values, stepped = json.loads(out.split("RESULT")[1])
+    path, devices, values, stepped = json.loads(out.split("RESULT")[1].split("UNSENT")[0])
     assert (path, devices, values) == ("fork", 4, [0, 1, 4, 9]) and all(stepped)
     for i in range(4):
         assert f"[{i}] value {3 * (2.5 + 1.0 + i)}" in out
+    values, notes = json.loads(out.split("UNSENT")[1])
+    assert values == [None, None]
+    assert [n.split(" could not")[0] for n in notes] == [
+        "Replica 0's return value",
+        "Replica 1's return value",
+    ]
+    assert all("lock" in n and "Fix: return plain data" in n for n in notes), notes
 
 
 def test_worker_path_after_the_kernel_used_the_device(py):

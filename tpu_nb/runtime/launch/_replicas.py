@@ -225,8 +225,9 @@ def _write_result(rundir: str, ordinal: int, result: dict) -> None:
     path = os.path.join(rundir, f"result-{ordinal}.pkl")
     try:
         data = pickle.dumps(result)
-    except Exception:
+    except Exception as exc:  # the value cannot travel back: None, and the launch says why
         result["value"] = None
+        result["value_error"] = f"{type(exc).__name__}: {exc}"
         data = pickle.dumps(result)
     with open(path + ".tmp", "wb") as f:
         f.write(data)
@@ -589,6 +590,13 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
             "This kernel had already used the XLA device, so the replicas ran in a fresh "
             "worker process that received the function and its variables by value.",
         )
+    notes += tuple(
+        f"Replica {r['ordinal']}'s return value could not be sent back ({r['value_error']}), "
+        "so its value is None. Fix: return plain data (numbers, lists, tensors moved with "
+        ".cpu())."
+        for r in raw
+        if r.get("value_error")
+    )
     return LaunchResult(mode, run.path, run.n, replicas, time.perf_counter() - start, notes)
 
 
