@@ -181,6 +181,25 @@ def test_the_alert_diff_follows_the_latest_graphs_of_the_line():
     assert any("f32[25,8] -> f32[26,8]" in line for line in alert.differs), alert.differs
 
 
+def test_in_a_tracked_run_the_alert_diffs_the_recorded_graphs_of_its_two_compiles():
+    """Under track() (as %%on_tpu --live) the recorder read each pending graph just before it
+    compiled: the alert diffs exactly the two graphs it names, not the probe's later syncs."""
+    w = _weights()
+    monitor = LiveMonitor(alert_graphs=2)
+    with tpu_nb.track():  # the loop in the tracked block, as in a cell
+        for batch in (31, 32, 33, 34):
+            out = (torch.ones(batch, 8, device=tpu_nb.device()) @ w).relu().sum()
+            torch_xla.sync()
+            monitor.poll()
+        state = monitor.poll()
+    monitor.close()
+    assert out.item() >= 0
+    (alert,) = state.alerts
+    assert alert.source == "recorded"
+    assert any("f32[33,8] -> f32[34,8]" in line for line in alert.differs), alert.differs
+    assert "the graphs read just before they compiled" in D.alert_html(state)
+
+
 def test_alert_on_a_value_read_line_comes_from_the_compile_log():
     monitor = LiveMonitor(alert_graphs=2)
     values = []

@@ -92,11 +92,10 @@ def alert_html(state: LiveState | None) -> str:
         return ""
     parts = []
     for alert in state.alerts:
-        how = (
-            "captured graphs of its next syncs"
-            if alert.source == "graphs"
-            else "its compile-log blocks (counts and sizes; the ops are not logged)"
-        )
+        how = {
+            "recorded": "the graphs read just before they compiled",
+            "graphs": "captured graphs of its next syncs",
+        }.get(alert.source, "its compile-log blocks (counts and sizes; the ops are not logged)")
         lines = "".join(f"<li>{escape(line)}</li>" for line in alert.differs)
         parts.append(
             f"<div><b style='color:{_RED}'>Recompilation: {escape(alert.describe())}</b><br>"

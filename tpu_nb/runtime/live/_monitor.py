@@ -267,7 +267,9 @@ class RecompilationAlert:
     graphs: tuple[str, ...]  # the line's distinct graph hashes, in order
     limit: int
     differs: tuple[str, ...]  # what differs between the last two graphs, line by line
-    source: str  # "graphs" (captured and diffed) or "compile log"
+    # "recorded" (the tracked run's graphs of these two compiles, diffed), "graphs" (the sync
+    # probe's captures at the line's next syncs, diffed) or "compile log"
+    source: str
 
     def describe(self) -> str:
         return (
@@ -610,29 +612,29 @@ class LiveMonitor:
                 return fresh
         return event
 
-    def _captured_pair(self, site: tuple[str, int], events: list[CompileEvent]) -> list:
-        """The line's last two graphs as captured: the recorder's when a tracked run (as
-        %%on_tpu) read the pending graph just before each of these two compiles, keyed by the
-        compile log's hash, so exactly the pair the alert names; else the probe's."""
+    def _captured_pair(self, site: tuple[str, int], events: list[CompileEvent]) -> tuple[list, str]:
+        """The line's last two graphs as captured, and by whom: "recorded" when a tracked run
+        (as %%on_tpu) read the pending graph just before each of these two compiles (keyed by
+        the compile log's hash: exactly the pair the alert names); else the probe's."""
         before, after = (graphs_by_hash.get(e.graph_hash) for e in events[-2:])
         if before is not None and after is not None:
-            return [before, after]
-        return self._probe.graphs(site) if self._probe is not None else []
+            return [before, after], "recorded"
+        return (self._probe.graphs(site) if self._probe is not None else []), "graphs"
 
     def _refresh_alerts(self) -> None:
         for site, events in self._lines.items():
             if len(events) <= self.alert_graphs:
                 continue
             hashes = tuple(e.graph_hash for e in events)
-            captured = self._captured_pair(site, events)
+            captured, captured_by = self._captured_pair(site, events)
             old = self._alerts.get(site)
-            if old is not None and old.graphs == hashes and old.source == "graphs":
+            if old is not None and old.graphs == hashes and old.source != "compile log":
                 continue
             differs: tuple[str, ...] = ()
             source = "compile log"
             if len(captured) >= 2:
                 try:
-                    differs, source = _diff_lines(captured[-2], captured[-1]), "graphs"
+                    differs, source = _diff_lines(captured[-2], captured[-1]), captured_by
                 except Exception:  # fall back to the compile log, never fail
                     log.debug("diffing the alert's two graphs failed", exc_info=True)
                     differs = ()
