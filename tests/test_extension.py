@@ -99,7 +99,8 @@ def test_on_tpu_report_names_lines_of_the_cell(shell, capsys):
     assert "64.0" in out
     assert "line 3: fell back to the CPU ×1: torch.histc ran on the CPU (aten::histc, 1×)" in out
     assert (
-        "line 5: read from the device ×1: .item() read a device value (1×: 1 device→host read)"
+        "line 5: read from the device ×1: .item() read a device value (1×: 1 device→host read, "
+        "once)"
         in out
     )
     assert "line 5: compiled ×1" in out  # the .item() compiled its graph at line 5
@@ -344,24 +345,31 @@ def test_xla_graph_magic(shell, capsys):
         shell.run_line_magic("xla_graph", "--budget 0 gz")
 
 
-def test_bucketing_within_max_graphs_is_not_flagged(shell, capsys):
+def test_buckets_in_rotation_are_not_flagged_and_new_shapes_are(shell, capsys):
     cell = (
         "wb = torch.randn(8, 8)\n"
         "torch_xla.sync()\n"
-        "for rows in (13, 17, 13, 17):\n"
+        "for rows in (13, 17, 13, 17, 13, 17):\n"
         "    kept = (torch.ones(rows, 8) @ wb).sum()\n"
         "    torch_xla.sync()\n"
     )
     capsys.readouterr()
-    run(shell, "%%on_tpu --max-graphs 2\n" + cell)
-    allowed = capsys.readouterr().out
+    run(shell, "%%on_tpu\n" + cell)
+    buckets = capsys.readouterr().out
     assert (
-        " | 2 compiled | " in allowed.splitlines()[0]
-        or " | 3 compiled | " in allowed.splitlines()[0]
+        " | 2 compiled | " in buckets.splitlines()[0]
+        or " | 3 compiled | " in buckets.splitlines()[0]
     )  # (set-up,) 13 rows, 17 rows
-    assert "RECOMPILED" not in allowed and "within the 2 allowed" in allowed
-    run(shell, "%%on_tpu\n" + cell.replace("(13, 17, 13, 17)", "(19, 23)"))
-    assert "RECOMPILED" in capsys.readouterr().out
+    assert "RECOMPILED" not in buckets and "what to do" not in buckets, buckets
+    assert "each compiled once, then cached" in buckets
+    growing = "(19, 23, 29, 31, 37, 41)"
+    run(shell, "%%on_tpu\n" + cell.replace("(13, 17, 13, 17, 13, 17)", growing))
+    out = capsys.readouterr().out
+    assert "RECOMPILED" in out and "pad or bucket" in out, out
+    assert "dim 0: 19 \u2192 23 \u2192 29 \u2192 31 \u2192 37 \u2192 41 (6 shapes)" in out, out
+    run(shell, "%%on_tpu --max-graphs 6\n" + cell.replace("(13, 17, 13, 17, 13, 17)", growing))
+    allowed = capsys.readouterr().out
+    assert "RECOMPILED" not in allowed and "within the 6 allowed" in allowed, allowed
 
 
 def test_xla_line_counts_executions_still_running_at_cell_end(shell, capsys):

@@ -148,9 +148,8 @@ def verdict_html(a: Anatomy) -> str:
     if v is None:
         return ""
     colour = style.OK if v.good else style.WARN
-    steady = f" (steady state: {v.steady})" if v.steady else ""
     return (
-        f"<div><b style='color:{colour}'>{escape(v.kind + steady)}</b>: "
+        f"<div><b style='color:{colour}'>{escape(v.kind)}</b>: "
         f"{escape(v.reason)}. <span style='color:{style.MUTED}'>Fix: "
         f"{escape(v.fix)}</span></div>"
     )

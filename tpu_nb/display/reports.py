@@ -84,19 +84,24 @@ class EnvironmentView:
 KIND_WORDS = {
     "compile": "compiled",
     "warm-up": "compiled its warm-up graph",
+    "variant": "compiled another graph",
     "recompile": "recompiled",
+    "growing": "compiled a bigger graph",
     "fallback": "fell back to the CPU",
     "host-read": "read from the device",
 }
 _KIND_COLOURS = {
     "compile": ACCENT,
     "warm-up": MUTED,
+    "variant": MUTED,
     "recompile": RED,
+    "growing": RED,
     "fallback": WARN,
     "host-read": WARN,
 }
-_FLAGGED = ("recompile", "fallback", "host-read")
+_FLAGGED = ("recompile", "growing", "fallback", "host-read")
 _SHOWN_WHATS = 3  # distinct descriptions listed per group before "and N more"
+_NOT_CAPTURED = "tpu_nb did not capture both graphs"
 _CONTEXT = 2  # source lines shown around a marked line of a long cell
 _LONG_CELL = 30  # cells longer than this show only marked lines and their context
 
@@ -142,7 +147,18 @@ class FindingGroup:
 
     @property
     def changed(self) -> list[str]:
-        return self._distinct(c for f in self.findings for c in f.changed)
+        """What differs from the line's graph before, once for the group: the facts from
+        captured graphs first (a compile whose graphs were not both captured adds nothing
+        when another says more); a dimension moving through the line's graphs is said once,
+        by the line's pattern."""
+        facts = [f.changed for f in sorted(self.findings, key=lambda f: f.order) if f.changed]
+        captured = [c for c in facts if not c[-1].startswith(_NOT_CAPTURED)]
+        chosen = captured or facts[-1:]
+        return self._distinct(c for changed in chosen[-2:] for c in changed)
+
+    @property
+    def pattern(self) -> str:
+        return next((f.pattern for f in self.findings if f.pattern), "")
 
     @property
     def hints(self) -> list[str]:
@@ -176,11 +192,13 @@ def group_findings(findings: list[LineFinding]) -> list[FindingGroup]:
 
 
 def _hints(groups: list[FindingGroup]) -> list[tuple[str, list[str], str]]:
-    """Each distinct hint once: (kind words, the places it applies to, the hint)."""
-    seen: dict[str, tuple[str, list[str], str]] = {}
+    """Each distinct hint once per kind of finding: (kind words, the places it applies to,
+    the hint)."""
+    seen: dict[tuple[str, str], tuple[str, list[str], str]] = {}
     for g in groups:
+        words = KIND_WORDS.get(g.kind, g.kind)
         for hint in g.hints:
-            entry = seen.setdefault(hint, (KIND_WORDS.get(g.kind, g.kind), [], hint))
+            entry = seen.setdefault((words, hint), (words, [], hint))
             if g.where not in entry[1]:
                 entry[1].append(g.where)
     return list(seen.values())
@@ -249,11 +267,11 @@ class RunView:
             bits.append("RECOMPILED")
         if r.error is not None:
             bits.append(f"failed: {type(r.error).__name__}")
-        verdict = getattr(r.anatomy, "verdict", None)  # where the steps' time went
+        verdict = getattr(r.anatomy, "verdict", None)  # where the steady steps' time went
         if verdict is not None:
-            bits.append(
-                verdict.kind + (f" (steady state: {verdict.steady})" if verdict.steady else "")
-            )
+            bits.append(verdict.kind)
+        elif getattr(r.judgement, "note", ""):
+            bits.append("no verdict yet")
         return " | ".join(bits)
 
     def figures(self) -> list[tuple[str, str]]:
@@ -284,6 +302,14 @@ class RunView:
             ("CPU fallbacks", fallbacks or "none"),
         ]
 
+    def _describes_line(self, g: FindingGroup) -> bool:
+        """Whether `g` carries its line's compile pattern: the line's last compile group,
+        when the line compiled more than one graph."""
+        if not g.pattern or not g.line:
+            return False
+        same = [h for h in self.groups if h.line == g.line and h.pattern]
+        return same[-1] is g and sum(h.count for h in same) > 1
+
     def _group_line(self, g: FindingGroup) -> str:
         head = f"{g.where}: {g.marker()}"
         what = g.description()
@@ -296,9 +322,23 @@ class RunView:
         problem = getattr(self.report, "compile_log_problem", "")
         if problem:
             notes.append(f"compile causes unknown for this cell: {problem}")
+        judgement = getattr(self.report, "judgement", None)
+        if judgement is not None and judgement.one_time_compiles:
+            n = judgement.one_time_compiles
+            notes.append(
+                f"one-time cost: {n} compile{'s' if n != 1 else ''} of first-step, warm-up "
+                f"or once-each graphs ({format_seconds(judgement.one_time_seconds)})"
+                + (
+                    f"; the verdict is about the {judgement.steady_steps} steps without them"
+                    if judgement.verdict is not None and judgement.steady_steps
+                    else ""
+                )
+            )
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
-            notes.append(str(verdict))
+            notes.append(f"verdict: {verdict}")
+        elif judgement is not None and judgement.note:
+            notes.append(f"no verdict: {judgement.note}")
         return notes
 
     def _marks(self) -> dict[int, list[FindingGroup]]:
@@ -320,6 +360,8 @@ class RunView:
                 lines += [f"      {g.where} \u2192 {via}" for via in g.vias]
                 if g.changed:
                     lines.append(f"      changed: {'; '.join(g.changed)}")
+                if self._describes_line(g):
+                    lines.append(f"      this line: {g.pattern}")
         hints = _hints(self.groups)
         if hints:
             lines.append("what to do:")
@@ -403,6 +445,8 @@ class RunView:
                 details += f"<br><span style='color:{RED}'>changed:</span> " + e(
                     "; ".join(g.changed)
                 )
+            if self._describes_line(g):
+                details += f"<br><span style='color:{MUTED}'>this line:</span> " + e(g.pattern)
             secs = g.seconds
             rows.append(
                 (

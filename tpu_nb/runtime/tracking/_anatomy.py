@@ -125,15 +125,13 @@ class Verdict:
     kind: str  # device-bound, host-bound, input-bound, compile-bound, read-bound
     reason: str
     fix: str
-    steady: str = ""  # compile-bound runs: the verdict of the steps that did not compile
 
     @property
     def good(self) -> bool:
         return self.kind == "device-bound"
 
     def __str__(self) -> str:
-        steady = f" (steady state: {self.steady})" if self.steady else ""
-        return f"{self.kind}{steady}: {self.reason}. Fix: {self.fix}"
+        return f"{self.kind}: {self.reason}. Fix: {self.fix}"
 
 
 _FIXES = {
@@ -146,9 +144,8 @@ _FIXES = {
     "pin_memory and persistent_workers, wrap it in "
     "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
     "to the device), or prepare the data ahead of time",
-    "compile-bound": "see the compile and recompile findings: keep shapes and Python values "
-    "in the step fixed (pad or bucket them); a first compile in a short run "
-    "is a one-time cost",
+    "compile-bound": "the steps after the warm-up still compile: see the compile findings "
+    "for the lines that do, and what changed between their graphs",
     "read-bound": "value reads (.item(), print(tensor), bool(tensor)) make the host wait for "
     "the device every step, so tracing and execution no longer overlap: read "
     "values every N steps, accumulate them on the device, or read them in a "
@@ -670,7 +667,7 @@ def _quantile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
-def _summarise(steps, tail, busy, collector) -> Anatomy:
+def _summarise(steps, tail, busy, collector, *, judged: bool = True) -> Anatomy:
     every = steps + ((tail,) if tail else ())
     wall = sum(r.wall for r in every)
     device_busy = sum(r.wall - r.idle for r in every)
@@ -695,7 +692,7 @@ def _summarise(steps, tail, busy, collector) -> Anatomy:
         complete=not collector.lost_samples,
         dropped_steps=collector.dropped_steps,
     )
-    return _with_verdict(anatomy, busy)
+    return _with_verdict(anatomy, busy) if judged else anatomy
 
 
 # -- the verdict -------------------------------------------------------------------------------
@@ -703,19 +700,33 @@ def _summarise(steps, tail, busy, collector) -> Anatomy:
 _BOUND = 0.25  # a part this large a share of the wall time bounds the loop
 _DEVICE_BUSY = 0.6  # the device busy this much of the time: the loop is device-bound
 _MIN_STEPS = 3  # fewer syncs are not a loop: no verdict
+MIN_STEADY_STEPS = 3  # fewer steps after the warm-up: too few to judge the steady state
 
 
 def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
+    """The verdict as far as the timeline alone shows (a live view's): the steady state is
+    the steps after the run's first compiling steps (the first step and its warm-up). A
+    finished run's verdict is the policy's (tracking._policy), from the compile facts."""
     from dataclasses import replace
 
-    verdict = judge(anatomy)
-    if verdict is not None and verdict.kind == "compile-bound":
-        calm = [s for s in anatomy.steps if not s.compiles]
-        if len(calm) >= 3:
-            steady = judge(_summarise(tuple(calm), None, busy, _NoLoss()))
-            if steady is not None and steady.kind != "compile-bound":
-                verdict = replace(verdict, steady=steady.kind)
-    return replace(anatomy, verdict=verdict)
+    steps = anatomy.steps
+    lead = 0
+    while lead < min(len(steps), _LIVE_WARM_UP) and steps[lead].compiles:
+        lead += 1
+    steady = steps[lead:]
+    if len(steady) < MIN_STEADY_STEPS:
+        return anatomy
+    return replace(anatomy, verdict=steady_verdict(steady))
+
+
+_LIVE_WARM_UP = 3  # leading compiling steps a live view takes for the warm-up
+
+
+def steady_verdict(steps: Sequence[StepRecord]) -> Verdict | None:
+    """The verdict of `steps` alone (the steady state: the policy leaves out the steps that
+    compiled the warm-up graphs)."""
+    busy = _Busy(_union(span for s in steps for span in s.device_spans))
+    return judge(_summarise(tuple(steps), None, busy, _NoLoss(), judged=False))
 
 
 class _NoLoss:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _report as tracking
 from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._report import RunReport
@@ -26,10 +27,8 @@ HOST_READ_HINT = (
     "keep values on the device (accumulate losses in a tensor) and read once "
     "after the loop, or log with xm.add_step_closure"
 )
-RECOMPILE_HINT = (
-    "keep shapes and Python values in the step fixed (pad or bucket the batch "
-    "to a few fixed sizes), or allow the graphs with --max-graphs"
-)
+RECOMPILE_HINT = policy.RECOMPILE_FIX
+GROWING_HINT = policy.GROWING_FIX
 _FALLBACK_HINTS = {
     "torch.nonzero": "its output size depends on the data; use torch.where with a mask instead",
     "torch.masked_select": "its output size depends on the data; multiply by the mask instead",
@@ -49,7 +48,8 @@ class LineFinding:
     """Something a line did, with what to do about it."""
 
     line: int  # 1-based line in the source; 0 when not on a line of it
-    kind: str  # "compile", "warm-up", "recompile", "fallback", "host-read"
+    kind: str  # "compile", "warm-up", "variant", "recompile", "growing", "fallback",
+    # "host-read"
     what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
     hint: str = ""  # what to do; findings of one kind on one topic share the same text
     place: str = ""  # where, when not a line: "end of cell" (the final sync)
@@ -59,6 +59,8 @@ class LineFinding:
     seconds: float | None = None  # time it cost where known (a compile's compile time)
     order: int = 0  # when it first happened in the run (findings sort by it)
     changed: tuple[str, ...] = ()  # recompiles: what differs from the line's earlier graph
+    pattern: str = ""  # compiles: the line's compiles over the run, in one sentence
+    progression: str = ""  # compiles: one dimension changing across the line's graphs
 
 
 def fallback_hint(op: str) -> str:
@@ -227,53 +229,74 @@ def attribute(report: RunReport, source: str, filename: str, allowed: int = 1) -
 
 def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[LineFinding]:
     out = []
-    beyond = report.recompiled_lines(allowed)
+    judgement = report.judgement
+    kinds = judgement.compile_kinds if judgement is not None else ()
     for order, event in enumerate(report.compile_events):
         guard_start = _flushes_before_guard(event)  # at the block's `with` line, if any
         line = None if guard_start else _event_line(event, filename)
         what = f"graph {event.graph_hash[:8]} compiled ({event.cause})"
-        if line is None:
-            # tpu_nb's own syncs (the final one; the guard's at the start): no code in
-            # between to name
-            own = True
-            if _ends_run(event):
-                place = "end of cell"
-            elif guard_start:
-                place = "start of cell: work pending from before it, run by --max-graphs's sync"
-            else:
-                place, own = "code this cell called (line not recorded)", False
-            out.append(
-                LineFinding(
-                    0, "compile", what, place=place, via="" if own else _via(event), order=order
-                )
+        if event.trigger == "fallback":
+            what = (
+                f"graph {event.graph_hash[:8]} compiled: a CPU fallback on this line needed "
+                "the values of its inputs, so their pending graph ran first"
             )
+        if line is None:
+            out.append(_unplaced_compile(event, what, guard_start, order))
             continue
-        kind, hint, changed = "compile", "", tuple[str, ...]()
-        frame = event.user_frame
-        key = (frame.file, frame.line) if frame is not None else ("", 0)
-        hashes = report.recompilations.get(key, ())
-        index = hashes.index(event.graph_hash) if event.graph_hash in hashes else 0
-        if index > 0:
-            changed = what_changed(event)
-            warm = key in report.warmups and index == 1
-            if warm:
-                kind, hint = (
-                    "warm-up",
-                    (
-                        "expected once: the first step's graph differed "
-                        "from the steady step's, as listed"
-                    ),
-                )
-            elif key in beyond and index >= allowed + (key in report.warmups):
-                kind, hint = "recompile", RECOMPILE_HINT
-            else:
-                hint = f"another graph of this line, within the {allowed} allowed (--max-graphs)"
-        if event.kind == "value-access":
-            hint = HOST_READ_HINT
+        kind = kinds[order] if order < len(kinds) else ""
+        key = policy.line_key(event)
+        pattern = judgement.lines.get(key) if judgement is not None and key else None
+        finding_kind, hint = _compile_kind(kind, pattern, allowed)
+        changed = what_changed(event) if kind != policy.FIRST else ()
+        if pattern is not None and kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING):
+            # the line's pattern says it once: its progression, or the ops it adds
+            changed = () if pattern.progression or kind == policy.GROWING else changed
+        if finding_kind == "compile" and kind == policy.RECOMPILE:  # within --max-graphs
+            what += f"; another graph of this line, within the {allowed} allowed (--max-graphs)"
         out.append(
-            LineFinding(line, kind, what, hint, via=_via(event), order=order, changed=changed)
+            LineFinding(
+                line,
+                finding_kind,
+                what,
+                hint,
+                via=_via(event),
+                order=order,
+                changed=changed,
+                pattern=policy.describe_pattern(pattern) if pattern is not None else "",
+                progression=pattern.progression if pattern is not None else "",
+            )
         )
     return out
+
+
+def _compile_kind(kind: str, pattern, allowed: int) -> tuple[str, str]:
+    """The finding kind of a compile the policy classified, and its hint ("" : a fact)."""
+    if kind == policy.WARM_UP:
+        return "warm-up", ""
+    if kind in (policy.VARIANT, policy.UNSETTLED):
+        return "variant", ""
+    if kind == policy.GROWING:
+        return "growing", GROWING_HINT
+    if kind == policy.RECOMPILE:
+        if pattern is not None and pattern.graphs <= allowed:
+            return "compile", ""
+        return "recompile", RECOMPILE_HINT
+    return "compile", ""
+
+
+def _unplaced_compile(event: CompileEvent, what: str, guard_start: bool, order: int):
+    # tpu_nb's own syncs (the final one; the guard's at the start): no code in between to name
+    own = True
+    if _ends_run(event):
+        place = "end of cell"
+    elif guard_start:
+        place = "start of cell: work pending from before it, run by --max-graphs's sync"
+    else:
+        place, own = "code this cell called (line not recorded)", False
+    return LineFinding(0, "compile", what, place=place, via="" if own else _via(event), order=order)
+
+
+_NOT_PER_STEP = policy.ReadPattern(False, "")
 
 
 def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
@@ -289,13 +312,21 @@ def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
             if occ.count
             else "a copy of device data to the host"
         )
-        what = f"{occ.what} read a device value ({occ.calls}\u00d7: {reads})"
+        pattern = (
+            report.judgement.reads.get(occ.order, _NOT_PER_STEP)
+            if report.judgement is not None
+            else policy.ReadPattern(True, "")
+        )
+        what = f"{occ.what} read a device value ({occ.calls}\u00d7: {reads}"
+        what += f", {pattern.why})" if pattern.why else ")"
+        if occ.in_sync:
+            what = f"{occ.what} in a step closure read a device value ({occ.calls}\u00d7: {reads})"
         out.append(
             LineFinding(
                 line or 0,
                 "host-read",
                 what,
-                HOST_READ_HINT,
+                HOST_READ_HINT if pattern.per_step else "",
                 place="" if line else "outside this cell's code",
                 count=occ.calls,
                 via=occ.site.via,
@@ -309,7 +340,7 @@ def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
                 0,
                 "host-read",
                 f"{unplaced} device\u2192host reads tpu_nb could not place on a line",
-                HOST_READ_HINT,
+                "",
                 place="line not recorded",
                 count=unplaced,
                 order=base + 10**6,

@@ -133,6 +133,12 @@ class Occurrence:
     calls: int = 0  # calls that did it
     count: int = 0  # host reads / fallback ops they made
     order: int = 0  # when the first happened (a sequence number within the run)
+    # Inside a sync: a step closure (xm.add_step_closure) or other work the sync runs after
+    # the step's graph, not a read that stalls the step.
+    in_sync: bool = False
+    steps: int = 0  # distinct steps (syncs of the run) it happened in
+    first_step: int = 0  # syncs the run had made when it first happened
+    last_step: int = -1  # ... when it last happened
 
 
 @dataclass(frozen=True)
@@ -140,12 +146,14 @@ class CompileAnchor:
     """A sync or read during which the runtime compiled: blocks of the compile log written
     before `log_end` (and after the previous anchor) came from it."""
 
-    kind: str  # "sync" or "read"
+    kind: str  # "sync", "read" or "fallback" (a CPU fallback materialising its inputs)
     site: Site
     log_end: int
     compiles: int
     order: int
     graph: Any = None  # the pending graph captured just before it (a runtime Graph)
+    step: int = 0  # syncs the run had made before it
+    call: int = 0  # calls (syncs and reads) its line had made before it
 
 
 @dataclass
@@ -157,6 +165,10 @@ class Recording:
     capture_seconds: float = 0.0
     captures: int = 0
     hook_errors: int = 0
+    syncs: int = 0  # torch_xla.sync calls the tracked thread made
+    # (file, line) of the tracked code -> syncs and device reads it made (the steps a line
+    # took part in: whether it compiled again after its last compile)
+    line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 class Recorder:
@@ -269,9 +281,15 @@ class Recorder:
                 recorder._maybe_capture(sys._getframe(1)) if recorder._capture else (None, None)
             )
             start = time.time()
-            result = original(*args, **kwargs)
+            local = recorder._local
+            local.in_sync = True  # reads during the sync are its step closures
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.in_sync = False
             recorder._notify(recorder.on_sync, entry, start)
             recorder._after_sync(before, graph, site, sys._getframe(1))
+            recorder.recording.syncs += 1
             return result
 
         return sync
@@ -364,7 +382,8 @@ class Recorder:
     ) -> None:
         try:
             site = site or self.site_of(frame)
-            self._occur("read", label, site, max(0, after[0] - before[0]))
+            closure = getattr(self._local, "in_sync", False)
+            self._occur("read", label, site, max(0, after[0] - before[0]), closure)
             compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
             if compiled > 0:
                 self._anchor("read", site, compiled, graph)
@@ -384,7 +403,7 @@ class Recorder:
             # Running on the CPU materialises the op's inputs: a value-access compile.
             compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
             if compiled > 0:
-                self._anchor("read", site, compiled, graph)
+                self._anchor("fallback", site, compiled, graph)
                 self._note_compiled(site)
         except Exception:
             self._failed()
@@ -406,25 +425,39 @@ class Recorder:
                 self._wrap_fallback(_namespace(torch, namespace), attr)
         self._fallback_names = names
 
-    def _occur(self, kind: str, what: str, site: Site, count: int) -> None:
-        key = (kind, what, site)
+    def _occur(
+        self, kind: str, what: str, site: Site, count: int, in_sync: bool = False
+    ) -> None:
+        key = (kind, what, site, in_sync)
         occ = self.recording.occurrences.get(key)
+        step = self.recording.syncs
         if occ is None:
             if len(self.recording.occurrences) >= 10_000:  # bounded: one run, many sites
-                key = (kind, what, Site(None))
+                key = (kind, what, Site(None), in_sync)
                 occ = self.recording.occurrences.get(key)
             if occ is None:
                 occ = self.recording.occurrences[key] = Occurrence(
-                    kind, what, key[2], order=self._next()
+                    kind, what, key[2], order=self._next(), in_sync=in_sync, first_step=step
                 )
         occ.calls += 1
         occ.count += count
+        if occ.last_step != step:
+            occ.steps += 1
+            occ.last_step = step
 
     def _anchor(self, kind: str, site: Site, compiles: int, graph) -> None:
         log_end = self._log.size() if self._log is not None else 0
         anchors = self.recording.anchors
         if len(anchors) < 100_000:
-            anchors.append(CompileAnchor(kind, site, log_end, compiles, self._next(), graph))
+            recording = self.recording
+            # The call was counted as it began (_maybe_capture) and a sync is counted once
+            # its anchor is made: `step` is the step it ends or happened in.
+            call = recording.line_calls.get(_key(site.line), 1) - 1 if site.line else 0
+            anchors.append(
+                CompileAnchor(
+                    kind, site, log_end, compiles, self._next(), graph, recording.syncs, call
+                )
+            )
         if graph is not None and compiles == 1 and self._log is not None:
             # The block this compile wrote is the last one in the log: key the graph by its
             # hash now, so a guard or the report can diff it against the line's previous one.
@@ -477,6 +510,8 @@ class Recorder:
             if root is None:
                 return None, None
             key = (root.f_code.co_filename, root.f_lineno)
+            calls = self.recording.line_calls
+            calls[key] = calls.get(key, 0) + 1
             forced = key in force_capture
             due = forced or key in self._capture_next or line_graphs.get(key) is None
             if not due and self._compiled_at.get(key, 0) >= 2:

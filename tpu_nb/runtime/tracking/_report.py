@@ -13,7 +13,9 @@ from tpu_nb.runtime.environment._xla import wait_device_ops, xla
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.tracking._policy import describe_pattern
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
 # graph it compiled, in order, over the life of the process (bounded: the most recently
@@ -51,10 +53,6 @@ class RunReport:
     compile_analysis: bool = False  # False: compile causes unknown (setup() not called)
     # Lines that compiled more than one distinct graph (in this run or before): graph hashes.
     recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
-    # Of those, lines whose first two graphs are a training loop's warm-up: the first step
-    # creates gradients and optimizer state, so its graph has other inputs/outputs than the
-    # next. A third graph from such a line is still a recompilation.
-    warmups: frozenset[tuple[str, int]] = frozenset()
     # Value reads and CPU fallbacks, each placed on the line that led to it (with the library
     # function in between), aggregated per line: provenance.Occurrence, in time order.
     occurrences: list = field(default_factory=list)
@@ -72,6 +70,12 @@ class RunReport:
     # Where each step's time went, and the verdict (tpu_nb.runtime.tracking._anatomy); a Collector
     # while the run is tracked (needs record=True), an Anatomy once complete.
     anatomy: Any = None
+    syncs: int = 0  # torch_xla.sync calls the tracked code made (recorded runs)
+    # (file, line) of the tracked code -> the syncs and device reads it made (recorded runs)
+    line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
+    # What the facts call for: each compile's kind, each line's pattern, which reads repeat
+    # per step, the steady state's verdict (tracking._policy.Judgement).
+    judgement: Any = None
 
     @property
     def steps(self) -> tuple:
@@ -80,16 +84,20 @@ class RunReport:
 
     @property
     def recompiled(self) -> bool:
-        """Whether a line compiled a distinct graph again, beyond a training loop's warm-up."""
+        """Whether a line kept compiling new graphs after its warm-up (or its graph grows)."""
         return bool(self.recompiled_lines())
 
-    def recompiled_lines(self, allowed: int = 1) -> dict[tuple[str, int], tuple[str, ...]]:
-        """Lines that compiled more than `allowed` distinct graphs (a warm-up graph aside):
-        the recompilations worth a look. `allowed` > 1 accepts deliberate bucketing."""
+    def recompiled_lines(self, allowed: int = 1) -> dict[tuple[str, int], int]:
+        """Lines that kept compiling new graphs in this run (beyond their warm-up, not a
+        bounded set then cached), with the graphs they compiled; `allowed` > 1 accepts that
+        many graphs per line (deliberate bucketing, --max-graphs)."""
+        judgement = self.judgement
+        if judgement is None:
+            return {}
         return {
-            line: hashes
-            for line, hashes in self.recompilations.items()
-            if len(hashes) - (line in self.warmups) > allowed
+            key: p.graphs
+            for key, p in judgement.lines.items()
+            if p.flagged and (p.kind == "growing" or p.graphs > allowed)
         }
 
     def summary(self) -> str:
@@ -114,17 +122,15 @@ class RunReport:
             )
         if self.compile_log_problem:
             lines.append(f"  compile causes unknown: {self.compile_log_problem}")
-        beyond = self.recompiled_lines()
-        for (file, line), hashes in self.recompilations.items():
-            what = (
-                "recompiled"
-                if (file, line) in beyond
-                else "warm-up (the first step creates gradients and optimizer state)"
-            )
-            lines.append(
-                f"  {what}: {file}:{line} has compiled {len(hashes)} distinct "
-                f"graphs ({', '.join(h[:8] for h in hashes)})"
-            )
+        judgement = self.judgement
+        for (file, line), pattern in (judgement.lines.items() if judgement else ()):
+            if pattern.graphs > 1 or pattern.flagged:
+                lines.append(f"  {file}:{line}: {describe_pattern(pattern)}")
+        verdict = getattr(self.anatomy, "verdict", None)
+        if verdict is not None:
+            lines.append(f"  verdict: {verdict}")
+        elif judgement is not None and judgement.note:
+            lines.append(f"  no verdict: {judgement.note}")
         return "\n".join(lines)
 
 
@@ -138,9 +144,10 @@ def earlier_graph(event: CompileEvent) -> CompileEvent | None:
     return None
 
 
-def _note_recompilations(events: list[CompileEvent]):
-    """Record the graphs of `events` by line; return (recompilations, warm-up lines)."""
-    out, warmups = {}, set()
+def _note_recompilations(events: list[CompileEvent]) -> dict[tuple[str, int], tuple[str, ...]]:
+    """Record the graphs of `events` by line (the process's history, for what changed since
+    a line's previous graph); return the lines with more than one, and their hashes."""
+    out = {}
     for event in events:
         frame = event.user_frame
         if frame is None or not event.graph_hash:
@@ -156,25 +163,7 @@ def _note_recompilations(events: list[CompileEvent]):
             _graphs_by_line.popitem(last=False)
         if len(graphs) > 1:
             out[key] = tuple(g.graph_hash for g in graphs)
-            if _is_warm_up(graphs[0], graphs[1]):
-                warmups.add(key)
-    return out, frozenset(warmups)
-
-
-def _is_warm_up(first: CompileEvent, second: CompileEvent) -> bool:
-    """Whether a line's first graph differs from its second as a first step does, by facts:
-    other graph inputs or outputs (state the first step created), or — from the graphs
-    captured before they compiled — ops only the first ran (a model's initialisation or other
-    work still pending when the loop started). Same ops with other shapes is not a warm-up."""
-    if (first.inputs, first.outputs) != (second.inputs, second.outputs):
-        return True
-    a, b = captured_graph(first), captured_graph(second)
-    if a is None or b is None:
-        return False
-    from collections import Counter
-
-    ops = lambda g: Counter(n.op for n in g.nodes if n.kind not in ("data", "constant"))  # noqa: E731
-    return bool(ops(a) - ops(b))
+    return out
 
 
 class _SyncWatch:
@@ -297,6 +286,8 @@ class track:
 
     def _finish_work(self, report: RunReport) -> None:
         if self._watch is not None and self._watch.pending():
+            if self._recorder is not None:  # tpu_nb's own sync: not a step of the user's
+                self._recorder.active = False
             xla().sync()
         if self._wait:
             wait_device_ops()
@@ -317,13 +308,26 @@ class track:
             if recording is not None:
                 events = _place(events, recording.anchors, self._offset)
             report.compile_events = events
-            report.recompilations, report.warmups = _note_recompilations(events)
+            report.recompilations = _note_recompilations(events)
         if recording is not None:
             report.occurrences = sorted(recording.occurrences.values(), key=lambda o: o.order)
             report.capture_seconds = recording.capture_seconds
             report.record_errors = recording.hook_errors
+            report.syncs, report.line_calls = recording.syncs, dict(recording.line_calls)
+        _judge(report)
         report.complete = True
         _last = report
+
+
+def _judge(report: RunReport) -> None:
+    """The policy's judgement; the anatomy's verdict becomes the steady state's."""
+    try:
+        report.judgement = policy.judge_run(report)
+    except Exception:  # a bug in the policy must not cost the user the run's report
+        logging.getLogger("tpu_nb").debug("tpu_nb: judging the run failed", exc_info=True)
+        return
+    if isinstance(report.anatomy, anatomy.Anatomy):
+        report.anatomy = replace(report.anatomy, verdict=report.judgement.verdict)
 
 
 def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEvent]:
@@ -341,10 +345,16 @@ def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEven
             for i, e in enumerate(placed)
             if start <= e.offset < anchor.log_end
             and e.site is None
-            and (e.kind == "value-access") == (anchor.kind == "read")
+            and (e.kind == "value-access") == (anchor.kind != "sync")
         ]
         for i in window[-anchor.compiles :]:
-            placed[i] = replace(placed[i], site=anchor.site)
+            placed[i] = replace(
+                placed[i],
+                site=anchor.site,
+                trigger=anchor.kind,
+                step=anchor.step,
+                call=anchor.call,
+            )
         start = max(start, anchor.log_end)
     return placed
 

@@ -1,0 +1,476 @@
+"""What earns a verdict or a hint: the one place tpu_nb judges a run.
+
+Facts are always shown; this module decides which of them call for advice, the way a TPU
+engineer reading the report over the user's shoulder would. The report's findings, the
+summary line's verdict and the live dashboard all ask it.
+
+- **Compiles.** Each line's compiles are read in the order the line ran (its syncs and value
+  reads, counted by the recorder). The line's first graph, and the graphs of its next steps
+  while state appears (gradients, optimizer state: more graph inputs, or ops only the first
+  step ran) are its *warm-up*, a one-time cost. A line that then ran at least twice without
+  compiling has *settled*: the other graphs it compiled are a bounded set, each compiled once
+  then cached (buckets, both sides of a branch, each tensor of a checkpoint) — facts, no
+  advice. A line still compiling at its latest calls *recompiles* (advice: fixed shapes); a
+  line whose successive graphs each add the same ops again has a *growing* graph (advice: a
+  sync at the end of the step). Graphs compiled in one step (or one call, when the run has no
+  syncs) are that step's, never a recompilation.
+- **Reads.** A device→host read is worth fixing only when it repeats per step inside the
+  loop. A read once per cell, every few steps, after the loop or inside a step closure
+  (`xm.add_step_closure`) is a fact without advice.
+- **The verdict** describes the steady state: the steps after the warm-up, without the
+  one-time compiles. With fewer than `MIN_STEADY_STEPS` such steps there is no verdict, and
+  the report says why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpu_nb.runtime.metrics._compile_log import CompileEvent
+from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _provenance as provenance
+
+MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
+_SETTLED_CALLS = 2  # calls of a line without a compile, after its last one: settled
+_MAX_WARM_UP = 3  # graphs (the first included) that state appearing can explain
+_MIN_GROWING = 3  # graphs in a row, each adding the same ops: a growing graph
+_PER_STEP_READS = 3  # a read in at least this many steps (and half of them) is per step
+
+# What a compile of a line is, as the policy sees it.
+FIRST, WARM_UP, VARIANT, RECOMPILE, GROWING, UNSETTLED = (
+    "first",
+    "warm-up",
+    "variant",
+    "recompile",
+    "growing",
+    "unsettled",
+)
+ONE_TIME = frozenset((FIRST, WARM_UP, VARIANT))
+
+
+@dataclass(frozen=True)
+class LinePattern:
+    """How one line's compiles behaved over the run."""
+
+    key: tuple[str, int]  # (file, line) of the tracked code
+    kind: str  # "once", "warm-up", "variants", "recompiling", "growing", "unsettled"
+    graphs: int  # graphs it compiled in the run
+    calls: int  # syncs and value reads it made (0: not counted)
+    calls_after: int  # of those, after its last compile
+    kinds: tuple[str, ...]  # per compile of the line, in order: FIRST, WARM_UP, ...
+    progression: str = ""  # one dimension changing: "dim 0: 9 → 10 → … → 19 (11 shapes)"
+    growth: str = ""  # growing: the ops each graph added, "aten::mm ×1, aten::tanh ×1"
+    grower: Any = None  # growing: the Frame whose ops accumulate, when the graph says
+
+    @property
+    def flagged(self) -> bool:
+        """Whether this line's compiles call for advice (recompiling or growing)."""
+        return self.kind in ("recompiling", "growing")
+
+
+@dataclass(frozen=True)
+class ReadPattern:
+    """How one read site behaved: per step in the loop (worth fixing) or not."""
+
+    per_step: bool
+    why: str  # "in 30 of 30 steps", "once, after the loop", "in a step closure", ...
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The policy's decisions about one run (`RunReport.judgement`)."""
+
+    compile_kinds: tuple[str, ...] = ()  # per RunReport.compile_events entry ("" : not a line's)
+    lines: dict = field(default_factory=dict)  # (file, line) -> LinePattern
+    reads: dict = field(default_factory=dict)  # Occurrence.order -> ReadPattern
+    verdict: Any = None  # anatomy.Verdict of the steady state, or None
+    note: str = ""  # why there is no verdict, or what the verdict leaves out
+    one_time_compiles: int = 0
+    one_time_seconds: float = 0.0  # compile time of the warm-up and the settled variants
+    steady_steps: int = 0
+
+    @property
+    def recompiled(self) -> bool:
+        return any(p.flagged for p in self.lines.values())
+
+
+# -- compiles per line ---------------------------------------------------------------------
+
+
+def line_key(event: CompileEvent) -> tuple[str, int] | None:
+    """The tracked code's line a compile belongs to (its recorded site), else the log's
+    innermost user frame."""
+    site = event.site
+    if site is not None and site.line is not None:
+        return (site.line.file, site.line.line)
+    frame = event.user_frame
+    return (frame.file, frame.line) if frame is not None else None
+
+
+def _moment(event: CompileEvent, by_call: bool) -> int:
+    """When a compile happened: its step, or (a run without syncs) its line's call."""
+    value = event.call if by_call else event.step
+    return value if value is not None else 0
+
+
+def classify_line(
+    key: tuple[str, int],
+    events: list[CompileEvent],
+    calls: int,
+    *,
+    by_call: bool,
+    graph_of=provenance.graphs_by_hash.get,
+) -> LinePattern:
+    """The pattern of one line's compiles (`events`, in order) over `calls` calls."""
+    moments = [_moment(e, by_call) for e in events]
+    last_call = max((e.call for e in events if e.call is not None), default=None)
+    calls_after = calls - 1 - last_call if calls and last_call is not None else 0
+    graphs = [graph_of(e.graph_hash) for e in events]
+    growth, grower = _growth(graphs, events)
+    if growth:
+        kinds = tuple(FIRST if i == 0 else GROWING for i in range(len(events)))
+        return LinePattern(
+            key, "growing", len(events), calls, calls_after, kinds, "", growth, grower
+        )
+    kinds_list: list[str] = []
+    first_moment = moments[0] if moments else 0
+    warm = _warm_up_moments(events, moments, graphs)
+    settled = calls_after >= _SETTLED_CALLS
+    for event, moment in zip(events, moments, strict=True):
+        if moment == first_moment:
+            kinds_list.append(FIRST)
+        elif moment in warm:
+            kinds_list.append(WARM_UP)
+        elif settled:
+            kinds_list.append(VARIANT)
+        elif calls and calls < 4:
+            kinds_list.append(UNSETTLED)
+        else:
+            kinds_list.append(RECOMPILE)
+    kinds = tuple(kinds_list)
+    if RECOMPILE in kinds:
+        kind = "recompiling"
+    elif UNSETTLED in kinds:
+        kind = "unsettled"
+    elif VARIANT in kinds:
+        kind = "variants"
+    elif WARM_UP in kinds:
+        kind = "warm-up"
+    else:
+        kind = "once"
+    return LinePattern(
+        key, kind, len(events), calls, calls_after, kinds, progression(graphs), "", None
+    )
+
+
+def _warm_up_moments(events, moments, graphs) -> set[int]:
+    """The moments after the first whose graph differs from the next as state appearing
+    does (more inputs, other outputs, ops only it ran), up to _MAX_WARM_UP graphs in all,
+    at consecutive moments: a training loop's first steps."""
+    distinct = sorted(set(moments))
+    warm: set[int] = set()
+    if len(distinct) < 2:
+        return warm
+    at = {m: i for i, m in reversed(list(enumerate(moments)))}  # a moment's first compile
+    for prev, cur in zip(distinct, distinct[1:], strict=False):
+        if len(warm) + 1 >= _MAX_WARM_UP or cur != prev + 1:
+            break
+        if not _state_appeared(events[at[prev]], events[at[cur]], graphs[at[prev]], graphs[at[cur]]):
+            break
+        warm.add(cur)
+    return warm
+
+
+def _state_appeared(first: CompileEvent, second: CompileEvent, a, b) -> bool:
+    """Whether `first`'s graph differs from `second`'s as an earlier step's does: other
+    graph inputs or outputs (state created), or ops only the earlier graph ran (a model's
+    initialisation pending when the loop started). Same ops with other shapes is not."""
+    if first.inputs is not None and second.inputs is not None:
+        if (first.inputs, first.outputs) != (second.inputs, second.outputs):
+            return True
+    if a is None or b is None:
+        return False
+    return bool(_ops(a) - _ops(b))
+
+
+def _ops(graph) -> Counter:
+    return Counter(n.op for n in graph.nodes if n.kind not in ("data", "constant"))
+
+
+def _growth(graphs: list, events: list[CompileEvent]) -> tuple[str, Any]:
+    """When the line's graphs, in order, each add the same ops to the previous one (at least
+    _MIN_GROWING in a row, ending with the latest): those ops, and where they were made."""
+    known = [g for g in graphs if g is not None]
+    if len(known) < _MIN_GROWING or len(known) != len(graphs):
+        known = known[-_MIN_GROWING * 2 :] if len(known) >= _MIN_GROWING else []
+    tail = known[-_MIN_GROWING:] if len(known) >= _MIN_GROWING else []
+    if not tail:
+        return "", None
+    deltas = []
+    for a, b in zip(tail, tail[1:], strict=False):
+        ops_a, ops_b = _ops(a), _ops(b)
+        if ops_a - ops_b or not ops_b - ops_a:
+            return "", None
+        deltas.append(ops_b - ops_a)
+    if any(d != deltas[0] for d in deltas):
+        return "", None
+    added = ", ".join(f"{op} \u00d7{n}" for op, n in deltas[0].most_common(4))
+    return added, _maker(tail[-1], deltas[0])
+
+
+def _maker(graph, ops: Counter):
+    """The user frame that made most nodes of the repeated ops, if the graph says."""
+    where: Counter = Counter()
+    for node in graph.nodes:
+        if node.op in ops:
+            frame = node.user_frame
+            if frame is not None:
+                where[(frame.file, frame.line, frame.function)] += 1
+    if not where:
+        return None
+    from tpu_nb.runtime.metrics._compile_log import Frame
+
+    file, line, function = where.most_common(1)[0][0]
+    return Frame(file, line, function)
+
+
+def progression(graphs: list) -> str:
+    """One dimension of one op taking other values across a line's graphs: "aten::expand
+    dim 0: 9 → 10 → … → 19 (11 shapes)"; "" when the graphs differ otherwise or were not
+    captured. The op and dimension come from the first pair of graphs that differ only in
+    shapes; each graph's value is read from its node of that op at the same rank."""
+    known = [g for g in graphs if g is not None]
+    anchor = next(
+        (c for a, b in zip(known, known[1:], strict=False) if (c := _first_dim_change(a, b))),
+        None,
+    )
+    if anchor is None:
+        return ""
+    op, dim, rank, count = anchor
+    values = []
+    for g in known:
+        nodes = [n for n in g.nodes if n.op == op]
+        if len(nodes) != count:  # other work in that graph (a first step's initialisation)
+            continue
+        dims = _dims(nodes[rank].shape)
+        if dims is not None and len(dims) > dim:
+            value = dims[dim].strip()
+            if not values or values[-1] != value:  # a warm-up graph of the same shape
+                values.append(value)
+    distinct = len(dict.fromkeys(values))
+    if distinct < 2:
+        return ""
+    shown = values if len(values) <= 6 else values[:3] + ["\u2026"] + values[-2:]
+    arrow = " \u2192 "
+    among = f" in the {len(values)} graphs tpu_nb compared" if len(values) < len(graphs) else ""
+    return f"{op} dim {dim}: {arrow.join(shown)} ({distinct} shapes{among})"
+
+
+def _first_dim_change(a, b) -> tuple[str, int, int, int] | None:
+    """(op, dimension, rank among the graph's nodes of that op, their number) where two
+    graphs with the same ops first differ in one dimension of a shape."""
+    diff = b.diff(a)
+    if not diff.aligned:
+        return None
+    for change in diff.causes:
+        x, y = change.before, change.after
+        if x is None or y is None or x.shape == y.shape:
+            continue
+        da, db = _dims(x.shape), _dims(y.shape)
+        if da is None or db is None or len(da) != len(db):
+            return None
+        moved = [i for i, (p, q) in enumerate(zip(da, db, strict=True)) if p != q]
+        if len(moved) != 1:
+            return None
+        same_op = [n.id for n in b.nodes if n.op == y.op]
+        return y.op, moved[0], same_op.index(y.id), len(same_op)
+    return None
+
+
+def _dims(shape: str) -> list[str] | None:
+    if "[" not in shape or shape.startswith("("):
+        return None
+    inner = shape[shape.index("[") + 1 : shape.index("]")]
+    return inner.split(",") if inner else []
+
+
+# -- reads ---------------------------------------------------------------------------------
+
+
+def classify_read(occ, run_steps: int) -> ReadPattern:
+    """Whether a read site (a provenance.Occurrence of kind "read") repeats per step."""
+    if getattr(occ, "in_sync", False):
+        return ReadPattern(False, "in a step closure, after the step's graph ran")
+    if run_steps == 0:  # no sync at all: each call is an iteration of the loop
+        repeats, of = occ.calls, 0
+    else:
+        repeats, of = occ.steps, run_steps + 1  # +1: the work after the last sync
+    if repeats >= _PER_STEP_READS and (not of or repeats * 2 >= of):
+        return ReadPattern(
+            True, f"in {repeats} of {of} steps" if of else f"{repeats} times, with no sync"
+        )
+    if occ.first_step >= run_steps > 0:
+        return ReadPattern(False, "after the loop's last sync")
+    if repeats == 1:
+        return ReadPattern(False, "once")
+    return ReadPattern(False, f"in {repeats} of {of} steps" if of else f"{repeats} times")
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def judge_run(report) -> Judgement:
+    """The policy's decisions about a complete RunReport (compile events placed, the
+    recorder's occurrences and counts, the anatomy without its verdict)."""
+    events = list(report.compile_events)
+    syncs = getattr(report, "syncs", 0)
+    line_calls = getattr(report, "line_calls", {}) or {}
+    by_line: dict[tuple[str, int], list[int]] = {}
+    for i, e in enumerate(events):
+        key = line_key(e)
+        if key is not None and e.kind != "dynamo":
+            by_line.setdefault(key, []).append(i)
+    kinds = [""] * len(events)
+    lines = {}
+    for key, indexes in by_line.items():
+        pattern = classify_line(
+            key,
+            [events[i] for i in indexes],
+            line_calls.get(key, 0),
+            by_call=syncs == 0,
+        )
+        lines[key] = pattern
+        for i, kind in zip(indexes, pattern.kinds, strict=True):
+            kinds[i] = kind
+    reads = {
+        occ.order: classify_read(occ, syncs)
+        for occ in getattr(report, "occurrences", ()) or ()
+        if occ.kind == "read"
+    }
+    judgement = Judgement(tuple(kinds), lines, reads)
+    return _with_verdict(judgement, report, events)
+
+
+def _with_verdict(judgement: Judgement, report, events) -> Judgement:
+    # Steps whose compiles are all one-time (first, warm-up, once-each graphs) are left out
+    # of the steady state; a step that also recompiled stays in.
+    by_step: dict[int, list[str]] = {}
+    for event, kind in zip(events, judgement.compile_kinds, strict=True):
+        if event.step is not None and kind:
+            by_step.setdefault(event.step, []).append(kind)
+    one_time_steps = {
+        step for step, kinds in by_step.items() if all(k in ONE_TIME for k in kinds)
+    }
+    one_time = sum(len(by_step[s]) for s in one_time_steps)
+    seconds = _one_time_seconds(report, one_time_steps)
+    judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
+    growing = [p for p in judgement.lines.values() if p.kind == "growing"]
+    if growing:
+        return replace(judgement, verdict=_growing_verdict(growing[0], report))
+    a = report.anatomy
+    steps = getattr(a, "steps", ())
+    if not isinstance(a, anatomy.Anatomy) or not steps:
+        return judgement
+    steady = tuple(s for s in steps if s.index not in one_time_steps)
+    judgement = replace(judgement, steady_steps=len(steady))
+    if len(steady) < MIN_STEADY_STEPS:
+        first = len(steps) - len(steady)
+        return replace(
+            judgement,
+            note=(
+                f"too few steps to judge the steady state: {len(steps)} steps, "
+                f"{len(steady)} after the first {first} that compiled the warm-up graphs "
+                f"(run at least {MIN_STEADY_STEPS} more to get a verdict)"
+            ),
+        )
+    verdict = anatomy.steady_verdict(steady)
+    if verdict is not None and verdict.kind == "compile-bound":
+        verdict = _recompile_verdict(verdict, judgement)
+    return replace(judgement, verdict=verdict)
+
+
+def _one_time_seconds(report, one_time_steps: set[int]) -> float:
+    steps = getattr(report.anatomy, "steps", ())
+    return sum(s.compile for s in steps if s.index in one_time_steps)
+
+
+def _recompile_verdict(verdict, judgement: Judgement):
+    flagged = [p for p in judgement.lines.values() if p.kind == "recompiling"]
+    if not flagged:
+        return verdict
+    where = ", ".join(_line_name(p) for p in flagged[:3])
+    return replace(
+        verdict,
+        reason=f"{verdict.reason}; recompiling at {where}",
+        fix=RECOMPILE_FIX,
+    )
+
+
+def _growing_verdict(pattern: LinePattern, report):
+    where = _line_name(pattern)
+    made = ""
+    if pattern.grower is not None:
+        made = f" (made by {_frame_name(pattern.grower)})"
+    return anatomy.Verdict(
+        "compile-bound",
+        f"the graph grows every step: no torch_xla.sync() cuts it, so {where} compiled "
+        f"{pattern.graphs} graphs, each adding {pattern.growth}{made} to the last",
+        GROWING_FIX,
+    )
+
+
+def _line_name(pattern: LinePattern) -> str:
+    from tpu_nb.runtime.sources import short_path
+
+    file, line = pattern.key
+    where = short_path(file)
+    return f"{where}, line {line}" if where.startswith("In [") else f"{where}:{line}"
+
+
+def _frame_name(frame) -> str:
+    from tpu_nb.runtime.sources import short_path
+
+    where = short_path(frame.file)
+    return f"{where}, line {frame.line}" if where.startswith("In [") else f"{where}:{frame.line}"
+
+
+RECOMPILE_FIX = (
+    "keep shapes and Python values in the step fixed (pad or bucket the batch to a few "
+    "fixed sizes), or allow the graphs with --max-graphs"
+)
+GROWING_FIX = (
+    "call torch_xla.sync() at the end of each step, so each step runs the same graph "
+    "(reads such as .item() run the graph but do not cut it)"
+)
+
+
+
+def describe_pattern(p: LinePattern) -> str:
+    """A line's compiles in one sentence, as the report says them."""
+    n = p.graphs
+    graphs = f"{n} graph{'s' if n != 1 else ''}"
+    shapes = f" ({p.progression})" if p.progression else ""
+    if p.kind == "growing":
+        return (
+            f"its graph grows: each of its {n} graphs adds {p.growth} to the one before "
+            "(nothing syncs between them)"
+        )
+    if p.kind == "recompiling":
+        new = sum(1 for k in p.kinds if k == RECOMPILE)
+        return (
+            f"{graphs}, {new} of them after its warm-up, still compiling at its latest "
+            f"calls{shapes}"
+        )
+    if p.kind == "unsettled":
+        return (
+            f"{graphs} in its first {p.calls} calls: too few calls to tell whether it keeps "
+            f"compiling{shapes}"
+        )
+    cached = f", then cached for its next {p.calls_after} calls" if p.calls_after else ""
+    if p.kind == "variants":
+        return f"{graphs}, each compiled once{cached}{shapes}"
+    if p.kind == "warm-up":
+        return f"{graphs}: the first step's and the warm-up's (state created on the way){cached}"
+    return f"{graphs}{cached}"
