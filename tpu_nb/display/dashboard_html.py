@@ -69,7 +69,7 @@ def header_html(
         elapsed = state.elapsed
     running = status in ("running", "ready")
     colour = {"running": style.OK, "finished": style.ACCENT}.get(status, _RED)
-    recompiled = state is not None and state.alerts
+    recompiled = state is not None and state.recompiling
     alert = (
         f" <b style='color:{_RED}'>{'RECOMPILING' if running else 'RECOMPILED'}</b>"
         if recompiled
@@ -88,21 +88,28 @@ def header_html(
 
 
 def alert_html(state: LiveState | None) -> str:
-    if state is None or not state.alerts:
+    if state is None or not state.recompiling:
         return ""
     parts = []
     for alert in state.alerts:
+        if alert.settled:
+            continue
         how = {
             "recorded": "the graphs read just before they compiled",
             "graphs": "captured graphs of its next syncs",
         }.get(alert.source, "its compile-log blocks (counts and sizes; the ops are not logged)")
         lines = "".join(f"<li>{escape(line)}</li>" for line in alert.differs)
+        fix = (
+            "call torch_xla.sync() at the end of each step, so each step runs the same graph"
+            if alert.growing
+            else "keep shapes, dtypes and Python values in the step fixed (pad or bucket "
+            "batches; pass changing scalars as tensors)"
+        )
         parts.append(
             f"<div><b style='color:{_RED}'>Recompilation: {escape(alert.describe())}</b><br>"
-            f"what differs between its last two graphs, from {escape(how)}:"
+            f"what differs between its graphs, from {escape(how)}:"
             f"<ul style='margin:2px 0 2px 1.2em;padding:0'>{lines}</ul>"
-            "what to do: keep shapes, dtypes and Python values in the step fixed (pad or "
-            "bucket batches; pass changing scalars as tensors)</div>"
+            f"what to do: {escape(fix)}</div>"
         )
     css = f"{_PANEL};border:2px solid {_RED};background:{_RED_BG}"
     return f"<div class='tpunb' style='{css}'>{''.join(parts)}</div>"
@@ -147,7 +154,7 @@ def compile_html(state: LiveState | None, final: bool = False) -> str:
             f"<br><span style='color:{_GREY}'>compile causes unknown: run %tpu_setup "
             "(tpu_nb.setup()) before the first compile to record them</span>"
         )
-    return _panel("Compiles", body, alert=bool(state.alerts), height=_TOP_HEIGHT)
+    return _panel("Compiles", body, alert=state.recompiling, height=_TOP_HEIGHT)
 
 
 # Inline styles: notebook front ends restyle bare tables (JupyterLab right-aligns cells).
@@ -365,6 +372,9 @@ def summary_text(
                 f"{c.event.cause}"
             )
     for alert in state.alerts:
+        if alert.settled:
+            lines.append(f"  {alert.describe()}")
+            continue
         lines.append(f"  RECOMPILATION ALERT: {alert.describe()}; what differs:")
         lines += [f"    {line}" for line in alert.differs]
     for op, n in sorted(m.fallbacks.items()):

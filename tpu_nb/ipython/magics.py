@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 import re
 import shlex
 import sys
@@ -720,9 +721,16 @@ class TpuMagics(Magics):
     def _cell_name(self, path: str) -> str | None:
         """'In [3]' for the file IPython compiled cell 3 into (labels say the cell, not a
         temp file); None for any other file."""
-        number = getattr(self.shell.compile, "_filename_map", {}).get(path)  # IPython >= 8
+        files = getattr(self.shell.compile, "_filename_map", {})  # IPython >= 8
+        number = files.get(path)
         if number is None:  # IPython 7 under ipykernel 6: temp files, noted by the watcher
             number = self.state.watcher.cell_files.get(path)
+        if number is None and os.sep not in path:  # a bare name (IR debug's locations)
+            number = next(
+                (n for f, n in [*files.items(), *self.state.watcher.cell_files.items()]
+                 if os.path.basename(f) == path),
+                None,
+            )
         if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):
             number = match.group(1)  # IPython 7
         return f"In [{number}]" if number is not None else None

@@ -52,6 +52,7 @@ from tpu_nb.runtime.metrics._compile_log import (
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import is_library, place_text
+from tpu_nb.runtime.tracking import graph_facts, line_growth, progression
 from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
 log = logging.getLogger("tpu_nb")
@@ -270,8 +271,22 @@ class RecompilationAlert:
     # "recorded" (the tracked run's graphs of these two compiles, diffed), "graphs" (the sync
     # probe's captures at the line's next syncs, diffed) or "compile log"
     source: str
+    # The line has run at least two steps since its last new graph: a bounded set of graphs,
+    # each compiled once, then cached (buckets), not a recompilation going on.
+    settled: bool = False
+    growing: bool = False  # each graph adds the same ops: no sync cuts the step's graph
 
     def describe(self) -> str:
+        if self.settled:
+            return (
+                f"{place_text(self.place)} compiled {len(self.graphs)} distinct graphs, "
+                "each once, then ran cached"
+            )
+        if self.growing:
+            return (
+                f"{place_text(self.place)} compiled {len(self.graphs)} graphs, each bigger "
+                "than the last: the graph grows every step"
+            )
         return (
             f"{place_text(self.place)} compiled {len(self.graphs)} distinct graphs "
             f"(more than {self.limit})"
@@ -279,15 +294,8 @@ class RecompilationAlert:
 
 
 def _diff_lines(before, after) -> tuple[str, ...]:
-    """What differs between two captured Graphs, via the graph module's diff."""
-    diff = after.diff(before)  # Graph.diff: later.diff(earlier)
-    if not diff:
-        return ()
-    lines = [diff.summary()]
-    lines += [f"starts at: {change}" for change in diff.causes[:3]]
-    if len(diff.causes) > 3:
-        lines.append(f"... and {len(diff.causes) - 3} more places")
-    return tuple(lines)
+    """What differs between two captured Graphs, as the report's findings say it."""
+    return graph_facts(before, after)
 
 
 class SyncProbe:
@@ -426,7 +434,8 @@ class LiveState:
 
     @property
     def recompiling(self) -> bool:
-        return bool(self.alerts)
+        """A line is still compiling new graphs (settled lines aside)."""
+        return any(not a.settled for a in self.alerts)
 
 
 class LiveMonitor:
@@ -469,6 +478,9 @@ class LiveMonitor:
         self._marks: deque[tuple[float, int]] = deque([(self._start_wall, 0)], maxlen=16)
         self._lines: dict[tuple[str, int], list[CompileEvent]] = {}
         self._alerts: dict[tuple[str, int], RecompilationAlert] = {}
+        self._syncs_now = 0
+        # The sync count at the poll that first saw each line's latest new graph.
+        self._new_graph_at: dict[tuple[str, int], int] = {}
         self._rate = 0.0
         self._counts: deque[tuple[float, int]] = deque([(self._start.taken_at, 0)])
 
@@ -481,6 +493,7 @@ class LiveMonitor:
         self._marks.append((wall, total.syncs))
         self._rate = self._execution_rate(now.taken_at, total.executions)
         self._measure_steps(window, total.syncs)
+        self._syncs_now = total.syncs
         if total.compiles > self._seconds_seen or (
             self._log is not None and total.compiles > self._events_seen
         ):
@@ -593,6 +606,7 @@ class LiveMonitor:
         graphs = self._lines.setdefault(site, [])
         if all(event.graph_hash != e.graph_hash for e in graphs):
             graphs.append(event)
+            self._new_graph_at[site] = self._syncs_now
             # Armed one graph before the alert, so that the graph which raises it is usually
             # captured with the one before (a training loop's warm-up pair stays unprobed).
             # Each later graph arms it again: the alert's diff follows the latest graphs.
@@ -626,13 +640,28 @@ class LiveMonitor:
             if len(events) <= self.alert_graphs:
                 continue
             hashes = tuple(e.graph_hash for e in events)
+            settled = self._syncs_now - self._new_graph_at.get(site, 0) >= 2
             captured, captured_by = self._captured_pair(site, events)
             old = self._alerts.get(site)
-            if old is not None and old.graphs == hashes and old.source != "compile log":
+            if (
+                old is not None
+                and old.graphs == hashes
+                and old.source != "compile log"
+                and old.settled == settled
+            ):
                 continue
+            recorded = [graphs_by_hash.get(e.graph_hash) for e in events]
+            growth = line_growth(recorded)
             differs: tuple[str, ...] = ()
             source = "compile log"
-            if len(captured) >= 2:
+            if growth:
+                differs, source = (
+                    f"each graph adds {growth} to the one before: no torch_xla.sync() cuts "
+                    "the graph, so every step compiles a bigger one",
+                ), "recorded"
+            elif progression(recorded):
+                differs, source = (progression(recorded),), "recorded"
+            elif len(captured) >= 2:
                 try:
                     differs, source = _diff_lines(captured[-2], captured[-1]), captured_by
                 except Exception:  # fall back to the compile log, never fail
@@ -644,7 +673,8 @@ class LiveMonitor:
             place = events[-1].user_frame
             assert place is not None  # _note_line keeps only events with a user frame
             self._alerts[site] = RecompilationAlert(
-                place, hashes, self.alert_graphs, differs, source
+                place, hashes, self.alert_graphs, differs, source, settled and not growth,
+                bool(growth),
             )
 
 

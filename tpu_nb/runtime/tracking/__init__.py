@@ -5,8 +5,14 @@ steps; and `on_tpu()`, which composes them the way `%%on_tpu` does.
 Above runtime.graph, runtime.metrics and runtime.environment."""
 
 from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
-from tpu_nb.runtime.tracking._attribution import HOST_READ_HINT, LineFinding, fallback_hint
+from tpu_nb.runtime.tracking._attribution import (
+    HOST_READ_HINT,
+    LineFinding,
+    fallback_hint,
+    graph_facts,
+)
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
+from tpu_nb.runtime.tracking._policy import Judgement, LinePattern, line_growth, progression
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
 from tpu_nb.runtime.tracking._report import RunReport, last_report, track
 from tpu_nb.runtime.tracking._session import on_tpu
@@ -15,6 +21,8 @@ __all__ = [
     "HOST_PARTS",
     "HOST_READ_HINT",
     "Anatomy",
+    "Judgement",
+    "LinePattern",
     "LineFinding",
     "ProfileTrace",
     "RecompilationError",
@@ -22,9 +30,12 @@ __all__ = [
     "StepRecord",
     "Verdict",
     "fallback_hint",
+    "graph_facts",
     "last_report",
+    "line_growth",
     "max_graphs",
     "on_tpu",
     "profile",
+    "progression",
     "track",
 ]

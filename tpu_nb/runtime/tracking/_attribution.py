@@ -167,8 +167,10 @@ def _shape_change(a, b) -> str:
         where = short_path(made.file)
         where += f", line {made.line}" if where.startswith("In [") else f":{made.line}"
         text += f", made at {where}"
-    elif b.location is not None:  # IR debug's own location: function@file:line
-        text += f", made at {b.where}"
+    elif b.location is not None:  # IR debug's own location: function, file, line
+        where = short_path(b.location.file)
+        where += f", line {b.location.line}" if where.startswith("In [") else f":{b.location.line}"
+        text += f", made at {where}"
     return text
 
 

@@ -36,7 +36,7 @@ MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
 _SETTLED_CALLS = 2  # calls of a line without a compile, after its last one: settled
 _MAX_WARM_UP = 3  # graphs (the first included) that state appearing can explain
 _MIN_GROWING = 3  # graphs in a row, each adding the same ops: a growing graph
-_PER_STEP_READS = 3  # a read in at least this many steps (and half of them) is per step
+_PER_STEP_READS = 3  # a read in at least this many steps (and a quarter of them) is per step
 
 # What a compile of a line is, as the policy sees it.
 FIRST, WARM_UP, VARIANT, RECOMPILE, GROWING, UNSETTLED = (
@@ -199,6 +199,12 @@ def _ops(graph) -> Counter:
     return Counter(n.op for n in graph.nodes if n.kind not in ("data", "constant"))
 
 
+def line_growth(graphs: list) -> str:
+    """The ops each of a line's graphs (captured, in order; None where not) adds to the one
+    before, when its latest graphs grow that way; else ""."""
+    return _growth(graphs, [])[0]
+
+
 def _growth(graphs: list, events: list[CompileEvent]) -> tuple[str, Any]:
     """When the line's graphs, in order, each add the same ops to the previous one (at least
     _MIN_GROWING in a row, ending with the latest): those ops, and where they were made."""
@@ -306,8 +312,10 @@ def classify_read(occ, run_steps: int) -> ReadPattern:
     if run_steps == 0:  # no sync at all: each call is an iteration of the loop
         repeats, of = occ.calls, 0
     else:
-        repeats, of = occ.steps, run_steps + 1  # +1: the work after the last sync
-    if repeats >= _PER_STEP_READS and (not of or repeats * 2 >= of):
+        repeats, of = occ.steps, run_steps
+    # Every step, every other step or every few: the loop waits for the device that often.
+    # Logging every tenth step is not worth a change.
+    if repeats >= _PER_STEP_READS and (not of or repeats * 4 >= of):
         return ReadPattern(
             True, f"in {repeats} of {of} steps" if of else f"{repeats} times, with no sync"
         )

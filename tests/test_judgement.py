@@ -1,0 +1,263 @@
+"""The verdict and every "what to do", loop by loop: where advice must appear and where it
+must not (the warm-up, a read after the loop, a step closure, buckets, the fix itself).
+
+Each loop runs as a `%%on_tpu` cell in a real InteractiveShell (also on Colab's stack), as a
+user would; the assertions read the report the user reads. Loops are small: the judgement,
+not the speed, is under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tpu_nb
+
+pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
+
+SETUP = """
+import torch, torch_xla, torch_xla.core.xla_model as xm
+import torch.nn as nn, torch.nn.functional as F
+def make_mlp(width=64):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(width, 96), nn.ReLU(), nn.Linear(96, 10))
+"""
+READ_ADVICE = "keep values on the device"
+PAD_ADVICE = "pad or bucket"
+SYNC_ADVICE = "call torch_xla.sync() at the end of each step"
+
+
+class Cell:
+    """A `%%on_tpu` cell's report: its text and the RunReport behind it."""
+
+    def __init__(self, text: str, report: tpu_nb.RunReport):
+        self.text, self.report = text, report
+        self.summary = text.splitlines()[0] if text else ""
+        self.advice = text.split("what to do:\n", 1)[1] if "what to do:\n" in text else ""
+        self.advice = self.advice.split("one-time cost:")[0].split("verdict:")[0]
+        self.verdict = getattr(report.anatomy, "verdict", None)
+
+    def kinds(self) -> set[str]:
+        return {f.kind for f in self.report.findings}
+
+
+@pytest.fixture(scope="module")
+def cell(shell):
+    shell.run_cell(SETUP)
+
+    def run(body: str) -> Cell:
+        import sys
+        from io import StringIO
+
+        saved, sys.stdout = sys.stdout, StringIO()
+        try:
+            result = shell.run_cell("%%on_tpu\n" + body.strip("\n"))
+            text = sys.stdout.getvalue()
+        finally:
+            sys.stdout = saved
+        assert result.success, result.error_in_exec
+        report = tpu_nb.last_report()
+        assert report is not None
+        return Cell(text[text.index("XLA: ") :] if "XLA: " in text else text, report)
+
+    return run
+
+
+TRAIN = """
+model = make_mlp({width}); opt = {optimizer}
+x = torch.randn(32, {width}); y = torch.randint(0, 10, (32,))
+for step in range({steps}):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+
+
+def test_a_short_healthy_run_gets_facts_and_no_advice(cell):
+    short = cell(
+        TRAIN.format(width=40, steps=3, optimizer="torch.optim.AdamW(model.parameters())")
+    )
+    assert "RECOMPILED" not in short.summary and "compile-bound" not in short.text
+    assert short.verdict is None and "no verdict yet" in short.summary
+    assert "too few steps to judge the steady state" in short.text
+    assert not short.advice, short.text
+    healthy = cell(
+        TRAIN.format(width=41, steps=12, optimizer="torch.optim.AdamW(model.parameters())")
+    )
+    assert "RECOMPILED" not in healthy.summary and not healthy.advice, healthy.text
+    assert healthy.verdict is not None and healthy.verdict.kind != "compile-bound"
+    assert "one-time cost: 2 compiles" in healthy.text
+    assert healthy.kinds() == {"compile", "warm-up"}
+
+
+def test_optimizer_state_appearing_is_warm_up_not_recompilation(cell):
+    momentum = cell(
+        TRAIN.format(
+            width=42, steps=10, optimizer="torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)"
+        )
+    )
+    assert "RECOMPILED" not in momentum.summary and PAD_ADVICE not in momentum.text
+    assert "recompile" not in momentum.kinds() and "warm-up" in momentum.kinds()
+    assert momentum.verdict is not None and momentum.verdict.kind != "compile-bound"
+
+
+def test_a_loop_without_a_sync_gets_the_growing_graph_verdict(cell):
+    grows = cell(
+        """
+w = torch.randn(32, 32) * 0.1
+h = torch.randn(4, 32)
+for step in range(12):
+    h = torch.tanh(h @ w)
+    seen = h.sum().item()
+"""
+    )
+    assert grows.verdict is not None and grows.verdict.kind == "compile-bound", grows.text
+    assert "the graph grows every step" in grows.verdict.reason
+    assert "aten::mm" in grows.verdict.reason and "aten::tanh" in grows.verdict.reason
+    assert SYNC_ADVICE in grows.advice and PAD_ADVICE not in grows.text
+    # One line, one pattern: not split into "compiled" and "recompiled".
+    assert "recompile" not in grows.kinds() and "growing" in grows.kinds()
+
+
+def test_a_new_shape_every_step_is_recompilation_told_as_one_progression(cell):
+    shapes = cell(
+        """
+model = make_mlp(43); opt = torch.optim.SGD(model.parameters(), 0.1)
+for step in range(7):
+    x = torch.randn(8 + step, 43); y = torch.randint(0, 10, (8 + step,))
+    F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "RECOMPILED" in shapes.summary and shapes.verdict.kind == "compile-bound"
+    assert PAD_ADVICE in shapes.advice
+    (pattern,) = [p for p in shapes.report.judgement.lines.values() if p.flagged]
+    assert pattern.progression.endswith("(7 shapes)"), pattern
+    assert shapes.text.count("changed:") <= 2  # the warm-up's facts; not one pair per step
+
+
+def test_buckets_in_rotation_are_the_fix_not_a_recompilation(cell):
+    buckets = cell(
+        """
+model = make_mlp(44); opt = torch.optim.SGD(model.parameters(), 0.1)
+for step in range(12):
+    n = (8, 16, 24)[step % 3]
+    x = torch.randn(n, 44); y = torch.randint(0, 10, (n,))
+    F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "RECOMPILED" not in buckets.summary and PAD_ADVICE not in buckets.text
+    assert "each compiled once, then cached" in buckets.text
+    assert buckets.verdict is None or buckets.verdict.kind != "compile-bound"
+
+
+def test_reads_every_step_are_advised_against_and_reads_after_the_loop_are_not(cell):
+    every = cell(
+        """
+model = make_mlp(45); opt = torch.optim.SGD(model.parameters(), 0.1)
+x = torch.randn(16, 45); y = torch.randint(0, 10, (16,))
+for step in range(8):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+    a, b = loss.item(), model[0].weight.norm().item()
+"""
+    )
+    assert READ_ADVICE in every.advice and "in 8 of 8 steps" in every.text
+    after = cell(
+        """
+model = make_mlp(46); opt = torch.optim.SGD(model.parameters(), 0.1)
+x = torch.randn(16, 46); y = torch.randint(0, 10, (16,))
+total = torch.zeros(())
+for step in range(8):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    total += loss.detach()
+    torch_xla.sync()
+print(f"mean loss {total.item() / 8:.3f}")
+"""
+    )
+    assert "host-read" in after.kinds() and "after the loop's last sync" in after.text
+    assert READ_ADVICE not in after.text and not after.advice, after.text
+
+
+def test_a_step_closure_read_is_a_fact(cell):
+    closure = cell(
+        """
+model = make_mlp(47); opt = torch.optim.SGD(model.parameters(), 0.1)
+x = torch.randn(16, 47); y = torch.randint(0, 10, (16,))
+seen = []
+for step in range(8):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    xm.add_step_closure(lambda l=loss: seen.append(l.item()))
+    torch_xla.sync()
+"""
+    )
+    assert "in a step closure" in closure.text
+    assert READ_ADVICE not in closure.text and "add_step_closure" not in closure.advice
+
+
+def test_a_data_dependent_branch_gets_the_read_advice_not_warm_up_or_padding(cell):
+    branch = cell(
+        """
+model = make_mlp(48); opt = torch.optim.SGD(model.parameters(), 0.1)
+x = torch.randn(16, 48); y = torch.randint(0, 10, (16,))
+for step in range(10):
+    out = model(x)
+    if step % 2 and out.mean().item() > -100:
+        out = out.clamp(-5, 5)
+    F.cross_entropy(out, y).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "RECOMPILED" not in branch.summary and PAD_ADVICE not in branch.text
+    assert READ_ADVICE in branch.advice
+    # The sync line alternates between two graphs: each compiled once, then cached.
+    sync_line = max(branch.report.judgement.lines.values(), key=lambda p: p.calls)
+    assert sync_line.kind in ("variants", "warm-up"), sync_line
+
+
+def test_a_checkpoint_mid_loop_is_not_a_recompilation(cell, tmp_path):
+    saved = cell(
+        f"""
+model = make_mlp(49); opt = torch.optim.SGD(model.parameters(), 0.1)
+x = torch.randn(16, 49); y = torch.randint(0, 10, (16,))
+for step in range(8):
+    F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+    if step == 4:
+        torch.save(model.state_dict(), {str(tmp_path / "ck.pt")!r})
+    torch_xla.sync()
+"""
+    )
+    assert "RECOMPILED" not in saved.summary and not saved.advice, saved.text
+    assert "recompile" not in saved.kinds()
+
+
+def test_a_cpu_fallbacks_compile_is_not_explained_as_a_read(cell):
+    fallback = cell(
+        """
+v = torch.randn(64)
+for step in range(6):
+    h = torch.histc(v * 3, bins=8)
+    torch_xla.sync()
+"""
+    )
+    assert fallback.report.metrics.host_reads == 0
+    assert "a CPU fallback on this line needed the values of its inputs" in fallback.text
+    assert READ_ADVICE not in fallback.text
+    assert "torch.histc has no XLA lowering" in fallback.advice
+
+
+def test_big_matmuls_are_device_bound(cell):
+    big = cell(
+        """
+a = torch.randn(768, 768); b = torch.randn(768, 768) / 768
+for step in range(8):
+    for _ in range(6):
+        a = a @ b
+    torch_xla.sync()
+"""
+    )
+    assert big.verdict is not None and big.verdict.kind == "device-bound", big.text
+    assert not big.advice
