@@ -158,7 +158,7 @@ def test_more_than_k_graphs_on_one_line_raise_the_alert_with_the_changed_shape()
     # The probe captured the pending graphs of the line's next syncs and diffed them.
     assert alert.source == "graphs"
     assert any(
-        "aten::expand" in line and "f32[" in line and "->" in line for line in alert.differs
+        "aten::expand" in line and "f32[" in line and "\u2192" in line for line in alert.differs
     ), alert.differs
     assert "compiled" in alert.describe() and "(more than 3)" in alert.describe()
     html = D.alert_html(state)
@@ -178,7 +178,7 @@ def test_the_alert_diff_follows_the_latest_graphs_of_the_line():
     monitor.close()
     (alert,) = state.alerts
     assert alert.source == "graphs" and alert.differs != first
-    assert any("f32[25,8] -> f32[26,8]" in line for line in alert.differs), alert.differs
+    assert any("f32[25,8] \u2192 f32[26,8]" in line for line in alert.differs), alert.differs
 
 
 def test_in_a_tracked_run_the_alert_diffs_the_recorded_graphs_of_its_two_compiles():
@@ -193,10 +193,11 @@ def test_in_a_tracked_run_the_alert_diffs_the_recorded_graphs_of_its_two_compile
             monitor.poll()
         state = monitor.poll()
     monitor.close()
-    assert out.item() >= 0
     (alert,) = state.alerts
-    assert alert.source == "recorded"
-    assert any("f32[33,8] -> f32[34,8]" in line for line in alert.differs), alert.differs
+    assert alert.source == "recorded" and not alert.settled
+    # One progression over the line's graphs, not the last pair alone.
+    progression = "aten::expand dim 0: 31 \u2192 32 \u2192 33 \u2192 34 (4 shapes)"
+    assert alert.differs == (progression,), alert.differs
     assert "the graphs read just before they compiled" in D.alert_html(state)
 
 

@@ -93,24 +93,37 @@ def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):
     assert not _dashboard_threads()
 
 
-def test_on_tpu_live_recompiling_loop_raises_the_alert_with_what_changed(shell, capsys):
+def test_on_tpu_live_recompiling_loop_raises_the_alert_and_buckets_settle(shell, capsys):
     capsys.readouterr()
     r = shell.run_cell(
         "%%on_tpu --live\n"
         "import time\n"
         "w = torch.randn(11, 11)\n"  # shapes no other test compiled
         "torch_xla.sync()\n"
-        "for i in range(60):\n"
-        "    out = (torch.ones(2 + i % 6, 11) @ w).tanh().sum()\n"
+        "for i in range(16):\n"
+        "    out = (torch.ones(2 + i, 11) @ w).tanh().sum()\n"
         "    torch_xla.sync()\n"
         "    time.sleep(0.04)\n"
     )
     assert r.error_in_exec is None
     out = capsys.readouterr().out
-    assert "RECOMPILATION ALERT: cell line 7 compiled 6 distinct graphs (more than 3)" in out
-    # The graphs of line 7 were captured and diffed: the changed op and shapes are named.
+    assert "RECOMPILATION ALERT: cell line 7 compiled 16 distinct graphs (more than 3)" in out
+    # The graphs of line 7 were read before they compiled: the changing dimension is named.
     diff = out.split("what differs:")[1]
-    assert re.search(r"aten::\w+: f32\[\d+,11\] -> f32\[\d+,11\]", diff), diff
+    assert re.search(r"aten::\w+ dim 0: 2 \u2192 3 \u2192 4 \u2192 \u2026", diff), diff
+    r = shell.run_cell(
+        "%%on_tpu --live\n"
+        "import time\n"
+        "w = torch.randn(13, 13)\n"
+        "torch_xla.sync()\n"
+        "for i in range(40):\n"
+        "    out = (torch.ones(2 + i % 5, 13) @ w).tanh().sum()\n"
+        "    torch_xla.sync()\n"
+        "    time.sleep(0.04)\n"
+    )
+    out = capsys.readouterr().out
+    assert "RECOMPILATION ALERT" not in out and "RECOMPILED" not in out, out
+    assert "compiled 5 distinct graphs, each once, then ran cached" in out
     assert not _dashboard_threads() and torch_xla.sync.__module__ == "torch_xla.torch_xla"
 
 

@@ -222,3 +222,25 @@ def test_replica_cells_fork_then_worker_and_spmd_cells():
     cell = spmd.cells[1]
     assert "4 992.0" in stdout(cell)
     assert "devices=[4,1]" in [t for k, t in _texts(cell) if k == "execute_result"][0]
+
+
+def test_judgement_in_a_kernel_growing_graph_buckets_and_a_read_after_the_loop():
+    """The verdicts a user reads in a notebook: a loop that never syncs is told its graph
+    grows; buckets in rotation and a read after the loop get facts, no advice."""
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu",
+        "import torch, torch_xla",
+        "%%on_tpu\nw = torch.randn(16, 16) * 0.1\nh = torch.randn(2, 16)\n"
+        "for step in range(8):\n    h = torch.tanh(h @ w)\n    seen = h.sum().item()",
+        "%%on_tpu\nwb = torch.randn(8, 8)\ntorch_xla.sync()\n"
+        "for rows in (3, 5, 7) * 3:\n    kept = (torch.ones(rows, 8) @ wb).sum()\n"
+        "    torch_xla.sync()\nprint(round(kept.item(), 1))",
+    )
+    execute(nb)
+    grows = "\n".join(t for k, t in _texts(nb.cells[2]) if k == "display_data")
+    assert "compile-bound" in grows.splitlines()[0], grows
+    assert "the graph grows every step" in grows and "torch_xla.sync() at the end" in grows
+    buckets = "\n".join(t for k, t in _texts(nb.cells[3]) if k == "display_data")
+    assert "RECOMPILED" not in buckets and "what to do" not in buckets, buckets
+    assert "each compiled once, then cached" in buckets
+    assert "after the loop's last sync" in buckets
