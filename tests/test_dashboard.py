@@ -188,7 +188,8 @@ def test_in_a_tracked_run_the_alert_diffs_the_recorded_graphs_of_its_two_compile
     monitor = LiveMonitor(alert_graphs=2)
     with tpu_nb.track():  # the loop in the tracked block, as in a cell
         for batch in (31, 32, 33, 34):
-            out = (torch.ones(batch, 8, device=tpu_nb.device()) @ w).relu().sum()
+            # kept bound until its sync: the recorder reads the pending graph from names
+            _out = (torch.ones(batch, 8, device=tpu_nb.device()) @ w).relu().sum()
             torch_xla.sync()
             monitor.poll()
         state = monitor.poll()

@@ -73,9 +73,7 @@ for step in range({steps}):
 
 
 def test_a_short_healthy_run_gets_facts_and_no_advice(cell):
-    short = cell(
-        TRAIN.format(width=40, steps=3, optimizer="torch.optim.AdamW(model.parameters())")
-    )
+    short = cell(TRAIN.format(width=40, steps=3, optimizer="torch.optim.AdamW(model.parameters())"))
     assert "RECOMPILED" not in short.summary and "compile-bound" not in short.text
     assert short.verdict is None and "no verdict yet" in short.summary
     assert "too few steps to judge the steady state" in short.text
@@ -261,3 +259,34 @@ for step in range(8):
     )
     assert big.verdict is not None and big.verdict.kind == "device-bound", big.text
     assert not big.advice
+
+
+def test_a_ragged_last_batch_is_named_as_that(cell):
+    ragged = cell(
+        """
+model = make_mlp(50); opt = torch.optim.SGD(model.parameters(), 0.1)
+data = torch.utils.data.TensorDataset(
+    torch.randn(70, 50, device="cpu"), torch.randint(0, 10, (70,), device="cpu"))
+for x, y in torch.utils.data.DataLoader(data, batch_size=16):
+    x, y = x.to(torch_xla.device()), y.to(torch_xla.device())
+    F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "drop_last=True" in ragged.advice and PAD_ADVICE not in ragged.advice, ragged.text
+    assert "dim 0: 16 \u2192 6" in ragged.text
+
+
+def test_a_model_built_beside_an_mp_device_loader_loop_is_not_recompiled(cell):
+    loader = cell(
+        """
+from torch_xla.distributed.parallel_loader import MpDeviceLoader
+model = make_mlp(51); opt = torch.optim.SGD(model.parameters(), 0.1)
+data = torch.utils.data.TensorDataset(
+    torch.randn(128, 51, device="cpu"), torch.randint(0, 10, (128,), device="cpu"))
+for x, y in MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=16), torch_xla.device()):
+    F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+"""
+    )
+    assert "RECOMPILED" not in loader.summary and PAD_ADVICE not in loader.text, loader.text
+    assert "recompile" not in loader.kinds()

@@ -214,9 +214,7 @@ def test_gpt2_fixed_padding_and_adamw_do_the_plain_cells_work(gpt2, monkeypatch)
     assert (read.line, read.count) == (magic.line("print("), steps)
 
 
-def test_gpt2_dynamic_padding_names_the_sequence_length_on_the_sync_line(
-    gpt2, monkeypatch
-):
+def test_gpt2_dynamic_padding_names_the_sequence_length_on_the_sync_line(gpt2, monkeypatch):
     shell = gpt2
     shell.user_ns["uneven"] = [[1] * 9, [2] * 7, [3] * 30, [4] * 12, [5] * 3, [6] * 9]
     ran = run(

@@ -727,8 +727,11 @@ class TpuMagics(Magics):
             number = self.state.watcher.cell_files.get(path)
         if number is None and os.sep not in path:  # a bare name (IR debug's locations)
             number = next(
-                (n for f, n in [*files.items(), *self.state.watcher.cell_files.items()]
-                 if os.path.basename(f) == path),
+                (
+                    n
+                    for f, n in [*files.items(), *self.state.watcher.cell_files.items()]
+                    if os.path.basename(f) == path
+                ),
                 None,
             )
         if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):

@@ -656,9 +656,12 @@ class LiveMonitor:
             source = "compile log"
             if growth:
                 differs, source = (
-                    f"each graph adds {growth} to the one before: no torch_xla.sync() cuts "
-                    "the graph, so every step compiles a bigger one",
-                ), "recorded"
+                    (
+                        f"each graph adds {growth} to the one before: no torch_xla.sync() cuts "
+                        "the graph, so every step compiles a bigger one",
+                    ),
+                    "recorded",
+                )
             elif progression(recorded):
                 differs, source = (progression(recorded),), "recorded"
             elif len(captured) >= 2:
@@ -673,7 +676,12 @@ class LiveMonitor:
             place = events[-1].user_frame
             assert place is not None  # _note_line keeps only events with a user frame
             self._alerts[site] = RecompilationAlert(
-                place, hashes, self.alert_graphs, differs, source, settled and not growth,
+                place,
+                hashes,
+                self.alert_graphs,
+                differs,
+                source,
+                settled and not growth,
                 bool(growth),
             )
 

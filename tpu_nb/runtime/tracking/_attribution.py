@@ -282,6 +282,8 @@ def _compile_kind(kind: str, pattern, allowed: int) -> tuple[str, str]:
     if kind == policy.RECOMPILE:
         if pattern is not None and pattern.graphs <= allowed:
             return "compile", ""
+        if pattern is not None and pattern.last_call_only:
+            return "recompile", policy.LAST_CALL_FIX
         return "recompile", RECOMPILE_HINT
     return "compile", ""
 

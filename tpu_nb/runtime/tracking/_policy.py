@@ -69,6 +69,15 @@ class LinePattern:
         """Whether this line's compiles call for advice (recompiling or growing)."""
         return self.kind in ("recompiling", "growing")
 
+    @property
+    def last_call_only(self) -> bool:
+        """Recompiling only at its last call (a shorter last batch, typically)."""
+        return (
+            self.kinds.count(RECOMPILE) == 1
+            and self.kinds[-1] == RECOMPILE
+            and (self.calls_after == 0)
+        )
+
 
 @dataclass(frozen=True)
 class ReadPattern:
@@ -138,7 +147,7 @@ def classify_line(
     first_moment = moments[0] if moments else 0
     warm = _warm_up_moments(events, moments, graphs)
     settled = calls_after >= _SETTLED_CALLS
-    for event, moment in zip(events, moments, strict=True):
+    for moment in moments:
         if moment == first_moment:
             kinds_list.append(FIRST)
         elif moment in warm:
@@ -177,7 +186,9 @@ def _warm_up_moments(events, moments, graphs) -> set[int]:
     for prev, cur in zip(distinct, distinct[1:], strict=False):
         if len(warm) + 1 >= _MAX_WARM_UP or cur != prev + 1:
             break
-        if not _state_appeared(events[at[prev]], events[at[cur]], graphs[at[prev]], graphs[at[cur]]):
+        if not _state_appeared(
+            events[at[prev]], events[at[cur]], graphs[at[prev]], graphs[at[cur]]
+        ):
             break
         warm.add(cur)
     return warm
@@ -187,9 +198,9 @@ def _state_appeared(first: CompileEvent, second: CompileEvent, a, b) -> bool:
     """Whether `first`'s graph differs from `second`'s as an earlier step's does: other
     graph inputs or outputs (state created), or ops only the earlier graph ran (a model's
     initialisation pending when the loop started). Same ops with other shapes is not."""
-    if first.inputs is not None and second.inputs is not None:
-        if (first.inputs, first.outputs) != (second.inputs, second.outputs):
-            return True
+    known = first.inputs is not None and second.inputs is not None
+    if known and (first.inputs, first.outputs) != (second.inputs, second.outputs):
+        return True
     if a is None or b is None:
         return False
     return bool(_ops(a) - _ops(b))
@@ -255,7 +266,7 @@ def progression(graphs: list) -> str:
     if anchor is None:
         return ""
     op, dim, rank, count = anchor
-    values = []
+    values: list[str] = []
     for g in known:
         nodes = [n for n in g.nodes if n.op == op]
         if len(nodes) != count:  # other work in that graph (a first step's initialisation)
@@ -368,9 +379,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     for event, kind in zip(events, judgement.compile_kinds, strict=True):
         if event.step is not None and kind:
             by_step.setdefault(event.step, []).append(kind)
-    one_time_steps = {
-        step for step, kinds in by_step.items() if all(k in ONE_TIME for k in kinds)
-    }
+    one_time_steps = {step for step, kinds in by_step.items() if all(k in ONE_TIME for k in kinds)}
     one_time = sum(len(by_step[s]) for s in one_time_steps)
     seconds = _one_time_seconds(report, one_time_steps)
     judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
@@ -448,11 +457,14 @@ RECOMPILE_FIX = (
     "keep shapes and Python values in the step fixed (pad or bucket the batch to a few "
     "fixed sizes), or allow the graphs with --max-graphs"
 )
+LAST_CALL_FIX = (
+    "only the line's last call compiled a new graph: when that is a shorter last batch, "
+    "use DataLoader(..., drop_last=True) or pad the last batch to the batch size"
+)
 GROWING_FIX = (
     "call torch_xla.sync() at the end of each step, so each step runs the same graph "
     "(reads such as .item() run the graph but do not cut it)"
 )
-
 
 
 def describe_pattern(p: LinePattern) -> str:
@@ -465,6 +477,8 @@ def describe_pattern(p: LinePattern) -> str:
             f"its graph grows: each of its {n} graphs adds {p.growth} to the one before "
             "(nothing syncs between them)"
         )
+    if p.kind == "recompiling" and p.last_call_only:
+        return f"{graphs}; the last at its last call, after {p.calls - 1} calls{shapes}"
     if p.kind == "recompiling":
         new = sum(1 for k in p.kinds if k == RECOMPILE)
         return (

@@ -425,9 +425,7 @@ class Recorder:
                 self._wrap_fallback(_namespace(torch, namespace), attr)
         self._fallback_names = names
 
-    def _occur(
-        self, kind: str, what: str, site: Site, count: int, in_sync: bool = False
-    ) -> None:
+    def _occur(self, kind: str, what: str, site: Site, count: int, in_sync: bool = False) -> None:
         key = (kind, what, site, in_sync)
         occ = self.recording.occurrences.get(key)
         step = self.recording.syncs

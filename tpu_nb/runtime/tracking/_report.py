@@ -123,7 +123,7 @@ class RunReport:
         if self.compile_log_problem:
             lines.append(f"  compile causes unknown: {self.compile_log_problem}")
         judgement = self.judgement
-        for (file, line), pattern in (judgement.lines.items() if judgement else ()):
+        for (file, line), pattern in judgement.lines.items() if judgement else ():
             if pattern.graphs > 1 or pattern.flagged:
                 lines.append(f"  {file}:{line}: {describe_pattern(pattern)}")
         verdict = getattr(self.anatomy, "verdict", None)
