@@ -26,7 +26,8 @@ class TpuNb(Configurable):
     show_xla_line = Bool(
         True,
         help="After each cell that did XLA work outside %%on_tpu, print one line: "
-        "graphs compiled, executions, transfers, host reads, CPU fallbacks.",
+        "graphs compiled, executions, transfers, host reads, CPU fallbacks. To show "
+        "complete execute times it waits for the device's work (never when off).",
     ).tag(config=True)
     show_report = Bool(
         True,
@@ -78,16 +79,21 @@ class CellWatcher:
             return
         before = self.before or MetricsSnapshot({}, {}, after.taken_at, after.generation)
         delta = after.since(before)
-        if delta.syncs or delta.executions:
-            # Executions launched by the cell may still run: wait, so they are counted in
-            # this cell (the same figures every run), not in none or the next one.
+        shows_line = (
+            self.settings.show_xla_line and delta.did_xla_work and not self.reported_by_magic
+        )
+        if shows_line and (delta.syncs or delta.executions):
+            # The line shows execute seconds, and an execution launched by the cell may
+            # still run: wait for the device, so they are complete (the same figures every
+            # run). Waiting runs nothing, but it is a wait the plain cell does not make:
+            # only for the line, never when it is off (the times then land in a later cell).
             after = _snapshot_if_loaded(wait=True) or after
             delta = after.since(before)
         self.last_delta = delta
         if delta.did_xla_work:
             count = getattr(result, "execution_count", None) or len(self.history) + 1
             self.history.append((count, self._first_line, delta))
-        if self.settings.show_xla_line and delta.did_xla_work and not self.reported_by_magic:
+        if shows_line:
             print(f"XLA: {delta.summary()}")
 
 

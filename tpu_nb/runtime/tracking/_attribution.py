@@ -26,6 +26,8 @@ HOST_READ_HINT = (
     "keep values on the device (accumulate losses in a tensor) and read once "
     "after the loop, or log with xm.add_step_closure"
 )
+# How a report names the sync tpu_nb runs at the end of a run when asked (`--sync`).
+END_SYNC = "tpu_nb's end-of-cell sync (--sync)"
 RECOMPILE_HINT = (
     "keep shapes and Python values in the step fixed (pad or bucket the batch "
     "to a few fixed sizes), or allow the graphs with --max-graphs"
@@ -237,7 +239,10 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
             # between to name
             own = True
             if _ends_run(event):
+                # torch_xla's log calls every torch_xla.sync() "user torch_xla.sync": this
+                # one is tpu_nb's, asked for with --sync / sync=True
                 place = "end of cell"
+                what = f"graph {event.graph_hash[:8]} compiled by {END_SYNC}"
             elif guard_start:
                 place = "start of cell: work pending from before it, run by --max-graphs's sync"
             else:
