@@ -87,7 +87,9 @@ def find_pending(namespaces: list[dict], names: tuple[str, ...]) -> PendingWork 
 
 
 def _described(holders: tuple[str, ...], tensors: list, start: float) -> PendingWork:
-    nodes, ops, lines = 0, (), ()
+    nodes = 0
+    ops: tuple[tuple[str, int], ...] = ()
+    lines: tuple[tuple[str, int], ...] = ()
     try:
         from tpu_nb.runtime.graph._capture import graph
 

@@ -277,7 +277,7 @@ class track:
         self._sync, self._wait, self._record, self._code = sync, wait, record, tuple(code)
         self._namespace = namespace
         self._recorder: provenance.Recorder | None = None
-        self._frame = None
+        self._frame: Any = None
 
     def __enter__(self) -> RunReport:
         self._log = compile_log()
