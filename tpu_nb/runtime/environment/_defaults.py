@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.sources import call_as
+from tpu_nb.runtime.sources import as_caller
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
 # and tensor methods follow their input's device already). torch.from_numpy shares memory
@@ -119,7 +119,7 @@ def _wrap(fn):
                 if scope.covers(sys._getframe(1)):
                     kwargs["device"] = device
         # warnings (torch.tensor(a_tensor)'s) name the caller's line, not this wrapper
-        return call_as(sys._getframe(1), fn, *args, **kwargs)
+        return as_caller(sys._getframe(1))(fn, args, kwargs)
 
     factory.__tpu_nb_original__ = fn
     return factory

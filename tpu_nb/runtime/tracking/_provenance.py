@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import Frame
-from tpu_nb.runtime.sources import call_as, is_library, short_path
+from tpu_nb.runtime.sources import as_caller, is_library, short_path
 
 log = logging.getLogger("tpu_nb")
 
@@ -262,14 +262,14 @@ class Recorder:
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             if not recorder.active or recorder._compiling():
-                return call_as(sys._getframe(1), original, *args, **kwargs)
+                return as_caller(sys._getframe(1))(original, args, kwargs)
             entry = time.time()
             before = recorder._counter("UncachedCompile")
             graph, site = (
                 recorder._maybe_capture(sys._getframe(1)) if recorder._capture else (None, None)
             )
             start = time.time()
-            result = call_as(sys._getframe(1), original, *args, **kwargs)
+            result = as_caller(sys._getframe(1))(original, args, kwargs)
             recorder._notify(recorder.on_sync, entry, start)
             recorder._after_sync(before, graph, site, sys._getframe(1))
             return result
@@ -290,7 +290,7 @@ class Recorder:
                 or getattr(local, "depth", 0)
                 or recorder._compiling()
             ):
-                return call_as(sys._getframe(1), original, tensor, *args, **kwargs)
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
             entry = time.time()
             counter = recorder._counter
             before = [counter(n) or 0 for n in _READ_COUNTERS]
@@ -303,7 +303,7 @@ class Recorder:
             )
             start = time.time()
             try:
-                return call_as(sys._getframe(1), original, tensor, *args, **kwargs)
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
             finally:
                 recorder._notify(recorder.on_read, entry, start)
                 local.depth = 0
@@ -322,14 +322,14 @@ class Recorder:
         def op(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             if not recorder.active or recorder._compiling():
-                return call_as(sys._getframe(1), original, *args, **kwargs)
+                return as_caller(sys._getframe(1))(original, args, kwargs)
             before = recorder._fallback_counts()
             compiles = recorder._counter("UncachedCompile")
             tensor = next((a for a in args if getattr(a, "is_xla", False)), None)
             graph = site = None
             if tensor is not None:  # running on the CPU materialises its input
                 graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
-            result = call_as(sys._getframe(1), original, *args, **kwargs)
+            result = as_caller(sys._getframe(1))(original, args, kwargs)
             after = recorder._fallback_counts()
             if after != before:
                 recorder._record_fallbacks(before, after, compiles, sys._getframe(1), graph, site)
