@@ -215,11 +215,11 @@ def test_an_error_raised_through_a_wrapper_shows_no_tpu_nb_frame(shell, capsys):
 def test_track_in_a_script_makes_no_sync_and_the_same_work(py):
     """In a script, `with tpu_nb.track():` around code that leaves work pending does what the
     code does without it (compared by raw counters, each in its own process)."""
-    code = """
+    code = f"""
         import json, sys, torch, torch_xla, tpu_nb
         tpu_nb.setup("cpu")
         X = torch_xla._XLAC
-        names = {raw!r}
+        names = {RAW!r}
         x = torch.arange(9.0, device=torch_xla.device()); torch_xla.sync()
         X._xla_wait_device_ops([])  # its execution is counted when it ends: before `before`
         before = {{k: X._xla_counter_value(n) or 0 for k, n in names.items()}}
@@ -231,7 +231,7 @@ def test_track_in_a_script_makes_no_sync_and_the_same_work(py):
             acc = (x * 2).mean(); v = acc.item()
         after = {{k: X._xla_counter_value(n) or 0 for k, n in names.items()}}
         print(json.dumps({{k: after[k] - before[k] for k in after}}))
-    """.format(raw=RAW)
+    """
     plain = json.loads(py(code).stdout.splitlines()[-1])
     tracked = json.loads(
         py(code.replace('sys.argv[-1] == "track"', "True")).stdout.splitlines()[-1]
