@@ -248,3 +248,19 @@ def test_track_in_a_script_makes_no_sync_and_the_same_work(py):
         }
     )
     assert tpu_nb  # imported for the conftest's setup
+
+
+@pytest.mark.stack
+def test_showing_an_on_tpu_cells_value_runs_its_pending_work_and_is_counted(shell, capsys):
+    """The cell's value is shown after the report: what that runs (the value's pending
+    graph) gets its own XLA line, as a plain cell's line counts it."""
+    capsys.readouterr()
+    _, magic = counted(shell, "%%on_tpu\nshown = torch.ones(2, 3) * 3 + 1\nshown\n")
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("XLA after the report")]
+    assert "XLA after the report (showing the cell's value): 1 compiled" in line, out
+    _, plain = counted(
+        shell, "shown = torch.ones(2, 3, device=torch_xla.device()) * 3 + 1\nshown\n"
+    )
+    assert {**magic, "compiles": 0, "cache_hits": 0} == {**plain, "compiles": 0, "cache_hits": 0}
+    assert magic["compiles"] + magic["cache_hits"] == plain["compiles"] + plain["cache_hits"] == 1

@@ -167,6 +167,15 @@ def _check_holds_xla_tensor(source: str, value) -> None:
         )
 
 
+def _snapshot():
+    from tpu_nb.runtime.metrics import snapshot
+
+    try:
+        return snapshot()
+    except Exception:  # a broken runtime: no line after the report, the report stands
+        return None
+
+
 def _start_dashboard(**options):
     """A started live dashboard; a bad option or environment is a one-line UsageError."""
     from tpu_nb.display.dashboard import Dashboard
@@ -473,6 +482,7 @@ class TpuMagics(Magics):
         finally:
             if report is not None and report.complete:
                 self._show(report, args)
+                self.state.watcher.reported_at = _snapshot()
             if capture is not None and capture.trace is not None:
                 from tpu_nb.display.profile_view import TraceView
 
