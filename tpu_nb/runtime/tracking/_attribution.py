@@ -94,7 +94,8 @@ def _event_line(event: CompileEvent, filename: str) -> int | None:
 
 
 def _ends_run(event: CompileEvent) -> bool:
-    """The compile of track()'s own final sync (the end of the cell)."""
+    """The compile of track()'s own end-of-run sync (the end of the cell; asked for with
+    sync=True or --sync)."""
     site = event.site
     if site is not None:
         return (
