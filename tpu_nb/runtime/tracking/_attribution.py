@@ -54,7 +54,7 @@ class LineFinding:
     kind: str  # "compile", "warm-up", "recompile", "fallback", "host-read"
     what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
     hint: str = ""  # what to do; findings of one kind on one topic share the same text
-    place: str = ""  # where, when not a line: "end of cell" (the final sync)
+    place: str = ""  # where, when not a line: "end of cell" (--sync, work left pending)
     count: int = 1  # how many times it happened (host reads, fallbacks, graphs)
     via: str = ""  # the library function between the line and the event, e.g.
     # "torch/optim/adamw.py:480 _single_tensor_adamw"

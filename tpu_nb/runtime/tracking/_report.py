@@ -305,7 +305,7 @@ class track:
         try:
             if exc is None:
                 self._finish_work(report)
-        except BaseException as failure:  # the final sync or wait failed: the run failed
+        except BaseException as failure:  # the end sync or wait failed: the run failed
             report.error = failure
             self._complete(report)
             raise
