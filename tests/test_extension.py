@@ -123,9 +123,13 @@ def test_failing_cell_reports_and_raises_and_next_cell_runs(shell, capsys):
 
 
 def test_no_sync_leaves_work_pending(shell):
-    r = run(shell, "%%on_tpu --no-sync -o\npending = torch.ones(8) * 7\n")
-    assert r.result.metrics.syncs == 0 and r.result.metrics.executions == 0
-    assert "aten::mul" in torch_xla._XLAC._get_xla_tensors_text([shell.user_ns["pending"]])
+    # the default since tpu_nb makes no sync of its own; --no-sync is still accepted
+    for flags in ("", " --no-sync"):
+        r = run(shell, f"%%on_tpu{flags} -o\npending = torch.ones(8) * 7\n")
+        assert r.result.metrics.syncs == 0 and r.result.metrics.executions == 0
+        assert "aten::mul" in torch_xla._XLAC._get_xla_tensors_text([shell.user_ns["pending"]])
+    r = run(shell, "%%on_tpu --sync --no-sync\n1\n")
+    assert "choose one of --sync and --no-sync" in str(r.error_in_exec)
 
 
 def test_max_graphs_stops_at_the_recompiling_step(shell):
@@ -312,7 +316,7 @@ def test_shuffling_dataloader_inside_on_tpu(shell):
     assert tpu_nb.last_report().metrics.host_reads == 0  # no sampler seed read from XLA
 
 
-def test_on_tpu_graph_shows_the_pending_graph_before_the_sync(shell, monkeypatch):
+def test_on_tpu_graph_shows_the_graph_the_cell_leaves_pending(shell, monkeypatch):
     from tpu_nb.display.graph_view import GraphView
     from tpu_nb.ipython import magics
 
@@ -326,8 +330,21 @@ def test_on_tpu_graph_shows_the_pending_graph_before_the_sync(shell, monkeypatch
     # Nodes carry the cell's lines (recorded for this cell), named after the cell.
     assert any(node.user_frame and node.user_frame.line == 3 for node in views[0].graph.nodes)
     assert "In [" in html
-    assert views[0].graph.pending  # captured before it ran...
-    assert r.result.metrics.executions == 1  # ...then it ran, at the cell's end
+    assert views[0].graph.pending  # captured before anything ran it
+    # No sync of tpu_nb's own: the graph stays pending, and the report says what holds it
+    # and which lines traced it (their locations were recorded for --graph).
+    report = r.result
+    assert report.metrics.executions == report.metrics.syncs == 0
+    assert report.pending.holders == ("ga", "gb") and "traced on lines 2, 3" in str(
+        [f.what for f in report.findings if f.kind == "pending"]
+    )
+    assert "left pending: the next sync or read runs it" in html
+    shown.clear()
+    r = run(shell, "%%on_tpu --graph --sync -o\ngc = torch.ones(4, 4)\ngd = (gc @ gc).relu()\n")
+    (view,) = [v for v in shown if isinstance(v, GraphView)]
+    assert "about to run at tpu_nb&#x27;s end-of-cell sync" in view._repr_html_()
+    assert r.result.metrics.executions == r.result.metrics.syncs == 1  # asked for: it ran
+    assert r.result.synced_at_end and r.result.pending is None
 
 
 def test_xla_graph_magic(shell, capsys):

@@ -310,6 +310,9 @@ def test_bert_evaluation_host_reads_per_line_with_the_transformers_function(shel
         # no finding names tpu_nb's own frames (its final sync is "end of cell")
         assert not [f for f in ran.findings if "tpu_nb" in f.via], ran.findings
     assert ran.raw["compiles"] == 0 and ran.raw["cache_hits"] > 0
+    # the same cell without %%on_tpu (the model was placed in the set-up cell): the same work
+    plain = run(shell, monkeypatch, BERT_EVAL.replace("%%on_tpu -o\n", ""))
+    assert work(plain.raw) == work(ran.raw)
 
 
 # -- resnet18 built in the cell ----------------------------------------------------------------
@@ -334,7 +337,10 @@ def test_resnet18_built_in_the_cell_initialisation_is_no_recompilation(shell, mo
         shell.run_cell(
             "import torch, torch_xla, torchvision\n"
             "images_cpu = torch.randn(2, 3, 32, 32)\n"
-            "labels_cpu = torch.tensor([1, 7])"
+            "labels_cpu = torch.tensor([1, 7])\n"
+            # what earlier cells left pending (the BERT cell's outputs) runs here, not in
+            # the first step of the cells compared below
+            "torch_xla.sync()"
         ).error_in_exec
         is None
     )
@@ -363,6 +369,86 @@ def test_resnet18_built_in_the_cell_initialisation_is_no_recompilation(shell, mo
     assert work(magic.raw) == work(plain.raw)
     assert plain.raw["compiles"] == 0
     assert magic.raw["executions"] == magic.raw["syncs"] == 3
+
+
+# -- a timm-style model built in the cell ------------------------------------------------------
+
+TIMM_SETUP = """\
+import torch, torch_xla
+
+class Block(torch.nn.Module):
+    def __init__(self, dim, drop_path):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.mlp = torch.nn.Linear(dim, dim)
+        self.drop_path = drop_path
+
+    def forward(self, x):
+        y = self.mlp(self.norm(x))
+        if self.training and self.drop_path > 0:  # stochastic depth, per sample
+            keep = torch.rand(x.shape[0], 1, 1, device=x.device) >= self.drop_path
+            y = y * keep.to(x.dtype) / (1 - self.drop_path)
+        return x + y
+
+class TinyTimm(torch.nn.Module):
+    # timm's pattern: the stochastic-depth schedule read from a linspace in __init__
+    def __init__(self, depth=4, dim=16, classes=3, drop_path_rate=0.1):
+        super().__init__()
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+        self.blocks = torch.nn.Sequential(*[Block(dim, dpr[i]) for i in range(depth)])
+        self.head = torch.nn.Linear(dim, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(x).mean(1))
+
+timm_data = torch.randn(4, 5, 16)
+timm_target = torch.tensor([0, 1, 2, 0])
+torch_xla.sync()  # what earlier cells left pending runs here, not in the cells compared
+"""
+
+TIMM_TRAIN = """\
+torch.manual_seed(0)
+{build}
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data, target = timm_data.to(torch_xla.device()), timm_target.to(torch_xla.device())
+for step in range(3):
+    loss = torch.nn.functional.cross_entropy(model(data), target)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    torch_xla.sync()
+print(f"{{loss.item():.3f}}")
+"""
+
+
+def test_timm_style_model_built_in_the_cell_matches_torch_device_construction(shell, monkeypatch):
+    """A model whose __init__ reads device values (timm's stochastic-depth schedule,
+    `x.item()` over a `torch.linspace`) does, under %%on_tpu, what it does built under
+    `with torch.device(dev)`: the linspace is on the device and each `.item()` reads it.
+    Built on the CPU and moved with `.to(dev)`, it reads nothing from the device."""
+    assert shell.run_cell(TIMM_SETUP).error_in_exec is None
+    depth = 4
+    magic = run(shell, monkeypatch, "%%on_tpu -o\n" + TIMM_TRAIN.format(build="model = TinyTimm()"))
+    assert_report_is_raw(magic)
+    assert next(shell.user_ns["model"].parameters()).device.type == "xla"
+    with_device = run(
+        shell,
+        monkeypatch,
+        TIMM_TRAIN.format(build="with torch.device(torch_xla.device()):\n    model = TinyTimm()"),
+    )
+    moved = run(
+        shell, monkeypatch, TIMM_TRAIN.format(build="model = TinyTimm().to(torch_xla.device())")
+    )
+    assert work(magic.raw) == work(with_device.raw)
+    assert with_device.raw["compiles"] == 0  # the very same graphs: all cached
+    # the schedule's reads: one per block, at construction, on the device
+    assert magic.raw["host_reads"] == moved.raw["host_reads"] + depth == depth + 1
+    init_read, print_read = magic.of_kind("host-read")
+    assert (init_read.line, init_read.count) == (magic.line("TinyTimm()"), depth)
+    schedule = next(i for i, t in enumerate(TIMM_SETUP.splitlines(), 1) if "dpr = [" in t)
+    assert re.fullmatch(rf"In \[\d+\], line {schedule} \S+", init_read.via), init_read.via
+    assert print_read.line == magic.line("print(")
+    assert magic.raw["syncs"] == moved.raw["syncs"] == 3
 
 
 # -- CPU fallback inside a model defined in another cell ---------------------------------------

@@ -184,8 +184,10 @@ def test_item_every_step_is_read_bound():
     assert a.verdict.kind == "read-bound", str(a)
     assert "every N steps" in a.verdict.fix
     reading = [s for s in a.steps if s.reads]
-    # The reads after the loop's last sync are the run's tail, not a step.
+    # each sync's step holds the reads before it: the last sync's reads come after it, in
+    # the run's tail (track() adds no sync of its own to make them a step)
     assert [s.reads for s in reading] == [READS] * 7
+    assert a.tail is not None and a.tail.reads == READS
     # Per step, reading dominates tracing; a scheduling hiccup on a loaded machine may stall
     # one step's tracing, so most steps (not every one) must show it.
     assert sum(s.read > s.trace for s in reading) >= 6, [(s.read, s.trace) for s in reading]

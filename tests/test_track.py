@@ -131,29 +131,49 @@ def test_report_is_complete_on_error_and_error_propagates():
 def test_track_without_wait_does_not_block():
     dev = tpu_nb.device()
     x = torch.randn(32, 32, device=dev)
+    torch_xla.sync()
     with tpu_nb.track(wait=False) as report:
-        kept = (x @ x).sum()
-    assert not report.waited and report.metrics.syncs == 1 and kept.dim() == 0
+        y = (x @ x).relu()
+        torch_xla.sync()
+    assert not report.waited and report.metrics.syncs == 1 and y.dim() == 2
+
+
+def test_track_makes_no_sync_of_its_own_and_names_the_work_it_leaves_pending():
+    dev = tpu_nb.device()
+    x = torch.randn(32, 32, device=dev)
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        kept = (x @ x).sum()  # never synced, never read: left pending, as without tpu_nb
+    assert report.metrics.syncs == report.metrics.executions == 0
+    pending = report.pending
+    assert pending is not None and pending.holders == ("kept",) and pending.tensors == 1
+    assert {op for op, _ in pending.ops} >= {"aten::mm", "aten::sum"}, pending.ops
+    assert "kept" in str(report) and "not run here" in str(report)
+    # the work runs where the next sync is, and is counted there
+    with tpu_nb.track() as later:
+        torch_xla.sync()
+    assert later.metrics.executions == 1 and later.pending is None
+    assert kept.item() == pytest.approx(float((x.cpu() @ x.cpu()).sum()), rel=1e-4)
 
 
 def test_sync_skipped_when_the_block_already_synced_and_done_when_work_is_pending():
     dev = tpu_nb.device()
     x = torch.randn(16, 16, device=dev)
     torch_xla.sync()
-    with tpu_nb.track(wait=False) as synced:
+    with tpu_nb.track(wait=False, sync=True) as synced:
         y = x @ x
         torch_xla.sync()  # the block's own sync leaves nothing pending
-    assert synced.metrics.syncs == 1
-    with tpu_nb.track(wait=False) as pending:
+    assert synced.metrics.syncs == 1 and not synced.synced_at_end
+    with tpu_nb.track(wait=False, sync=True) as pending:
         z = (y @ x).relu()
         torch_xla.sync()
         z.add_(1)  # in-place work after the sync: pending
-    assert pending.metrics.syncs == 2
+    assert pending.metrics.syncs == 2 and pending.synced_at_end and pending.pending is None
     # With wait=False an execution still in flight is counted by the next report: wait here so
     # the next block counts only its own.
     tpu_nb.sync(wait=True)
-    with tpu_nb.track(wait=False) as unsynced:
-        w = z * 2  # no sync of its own: track() runs it
+    with tpu_nb.track(wait=False, sync=True) as unsynced:
+        w = z * 2  # no sync of its own: track(sync=True) runs it
     tpu_nb.sync(wait=True)
     assert unsynced.metrics.syncs == 1
     assert torch.allclose(w.cpu(), z.cpu() * 2)

@@ -89,6 +89,7 @@ KIND_WORDS = {
     "growing": "compiled a bigger graph",
     "fallback": "fell back to the CPU",
     "host-read": "read from the device",
+    "pending": "left pending",
 }
 _KIND_COLOURS = {
     "compile": ACCENT,
@@ -98,12 +99,24 @@ _KIND_COLOURS = {
     "growing": RED,
     "fallback": WARN,
     "host-read": WARN,
+    "pending": MUTED,
 }
 _FLAGGED = ("recompile", "growing", "fallback", "host-read")
 _SHOWN_WHATS = 3  # distinct descriptions listed per group before "and N more"
 _NOT_CAPTURED = "tpu_nb did not capture both graphs"
 _CONTEXT = 2  # source lines shown around a marked line of a long cell
 _LONG_CELL = 30  # cells longer than this show only marked lines and their context
+
+
+def _wall_parts(r: RunReport) -> str:
+    """What the wall time covers: the cell's code, tpu_nb's sync if asked, the wait."""
+    parts = ["the cell's code"]
+    if getattr(r, "synced_at_end", False):
+        parts.append("tpu_nb's end-of-cell sync (--sync)")
+    if r.waited:
+        parts.append("the device's work")
+    text = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return f" ({text})"
 
 
 def _where(finding: LineFinding) -> str:
@@ -278,18 +291,15 @@ class RunView:
         r, m = self.report, self.report.metrics
         fallbacks = ", ".join(f"aten::{op} \u00d7{n}" for op, n in sorted(m.fallbacks.items()))
         return [
-            (
-                "wall time",
-                format_seconds(r.wall_seconds)
-                + (
-                    " (the cell's code, its final sync and the device's work)"
-                    if r.waited
-                    else " (the cell's code and its final sync)"
-                ),
-            ),
+            ("wall time", format_seconds(r.wall_seconds) + _wall_parts(r)),
             ("graphs compiled", f"{m.compiles} ({format_seconds(m.compile_seconds)})"),
             ("compile cache hits", str(m.cache_hits)),
-            ("executions", f"{m.executions} ({format_seconds(m.execute_seconds)} on device)"),
+            (
+                "executions",
+                f"{m.executions} ({format_seconds(m.execute_seconds)} on device"
+                + ("" if r.waited else "; some may still run: their time is incomplete")
+                + ")",
+            ),
             (
                 "transfers to device",
                 f"{m.to_device_transfers} ({format_seconds(m.to_device_seconds)})",
@@ -339,6 +349,12 @@ class RunView:
             notes.append(f"verdict: {verdict}")
         elif judgement is not None and judgement.note:
             notes.append(f"no verdict: {judgement.note}")
+        if getattr(self.report, "synced_at_end", False):
+            notes.append(
+                "--sync: tpu_nb's end-of-cell sync ran the work the cell left pending (a "
+                "sync the plain cell does not make); its compiles and executions are counted "
+                "here"
+            )
         return notes
 
     def _marks(self) -> dict[int, list[FindingGroup]]:

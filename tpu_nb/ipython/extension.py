@@ -26,7 +26,8 @@ class TpuNb(Configurable):
     show_xla_line = Bool(
         True,
         help="After each cell that did XLA work outside %%on_tpu, print one line: "
-        "graphs compiled, executions, transfers, host reads, CPU fallbacks.",
+        "graphs compiled, executions, transfers, host reads, CPU fallbacks. To show "
+        "complete execute times it waits for the device's work (never when off).",
     ).tag(config=True)
     show_report = Bool(
         True,
@@ -46,6 +47,9 @@ class CellWatcher:
         self.before: MetricsSnapshot | None = None
         self.last_delta: MetricsDelta | None = None
         self.reported_by_magic = False  # %%on_tpu shows its own, fuller report
+        # The runtime's counters when %%on_tpu's report was complete: work after it (showing
+        # the cell's value runs what the value left pending) gets its own line.
+        self.reported_at: MetricsSnapshot | None = None
         self.history: list[tuple[int, str, MetricsDelta]] = []  # cells that did XLA work
         self._first_line = ""
         # The files cells were compiled into -> their execution numbers, where IPython keeps
@@ -55,6 +59,7 @@ class CellWatcher:
 
     def pre_run_cell(self, info=None) -> None:
         self.reported_by_magic = False
+        self.reported_at = None
         raw = getattr(info, "raw_cell", "") or ""
         self._first_line = next((ln.strip() for ln in raw.splitlines() if ln.strip()), "")
         self._note_cell_file(raw)
@@ -78,16 +83,28 @@ class CellWatcher:
             return
         before = self.before or MetricsSnapshot({}, {}, after.taken_at, after.generation)
         delta = after.since(before)
-        if delta.syncs or delta.executions:
-            # Executions launched by the cell may still run: wait, so they are counted in
-            # this cell (the same figures every run), not in none or the next one.
+        reported = self.reported_at if self.reported_by_magic else None
+        shown = after.since(reported) if reported is not None else delta  # what the line says
+        shows_line = (
+            self.settings.show_xla_line
+            and shown.did_xla_work
+            and (reported is not None or not self.reported_by_magic)
+        )
+        if shows_line and (shown.syncs or shown.executions):
+            # The line shows execute seconds, and an execution launched by the cell may
+            # still run: wait for the device, so they are complete (the same figures every
+            # run). Waiting runs nothing, but it is a wait the plain cell does not make:
+            # only for the line, never when it is off (the times then land in a later cell).
             after = _snapshot_if_loaded(wait=True) or after
             delta = after.since(before)
+            shown = after.since(reported) if reported is not None else delta
         self.last_delta = delta
         if delta.did_xla_work:
             count = getattr(result, "execution_count", None) or len(self.history) + 1
             self.history.append((count, self._first_line, delta))
-        if self.settings.show_xla_line and delta.did_xla_work and not self.reported_by_magic:
+        if shows_line and reported is not None:
+            print(f"XLA after the report (showing the cell's value): {shown.summary()}")
+        elif shows_line:
             print(f"XLA: {delta.summary()}")
 
 

@@ -168,6 +168,15 @@ def _check_holds_xla_tensor(source: str, value) -> None:
         )
 
 
+def _snapshot():
+    from tpu_nb.runtime.metrics import snapshot
+
+    try:
+        return snapshot()
+    except Exception:  # a broken runtime: no line after the report, the report stands
+        return None
+
+
 def _start_dashboard(**options):
     """A started live dashboard; a bad option or environment is a one-line UsageError."""
     from tpu_nb.display.dashboard import Dashboard
@@ -322,9 +331,15 @@ class TpuMagics(Magics):
         "-o", dest="output", action="store_true", help="return the RunReport (like %%timeit -o)"
     )
     @argument(
+        "--sync",
+        action="store_true",
+        help="sync at the end of the cell, so work left pending runs and is counted in this "
+        "cell (a sync the plain cell does not make; default: pending work stays pending)",
+    )
+    @argument(
         "--no-sync",
         action="store_true",
-        help="do not sync at the end of the cell (pending work stays pending)",
+        help="the default: no sync at the end of the cell (kept for older notebooks)",
     )
     @argument("--quiet", action="store_true", help="do not show the report")
     @argument(
@@ -351,7 +366,9 @@ class TpuMagics(Magics):
         metavar="MESH",
         help="run the cell once over all devices (SPMD); `mesh` and `shard_batch` set",
     )
-    @argument("--graph", action="store_true", help="show the pending graph before the sync")
+    @argument(
+        "--graph", action="store_true", help="show the graph the cell leaves pending at its end"
+    )
     @argument(
         "--profile",
         type=_whole("--profile", 1, MAX_PROFILE_STEPS, 3),
@@ -365,7 +382,10 @@ class TpuMagics(Magics):
         """Run the cell on the XLA device and report what compiled, ran and cost.
 
         Inside the cell, tensors and modules created without device= land on the XLA
-        device. The cell syncs and waits for the device at the end (unless --no-sync).
+        device. The cell makes the same compiles, executions, syncs and reads as the same
+        code in a plain cell: work it leaves pending stays pending (the report says what),
+        unless --sync asks for a sync at the end. It waits for the device at the end, so
+        the executions' times are complete.
         """
         __tracebackhide__ = True  # noqa: F841
         args = _parse(self.on_tpu, line)
@@ -376,6 +396,8 @@ class TpuMagics(Magics):
                 "choose one of --replicas and --spmd. Fix: --replicas for a "
                 "process per device, or --spmd for one program over all of them"
             )
+        if args.sync and args.no_sync:
+            raise UsageError("choose one of --sync and --no-sync. Fix: drop --no-sync")
         if args.spmd is not None:
             _check_spmd(args.spmd)  # before anything: the switch to SPMD cannot be undone
         if args.live and args.replicas is not None:
@@ -438,7 +460,8 @@ class TpuMagics(Magics):
             code=code.codes,
             source=code.source,
             filename=code.filename,
-            sync=not args.no_sync,
+            namespace=self.shell.user_ns,
+            sync=args.sync,
             max_graphs=args.max_graphs,
             locations=args.graph,
             device=dev,
@@ -446,7 +469,7 @@ class TpuMagics(Magics):
         report = capture = None
         try:
             with ExitStack() as stack:
-                if args.live:  # outermost: its final state includes the cell's last sync
+                if args.live:  # outermost: its final state includes the cell's last work
                     stack.enter_context(_start_dashboard())
                 report = stack.enter_context(session)
                 if args.profile:  # inside the tracked run: it counts the run's syncs
@@ -455,18 +478,19 @@ class TpuMagics(Magics):
                     with _user_mistake():
                         capture = stack.enter_context(profile(args.profile))
                 value = code.run(self.shell)
-                if args.graph:  # before the final sync runs it
-                    self._show_pending_graph(value)
+                if args.graph:  # before --sync runs it
+                    self._show_pending_graph(value, args.sync)
         finally:
             if report is not None and report.complete:
                 self._show(report, args)
+                self.state.watcher.reported_at = _snapshot()
             if capture is not None and capture.trace is not None:
                 from tpu_nb.display.profile_view import TraceView
 
                 display(TraceView(capture.trace, title=f"profile of In [{code.number}]"))
         return report if args.output else value
 
-    def _show_pending_graph(self, value) -> None:
+    def _show_pending_graph(self, value, sync: bool) -> None:
         from tpu_nb.display.graph_view import GraphView
         from tpu_nb.runtime.graph import pending_graph
 
@@ -477,7 +501,11 @@ class TpuMagics(Magics):
             display(
                 GraphView(
                     pending,
-                    title="pending graph (about to run at the cell's end)",
+                    title=(
+                        "pending graph (about to run at tpu_nb's end-of-cell sync)"
+                        if sync
+                        else "pending graph (left pending: the next sync or read runs it)"
+                    ),
                     source_names=self._cell_name,
                 )
             )

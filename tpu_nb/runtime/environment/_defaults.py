@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.sources import as_caller
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
 # and tensor methods follow their input's device already). torch.from_numpy shares memory
@@ -110,13 +111,15 @@ _originals: dict[str, object] = {}
 def _wrap(fn):
     @functools.wraps(fn)
     def factory(*args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841
         if kwargs.get("device") is None:
             blocks = getattr(_open, "blocks", None)
             if blocks and _defaults_here(fn, args, kwargs):
                 scope, device = blocks[-1]
                 if scope.covers(sys._getframe(1)):
                     kwargs["device"] = device
-        return fn(*args, **kwargs)
+        # warnings (torch.tensor(a_tensor)'s) name the caller's line, not this wrapper
+        return as_caller(sys._getframe(1))(fn, args, kwargs)
 
     factory.__tpu_nb_original__ = fn
     return factory

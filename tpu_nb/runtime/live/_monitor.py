@@ -51,7 +51,7 @@ from tpu_nb.runtime.metrics._compile_log import (
     describe_difference,
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
-from tpu_nb.runtime.sources import is_library, place_text
+from tpu_nb.runtime.sources import as_caller, is_library, place_text
 from tpu_nb.runtime.tracking import graph_facts, line_growth, progression
 from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
@@ -345,9 +345,10 @@ class SyncProbe:
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
             if probe._armed:
                 probe._capture(sys._getframe(1))
-            return original(*args, **kwargs)
+            return as_caller(sys._getframe(1))(original, args, kwargs)
 
         self._original, self._wrapper = original, sync
         torch_xla.sync = sync

@@ -86,7 +86,7 @@ class CompileEvent:
     def user_frame(self) -> Frame | None:
         """The innermost frame in the user's code (not the stdlib, an installed package or
         tpu_nb) — the line whose graphs are compared for recompilation; None when the compile
-        came from library code alone (e.g. tpu_nb's own final sync). From the stack tpu_nb
+        came from library code alone (e.g. tpu_nb's own end sync, --sync). From the stack tpu_nb
         recorded (`site`) when there is one, else from the log's 8 frames. A finding is
         placed on `site.line`, the tracked code's own line that led here."""
         if self.site is not None:

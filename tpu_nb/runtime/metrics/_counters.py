@@ -88,7 +88,12 @@ class MetricsDelta:
     from_device_transfers: int = 0
     from_device_seconds: float = 0.0
     syncs: int = 0  # torch_xla.sync() / step markers
-    host_reads: int = 0  # .item(), print(tensor), bool(tensor): device->host reads
+    # Scalar reads: torch_xla's aten::_local_scalar_dense counter, and nothing else. It moves
+    # for .item(), bool()/float()/int() of a tensor, a tensor used as an index and
+    # formatting a one-element tensor with a format spec (f"{loss:.3f}"). Printing a tensor,
+    # .tolist(), .cpu() and .numpy() copy it with xla::_to_copy instead: those are counted in
+    # from_device_transfers (as every read is), not here.
+    host_reads: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)  # op -> calls run on the CPU
     persistent_cache_hits: int = 0
     wall_seconds: float = 0.0  # time between the two snapshots

@@ -27,6 +27,8 @@ HOST_READ_HINT = (
     "keep values on the device (accumulate losses in a tensor) and read once "
     "after the loop, or log with xm.add_step_closure"
 )
+# How a report names the sync tpu_nb runs at the end of a run when asked (`--sync`).
+END_SYNC = "tpu_nb's end-of-cell sync (--sync)"
 RECOMPILE_HINT = policy.RECOMPILE_FIX
 GROWING_HINT = policy.GROWING_FIX
 _FALLBACK_HINTS = {
@@ -52,7 +54,7 @@ class LineFinding:
     # "host-read"
     what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
     hint: str = ""  # what to do; findings of one kind on one topic share the same text
-    place: str = ""  # where, when not a line: "end of cell" (the final sync)
+    place: str = ""  # where, when not a line: "end of cell" (--sync, work left pending)
     count: int = 1  # how many times it happened (host reads, fallbacks, graphs)
     via: str = ""  # the library function between the line and the event, e.g.
     # "torch/optim/adamw.py:480 _single_tensor_adamw"
@@ -94,7 +96,8 @@ def _event_line(event: CompileEvent, filename: str) -> int | None:
 
 
 def _ends_run(event: CompileEvent) -> bool:
-    """The compile of track()'s own final sync (the end of the cell)."""
+    """The compile of track()'s own end-of-run sync (the end of the cell; asked for with
+    sync=True or --sync)."""
     site = event.site
     if site is not None:
         return (
@@ -292,7 +295,10 @@ def _unplaced_compile(event: CompileEvent, what: str, guard_start: bool, order: 
     # tpu_nb's own syncs (the final one; the guard's at the start): no code in between to name
     own = True
     if _ends_run(event):
+        # torch_xla's log calls every torch_xla.sync() "user torch_xla.sync": this one is
+        # tpu_nb's, asked for with --sync / sync=True
         place = "end of cell"
+        what = f"graph {event.graph_hash[:8]} compiled by {END_SYNC}"
     elif guard_start:
         place = "start of cell: work pending from before it, run by --max-graphs's sync"
     else:

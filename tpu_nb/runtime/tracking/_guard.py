@@ -29,6 +29,7 @@ from types import FrameType
 
 from tpu_nb.runtime.environment._xla import xla
 from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.sources import as_caller
 from tpu_nb.runtime.tracking import _provenance as provenance
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
@@ -139,7 +140,7 @@ class max_graphs:
         @functools.wraps(original)
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
-            result = original(*args, **kwargs)
+            result = as_caller(sys._getframe(1))(original, args, kwargs)
             guard._check(sys._getframe(1))
             return result
 

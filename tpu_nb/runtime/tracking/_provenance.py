@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import Frame
-from tpu_nb.runtime.sources import is_library, short_path
+from tpu_nb.runtime.sources import as_caller, is_library, short_path
 
 log = logging.getLogger("tpu_nb")
 
@@ -203,7 +203,7 @@ class Recorder:
         self._compiled_at: dict[tuple[str, int], int] = {}
         self._shapes_at: dict[tuple[str, int], tuple] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
-        self._names = tuple(sorted(_names_in(named)))
+        self._names = tuple(sorted(names_in(named)))
         self.active = False
         # Called with wall-clock times (time.time()) of each sync and value read: (the hook
         # entered, the call started, it returned), for the step anatomy (runtime/anatomy.py).
@@ -274,7 +274,7 @@ class Recorder:
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             if not recorder.active or recorder._compiling():
-                return original(*args, **kwargs)
+                return as_caller(sys._getframe(1))(original, args, kwargs)
             entry = time.time()
             before = recorder._counter("UncachedCompile")
             graph, site = (
@@ -284,7 +284,7 @@ class Recorder:
             local = recorder._local
             local.in_sync = True  # reads during the sync are its step closures
             try:
-                result = original(*args, **kwargs)
+                result = as_caller(sys._getframe(1))(original, args, kwargs)
             finally:
                 local.in_sync = False
             recorder._notify(recorder.on_sync, entry, start)
@@ -308,7 +308,7 @@ class Recorder:
                 or getattr(local, "depth", 0)
                 or recorder._compiling()
             ):
-                return original(tensor, *args, **kwargs)
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
             entry = time.time()
             counter = recorder._counter
             before = [counter(n) or 0 for n in _READ_COUNTERS]
@@ -321,7 +321,7 @@ class Recorder:
             )
             start = time.time()
             try:
-                return original(tensor, *args, **kwargs)
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
             finally:
                 recorder._notify(recorder.on_read, entry, start)
                 local.depth = 0
@@ -340,14 +340,14 @@ class Recorder:
         def op(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             if not recorder.active or recorder._compiling():
-                return original(*args, **kwargs)
+                return as_caller(sys._getframe(1))(original, args, kwargs)
             before = recorder._fallback_counts()
             compiles = recorder._counter("UncachedCompile")
             tensor = next((a for a in args if getattr(a, "is_xla", False)), None)
             graph = site = None
             if tensor is not None:  # running on the CPU materialises its input
                 graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
-            result = original(*args, **kwargs)
+            result = as_caller(sys._getframe(1))(original, args, kwargs)
             after = recorder._fallback_counts()
             if after != before:
                 recorder._record_fallbacks(before, after, compiles, sys._getframe(1), graph, site)
@@ -648,12 +648,12 @@ def _graph_once(tensors: list):
     return known
 
 
-def _names_in(codes) -> set[str]:
+def names_in(codes) -> set[str]:
     """Names a code object and the functions it defines refer to (globals and locals)."""
     names: set[str] = set()
     for code in codes:
         names.update(code.co_names, code.co_varnames)
-        names |= _names_in(c for c in code.co_consts if hasattr(c, "co_names"))
+        names |= names_in(c for c in code.co_consts if hasattr(c, "co_names"))
     return names
 
 

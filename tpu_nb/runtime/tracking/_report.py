@@ -15,6 +15,7 @@ from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.tracking._pending import PendingWork, find_pending
 from tpu_nb.runtime.tracking._policy import describe_pattern
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
@@ -45,11 +46,17 @@ class RunReport:
     """What a tracked run did on XLA. Filled in when the `track()` block exits, also on error."""
 
     name: str | None = None
-    wall_seconds: float = 0.0  # includes the final sync and the device wait
+    wall_seconds: float = 0.0  # includes the device wait (and tpu_nb's sync, if asked for)
     metrics: MetricsDelta = field(default_factory=MetricsDelta)
     compile_events: list[CompileEvent] = field(default_factory=list)
     error: BaseException | None = None
     waited: bool = False  # device ops waited for: execute_seconds is complete
+    # tpu_nb ran a sync of its own at the end (track(sync=True), %%on_tpu --sync), and it
+    # had work to run; its compiles and executions are counted in this report.
+    synced_at_end: bool = False
+    # Work left pending at the end (not run, not counted here: the next sync or value read
+    # runs it and is charged with it); None when nothing was left (see _pending.py).
+    pending: PendingWork | None = None
     compile_analysis: bool = False  # False: compile causes unknown (setup() not called)
     # Lines that compiled more than one distinct graph (in this run or before): graph hashes.
     recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
@@ -105,7 +112,7 @@ class RunReport:
         head = f"{self.name}: " if self.name else ""
         line = f"{head}{self.wall_seconds:.3f}s wall, {self.metrics.summary()}"
         if self.recompiled:
-            line += f", RECOMPILED at {len(self.recompilations)} line(s)"
+            line += f", RECOMPILED at {len(self.recompiled_lines())} line(s)"
         if self.error is not None:
             line += f", failed: {type(self.error).__name__}"
         return line
@@ -122,6 +129,10 @@ class RunReport:
             )
         if self.compile_log_problem:
             lines.append(f"  compile causes unknown: {self.compile_log_problem}")
+        if self.synced_at_end:
+            lines.append("  tpu_nb synced at the end (sync=True): that work is counted here")
+        if self.pending is not None:
+            lines.append(f"  {self.pending.summary()}")
         judgement = self.judgement
         for (file, line), pattern in judgement.lines.items() if judgement else ():
             if pattern.graphs > 1 or pattern.flagged:
@@ -206,8 +217,11 @@ class track:
             ...
         print(report)
 
-    sync: run the pending graph at the end (torch_xla.sync()), as part of the measured work;
-        skipped when the block's own last sync left nothing pending.
+    sync: False (the default) leaves work the block did not run pending, as the same code
+        without tpu_nb does: the report says what is left (`report.pending`) and the next
+        sync or value read runs it and counts it. True runs it at the end with a sync of
+        tpu_nb's own (skipped when the block's own last sync left nothing pending), counted
+        in this report and named as tpu_nb's.
     wait: wait for the device to finish, so wall and execute times are complete. Waiting
         ends the overlap of device execution with the next step's tracing; around every step
         of a loop use wait=False (executions still in flight are counted by the next report).
@@ -217,6 +231,9 @@ class track:
         torch_xla's compile log (8 frames).
     code: code objects that are the tracked code (a notebook cell's compiled code); by
         default the code of the function that entered the block.
+    namespace: where the tracked code's variables live, to name what is left pending: a
+        dict (a notebook's user namespace) or a frame (its locals, then its globals); by
+        default the frame of the function that entered the block.
     """
 
     __slots__ = (
@@ -231,28 +248,34 @@ class track:
         "_record",
         "_code",
         "_recorder",
+        "_namespace",
+        "_frame",
     )
 
     def __init__(
         self,
         name: str | None = None,
         *,
-        sync: bool = True,
+        sync: bool = False,
         wait: bool = True,
         record: bool = True,
         code: tuple = (),
+        namespace: Any = None,
     ):
         self._report = RunReport(name=name)
         self._sync, self._wait, self._record, self._code = sync, wait, record, tuple(code)
+        self._namespace = namespace
         self._recorder: provenance.Recorder | None = None
+        self._frame: Any = None
 
     def __enter__(self) -> RunReport:
         self._log = compile_log()
         self._offset = self._log.size() if self._log is not None else 0
         self._report.compile_analysis = self._log is not None
-        self._watch = _SyncWatch(xla()) if self._sync else None
+        self._watch = _SyncWatch(xla())
+        caller = None if self._code else sys._getframe(1)
+        self._frame = caller if self._namespace is None else None
         if self._record:
-            caller = None if self._code else sys._getframe(1)
             recorder = provenance.Recorder(
                 root_codes=self._code, root_frame=caller, log=self._log
             ).start()
@@ -271,7 +294,7 @@ class track:
         try:
             if exc is None:
                 self._finish_work(report)
-        except BaseException as failure:  # the final sync or wait failed: the run failed
+        except BaseException as failure:  # the end sync or wait failed: the run failed
             report.error = failure
             self._complete(report)
             raise
@@ -286,14 +309,34 @@ class track:
 
     def _finish_work(self, report: RunReport) -> None:
         if self._watch is not None and self._watch.pending():
-            if self._recorder is not None:  # tpu_nb's own sync: not a step of the user's
-                self._recorder.active = False
-            xla().sync()
+            if self._sync:
+                report.synced_at_end = True
+                if self._recorder is not None:  # tpu_nb's own sync: not a step of the user's
+                    self._recorder.active = False
+                xla().sync()
+            else:
+                report.pending = self._left_pending()
         if self._wait:
             wait_device_ops()
             report.waited = True
 
+    def _left_pending(self) -> PendingWork | None:
+        """What the block left pending, named by the variables of its code that hold it."""
+        frame, self._frame = self._frame, None
+        try:
+            codes = self._code or ((frame.f_code,) if frame is not None else ())
+            names = tuple(sorted(provenance.names_in(c for c in codes if c is not None)))
+            where = self._namespace if self._namespace is not None else frame
+            if isinstance(where, dict):
+                return find_pending([where], names)
+            if where is not None:  # a frame
+                return find_pending([where.f_locals, where.f_globals], names)
+        except Exception:  # describing it must never fail the run
+            logging.getLogger("tpu_nb").debug("finding the work left pending", exc_info=True)
+        return None
+
     def _complete(self, report: RunReport) -> None:
+        self._frame = None  # no reference to the caller's frame outlives the block
         global _last
         report.wall_seconds = time.perf_counter() - self._start
         if isinstance(report.anatomy, anatomy.Collector):

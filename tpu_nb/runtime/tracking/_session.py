@@ -25,10 +25,14 @@ class on_tpu:
     name: the report's name. code: the block's own code objects (a cell's compiled code);
     default: the function that entered the block. source/filename: the block's source and
     the file it was compiled as, to place findings on its lines (default: the entering
-    function's file, read with linecache). sync: run pending work at the end. max_graphs:
-    fail at the step that makes a line compile more than this many graphs. locations:
-    record each IR node's Python line (for the graph viewer; ~0.6 us per traced op).
-    device: the default device (default: tpu_nb.device()).
+    function's file, read with linecache). namespace: the dict the block's variables live
+    in (a notebook's user namespace; default: the entering function's frame), to name work
+    left pending. sync: False (default) leaves work the block did not run pending, as the
+    same code without tpu_nb does, and reports what is left; True runs it at the end with a
+    sync of tpu_nb's own (see `track`). max_graphs: fail at the step that makes a line
+    compile more than this many graphs. locations: record each IR node's Python line (for
+    the graph viewer; ~0.6 us per traced op). device: the default device (default:
+    tpu_nb.device()).
     """
 
     def __init__(
@@ -38,7 +42,8 @@ class on_tpu:
         code: tuple = (),
         source: str | None = None,
         filename: str | None = None,
-        sync: bool = True,
+        namespace: dict | None = None,
+        sync: bool = False,
         max_graphs: int | None = None,
         locations: bool = False,
         device=None,
@@ -46,6 +51,7 @@ class on_tpu:
         self.name, self.code, self.sync = name, tuple(code), sync
         self.source, self.filename = source, filename
         self.max_graphs, self.locations, self.device = max_graphs, locations, device
+        self.namespace = namespace
         self._stack: ExitStack | None = None
         self._report: RunReport | None = None
 
@@ -62,7 +68,10 @@ class on_tpu:
         guard = max_graphs(self.max_graphs) if self.max_graphs is not None else None
         stack = ExitStack()
         try:
-            self._report = stack.enter_context(track(self.name, sync=self.sync, code=code))
+            where = self.namespace if self.namespace is not None else caller
+            self._report = stack.enter_context(
+                track(self.name, sync=self.sync, code=code, namespace=where)
+            )
             stack.enter_context(default_device(dev, code=code))
             if guard is not None:
                 stack.enter_context(guard)
@@ -98,4 +107,53 @@ class on_tpu:
             source = "".join(linecache.getlines(self.filename or ""))
         allowed = self.max_graphs or 1
         report.findings = attribute(report, source, self.filename or "", allowed=allowed)
+        report.findings += pending_findings(report, source, self.filename or "")
         report.source, report.allowed_graphs = source, allowed
+
+
+def pending_findings(report: RunReport, source: str, filename: str) -> list:
+    """Findings for the work the block left pending (report.pending): one per variable that
+    holds it (on the line of the block that assigns it, when that is one line), and one for
+    the pending graph (with the lines that traced it when IR locations were recorded). No
+    advice: leaving work for the next sync is what the same code does without tpu_nb."""
+    from tpu_nb.runtime.tracking._attribution import LineFinding
+    from tpu_nb.runtime.tracking._pending import assigned_lines
+
+    pending = report.pending
+    if pending is None:
+        return []
+    order = 10**7  # after everything the run did
+    out = []
+    for i, name in enumerate(pending.holders):
+        lines = assigned_lines(source, name)
+        if len(lines) == 1:
+            out.append(
+                LineFinding(lines[0], "pending", f"{name} holds work not run yet", order=order + i)
+            )
+            continue
+        where = (
+            f"assigned on lines {', '.join(map(str, lines))}"
+            if lines
+            else "not assigned in this code"
+        )
+        out.append(
+            LineFinding(
+                0,
+                "pending",
+                f"{name} ({where}) holds work not run yet",
+                place="end of cell",
+                order=order + i,
+            )
+        )
+    graph = f"{pending.tensors} tensor{'s' if pending.tensors != 1 else ''} left pending"
+    if pending.nodes:
+        graph += f": a graph of {pending.nodes} IR nodes ({pending.describe_ops()})"
+    traced = sorted({line for file, line in pending.lines if file == filename})
+    if traced:
+        graph += f", traced on line{'s' if len(traced) > 1 else ''} " + ", ".join(map(str, traced))
+    graph += (
+        "; not run in this cell (as without tpu_nb): the next sync or value read runs it "
+        "and is counted with it"
+    )
+    out.append(LineFinding(0, "pending", graph, place="end of cell", order=order + 1000))
+    return out

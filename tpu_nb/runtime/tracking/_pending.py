@@ -1,0 +1,123 @@
+"""Work a tracked run left pending: what the next sync or value read will run, found without
+running anything.
+
+tpu_nb never syncs at the end of a run unless asked (`track(sync=True)`, `%%on_tpu --sync`):
+a plain cell does not, and a sync of tpu_nb's own would compile and run graphs the plain cell
+never runs (torch_xla leaves a tensor pending after `.item()` read its value, so a sync runs
+its graph again). What is left pending is described instead, from facts: the block's
+variables that hold XLA tensors with pending work (the names its code uses, walked a few
+levels into lists, dicts, modules and optimizers), and the pending graph of those tensors,
+read from torch_xla's IR (reading a graph runs nothing). The work runs later, at the next
+sync or read, and the runtime's counters count it there.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("tpu_nb")
+
+_WALK_BUDGET = 20_000  # objects looked at, at most, when looking for pending tensors
+_MAX_HOLDERS = 8
+
+
+@dataclass(frozen=True)
+class PendingWork:
+    """What a tracked run left pending at its end (not run, not counted in its report)."""
+
+    holders: tuple[str, ...]  # the block's variables holding tensors with pending work
+    tensors: int  # pending tensors found
+    nodes: int = 0  # IR nodes of their pending graph (0: the graph could not be read)
+    ops: tuple[tuple[str, int], ...] = ()  # the graph's ops by count, most common first
+    lines: tuple[tuple[str, int], ...] = ()  # (file, line) where its nodes were traced,
+    # when IR locations were recorded (--graph, %tpu_setup --ir-debug)
+    seconds: float = 0.0  # spent finding and reading it
+
+    def describe_ops(self, shown: int = 4) -> str:
+        """ "aten::mul ×1, aten::mean ×1" (the most common first)."""
+        top = ", ".join(f"{op} \u00d7{n}" for op, n in self.ops[:shown])
+        more = len(self.ops) - shown
+        return top + (f" and {more} more" if more > 0 else "")
+
+    def summary(self) -> str:
+        """One sentence, for a report's text."""
+        who = ", ".join(self.holders) if self.holders else "tensors tpu_nb could not name"
+        graph = f"a graph of {self.nodes} IR nodes ({self.describe_ops()})" if self.nodes else ""
+        return (
+            f"work left pending at the end: {who}"
+            + (f" ({graph})" if graph else "")
+            + "; not run here: it runs at the next sync or value read, and is counted there"
+        )
+
+
+def find_pending(namespaces: list[dict], names: tuple[str, ...]) -> PendingWork | None:
+    """The pending work reachable from `names` in `namespaces` (first match per name wins);
+    None when none of them holds any. Never runs anything; never raises."""
+    start = time.perf_counter()
+    try:
+        import torch
+
+        from tpu_nb.runtime.graph._capture import is_pending, walk_limited
+
+        holders: list[str] = []
+        found: dict[int, Any] = {}
+        budget = [_WALK_BUDGET]
+        for name in names:
+            space = next((s for s in namespaces if name in s), None)
+            if space is None or name.startswith("__"):
+                continue
+            held = False
+            for t in walk_limited(space[name], torch, depth=4, seen=set(), budget=budget):
+                if is_pending(t):
+                    held = True
+                    found.setdefault(id(t), t)
+            if held and len(holders) < _MAX_HOLDERS:
+                holders.append(name)
+        if not found:
+            return None
+        return _described(tuple(holders), list(found.values()), start)
+    except Exception:
+        log.debug("tpu_nb: describing the work left pending", exc_info=True)
+        return None
+
+
+def _described(holders: tuple[str, ...], tensors: list, start: float) -> PendingWork:
+    nodes = 0
+    ops: tuple[tuple[str, int], ...] = ()
+    lines: tuple[tuple[str, int], ...] = ()
+    try:
+        from tpu_nb.runtime.graph._capture import graph
+
+        g = graph(*tensors, hlo=False)  # frames when IR locations were recorded
+        counted = Counter(n.op for n in g.nodes if n.kind not in ("data", "constant"))
+        nodes, ops = len(g.nodes), tuple(counted.most_common())
+        seen: dict[tuple[str, int], None] = {}
+        for node in g.nodes:
+            frame = node.user_frame
+            if frame is not None and frame.file:
+                seen.setdefault((frame.file, frame.line), None)
+        lines = tuple(seen)
+    except Exception:
+        log.debug("tpu_nb: reading the pending graph", exc_info=True)
+    return PendingWork(
+        holders, len(tensors), nodes, ops, lines, seconds=time.perf_counter() - start
+    )
+
+
+def assigned_lines(source: str, name: str) -> list[int]:
+    """The 1-based lines of `source` that bind `name` (assignments, for targets, with, ...);
+    [] when the source does not parse or never binds it."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            lines.add(node.lineno)
+    return sorted(lines)
