@@ -661,11 +661,13 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     else:
         windows.append(_Window(0.0, 0.0, None))  # discarded: a running step
     keep = lambda span: span[1] > origin  # noqa: E731
-    inputs = list(filter(keep, _tail(collector.inputs, events)))
-    sampled = [s for s in collector.sampled_inputs(events) if s[1] > origin]
-    if sampled:  # the loaders' wrapper and the sampler can both see a wait: count it once
-        inputs = _union(inputs + sampled)
-    for i, items in _assign(inputs, lambda s: s[1], bounds).items():
+    inputs = _assign(filter(keep, _tail(collector.inputs, events)), lambda s: s[1], bounds)
+    # The sampler's spans never cross a sync (cut by them): each lies in one window, where
+    # the loaders' wrapper may have seen the same wait: counted once.
+    sampled = filter(keep, collector.sampled_inputs(events))
+    for i, items in _assign(sampled, lambda s: s[1], bounds).items():
+        inputs[i] = _union(inputs.get(i, []) + items)
+    for i, items in inputs.items():
         windows[i].inputs = items
     for i, items in _assign(
         (r for r in _tail(collector.reads, events) if r[2] > origin), lambda r: r[2], bounds
