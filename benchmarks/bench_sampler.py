@@ -1,7 +1,7 @@
 """What the host sampler costs, measured side by side in one run, and the rate it reaches.
 
 While a run is tracked, tpu_nb.runtime.tracking._sampler.Sampler reads the tracked thread's
-stack from a daemon thread every 5 ms (sys._current_frames(), a walk to the cell's frame, a
+stack from a daemon thread every 4 ms (sys._current_frames(), a walk to the cell's frame, a
 dict update). Its cost to the user's loop: the walk's CPU time, and the GIL it takes from the
 tracked thread. Target: <= 1 % of a ~1 ms training step.
 
