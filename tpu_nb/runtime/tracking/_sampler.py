@@ -6,7 +6,7 @@ sample to what that stack was doing, as `%lprun` and py-spy attribute time:
 
 - the line: the innermost frame of the tracked code — the cell's (or script's) own code, and
   functions defined in it (same file), as a notebook user reads them;
-- via: the function it was in just under that line (`torch/nn/functional.py:1690 relu`),
+- via: the function it was in just under that line (`torch/nn/functional.py:1686 relu`),
   past the frames that only pass a call along (`Module.__call__`, decorators, tpu_nb's hooks);
 - the kind: "input" when a frame of the tracked code is executing the `FOR_ITER` of a `for`
   and has a deeper frame — the loop is inside its iterator's `__next__`, whatever the iterable
@@ -44,6 +44,7 @@ from tpu_nb.runtime.units import format_seconds
 log = logging.getLogger("tpu_nb")
 
 INTERVAL = 0.004  # seconds between two samples (250 Hz asked; >= 100 Hz under a busy host)
+_GAP = 0.0005  # at least this long asleep between two samples (the GIL let go)
 _MAX_DEPTH = 400  # frames walked at most from the top of the stack to the tracked code
 _MAX_SPANS = 65_536  # input spans kept (merged: one per stretch of input samples)
 _MAX_KEYS = 4096  # distinct (kind, line, via) kept; beyond, new ones count as "other"
@@ -70,7 +71,7 @@ class HostLine:
     """Host time on one line of the tracked code, and the function it was in under it."""
 
     line: Frame  # the tracked code's line (a cell line, or a function defined in the cell)
-    via: str  # "torch/nn/functional.py:1690 relu"; "" when the line's own code
+    via: str  # "torch/nn/functional.py:1686 relu"; "" when the line's own code
     seconds: float
     share: float  # of the run's wall time
     kind: str = "host"  # "host": the line's own work; "sync": in a sync it called;
@@ -125,6 +126,7 @@ class Sampler:
         self.attributed = 0  # of those, reaching the tracked code
         self.started = self.stopped = 0.0
         self.failed = False
+        self.cpu_seconds = 0.0  # the sampling thread's CPU time (it holds the GIL meanwhile)
 
     # -- start / stop --------------------------------------------------------------------------
 
@@ -169,15 +171,16 @@ class Sampler:
     def _loop(self) -> None:
         clock, interval, stop = self._clock, self.interval, self._stop
         forced = sys.getswitchinterval() * 0.8
+        cpu = time.thread_time()
         previous, last = clock(), None
         deadline = previous + interval
         while not stop.wait(max(0.0, deadline - clock())):
             due, now = deadline, clock()
             # Deadline pacing: a sample delayed by the GIL does not lower the rate.
-            deadline = max(deadline + interval, now + interval * 0.25)
+            deadline = max(deadline + interval, now + _GAP)
             key = self._sample()
             if key is False:
-                return  # the tracked thread is gone
+                break  # the tracked thread is gone
             self.samples += 1
             if key is not None:
                 self.attributed += 1
@@ -195,6 +198,7 @@ class Sampler:
             previous, last = now, key
         if last is not None:
             self._add(last, previous, clock())
+        self.cpu_seconds = time.thread_time() - cpu
 
     def _add(self, key: tuple, start: float, end: float) -> None:
         totals = self.totals
