@@ -50,8 +50,9 @@ def _tracked(sampler: bool, rates: list | None = None):
             yield report
     finally:
         Collector.sample_interval = saved
-    if rates is not None and collector.sampler is not None:
-        rates.append(collector.sampler.rate)
+    sampler = collector.sampler
+    if rates is not None and sampler is not None:
+        rates.append((sampler.rate, sampler.cpu_seconds / (sampler.stopped - sampler.started)))
 
 
 def main() -> None:
@@ -76,7 +77,7 @@ def main() -> None:
     with tpu_nb.track():
         steps(20)  # compile, warm every hook and cache
 
-    rates: list[float] = []
+    rates: list[tuple[float, float]] = []
     variants = {
         "plain": contextlib.nullcontext,
         "anatomy": lambda: _tracked(False),
@@ -116,26 +117,31 @@ def main() -> None:
         )
     with_s = statistics.median(x[0] for x in got["anatomy+sampler"])
     print(f"    ratio of medians anatomy+sampler / anatomy: {with_s / base:.4f}")
-    lo, mid, hi = _quartiles(rates)
+    lo, mid, hi = _quartiles([r for r, _ in rates])
     print(
         f"    sampling rate reached: {mid:.0f} Hz [{lo:.0f} .. {hi:.0f}] (asked {1 / INTERVAL:.0f})"
     )
+    lo, mid, hi = _quartiles([c for _, c in rates])
+    print(
+        f"    the sampling thread's CPU time (it holds the GIL meanwhile): {100 * mid:.2f} % "
+        f"of the wall time [{100 * lo:.2f} .. {100 * hi:.2f}] = {mid * with_s:.1f} us per step"
+    )
 
     print(f"\n2. sampling rate under a pure-Python host loop, {min(args.rounds, 7)} runs of 0.5 s")
-    busy_rates: list[float] = []
+    busy_rates: list[tuple[float, float]] = []
     for _ in range(min(args.rounds, 7)):
         with _tracked(True, busy_rates):
             end = time.perf_counter() + 0.5
             n = 0
             while time.perf_counter() < end:
                 n += 1
-    lo, mid, hi = _quartiles(busy_rates)
+    lo, mid, hi = _quartiles([r for r, _ in busy_rates])
     print(
         f"    {mid:.0f} Hz [{lo:.0f} .. {hi:.0f}] (switch interval "
         f"{sys.getswitchinterval() * 1e3:g} ms: a sample waits for it)"
     )
 
-    print("\n3. one sample: the stack walk and its bookkeeping")
+    print("\n3. one sample: the stack walk and its bookkeeping (every frame the cell's: the worst)")
     import threading
 
     here = sys._getframe()
