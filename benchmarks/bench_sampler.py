@@ -1,7 +1,7 @@
 """What the host sampler costs, measured side by side in one run, and the rate it reaches.
 
 While a run is tracked, tpu_nb.runtime.tracking._sampler.Sampler reads the tracked thread's
-stack from a daemon thread every 4 ms (sys._current_frames(), a walk to the cell's frame, a
+stack from a daemon thread every 5 ms (sys._current_frames(), a walk to the cell's frame, a
 dict update). Its cost to the user's loop: the walk's CPU time, and the GIL it takes from the
 tracked thread. Target: <= 1 % of a ~1 ms training step.
 
@@ -38,12 +38,12 @@ def _quartiles(xs):
 
 
 @contextlib.contextmanager
-def _tracked(sampler: bool, rates: list | None = None):
+def _tracked(sampling: bool, rates: list | None = None):
     import tpu_nb
     from tpu_nb.runtime.tracking._anatomy import Collector
 
     saved = Collector.sample_interval
-    Collector.sample_interval = saved if sampler else None
+    Collector.sample_interval = saved if sampling else None
     try:
         with tpu_nb.track(wait=False) as report:
             collector = report.anatomy
@@ -78,7 +78,7 @@ def main() -> None:
         steps(20)  # compile, warm every hook and cache
 
     rates: list[tuple[float, float]] = []
-    variants = {
+    variants: dict = {
         "plain": contextlib.nullcontext,
         "anatomy": lambda: _tracked(False),
         "anatomy+sampler": lambda: _tracked(True, rates),

@@ -1,6 +1,6 @@
 """The host sampler: a tracked run's host time placed on its lines, and input wait seen in any
 iterator a loop pulls from. Loops run tracked on XLA:CPU (the runtime's real hooks, a real
-sampling thread); sleeps and busy stretches are long against the 4 ms sampling interval, and
+sampling thread); sleeps and busy stretches are long against the 5 ms sampling interval, and
 assertions are orderings and shares with wide margins (the machine is loaded).
 """
 

@@ -35,7 +35,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import short_path
@@ -43,7 +42,7 @@ from tpu_nb.runtime.units import format_seconds
 
 log = logging.getLogger("tpu_nb")
 
-INTERVAL = 0.004  # seconds between two samples (250 Hz asked; >= 100 Hz under a busy host)
+INTERVAL = 0.005  # seconds between two samples (200 Hz asked)
 _GAP = 0.0005  # at least this long asleep between two samples (the GIL let go)
 _MAX_DEPTH = 400  # frames walked at most from the top of the stack to the tracked code
 _MAX_SPANS = 65_536  # input spans kept (merged: one per stretch of input samples)
@@ -115,10 +114,11 @@ class Sampler:
         self._tid = thread_id
         self.interval = interval
         self._clock = clock
-        self._stop = threading.Event()
+        self._gate = threading.Lock()  # held until stop(): the thread waits on it
+        self._gate.acquire()
+        self._stopping = False
         self._thread: threading.Thread | None = None
-        self._loops: dict[int, tuple[Any, frozenset]] = {}  # id(code) -> (code, FOR_ITER lasti)
-        self._names: dict[int, tuple[Any, str]] = {}  # id(code) -> (code, "file:line name")
+        self._infos: dict[int, list] = {}  # id(code) -> what its frames are (`_info`)
         # Results, read by other threads (copies of a dict or deque hold the GIL: no torn read)
         self.totals: dict[tuple, float] = {}  # (kind, file, line, function, via) -> seconds
         self.input_spans: deque = deque(maxlen=_MAX_SPANS)  # (start, end), merged
@@ -141,11 +141,15 @@ class Sampler:
 
     def stop(self, timeout: float = 2.0) -> Sampler:
         """Stop and join the thread (idempotent; safe from any thread but the sampler's)."""
-        self._stop.set()
+        if not self._stopping:
+            self._stopping = True
+            self._gate.release()  # wakes the thread at once
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
             self.stopped = self._clock()
+            if not thread.is_alive():
+                self._root = None  # the entering frame (and its locals) is not kept
         return self
 
     @property
@@ -169,12 +173,13 @@ class Sampler:
             log.debug("tpu_nb: the host sampler stopped", exc_info=True)
 
     def _loop(self) -> None:
-        clock, interval, stop = self._clock, self.interval, self._stop
+        clock, interval, gate = self._clock, self.interval, self._gate
         forced = sys.getswitchinterval() * 0.8
         cpu = time.thread_time()
         previous, last = clock(), None
         deadline = previous + interval
-        while not stop.wait(max(0.0, deadline - clock())):
+        # A timed acquire of a lock held until stop(): one call that lets the GIL go.
+        while not gate.acquire(timeout=max(_GAP, deadline - clock())):
             due, now = deadline, clock()
             # Deadline pacing: a sample delayed by the GIL does not lower the rate.
             deadline = max(deadline + interval, now + _GAP)
@@ -224,13 +229,17 @@ class Sampler:
             del frame
 
     def _classify(self, top):
-        ids, root, file = self._ids, self._root, self._file
-        chain = []  # innermost first
+        ids, root, infos = self._ids, self._root, self._infos
+        chain: list = []  # innermost first: (frame, info)
         frame = top
         depth = 0
         while frame is not None and depth < _MAX_DEPTH:
-            chain.append(frame)
-            if id(frame.f_code) in ids or frame is root:
+            code = frame.f_code
+            info = infos.get(id(code))
+            if info is None or info[0] is not code:
+                info = self._info(code)
+            chain.append((frame, info))
+            if id(code) in ids or frame is root:
                 break
             frame = frame.f_back
             depth += 1
@@ -238,65 +247,69 @@ class Sampler:
             chain.clear()
             return None  # not under the tracked code
         try:
-            # The tracked code's frames, outermost first (the root, then functions it defines).
-            ours = [i for i in range(len(chain) - 1, -1, -1) if chain[i].f_code.co_filename == file]
-            kind = "host"
+            # The tracked code's frames, outermost first (the root, then functions it defines)
+            ours = [i for i in range(len(chain) - 1, -1, -1) if chain[i][1][1]]
             at = ours[-1]  # the innermost: the line
-            hook = self._hook_kind(chain, at)
-            if hook is not None:
-                kind = hook
+            kind = "host"
+            for i in range(at - 1, -1, -1):  # tpu_nb's sync, read or loader hook under it
+                if chain[i][1][2] is not None:
+                    kind = chain[i][1][2]
+                    break
             if kind in ("host", "input"):
-                loops = self._loops
                 for i in ours:  # the outermost `for` waiting for its iterator
                     if i == 0:
                         break
-                    frame = chain[i]
-                    code = frame.f_code
-                    known = loops.get(id(code))
-                    if known is None or known[0] is not code:
-                        known = loops[id(code)] = (code, _for_iter_offsets(code))
-                    if frame.f_lasti in known[1]:
+                    frame, info = chain[i]
+                    loops = info[5]
+                    if loops is None:
+                        loops = self._loops(info)
+                    if frame.f_lasti in loops:
                         kind, at = "input", i
                         break
-            line = chain[at]
+            line = chain[at][0]
             via = self._via(chain, at)
             code = line.f_code
             return (kind, code.co_filename, line.f_lineno or 0, code.co_name, via)
         finally:
             chain.clear()
 
-    @staticmethod
-    def _hook_kind(chain: list, below: int) -> str | None:
-        """ "sync"/"read"/"input" when tpu_nb's sync, read or loader hook is on the stack
-        under the line (the innermost one)."""
-        for i in range(below - 1, -1, -1):
-            code = chain[i].f_code
-            kind = _HOOK_KINDS.get(code.co_name)
-            if kind is not None and _is_ours(code.co_filename):
-                return kind
-        return None
+    def _info(self, code) -> list:
+        """What a frame of `code` is, once per code object: [code, the tracked code's,
+        tpu_nb hook kind, tpu_nb's own, passes calls along, FOR_ITER offsets, name]."""
+        path = code.co_filename.replace("\\", "/")
+        ours = any(f"/{p}" in path for p in _TPU_NB)
+        info = [
+            code,
+            code.co_filename == self._file,
+            _HOOK_KINDS.get(code.co_name) if ours else None,
+            ours,
+            code.co_name in _PASS_FUNCTIONS or path.endswith(_PASS_FILES),
+            None,  # FOR_ITER offsets, when first needed
+            None,  # "file:line name", when first needed
+        ]
+        self._infos[id(code)] = info
+        return info
 
-    def _via(self, chain: list, at: int) -> str:
+    @staticmethod
+    def _loops(info: list) -> frozenset:
+        info[5] = _for_iter_offsets(info[0])
+        return info[5]
+
+    @staticmethod
+    def _via(chain: list, at: int) -> str:
         """The function just under the line, past pass-through frames and tpu_nb's hooks;
         "" when the line itself was running."""
         fallback = None
         for i in range(at - 1, -1, -1):
-            code = chain[i].f_code
-            path = code.co_filename.replace("\\", "/")
-            if _is_ours(path):
+            info = chain[i][1]
+            if info[3]:
                 continue
             if fallback is None:
-                fallback = code
-            if code.co_name in _PASS_FUNCTIONS or path.endswith(_PASS_FILES):
+                fallback = info
+            if info[4]:
                 continue
-            return self._name(code)
-        return self._name(fallback) if fallback is not None else ""
-
-    def _name(self, code) -> str:
-        known = self._names.get(id(code))
-        if known is None or known[0] is not code:
-            known = self._names[id(code)] = (code, _name(code))
-        return known[1]
+            return info[6] or _named(info)
+        return (fallback[6] or _named(fallback)) if fallback is not None else ""
 
     # -- results -------------------------------------------------------------------------------
 
@@ -315,17 +328,14 @@ class Sampler:
         return tuple(out)
 
 
-def _is_ours(path: str) -> bool:
-    path = path.replace("\\", "/")
-    return any(f"/{p}" in path for p in _TPU_NB)
-
-
-def _name(code) -> str:
+def _named(info: list) -> str:
+    """A function as "torch/nn/functional.py:1686 relu" (its first line), kept in `info`."""
+    code = info[0]
     where = short_path(code.co_filename)
-    where += (
-        f", line {code.co_firstlineno}" if where.startswith("In [") else (f":{code.co_firstlineno}")
-    )
-    return f"{where} {code.co_name}"
+    line = code.co_firstlineno
+    where += f", line {line}" if where.startswith("In [") else f":{line}"
+    info[6] = f"{where} {code.co_name}"
+    return info[6]
 
 
 def _for_iter_offsets(code) -> frozenset[int]:
