@@ -110,6 +110,22 @@ def device_loop(steps: int = 5, n: int = 512, depth: int = 6):
     return x
 
 
+def training_steps(n: int):
+    """A generator that runs the training steps and yields each step's weights."""
+    dev, w = _model()
+    for _ in range(n):
+        slow_helper(0)
+        w = _step(w, torch.ones(4, 16, device=dev))
+        yield w
+
+
+def stepping_loop(steps: int = 12):
+    seen = 0
+    for _w in training_steps(steps):  # the steps run inside this iterator
+        seen += 1
+    return seen
+
+
 def _tracked(loop, **kwargs) -> tuple[tpu_nb.RunReport, Anatomy]:
     with tpu_nb.track():  # warm-up: the run judged compiles nothing
         loop(steps=3)
@@ -167,6 +183,14 @@ def test_a_loop_over_a_list_and_a_device_bound_loop_get_no_input():
     _, a = _tracked(device_loop)
     assert a.verdict is not None and a.verdict.kind == "device-bound", str(a)
     assert a.share("input") == 0.0 and not a.verdict.lines, str(a)
+
+
+def test_an_iterator_that_runs_the_steps_is_not_input():
+    _, a = _tracked(stepping_loop)
+    assert a.share("input") < 0.05, str(a)
+    assert a.verdict is not None and a.verdict.kind == "host-bound", str(a)
+    assert all(h.kind != "input" for h in a.host_lines), a.host_lines
+    assert a.verdict.lines[0].line.line == line_of("# the slow helper's line", slow_helper)
 
 
 def test_the_sampler_thread_lives_only_while_the_run_does():

@@ -374,7 +374,10 @@ class Collector:
         sampler = self.sampler
         if sampler is None or not sampler.input_spans:
             return []
-        spans = _tail(sampler.input_spans, events)
+        stepping = set(sampler.stepping)  # loops whose iterator runs the steps: not input
+        spans = [
+            (s, e) for s, e, loop in _tail(sampler.input_spans, events) if loop not in stepping
+        ]
         cuts = _union(
             [(e, r) for e, _, r in _tail(self.syncs, events)]
             + [(e, r) for e, _, r in _tail(self.reads, events)]

@@ -10,8 +10,10 @@ sample to what that stack was doing, as `%lprun` and py-spy attribute time:
   past the frames that only pass a call along (`Module.__call__`, decorators, tpu_nb's hooks);
 - the kind: "input" when a frame of the tracked code is executing the `FOR_ITER` of a `for`
   and has a deeper frame — the loop is inside its iterator's `__next__`, whatever the iterable
-  (a generator, a `datasets` iterator, a DataLoader); "sync" and "read" inside tpu_nb's sync
-  and value-read hooks; otherwise "host": the line's own Python work (tracing the graph).
+  (a generator, a `datasets` iterator, a DataLoader) — unless that iterator itself syncs or
+  reads (a generator that runs the training steps and yields losses: its time is the steps');
+  "sync" and "read" inside tpu_nb's sync and value-read hooks; otherwise "host": the line's
+  own Python work (tracing the graph).
 
 Samples are summed per (kind, line, via); input samples are also kept as time spans, merged,
 for the step anatomy's input part. A sample whose stack does not reach the tracked code (tpu_nb
@@ -121,7 +123,10 @@ class Sampler:
         self._infos: dict[int, list] = {}  # id(code) -> what its frames are (`_info`)
         # Results, read by other threads (copies of a dict or deque hold the GIL: no torn read)
         self.totals: dict[tuple, float] = {}  # (kind, file, line, function, via) -> seconds
-        self.input_spans: deque = deque(maxlen=_MAX_SPANS)  # (start, end), merged
+        self.input_spans: deque = deque(maxlen=_MAX_SPANS)  # (start, end, loop), merged
+        # `for` lines (file, line) whose iterator syncs or reads: it runs the steps (a
+        # generator that trains and yields losses), so time inside it is not input
+        self.stepping: set[tuple[str, int]] = set()
         self.samples = 0  # samples taken
         self.attributed = 0  # of those, reaching the tracked code
         self.started = self.stopped = 0.0
@@ -211,11 +216,11 @@ class Sampler:
             key = (key[0], key[1], 0, "", "")  # too many distinct lines: one "other" line
         totals[key] = totals.get(key, 0.0) + (end - start)
         if key[0] == "input":
-            spans = self.input_spans
-            if spans and spans[-1][1] == start:
-                spans[-1] = (spans[-1][0], end)
+            spans, loop = self.input_spans, key[1:3]
+            if spans and spans[-1][1] == start and spans[-1][2] == loop:
+                spans[-1] = (spans[-1][0], end, loop)
             else:
-                spans.append((start, end))
+                spans.append((start, end, loop))
 
     def _sample(self):
         """(kind, file, line, function, via) of the tracked thread's stack now; None if it is
@@ -255,15 +260,19 @@ class Sampler:
                 if chain[i][1][2] is not None:
                     kind = chain[i][1][2]
                     break
-            if kind in ("host", "input"):
-                for i in ours:  # the outermost `for` waiting for its iterator
-                    if i == 0:
-                        break
-                    frame, info = chain[i]
-                    loops = info[5]
-                    if loops is None:
-                        loops = self._loops(info)
-                    if frame.f_lasti in loops:
+            stepping = self.stepping
+            for i in ours:  # the outermost `for` waiting for its iterator
+                if i == 0:
+                    break
+                frame, info = chain[i]
+                loops = info[5]
+                if loops is None:
+                    loops = self._loops(info)
+                if frame.f_lasti in loops:
+                    where = (info[0].co_filename, frame.f_lineno or 0)
+                    if kind in ("sync", "read"):  # its iterator runs the steps
+                        stepping.add(where)
+                    elif where not in stepping:
                         kind, at = "input", i
                         break
             line = chain[at][0]
@@ -318,8 +327,15 @@ class Sampler:
         its `for`'s iterator ("input"); value reads have their own findings — largest first,
         with shares of `wall` seconds."""
         got: dict[tuple, float] = dict(self.totals)
-        out = []
+        stepping = set(self.stepping)
+        merged: dict[tuple, float] = {}
         for (kind, file, line, function, via), seconds in got.items():
+            if kind == "input" and (file, line) in stepping:
+                kind = "host"  # seen before its iterator's first sync
+            key = (kind, file, line, function, via)
+            merged[key] = merged.get(key, 0.0) + seconds
+        out = []
+        for (kind, file, line, function, via), seconds in merged.items():
             if kind == "read" or seconds <= 0:
                 continue
             share = seconds / wall if wall > 0 else 0.0
