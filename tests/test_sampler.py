@@ -185,6 +185,38 @@ def test_a_loop_over_a_list_and_a_device_bound_loop_get_no_input():
     assert a.share("input") == 0.0 and not a.verdict.lines, str(a)
 
 
+class SleepyData(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        time.sleep(DELAY)
+        return torch.ones(16)
+
+
+def loader_loop(steps: int = 8):
+    dev, w = _model()
+    for i, x in enumerate(torch.utils.data.DataLoader(SleepyData(), batch_size=1)):
+        w = _step(w, x.to(dev))  # the loader's loop
+        if i + 1 >= steps:
+            break
+    return w
+
+
+def test_a_data_loader_wait_seen_by_both_counts_once(monkeypatch):
+    _, a = _tracked(loader_loop)
+    assert a.verdict is not None and a.verdict.kind == "input-bound", str(a)
+    assert "num_workers" in a.verdict.fix, a.verdict.fix  # the DataLoader's fix
+    assert "torch/utils/data/" in a.verdict.lines[0].via, a.verdict.lines
+    with_sampler = [s.input for s in a.steps]
+    monkeypatch.setattr(Collector, "sample_interval", None)
+    _, b = _tracked(loader_loop)
+    alone = [s.input for s in b.steps]  # the loader's wrapper alone
+    # Each step's wait is about one sleep either way, never two (counted twice).
+    for waits in (with_sampler, alone):
+        assert all(DELAY * 0.9 <= w < DELAY * 1.8 for w in waits[1:]), waits
+
+
 def test_an_iterator_that_runs_the_steps_is_not_input():
     _, a = _tracked(stepping_loop)
     assert a.share("input") < 0.05, str(a)
