@@ -233,7 +233,7 @@ class Sampler:
         finally:
             del frame
 
-    def _classify(self, top):
+    def _classify(self, top) -> tuple | None:
         ids, root, infos = self._ids, self._root, self._infos
         chain: list = []  # innermost first: (frame, info)
         frame = top
