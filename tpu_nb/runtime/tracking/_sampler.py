@@ -21,11 +21,18 @@ finishing the run, another thread's callback) counts for nothing.
 
 Do no harm: the thread never prints and never raises (a failure is logged and sampling stops);
 it holds references to the tracked thread's frames only while it walks them (a frame kept alive
-would keep its tensors alive into the next sync), and it is joined when the run ends.
-The GIL makes the reading exact in time only to the switch interval: a sample taken while the
-tracked thread runs Python waits for it to let the GIL go (at most `sys.getswitchinterval()`),
-so the rate under a busy host is 1/(INTERVAL + that wait) at worst; each sample is weighted by
-the time measured since the previous one, so the totals stay right.
+would keep its tensors alive into the next sync), and it is joined when the run ends. Its cost
+is the walk (a few µs to tens of µs, holding the GIL) at most 1/INTERVAL times a second
+(`benchmarks/bench_sampler.py`).
+
+The GIL makes the reading exact in time only to the switch interval: a sample wanted while the
+tracked thread runs Python waits until it lets the GIL go — at a torch call, or forced after
+`sys.getswitchinterval()` (5 ms) — so under a pure-Python host the rate is about one sample
+per switch interval, and a sample lands where the GIL was let go. The time between two
+samples is split: the sleep half to each; the wait for the GIL to the earlier sample's state
+when the GIL was let go before the switch interval forced it (the later stack is then a torch
+call the thread reached, not where it spent the wait). A pure-Python stretch just before torch
+calls can still show a little less than its share.
 """
 
 from __future__ import annotations
