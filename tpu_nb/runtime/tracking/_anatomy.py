@@ -148,6 +148,8 @@ class Verdict:
             return ""
         input_ = all(h.kind == "input" for h in self.lines)
         head = "in the iterator of " if input_ else "most of it at "
+        if self.kind not in ("host-bound", "input-bound"):
+            head = f"steady state {head}"  # the lines of the steady state's verdict
         return head + ", ".join(
             f"{h.where} ({h.share:.0%}{', in ' + h.via if h.via else ''})" for h in self.lines
         )
