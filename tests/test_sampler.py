@@ -162,8 +162,11 @@ def test_a_slow_helper_makes_host_bound_named_on_its_line():
     report, a = _tracked(helper_loop)
     v = a.verdict
     assert v is not None and v.kind == "host-bound", str(a)
+    # The helper's loop: its `while` line, or its body's (where a Python version places the
+    # loop's jump back, at which the GIL is let go).
     spin = line_of("# the slow helper's line", slow_helper)
-    assert v.lines and v.lines[0].line.line == spin, str(v)
+    assert v.lines and v.lines[0].line.function == "slow_helper", str(v)
+    assert v.lines[0].line.line in (spin, spin + 1), str(v)
     assert v.lines[0].kind == "host" and v.lines[0].share > 0.4, v.lines
     assert f"most of it at {v.lines[0].where} (" in str(v)
     # The anatomy has the same lines, largest first; no input was invented.
@@ -222,7 +225,9 @@ def test_an_iterator_that_runs_the_steps_is_not_input():
     assert a.share("input") < 0.05, str(a)
     assert a.verdict is not None and a.verdict.kind == "host-bound", str(a)
     assert all(h.kind != "input" for h in a.host_lines), a.host_lines
-    assert a.verdict.lines[0].line.line == line_of("# the slow helper's line", slow_helper)
+    top = a.verdict.lines[0].line
+    spin = line_of("# the slow helper's line", slow_helper)
+    assert top.function == "slow_helper" and top.line in (spin, spin + 1), a.verdict
 
 
 def test_the_sampler_thread_lives_only_while_the_run_does():
@@ -319,7 +324,8 @@ def test_on_tpu_cell_report_shows_the_host_lines(shell, capsys):
     a = report.anatomy
     assert a.verdict is not None and a.verdict.kind == "host-bound", str(a)
     top = a.verdict.lines[0]
-    assert top.where.startswith("In [") and top.where.endswith(", line 5"), top
+    assert top.where.startswith("In [") and top.line.function == "spin", top
+    assert top.where.endswith((", line 5", ", line 6")), top  # the loop (or its jump back)
     assert "host time by line (sampled):" in text, text
     assert f"most of it at {top.where} (" in text, text
     from tpu_nb.display.reports import RunView
