@@ -149,6 +149,10 @@ MIN_LINE_SHARE = 0.01  # and only those with at least this share of the wall tim
 
 
 def _shown_lines(a: Anatomy | None) -> list:
+    """The largest host lines of a loop (a run with a verdict: a cell that is not a loop has
+    no time worth placing)."""
+    if getattr(a, "verdict", None) is None:
+        return []
     lines = getattr(a, "host_lines", ()) or ()
     return [h for h in lines if h.share >= MIN_LINE_SHARE][:SHOWN_LINES]
 

@@ -359,6 +359,14 @@ class Collector:
 
     # hooks: the hot path (a deque append, a decrement)
     def _on_sync(self, entry: float, start: float, end: float) -> None:
+        sampler = self.sampler
+        if (  # rare: a new loop's first sync on the tracked thread
+            sampler is not None and sampler.check and threading.get_ident() == self._thread
+        ):
+            try:
+                sampler.check_at_sync(sys._getframe(1))
+            except Exception:
+                log.debug("tpu_nb: the sampler's loop check failed", exc_info=True)
         syncs = self.syncs
         if len(syncs) == _MAX_STEPS:
             self.origin = syncs[0][2]

@@ -134,6 +134,9 @@ class Sampler:
         # `for` lines (file, line) whose iterator syncs or reads: it runs the steps (a
         # generator that trains and yields losses), so time inside it is not input
         self.stepping: set[tuple[str, int]] = set()
+        self.loops: set[tuple[str, int]] = set()  # `for` lines seen waiting for an iterator
+        self.checked: set[tuple[str, int]] = set()  # of those, checked at a sync
+        self.check = False  # a loop to check at the next sync (`check_at_sync`)
         self.samples = 0  # samples taken
         self.attributed = 0  # of those, reaching the tracked code
         self.started = self.stopped = 0.0
@@ -281,6 +284,9 @@ class Sampler:
                         stepping.add(where)
                     elif where not in stepping:
                         kind, at = "input", i
+                        if where not in self.checked:
+                            self.loops.add(where)
+                            self.check = True
                         break
             line = chain[at][0]
             via = self._via(chain, at)
@@ -288,6 +294,34 @@ class Sampler:
             return (kind, code.co_filename, line.f_lineno or 0, code.co_name, via)
         finally:
             chain.clear()
+
+    def check_at_sync(self, frame) -> None:
+        """On the tracked thread, in a sync (when `check` is set): a `for` of the tracked code
+        in its FOR_ITER here is one whose iterator runs the steps (every sync of such a loop
+        happens inside its iterator; a data loop syncs in its body). A tpu_nb loader hook
+        under it (MpDeviceLoader syncs in its `__next__`) is a data loader."""
+        self.check = False
+        seen = list(self.loops)
+        ids, root, infos = self._ids, self._root, self._infos
+        loader = False
+        depth = 0
+        while frame is not None and depth < _MAX_DEPTH:
+            code = frame.f_code
+            info = infos.get(id(code))
+            if info is None or info[0] is not code:
+                info = self._info(code)
+            if info[2] == "input":
+                loader = True
+            elif info[1]:
+                loops = info[5] if info[5] is not None else self._loops(info)
+                if frame.f_lasti in loops and not loader:
+                    self.stepping.add((code.co_filename, frame.f_lineno or 0))
+                loader = False
+            if id(code) in ids or frame is root:
+                break
+            frame = frame.f_back
+            depth += 1
+        self.checked.update(seen)
 
     def _info(self, code) -> list:
         """What a frame of `code` is, once per code object: [code, the tracked code's,
