@@ -143,20 +143,68 @@ def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
     )
 
 
+KIND_WORDS = {"host": "", "sync": "sync", "input": "waiting for its iterator"}
+SHOWN_LINES = 5  # host lines listed
+MIN_LINE_SHARE = 0.01  # and only those with at least this share of the wall time
+
+
+def _shown_lines(a: Anatomy | None) -> list:
+    """The largest host lines of a loop (a run with a verdict: a cell that is not a loop has
+    no time worth placing)."""
+    if getattr(a, "verdict", None) is None:
+        return []
+    lines = getattr(a, "host_lines", ()) or ()
+    return [h for h in lines if h.share >= MIN_LINE_SHARE][:SHOWN_LINES]
+
+
+def host_lines_text(a: Anatomy | None) -> list[str]:
+    """Where the host's time went by line (the host sampler's), as text lines; [] if none."""
+    shown = _shown_lines(a)
+    if not shown:
+        return []
+    return ["host time by line (sampled):"] + [f"  {h}" for h in shown]
+
+
+def host_lines_html(a: Anatomy | None) -> str:
+    """The same as a small table, every string escaped; "" if none."""
+    shown = _shown_lines(a)
+    if not shown:
+        return ""
+    cell = f"style='padding:0 8px 0 0;text-align:left;font-family:{style.MONO}'"
+    num = "style='padding:0 8px 0 0;text-align:right;white-space:nowrap'"
+    rows = "".join(
+        f"<tr><td {cell}>{escape(h.where)}</td><td {cell}>{escape(h.via)}</td>"
+        f"<td style='padding:0 8px 0 0;color:{style.MUTED}'>"
+        f"{escape(KIND_WORDS.get(h.kind, h.kind))}</td>"
+        f"<td {num}>{escape(format_seconds(h.seconds))}</td><td {num}>{h.share:.0%}</td></tr>"
+        for h in shown
+    )
+    return (
+        f"<div class='tpunb-host-lines' style='font-size:11px;margin-top:4px'>"
+        f"<div style='color:{style.MUTED}'>host time by line (sampled): the line, the function "
+        f"under it, time and share of the wall time</div>"
+        f"<table style='border-collapse:collapse;margin:0'>{rows}</table></div>"
+    )
+
+
 def verdict_html(a: Anatomy) -> str:
     v = a.verdict
     if v is None:
         return ""
     colour = style.OK if v.good else style.WARN
+    where = f"; {v.where}" if getattr(v, "where", "") else ""
     return (
         f"<div><b style='color:{colour}'>{escape(v.kind)}</b>: "
-        f"{escape(v.reason)}. <span style='color:{style.MUTED}'>Fix: "
+        f"{escape(v.reason + where)}. <span style='color:{style.MUTED}'>Fix: "
         f"{escape(v.fix)}</span></div>"
     )
 
 
-def anatomy_html(a: Anatomy | None, *, title: str = "where the steps' time went") -> str:
-    """Bar, timeline and verdict as one block (no outer root: for panels)."""
+def anatomy_html(
+    a: Anatomy | None, *, title: str = "where the steps' time went", lines: bool = False
+) -> str:
+    """Bar, timeline and verdict as one block (no outer root: for panels); `lines`: and the
+    host time by line (not in the dashboard's fixed-height panel)."""
     if a is None or not a.steps:
         return (
             f"<span style='color:{style.MUTED}'>no step yet: the anatomy appears from "
@@ -171,7 +219,7 @@ def anatomy_html(a: Anatomy | None, *, title: str = "where the steps' time went"
         f"<div style='font-size:11px;color:{style.MUTED}'>{head}</div>{bar_html(a)}"
         f"<div style='font-size:11px;color:{style.MUTED};margin-top:4px'>the last "
         f"{shown} steps: host spans above, device executions below</div>"
-        f"{timeline_svg(a)}{verdict_html(a)}"
+        f"{timeline_svg(a)}{verdict_html(a)}{host_lines_html(a) if lines else ''}"
     )
 
 
@@ -189,7 +237,7 @@ class AnatomyView:
         return anatomy_text(self.anatomy)
 
     def _repr_html_(self) -> str:
-        return style.root(anatomy_html(self.anatomy), "tpunb-anatomy")
+        return style.root(anatomy_html(self.anatomy, lines=True), "tpunb-anatomy")
 
 
 def live_anatomy(since: float) -> Anatomy | None:

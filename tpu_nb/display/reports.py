@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html import escape
 
+from tpu_nb.display.anatomy_view import host_lines_html, host_lines_text
 from tpu_nb.display.style import (
     ACCENT,
     CODE,
@@ -383,6 +384,7 @@ class RunView:
             lines.append("what to do:")
             lines += [f"  {words} ({', '.join(places)}): {hint}" for words, places, hint in hints]
         lines += [f"  {note}" for note in self._notes()]
+        lines += [f"  {line}" for line in host_lines_text(self.report.anatomy)]
         lines += self._listing_text()
         return "\n".join(lines)
 
@@ -433,6 +435,7 @@ class RunView:
             )
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
+        parts.append(host_lines_html(self.report.anatomy))
         listing = self._listing_html()
         if listing:
             parts.append(

@@ -6,8 +6,10 @@ host's time is split into parts that add up to the step's wall time:
 - trace: the host running the user's Python, which traces the lazy graph (what is left);
 - sync: inside `torch_xla.sync()` — hashing the graph, cache lookup, launching — minus compile;
 - compile: `CompileTime` samples that ended in the step;
-- input: inside a data loader's `__next__` (DataLoader and ParallelLoader/MpDeviceLoader
-  iterators, on the thread that runs the tracked code);
+- input: waiting for the loop's iterator: inside a data loader's `__next__` (DataLoader and
+  ParallelLoader/MpDeviceLoader iterators, on the thread that runs the tracked code, timed by a
+  wrapper) or inside the iterator of any `for` of the tracked code (a generator, a `datasets`
+  iterator: seen by the host sampler, `_sampler.py`); time both see counts once;
 - read: inside a value read (`.item()`, `.tolist()`, `print(tensor)`, ...) minus compile.
 - tpu_nb: tpu_nb's own recording in the sync and read hooks (graph captures for the
   recompile findings, finding where a call came from), so it is not blamed on the user's code.
@@ -27,6 +29,10 @@ completion]. The sample buffers hold the last XLA_METRICS_SAMPLES samples (128 a
 
 What happens after the last sync (the final wait for the device) is the run's `tail`: its
 host time is split into reads, input, the device's work it waited for (`wait`) and the rest.
+
+Where on the tracked code's lines the host's time went (`Anatomy.host_lines`) comes from the
+host sampler (`_sampler.Sampler`), started and joined with the run: the host-bound and
+input-bound verdicts name the lines that took the time.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds
 
 if TYPE_CHECKING:
@@ -125,13 +132,28 @@ class Verdict:
     kind: str  # device-bound, host-bound, input-bound, compile-bound, read-bound
     reason: str
     fix: str
+    # host-bound or input-bound: the lines that took the time, largest first (HostLine:
+    # line, via, seconds, share of the wall time)
+    lines: tuple = ()
 
     @property
     def good(self) -> bool:
         return self.kind == "device-bound"
 
+    @property
+    def where(self) -> str:
+        """The lines that took the time, in words ("" when none was sampled)."""
+        if not self.lines:
+            return ""
+        input_ = all(h.kind == "input" for h in self.lines)
+        head = "in the iterator of " if input_ else "most of it at "
+        return head + ", ".join(
+            f"{h.where} ({h.share:.0%}{', in ' + h.via if h.via else ''})" for h in self.lines
+        )
+
     def __str__(self) -> str:
-        return f"{self.kind}: {self.reason}. Fix: {self.fix}"
+        where = f"; {self.where}" if self.where else ""
+        return f"{self.kind}: {self.reason}{where}. Fix: {self.fix}"
 
 
 _FIXES = {
@@ -144,6 +166,12 @@ _FIXES = {
     "pin_memory and persistent_workers, wrap it in "
     "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
     "to the device), or prepare the data ahead of time",
+    # input-bound, the wait not in a DataLoader: the loop's own iterator makes the batches
+    "input-iterator": "the device waits while the loop's iterator makes the next batch: make "
+    "batches ahead of time or in background workers (a torch.utils.data.DataLoader "
+    "with num_workers over the data), and wrap the loader in "
+    "torch_xla.distributed.parallel_loader.MpDeviceLoader to prefetch them to the "
+    "device",
     "compile-bound": "the steps after the warm-up still compile: see the compile findings "
     "for the lines that do, and what changed between their graphs",
     "read-bound": "value reads (.item(), print(tensor), bool(tensor)) make the host wait for "
@@ -165,6 +193,9 @@ class Anatomy:
     verdict: Verdict | None
     complete: bool = True  # False: sample buffers overflowed between reads
     dropped_steps: int = 0  # earlier steps beyond the last _MAX_STEPS, not in `steps`
+    # Host time on the tracked code's lines over the whole run, largest first (the host
+    # sampler's; () without it): HostLine(line, via, seconds, share, kind)
+    host_lines: tuple[HostLine, ...] = ()
 
     @property
     def device_share(self) -> float:
@@ -203,6 +234,10 @@ class Anatomy:
                 f"{format_seconds(p.p90):>9}  total {format_seconds(p.total):>9}"
                 f"  {p.share:5.1%}"
             )
+        shown = [h for h in self.host_lines if h.share >= 0.01][:5]
+        if shown:
+            lines.append("  host time by line:")
+            lines += [f"    {h}" for h in shown]
         if self.verdict:
             lines.append(f"  verdict: {self.verdict}")
         if not self.complete:
@@ -226,9 +261,13 @@ def current() -> Collector | None:
 class Collector:
     """Timestamps of one tracked run's syncs, reads and loader calls, and the runtime's samples.
 
-    `start(recorder)` hooks the recorder's sync and read wrappers and the loaders; `finish()`
-    removes everything and returns the Anatomy. Hooks never raise into the user's code.
+    `start(recorder)` hooks the recorder's sync and read wrappers and the loaders and starts
+    the host sampler on the tracked code (the recorder's); `finish()` removes everything
+    (the sampler's thread joined) and returns the Anatomy. Hooks never raise into the user's
+    code.
     """
+
+    sample_interval: float | None = INTERVAL  # the host sampler's; None: no sampler
 
     def __init__(self) -> None:
         self.started = _clock()
@@ -250,6 +289,7 @@ class Collector:
         self._recorder: Recorder | None = None
         self._outer: Collector | None = None
         self._xc: Any = None  # torch_xla._XLAC once started (no stubs)
+        self.sampler: Sampler | None = None
 
     def start(self, recorder) -> Collector:
         """Hook `recorder` and the loaders; on failure (logged) record nothing, so the run
@@ -275,6 +315,14 @@ class Collector:
         recorder.on_read.append(self._on_read)
         self._wrap_loaders()
         self.started = self.origin = _clock()
+        if self.sample_interval:
+            self.sampler = Sampler(
+                self._thread,
+                root_codes=recorder.root_codes,
+                root_frame=recorder.root_frame,
+                interval=self.sample_interval,
+                clock=_clock,
+            ).start()
         self._outer, _active = _active, self
         return self
 
@@ -306,6 +354,14 @@ class Collector:
 
     # hooks: the hot path (a deque append, a decrement)
     def _on_sync(self, entry: float, start: float, end: float) -> None:
+        sampler = self.sampler
+        if (  # rare: a new loop's first sync on the tracked thread
+            sampler is not None and sampler.check and threading.get_ident() == self._thread
+        ):
+            try:
+                sampler.check_at_sync(sys._getframe(1))
+            except Exception:
+                log.debug("tpu_nb: the sampler's loop check failed", exc_info=True)
         syncs = self.syncs
         if len(syncs) == _MAX_STEPS:
             self.origin = syncs[0][2]
@@ -316,6 +372,29 @@ class Collector:
     def _on_read(self, entry: float, start: float, end: float) -> None:
         self.reads.append((entry, start, end))
         self._count_down()
+
+    def sampled_inputs(self, events: int | None) -> list[tuple[float, float]]:
+        """The host sampler's input spans (inside a `for`'s iterator), less the syncs and
+        reads they overlap (a sample's interval can straddle a sync's start or end)."""
+        sampler = self.sampler
+        if sampler is None or not sampler.input_spans:
+            return []
+        stepping = set(sampler.stepping)  # loops whose iterator runs the steps: not input
+        spans = [
+            (s, e) for s, e, loop in _tail(sampler.input_spans, events) if loop not in stepping
+        ]
+        cuts = _union(
+            [(e, r) for e, _, r in _tail(self.syncs, events)]
+            + [(e, r) for e, _, r in _tail(self.reads, events)]
+        )
+        return _cut(spans, cuts)
+
+    def host_lines(self, end: float | None) -> tuple[HostLine, ...]:
+        """The host sampler's time per line since the run began; shares of the run's wall."""
+        sampler = self.sampler
+        if sampler is None:
+            return ()
+        return sampler.lines((end if end is not None else _clock()) - self.started)
 
     def _count_down(self) -> None:
         self._until_harvest -= 1
@@ -393,6 +472,8 @@ class Collector:
         return __next__
 
     def _unhook(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()  # joined: no thread outlives the run
         for cls, original, had_own in reversed(self._restore):
             if had_own:
                 cls.__next__ = original
@@ -464,6 +545,25 @@ def _union(spans) -> list[tuple[float, float]]:
         else:
             merged.append([s, e])
     return [(s, e) for s, e in merged]
+
+
+def _cut(spans, cuts) -> list[tuple[float, float]]:
+    """`spans` (sorted) less the time they share with `cuts` (sorted, disjoint)."""
+    out = []
+    j = 0
+    for s, e in spans:
+        while j < len(cuts) and cuts[j][1] <= s:
+            j += 1
+        k, at = j, s
+        while k < len(cuts) and cuts[k][0] < e:
+            lo, hi = cuts[k]
+            if lo > at:
+                out.append((at, lo))
+            at = max(at, hi)
+            k += 1
+        if at < e:
+            out.append((at, e))
+    return out
 
 
 def _assign(items, key, bounds) -> dict[int, list]:
@@ -569,9 +669,13 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     else:
         windows.append(_Window(0.0, 0.0, None))  # discarded: a running step
     keep = lambda span: span[1] > origin  # noqa: E731
-    for i, items in _assign(
-        filter(keep, _tail(collector.inputs, events)), lambda s: s[1], bounds
-    ).items():
+    inputs = _assign(filter(keep, _tail(collector.inputs, events)), lambda s: s[1], bounds)
+    # The sampler's spans never cross a sync (cut by them): each lies in one window, where
+    # the loaders' wrapper may have seen the same wait: counted once.
+    sampled = filter(keep, collector.sampled_inputs(events))
+    for i, items in _assign(sampled, lambda s: s[1], bounds).items():
+        inputs[i] = _union(inputs.get(i, []) + items)
+    for i, items in inputs.items():
         windows[i].inputs = items
     for i, items in _assign(
         (r for r in _tail(collector.reads, events) if r[2] > origin), lambda r: r[2], bounds
@@ -597,7 +701,7 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     records = [_record(first + i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
     tail = records[-1] if end is not None and records[-1].tail else None
-    return _summarise(steps, tail, busy, collector)
+    return _summarise(steps, tail, busy, collector, collector.host_lines(end))
 
 
 def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
@@ -667,7 +771,9 @@ def _quantile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
-def _summarise(steps, tail, busy, collector, *, judged: bool = True) -> Anatomy:
+def _summarise(
+    steps, tail, busy, collector, host_lines: tuple = (), *, judged: bool = True
+) -> Anatomy:
     every = steps + ((tail,) if tail else ())
     wall = sum(r.wall for r in every)
     device_busy = sum(r.wall - r.idle for r in every)
@@ -691,6 +797,7 @@ def _summarise(steps, tail, busy, collector, *, judged: bool = True) -> Anatomy:
         verdict=None,
         complete=not collector.lost_samples,
         dropped_steps=collector.dropped_steps,
+        host_lines=host_lines,
     )
     return _with_verdict(anatomy, busy) if judged else anatomy
 
@@ -716,17 +823,54 @@ def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
     steady = steps[lead:]
     if len(steady) < MIN_STEADY_STEPS:
         return anatomy
-    return replace(anatomy, verdict=steady_verdict(steady))
+    return replace(anatomy, verdict=steady_verdict(steady, anatomy.host_lines))
 
 
 _LIVE_WARM_UP = 3  # leading compiling steps a live view takes for the warm-up
 
 
-def steady_verdict(steps: Sequence[StepRecord]) -> Verdict | None:
+def steady_verdict(steps: Sequence[StepRecord], host_lines: tuple = ()) -> Verdict | None:
     """The verdict of `steps` alone (the steady state: the policy leaves out the steps that
-    compiled the warm-up graphs)."""
+    compiled the warm-up graphs), naming the run's sampled host lines where it is host- or
+    input-bound."""
     busy = _Busy(_union(span for s in steps for span in s.device_spans))
-    return judge(_summarise(tuple(steps), None, busy, _NoLoss(), judged=False))
+    steady = _summarise(tuple(steps), None, busy, _NoLoss(), host_lines, judged=False)
+    return _placed(judge(steady), steady)
+
+
+_LOADER_FILES = ("torch/utils/data/", "torch_xla/distributed/parallel_loader")
+_SHOWN_LINES = 3  # lines a verdict names at most
+_LINE_SHARE = 0.03  # and only those that took at least this share of the wall time
+
+
+def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
+    """A host-bound or input-bound verdict with the lines that took the time (the host
+    sampler's); an input wait outside a DataLoader gets the iterator's fix."""
+    if verdict is None or not a.host_lines:
+        return verdict
+    from dataclasses import replace
+
+    if verdict.kind == "host-bound":
+        kinds: tuple[str, ...] = ("host", "sync")
+    elif verdict.kind == "input-bound":
+        kinds = ("input",)
+    else:
+        return verdict
+    lines = [h for h in a.host_lines if h.kind in kinds]
+    named = tuple(h for h in lines[:_SHOWN_LINES] if h.share >= _LINE_SHARE) or tuple(lines[:1])
+    if not named:
+        return verdict
+    if verdict.kind == "input-bound":
+        sampled = sum(h.seconds for h in lines)
+        loader = sum(h.seconds for h in lines if any(f in h.via for f in _LOADER_FILES))
+        if loader < 0.5 * sampled:
+            return replace(
+                verdict,
+                reason=f"waiting for the loop's iterator took {a.share('input'):.0%} of the time",
+                fix=_FIXES["input-iterator"],
+                lines=named,
+            )
+    return replace(verdict, lines=named)
 
 
 class _NoLoss:

@@ -402,7 +402,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
                 f"(run at least {MIN_STEADY_STEPS} more to get a verdict)"
             ),
         )
-    verdict = anatomy.steady_verdict(steady)
+    verdict = anatomy.steady_verdict(steady, a.host_lines)
     if verdict is not None and verdict.kind == "compile-bound":
         verdict = _recompile_verdict(verdict, judgement)
     return replace(judgement, verdict=verdict)

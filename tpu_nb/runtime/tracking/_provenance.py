@@ -187,6 +187,7 @@ class Recorder:
         self._code_ids = frozenset(id(c) for c in root_codes if c is not None)
         self._codes = tuple(c for c in root_codes if c is not None)  # kept alive
         self._root_frame = root_frame
+        self.root_codes, self.root_frame = self._codes, root_frame  # the tracked code
         self._log = log
         self._capture = capture_graphs
         self.recording = Recording()

@@ -1,0 +1,334 @@
+"""The host sampler: a tracked run's host time placed on its lines, and input wait seen in any
+iterator a loop pulls from. Loops run tracked on XLA:CPU (the runtime's real hooks, a real
+sampling thread); sleeps and busy stretches are long against the 5 ms sampling interval, and
+assertions are orderings and shares with wide margins (the machine is loaded).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from html import escape
+
+import pytest
+import torch
+import torch_xla
+from conftest import line_of
+
+import tpu_nb
+from tpu_nb.runtime.tracking import Anatomy
+from tpu_nb.runtime.tracking._anatomy import Collector
+from tpu_nb.runtime.tracking._sampler import HostLine, Sampler
+
+DELAY = 0.03  # the slow iterator's wait per batch
+SPIN = 0.03  # the slow helper's busy Python per step
+
+
+def _model():
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=dev)
+    return dev, w
+
+
+def _step(w, x):
+    w = w + (x @ w).tanh().sum() * 1e-4
+    torch_xla.sync()
+    return w
+
+
+def sleepy_batches(n: int):
+    for _ in range(n):
+        time.sleep(DELAY)  # the slow iterator
+        yield torch.ones(4, 16)
+
+
+class SleepyIterator:
+    """A plain class with __next__ (no DataLoader, no generator)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n <= 0:
+            raise StopIteration
+        self.n -= 1
+        time.sleep(DELAY)
+        return torch.ones(4, 16)
+
+
+def generator_loop(steps: int = 15):
+    dev, w = _model()
+    for x in sleepy_batches(steps):  # the loop's for
+        w = _step(w, x.to(dev))
+    return w
+
+
+def iterator_loop(steps: int = 15):
+    dev, w = _model()
+    for x in SleepyIterator(steps):  # the loop's for
+        w = _step(w, x.to(dev))
+    return w
+
+
+def slow_helper(x):
+    end = time.perf_counter() + SPIN
+    while time.perf_counter() < end:  # the slow helper's line
+        pass
+    return x
+
+
+def helper_loop(steps: int = 12):
+    dev, w = _model()
+    for _ in range(steps):
+        slow_helper(0)
+        w = _step(w, torch.ones(4, 16, device=dev))
+    return w
+
+
+def list_loop(steps: int = 40):
+    dev, w = _model()
+    data = [torch.ones(4, 16) for _ in range(steps)]
+    for x in data:  # a list: nothing to wait for
+        w = _step(w, x.to(dev))
+    for _ in range(steps):
+        w = _step(w, torch.ones(4, 16, device=dev))
+    return w
+
+
+def device_loop(steps: int = 5, n: int = 512, depth: int = 6):
+    dev = torch_xla.device()
+    x = torch.randn(n, n, device=dev)
+    w = torch.randn(n, n, device=dev) / n**0.5
+    for _ in range(steps):
+        for _ in range(depth):
+            x = torch.tanh(x @ w)
+        torch_xla.sync()
+    return x
+
+
+def training_steps(n: int):
+    """A generator that runs the training steps and yields each step's weights."""
+    dev, w = _model()
+    for _ in range(n):
+        slow_helper(0)
+        w = _step(w, torch.ones(4, 16, device=dev))
+        yield w
+
+
+def stepping_loop(steps: int = 12):
+    seen = 0
+    for _w in training_steps(steps):  # the steps run inside this iterator
+        seen += 1
+    return seen
+
+
+def _tracked(loop, **kwargs) -> tuple[tpu_nb.RunReport, Anatomy]:
+    with tpu_nb.track():  # warm-up: the run judged compiles nothing
+        loop(steps=3)
+    with tpu_nb.track(loop.__name__) as report:
+        loop(**kwargs)
+    assert isinstance(report.anatomy, Anatomy), report.anatomy
+    return report, report.anatomy
+
+
+def _samplers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "tpu_nb-sampler"]
+
+
+@pytest.mark.parametrize(
+    ("loop", "via"), [(generator_loop, "sleepy_batches"), (iterator_loop, "__next__")]
+)
+def test_a_slow_iterator_is_input_bound_whatever_the_iterable(loop, via):
+    report, a = _tracked(loop)
+    v = a.verdict
+    assert v is not None and v.kind == "input-bound", str(a)
+    assert "the loop's iterator" in v.reason and "MpDeviceLoader" in v.fix, str(v)
+    # Named on the loop's `for` line, with the iterator's function under it.
+    top = v.lines[0]
+    assert top.kind == "input" and top.line.line == line_of("# the loop's for", loop), top
+    assert top.via.endswith(via) and top.share > 0.5, top
+    assert f"in the iterator of {top.where}" in str(v)
+    # The wait is the steps' input part: most of each step, about the sleep.
+    assert a.share("input") > 0.6, str(a)
+    assert a.parts["input"].median > DELAY * 0.6, str(a)
+    assert a.parts["input"].median > 3 * a.parts["trace"].median, str(a)
+
+
+def test_a_slow_helper_makes_host_bound_named_on_its_line():
+    report, a = _tracked(helper_loop)
+    v = a.verdict
+    assert v is not None and v.kind == "host-bound", str(a)
+    # The helper's loop: its `while` line, or its body's (where a Python version places the
+    # loop's jump back, at which the GIL is let go).
+    spin = line_of("# the slow helper's line", slow_helper)
+    assert v.lines and v.lines[0].line.function == "slow_helper", str(v)
+    assert v.lines[0].line.line in (spin, spin + 1), str(v)
+    assert v.lines[0].kind == "host" and v.lines[0].share > 0.4, v.lines
+    assert f"most of it at {v.lines[0].where} (" in str(v)
+    # The anatomy has the same lines, largest first; no input was invented.
+    assert a.host_lines[0] == v.lines[0]
+    assert [h.seconds for h in a.host_lines] == sorted(
+        (h.seconds for h in a.host_lines), reverse=True
+    )
+    assert a.share("input") == 0.0 and all(h.kind != "input" for h in a.host_lines)
+    assert "host time by line:" in str(a)
+
+
+def test_a_loop_over_a_list_and_a_device_bound_loop_get_no_input():
+    _, a = _tracked(list_loop)
+    assert a.share("input") == 0.0 and all(s.input == 0.0 for s in a.steps), str(a)
+    assert all(h.kind != "input" for h in a.host_lines), a.host_lines
+    assert a.verdict is None or a.verdict.kind != "input-bound", str(a)
+    _, a = _tracked(device_loop)
+    assert a.verdict is not None and a.verdict.kind == "device-bound", str(a)
+    assert a.share("input") == 0.0 and not a.verdict.lines, str(a)
+
+
+class SleepyData(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        time.sleep(DELAY)
+        return torch.ones(16)
+
+
+def loader_loop(steps: int = 8):
+    dev, w = _model()
+    for i, x in enumerate(torch.utils.data.DataLoader(SleepyData(), batch_size=1)):
+        w = _step(w, x.to(dev))  # the loader's loop
+        if i + 1 >= steps:
+            break
+    return w
+
+
+def test_a_data_loader_wait_seen_by_both_counts_once(monkeypatch):
+    _, a = _tracked(loader_loop)
+    assert a.verdict is not None and a.verdict.kind == "input-bound", str(a)
+    assert "num_workers" in a.verdict.fix, a.verdict.fix  # the DataLoader's fix
+    assert "torch/utils/data/" in a.verdict.lines[0].via, a.verdict.lines
+    with_sampler = [s.input for s in a.steps]
+    monkeypatch.setattr(Collector, "sample_interval", None)
+    _, b = _tracked(loader_loop)
+    alone = [s.input for s in b.steps]  # the loader's wrapper alone
+    # Each step's wait is about one sleep either way, never two (counted twice).
+    for waits in (with_sampler, alone):
+        assert all(DELAY * 0.9 <= w < DELAY * 1.8 for w in waits[1:]), waits
+
+
+def test_an_iterator_that_runs_the_steps_is_not_input():
+    _, a = _tracked(stepping_loop)
+    assert a.share("input") < 0.05, str(a)
+    assert a.verdict is not None and a.verdict.kind == "host-bound", str(a)
+    assert all(h.kind != "input" for h in a.host_lines), a.host_lines
+    top = a.verdict.lines[0].line
+    spin = line_of("# the slow helper's line", slow_helper)
+    assert top.function == "slow_helper" and top.line in (spin, spin + 1), a.verdict
+
+
+def test_the_sampler_thread_lives_only_while_the_run_does():
+    assert not _samplers()
+    with tpu_nb.track() as report:
+        sampler = report.anatomy.sampler
+        time.sleep(0.05)
+        assert sampler.alive and len(_samplers()) == 1
+    assert not _samplers() and not sampler.alive
+    assert sampler.samples >= 5 and sampler.rate > 0
+
+    for error in (ValueError("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(error)), tpu_nb.track() as report:
+            time.sleep(0.02)
+            raise error
+        assert not _samplers(), error
+        assert report.error is error
+
+
+def test_no_sampler_when_switched_off(monkeypatch):
+    monkeypatch.setattr(Collector, "sample_interval", None)
+    with tpu_nb.track() as report:
+        assert report.anatomy.sampler is None and not _samplers()
+        generator_loop(steps=3)
+    assert report.anatomy.host_lines == ()
+
+
+def test_a_failing_sampler_stops_quietly_and_the_run_reports(monkeypatch, capsys):
+    def broken(self, frame):
+        raise RuntimeError("sampler bug")
+
+    monkeypatch.setattr(Sampler, "_classify", broken)
+    capsys.readouterr()
+    with tpu_nb.track() as report:
+        sampler = report.anatomy.sampler
+        w = generator_loop(steps=4)
+    assert torch.isfinite(w.cpu()).all()
+    assert sampler.failed and not _samplers()
+    assert isinstance(report.anatomy, Anatomy) and report.anatomy.host_lines == ()
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+
+
+def test_host_lines_are_escaped_in_html():
+    from dataclasses import replace
+
+    from tpu_nb.display.anatomy_view import AnatomyView, host_lines_html, host_lines_text
+    from tpu_nb.runtime.metrics._compile_log import Frame
+
+    with tpu_nb.track() as report:
+        helper_loop(steps=4)
+    evil = HostLine(Frame("<b>x.py", 3, "f"), "<script>alert(1)</script>", 0.5, 0.4)
+    a = replace(report.anatomy, host_lines=(evil,))
+    html = host_lines_html(a)
+    assert "<script>" not in html and "&lt;script&gt;" in html and "&lt;b&gt;x.py" in html
+    assert "<script>" not in AnatomyView(a)._repr_html_()
+    assert host_lines_text(a) == [
+        "host time by line (sampled):",
+        "  <b>x.py:3 \u2192 <script>alert(1)</script>: 500 ms (40%)",
+    ]
+    assert host_lines_html(replace(a, host_lines=())) == ""
+
+
+@pytest.mark.stack
+def test_on_tpu_cell_report_shows_the_host_lines(shell, capsys):
+    shell.run_cell(
+        "%%on_tpu\n"
+        "import time\n"
+        "def spin(s):\n"
+        "    end = time.perf_counter() + s\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n"
+        "w = torch.ones(8, 8)\n"
+        "for _ in range(3):\n"
+        "    w = (w @ w).tanh()\n"
+        "    torch_xla.sync()\n"
+    )  # warm-up: compiles
+    capsys.readouterr()
+    shell.run_cell(
+        "%%on_tpu\n"
+        "import time\n"
+        "def spin(s):\n"
+        "    end = time.perf_counter() + s\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n"
+        "w = torch.ones(8, 8)\n"
+        "for _ in range(12):\n"
+        "    spin(0.03)\n"
+        "    w = (w @ w).tanh()\n"
+        "    torch_xla.sync()\n"
+    )
+    text = capsys.readouterr().out
+    report = tpu_nb.last_report()
+    a = report.anatomy
+    assert a.verdict is not None and a.verdict.kind == "host-bound", str(a)
+    top = a.verdict.lines[0]
+    assert top.where.startswith("In [") and top.line.function == "spin", top
+    assert top.where.endswith((", line 5", ", line 6")), top  # the loop (or its jump back)
+    assert "host time by line (sampled):" in text, text
+    assert f"most of it at {top.where} (" in text, text
+    from tpu_nb.display.reports import RunView
+
+    html = RunView(report, report.findings, source=report.source)._repr_html_()
+    assert "tpunb-host-lines" in html and escape(top.where) in html
