@@ -13,6 +13,7 @@ from tpu_nb.runtime.environment._xla import wait_device_ops, xla
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
@@ -72,6 +73,8 @@ class RunReport:
     # Where each step's time went, and the verdict (tpu_nb.runtime.tracking._anatomy); a Collector
     # while the run is tracked (needs record=True), an Anatomy once complete.
     anatomy: Any = None
+    # What Dynamo compiled (torch.compile): tracking._dynamo.DynamoCompile, in order.
+    compiled: tuple = ()
 
     @property
     def steps(self) -> tuple:
@@ -242,6 +245,7 @@ class track:
         "_record",
         "_code",
         "_recorder",
+        "_dynamo",
     )
 
     def __init__(
@@ -273,6 +277,7 @@ class track:
                 recorder.stop()
                 raise
             self._recorder = recorder
+        self._dynamo = dynamo.Watch(self._recorder, self._log).start()
         self._before = snapshot()
         self._start = time.perf_counter()
         return self._report
@@ -308,6 +313,7 @@ class track:
         if isinstance(report.anatomy, anatomy.Collector):
             report.anatomy = report.anatomy.finish()
         recording = self._recorder.stop() if self._recorder is not None else None
+        report.compiled = self._dynamo.stop()
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:
             report.compile_log_problem = (
@@ -316,6 +322,7 @@ class track:
             events = self._log.events_since(self._offset)
             if recording is not None:
                 events = _place(events, recording.anchors, self._offset)
+            events = dynamo.place(events, report.compiled)
             report.compile_events = events
             report.recompilations, report.warmups = _note_recompilations(events)
         if recording is not None:
