@@ -378,3 +378,25 @@ def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
                     break
         placed.append(event)
     return placed
+
+
+_kept_out = False
+
+
+def keep_out_of_dynamo() -> None:
+    """Have Dynamo never compile tpu_nb's runtime code (its hooks on torch methods), once per
+    process. Code after a graph break runs under Dynamo, which compiles each Python function
+    it calls as a frame of its own: it compiled tpu_nb's `.item()` hook, and broke a graph
+    inside tpu_nb — work and findings the program without tpu_nb does not have. Dynamo skips
+    its own and other libraries' files the same way (torch._dynamo.trace_rules.add)."""
+    global _kept_out
+    if _kept_out:
+        return
+    _kept_out = True
+    rules = sys.modules.get("torch._dynamo.trace_rules")  # imported by torch_xla
+    if rules is None:
+        return
+    try:
+        rules.add("tpu_nb.runtime")
+    except Exception:  # another torch: the hooks are then compiled as before
+        logging.getLogger("tpu_nb").debug("cannot keep tpu_nb out of Dynamo", exc_info=True)
