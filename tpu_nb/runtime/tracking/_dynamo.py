@@ -145,8 +145,10 @@ class DynamoCompile:
 
 
 def _placeholder(name: str) -> str:
-    # Dynamo names the graph input of local `x` "l_x_" (L['x'] with non-word characters as _).
-    return re.sub(r"\W", "_", f"L['{name}']").lower()
+    # Dynamo names the graph input of local `x` "l_x_", of `batch['ids']` "l_batch_ids_"
+    # (its source, L['batch']['ids'], with each run of non-word characters as one _).
+    head, bracket, rest = name.partition("[")
+    return re.sub(r"\W+", "_", f"L['{head}']{bracket}{rest}").lower()
 
 
 def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
@@ -362,22 +364,59 @@ def _is_int(value) -> bool:
     return isinstance(value, int)
 
 
+# graph hash -> what Dynamo said changed, for the XLA graphs of frames it compiled again
+# (bounded: the latest graphs); read by what_changed().
+_changes: dict[str, tuple[str, ...]] = {}
+_MAX_CHANGES = 512
+_INPUT_SYNC = "dynamo processing input graphs"
+
+
 def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
-    """Give each XLA compile that happened while Dynamo compiled a frame that frame's site (the
-    tracked code's line that called the compiled function), when it has none."""
-    spans = [(c.log_span, c.site) for c in compiles if c.site is not None and c.log_span[1]]
-    spans = [(span, site) for span, site in spans if site.line is not None]
+    """Tie each XLA compile that followed a Dynamo frame's compile to that frame: the site of
+    the tracked code's line that called the compiled function (when it has none), and, for a
+    frame compiled again, what Dynamo said changed (see `what_changed`)."""
+    spans = [(c.log_span, c) for c in compiles if c.log_span[1] > c.log_span[0]]
     if not spans:
         return events
     placed = []
     for event in events:
-        if event.site is None:
-            for (start, end), site in spans:
-                if start <= event.offset < end:
-                    event = replace(event, site=site)
-                    break
+        for (start, end), frame in spans:
+            if not start <= event.offset < end:
+                continue
+            if event.site is None and frame.site is not None and frame.site.line is not None:
+                event = replace(event, site=frame.site)
+            if _INPUT_SYNC in event.cause and event.site is not None:
+                # The inputs' graph is the calling line's work, not the function's graph:
+                # grouped apart, so that neither passes for the other's recompilation.
+                event = replace(event, site=replace(event.site, user=None))
+            if _INPUT_SYNC in event.cause:
+                _note(
+                    event,
+                    (
+                        "the pending work of the compiled function's inputs, which "
+                        "torch_xla runs before its graph (a new shape of an input's "
+                        "creation is a new graph)",
+                    ),
+                )
+            elif frame.recompile:
+                _note(event, (f"Dynamo compiled {frame.function} again: {frame.why()}",))
+            break
         placed.append(event)
     return placed
+
+
+def _note(event: CompileEvent, facts: tuple[str, ...]) -> None:
+    if event.graph_hash:
+        _changes[event.graph_hash] = facts
+        while len(_changes) > _MAX_CHANGES:
+            del _changes[next(iter(_changes))]
+
+
+def what_changed(event: CompileEvent) -> tuple[str, ...]:
+    """What Dynamo said about `event`'s graph: the guard that failed when it compiled the
+    frame again, or that the graph is the sync of the frame's inputs; () when Dynamo did not
+    compile it."""
+    return _changes.get(event.graph_hash, ())
 
 
 _kept_out = False
