@@ -7,6 +7,9 @@ breaks) reach the report.
 
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 import torch_xla
 import torch_xla.debug.metrics as met
@@ -61,3 +64,139 @@ def test_reset_metrics_still_starts_from_zero():
     start = snapshot()
     n = _executions_then_clear(dev, 1)
     assert snapshot().since(start).executions == n == _raw("ExecuteComputation")
+
+
+# -- in a real InteractiveShell ------------------------------------------------------------------
+
+MODEL_CELL = """\
+import torch, torch_xla
+torch.manual_seed(0)
+dev = torch_xla.device()
+mlp = torch.nn.Sequential(
+    torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)
+).to(dev)
+
+def {name}(x):
+    return mlp(x).sum()
+
+{name}_c = torch.compile({name}, backend="openxla")
+"""
+
+BREAK_CELL = """\
+def {name}(x):
+    y = mlp(x) * 2
+    print("inside")
+    if y.sum().item() > -1e9:
+        y = y + 1
+    return y.sum()
+
+{name}_c = torch.compile({name}, backend="openxla")
+"""
+
+LOOP = """\
+for n in {sizes}:
+    xb = torch.randn(n, 4, device=dev)
+    out = {name}_c(xb)
+    torch_xla.sync()
+"""
+
+
+def _raw_counts():
+    return {
+        n: _raw(n) for n in ("ExecuteComputation", "CachedCompile", "MarkStep", "UncachedCompile")
+    }
+
+
+def _xla_line(out: str) -> dict[str, int]:
+    """The plain cell's XLA line as figures: {"compiled": 2, "executed": 5, ...}."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("XLA: ")]
+    assert len(lines) == 1, out
+    return {what: int(n) for n, what in re.findall(r"(\d+) (compiled|executed)", lines[0])}
+
+
+@pytest.mark.stack
+def test_torch_compile_batch_sizes_in_on_tpu(shell, capsys):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_a")).success
+    capsys.readouterr()
+    cell = "%%on_tpu -o\n" + LOOP.format(sizes="(8, 8, 9, 10, 8, 11)", name="fwd_a")
+    report = shell.run_cell(cell).result
+    out = capsys.readouterr().out
+    compiled = [c for c in report.compiled if c.function == "fwd_a"]
+    assert [c.recompile for c in compiled] == [False, True, True, True]
+    assert {c.line.line for c in compiled} == {4}  # the cell line that called it
+    assert compiled[1].why() == "`x` has 9 rows, the cached graph was built for 8"
+    assert compiled[3].why() == "`x` has 11 rows, the cached graph was built for 8"
+    assert all(c.seconds > 0 for c in compiled) and sum(c.xla_compiles for c in compiled) >= 4
+    assert "compiled functions (torch.compile):" in out
+    assert "recompiled: `x` has 10 rows, the cached graph was built for 9" in out
+    assert "line not recorded" not in out
+    assert "did not capture both graphs" not in out
+    assert report.metrics.compiles == len(report.compile_events)
+    assert all(e.site is not None and e.site.line.line == 4 for e in report.compile_events)
+
+    # The same loop again: every shape cached, Dynamo compiles nothing, torch_xla clears no
+    # counter, so its raw counters are the truth to compare with.
+    before = _raw_counts()
+    warm = shell.run_cell(cell).result
+    raw = {n: _raw_counts()[n] - before[n] for n in before}
+    assert warm.compiled == () and warm.metrics.compiles == 0 == raw["UncachedCompile"]
+    assert warm.metrics.executions == raw["ExecuteComputation"] >= 6
+    assert warm.metrics.cache_hits == raw["CachedCompile"]
+    assert warm.metrics.syncs == raw["MarkStep"]
+    # Across the cold run's counter clears nothing was lost: at least the warm run's work.
+    assert report.metrics.executions >= warm.metrics.executions
+    assert report.metrics.syncs >= warm.metrics.syncs
+
+
+@pytest.mark.stack
+def test_plain_cell_and_on_tpu_count_the_same_compiled_work(shell, capsys):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_b")).success
+    loop = LOOP.format(sizes="(8, 9, 8)", name="fwd_b")
+    shell.run_cell(loop)  # compiles both shapes
+    capsys.readouterr()
+    shell.run_cell(loop)
+    plain = _xla_line(capsys.readouterr().out)
+    report = shell.run_cell("%%on_tpu -o\n" + loop).result
+    m = report.metrics
+    assert plain == {"compiled": m.compiles, "executed": m.executions}
+    assert m.executions >= 3
+    # cold, in a plain cell: the counts carried across torch_xla's clears are still there
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_c")).success
+    capsys.readouterr()
+    shell.run_cell(LOOP.format(sizes="(8, 8)", name="fwd_c"))
+    cold = _xla_line(capsys.readouterr().out)
+    assert cold["executed"] >= 2, cold  # Dynamo compiled (and cleared counters) meanwhile
+
+
+@pytest.mark.stack
+def test_graph_breaks_named_with_reason_and_line(shell, capsys):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_d")).success
+    assert shell.run_cell(BREAK_CELL.format(name="brk")).success
+    capsys.readouterr()
+    report = shell.run_cell("%%on_tpu -o\nxb = torch.randn(8, 4)\nvalue = brk_c(xb)\n").result
+    out = capsys.readouterr().out
+    assert "inside" in out  # the function's print ran, once
+    breaks = [b for c in report.compiled for b in c.graph_breaks]
+    by_line = {b.line: b for b in breaks}
+    assert set(by_line) == {3, 4}, breaks  # print, then .item(), in the function's cell
+    assert "print" in by_line[3].explanation
+    assert "Tensor.item()" in by_line[4].reason
+    assert all(c.line is not None and c.line.line == 3 for c in report.compiled)
+    assert "graph break at" in out and "Tensor.item()" in out
+    # tpu_nb's own .item() hook is not compiled by Dynamo: only the function and the two
+    # continuations after its breaks, as without tpu_nb.
+    assert [c.function for c in report.compiled] == [
+        "brk",
+        "torch_dynamo_resume_in_brk_at_3",
+        "torch_dynamo_resume_in_brk_at_4",
+    ]
+
+
+def test_fixed_shape_compiles_once_and_no_dynamo_facts_when_warm(shell):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_e")).success
+    cell = "%%on_tpu -o\n" + LOOP.format(sizes="(8, 8, 8)", name="fwd_e")
+    first = shell.run_cell(cell).result
+    assert [c.recompile for c in first.compiled] == [False]
+    assert first.recompilations == {} or not first.recompiled
+    second = shell.run_cell(cell).result
+    assert second.compiled == () and not second.recompiled
