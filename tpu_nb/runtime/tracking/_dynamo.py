@@ -405,6 +405,22 @@ def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
     return placed
 
 
+# torch_xla.compile(fn) runs the pending work of fn's inputs first, in a graph of its own.
+_PENDING_FIRST = "clear the pending graph prior calling the target function"
+
+
+def inputs_sync(event: CompileEvent) -> bool:
+    """Whether `event` is the graph of a compiled function's inputs (their pending work, run
+    by torch_xla.compile or the Dynamo bridge before the function's graph), not the
+    function's own graph: a new one is not the function's recompilation."""
+    return _PENDING_FIRST in event.cause or _INPUT_SYNC in event.cause
+
+
+def functions_graphs(events: list[CompileEvent]) -> list[CompileEvent]:
+    """`events` without the compiled functions' input syncs (see `inputs_sync`)."""
+    return [e for e in events if not inputs_sync(e)]
+
+
 def _note(event: CompileEvent, facts: tuple[str, ...]) -> None:
     if event.graph_hash:
         _changes[event.graph_hash] = facts

@@ -215,6 +215,9 @@ class Recorder:
         self._log_read = self._log.size() if self._log is not None else 0
         dynamo.keep_out_of_dynamo()
         self._patch(torch_xla, "sync", self._sync_wrapper)
+        # torch_xla.compile(fn) syncs through its own module's global (before fn: the
+        # inputs' pending work; after: fn's graph): the same hook there.
+        self._patch(sys.modules["torch_xla.torch_xla"], "sync", self._sync_wrapper)
         for name, label in _READ_METHODS.items():
             self._patch(
                 torch.Tensor,

@@ -324,7 +324,9 @@ class track:
                 events = _place(events, recording.anchors, self._offset)
             events = dynamo.place(events, report.compiled)
             report.compile_events = events
-            report.recompilations, report.warmups = _note_recompilations(events)
+            report.recompilations, report.warmups = _note_recompilations(
+                dynamo.functions_graphs(events)
+            )
         if recording is not None:
             report.occurrences = sorted(recording.occurrences.values(), key=lambda o: o.order)
             report.capture_seconds = recording.capture_seconds
