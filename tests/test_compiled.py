@@ -200,3 +200,64 @@ def test_fixed_shape_compiles_once_and_no_dynamo_facts_when_warm(shell):
     assert first.recompilations == {} or not first.recompiled
     second = shell.run_cell(cell).result
     assert second.compiled == () and not second.recompiled
+
+
+STEP_CELL = """\
+import torch, torch_xla
+torch.manual_seed(0)
+dev = torch_xla.device()
+net = torch.nn.Sequential(
+    torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)
+).to(dev)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+def {name}(x):
+    opt.zero_grad()
+    loss = net(x).sum()
+    loss.backward()
+    opt.step()
+    return loss
+
+{name}_c = torch_xla.compile({name})
+"""
+
+STEP_LOOP = """\
+for n in {sizes}:
+    xb = torch.randn(n, 4, device=dev)
+    loss = {name}_c(xb)
+"""
+
+
+@pytest.mark.stack
+def test_torch_xla_compile_one_recompile_names_the_shape(shell, capsys):
+    assert shell.run_cell(STEP_CELL.format(name="step_a")).success
+    capsys.readouterr()
+    before = _raw_counts()
+    cell = "%%on_tpu -o\n" + STEP_LOOP.format(sizes="(8, 8, 8, 8, 9, 8)", name="step_a")
+    report = shell.run_cell(cell).result
+    raw = {n: _raw_counts()[n] - before[n] for n in before}
+    out = capsys.readouterr().out
+    m = report.metrics
+    # No Dynamo, no clears: the figures are torch_xla's raw counters.
+    assert (m.compiles, m.executions, m.cache_hits, m.syncs) == (
+        raw["UncachedCompile"],
+        raw["ExecuteComputation"],
+        raw["CachedCompile"],
+        raw["MarkStep"],
+    )
+    assert report.compiled == ()  # torch_xla.compile is not Dynamo
+    # One real recompile (the 9-row batch): the function's second graph, not the inputs'.
+    ((where, hashes),) = report.recompiled_lines().items()
+    assert where[1] == 4 and len(hashes) == 2  # the calling line, the function's two graphs
+    assert "recompiled ×1" in out
+    assert "f32[8,4] → f32[9,4] (dim 0: 8 → 9)" in out
+    assert "warm-up" not in out and "did not capture both graphs" not in out
+
+
+@pytest.mark.stack
+def test_torch_xla_compile_fixed_shape_is_no_recompile(shell, capsys):
+    assert shell.run_cell(STEP_CELL.format(name="step_b")).success
+    report = shell.run_cell(
+        "%%on_tpu -o\n" + STEP_LOOP.format(sizes="(8, 8, 8, 8)", name="step_b")
+    ).result
+    assert not report.recompiled and report.metrics.executions >= 4
