@@ -164,6 +164,28 @@ def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
     return ()
 
 
+_active: list[Watch] = []  # the watches of the tracked runs now running
+# Called with True when Dynamo starts compiling a frame in a tracked run, False when done:
+# max_graphs pauses torch_xla's shape detector meanwhile (Dynamo's tracing of a graph is not
+# a step's graph, and the bridge traces each FX node on its own).
+on_frame_compile: list = []
+
+
+def latest_recompile() -> DynamoCompile | None:
+    """The frame Dynamo most recently compiled again in a tracked run now running (for
+    max_graphs, which checks after each sync), or None."""
+    for watch in reversed(_active):
+        for frame in reversed(watch.compiles):
+            if frame.recompile:
+                return frame
+    return None
+
+
+def recompiles() -> int:
+    """How many frames Dynamo compiled again in the tracked runs now running."""
+    return sum(c.recompile for watch in _active for c in watch.compiles)
+
+
 class _Pending:
     __slots__ = ("site", "start_compiles", "start_log", "reasons", "breaks", "started")
 
@@ -193,6 +215,7 @@ class Watch(logging.Handler):
         self._logger: logging.Logger | None = None
 
     def start(self) -> Watch:
+        _active.append(self)
         # Only once torch is imported (it creates the logger and its level); a run that
         # imports torch itself has no Dynamo compile before that import finishes anyway.
         if "torch._logging" in sys.modules:
@@ -206,6 +229,8 @@ class Watch(logging.Handler):
         if self._logger is not None:
             self._logger.removeHandler(self)
             self._logger = None
+        if self in _active:
+            _active.remove(self)
         if not self.compiles:
             return ()
         # torch_xla compiles a Dynamo graph to HLO when it first runs, just after Dynamo is
@@ -257,6 +282,8 @@ class Watch(logging.Handler):
         if entry.started:  # a restart of the same frame (after a graph break): same compile
             return
         entry.started = True
+        for callback in list(on_frame_compile):
+            callback(True)
         if self._recorder is not None:
             entry.site = self._recorder.site_of(sys._getframe(3))
         entry.start_compiles = snapshot().counter("UncachedCompile")
@@ -280,6 +307,8 @@ class Watch(logging.Handler):
             entry.breaks.append(brk)
 
     def _finished(self, meta) -> None:
+        for callback in list(on_frame_compile):
+            callback(False)
         entry = (
             self._pending.pop((meta.get("frame_id"), meta.get("frame_compile_id")), None)
             or _Pending()
@@ -414,6 +443,17 @@ def inputs_sync(event: CompileEvent) -> bool:
     by torch_xla.compile or the Dynamo bridge before the function's graph), not the
     function's own graph: a new one is not the function's recompilation."""
     return _PENDING_FIRST in event.cause or _INPUT_SYNC in event.cause
+
+
+def guard_facts(event: CompileEvent) -> tuple[str, ...]:
+    """For an XLA compile of a Dynamo graph during a tracked run: the guard Dynamo saw fail
+    when it compiled the frame again; () otherwise."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return ()
+    frame = latest_recompile()
+    if frame is None:
+        return ()
+    return (f"Dynamo compiled {frame.function} again: {frame.why()}",)
 
 
 def functions_graphs(events: list[CompileEvent]) -> list[CompileEvent]:
