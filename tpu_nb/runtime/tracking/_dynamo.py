@@ -151,6 +151,17 @@ def _placeholder(name: str) -> str:
     return re.sub(r"\W+", "_", f"L['{head}']{bracket}{rest}").lower()
 
 
+def report_lines(compiled) -> list[str]:
+    """A RunReport's text lines for what Dynamo compiled ([] when nothing)."""
+    if not compiled:
+        return []
+    lines = ["  compiled by Dynamo (torch.compile):"]
+    for c in compiled:
+        lines.append(f"    {c.describe()}")
+        lines += [f"      {b.describe()}" for b in c.graph_breaks]
+    return lines
+
+
 def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
     """The inputs a Dynamo guard failure names (size, dtype or rank); () for other guards."""
     for pattern, what in ((_SIZE, "size"), (_DTYPE, "dtype"), (_RANK, "rank")):

@@ -117,6 +117,7 @@ class RunReport:
             )
         if self.compile_log_problem:
             lines.append(f"  compile causes unknown: {self.compile_log_problem}")
+        lines += dynamo.report_lines(self.compiled)
         beyond = self.recompiled_lines()
         for (file, line), hashes in self.recompilations.items():
             what = (
