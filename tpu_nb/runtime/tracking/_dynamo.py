@@ -423,9 +423,14 @@ def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
         for (start, end), frame in spans:
             if not start <= event.offset < end:
                 continue
-            if event.site is None and frame.site is not None and frame.site.line is not None:
-                event = replace(event, site=frame.site)
-            if _INPUT_SYNC in event.cause and event.site is not None:
+            if frame.site is not None and frame.site.line is not None:
+                if event.site is None:
+                    event = replace(event, site=frame.site)
+                elif event.site.line is None and (event.kind == "dynamo" or inputs_sync(event)):
+                    # Not reached from the tracked code (a backward graph on autograd's
+                    # thread): the line stays unknown, the compiled function is named.
+                    event = replace(event, site=replace(frame.site, line=None))
+            if _INPUT_SYNC in event.cause and event.site is not None and event.site.line:
                 # The inputs' graph is the calling line's work, not the function's graph:
                 # grouped apart, so that neither passes for the other's recompilation.
                 event = replace(event, site=replace(event.site, user=None))
@@ -468,8 +473,35 @@ def guard_facts(event: CompileEvent) -> tuple[str, ...]:
 
 
 def functions_graphs(events: list[CompileEvent]) -> list[CompileEvent]:
-    """`events` without the compiled functions' input syncs (see `inputs_sync`)."""
-    return [e for e in events if not inputs_sync(e)]
+    """`events` without the compiled functions' input syncs (see `inputs_sync`) and without
+    the XLA graphs of Dynamo's frames, whose recompilations Dynamo itself tells (see
+    `recompilations`)."""
+    return [e for e in events if not inputs_sync(e) and e.kind != "dynamo"]
+
+
+def recompilations(events: list[CompileEvent], compiles) -> dict[tuple[str, int], tuple]:
+    """Functions Dynamo compiled again in this run: (file, first line) -> one graph hash per
+    compile of the function (the first XLA graph after each of its frame compiles; a frame
+    compiles a forward, a backward and others, which are not recompilations). A function
+    whose first compile in the run is already a recompile starts with "(earlier)"."""
+    out: dict[tuple[str, int], list[str]] = {}
+    for frame in compiles:
+        start, end = frame.log_span
+        first = next(
+            (
+                e
+                for e in events
+                if start <= e.offset < end and e.kind == "dynamo" and not inputs_sync(e)
+            ),
+            None,
+        )
+        key = (frame.file, frame.first_line)
+        graphs = out.get(key)
+        if graphs is None:
+            graphs = out[key] = ["(earlier)"] if frame.recompile else []
+        if first is not None and first.graph_hash not in graphs:
+            graphs.append(first.graph_hash)
+    return {k: tuple(v) for k, v in out.items() if len(v) > 1}
 
 
 def _note(event: CompileEvent, facts: tuple[str, ...]) -> None:

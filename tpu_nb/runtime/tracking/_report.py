@@ -328,6 +328,7 @@ class track:
             report.recompilations, report.warmups = _note_recompilations(
                 dynamo.functions_graphs(events)
             )
+            report.recompilations.update(dynamo.recompilations(events, report.compiled))
         if recording is not None:
             report.occurrences = sorted(recording.occurrences.values(), key=lambda o: o.order)
             report.capture_seconds = recording.capture_seconds
