@@ -52,6 +52,7 @@ from tpu_nb.runtime.metrics._compile_log import (
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import is_library, place_text
+from tpu_nb.runtime.tracking._dynamo import frame_graph, guard_facts, inputs_sync
 from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
 log = logging.getLogger("tpu_nb")
@@ -268,7 +269,8 @@ class RecompilationAlert:
     limit: int
     differs: tuple[str, ...]  # what differs between the last two graphs, line by line
     # "recorded" (the tracked run's graphs of these two compiles, diffed), "graphs" (the sync
-    # probe's captures at the line's next syncs, diffed) or "compile log"
+    # probe's captures at the line's next syncs, diffed), "Dynamo" (the guard Dynamo saw
+    # fail) or "compile log"
     source: str
 
     def describe(self) -> str:
@@ -587,11 +589,12 @@ class LiveMonitor:
 
     def _note_line(self, event: CompileEvent) -> None:
         frame = event.user_frame
-        if frame is None or not event.graph_hash:
+        # A compiled function's input sync is not its graph (tracking._dynamo.inputs_sync).
+        if frame is None or not event.graph_hash or inputs_sync(event):
             return
         site = (frame.file, frame.line)
         graphs = self._lines.setdefault(site, [])
-        if all(event.graph_hash != e.graph_hash for e in graphs):
+        if all(frame_graph(event) != frame_graph(e) for e in graphs):
             graphs.append(event)
             # Armed one graph before the alert, so that the graph which raises it is usually
             # captured with the one before (a training loop's warm-up pair stays unprobed).
@@ -638,6 +641,8 @@ class LiveMonitor:
                 except Exception:  # fall back to the compile log, never fail
                     log.debug("diffing the alert's two graphs failed", exc_info=True)
                     differs = ()
+            if not differs and guard_facts(events[-1]):  # Dynamo compiled a function again
+                differs, source = guard_facts(events[-1]), "Dynamo"
             if not differs:
                 source = "compile log"
                 differs = describe_difference(self._latest(events[-2]), self._latest(events[-1]))

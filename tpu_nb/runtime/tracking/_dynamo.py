@@ -192,6 +192,20 @@ def latest_recompile() -> DynamoCompile | None:
     return None
 
 
+def frame_graph(event: CompileEvent) -> str:
+    """An identity for `event`'s graph when counting a line's graphs live: for an XLA graph of
+    a Dynamo frame compiled in a tracked run now running, the frame's compile (its forward,
+    backward and other graphs are one compile of the function); else the graph's hash."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return event.graph_hash
+    best = -1
+    for watch in _active:
+        starts = [start for start, _ in watch._starts]
+        starts += [p.start_log for p in watch._pending.values() if p.started]
+        best = max([best] + [s for s in starts if s <= event.offset])
+    return f"dynamo frame @{best}" if best >= 0 else event.graph_hash
+
+
 def recompiles() -> int:
     """How many frames Dynamo compiled again in the tracked runs now running."""
     return sum(c.recompile for watch in _active for c in watch.compiles)
