@@ -280,3 +280,40 @@ def test_max_graphs_counts_the_compiled_functions_graphs(shell, capsys):
     assert isinstance(error, RecompilationError)
     assert shell.user_ns["n"] == 10  # stopped at the third shape, not before
     assert "`x` has 10 rows, the cached graph was built for 9" in str(error)
+
+
+def _dynamo_loop(compiled, sizes, monitor):
+    dev = tpu_nb.device()
+    for n in sizes:
+        compiled(torch.randn(n, 4).to(dev))  # CALL-LINE
+        torch_xla.sync()
+        monitor.poll()
+    return monitor.poll()
+
+
+def test_dashboard_counts_a_compiled_functions_graphs_per_dynamo_compile():
+    from tpu_nb.runtime.live import LiveMonitor
+
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 19), torch.nn.ReLU(), torch.nn.Linear(19, 2)).to(
+        dev
+    )
+
+    def loss(x):
+        return mlp(x).sum()
+
+    compiled = torch.compile(loss, backend="openxla")
+    monitor = LiveMonitor(alert_graphs=2)
+    with tpu_nb.track():
+        state = _dynamo_loop(compiled, (8, 8, 9), monitor)
+        assert not state.alerts  # two shapes: two compiles of the function, allowed
+        state = _dynamo_loop(compiled, (10,), monitor)
+    monitor.close()
+    lines = {
+        k: [(e.kind, e.offset, e.graph_hash[:6]) for e in v] for k, v in monitor._lines.items()
+    }
+    assert len(state.alerts) == 1, lines
+    (alert,) = state.alerts
+    assert alert.source == "Dynamo"
+    assert "`x` has 10 rows, the cached graph was built for 9" in " ".join(alert.differs)

@@ -52,7 +52,12 @@ from tpu_nb.runtime.metrics._compile_log import (
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import is_library, place_text
-from tpu_nb.runtime.tracking._dynamo import frame_graph, guard_facts, inputs_sync
+from tpu_nb.runtime.tracking._dynamo import (
+    frame_graph,
+    function_of,
+    guard_facts,
+    inputs_sync,
+)
 from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
 log = logging.getLogger("tpu_nb")
@@ -588,7 +593,7 @@ class LiveMonitor:
         return float(marks[0][1] if ts < marks[0][0] else marks[-1][1])
 
     def _note_line(self, event: CompileEvent) -> None:
-        frame = event.user_frame
+        frame = event.user_frame or function_of(event)
         # A compiled function's input sync is not its graph (tracking._dynamo.inputs_sync).
         if frame is None or not event.graph_hash or inputs_sync(event):
             return
@@ -646,7 +651,7 @@ class LiveMonitor:
             if not differs:
                 source = "compile log"
                 differs = describe_difference(self._latest(events[-2]), self._latest(events[-1]))
-            place = events[-1].user_frame
+            place = events[-1].user_frame or function_of(events[-1])
             assert place is not None  # _note_line keeps only events with a user frame
             self._alerts[site] = RecompilationAlert(
                 place, hashes, self.alert_graphs, differs, source

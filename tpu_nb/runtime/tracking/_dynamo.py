@@ -192,18 +192,35 @@ def latest_recompile() -> DynamoCompile | None:
     return None
 
 
+def _latest_frame(offset: int):
+    """The Dynamo frame (finished, of a tracked run now running) that started last at or
+    before compile-log `offset`: (its start, the frame), or (-1, None)."""
+    best: tuple[int, Any] = (-1, None)
+    for watch in _active:
+        for (start, _), frame in zip(watch._starts, watch.compiles, strict=False):
+            if best[0] < start <= offset:
+                best = (start, frame)
+    return best
+
+
 def frame_graph(event: CompileEvent) -> str:
     """An identity for `event`'s graph when counting a line's graphs live: for an XLA graph of
     a Dynamo frame compiled in a tracked run now running, the frame's compile (its forward,
     backward and other graphs are one compile of the function); else the graph's hash."""
     if event.kind != "dynamo" or inputs_sync(event):
         return event.graph_hash
-    best = -1
-    for watch in _active:
-        starts = [start for start, _ in watch._starts]
-        starts += [p.start_log for p in watch._pending.values() if p.started]
-        best = max([best] + [s for s in starts if s <= event.offset])
-    return f"dynamo frame @{best}" if best >= 0 else event.graph_hash
+    start, frame = _latest_frame(event.offset)
+    return f"dynamo frame {frame.compile_id}" if frame is not None else event.graph_hash
+
+
+def function_of(event: CompileEvent) -> Frame | None:
+    """For an XLA graph of a Dynamo frame compiled in a tracked run now running, the compiled
+    function (its file, first line and name); None otherwise. torch_xla's compile log keeps
+    8 frames, all inside Dynamo and torch_xla when it compiles a Dynamo graph."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return None
+    start, frame = _latest_frame(event.offset)
+    return Frame(frame.file, frame.first_line, frame.function) if frame is not None else None
 
 
 def recompiles() -> int:
