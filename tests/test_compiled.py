@@ -317,3 +317,31 @@ def test_dashboard_counts_a_compiled_functions_graphs_per_dynamo_compile():
     (alert,) = state.alerts
     assert alert.source == "Dynamo"
     assert "`x` has 10 rows, the cached graph was built for 9" in " ".join(alert.differs)
+
+
+def test_compiled_functions_section_is_escaped_in_html():
+    from tpu_nb.display.compiled_view import compiled_html, compiled_text
+    from tpu_nb.runtime.tracking._dynamo import DynamoCompile, GraphBreak, changed_inputs
+
+    reason = "tensor 'x' size mismatch at index 0. expected 8, actual 9"
+    frames = (
+        DynamoCompile("0/0", "<lambda>", "/tmp/<b>model</b>.py", 3, seconds=0.5),
+        DynamoCompile(
+            "0/1",
+            "<lambda>",
+            "/tmp/<b>model</b>.py",
+            3,
+            seconds=0.25,
+            guard_failures=(reason,),
+            changed=changed_inputs(reason),
+            input_shapes={"l_x_": (9, 4)},
+            graph_breaks=(GraphBreak("Unsupported <script>", "/tmp/<b>model</b>.py", 5),),
+        ),
+    )
+    text = "\n".join(compiled_text(frames))
+    assert "recompiled: `x` has 9 rows, the cached graph was built for 8" in text
+    assert "graph break at <b>model</b>.py:5: Unsupported <script>" in text
+    html = compiled_html(frames)
+    assert "<script>" not in html and "<b>model" not in html
+    assert "&lt;script&gt;" in html and "&lt;lambda&gt;" in html
+    assert compiled_html(()) == "" and compiled_text(()) == []
