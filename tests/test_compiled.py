@@ -325,23 +325,23 @@ def test_compiled_functions_section_is_escaped_in_html():
 
     reason = "tensor 'x' size mismatch at index 0. expected 8, actual 9"
     frames = (
-        DynamoCompile("0/0", "<lambda>", "/tmp/<b>model</b>.py", 3, seconds=0.5),
+        DynamoCompile("0/0", "<lambda>", "/tmp/<model>.py", 3, seconds=0.5),
         DynamoCompile(
             "0/1",
             "<lambda>",
-            "/tmp/<b>model</b>.py",
+            "/tmp/<model>.py",
             3,
             seconds=0.25,
             guard_failures=(reason,),
             changed=changed_inputs(reason),
             input_shapes={"l_x_": (9, 4)},
-            graph_breaks=(GraphBreak("Unsupported <script>", "/tmp/<b>model</b>.py", 5),),
+            graph_breaks=(GraphBreak("Unsupported <script>", "/tmp/<model>.py", 5),),
         ),
     )
     text = "\n".join(compiled_text(frames))
     assert "recompiled: `x` has 9 rows, the cached graph was built for 8" in text
-    assert "graph break at <b>model</b>.py:5: Unsupported <script>" in text
+    assert "graph break at <model>.py:5: Unsupported <script>" in text
     html = compiled_html(frames)
-    assert "<script>" not in html and "<b>model" not in html
-    assert "&lt;script&gt;" in html and "&lt;lambda&gt;" in html
+    assert "<script>" not in html and "<model>" not in html
+    assert "&lt;script&gt;" in html and "&lt;lambda&gt;" in html and "&lt;model&gt;" in html
     assert compiled_html(()) == "" and compiled_text(()) == []
