@@ -246,3 +246,39 @@ def test_judgement_in_a_kernel_growing_graph_buckets_and_a_read_after_the_loop()
     assert "RECOMPILED" not in buckets and "what to do" not in buckets, buckets
     assert "each compiled once, then cached" in buckets
     assert "after the loop's last sync" in buckets
+
+
+def test_compiled_functions_in_a_kernel():
+    """torch.compile(backend="openxla") under %%on_tpu and in a plain cell, in a real kernel:
+    the recompile names the input, the graph break its line, counts survive the bridge's
+    counter clears."""
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla\n"
+        "dev = torch_xla.device()\n"
+        "mlp = torch.nn.Sequential(torch.nn.Linear(4, 12), torch.nn.ReLU(), "
+        "torch.nn.Linear(12, 2)).to(dev)",
+        "def fwd(x):\n    return mlp(x).sum()\n\n"
+        "def brk(x):\n    y = mlp(x)\n    print('inside')\n    return y.sum()\n\n"
+        "fwd_c = torch.compile(fwd, backend='openxla')\n"
+        "brk_c = torch.compile(brk, backend='openxla')",
+        "%%on_tpu -o\nfor n in (8, 8, 9):\n    xb = torch.randn(n, 4)\n    out = fwd_c(xb)\n"
+        "    torch_xla.sync()\nbrk_c(torch.randn(8, 4))",
+        "for n in (8, 9, 8):\n    xb = torch.randn(n, 4, device=dev)\n    out = fwd_c(xb)\n"
+        "    torch_xla.sync()",
+        "print(_3.metrics.executions >= 4, [c.why() for c in _3.compiled if c.recompile],\n"
+        "      [(b.line, 'print' in b.explanation) for c in _3.compiled "
+        "for b in c.graph_breaks])",
+    )
+    execute(nb)
+    report = "".join(t for _, t in _texts(nb.cells[2]))
+    assert "compiled functions (torch.compile):" in report
+    assert "recompiled: `x` has 9 rows, the cached graph was built for 8" in report
+    assert "graph break at cell line 6: Failed to trace builtin operator" in report, report
+    assert "line not recorded" not in report
+    plain = "".join(t for k, t in _texts(nb.cells[3]) if k == "stdout")
+    executed = [ln for ln in plain.splitlines() if ln.startswith("XLA: ")]
+    assert len(executed) == 1 and " 0 executed" not in executed[0], plain
+    summary = "".join(t for k, t in _texts(nb.cells[4]) if k == "stdout")
+    assert summary.strip() == (
+        "True ['`x` has 9 rows, the cached graph was built for 8'] [(6, True)]"
+    ), summary

@@ -97,6 +97,7 @@ def alert_html(state: LiveState | None) -> str:
         how = {
             "recorded": "the graphs read just before they compiled",
             "graphs": "captured graphs of its next syncs",
+            "Dynamo": "the guard Dynamo saw fail when it compiled the function again",
         }.get(alert.source, "its compile-log blocks (counts and sizes; the ops are not logged)")
         lines = "".join(f"<li>{escape(line)}</li>" for line in alert.differs)
         fix = (

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from tpu_nb.display.anatomy_view import host_lines_html, host_lines_text
+from tpu_nb.display.compiled_view import compiled_html, compiled_text
 from tpu_nb.display.style import (
     ACCENT,
     CODE,
@@ -370,6 +371,7 @@ class RunView:
     def text(self) -> str:
         lines = [self.summary()]
         lines += [f"  {k}: {v}" for k, v in self.figures()]
+        lines += compiled_text(getattr(self.report, "compiled", ()))
         if self.groups:
             lines.append("what happened, in order:")
             for g in self.groups:
@@ -421,6 +423,7 @@ class RunView:
         ]
         if self.groups:
             parts.append(self._groups_html())
+        parts.append(compiled_html(getattr(self.report, "compiled", ())))
         hints = _hints(self.groups)
         if hints:
             items = "".join(

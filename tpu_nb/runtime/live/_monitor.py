@@ -53,6 +53,12 @@ from tpu_nb.runtime.metrics._compile_log import (
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import as_caller, is_library, place_text
 from tpu_nb.runtime.tracking import graph_facts, line_growth, progression
+from tpu_nb.runtime.tracking._dynamo import (
+    frame_graph,
+    function_of,
+    guard_facts,
+    inputs_sync,
+)
 from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
 log = logging.getLogger("tpu_nb")
@@ -269,7 +275,8 @@ class RecompilationAlert:
     limit: int
     differs: tuple[str, ...]  # what differs between the last two graphs, line by line
     # "recorded" (the tracked run's graphs of these two compiles, diffed), "graphs" (the sync
-    # probe's captures at the line's next syncs, diffed) or "compile log"
+    # probe's captures at the line's next syncs, diffed), "Dynamo" (the guard Dynamo saw
+    # fail) or "compile log"
     source: str
     # The line has run at least two steps since its last new graph: a bounded set of graphs,
     # each compiled once, then cached (buckets), not a recompilation going on.
@@ -600,12 +607,13 @@ class LiveMonitor:
         return float(marks[0][1] if ts < marks[0][0] else marks[-1][1])
 
     def _note_line(self, event: CompileEvent) -> None:
-        frame = event.user_frame
-        if frame is None or not event.graph_hash:
+        frame = event.user_frame or function_of(event)
+        # A compiled function's input sync is not its graph (tracking._dynamo.inputs_sync).
+        if frame is None or not event.graph_hash or inputs_sync(event):
             return
         site = (frame.file, frame.line)
         graphs = self._lines.setdefault(site, [])
-        if all(event.graph_hash != e.graph_hash for e in graphs):
+        if all(frame_graph(event) != frame_graph(e) for e in graphs):
             graphs.append(event)
             self._new_graph_at[site] = self._syncs_now
             # Armed one graph before the alert, so that the graph which raises it is usually
@@ -671,10 +679,12 @@ class LiveMonitor:
                 except Exception:  # fall back to the compile log, never fail
                     log.debug("diffing the alert's two graphs failed", exc_info=True)
                     differs = ()
+            if not differs and guard_facts(events[-1]):  # Dynamo compiled a function again
+                differs, source = guard_facts(events[-1]), "Dynamo"
             if not differs:
                 source = "compile log"
                 differs = describe_difference(self._latest(events[-2]), self._latest(events[-1]))
-            place = events[-1].user_frame
+            place = events[-1].user_frame or function_of(events[-1])
             assert place is not None  # _note_line keeps only events with a user frame
             self._alerts[site] = RecompilationAlert(
                 place,

@@ -4,6 +4,11 @@ Read straight from `torch_xla._XLAC`, never by parsing `metrics_report()` (~100 
 Reading a metric copies its sample buffer (up to 1,024 samples: ~38 µs a read once full), so a
 snapshot reads only the handful of metrics a delta needs, skips a metric whose gating counter
 has not moved since it was last read, and `setup()` bounds the buffer (XLA_METRICS_SAMPLES).
+
+Counters here only move forward, also across torch_xla's own resets: its Dynamo bridge clears
+every counter for each FX node it checks while `torch.compile(backend="openxla")` compiles
+(see _reset_watch.py). What was counted before such a reset is carried into every later
+snapshot, so a delta across it stays whole. `reset_metrics()` is the one reset that counts.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from tpu_nb.runtime.environment._xla import xlac
+from tpu_nb.runtime.metrics import _reset_watch as reset_watch
 
 HOST_READ = "aten::_local_scalar_dense"  # .item(), printing, bool(tensor): a device->host read
 
@@ -178,17 +184,20 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     """
     global _wanted_names
     xc = xlac()
-    names = xc._xla_counter_names()
-    value = xc._xla_counter_value
-    if full:
-        counters = {n: value(n) for n in names}
-    else:
-        if _wanted_names[0] != len(names):
-            _wanted_names = (
-                len(names),
-                tuple(n for n in names if n.startswith("aten::") or n in _COUNTERS),
-            )
-        counters = {n: value(n) for n in _wanted_names[1]}
+    with reset_watch.lock:
+        reset_watch.ensure_installed()
+        names = xc._xla_counter_names()
+        value = xc._xla_counter_value
+        if full:
+            raw = {n: value(n) or 0 for n in names}
+        else:
+            if _wanted_names[0] != len(names):
+                _wanted_names = (
+                    len(names),
+                    tuple(n for n in names if n.startswith("aten::") or n in _COUNTERS),
+                )
+            raw = {n: value(n) or 0 for n in _wanted_names[1]}
+        counters = reset_watch.carry(raw)
     metrics = {}
     for name, gate in _METRICS.items():
         data = _read_metric(xc, name, gate, counters)
@@ -209,7 +218,9 @@ def reset_metrics() -> None:
     (what `%xla_metrics --reset` does)."""
     global _generation, _wanted_names
     xc = xlac()
-    xc._clear_xla_counters()
+    with reset_watch.lock:
+        xc._clear_xla_counters()
+        reset_watch.forget()
     xc._clear_xla_metrics()
     _metric_cache.clear()
     _wanted_names = (-1, ())

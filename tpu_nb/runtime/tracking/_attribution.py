@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _report as tracking
 from tpu_nb.runtime.tracking._provenance import user_op
@@ -209,6 +210,9 @@ def _log_facts(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
 
 def what_changed(event: CompileEvent) -> tuple[str, ...]:
     """What differs between `event`'s graph and the one its line compiled before it."""
+    told = dynamo.what_changed(event)  # Dynamo's guard failure, for torch.compile'd code
+    if told:
+        return told
     earlier = tracking.earlier_graph(event)
     if earlier is None:
         return ()

@@ -26,10 +26,12 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
+from typing import Any
 
 from tpu_nb.runtime.environment._xla import xla
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.sources import as_caller
+from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
@@ -48,7 +50,7 @@ class RecompilationError(TpuNbError):
         before, after = graphs[-2], graphs[-1]
         a, b = (provenance.line_graphs.graph_for(where, g) for g in (before, after))
         facts = attribution.graph_facts(a, b) if a is not None and b is not None else ()
-        facts = facts or attribution._log_facts(before, after)
+        facts = facts or dynamo.guard_facts(after) or attribution._log_facts(before, after)
         place = short_path(where.file)
         place += f", line {where.line}" if place.startswith("In [") else f":{where.line}"
         error = cls.__new__(cls)
@@ -173,7 +175,7 @@ class max_graphs:
         site = _user_site(frame)
         for event in events:
             where = site if event.kind != "value-access" else event.user_frame
-            if where is None:
+            if where is None or dynamo.inputs_sync(event):  # not the function's own graph
                 continue
             key = (where.file, where.line)
             graphs = self._graphs.setdefault(key, [])
@@ -210,6 +212,15 @@ def _user_site(frame):
     return Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
+def _in_dynamo_bridge() -> bool:
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if "torch_xla/_dynamo/" in frame.f_code.co_filename.replace(os.sep, "/"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
 def _detector_guard(limit: int) -> Iterator[None]:
     torch_xla = xla()
@@ -218,31 +229,56 @@ def _detector_guard(limit: int) -> Iterator[None]:
     xc = torch_xla._XLAC
     prefix = f"tpu_nb-{next(_ids)}"
     sessions = {f"{prefix}:start"}
-    state = {"active": True}
+    state = {"active": True, "paused": False}
+
+    current: dict[str, Any] = {"session": f"{prefix}:start", "recompiles": dynamo.recompiles()}
 
     def renew():
-        if state["active"]:
-            session = f"{prefix}:{_sync_site()}"
+        if state["active"] and state["paused"] and _in_dynamo_bridge():
+            xla_model.add_step_closure(renew)  # the bridge's own sync: still compiling
+        elif state["active"]:
+            session = current["session"] = f"{prefix}:{_sync_site()}"
+            current["recompiles"] = dynamo.recompiles()
             sessions.add(session)
-            xc._dynamic_shape_detector_end_session()
+            if not state["paused"]:
+                xc._dynamic_shape_detector_end_session()
+            state["paused"] = False
             xc._dynamic_shape_detector_start_session(session)
             xla_model.add_step_closure(renew)
+
+    def pause(compiling: bool) -> None:
+        # Dynamo started compiling a frame (see _dynamo.py): torch_xla's bridge traces the
+        # graph, node by node, when it first runs: not a step's graph. The detector resumes
+        # at the next sync; the compile log still counts the function's graphs.
+        if state["active"] and compiling and not state["paused"]:
+            state["paused"] = True
+            xc._dynamic_shape_detector_end_session()
 
     torch_xla.sync()  # work pending from before is not this block's
     saved = xc._dynamic_shape_detector_get_max_different_graphs()
     xc._dynamic_shape_detector_set_max_different_graphs(limit)
     xc._dynamic_shape_detector_start_session(f"{prefix}:start")
     xla_model.add_step_closure(renew)
+    dynamo.on_frame_compile.append(pause)
     try:
         yield
     except RuntimeError as exc:
         readable = as_recompilation_error(exc, limit)
         if readable is None:
             raise
+        recompiled = dynamo.latest_recompile()
+        if recompiled is not None and dynamo.recompiles() > current["recompiles"]:
+            # This step's trace followed Dynamo compiling a function again: say why it did.
+            readable.args = (
+                f"{readable.args[0]} Dynamo compiled {recompiled.function} again in this "
+                f"step: {recompiled.why()}.",
+            )
         raise readable.with_traceback(exc.__traceback__) from None
     finally:
         state["active"] = False
-        xc._dynamic_shape_detector_end_session()
+        dynamo.on_frame_compile.remove(pause)
+        if not state["paused"]:
+            xc._dynamic_shape_detector_end_session()
         for session in sessions:
             xc._dynamic_shape_detector_remove_session(session)
         xc._dynamic_shape_detector_set_max_different_graphs(saved)

@@ -39,6 +39,7 @@ from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import as_caller, is_library, short_path
+from tpu_nb.runtime.tracking import _dynamo as dynamo
 
 log = logging.getLogger("tpu_nb")
 
@@ -225,7 +226,11 @@ class Recorder:
         self._started = time.perf_counter()
         self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
         self._log_read = self._log.size() if self._log is not None else 0
+        dynamo.keep_out_of_dynamo()
         self._patch(torch_xla, "sync", self._sync_wrapper)
+        # torch_xla.compile(fn) syncs through its own module's global (before fn: the
+        # inputs' pending work; after: fn's graph): the same hook there.
+        self._patch(sys.modules["torch_xla.torch_xla"], "sync", self._sync_wrapper)
         for name, label in _READ_METHODS.items():
             self._patch(
                 torch.Tensor,

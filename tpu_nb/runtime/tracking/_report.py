@@ -13,6 +13,7 @@ from tpu_nb.runtime.environment._xla import wait_device_ops, xla
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._pending import PendingWork, find_pending
@@ -83,6 +84,8 @@ class RunReport:
     # What the facts call for: each compile's kind, each line's pattern, which reads repeat
     # per step, the steady state's verdict (tracking._policy.Judgement).
     judgement: Any = None
+    # What Dynamo compiled (torch.compile): tracking._dynamo.DynamoCompile, in order.
+    compiled: tuple = ()
 
     @property
     def steps(self) -> tuple:
@@ -129,6 +132,7 @@ class RunReport:
             )
         if self.compile_log_problem:
             lines.append(f"  compile causes unknown: {self.compile_log_problem}")
+        lines += dynamo.report_lines(self.compiled)
         if self.synced_at_end:
             lines.append("  tpu_nb synced at the end (sync=True): that work is counted here")
         if self.pending is not None:
@@ -250,6 +254,7 @@ class track:
         "_recorder",
         "_namespace",
         "_frame",
+        "_dynamo",
     )
 
     def __init__(
@@ -285,6 +290,7 @@ class track:
                 recorder.stop()
                 raise
             self._recorder = recorder
+        self._dynamo = dynamo.Watch(self._recorder, self._log).start()
         self._before = snapshot()
         self._start = time.perf_counter()
         return self._report
@@ -342,6 +348,7 @@ class track:
         if isinstance(report.anatomy, anatomy.Collector):
             report.anatomy = report.anatomy.finish()
         recording = self._recorder.stop() if self._recorder is not None else None
+        report.compiled = self._dynamo.stop()
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:
             report.compile_log_problem = (
@@ -350,8 +357,10 @@ class track:
             events = self._log.events_since(self._offset)
             if recording is not None:
                 events = _place(events, recording.anchors, self._offset)
+            events = dynamo.place(events, report.compiled)
             report.compile_events = events
-            report.recompilations = _note_recompilations(events)
+            report.recompilations = _note_recompilations(dynamo.functions_graphs(events))
+            report.recompilations.update(dynamo.recompilations(events, report.compiled))
         if recording is not None:
             report.occurrences = sorted(recording.occurrences.values(), key=lambda o: o.order)
             report.capture_seconds = recording.capture_seconds

@@ -1,0 +1,347 @@
+"""Compiled code: torch.compile(backend="openxla") and torch_xla.compile under tpu_nb.
+
+Counts stay right across torch_xla's own counter resets (its Dynamo bridge clears every
+counter while Dynamo compiles); Dynamo's facts (frames compiled, the guard that failed, graph
+breaks) reach the report.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch_xla
+import torch_xla.debug.metrics as met
+
+import tpu_nb
+from tpu_nb.runtime.metrics import snapshot
+
+X = torch_xla._XLAC
+
+
+def _raw(name: str) -> int:
+    return X._xla_counter_value(name) or 0
+
+
+def _executions_then_clear(dev, n: int) -> int:
+    before = _raw("ExecuteComputation")
+    for i in range(n):
+        (torch.ones(3, 3, device=dev) * (i + 2)).sum().item()
+    return _raw("ExecuteComputation") - before
+
+
+def test_a_clear_by_torch_xla_is_carried_across():
+    dev = tpu_nb.device()
+    _executions_then_clear(dev, 1)  # compiled once: later rounds only execute
+    start = snapshot()
+    first = _executions_then_clear(dev, 3)
+    met.clear_counters()  # what torch_xla's Dynamo bridge does while Dynamo compiles
+    assert _raw("ExecuteComputation") == 0  # torch_xla's own readers still see the clear
+    second = _executions_then_clear(dev, 2)
+    delta = snapshot().since(start)
+    assert first >= 3 and second >= 2
+    assert delta.executions == first + second
+    assert delta.host_reads == 5
+
+
+def test_a_clear_nobody_announced_is_noticed():
+    dev = tpu_nb.device()
+    _executions_then_clear(dev, 1)
+    start = snapshot()
+    first = _executions_then_clear(dev, 3)
+    snapshot()  # a read (the live monitor's) between the work and the clear
+    X._clear_xla_counters()
+    second = _executions_then_clear(dev, 1)
+    assert snapshot().since(start).executions == first + second
+
+
+def test_reset_metrics_still_starts_from_zero():
+    dev = tpu_nb.device()
+    _executions_then_clear(dev, 2)
+    met.clear_counters()
+    tpu_nb.reset_metrics()
+    start = snapshot()
+    n = _executions_then_clear(dev, 1)
+    assert snapshot().since(start).executions == n == _raw("ExecuteComputation")
+
+
+# -- in a real InteractiveShell ------------------------------------------------------------------
+
+MODEL_CELL = """\
+import torch, torch_xla
+torch.manual_seed(0)
+dev = torch_xla.device()
+mlp = torch.nn.Sequential(
+    torch.nn.Linear(4, {width}), torch.nn.ReLU(), torch.nn.Linear({width}, 2)
+).to(dev)
+
+def {name}(x):
+    return mlp(x).sum()
+
+{name}_c = torch.compile({name}, backend="openxla")
+"""
+
+BREAK_CELL = """\
+def {name}(x):
+    y = mlp(x) * 2
+    print("inside")
+    if y.sum().item() > -1e9:
+        y = y + 1
+    return y.sum()
+
+{name}_c = torch.compile({name}, backend="openxla")
+"""
+
+LOOP = """\
+for n in {sizes}:
+    xb = torch.randn(n, 4, device=dev)
+    out = {name}_c(xb)
+    torch_xla.sync()
+"""
+
+
+def _raw_counts():
+    return {
+        n: _raw(n) for n in ("ExecuteComputation", "CachedCompile", "MarkStep", "UncachedCompile")
+    }
+
+
+def _xla_line(out: str) -> dict[str, int]:
+    """The plain cell's XLA line as figures: {"compiled": 2, "executed": 5, ...}."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("XLA: ")]
+    assert len(lines) == 1, out
+    return {what: int(n) for n, what in re.findall(r"(\d+) (compiled|executed)", lines[0])}
+
+
+@pytest.mark.stack
+def test_torch_compile_batch_sizes_in_on_tpu(shell, capsys):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_a", width=16)).success
+    capsys.readouterr()
+    cell = "%%on_tpu -o\n" + LOOP.format(sizes="(8, 8, 9, 10, 8, 11)", name="fwd_a")
+    report = shell.run_cell(cell).result
+    out = capsys.readouterr().out
+    compiled = [c for c in report.compiled if c.function == "fwd_a"]
+    assert [c.recompile for c in compiled] == [False, True, True, True]
+    assert {c.line.line for c in compiled} == {4}  # the cell line that called it
+    assert compiled[1].why() == "`x` has 9 rows, the cached graph was built for 8"
+    assert compiled[3].why() == "`x` has 11 rows, the cached graph was built for 8"
+    assert all(c.seconds > 0 for c in compiled) and sum(c.xla_compiles for c in compiled) >= 4
+    assert "compiled functions (torch.compile):" in out
+    assert "recompiled: `x` has 10 rows, the cached graph was built for 9" in out
+    assert "line not recorded" not in out
+    assert "did not capture both graphs" not in out
+    assert report.metrics.compiles == len(report.compile_events)
+    assert all(e.site is not None and e.site.line.line == 4 for e in report.compile_events)
+
+    # The same loop again: every shape cached, Dynamo compiles nothing, torch_xla clears no
+    # counter, so its raw counters are the truth to compare with.
+    before = _raw_counts()
+    warm = shell.run_cell(cell).result
+    raw = {n: _raw_counts()[n] - before[n] for n in before}
+    assert warm.compiled == () and warm.metrics.compiles == 0 == raw["UncachedCompile"]
+    assert warm.metrics.executions == raw["ExecuteComputation"] >= 6
+    assert warm.metrics.cache_hits == raw["CachedCompile"]
+    assert warm.metrics.syncs == raw["MarkStep"]
+    # Across the cold run's counter clears nothing was lost: at least the warm run's work.
+    assert report.metrics.executions >= warm.metrics.executions
+    assert report.metrics.syncs >= warm.metrics.syncs
+
+
+@pytest.mark.stack
+def test_plain_cell_and_on_tpu_count_the_same_compiled_work(shell, capsys):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_b", width=16)).success
+    loop = LOOP.format(sizes="(8, 9, 8)", name="fwd_b")
+    shell.run_cell(loop)  # compiles both shapes
+    capsys.readouterr()
+    shell.run_cell(loop)
+    plain = _xla_line(capsys.readouterr().out)
+    report = shell.run_cell("%%on_tpu -o\n" + loop).result
+    m = report.metrics
+    assert plain == {"compiled": m.compiles, "executed": m.executions}
+    assert m.executions >= 3
+    # cold, in a plain cell: the counts carried across torch_xla's clears are still there
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_c", width=16)).success
+    capsys.readouterr()
+    shell.run_cell(LOOP.format(sizes="(8, 8)", name="fwd_c"))
+    cold = _xla_line(capsys.readouterr().out)
+    assert cold["executed"] >= 2, cold  # Dynamo compiled (and cleared counters) meanwhile
+
+
+@pytest.mark.stack
+def test_graph_breaks_named_with_reason_and_line(shell, capsys):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_d", width=16)).success
+    assert shell.run_cell(BREAK_CELL.format(name="brk")).success
+    capsys.readouterr()
+    report = shell.run_cell("%%on_tpu -o\nxb = torch.randn(8, 4)\nvalue = brk_c(xb)\n").result
+    out = capsys.readouterr().out
+    assert "inside" in out  # the function's print ran, once
+    breaks = [b for c in report.compiled for b in c.graph_breaks]
+    by_line = {b.line: b for b in breaks}
+    assert set(by_line) == {3, 4}, breaks  # print, then .item(), in the function's cell
+    assert "print" in by_line[3].explanation
+    assert "Tensor.item()" in by_line[4].reason
+    assert all(c.line is not None and c.line.line == 3 for c in report.compiled)
+    assert "graph break at" in out and "Tensor.item()" in out
+    # tpu_nb's own .item() hook is not compiled by Dynamo: only the function and the two
+    # continuations after its breaks, as without tpu_nb.
+    assert [c.function for c in report.compiled] == [
+        "brk",
+        "torch_dynamo_resume_in_brk_at_3",
+        "torch_dynamo_resume_in_brk_at_4",
+    ]
+
+
+def test_fixed_shape_compiles_once_and_no_dynamo_facts_when_warm(shell):
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_e", width=16)).success
+    cell = "%%on_tpu -o\n" + LOOP.format(sizes="(8, 8, 8)", name="fwd_e")
+    first = shell.run_cell(cell).result
+    assert [c.recompile for c in first.compiled] == [False]
+    assert first.recompilations == {} or not first.recompiled
+    second = shell.run_cell(cell).result
+    assert second.compiled == () and not second.recompiled
+
+
+STEP_CELL = """\
+import torch, torch_xla
+torch.manual_seed(0)
+dev = torch_xla.device()
+net = torch.nn.Sequential(
+    torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)
+).to(dev)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+def {name}(x):
+    opt.zero_grad()
+    loss = net(x).sum()
+    loss.backward()
+    opt.step()
+    return loss
+
+{name}_c = torch_xla.compile({name})
+"""
+
+STEP_LOOP = """\
+for n in {sizes}:
+    xb = torch.randn(n, 4, device=dev)
+    loss = {name}_c(xb)
+"""
+
+
+@pytest.mark.stack
+def test_torch_xla_compile_one_recompile_names_the_shape(shell, capsys):
+    assert shell.run_cell(STEP_CELL.format(name="step_a")).success
+    capsys.readouterr()
+    before = _raw_counts()
+    cell = "%%on_tpu -o\n" + STEP_LOOP.format(sizes="(8, 8, 8, 8, 9, 8)", name="step_a")
+    report = shell.run_cell(cell).result
+    raw = {n: _raw_counts()[n] - before[n] for n in before}
+    out = capsys.readouterr().out
+    m = report.metrics
+    # No Dynamo, no clears: the figures are torch_xla's raw counters.
+    assert (m.compiles, m.executions, m.cache_hits, m.syncs) == (
+        raw["UncachedCompile"],
+        raw["ExecuteComputation"],
+        raw["CachedCompile"],
+        raw["MarkStep"],
+    )
+    assert report.compiled == ()  # torch_xla.compile is not Dynamo
+    # One real recompile (the 9-row batch): the function's second graph, not the inputs'.
+    ((where, hashes),) = report.recompiled_lines().items()
+    assert where[1] == 4 and len(hashes) == 2  # the calling line, the function's two graphs
+    assert "recompiled ×1" in out
+    # Which input changed is named when the recorder captured both graphs (its capture
+    # policy: the first graphs of a line in the process, a line whose shapes changed).
+    assert "f32[8,4] → f32[9,4] (dim 0: 8 → 9)" in out or "did not capture both" in out
+    assert "warm-up" not in out
+
+
+@pytest.mark.stack
+def test_torch_xla_compile_fixed_shape_is_no_recompile(shell, capsys):
+    assert shell.run_cell(STEP_CELL.format(name="step_b")).success
+    report = shell.run_cell(
+        "%%on_tpu -o\n" + STEP_LOOP.format(sizes="(8, 8, 8, 8)", name="step_b")
+    ).result
+    assert not report.recompiled and report.metrics.executions >= 4
+
+
+@pytest.mark.stack
+def test_max_graphs_counts_the_compiled_functions_graphs(shell, capsys):
+    from tpu_nb.runtime.tracking import RecompilationError
+
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_g", width=16)).success
+    two = "%%on_tpu --max-graphs 2\n" + LOOP.format(sizes="(8, 8, 9, 9)", name="fwd_g")
+    assert shell.run_cell(two).success  # two shapes: two graphs, allowed
+    capsys.readouterr()
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_h", width=23)).success
+    three = "%%on_tpu --max-graphs 2\n" + LOOP.format(sizes="(8, 9, 10, 8)", name="fwd_h")
+    result = shell.run_cell(three)
+    error = result.error_in_exec
+    assert isinstance(error, RecompilationError)
+    assert shell.user_ns["n"] == 10  # stopped at the third shape, not before
+    assert "`x` has 10 rows, the cached graph was built for 9" in str(error)
+
+
+def _dynamo_loop(compiled, sizes, monitor):
+    dev = tpu_nb.device()
+    for n in sizes:
+        compiled(torch.randn(n, 4).to(dev))  # CALL-LINE
+        torch_xla.sync()
+        monitor.poll()
+    return monitor.poll()
+
+
+def test_dashboard_counts_a_compiled_functions_graphs_per_dynamo_compile():
+    from tpu_nb.runtime.live import LiveMonitor
+
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 19), torch.nn.ReLU(), torch.nn.Linear(19, 2)).to(
+        dev
+    )
+
+    def loss(x):
+        return mlp(x).sum()
+
+    compiled = torch.compile(loss, backend="openxla")
+    monitor = LiveMonitor(alert_graphs=2)
+    with tpu_nb.track():
+        state = _dynamo_loop(compiled, (8, 8, 9), monitor)
+        assert not state.alerts  # two shapes: two compiles of the function, allowed
+        state = _dynamo_loop(compiled, (10,), monitor)
+    monitor.close()
+    lines = {
+        k: [(e.kind, e.offset, e.graph_hash[:6]) for e in v] for k, v in monitor._lines.items()
+    }
+    assert len(state.alerts) == 1, lines
+    (alert,) = state.alerts
+    assert alert.source == "Dynamo"
+    assert "`x` has 10 rows, the cached graph was built for 9" in " ".join(alert.differs)
+
+
+def test_compiled_functions_section_is_escaped_in_html():
+    from tpu_nb.display.compiled_view import compiled_html, compiled_text
+    from tpu_nb.runtime.tracking._dynamo import DynamoCompile, GraphBreak, changed_inputs
+
+    reason = "tensor 'x' size mismatch at index 0. expected 8, actual 9"
+    frames = (
+        DynamoCompile("0/0", "<lambda>", "/tmp/<model>.py", 3, seconds=0.5),
+        DynamoCompile(
+            "0/1",
+            "<lambda>",
+            "/tmp/<model>.py",
+            3,
+            seconds=0.25,
+            guard_failures=(reason,),
+            changed=changed_inputs(reason),
+            input_shapes={"l_x_": (9, 4)},
+            graph_breaks=(GraphBreak("Unsupported <script>", "/tmp/<model>.py", 5),),
+        ),
+    )
+    text = "\n".join(compiled_text(frames))
+    assert "recompiled: `x` has 9 rows, the cached graph was built for 8" in text
+    assert "graph break at <model>.py:5: Unsupported <script>" in text
+    html = compiled_html(frames)
+    assert "<script>" not in html and "<model>" not in html
+    assert "&lt;script&gt;" in html and "&lt;lambda&gt;" in html and "&lt;model&gt;" in html
+    assert compiled_html(()) == "" and compiled_text(()) == []

@@ -1,0 +1,136 @@
+"""The "compiled functions" section of a run's report: what Dynamo compiled (torch.compile),
+per function — where it was called, how many graphs, why each recompile happened (the guard
+that failed, in the user's words), and each graph break with its reason and line.
+
+Plain data in, text lines and escaped HTML out; RunView (reports.py) shows it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from html import escape
+
+from tpu_nb.display.style import MUTED, RED, WARN
+from tpu_nb.runtime.metrics import Frame
+from tpu_nb.runtime.sources import place_text
+from tpu_nb.runtime.units import format_seconds
+
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
+
+
+@dataclass
+class CompiledFunction:
+    """Dynamo's compiles of one function (its graph-break continuations included)."""
+
+    name: str
+    where: str  # "cell line 5 (f)", "model.py:12 (forward)"
+    called_at: list[str] = field(default_factory=list)  # the tracked code's lines
+    graphs: int = 0
+    seconds: float = 0.0
+    xla_compiles: int = 0
+    recompiles: list[str] = field(default_factory=list)  # why, in the user's words
+    dynamic: list[str] = field(default_factory=list)
+    breaks: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        head = (
+            f"{self.name} ({self.where})"
+            + (f", called at {', '.join(self.called_at)}" if self.called_at else "")
+            + f": {self.graphs} graph{'s' if self.graphs != 1 else ''} compiled by Dynamo "
+            f"({format_seconds(self.seconds)})"
+        )
+        if self.xla_compiles:
+            head += f", {self.xla_compiles} XLA compile{'s' if self.xla_compiles != 1 else ''}"
+        out = [head]
+        out += [f"recompiled: {why}" for why in self.recompiles]
+        if self.dynamic:
+            out.append(f"compiled as dynamic: {', '.join(self.dynamic)}")
+        elif self.recompiles:
+            out.append(
+                "each new shape is a new graph (torch_xla turns Dynamo's automatic dynamic "
+                "shapes off): pad or bucket the inputs to a few sizes"
+            )
+        out += self.breaks
+        out += [f"Dynamo could not compile it: {f}" for f in self.failures]
+        return out
+
+
+def compiled_functions(compiled) -> list[CompiledFunction]:
+    """Group a report's Dynamo compiles (tracking DynamoCompile) by function, in order."""
+    groups: dict[tuple[str, str], CompiledFunction] = {}
+    for c in compiled:
+        resumed = _RESUME.match(c.function)
+        name = resumed.group(1) if resumed else c.function
+        key = (c.file, name)
+        group = groups.get(key)
+        if group is None:
+            where = place_text(Frame(c.file, c.first_line, "<module>"))
+            group = groups[key] = CompiledFunction(name, where)
+        line = getattr(c, "line", None)
+        if line is not None:
+            at = place_text(line).split(" (")[0]
+            if at not in group.called_at:
+                group.called_at.append(at)
+        group.graphs += 1
+        group.seconds += c.seconds
+        group.xla_compiles += c.xla_compiles
+        if c.recompile:
+            group.recompiles.append(c.why())
+        group.dynamic += [d for d in c.dynamic if d not in group.dynamic]
+        for b in c.graph_breaks:
+            words = f"graph break at {place_text(_frame(b))}: {b.reason}"
+            if b.explanation:
+                words += f" ({b.explanation})"
+            if words not in group.breaks:
+                group.breaks.append(words)
+        if c.failed:
+            group.failures.append(c.failed)
+    return list(groups.values())
+
+
+def _frame(brk) -> Frame:
+    return Frame(brk.file, brk.line, "<module>")  # the place alone, no function name
+
+
+def compiled_text(compiled) -> list[str]:
+    """The section as text lines ([] when Dynamo compiled nothing)."""
+    functions = compiled_functions(compiled)
+    if not functions:
+        return []
+    out = ["compiled functions (torch.compile):"]
+    for f in functions:
+        first, *rest = f.lines()
+        out.append(f"  {first}")
+        out += [f"      {line}" for line in rest]
+    return out
+
+
+def compiled_html(compiled) -> str:
+    """The section as HTML ("" when Dynamo compiled nothing); every string escaped."""
+    functions = compiled_functions(compiled)
+    if not functions:
+        return ""
+    items = []
+    for f in functions:
+        first, *rest = f.lines()
+        details = "".join(
+            f"<br><span style='color:{_colour(line)}'>{escape(line)}</span>" for line in rest
+        )
+        items.append(
+            f"<li style='margin:0;padding:0;text-align:left'>{escape(first)}{details}</li>"
+        )
+    return (
+        "<div class='tpunb-compiled' style='margin:4px 0 0'><b>compiled functions "
+        "(torch.compile)</b><ul style='margin:2px 0 2px 1.4em;padding:0'>"
+        + "".join(items)
+        + "</ul></div>"
+    )
+
+
+def _colour(line: str) -> str:
+    if line.startswith("recompiled") or line.startswith("Dynamo could not"):
+        return RED
+    if line.startswith("graph break"):
+        return WARN
+    return MUTED

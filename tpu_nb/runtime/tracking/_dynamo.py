@@ -1,0 +1,571 @@
+"""Dynamo's own facts about a tracked run: what `torch.compile` compiled, why it compiled again,
+and where it broke the graph.
+
+`torch.compile(backend="openxla")` puts Dynamo in front of torch_xla: Dynamo turns a Python
+function into FX graphs, guarded by facts about its inputs (shapes, dtypes, constants), and
+torch_xla compiles each graph to HLO. Dynamo publishes what it did through torch._logging's
+structured trace: a handler on the `torch.__trace` logger receives each event as a record
+(without TORCH_TRACE; torch keeps a handler there, so payloads are built anyway). `Watch`
+installs such a handler for the length of one tracked run and keeps what it needs:
+
+- `dynamo_start`: a frame starts compiling. The stack at that moment reaches the tracked code's
+  line that called the function; the compile-log offset and the XLA compile count are noted.
+- `artifact` "recompile_reasons": the guards of the cached graphs that failed, in Dynamo's
+  words ("tensor 'x' size mismatch at index 0. expected 8, actual 9").
+- `artifact` "dynamo_graph_break_reason": a graph break; its reason and line are read from the
+  locals of Dynamo's `log_graph_break` (the payload's text is the fallback).
+- `compilation_metrics`: the frame is done (compile time, function, its graph's input shapes).
+
+Nothing runs on a call that hits Dynamo's cache: the handler costs only while Dynamo compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
+from tpu_nb.runtime.metrics._counters import snapshot
+from tpu_nb.runtime.sources import short_path
+
+_TRACE_LOGGER = "torch.__trace"
+_SIZE = re.compile(r"tensor '(.+)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
+_DTYPE = re.compile(r"tensor '(.+)' dtype mismatch\. expected (\S+), actual (\S+)")
+_RANK = re.compile(r"tensor '(.+)' rank mismatch\. expected (\d+), actual (\d+)")
+_HEADER = re.compile(r"Graph break in user code at (.+):(\d+)\nGraph Break Reason: (.+)")
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """Where Dynamo stopped a graph and ran Python instead (then started a new graph)."""
+
+    reason: str  # Dynamo's reason, first line ("Unsupported Tensor.item() call ...")
+    file: str
+    line: int
+    explanation: str = ""  # Dynamo's explanation line, when it gave one
+    hint: str = ""  # Dynamo's first hint, when it gave one
+
+    def describe(self) -> str:
+        return f"graph break at {short_path(self.file)}:{self.line}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ChangedInput:
+    """One input whose guard failed: what it is now and what the cached graph was built for."""
+
+    name: str  # the input as Dynamo names it ("x", "batch['ids']")
+    what: str  # "size", "dtype", "rank" or "other"
+    dim: int | None = None
+    expected: str = ""
+    actual: str = ""
+
+    def describe(self, ndim: int | None = None) -> str:
+        if self.what == "size" and self.dim is not None:
+            if ndim == 2 and self.dim in (0, 1):
+                unit = "rows" if self.dim == 0 else "columns"
+                return (
+                    f"`{self.name}` has {self.actual} {unit}, the cached graph was built "
+                    f"for {self.expected}"
+                )
+            return (
+                f"`{self.name}` has size {self.actual} in dimension {self.dim}, the cached "
+                f"graph was built for {self.expected}"
+            )
+        if self.what in ("dtype", "rank"):
+            return (
+                f"`{self.name}` has {self.what} {self.actual}, the cached graph was built "
+                f"for {self.expected}"
+            )
+        return self.actual
+
+
+@dataclass(frozen=True)
+class DynamoCompile:
+    """One frame Dynamo compiled during the run (a function, or the rest of one after a
+    graph break), with the facts Dynamo gave about it."""
+
+    compile_id: str  # Dynamo's "frame/attempt" id: "0/0" first compile, "0/1" a recompile
+    function: str  # the compiled code's name (torch_dynamo_resume_in_<fn>_at_<line> after a break)
+    file: str
+    first_line: int
+    site: Any = None  # provenance.Site: the tracked code's line that called it (None: unknown)
+    seconds: float = 0.0  # Dynamo's whole compile of this frame
+    backend_seconds: float = 0.0  # of which the backend (torch_xla tracing, XLA compiles)
+    guard_failures: tuple[str, ...] = ()  # Dynamo's words, one per cached graph that failed
+    changed: tuple[ChangedInput, ...] = ()  # the inputs named by the first failure
+    input_shapes: dict[str, tuple] = field(default_factory=dict)  # graph input -> shape
+    dynamic: tuple[str, ...] = ()  # inputs with a dimension compiled as dynamic
+    graph_breaks: tuple[GraphBreak, ...] = ()
+    # XLA graphs compiled from this frame's start to the next frame's (torch_xla compiles a
+    # Dynamo graph when it first runs, and syncs the inputs' pending work before), and the
+    # compile-log offsets written meanwhile.
+    xla_compiles: int = 0
+    log_span: tuple[int, int] = (0, 0)
+    failed: str = ""  # Dynamo's failure, when the frame could not be compiled
+
+    @property
+    def recompile(self) -> bool:
+        """A frame compiled again because the guards of its cached graphs failed."""
+        return bool(self.guard_failures)
+
+    @property
+    def line(self) -> Frame | None:
+        """The tracked code's line that called the function, when known."""
+        return getattr(self.site, "line", None)
+
+    def why(self) -> str:
+        """Why it compiled again, in the user's words; "" for a first compile."""
+        if not self.recompile:
+            return ""
+        if not self.changed:
+            return f"a guard failed: {self.guard_failures[0]}"
+        parts = [c.describe(self._ndim(c.name)) for c in self.changed]
+        return "; ".join(parts)
+
+    def _ndim(self, name: str) -> int | None:
+        shape = self.input_shapes.get(_placeholder(name))
+        return len(shape) if shape is not None else None
+
+    def describe(self) -> str:
+        where = f"{short_path(self.file)}:{self.first_line}"
+        head = f"{self.function} ({where}) compiled by Dynamo in {self.seconds:.2f} s"
+        if self.recompile:
+            head += f", again: {self.why()}"
+            if self.dynamic:
+                head += f"; Dynamo now compiles {', '.join(self.dynamic)} as dynamic"
+            elif self.changed and any(c.what == "size" for c in self.changed):
+                head += "; a new graph for this shape (automatic dynamic shapes are off)"
+        if self.xla_compiles:
+            head += f" ({self.xla_compiles} XLA compile{'s' if self.xla_compiles > 1 else ''})"
+        return head
+
+
+def _placeholder(name: str) -> str:
+    # Dynamo names the graph input of local `x` "l_x_", of `batch['ids']` "l_batch_ids_"
+    # (its source, L['batch']['ids'], with each run of non-word characters as one _).
+    head, bracket, rest = name.partition("[")
+    return re.sub(r"\W+", "_", f"L['{head}']{bracket}{rest}").lower()
+
+
+def report_lines(compiled) -> list[str]:
+    """A RunReport's text lines for what Dynamo compiled ([] when nothing)."""
+    if not compiled:
+        return []
+    lines = ["  compiled by Dynamo (torch.compile):"]
+    for c in compiled:
+        lines.append(f"    {c.describe()}")
+        lines += [f"      {b.describe()}" for b in c.graph_breaks]
+    return lines
+
+
+def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
+    """The inputs a Dynamo guard failure names (size, dtype or rank); () for other guards."""
+    for pattern, what in ((_SIZE, "size"), (_DTYPE, "dtype"), (_RANK, "rank")):
+        found = pattern.search(reason)
+        if found:
+            if what == "size":
+                name, dim, expected, actual = found.groups()
+                return (ChangedInput(name, what, int(dim), expected, actual),)
+            name, expected, actual = found.groups()
+            return (ChangedInput(name, what, None, expected, actual),)
+    return ()
+
+
+_active: list[Watch] = []  # the watches of the tracked runs now running
+# Called with True when Dynamo starts compiling a frame in a tracked run, False when done:
+# max_graphs pauses torch_xla's shape detector meanwhile (Dynamo's tracing of a graph is not
+# a step's graph, and the bridge traces each FX node on its own).
+on_frame_compile: list = []
+
+
+def latest_recompile() -> DynamoCompile | None:
+    """The frame Dynamo most recently compiled again in a tracked run now running (for
+    max_graphs, which checks after each sync), or None."""
+    for watch in reversed(_active):
+        for frame in reversed(watch.compiles):
+            if frame.recompile:
+                return frame
+    return None
+
+
+def _latest_frame(offset: int):
+    """The Dynamo frame (finished, of a tracked run now running) that started last at or
+    before compile-log `offset`: (its start, the frame), or (-1, None)."""
+    best: tuple[int, Any] = (-1, None)
+    for watch in _active:
+        for (start, _), frame in zip(watch._starts, watch.compiles, strict=False):
+            if best[0] < start <= offset:
+                best = (start, frame)
+    return best
+
+
+def frame_graph(event: CompileEvent) -> str:
+    """An identity for `event`'s graph when counting a line's graphs live: for an XLA graph of
+    a Dynamo frame compiled in a tracked run now running, the frame's compile (its forward,
+    backward and other graphs are one compile of the function); else the graph's hash."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return event.graph_hash
+    start, frame = _latest_frame(event.offset)
+    return f"dynamo frame {frame.compile_id}" if frame is not None else event.graph_hash
+
+
+def function_of(event: CompileEvent) -> Frame | None:
+    """For an XLA graph of a Dynamo frame compiled in a tracked run now running, the compiled
+    function (its file, first line and name); None otherwise. torch_xla's compile log keeps
+    8 frames, all inside Dynamo and torch_xla when it compiles a Dynamo graph."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return None
+    start, frame = _latest_frame(event.offset)
+    return Frame(frame.file, frame.first_line, frame.function) if frame is not None else None
+
+
+def recompiles() -> int:
+    """How many frames Dynamo compiled again in the tracked runs now running."""
+    return sum(c.recompile for watch in _active for c in watch.compiles)
+
+
+class _Pending:
+    __slots__ = ("site", "start_compiles", "start_log", "reasons", "breaks", "started")
+
+    def __init__(self):
+        self.site = None
+        self.start_compiles = 0
+        self.start_log = 0
+        self.reasons: tuple[str, ...] = ()
+        self.breaks: list[GraphBreak] = []
+        self.started = False
+
+
+class Watch(logging.Handler):
+    """Dynamo's events during one tracked run (see the module docstring).
+
+    recorder: the run's provenance.Recorder (gives the tracked code's line), or None.
+    log: the run's compile log (to tie the XLA compiles of a frame to it), or None.
+    """
+
+    def __init__(self, recorder=None, log=None):
+        super().__init__(logging.DEBUG)
+        self._recorder, self._log = recorder, log
+        self._pending: dict[tuple, _Pending] = {}
+        self.compiles: list[DynamoCompile] = []
+        self._starts: list[tuple[int, int]] = []  # per compile: (log offset, XLA compiles)
+        self.errors = 0
+        self._logger: logging.Logger | None = None
+
+    def start(self) -> Watch:
+        _active.append(self)
+        # Only once torch is imported (it creates the logger and its level); a run that
+        # imports torch itself has no Dynamo compile before that import finishes anyway.
+        if "torch._logging" in sys.modules:
+            self._logger = logging.getLogger(_TRACE_LOGGER)
+            self._logger.addHandler(self)
+        return self
+
+    def stop(self) -> tuple[DynamoCompile, ...]:
+        """Remove the handler; the frames compiled, each with the XLA compiles that followed
+        it until the next frame started compiling (or the run ended)."""
+        if self._logger is not None:
+            self._logger.removeHandler(self)
+            self._logger = None
+        if self in _active:
+            _active.remove(self)
+        if not self.compiles:
+            return ()
+        # torch_xla compiles a Dynamo graph to HLO when it first runs, just after Dynamo is
+        # done with the frame: a frame's XLA compiles are those up to the next frame's start.
+        ends = [(c.log_span[0], self._starts[i][1]) for i, c in enumerate(self.compiles)]
+        order = sorted(range(len(ends)), key=lambda i: ends[i])
+        log_end = self._log.size() if self._log is not None else 0
+        count_end = snapshot().counter("UncachedCompile")
+        out = list(self.compiles)
+        for k, i in enumerate(order):
+            nxt = order[k + 1] if k + 1 < len(order) else None
+            end_log = ends[nxt][0] if nxt is not None else log_end
+            end_count = ends[nxt][1] if nxt is not None else count_end
+            out[i] = replace(
+                out[i],
+                log_span=(ends[i][0], end_log),
+                xla_compiles=max(0, end_count - ends[i][1]),
+            )
+        return tuple(out)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        meta = getattr(record, "metadata", None)
+        if not meta:
+            return
+        try:
+            if "dynamo_start" in meta:
+                self._started(meta)
+            elif "artifact" in meta:
+                name = meta["artifact"].get("name")
+                if name == "recompile_reasons":
+                    self._entry(meta).reasons = tuple(_json_list(getattr(record, "payload", "")))
+                elif name == "dynamo_graph_break_reason":
+                    self._graph_break(meta, getattr(record, "payload", "") or "")
+            elif "compilation_metrics" in meta:
+                self._finished(meta)
+        except Exception:  # never let tpu_nb break the user's compile
+            self.errors += 1
+            logging.getLogger("tpu_nb").debug("reading a Dynamo trace event", exc_info=True)
+
+    def _entry(self, meta) -> _Pending:
+        key = (meta.get("frame_id"), meta.get("frame_compile_id"))
+        entry = self._pending.get(key)
+        if entry is None:
+            entry = self._pending[key] = _Pending()
+        return entry
+
+    def _started(self, meta) -> None:
+        entry = self._entry(meta)
+        if entry.started:  # a restart of the same frame (after a graph break): same compile
+            return
+        entry.started = True
+        for callback in list(on_frame_compile):
+            callback(True)
+        if self._recorder is not None:
+            entry.site = self._recorder.site_of(sys._getframe(3))
+        entry.start_compiles = snapshot().counter("UncachedCompile")
+        entry.start_log = self._log.size() if self._log is not None else 0
+
+    def _graph_break(self, meta, payload: str) -> None:
+        reason, where = _graph_break_locals()
+        if reason is None:
+            found = _HEADER.search(payload)
+            if found is None:
+                return
+            where = (found.group(1), int(found.group(2)))
+            reason = payload[found.start(3) :]
+        lines = [s.strip() for s in str(reason).splitlines() if s.strip()]
+        first = lines[0] if lines else ""
+        explanation = next((s[12:].strip() for s in lines if s.startswith("Explanation:")), "")
+        hint = next((s[5:].strip() for s in lines if s.startswith("Hint:")), "")
+        brk = GraphBreak(first, str(where[0]), int(where[1]), explanation, hint)
+        entry = self._entry(meta)
+        if brk not in entry.breaks:
+            entry.breaks.append(brk)
+
+    def _finished(self, meta) -> None:
+        for callback in list(on_frame_compile):
+            callback(False)
+        entry = (
+            self._pending.pop((meta.get("frame_id"), meta.get("frame_compile_id")), None)
+            or _Pending()
+        )
+        m = meta["compilation_metrics"]
+        shapes = _shapes(m.get("graph_node_shapes"))
+        changed = changed_inputs(entry.reasons[0]) if entry.reasons else ()
+        function = str(m.get("co_name") or "?")
+        file, first_line = str(m.get("co_filename") or "?"), int(m.get("co_firstlineno") or 0)
+        site = entry.site
+        if site is not None and site.line is not None:
+            # The compiled function is where its graphs belong (not Dynamo's own frames).
+            site = replace(site, user=Frame(file, first_line, function), library=None)
+        self._starts.append((entry.start_log, entry.start_compiles))
+        self.compiles.append(
+            DynamoCompile(
+                compile_id=str(m.get("compile_id") or ""),
+                function=function,
+                file=file,
+                first_line=first_line,
+                site=site,
+                seconds=float(m.get("entire_frame_compile_time_s") or 0.0),
+                backend_seconds=float(m.get("backend_compile_time_s") or 0.0),
+                guard_failures=tuple(_without_id(r) for r in entry.reasons),
+                changed=changed,
+                input_shapes=shapes,
+                dynamic=tuple(n for n, s in shapes.items() if any(not _is_int(d) for d in s)),
+                graph_breaks=tuple(entry.breaks),
+                log_span=(entry.start_log, entry.start_log),
+                failed=str(m.get("fail_reason") or ""),
+            )
+        )
+
+
+def _graph_break_locals():
+    """Dynamo's own reason and (file, line), from its `log_graph_break` frame (the handler
+    runs inside it); (None, None) when not found."""
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            break
+        if frame.f_code.co_name == "log_graph_break":
+            values = frame.f_locals
+            where = values.get("frame_loc")
+            if where is not None and "reason" in values:
+                return values["reason"], where
+            break
+        frame = frame.f_back
+    return None, None
+
+
+def _json_list(payload) -> list[str]:
+    if isinstance(payload, list):
+        return [str(p) for p in payload]
+    try:
+        value = json.loads(payload)
+    except (TypeError, ValueError):
+        return [str(payload)] if payload else []
+    return [str(p) for p in value] if isinstance(value, list) else [str(value)]
+
+
+def _without_id(reason: str) -> str:
+    # "0/0: tensor 'x' size mismatch ..." -> the guard of cached graph 0/0
+    head, sep, rest = reason.partition(": ")
+    return rest if sep and "/" in head and " " not in head else reason
+
+
+def _shapes(value) -> dict[str, tuple]:
+    if isinstance(value, str):
+        try:
+            import ast
+
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): tuple(v) for k, v in value.items() if isinstance(v, (list, tuple))}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int)
+
+
+# graph hash -> what Dynamo said changed, for the XLA graphs of frames it compiled again
+# (bounded: the latest graphs); read by what_changed().
+_changes: dict[str, tuple[str, ...]] = {}
+_MAX_CHANGES = 512
+_INPUT_SYNC = "dynamo processing input graphs"
+
+
+def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
+    """Tie each XLA compile that followed a Dynamo frame's compile to that frame: the site of
+    the tracked code's line that called the compiled function (when it has none), and, for a
+    frame compiled again, what Dynamo said changed (see `what_changed`)."""
+    spans = [(c.log_span, c) for c in compiles if c.log_span[1] > c.log_span[0]]
+    if not spans:
+        return events
+    placed = []
+    for event in events:
+        for (start, end), frame in spans:
+            if not start <= event.offset < end:
+                continue
+            if frame.site is not None and frame.site.line is not None:
+                if event.site is None:
+                    event = replace(event, site=frame.site)
+                elif event.site.line is None and (event.kind == "dynamo" or inputs_sync(event)):
+                    # Not reached from the tracked code (a backward graph on autograd's
+                    # thread): the line stays unknown, the compiled function is named.
+                    event = replace(event, site=replace(frame.site, line=None))
+            if _INPUT_SYNC in event.cause and event.site is not None and event.site.line:
+                # The inputs' graph is the calling line's work, not the function's graph:
+                # grouped apart, so that neither passes for the other's recompilation.
+                event = replace(event, site=replace(event.site, user=None))
+            if _INPUT_SYNC in event.cause:
+                _note(
+                    event,
+                    (
+                        "the pending work of the compiled function's inputs, which "
+                        "torch_xla runs before its graph (a new shape of an input's "
+                        "creation is a new graph)",
+                    ),
+                )
+            elif frame.recompile:
+                _note(event, (f"Dynamo compiled {frame.function} again: {frame.why()}",))
+            break
+        placed.append(event)
+    return placed
+
+
+# torch_xla.compile(fn) runs the pending work of fn's inputs first, in a graph of its own.
+_PENDING_FIRST = "clear the pending graph prior calling the target function"
+
+
+def inputs_sync(event: CompileEvent) -> bool:
+    """Whether `event` is the graph of a compiled function's inputs (their pending work, run
+    by torch_xla.compile or the Dynamo bridge before the function's graph), not the
+    function's own graph: a new one is not the function's recompilation."""
+    return _PENDING_FIRST in event.cause or _INPUT_SYNC in event.cause
+
+
+def guard_facts(event: CompileEvent) -> tuple[str, ...]:
+    """For an XLA compile of a Dynamo graph during a tracked run: the guard Dynamo saw fail
+    when it compiled the frame again; () otherwise."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return ()
+    frame = latest_recompile()
+    if frame is None:
+        return ()
+    return (f"Dynamo compiled {frame.function} again: {frame.why()}",)
+
+
+def functions_graphs(events: list[CompileEvent]) -> list[CompileEvent]:
+    """`events` without the compiled functions' input syncs (see `inputs_sync`) and without
+    the XLA graphs of Dynamo's frames, whose recompilations Dynamo itself tells (see
+    `recompilations`)."""
+    return [e for e in events if not inputs_sync(e) and e.kind != "dynamo"]
+
+
+def recompilations(events: list[CompileEvent], compiles) -> dict[tuple[str, int], tuple]:
+    """Functions Dynamo compiled again in this run: (file, first line) -> one graph hash per
+    compile of the function (the first XLA graph after each of its frame compiles; a frame
+    compiles a forward, a backward and others, which are not recompilations). A function
+    whose first compile in the run is already a recompile starts with "(earlier)"."""
+    out: dict[tuple[str, int], list[str]] = {}
+    for frame in compiles:
+        start, end = frame.log_span
+        first = next(
+            (
+                e
+                for e in events
+                if start <= e.offset < end and e.kind == "dynamo" and not inputs_sync(e)
+            ),
+            None,
+        )
+        key = (frame.file, frame.first_line)
+        graphs = out.get(key)
+        if graphs is None:
+            graphs = out[key] = ["(earlier)"] if frame.recompile else []
+        if first is not None and first.graph_hash not in graphs:
+            graphs.append(first.graph_hash)
+    return {k: tuple(v) for k, v in out.items() if len(v) > 1}
+
+
+def _note(event: CompileEvent, facts: tuple[str, ...]) -> None:
+    if event.graph_hash:
+        _changes[event.graph_hash] = facts
+        while len(_changes) > _MAX_CHANGES:
+            del _changes[next(iter(_changes))]
+
+
+def what_changed(event: CompileEvent) -> tuple[str, ...]:
+    """What Dynamo said about `event`'s graph: the guard that failed when it compiled the
+    frame again, or that the graph is the sync of the frame's inputs; () when Dynamo did not
+    compile it."""
+    return _changes.get(event.graph_hash, ())
+
+
+_kept_out = False
+
+
+def keep_out_of_dynamo() -> None:
+    """Have Dynamo never compile tpu_nb's runtime code (its hooks on torch methods), once per
+    process. Code after a graph break runs under Dynamo, which compiles each Python function
+    it calls as a frame of its own: it compiled tpu_nb's `.item()` hook, and broke a graph
+    inside tpu_nb — work and findings the program without tpu_nb does not have. Dynamo skips
+    its own and other libraries' files the same way (torch._dynamo.trace_rules.add)."""
+    global _kept_out
+    if _kept_out:
+        return
+    _kept_out = True
+    rules = sys.modules.get("torch._dynamo.trace_rules")  # imported by torch_xla
+    if rules is None:
+        return
+    try:
+        rules.add("tpu_nb.runtime")
+    except Exception:  # another torch: the hooks are then compiled as before
+        logging.getLogger("tpu_nb").debug("cannot keep tpu_nb out of Dynamo", exc_info=True)
