@@ -5,10 +5,15 @@ steps; and `on_tpu()`, which composes them the way `%%on_tpu` does.
 Above runtime.graph, runtime.metrics and runtime.environment."""
 
 from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
-from tpu_nb.runtime.tracking._attribution import HOST_READ_HINT, LineFinding, fallback_hint
+from tpu_nb.runtime.tracking._attribution import (
+    HOST_READ_HINT,
+    LineFinding,
+    fallback_hint,
+    graph_facts,
+)
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
-from tpu_nb.runtime.tracking._report import RunReport, last_report, track
+from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_report, track
 from tpu_nb.runtime.tracking._session import on_tpu
 
 __all__ = [
@@ -21,7 +26,9 @@ __all__ = [
     "RunReport",
     "StepRecord",
     "Verdict",
+    "captured_graph",
     "fallback_hint",
+    "graph_facts",
     "last_report",
     "max_graphs",
     "on_tpu",
