@@ -171,11 +171,13 @@ class HostWorker:
         from tpu_nb.runtime.tracking import track
 
         syncs: list[float] = []
+        counting = [True]  # the work's own syncs, not tracking's final one
 
         def on_sync():
-            syncs.append(time.perf_counter())
-            self.syncs, self.last_sync = len(syncs), time.monotonic()
-            xla_model.add_step_closure(on_sync)
+            if counting[0]:
+                syncs.append(time.perf_counter())
+                self.syncs, self.last_sync = len(syncs), time.monotonic()
+                xla_model.add_step_closure(on_sync)
 
         xla_model.add_step_closure(on_sync)
         if isinstance(fn, CellFunction):
@@ -206,8 +208,10 @@ class HostWorker:
                         value = eval(expression, namespace) if expression is not None else None
                 else:
                     value = fn(self.host, *args)
+                counting[0] = False
             result["value"] = _sendable(value, result)
         except BaseException as exc:  # the host's own error: reported, the launch stops all
+            counting[0] = False
             result["error"] = f"{type(exc).__name__}: {exc}"
             result["traceback"] = _user_traceback(exc)
         result["wall_seconds"] = time.perf_counter() - start

@@ -247,7 +247,20 @@ class _Hosts:
 
     def run(self, work_ref, started_at: float, poll_timeout: float) -> None:
         ray = self.ray
-        ray.get([a.start.remote(work_ref, started_at) for a in self.actors], timeout=poll_timeout)
+        starts = [a.start.remote(work_ref, started_at) for a in self.actors]
+        for host, ref in enumerate(starts):
+            try:
+                ray.get(ref, timeout=poll_timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s") from None
+            except ray.exceptions.RayError as exc:
+                lines = str(exc).strip().splitlines()
+                raise TpuNbError(
+                    f"host {host} could not load the work: "
+                    f"{lines[-1].strip() if lines else type(exc).__name__}. Fix: define the "
+                    "function in the notebook (sent by value), or install its module on "
+                    "every host"
+                ) from None
         running = dict(enumerate(self.actors))
         now = time.monotonic()
         self.progress = {h: (0, now) for h in running}

@@ -124,6 +124,14 @@ class PodResult:
     def values(self) -> list:
         return [h.value for h in self.hosts]
 
+    def verdicts(self) -> list[tuple[str, str]]:
+        """Each distinct step-anatomy verdict, with the hosts that reached it (in words)."""
+        by_text: dict[str, list[int]] = {}
+        for h in self.hosts:
+            if h.verdict:
+                by_text.setdefault(h.verdict, []).append(h.host)
+        return [(host_list(hosts), text) for text, hosts in by_text.items()]
+
     def summary(self) -> str:
         n = len(self.hosts)
         compiles = sum(h.metrics.compiles for h in self.hosts if h.metrics is not None)
