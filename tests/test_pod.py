@@ -58,7 +58,12 @@ def fake_slice():
                     "ray.io/tpu-pod-type": "v4-32",
                     "ray.io/tpu-topology": "2x2x4",
                 },
+                # The head first; the other nodes start together. No dashboard: it is a
+                # busy process the tests do not use.
+                wait=worker == 0,
+                **({"include_dashboard": False} if worker == 0 else {}),
             )
+        cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         yield cluster
     finally:
@@ -129,6 +134,8 @@ def test_function_runs_once_per_host_lined_up_in_one_view(fake_slice):
         assert h.metrics.compiles >= 1 and h.metrics.executions >= 4
         assert h.compile_analysis and any(g.line > 0 for g in h.graphs)
         assert h.step_median >= 0.02
+    workers = {n["NodeID"]: n["Labels"]["ray.io/tpu-worker-id"] for n in ray.nodes()}
+    assert [workers[h.node] for h in result.hosts] == ["0", "1"]  # the TPU worker ids
     # Must not fire: the same program on every host, steps of the same length.
     assert result.divergences == ()
     assert result.straggler is None and result.straggler_reason.startswith("no straggler")
@@ -255,6 +262,29 @@ def test_straggler_and_host_that_stops_syncing_are_named(fake_slice):
     assert "host 1 synced 4 times, host 0 20" in str(result)
     assert result.straggler == 1
     assert result.straggler_reason.startswith("straggler: host 1, median step")
+
+
+def test_nodes_without_tpu_labels_get_one_bundle_per_host(fake_slice, monkeypatch):
+    """A cluster started by hand (`ray start --resources`) has the resources, not the labels:
+    a placement group with one bundle per host, the head resource on the first."""
+    from ray.util.placement_group import placement_group_table
+
+    from tpu_nb.runtime.launch import _hosts
+
+    real = ray.nodes
+    monkeypatch.setattr(ray, "nodes", lambda: [dict(n, Labels={}) for n in real()])
+    reserved = _hosts._reserve(ray, 2, 30)
+    try:
+        table = placement_group_table(reserved.group)
+        assert table["strategy"] == "STRICT_SPREAD" and table["state"] == "CREATED"
+        assert len(table["bundles"]) == HOSTS
+        assert table["bundles"][0] == {"TPU": 4.0, "TPU-v4-32-head": 1.0}
+        assert [h for h, _, _ in reserved.placements] == [0, 1]
+        assert len({node for _, _, node in reserved.placements}) == 2
+        assert reserved.description == "v4-32 (4 hosts)"
+    finally:
+        reserved.release()
+    assert placement_group_table(reserved.group)["state"] == "REMOVED"
 
 
 def test_more_hosts_than_the_slice_has_is_one_line_with_the_fix(fake_slice):

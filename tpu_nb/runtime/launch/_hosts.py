@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from typing import Any
 
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.launch import _replicas as replicas
@@ -62,7 +63,7 @@ class _Slice:
     hosts_in_slice: int
     placements: list[tuple[int, int, str]]  # (host index, bundle index, node id)
     chips: float
-    group: object = None  # the worker placement group
+    group: Any = None  # the worker placement group (Ray's PlacementGroup)
     release: Callable[[], None] = lambda: None
     nodes: dict = field(default_factory=dict)  # node id -> Ray's node record
 
@@ -150,7 +151,7 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
             bundles[0][head] = 1
         group = placement_group(bundles, strategy="STRICT_SPREAD")
         release = lambda: remove_placement_group(group)  # noqa: E731
-    ready, _ = ray.wait([group.ready()], timeout=timeout)
+    ready, _ = ray.wait([group.ready()], timeout=timeout) if group is not None else ([], [])
     if not ready:
         release()
         raise TpuNbError(_not_reserved(description, timeout, None))
@@ -184,7 +185,7 @@ def _placements(ray, group, nodes) -> list[tuple[int, int, str]]:
     ids = [r[0] for r in rows]
     numbered = all(i is not None and i.isdigit() for i in ids) and len(set(ids)) == len(ids)
     if numbered:
-        rows.sort(key=lambda r: int(r[0]))
+        rows.sort(key=lambda r: int(str(r[0])))
     return [(host, bundle, node) for host, (_, bundle, node) in enumerate(rows)]
 
 

@@ -236,14 +236,14 @@ def _what_differs(reference: GraphRecord | None, mine: GraphRecord) -> tuple[str
                 )
                 for f in facts
             )
-    facts = []
+    counts: list[str] = []
     if (reference.inputs, reference.outputs) != (mine.inputs, mine.outputs):
-        facts.append(
+        counts.append(
             f"graph inputs {reference.inputs} \u2192 {mine.inputs}, outputs "
             f"{reference.outputs} \u2192 {mine.outputs}"
         )
-    facts.append("tpu_nb did not capture both graphs, so it cannot name the op")
-    return tuple(facts)
+    counts.append("tpu_nb did not capture both graphs, so it cannot name the op")
+    return tuple(counts)
 
 
 def sync_divergences(hosts: tuple[HostResult, ...]) -> list[Divergence]:
