@@ -120,14 +120,20 @@ def main() -> None:
         )
     ray.init(address=cluster.address, log_to_driver=False)
     try:
-        started, pod_steps = [], []
+        one_start: list[float] = []
+        tracked_steps: list[float] = []
+        plain_steps: list[float] = []
+        started: dict[int, list] = {1: [], HOSTS: []}
+        pod_steps: dict[int, list] = {1: [], HOSTS: []}
         for _ in range(ROUNDS):
-            result = tpu_nb.launch(train, hosts=HOSTS, stream=lambda line: None)
-            started.append(result.started_seconds)
-            for host in result.hosts:
-                pod_steps += host.value
-        one_start, tracked_steps, plain_steps = [], [], []
-        for _ in range(ROUNDS):
+            for n in (1, HOSTS):
+                result = tpu_nb.launch(train, hosts=n, stream=lambda line: None)
+                started[n].append(
+                    (result.reserved_seconds, result.ready_seconds, result.started_seconds)
+                )
+                for host in result.hosts:
+                    pod_steps[n] += host.value
+            # In the same round: the machine's load changes over minutes.
             seconds, steps = _one_process(tracked=True)
             one_start.append(seconds)
             tracked_steps += steps
@@ -136,15 +142,27 @@ def main() -> None:
         ray.shutdown()
         cluster.shutdown()
     print(f"fake slice: {HOSTS} hosts (v4-16) on {os.cpu_count()} cores; {ROUNDS} rounds")
-    print("time to running the work (median)")
-    print(f"  every host of the launch        {statistics.median(started):8.2f} s")
-    print(f"  one new process (import, setup) {statistics.median(one_start):8.2f} s")
-    print(f"step time, median of {len(pod_steps)}/{len(tracked_steps)}/{len(plain_steps)} steps")
-    print(f"  on a host of the launch          {_ms(pod_steps)}")
-    print(f"  one process under tpu_nb.track   {_ms(tracked_steps)}")
-    print(f"  one process without tpu_nb       {_ms(plain_steps)}")
-    added = statistics.median(pod_steps) - statistics.median(tracked_steps)
-    print(f"  added per step by the launch vs one tracked host: {added * 1e3:+.3f} ms")
+    print("time to running the work, median s: reserved / hosts ready / every host running")
+    for n in (1, HOSTS):
+        r, ready, run = (statistics.median(t[i] for t in started[n]) for i in range(3))
+        print(
+            f"  launch on {n} host{'s' if n > 1 else ' '}"
+            f"             {r:6.2f} / {ready:6.2f} / {run:6.2f}"
+        )
+    print(f"  one new process (import, setup)                  {statistics.median(one_start):6.2f}")
+    print("step time, median (steps)")
+    for n in (1, HOSTS):
+        label = f"on a host of a {n}-host launch"
+        print(f"  {label:34} {_ms(pod_steps[n])} ({len(pod_steps[n])})")
+    print(f"  {'one process under tpu_nb.track':34} {_ms(tracked_steps)} ({len(tracked_steps)})")
+    print(f"  {'one process without tpu_nb':34} {_ms(plain_steps)} ({len(plain_steps)})")
+    for n in (1, HOSTS):
+        added = statistics.median(pod_steps[n]) - statistics.median(tracked_steps)
+        print(f"  added per step, {n}-host launch vs one tracked process: {added * 1e3:+.3f} ms")
+    print(
+        "  (the hosts of a fake slice share this machine's cores: a 2-host launch runs two "
+        "loops at once)"
+    )
 
 
 if __name__ == "__main__":

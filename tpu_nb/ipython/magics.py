@@ -478,7 +478,7 @@ class TpuMagics(Magics):
             raise
         except TpuNbError as exc:
             raise UsageError(str(exc)) from None
-        if not args.quiet and not args.output:
+        if not args.quiet:
             display(PodView(result))
         return result if args.output else None
 

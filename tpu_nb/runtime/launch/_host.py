@@ -89,8 +89,6 @@ class HostWorker:
     def prepare(self, host: int, hosts: int, device: str) -> dict:
         """Set up this host's process for the work: run directory, XLA device, compile-cause
         analysis; torch_xla imported. Returns where it runs."""
-        import socket
-
         sweep_dead_runs()
         self.host, self.hosts = host, hosts
         self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
@@ -102,11 +100,7 @@ class HostWorker:
         env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
         import torch_xla  # noqa: F401  (the import is part of getting the host ready)
 
-        return {
-            "pid": os.getpid(),
-            "address": socket.gethostbyname(socket.gethostname()),
-            "device": env.pjrt_device or "",
-        }
+        return {"pid": os.getpid(), "device": env.pjrt_device or ""}
 
     def start(self, work, started_at: float) -> None:
         """Run `work` (fn, args, source, filename) in a thread; poll() reports on it."""

@@ -151,7 +151,11 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
             bundles[0][head] = 1
         group = placement_group(bundles, strategy="STRICT_SPREAD")
         release = lambda: remove_placement_group(group)  # noqa: E731
-    ready, _ = ray.wait([group.ready()], timeout=timeout) if group is not None else ([], [])
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout) if group is not None else ([], [])
+    except BaseException:  # an interrupt while waiting: the reservation goes too
+        release()
+        raise
     if not ready:
         release()
         raise TpuNbError(_not_reserved(description, timeout, None))
@@ -202,6 +206,7 @@ class _Hosts:
         self.stalled: set[int] = set()
         self.notes: list[str] = []
         self.info: dict[int, dict] = {}
+        self.timings: dict[str, float] = {}
 
     def start_actors(self, timeout: float, device: str) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -379,8 +384,10 @@ def launch_hosts(
         ) from None
     reserved = _reserve(ray, hosts, reserve_timeout)
     pod = _Hosts(ray, reserved, stream, stall_seconds)
+    pod.timings["reserved"] = time.perf_counter() - start
     try:
         pod.start_actors(start_timeout, device)
+        pod.timings["ready"] = time.perf_counter() - start
         pod.run(work_ref, started_at, poll_timeout)
     finally:
         pod.stop()
@@ -434,6 +441,8 @@ def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float) -> PodResult:
         wall_seconds=wall,
         started_seconds=max(h.started_seconds for h in lined_up),
         slice=reserved.description,
+        reserved_seconds=pod.timings.get("reserved", 0.0),
+        ready_seconds=pod.timings.get("ready", 0.0),
         source=_work(fn, ())[2],
         divergences=tuple(graph_divergences(lined_up) + sync_divergences(lined_up)),
         straggler=straggler,

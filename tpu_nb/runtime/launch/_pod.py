@@ -106,7 +106,7 @@ class Divergence:
         return text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PodResult:
     """Every host of one launch on a slice, and what tpu_nb judged from them."""
 
@@ -114,6 +114,8 @@ class PodResult:
     wall_seconds: float
     started_seconds: float  # from the launch's start to every host running the cell
     slice: str  # e.g. "v4-16 (2 hosts)"
+    reserved_seconds: float = 0.0  # of started_seconds: until the slice was reserved
+    ready_seconds: float = 0.0  # until every host's process had set up its runtime
     source: str = ""  # the cell's source (its lines name divergences)
     divergences: tuple[Divergence, ...] = ()
     straggler: int | None = None
@@ -140,6 +142,9 @@ class PodResult:
             f"({self.started_seconds:.2f} s until every host ran the cell), {compiles} "
             f"compiled in all; {self.straggler_reason}"
         )
+
+    def __repr__(self) -> str:
+        return f"<PodResult: {self.summary()}>"
 
     def __str__(self) -> str:
         lines = [self.summary()]
