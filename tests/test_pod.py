@@ -180,26 +180,35 @@ def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, s
     assert _run_dirs() == set()
 
 
-def test_interrupt_stops_every_host(fake_slice):
-    pids = []
+def test_hosts_that_all_stop_syncing_are_said_and_an_interrupt_stops_every_host(fake_slice):
+    pids, lines = [], []
 
     def stream(line):
-        if "running" in line and not pids:
+        lines.append(line)
+        if line.startswith("[host") and "running" in line:
             pids.append(int(line.split()[-1]))
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        if line.startswith("[tpu_nb] no host has synced"):
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
 
-    def sleeper(host):
+    def stuck(host):
         import os
         import time
 
+        import torch
+        import torch_xla
+
+        torch.ones(2, device=torch_xla.device()).add_(1)
+        torch_xla.sync()
         print("running", os.getpid(), flush=True)
-        time.sleep(120)
+        time.sleep(120)  # as hosts stuck in one collective: no more syncs
 
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        tpu_nb.launch(sleeper, hosts=2, stream=stream)
+        tpu_nb.launch(stuck, hosts=2, stream=stream, stall_seconds=1)
     assert time.monotonic() - started < 100
-    assert pids
+    said = [x for x in lines if x.startswith("[tpu_nb] no host has synced")]
+    assert len(said) == 1 and "host 0 at line" in said[0] and "host 1 at line" in said[0]
+    assert len(pids) == 2
     _assert_nothing_left(pids)
 
 
@@ -217,8 +226,12 @@ def test_host_with_another_batch_shape_is_named_with_the_shape(fake_slice):
             torch_xla.sync()  # the line whose graph differs
         return float(loss.cpu())
 
-    result = tpu_nb.launch(train, hosts=3, stream=lambda line: None)
+    lines = []
+    result = tpu_nb.launch(train, hosts=3, stream=lines.append)
     line = line_of("the line whose graph differs", train)
+    # Said while the hosts ran, from their compile logs: on a real slice the run would hang.
+    live = [x for x in lines if x.startswith("[tpu_nb] host 2 compiled a different graph")]
+    assert len(live) == 1 and f"at line {line} " in live[0], lines
     graph = [d for d in result.divergences if d.kind == "graph"]
     assert len(graph) == 1, result.divergences
     d = graph[0]
@@ -256,6 +269,7 @@ def test_straggler_and_host_that_stops_syncing_are_named(fake_slice):
     result = tpu_nb.launch(loop, hosts=2, stream=lines.append, stall_seconds=1.5)
     live = [line for line in lines if line.startswith("[tpu_nb] host 1 has not synced")]
     assert live and "while host 0 went on syncing" in live[0], lines
+    assert not [line for line in lines if "no host has synced" in line]  # host 0 went on
     assert [h.syncs for h in result.hosts] == [20, 4]
     syncs = [(d.hosts, d.others) for d in result.divergences if d.kind == "syncs"]
     assert syncs == [((1,), (0,))], result.divergences

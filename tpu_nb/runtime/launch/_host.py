@@ -22,6 +22,7 @@ import threading
 import time
 import traceback
 from itertools import pairwise
+from typing import Any
 
 from tpu_nb.runtime.environment import _private_files as private_files
 
@@ -85,6 +86,10 @@ class HostWorker:
         self.syncs = 0
         self.last_sync = time.monotonic()
         self.filename = ""
+        # Its own reader of the compile log (the tracked run has another): what compiled
+        # while the work runs, for the launch to compare hosts before the run ends.
+        self.live_log: Any = None  # a metrics.CompileLog
+        self.live_offset = 0
 
     def prepare(self, host: int, hosts: int, device: str) -> dict:
         """Set up this host's process for the work: run directory, XLA device, compile-cause
@@ -104,6 +109,13 @@ class HostWorker:
 
     def start(self, work, started_at: float) -> None:
         """Run `work` (fn, args, source, filename) in a thread; poll() reports on it."""
+        from tpu_nb.runtime.metrics import CompileLog, compile_log
+
+        log = compile_log()
+        if log is not None:
+            self.live_log = CompileLog.following(log)
+            self.live_offset = self.live_log.size()
+        self.filename = work[3]
         self.thread = threading.Thread(
             target=self._run, args=(work, started_at), name="tpu_nb-host", daemon=True
         )
@@ -118,6 +130,7 @@ class HostWorker:
             "syncs": self.syncs,
             "since_sync": time.monotonic() - self.last_sync,
             "line": self._current_line(),
+            "graphs": self._new_graphs(),
             "result": self.result if done else None,
         }
         if done:
@@ -128,6 +141,24 @@ class HostWorker:
         """Remove the run directory (the launch calls it before stopping a host early)."""
         if self.rundir:
             shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def _new_graphs(self) -> list[tuple[int, str]]:
+        """(cell line, graph hash) of the graphs compiled since the last poll, from the
+        compile log's frames (the outermost frame in the cell); line 0 when none is."""
+        log = self.live_log
+        if log is None:
+            return []
+        try:
+            events = log.events_since(self.live_offset)
+        except Exception:  # the log is a help here, never a failure of the run
+            return []
+        if events:
+            self.live_offset = events[-1].offset + 1
+        out = []
+        for event in events:
+            lines = [f.line for f in event.frames if f.file == self.filename]
+            out.append((lines[-1] if lines else 0, event.graph_hash))
+        return out
 
     # -- the work, in its thread ---------------------------------------------------------------
 
@@ -146,7 +177,6 @@ class HostWorker:
 
     def _run(self, work, started_at: float) -> None:
         fn, args, source, filename = work
-        self.filename = filename
         result: dict = {"host": self.host, "pid": os.getpid()}
         result["started"] = time.time() - started_at
         stdout, stderr = sys.stdout, sys.stderr

@@ -33,6 +33,7 @@ from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.launch import _replicas as replicas
 from tpu_nb.runtime.launch._cell import CellFunction
 from tpu_nb.runtime.launch._pod import (
+    GraphRecord,
     HostError,
     HostLost,
     HostResult,
@@ -207,6 +208,9 @@ class _Hosts:
         self.notes: list[str] = []
         self.info: dict[int, dict] = {}
         self.timings: dict[str, float] = {}
+        self.live_graphs: dict[int, list[GraphRecord]] = {}  # from each host's compile log
+        self.said: set[tuple[int, tuple[int, ...]]] = set()  # live divergences shown
+        self.said_stall: set[str] = set()
 
     def start_actors(self, timeout: float, device: str) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -260,10 +264,10 @@ class _Hosts:
             except ray.exceptions.GetTimeoutError:
                 raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s") from None
             except ray.exceptions.RayError as exc:
-                lines = str(exc).strip().splitlines()
+                said = str(exc).strip().splitlines()
                 raise TpuNbError(
                     f"host {host} could not load the work: "
-                    f"{lines[-1].strip() if lines else type(exc).__name__}. Fix: define the "
+                    f"{said[-1].strip() if said else type(exc).__name__}. Fix: define the "
                     "function in the notebook (sent by value), or install its module on "
                     "every host"
                 ) from None
@@ -272,6 +276,7 @@ class _Hosts:
         self.progress = {h: (0, now) for h in running}
         while running:
             polls = {h: a.poll.remote() for h, a in running.items()}
+            at: dict[int, int] = {}  # the cell line each host is at
             ready, _ = ray.wait(list(polls.values()), num_returns=len(polls), timeout=poll_timeout)
             for host, ref in polls.items():
                 if ref not in ready:
@@ -282,6 +287,10 @@ class _Hosts:
                     raise HostLost(host, "died", str(exc)) from None
                 self._show(host, report["output"])
                 self._watch(host, report)
+                at[host] = report["line"]
+                self.live_graphs.setdefault(host, []).extend(
+                    GraphRecord(line, graph_hash) for line, graph_hash in report["graphs"]
+                )
                 if report["result"] is not None:
                     self._flush(host)
                     result = report["result"]
@@ -291,8 +300,29 @@ class _Hosts:
                         )
                     self.results[host] = result
                     del running[host]
+            self._compare_live()
+            self._watch_all(running, at)
             if running:
                 time.sleep(POLL_SECONDS)
+
+    def _compare_live(self) -> None:
+        """Say at once when a host compiled a different graph at a line than the others:
+        on a real slice, the collective after it would wait forever, and the run's end (with
+        the full comparison) would never come."""
+        if len(self.live_graphs) < 2:
+            return
+        seen = tuple(
+            HostResult(host=h, graphs=tuple(g), compile_analysis=True)
+            for h, g in sorted(self.live_graphs.items())
+        )
+        for d in graph_divergences(seen, live=True):
+            key = (d.line, d.hosts)
+            if key not in self.said:
+                self.said.add(key)
+                self.stream(
+                    f"[tpu_nb] {d.what}: on a real slice, a collective after it waits "
+                    "forever (what differs: in the view when the cell ends)"
+                )
 
     def _show(self, host: int, text: str) -> None:
         if not text:
@@ -326,6 +356,24 @@ class _Hosts:
                 f"{host_list(moved)} went on syncing: in a slice, their next collective "
                 f"waits for host {host}"
             )
+            self.notes.append(note)
+            self.stream(f"[tpu_nb] {note}")
+
+    def _watch_all(self, running: dict, lines: dict[int, int]) -> None:
+        """Say once when every running host has stopped syncing (after syncing at least
+        once): on a real slice, hosts stuck in one collective look like this."""
+        if "all" in self.said_stall or len(running) < 2:
+            return
+        now = time.monotonic()
+        progress = [self.progress.get(h, (0, now)) for h in running]
+        if all(n > 0 and now - t >= self.stall_seconds for n, t in progress):
+            self.said_stall.add("all")
+            waited = min(now - t for _, t in progress)
+            where = ", ".join(
+                f"host {h} at line {lines[h]}" if lines.get(h) else f"host {h}"
+                for h in sorted(running)
+            )
+            note = f"no host has synced for {waited:.0f} s ({where})"
             self.notes.append(note)
             self.stream(f"[tpu_nb] {note}")
 

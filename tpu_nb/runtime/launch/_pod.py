@@ -173,11 +173,13 @@ def host_list(hosts) -> str:
 # -- judging the hosts together ----------------------------------------------------------------
 
 
-def graph_divergences(hosts: tuple[HostResult, ...]) -> list[Divergence]:
+def graph_divergences(hosts: tuple[HostResult, ...], *, live: bool = False) -> list[Divergence]:
     """Per cell line, the n-th distinct graph each host compiled there, compared across
     hosts: a host whose graph differs from the most hosts' (ties: host 0's side) is named,
     with what differs. Only the first difference of a line is reported (the rest follow
-    from it). Hosts without compile analysis are left out: their hashes are unknown."""
+    from it). Hosts without compile analysis are left out: their hashes are unknown.
+    live: while the hosts run, a host that has not compiled the n-th graph yet may still get
+    there, so only graphs every host has compiled are compared."""
     known = [h for h in hosts if h.compile_analysis]
     by_line: dict[int, dict[int, list[GraphRecord]]] = {}
     for h in known:
@@ -195,7 +197,7 @@ def graph_divergences(hosts: tuple[HostResult, ...]) -> list[Divergence]:
             groups: dict[str, list[int]] = {}
             for host, graphs in per_host.items():
                 groups.setdefault(graphs[i].graph_hash if i < len(graphs) else "", []).append(host)
-            if len(groups) < 2:
+            if len(groups) < 2 or (live and "" in groups):
                 continue
             majority = max(groups, key=lambda k: (len(groups[k]), -min(groups[k])))
             for key, members in sorted(groups.items(), key=lambda kv: min(kv[1])):
