@@ -405,6 +405,9 @@ class TpuMagics(Magics):
 
         Inside the cell, tensors and modules created without device= land on the XLA
         device. The cell syncs and waits for the device at the end (unless --no-sync).
+        With --hosts, the cell runs once on each host of a TPU pod slice (Ray connected
+        first: ray.init(address=...)), `host` and `hosts` set, and one view of every host
+        follows.
         """
         __tracebackhide__ = True  # noqa: F841
         args = _parse(self.on_tpu, line)
