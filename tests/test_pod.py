@@ -104,7 +104,8 @@ def _assert_nothing_left(pids) -> None:
     assert _run_dirs() == set()
 
 
-def _steps(host, hosts, pause=0.02, n=4):
+def _steps(host, hosts, pause=0.1, n=5):
+    # Steps long enough that a loaded machine's noise stays well below the straggler ratio.
     import time
 
     import torch
@@ -125,15 +126,15 @@ def test_function_runs_once_per_host_lined_up_in_one_view(fake_slice):
     assert isinstance(result, PodResult)
     assert [h.host for h in result.hosts] == [0, 1]
     assert sorted(lines) == ["[host 0] done 0 of 2", "[host 1] done 1 of 2"]
-    assert result.values == [pytest.approx(64 * 1.9375)] * 2  # 4 steps of w * 0.5 + 1 from 1
+    assert result.values == [pytest.approx(64 * 1.96875)] * 2  # 5 steps of w * 0.5 + 1 from 1
     assert len({h.pid for h in result.hosts}) == 2 and os.getpid() not in {
         h.pid for h in result.hosts
     }
     for h in result.hosts:
-        assert h.syncs == 4 and len(h.step_seconds) == 4
+        assert h.syncs == 5 and len(h.step_seconds) == 5
         assert h.metrics.compiles >= 1 and h.metrics.executions >= 4
         assert h.compile_analysis and any(g.line > 0 for g in h.graphs)
-        assert h.step_median >= 0.02
+        assert h.step_median >= 0.1
     workers = {n["NodeID"]: n["Labels"]["ray.io/tpu-worker-id"] for n in ray.nodes()}
     assert [workers[h.node] for h in result.hosts] == ["0", "1"]  # the TPU worker ids
     # Must not fire: the same program on every host, steps of the same length.
@@ -257,7 +258,7 @@ def test_straggler_and_host_that_stops_syncing_are_named(fake_slice):
         import torch_xla
 
         w = torch.ones(4, device=torch_xla.device())
-        for step in range(20):
+        for step in range(40):  # host 0: 1.6 s of steps, on after host 1 stopped at 0.8 s
             if host == 1 and step == 4:
                 time.sleep(4)  # stops syncing while host 0 goes on
                 break
@@ -270,10 +271,10 @@ def test_straggler_and_host_that_stops_syncing_are_named(fake_slice):
     live = [line for line in lines if line.startswith("[tpu_nb] host 1 has not synced")]
     assert live and "while host 0 went on syncing" in live[0], lines
     assert not [line for line in lines if "no host has synced" in line]  # host 0 went on
-    assert [h.syncs for h in result.hosts] == [20, 4]
+    assert [h.syncs for h in result.hosts] == [40, 4]
     syncs = [(d.hosts, d.others) for d in result.divergences if d.kind == "syncs"]
     assert syncs == [((1,), (0,))], result.divergences
-    assert "host 1 synced 4 times, host 0 20" in str(result)
+    assert "host 1 synced 4 times, host 0 40" in str(result)
     assert result.straggler == 1
     assert result.straggler_reason.startswith("straggler: host 1, median step")
 

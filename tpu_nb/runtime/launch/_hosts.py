@@ -136,10 +136,13 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
         from ray.util.tpu import SlicePlacementGroup
 
         try:
+            # The slice is chosen by name: its label on every bundle gang-schedules it,
+            # without Ray's head reservation (a task in a new process, to learn the name).
             handle = SlicePlacementGroup(
                 topology=topology,
                 accelerator_version=pod_type.split("-")[0],
                 head_reservation_timeout_s=timeout,
+                bundle_label_selector=[{"ray.io/tpu-slice-name": name} for _ in nodes],
             )
         except (TimeoutError, RuntimeError, ValueError) as exc:
             raise TpuNbError(_not_reserved(description, timeout, exc)) from None
