@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -101,6 +103,7 @@ def _ms(values) -> str:
 
 def main() -> None:
     os.environ["TPU_NAME"] = "bench-slice"
+    session = tempfile.mkdtemp(prefix="tpu_nb-ray-")  # Ray's logs and sockets, removed after
     cluster = Cluster()
     for worker in range(HOSTS):
         resources = {"TPU": 4}
@@ -116,6 +119,7 @@ def main() -> None:
                 "ray.io/tpu-pod-type": "v4-16",
                 "ray.io/tpu-topology": "2x2x2",
             },
+            temp_dir=session,
             **({"include_dashboard": False} if worker == 0 else {}),
         )
     ray.init(address=cluster.address, log_to_driver=False)
@@ -141,6 +145,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(session, ignore_errors=True)
     print(f"fake slice: {HOSTS} hosts (v4-16) on {os.cpu_count()} cores; {ROUNDS} rounds")
     print("time to running the work, median s: reserved / hosts ready / every host running")
     for n in (1, HOSTS):

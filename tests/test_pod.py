@@ -10,6 +10,7 @@ torch_xla), so the tests use two hosts where two show the point.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -42,6 +43,9 @@ def fake_slice():
     # Ray reads a multi-host slice's name from TPU_NAME (GKE) in the node's processes.
     saved = os.environ.get("TPU_NAME")
     os.environ["TPU_NAME"] = "tpu-nb-test-slice"
+    # Ray's session files (logs, sockets) in a directory removed afterwards; a short path,
+    # as Unix socket paths are limited to about 100 characters.
+    session = tempfile.mkdtemp(prefix="tpu_nb-ray-")
     cluster = Cluster()
     try:
         for worker in range(HOSTS):
@@ -61,6 +65,7 @@ def fake_slice():
                 # The head first; the other nodes start together. No dashboard: it is a
                 # busy process the tests do not use.
                 wait=worker == 0,
+                temp_dir=session,
                 **({"include_dashboard": False} if worker == 0 else {}),
             )
         cluster.wait_for_nodes()
@@ -69,6 +74,7 @@ def fake_slice():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(session, ignore_errors=True)
         if saved is None:
             os.environ.pop("TPU_NAME", None)
         else:

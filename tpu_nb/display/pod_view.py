@@ -14,6 +14,7 @@ from tpu_nb.runtime.units import format_seconds
 HEADER = (
     "host",
     "address",
+    "running after",
     "compiles",
     "executions",
     "reads",
@@ -28,6 +29,7 @@ def _row(h: HostResult) -> tuple[str, ...]:
     return (
         str(h.host),
         h.address or "-",
+        format_seconds(h.started_seconds),
         str(m.compiles) if m is not None else "-",
         str(m.executions) if m is not None else "-",
         str(m.host_reads) if m is not None else "-",
