@@ -370,3 +370,24 @@ def test_view_escapes_what_comes_from_user_code():
         assert raw not in html
     assert "&lt;script&gt;" in html and "&lt;u&gt;" in html
     assert "line 1: x = '<script>'" in PodView(result).text()
+
+
+def test_view_groups_the_hosts_verdicts_by_kind():
+    from tpu_nb.runtime.launch import HostResult
+
+    def host(k, kind, share):
+        return HostResult(host=k, verdict=f"{kind}: x took {share}%", verdict_kind=kind)
+
+    result = PodResult(
+        hosts=(host(0, "host-bound", 60), host(1, "host-bound", 70), host(2, "read-bound", 50)),
+        wall_seconds=1.0,
+        started_seconds=0.5,
+        slice="v4-32 (4 hosts)",
+    )
+    assert result.verdicts() == [
+        ("hosts 0 and 1; figures of host 0", "host-bound: x took 60%"),
+        ("host 2", "read-bound: x took 50%"),
+    ]
+    text = PodView(result).text()
+    assert "verdict (hosts 0 and 1; figures of host 0): host-bound: x took 60%" in text
+    assert "verdict (host 2): read-bound" in text

@@ -127,12 +127,19 @@ class PodResult:
         return [h.value for h in self.hosts]
 
     def verdicts(self) -> list[tuple[str, str]]:
-        """Each distinct step-anatomy verdict, with the hosts that reached it (in words)."""
-        by_text: dict[str, list[int]] = {}
+        """Each kind of step-anatomy verdict the hosts reached: (the hosts in words, the
+        verdict of the first of them, with its figures)."""
+        by_kind: dict[str, list[HostResult]] = {}
         for h in self.hosts:
             if h.verdict:
-                by_text.setdefault(h.verdict, []).append(h.host)
-        return [(host_list(hosts), text) for text, hosts in by_text.items()]
+                by_kind.setdefault(h.verdict_kind, []).append(h)
+        out = []
+        for members in by_kind.values():
+            words = host_list([h.host for h in members])
+            if len(members) > 1:
+                words += f"; figures of host {members[0].host}"
+            out.append((words, members[0].verdict))
+        return out
 
     def summary(self) -> str:
         n = len(self.hosts)
