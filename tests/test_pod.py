@@ -187,6 +187,36 @@ def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, s
     assert _run_dirs() == set()
 
 
+def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice):
+    from tpu_nb.runtime.launch import HostLost
+
+    def dies(host):
+        import os
+        import signal
+        import time
+
+        import torch
+        import torch_xla
+
+        torch.ones(2, device=torch_xla.device()).add_(1)
+        torch_xla.sync()
+        print("pid", os.getpid(), flush=True)
+        time.sleep(1)
+        if host == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # as a native crash or the OOM killer
+        time.sleep(120)
+
+    lines = []
+    started = time.monotonic()
+    with pytest.raises(HostLost) as caught:
+        tpu_nb.launch(dies, hosts=2, stream=lines.append)
+    assert time.monotonic() - started < 100
+    assert caught.value.host == 1 and str(caught.value).startswith("host 1's process died")
+    pids = [int(x.split()[-1]) for x in lines if " pid " in x]
+    assert len(pids) == 2
+    _assert_nothing_left(pids)  # host 1's run directory too, swept on its node
+
+
 def test_hosts_that_all_stop_syncing_are_said_and_an_interrupt_stops_every_host(fake_slice):
     pids, lines = [], []
 

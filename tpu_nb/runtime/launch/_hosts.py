@@ -214,6 +214,7 @@ class _Hosts:
         self.live_graphs: dict[int, list[GraphRecord]] = {}  # from each host's compile log
         self.said: set[tuple[int, tuple[int, ...]]] = set()  # live divergences shown
         self.said_stall: set[str] = set()
+        self.lost: set[int] = set()  # hosts whose process died or stopped answering
 
     def start_actors(self, timeout: float, device: str) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -283,10 +284,12 @@ class _Hosts:
             ready, _ = ray.wait(list(polls.values()), num_returns=len(polls), timeout=poll_timeout)
             for host, ref in polls.items():
                 if ref not in ready:
+                    self.lost.add(host)
                     raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s")
                 try:
                     report = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:
+                    self.lost.add(host)
                     raise HostLost(host, "died", str(exc)) from None
                 self._show(host, report["output"])
                 self._watch(host, report)
@@ -390,7 +393,28 @@ class _Hosts:
         for actor in self.actors:
             with suppress(Exception):  # already gone
                 ray.kill(actor, no_restart=True)
+        self._sweep_lost()
         self.slice.release()
+
+    def _sweep_lost(self) -> None:
+        """A host whose process died could not remove its run directory: a small task on
+        its node removes the directories of processes that no longer run."""
+        if not self.lost:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from tpu_nb.runtime.launch._host import sweep_dead_runs
+
+        sweep = self.ray.remote(num_cpus=0)(sweep_dead_runs)
+        nodes = {node for host, _, node in self.slice.placements if host in self.lost}
+        refs = [
+            sweep.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote()
+            for node in nodes
+        ]
+        with suppress(Exception):  # best effort: the next launch on that host sweeps too
+            self.ray.wait(refs, num_returns=len(refs), timeout=30)
 
 
 def _work(fn, args) -> tuple:
