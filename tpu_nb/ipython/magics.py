@@ -123,6 +123,37 @@ def _whole_number(text: str) -> int:
     return value
 
 
+def _host_count(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--hosts takes 'all' or a whole number of hosts; got {text!r}")
+    return value
+
+
+def _check_hosts_options(args) -> None:
+    """--hosts runs the cell on other machines: options about this kernel do not apply."""
+    for option, given in (
+        ("--replicas", args.replicas is not None),
+        ("--spmd", args.spmd is not None),
+        ("--live", args.live),
+        ("--profile", args.profile),
+        ("--graph", args.graph),
+        ("--max-graphs", args.max_graphs is not None),
+        ("--no-sync", args.no_sync),
+    ):
+        if given:
+            raise UsageError(
+                f"{option} works on this kernel's device, and --hosts runs the cell on the "
+                f"slice's hosts. Fix: drop {option} (each host reports to the view of "
+                "every host)"
+            )
+
+
 def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
     """--spmd's value as (devices, mesh) for spmd_context: "all", or a shape like 4 or 2x2."""
     from tpu_nb.runtime.launch import parse_mesh
@@ -367,6 +398,15 @@ class TpuMagics(Magics):
         help="run the cell once over all devices (SPMD); `mesh` and `shard_batch` set",
     )
     @argument(
+        "--hosts",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="all|N",
+        help="run the cell once per host of a TPU pod slice through Ray (ray.init(address=...) "
+        "first), `host` and `hosts` set in each",
+    )
+    @argument(
         "--graph", action="store_true", help="show the graph the cell leaves pending at its end"
     )
     @argument(
@@ -386,6 +426,9 @@ class TpuMagics(Magics):
         code in a plain cell: work it leaves pending stays pending (the report says what),
         unless --sync asks for a sync at the end. It waits for the device at the end, so
         the executions' times are complete.
+        With --hosts, the cell runs once on each host of a TPU pod slice (Ray connected
+        first: ray.init(address=...)), `host` and `hosts` set, and one view of every host
+        follows.
         """
         __tracebackhide__ = True  # noqa: F841
         args = _parse(self.on_tpu, line)
@@ -398,6 +441,8 @@ class TpuMagics(Magics):
             )
         if args.sync and args.no_sync:
             raise UsageError("choose one of --sync and --no-sync. Fix: drop --no-sync")
+        if args.hosts is not None:
+            _check_hosts_options(args)
         if args.spmd is not None:
             _check_spmd(args.spmd)  # before anything: the switch to SPMD cannot be undone
         if args.live and args.replicas is not None:
@@ -415,6 +460,8 @@ class TpuMagics(Magics):
         code = _CellCode(self.shell, cell, files=self.state.watcher.cell_files)
         if args.replicas is not None:
             return self._run_replicas(code, args)
+        if args.hosts is not None:
+            return self._run_hosts(code, args)
         if args.spmd is not None:
             self._enter_spmd(args.spmd)
         return self._run_on_tpu(code, args)
@@ -438,6 +485,27 @@ class TpuMagics(Magics):
             raise UsageError(str(exc)) from None
         if not args.quiet:
             print(result)
+        return result if args.output else None
+
+    def _run_hosts(self, code: _CellCode, args):
+        __tracebackhide__ = True  # noqa: F841
+        from tpu_nb.display.pod_view import PodView
+        from tpu_nb.runtime.launch import CellFunction, HostError, launch
+
+        cell = CellFunction.from_namespace(
+            code.source, code.filename, self.shell.user_ns, code.codes
+        )
+        self.state.watcher.reported_by_magic = True
+        try:
+            result = launch(cell, hosts=_host_count(args.hosts))
+        except HostError as exc:
+            print(f"--- host {exc.host} of {exc.hosts}: traceback ---")
+            print(exc.traceback.rstrip())
+            raise
+        except TpuNbError as exc:
+            raise UsageError(str(exc)) from None
+        if not args.quiet:
+            display(PodView(result))
         return result if args.output else None
 
     def _enter_spmd(self, mesh: str) -> None:

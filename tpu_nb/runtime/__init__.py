@@ -38,7 +38,12 @@ from tpu_nb.runtime.graph import (
 )
 from tpu_nb.runtime.launch import (
     CollectiveRefused,
+    Divergence,
+    HostError,
+    HostLost,
+    HostResult,
     LaunchResult,
+    PodResult,
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
@@ -118,4 +123,9 @@ __all__ = [
     "StepRecord",
     "Verdict",
     "ReplicaCrash",
+    "Divergence",
+    "HostError",
+    "HostLost",
+    "HostResult",
+    "PodResult",
 ]

@@ -36,8 +36,9 @@ class CellFunction:
         }
         return cls(source, filename, variables)
 
-    def __call__(self, index: int):
-        # A fresh worker has not seen the cell: without this its traceback lacks the lines.
+    def compiled(self):
+        """The cell as (statements, last expression or None), compiled under its filename,
+        with its source registered for tracebacks (a fresh worker has not seen the cell)."""
         linecache.cache[self.filename] = (
             len(self.source),
             None,
@@ -50,8 +51,11 @@ class CellFunction:
         if isinstance(last, ast.Expr):
             tree.body.pop()
             expression = compile(ast.Expression(last.value), self.filename, "eval")
+        return compile(tree, self.filename, "exec"), expression
+
+    def __call__(self, index: int):
+        statements, expression = self.compiled()
         namespace = {"__name__": "__main__", **self.variables, "index": index}
-        statements = compile(tree, self.filename, "exec")
         # As in %%on_tpu: the replica's device by default, for the cell's own code only.
         with default_device(code=(statements, expression)):
             exec(statements, namespace)

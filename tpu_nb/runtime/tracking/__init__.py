@@ -14,7 +14,7 @@ from tpu_nb.runtime.tracking._attribution import (
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
 from tpu_nb.runtime.tracking._policy import Judgement, LinePattern, line_growth, progression
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
-from tpu_nb.runtime.tracking._report import RunReport, last_report, track
+from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_report, track
 from tpu_nb.runtime.tracking._session import on_tpu
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "RunReport",
     "StepRecord",
     "Verdict",
+    "captured_graph",
     "fallback_hint",
     "graph_facts",
     "last_report",

@@ -1,0 +1,423 @@
+"""Launching on the hosts of a TPU pod slice through Ray, on a fake slice on this machine.
+
+As Ray's own TPU tests do, the slice is a `ray.cluster_utils.Cluster` whose nodes carry the
+resources and labels of TPU VMs (`{"TPU": 4, "TPU-v4-32-head": 1}` on worker 0, the slice's
+name, pod type and topology as labels); each host's actor runs on XLA:CPU. One cluster for the
+module (a few seconds to start); each launch starts one new process per host (importing
+torch_xla), so the tests use two hosts where two show the point.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+from conftest import line_of
+
+ray = pytest.importorskip("ray")
+
+import tpu_nb  # noqa: E402
+from tpu_nb.display.pod_view import PodView  # noqa: E402
+from tpu_nb.runtime.launch import HostError, PodResult  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+# The hosts cannot import this test module, as they could not import a notebook: its
+# functions travel by value, as a notebook's do.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+HOSTS = 4  # v4-32: 16 chips, 4 per host
+STORE = 80 * 1024 * 1024  # object store per node: the work and results are small
+
+
+@pytest.fixture(scope="module")
+def fake_slice():
+    from ray.cluster_utils import Cluster
+
+    # Ray reads a multi-host slice's name from TPU_NAME (GKE) in the node's processes.
+    saved = os.environ.get("TPU_NAME")
+    os.environ["TPU_NAME"] = "tpu-nb-test-slice"
+    # Ray's session files (logs, sockets) in a directory removed afterwards; a short path,
+    # as Unix socket paths are limited to about 100 characters.
+    session = tempfile.mkdtemp(prefix="tpu_nb-ray-")
+    cluster = Cluster()
+    try:
+        for worker in range(HOSTS):
+            resources = {"TPU": 4}
+            if worker == 0:
+                resources["TPU-v4-32-head"] = 1
+            cluster.add_node(
+                num_cpus=1,
+                object_store_memory=STORE,
+                resources=resources,
+                labels={
+                    "ray.io/tpu-slice-name": "tpu-nb-test-slice",
+                    "ray.io/tpu-worker-id": str(worker),
+                    "ray.io/tpu-pod-type": "v4-32",
+                    "ray.io/tpu-topology": "2x2x4",
+                },
+                # The head first; the other nodes start together. No dashboard: it is a
+                # busy process the tests do not use.
+                wait=worker == 0,
+                temp_dir=session,
+                **({"include_dashboard": False} if worker == 0 else {}),
+            )
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(session, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("TPU_NAME", None)
+        else:
+            os.environ["TPU_NAME"] = saved
+
+
+def _run_dirs() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("tpu_nb-host-")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _assert_nothing_left(pids) -> None:
+    """No host process, no live placement group, no run directory."""
+    from ray.util.placement_group import placement_group_table
+
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)]
+    groups = placement_group_table().values()
+    assert all(g["state"] == "REMOVED" for g in groups), groups
+    assert _run_dirs() == set()
+
+
+def _steps(host, hosts, pause=0.1, n=5):
+    # Steps long enough that a loaded machine's noise stays well below the straggler ratio.
+    import time
+
+    import torch
+    import torch_xla
+
+    w = torch.ones(8, 8, device=torch_xla.device())
+    for _ in range(n):
+        w = w * 0.5 + 1
+        torch_xla.sync()
+        time.sleep(pause)
+    print(f"done {host} of {hosts}")
+    return float(w.sum().cpu())
+
+
+def test_function_runs_once_per_host_lined_up_in_one_view(fake_slice):
+    lines = []
+    result = tpu_nb.launch(_steps, 2, hosts=2, stream=lines.append)
+    assert isinstance(result, PodResult)
+    assert [h.host for h in result.hosts] == [0, 1]
+    assert sorted(lines) == ["[host 0] done 0 of 2", "[host 1] done 1 of 2"]
+    assert result.values == [pytest.approx(64 * 1.96875)] * 2  # 5 steps of w * 0.5 + 1 from 1
+    assert len({h.pid for h in result.hosts}) == 2 and os.getpid() not in {
+        h.pid for h in result.hosts
+    }
+    for h in result.hosts:
+        assert h.syncs == 5 and len(h.step_seconds) == 5
+        assert h.metrics.compiles >= 1 and h.metrics.executions >= 4
+        assert h.compile_analysis and any(g.line > 0 for g in h.graphs)
+        assert h.step_median >= 0.1
+    workers = {n["NodeID"]: n["Labels"]["ray.io/tpu-worker-id"] for n in ray.nodes()}
+    assert [workers[h.node] for h in result.hosts] == ["0", "1"]  # the TPU worker ids
+    # Must not fire: the same program on every host, steps of the same length.
+    assert result.divergences == ()
+    assert result.straggler is None and result.straggler_reason.startswith("no straggler")
+    assert "ran on 2 of the slice's 4 hosts" in str(result)
+    text = PodView(result).text()
+    assert "v4-32 (4 hosts)" in text and "step median" in text
+    assert all(f"\n  {k}  " in text for k in "01")
+    _assert_nothing_left([h.pid for h in result.hosts])
+
+
+def test_cell_magic_sets_host_and_prints_prefixed(fake_slice, shell, capsys):
+    shell.run_cell("greeting = 'hi <b>'")
+    outcome = shell.run_cell(
+        "%%on_tpu --hosts 2 -o\nx = torch.ones(2) * (host + 1)\n"
+        "print(greeting, host, hosts, x.device.type)\nfloat(x.sum())\n"
+    )
+    assert outcome.error_in_exec is None, outcome.error_in_exec
+    out = capsys.readouterr().out
+    assert "[host 0] hi <b> 0 2 xla" in out and "[host 1] hi <b> 1 2 xla" in out
+    result = outcome.result
+    assert result.values == [2.0, 4.0]
+    _assert_nothing_left([h.pid for h in result.hosts])
+
+
+def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, shell, capsys):
+    started = time.monotonic()
+    outcome = shell.run_cell(
+        "%%on_tpu --hosts 2\nimport time\nif host == 1:\n"
+        "    raise ValueError(f'bad shard on host {host}')\ntime.sleep(120)\n"
+    )
+    elapsed = time.monotonic() - started
+    error = outcome.error_in_exec
+    assert isinstance(error, HostError) and error.host == 1 and error.hosts == 2
+    assert "host 1 of 2 failed: ValueError: bad shard on host 1" in str(error)
+    out = capsys.readouterr().out
+    assert "--- host 1 of 2: traceback ---" in out
+    assert "line 4" in error.traceback and "raise ValueError(f'bad shard on host {host}')" in (
+        error.traceback
+    )
+    assert elapsed < 100  # host 0's sleep was cut short
+    _assert_nothing_left([])
+    assert _run_dirs() == set()
+
+
+def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice):
+    from tpu_nb.runtime.launch import HostLost
+
+    def dies(host):
+        import os
+        import signal
+        import time
+
+        import torch
+        import torch_xla
+
+        torch.ones(2, device=torch_xla.device()).add_(1)
+        torch_xla.sync()
+        print("pid", os.getpid(), flush=True)
+        time.sleep(1)
+        if host == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # as a native crash or the OOM killer
+        time.sleep(120)
+
+    lines = []
+    started = time.monotonic()
+    with pytest.raises(HostLost) as caught:
+        tpu_nb.launch(dies, hosts=2, stream=lines.append)
+    assert time.monotonic() - started < 100
+    assert caught.value.host == 1 and str(caught.value).startswith("host 1's process died")
+    pids = [int(x.split()[-1]) for x in lines if " pid " in x]
+    assert len(pids) == 2
+    _assert_nothing_left(pids)  # host 1's run directory too, swept on its node
+
+
+def test_hosts_that_all_stop_syncing_are_said_and_an_interrupt_stops_every_host(fake_slice):
+    pids, lines = [], []
+
+    def stream(line):
+        lines.append(line)
+        if line.startswith("[host") and "running" in line:
+            pids.append(int(line.split()[-1]))
+        if line.startswith("[tpu_nb] no host has synced"):
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    def stuck(host):
+        import os
+        import time
+
+        import torch
+        import torch_xla
+
+        torch.ones(2, device=torch_xla.device()).add_(1)
+        torch_xla.sync()
+        print("running", os.getpid(), flush=True)
+        time.sleep(120)  # as hosts stuck in one collective: no more syncs
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        tpu_nb.launch(stuck, hosts=2, stream=stream, stall_seconds=1)
+    assert time.monotonic() - started < 100
+    said = [x for x in lines if x.startswith("[tpu_nb] no host has synced")]
+    assert len(said) == 1 and "host 0 at line" in said[0] and "host 1 at line" in said[0]
+    assert len(pids) == 2
+    _assert_nothing_left(pids)
+
+
+def test_host_with_another_batch_shape_is_named_with_the_shape(fake_slice):
+    def train(host):
+        import torch
+        import torch_xla
+
+        dev = torch_xla.device()
+        w = torch.ones(8, 4, device=dev)
+        batch = 3 if host == 2 else 2
+        for _ in range(3):
+            x = torch.ones(batch, 8, device=dev)
+            loss = (x @ w).sum()
+            torch_xla.sync()  # the line whose graph differs
+        return float(loss.cpu())
+
+    lines = []
+    result = tpu_nb.launch(train, hosts=3, stream=lines.append)
+    line = line_of("the line whose graph differs", train)
+    # Said while the hosts ran, from their compile logs: on a real slice the run would hang.
+    live = [x for x in lines if x.startswith("[tpu_nb] host 2 compiled a different graph")]
+    assert len(live) == 1 and f"at line {line} " in live[0], lines
+    graph = [d for d in result.divergences if d.kind == "graph"]
+    assert len(graph) == 1, result.divergences
+    d = graph[0]
+    assert d.hosts == (2,) and d.others == (0, 1) and d.line == line
+    assert "host 2 compiled a different graph at line" in d.what and "than hosts 0 and 1" in (
+        d.what
+    )
+    assert any(
+        "[2,8]" in fact.replace(" ", "") and "[3,8]" in fact.replace(" ", "") for fact in d.changed
+    ), d.changed
+    view = PodView(result)
+    assert "DIVERGED: host 2" in view.text()
+    assert "DIVERGED" in view._repr_html_()
+
+
+def test_straggler_and_host_that_stops_syncing_are_named(fake_slice):
+    lines = []
+
+    def loop(host):
+        import time
+
+        import torch
+        import torch_xla
+
+        w = torch.ones(4, device=torch_xla.device())
+        for step in range(40):  # host 0: 1.6 s of steps, on after host 1 stopped at 0.8 s
+            if host == 1 and step == 4:
+                time.sleep(4)  # stops syncing while host 0 goes on
+                break
+            w = w + 1
+            torch_xla.sync()
+            time.sleep(0.2 if host == 1 else 0.04)  # host 1: slower steps
+        return step
+
+    result = tpu_nb.launch(loop, hosts=2, stream=lines.append, stall_seconds=1.5)
+    live = [line for line in lines if line.startswith("[tpu_nb] host 1 has not synced")]
+    assert live and "while host 0 went on syncing" in live[0], lines
+    assert not [line for line in lines if "no host has synced" in line]  # host 0 went on
+    assert [h.syncs for h in result.hosts] == [40, 4]
+    syncs = [(d.hosts, d.others) for d in result.divergences if d.kind == "syncs"]
+    assert syncs == [((1,), (0,))], result.divergences
+    assert "host 1 synced 4 times, host 0 40" in str(result)
+    assert result.straggler == 1
+    assert result.straggler_reason.startswith("straggler: host 1, median step")
+
+
+def test_nodes_without_tpu_labels_get_one_bundle_per_host(fake_slice, monkeypatch):
+    """A cluster started by hand (`ray start --resources`) has the resources, not the labels:
+    a placement group with one bundle per host, the head resource on the first."""
+    from ray.util.placement_group import placement_group_table
+
+    from tpu_nb.runtime.launch import _hosts
+
+    real = ray.nodes
+    monkeypatch.setattr(ray, "nodes", lambda: [dict(n, Labels={}) for n in real()])
+    reserved = _hosts._reserve(ray, 2, 30)
+    try:
+        table = placement_group_table(reserved.group)
+        assert table["strategy"] == "STRICT_SPREAD" and table["state"] == "CREATED"
+        assert len(table["bundles"]) == HOSTS
+        assert table["bundles"][0] == {"TPU": 4.0, "TPU-v4-32-head": 1.0}
+        assert [h for h, _, _ in reserved.placements] == [0, 1]
+        assert len({node for _, _, node in reserved.placements}) == 2
+        assert reserved.description == "v4-32 (4 hosts)"
+    finally:
+        reserved.release()
+    assert placement_group_table(reserved.group)["state"] == "REMOVED"
+
+
+def test_more_hosts_than_the_slice_has_is_one_line_with_the_fix(fake_slice):
+    with pytest.raises(tpu_nb.TpuNbError, match=r"hosts=9, .* has 4 hosts\. Fix: hosts='all'"):
+        tpu_nb.launch(_steps, hosts=9)
+    with pytest.raises(tpu_nb.TpuNbError, match="Fix: hosts='all'"):
+        tpu_nb.launch(_steps, hosts=0)
+    with pytest.raises(tpu_nb.TpuNbError, match="Fix: drop devices="):
+        tpu_nb.launch(_steps, hosts=2, devices=2)
+
+
+@pytest.mark.stack
+def test_without_a_cluster_or_without_ray_one_line_and_no_hang(py):
+    out = py(
+        """
+        import sys, time
+        import tpu_nb
+        print("imported ray:", "ray" in sys.modules)
+        start = time.monotonic()
+        try:
+            tpu_nb.launch(lambda host: host, hosts="all")
+        except tpu_nb.TpuNbError as exc:
+            print("no cluster:", exc)
+        sys.modules["ray"] = None  # as if not installed
+        try:
+            tpu_nb.launch(lambda host: host, hosts=2)
+        except tpu_nb.TpuNbError as exc:
+            print("no ray:", exc)
+        print("seconds", time.monotonic() - start)
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "tpu_nb")
+        r = ip.run_cell("%%on_tpu --hosts\\n1")
+        print("magic:", type(r.error_in_exec).__name__)
+        r = ip.run_cell("%%on_tpu --hosts 2 --live\\n1")
+        print("magic live:", type(r.error_in_exec).__name__)
+        """
+    ).stdout
+    assert "imported ray: False" in out
+    assert "no cluster: this process is not connected to a Ray cluster" in out
+    assert "Fix: ray.init(address=...)" in out
+    assert "no ray: launching on a slice's hosts needs Ray" in out
+    assert 'Fix: pip install "tpu_nb[pod]"' in out
+    assert float(out.split("seconds")[1].split()[0]) < 10
+    assert "magic: UsageError" in out and "magic live: UsageError" in out
+
+
+def test_view_escapes_what_comes_from_user_code():
+    from tpu_nb.runtime.launch import Divergence, HostResult
+
+    result = PodResult(
+        hosts=(HostResult(host=0, address="<a>"), HostResult(host=1)),
+        wall_seconds=1.0,
+        started_seconds=0.5,
+        slice="v4-16 (2 hosts)",
+        source="x = '<script>'\n",
+        divergences=(Divergence("graph", (1,), (0,), 1, "host 1 <i>", ("op <b>",)),),
+        notes=("note <u>",),
+    )
+    html = PodView(result)._repr_html_()
+    for raw in ("<script>", "<a>", "<i>", "<b>op", "<u>"):
+        assert raw not in html
+    assert "&lt;script&gt;" in html and "&lt;u&gt;" in html
+    assert "line 1: x = '<script>'" in PodView(result).text()
+
+
+def test_view_groups_the_hosts_verdicts_by_kind():
+    from tpu_nb.runtime.launch import HostResult
+
+    def host(k, kind, share):
+        return HostResult(host=k, verdict=f"{kind}: x took {share}%", verdict_kind=kind)
+
+    result = PodResult(
+        hosts=(host(0, "host-bound", 60), host(1, "host-bound", 70), host(2, "read-bound", 50)),
+        wall_seconds=1.0,
+        started_seconds=0.5,
+        slice="v4-32 (4 hosts)",
+    )
+    assert result.verdicts() == [
+        ("hosts 0 and 1; figures of host 0", "host-bound: x took 60%"),
+        ("host 2", "read-bound: x took 50%"),
+    ]
+    text = PodView(result).text()
+    assert "verdict (hosts 0 and 1; figures of host 0): host-bound: x took 60%" in text
+    assert "verdict (host 2): read-bound" in text

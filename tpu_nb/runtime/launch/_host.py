@@ -1,0 +1,295 @@
+"""One host of a pod launch: the Ray actor that runs the cell (or function) on its host.
+
+The launch (`_hosts.py`) starts one per host; this module runs in that host's Ray worker
+process, which is new and serves only this launch. `prepare()` gives the process its own run
+directory (the compile log, torch's temp files), sets up the XLA runtime for the host and
+imports torch_xla; `start()` runs the work in a thread of its own under tpu_nb's tracking and
+returns at once; `poll()` hands back what the work printed since the last poll, its progress
+(syncs, the cell line it is at) and, at the end, its result. Every method returns quickly, so
+the launch can poll, stop and clean up a host whatever its work is doing. Ray is not imported
+here: the launch wraps the class with `ray.remote`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from itertools import pairwise
+from typing import Any
+
+from tpu_nb.runtime.environment import _private_files as private_files
+
+RUN_PREFIX = "tpu_nb-host-"
+
+
+class _Capture:
+    """sys.stdout/sys.stderr of the host process while the work runs: kept until polled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self.parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def take(self) -> str:
+        with self.lock:
+            text, self.parts = "".join(self.parts), []
+        return text
+
+
+def sweep_dead_runs(folder: str | None = None) -> None:
+    """Remove run directories of host processes that died without removing theirs (a host
+    stopped by the launch is killed, not asked): named after a pid that no longer runs."""
+    folder = folder or tempfile.gettempdir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        match = re.match(re.escape(RUN_PREFIX) + r"(\d+)-", name)
+        if not match or private_files.pid_alive(int(match.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class HostWorker:
+    """The actor of one host (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.rundir = ""
+        self.host = self.hosts = 0
+        self.thread: threading.Thread | None = None
+        self.capture = _Capture()
+        self.result: dict | None = None
+        self.syncs = 0
+        self.last_sync = time.monotonic()
+        self.filename = ""
+        # Its own reader of the compile log (the tracked run has another): what compiled
+        # while the work runs, for the launch to compare hosts before the run ends.
+        self.live_log: Any = None  # a metrics.CompileLog
+        self.live_offset = 0
+
+    def prepare(self, host: int, hosts: int, device: str) -> dict:
+        """Set up this host's process for the work: run directory, XLA device, compile-cause
+        analysis; torch_xla imported. Returns where it runs."""
+        sweep_dead_runs()
+        self.host, self.hosts = host, hosts
+        self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
+        # Temp files of torch and torch_xla go into the run directory, removed with it.
+        os.environ["TMPDIR"] = tempfile.tempdir = self.rundir
+        os.environ["TPU_NB_HOST_INDEX"], os.environ["TPU_NB_HOST_COUNT"] = str(host), str(hosts)
+        from tpu_nb.runtime.environment import setup
+
+        env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
+        import torch_xla  # noqa: F401  (the import is part of getting the host ready)
+
+        return {"pid": os.getpid(), "device": env.pjrt_device or ""}
+
+    def start(self, work, started_at: float) -> None:
+        """Run `work` (fn, args, source, filename) in a thread; poll() reports on it."""
+        from tpu_nb.runtime.metrics import CompileLog, compile_log
+
+        log = compile_log()
+        if log is not None:
+            self.live_log = CompileLog.following(log)
+            self.live_offset = self.live_log.size()
+        self.filename = work[3]
+        self.thread = threading.Thread(
+            target=self._run, args=(work, started_at), name="tpu_nb-host", daemon=True
+        )
+        self.thread.start()
+
+    def poll(self) -> dict:
+        """What the work printed since the last poll, its progress, and its result once done
+        (then the run directory is gone)."""
+        done = self.thread is not None and not self.thread.is_alive()
+        report = {
+            "output": self.capture.take(),
+            "syncs": self.syncs,
+            "since_sync": time.monotonic() - self.last_sync,
+            "line": self._current_line(),
+            "graphs": self._new_graphs(),
+            "result": self.result if done else None,
+        }
+        if done:
+            self.cleanup()
+        return report
+
+    def cleanup(self) -> None:
+        """Remove the run directory (the launch calls it before stopping a host early)."""
+        if self.rundir:
+            shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def _new_graphs(self) -> list[tuple[int, str]]:
+        """(cell line, graph hash) of the graphs compiled since the last poll, from the
+        compile log's frames (the outermost frame in the cell); line 0 when none is."""
+        log = self.live_log
+        if log is None:
+            return []
+        try:
+            events = log.events_since(self.live_offset)
+        except Exception:  # the log is a help here, never a failure of the run
+            return []
+        if events:
+            self.live_offset = events[-1].offset + 1
+        out = []
+        for event in events:
+            lines = [f.line for f in event.frames if f.file == self.filename]
+            out.append((lines[-1] if lines else 0, event.graph_hash))
+        return out
+
+    # -- the work, in its thread ---------------------------------------------------------------
+
+    def _current_line(self) -> int:
+        """The line of the cell (or function) the work is running now; 0 when not in it."""
+        thread = self.thread
+        if thread is None or thread.ident is None or not self.filename:
+            return 0
+        frame = sys._current_frames().get(thread.ident)
+        line = 0
+        while frame is not None:
+            if frame.f_code.co_filename == self.filename:
+                line = frame.f_lineno  # the outermost frame of the cell wins
+            frame = frame.f_back
+        return line
+
+    def _run(self, work, started_at: float) -> None:
+        fn, args, source, filename = work
+        result: dict = {"host": self.host, "pid": os.getpid()}
+        result["started"] = time.time() - started_at
+        stdout, stderr = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = self.capture
+        try:
+            self._tracked(fn, args, source, filename, result)
+        finally:
+            sys.stdout, sys.stderr = stdout, stderr
+            self.result = result
+
+    def _tracked(self, fn, args, source, filename, result: dict) -> None:
+        from torch_xla.core import xla_model
+
+        from tpu_nb.runtime.environment import default_device
+        from tpu_nb.runtime.launch._cell import CellFunction
+        from tpu_nb.runtime.tracking import track
+
+        syncs: list[float] = []
+        counting = [True]  # the work's own syncs, not tracking's final one
+
+        def on_sync():
+            if counting[0]:
+                syncs.append(time.perf_counter())
+                self.syncs, self.last_sync = len(syncs), time.monotonic()
+                xla_model.add_step_closure(on_sync)
+
+        xla_model.add_step_closure(on_sync)
+        if isinstance(fn, CellFunction):
+            statements, expression = fn.compiled()
+            codes: tuple = (statements, expression)
+        else:
+            codes = (fn.__code__,)
+            if source:  # tracebacks show the function's lines on this host too
+                lines = source.splitlines(True)
+                import linecache
+
+                linecache.cache[filename] = (len(source), None, lines, filename)
+        start = time.perf_counter()
+        report = None
+        try:
+            with track(f"host {self.host}", code=codes) as report:
+                if isinstance(fn, CellFunction):
+                    namespace = {
+                        "__name__": "__main__",
+                        **fn.variables,
+                        "index": self.host,
+                        "host": self.host,
+                        "hosts": self.hosts,
+                    }
+                    # As in %%on_tpu: the host's device by default, for the cell's code only.
+                    with default_device(code=codes):
+                        exec(statements, namespace)
+                        value = eval(expression, namespace) if expression is not None else None
+                else:
+                    value = fn(self.host, *args)
+                counting[0] = False
+            result["value"] = _sendable(value, result)
+        except BaseException as exc:  # the host's own error: reported, the launch stops all
+            counting[0] = False
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["traceback"] = _user_traceback(exc)
+        result["wall_seconds"] = time.perf_counter() - start
+        result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
+        result["syncs"] = len(syncs)
+        if report is not None and report.complete:
+            _report_facts(report, filename, result)
+
+
+def _sendable(value, result: dict):
+    """`value` if it can travel back to the notebook, else None with the reason."""
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        result["value_error"] = f"{type(exc).__name__}: {exc}"
+        return None
+    return value
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the first frame outside this module (the user's code)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _report_facts(report, filename: str, result: dict) -> None:
+    """What the launch compares across hosts, as plain data: counters, the verdict, and each
+    compiled graph with its line and the pending graph captured before it."""
+    from tpu_nb.runtime.launch._pod import GraphRecord
+    from tpu_nb.runtime.tracking import captured_graph
+
+    result["metrics"] = report.metrics
+    result["compile_analysis"] = report.compile_analysis
+    anatomy = report.anatomy
+    verdict = getattr(anatomy, "verdict", None)
+    if verdict is not None:
+        result["verdict"], result["verdict_kind"] = str(verdict), verdict.kind
+    graphs = []
+    for event in report.compile_events:
+        site = event.site
+        frame = site.line if site is not None else event.user_frame
+        line = frame.line if frame is not None and frame.file == filename else 0
+        graphs.append(
+            GraphRecord(
+                line,
+                event.graph_hash,
+                event.cause,
+                event.inputs,
+                event.outputs,
+                captured_graph(event),
+            )
+        )
+    result["graphs"] = tuple(graphs)

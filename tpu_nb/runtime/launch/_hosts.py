@@ -1,0 +1,557 @@
+"""`launch(fn, hosts=...)`: run a function (or a notebook cell) once on every host of a TPU pod
+slice, through Ray, from a notebook on one of them.
+
+A multi-host slice (v4-16, v5e-16, ...) runs one process per host, each over its own chips; a
+notebook on host 0 sees host 0 only. The launch needs the notebook connected to a Ray cluster
+running on the slice's hosts (`ray.init(address=...)`). It reserves the slice through Ray
+(`ray.util.tpu.SlicePlacementGroup` when the nodes carry Ray's TPU labels, else a placement
+group with one bundle per host, the first on the `TPU-<pod type>-head` resource), starts one
+actor per host (`_host.HostWorker`, a new process serving only this launch), sends the work
+once through Ray's object store (the cell and the variables it uses, as the replicas' worker
+path does) and polls every host a few times a second from the calling thread: what each host
+printed comes back prefixed `[host k]`, a host that raises stops the others (HostError, with
+its traceback), an interrupt stops every host, and in every case the actors are killed and the
+placement group removed; each host removes its own run directory. Every wait has a timeout.
+
+The result lines the hosts up (PodResult) and says what tpu_nb judges from all of them
+together (see _pod.py): a host that compiled a different graph at a line than the others,
+a host that synced a different number of times, the straggler.
+
+Ray is imported only here, only when a launch asks for hosts: `import tpu_nb` never imports it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.launch import _replicas as replicas
+from tpu_nb.runtime.launch._cell import CellFunction
+from tpu_nb.runtime.launch._pod import (
+    GraphRecord,
+    HostError,
+    HostLost,
+    HostResult,
+    PodResult,
+    find_straggler,
+    graph_divergences,
+    host_list,
+    sync_divergences,
+)
+
+NO_RAY = (
+    "launching on a slice's hosts needs Ray, which is not installed here. "
+    'Fix: pip install "tpu_nb[pod]" (on every host of the slice)'
+)
+NO_CLUSTER = (
+    "this process is not connected to a Ray cluster, so tpu_nb cannot reach the slice's "
+    "hosts. Fix: ray.init(address=...) with the address of the Ray head on the slice "
+    "(`ray start --head` on host 0, `ray start --address=HOST0:6379` on the others)"
+)
+POLL_SECONDS = 0.1  # how often the launch asks every host for its output and progress
+
+
+@dataclass
+class _Slice:
+    """A reserved slice: its placement group(s) and, per host, the bundle and node."""
+
+    description: str
+    hosts_in_slice: int
+    placements: list[tuple[int, int, str]]  # (host index, bundle index, node id)
+    chips: float
+    group: Any = None  # the worker placement group (Ray's PlacementGroup)
+    release: Callable[[], None] = lambda: None
+    nodes: dict = field(default_factory=dict)  # node id -> Ray's node record
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise TpuNbError(NO_RAY) from None
+    if not ray.is_initialized():
+        raise TpuNbError(NO_CLUSTER)
+    return ray
+
+
+def _check_hosts(hosts) -> None:
+    if hosts == "all":
+        return
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
+        raise TpuNbError(
+            f"hosts must be 'all' or a whole number of at least 1; got {hosts!r}. "
+            "Fix: hosts='all' (every host of the slice) or e.g. hosts=2."
+        )
+
+
+def _slices(ray) -> dict[str, list[dict]]:
+    """The cluster's TPU hosts, grouped by slice (Ray's `ray.io/tpu-slice-name` label; one
+    slice of every TPU node when the nodes carry no label)."""
+    found: dict[str, list[dict]] = {}
+    for node in ray.nodes():
+        if node.get("Alive") and node.get("Resources", {}).get("TPU", 0) > 0:
+            name = (node.get("Labels") or {}).get("ray.io/tpu-slice-name", "")
+            found.setdefault(name, []).append(node)
+    return found
+
+
+def _head_resource(nodes: list[dict]) -> str:
+    for node in nodes:
+        for key in node.get("Resources", {}):
+            if key.startswith("TPU-") and key.endswith("-head"):
+                return key
+    return ""
+
+
+def _reserve(ray, hosts, timeout: float) -> _Slice:
+    """Reserve a whole slice (every host: a slice's runtime starts on all of them)."""
+    slices = _slices(ray)
+    if not slices:
+        raise TpuNbError(
+            "the Ray cluster has no TPU host (no node offers the 'TPU' resource). Fix: "
+            "start Ray on every TPU VM of the slice (`ray start --head` on host 0, "
+            "`ray start --address=HOST0:6379` on the others), then ray.init(address=...)"
+        )
+    wanted = None if hosts == "all" else hosts
+    name, nodes = max(
+        slices.items(), key=lambda kv: (bool(_head_resource(kv[1])), len(kv[1]), kv[0])
+    )
+    if wanted is not None and wanted > len(nodes):
+        raise TpuNbError(
+            f"hosts={wanted}, but the largest slice in the Ray cluster has {len(nodes)} "
+            f"host{'s' if len(nodes) != 1 else ''}. Fix: hosts='all'"
+        )
+    labels = nodes[0].get("Labels") or {}
+    head = _head_resource(nodes)
+    pod_type = labels.get("ray.io/tpu-pod-type") or head[len("TPU-") : -len("-head")]
+    topology = labels.get("ray.io/tpu-topology", "")
+    chips = min(n["Resources"]["TPU"] for n in nodes)
+    description = f"{pod_type or 'a TPU slice'} ({len(nodes)} host{'s' if len(nodes) != 1 else ''})"
+    if name and topology and pod_type:
+        from ray.util.tpu import SlicePlacementGroup
+
+        try:
+            # The slice is chosen by name: its label on every bundle gang-schedules it,
+            # without Ray's head reservation (a task in a new process, to learn the name).
+            handle = SlicePlacementGroup(
+                topology=topology,
+                accelerator_version=pod_type.split("-")[0],
+                head_reservation_timeout_s=timeout,
+                bundle_label_selector=[{"ray.io/tpu-slice-name": name} for _ in nodes],
+            )
+        except (TimeoutError, RuntimeError, ValueError) as exc:
+            raise TpuNbError(_not_reserved(description, timeout, exc)) from None
+        group, release = handle.placement_group, handle.shutdown
+    else:
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        bundles = [{"TPU": chips} for _ in nodes]
+        if head:
+            bundles[0][head] = 1
+        group = placement_group(bundles, strategy="STRICT_SPREAD")
+        release = lambda: remove_placement_group(group)  # noqa: E731
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout) if group is not None else ([], [])
+    except BaseException:  # an interrupt while waiting: the reservation goes too
+        release()
+        raise
+    if not ready:
+        release()
+        raise TpuNbError(_not_reserved(description, timeout, None))
+    placed = _placements(ray, group, nodes)
+    chosen = placed if wanted is None else placed[:wanted]
+    slice_ = _Slice(description, len(nodes), chosen, chips, group, release)
+    slice_.nodes = {n["NodeID"]: n for n in nodes}
+    return slice_
+
+
+def _not_reserved(description: str, timeout: float, exc) -> str:
+    why = f" ({str(exc).splitlines()[0]})" if exc is not None else ""
+    return (
+        f"could not reserve the hosts of {description} within {timeout:.0f} s{why}: another "
+        "job holds them, or a host is missing. Fix: wait for the other job, or check "
+        "ray.nodes() on the slice"
+    )
+
+
+def _placements(ray, group, nodes) -> list[tuple[int, int, str]]:
+    """(host index, bundle, node id) per host, by host index: the node's TPU worker id where
+    every node has one (torch_xla's multi-host runtime numbers hosts so), else bundle order."""
+    from ray.util.placement_group import placement_group_table
+
+    bundle_nodes = placement_group_table(group).get("bundles_to_node_id", {})
+    worker_ids = {n["NodeID"]: (n.get("Labels") or {}).get("ray.io/tpu-worker-id") for n in nodes}
+    rows = []
+    for bundle in sorted(bundle_nodes):
+        node = bundle_nodes[bundle]
+        rows.append((worker_ids.get(node), int(bundle), node))
+    ids = [r[0] for r in rows]
+    numbered = all(i is not None and i.isdigit() for i in ids) and len(set(ids)) == len(ids)
+    if numbered:
+        rows.sort(key=lambda r: int(str(r[0])))
+    return [(host, bundle, node) for host, (_, bundle, node) in enumerate(rows)]
+
+
+class _Hosts:
+    """The actors of one launch, polled from the calling thread."""
+
+    def __init__(self, ray, reserved: _Slice, stream, stall_seconds: float):
+        self.ray, self.slice, self.stream = ray, reserved, stream
+        self.stall_seconds = stall_seconds
+        self.actors: list = []
+        self.partial: dict[int, str] = {}
+        self.results: dict[int, dict] = {}
+        self.progress: dict[int, tuple[int, float]] = {}  # host -> (syncs, when it changed)
+        self.stalled: set[int] = set()
+        self.notes: list[str] = []
+        self.info: dict[int, dict] = {}
+        self.timings: dict[str, float] = {}
+        self.live_graphs: dict[int, list[GraphRecord]] = {}  # from each host's compile log
+        self.said: set[tuple[int, tuple[int, ...]]] = set()  # live divergences shown
+        self.said_stall: set[str] = set()
+        self.lost: set[int] = set()  # hosts whose process died or stopped answering
+
+    def start_actors(self, timeout: float, device: str) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from tpu_nb.runtime.launch._host import HostWorker
+
+        remote = self.ray.remote(HostWorker)
+        n = len(self.slice.placements)
+        for _host, bundle, _node in self.slice.placements:
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self.slice.group, placement_group_bundle_index=bundle
+            )
+            self.actors.append(
+                remote.options(
+                    num_cpus=0,
+                    resources={"TPU": self.slice.chips},
+                    scheduling_strategy=strategy,
+                    max_restarts=0,
+                ).remote()
+            )
+        refs = [
+            a.prepare.remote(h, n, device)
+            for (h, _, _), a in zip(self.slice.placements, self.actors, strict=True)
+        ]
+        ready, _ = self.ray.wait(refs, num_returns=n, timeout=timeout)
+        for host, ref in enumerate(refs):
+            if ref not in ready:
+                raise TpuNbError(
+                    f"host {host} did not get ready within {timeout:.0f} s (a new Python "
+                    "process importing torch_xla and setting up its runtime). Fix: check "
+                    "that host in ray.nodes(), or pass a longer start_timeout"
+                )
+            try:
+                self.info[host] = self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:
+                first = (
+                    str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                )
+                raise TpuNbError(
+                    f"host {host} could not start tpu_nb: {first}. Fix: install the same "
+                    "tpu_nb, torch and torch_xla on every host of the slice (pip install "
+                    '"tpu_nb[pod]")'
+                ) from None
+
+    def run(self, work_ref, started_at: float, poll_timeout: float) -> None:
+        ray = self.ray
+        starts = [a.start.remote(work_ref, started_at) for a in self.actors]
+        for host, ref in enumerate(starts):
+            try:
+                ray.get(ref, timeout=poll_timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s") from None
+            except ray.exceptions.RayError as exc:
+                said = str(exc).strip().splitlines()
+                raise TpuNbError(
+                    f"host {host} could not load the work: "
+                    f"{said[-1].strip() if said else type(exc).__name__}. Fix: define the "
+                    "function in the notebook (sent by value), or install its module on "
+                    "every host"
+                ) from None
+        running = dict(enumerate(self.actors))
+        now = time.monotonic()
+        self.progress = {h: (0, now) for h in running}
+        while running:
+            polls = {h: a.poll.remote() for h, a in running.items()}
+            at: dict[int, int] = {}  # the cell line each host is at
+            ready, _ = ray.wait(list(polls.values()), num_returns=len(polls), timeout=poll_timeout)
+            for host, ref in polls.items():
+                if ref not in ready:
+                    self.lost.add(host)
+                    raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s")
+                try:
+                    report = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self.lost.add(host)
+                    raise HostLost(host, "died", str(exc)) from None
+                self._show(host, report["output"])
+                self._watch(host, report)
+                at[host] = report["line"]
+                self.live_graphs.setdefault(host, []).extend(
+                    GraphRecord(line, graph_hash) for line, graph_hash in report["graphs"]
+                )
+                if report["result"] is not None:
+                    self._flush(host)
+                    result = report["result"]
+                    if result.get("error"):
+                        raise HostError(
+                            host, len(self.actors), result["error"], result["traceback"]
+                        )
+                    self.results[host] = result
+                    del running[host]
+            self._compare_live()
+            self._watch_all(running, at)
+            if running:
+                time.sleep(POLL_SECONDS)
+
+    def _compare_live(self) -> None:
+        """Say at once when a host compiled a different graph at a line than the others:
+        on a real slice, the collective after it would wait forever, and the run's end (with
+        the full comparison) would never come."""
+        if len(self.live_graphs) < 2:
+            return
+        seen = tuple(
+            HostResult(host=h, graphs=tuple(g), compile_analysis=True)
+            for h, g in sorted(self.live_graphs.items())
+        )
+        for d in graph_divergences(seen, live=True):
+            key = (d.line, d.hosts)
+            if key not in self.said:
+                self.said.add(key)
+                self.stream(
+                    f"[tpu_nb] {d.what}: on a real slice, a collective after it waits "
+                    "forever (what differs: in the view when the cell ends)"
+                )
+
+    def _show(self, host: int, text: str) -> None:
+        if not text:
+            return
+        text = self.partial.get(host, "") + text
+        *lines, self.partial[host] = text.split("\n")
+        for line in lines:
+            self.stream(f"[host {host}] {line}")
+
+    def _flush(self, host: int) -> None:
+        rest = self.partial.pop(host, "")
+        if rest:
+            self.stream(f"[host {host}] {rest}")
+
+    def _watch(self, host: int, report: dict) -> None:
+        """Say once, while it runs, that a host stopped syncing while others went on."""
+        now = time.monotonic()
+        syncs, since = self.progress.get(host, (0, now))
+        if report["syncs"] != syncs:
+            self.progress[host] = (report["syncs"], now)
+            return
+        if host in self.stalled or report["result"] is not None:
+            return
+        waited = now - since
+        moved = [h for h, (_, t) in self.progress.items() if h != host and t > since]
+        if waited >= self.stall_seconds and moved:
+            self.stalled.add(host)
+            at = f" (it is at line {report['line']})" if report["line"] else ""
+            note = (
+                f"host {host} has not synced for {waited:.0f} s{at} while "
+                f"{host_list(moved)} went on syncing: in a slice, their next collective "
+                f"waits for host {host}"
+            )
+            self.notes.append(note)
+            self.stream(f"[tpu_nb] {note}")
+
+    def _watch_all(self, running: dict, lines: dict[int, int]) -> None:
+        """Say once when every running host has stopped syncing (after syncing at least
+        once): on a real slice, hosts stuck in one collective look like this."""
+        if "all" in self.said_stall or len(running) < 2:
+            return
+        now = time.monotonic()
+        progress = [self.progress.get(h, (0, now)) for h in running]
+        if all(n > 0 and now - t >= self.stall_seconds for n, t in progress):
+            self.said_stall.add("all")
+            waited = min(now - t for _, t in progress)
+            where = ", ".join(
+                f"host {h} at line {lines[h]}" if lines.get(h) else f"host {h}"
+                for h in sorted(running)
+            )
+            note = f"no host has synced for {waited:.0f} s ({where})"
+            self.notes.append(note)
+            self.stream(f"[tpu_nb] {note}")
+
+    def stop(self) -> None:
+        """Every host: its run directory removed (briefly asked), its process killed; then the
+        placement group removed."""
+        ray = self.ray
+        asks = [a.cleanup.remote() for a in self.actors]
+        if asks:
+            ray.wait(asks, num_returns=len(asks), timeout=5)
+        for actor in self.actors:
+            with suppress(Exception):  # already gone
+                ray.kill(actor, no_restart=True)
+        self._sweep_lost()
+        self.slice.release()
+
+    def _sweep_lost(self) -> None:
+        """A host whose process died could not remove its run directory: a small task on
+        its node removes the directories of processes that no longer run."""
+        if not self.lost:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from tpu_nb.runtime.launch._host import sweep_dead_runs
+
+        sweep = self.ray.remote(num_cpus=0)(sweep_dead_runs)
+        nodes = {node for host, _, node in self.slice.placements if host in self.lost}
+        refs = [
+            sweep.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote()
+            for node in nodes
+        ]
+        with suppress(Exception):  # best effort: the next launch on that host sweeps too
+            self.ray.wait(refs, num_returns=len(refs), timeout=30)
+
+
+def _work(fn, args) -> tuple:
+    """(fn, args, source, filename): the source lets each host place findings and show
+    tracebacks with the cell's (or the function's) lines."""
+    if isinstance(fn, CellFunction):
+        return fn, args, fn.source, fn.filename
+    code = getattr(fn, "__code__", None)
+    filename = code.co_filename if code is not None else ""
+    source = "".join(linecache.getlines(filename)) if filename else ""
+    return fn, args, source, filename
+
+
+def launch_hosts(
+    fn: Callable,
+    *args,
+    hosts: int | str = "all",
+    stream: Callable[[str], None] = print,
+    device: str = "auto",
+    reserve_timeout: float = 60.0,
+    start_timeout: float = 300.0,
+    poll_timeout: float = 60.0,
+    stall_seconds: float = 60.0,
+) -> PodResult:
+    """Run `fn(host, *args)` once on each host of the slice (see launch())."""
+    __tracebackhide__ = True  # noqa: F841
+    _check_hosts(hosts)
+    if not callable(fn):
+        raise TpuNbError(
+            f"launch needs a function to run; got {type(fn).__name__} {fn!r:.40}. Fix: "
+            "launch(train, hosts='all'), with train(host) defined first."
+        )
+    ray = _import_ray()
+    start, started_at = time.perf_counter(), time.time()
+    try:
+        work_ref = ray.put(_work(fn, args))
+    except Exception as exc:
+        raise TpuNbError(
+            f"cannot send the work to the hosts ({type(exc).__name__}: {exc}). Fix: pass "
+            "plain data and CPU tensors (move device tensors with .cpu()), or build them "
+            "in the cell itself"
+        ) from None
+    reserved = _reserve(ray, hosts, reserve_timeout)
+    pod = _Hosts(ray, reserved, stream, stall_seconds)
+    pod.timings["reserved"] = time.perf_counter() - start
+    try:
+        pod.start_actors(start_timeout, device)
+        pod.timings["ready"] = time.perf_counter() - start
+        pod.run(work_ref, started_at, poll_timeout)
+    finally:
+        pod.stop()
+    return _collect(pod, reserved, fn, time.perf_counter() - start)
+
+
+def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float) -> PodResult:
+    hosts = []
+    for host, _, node in reserved.placements:
+        result = pod.results[host]
+        hosts.append(
+            HostResult(
+                host=host,
+                node=node,
+                address=reserved.nodes.get(node, {}).get("NodeManagerAddress", ""),
+                pid=result["pid"],
+                value=result.get("value"),
+                value_error=result.get("value_error", ""),
+                wall_seconds=result["wall_seconds"],
+                started_seconds=result["started"],
+                step_seconds=result["step_seconds"],
+                syncs=result["syncs"],
+                metrics=result.get("metrics"),
+                verdict=result.get("verdict", ""),
+                verdict_kind=result.get("verdict_kind", ""),
+                graphs=result.get("graphs", ()),
+                compile_analysis=result.get("compile_analysis", False),
+            )
+        )
+    lined_up = tuple(hosts)
+    straggler, why = find_straggler(lined_up)
+    notes = list(pod.notes)
+    if len(lined_up) < reserved.hosts_in_slice:
+        notes.append(
+            f"ran on {len(lined_up)} of the slice's {reserved.hosts_in_slice} hosts: on a real "
+            "slice, torch_xla's multi-host runtime starts on every host (hosts='all')"
+        )
+    notes += [
+        f"Host {h.host}'s return value could not be sent back ({h.value_error}), so its value "
+        "is None. Fix: return plain data (numbers, lists, tensors moved with .cpu())."
+        for h in lined_up
+        if h.value_error
+    ]
+    unknown = [h.host for h in lined_up if not h.compile_analysis]
+    if unknown:
+        notes.append(
+            f"{host_list(unknown)} recorded no compile causes, so their graphs were not compared"
+        )
+    return PodResult(
+        hosts=lined_up,
+        wall_seconds=wall,
+        started_seconds=max(h.started_seconds for h in lined_up),
+        slice=reserved.description,
+        reserved_seconds=pod.timings.get("reserved", 0.0),
+        ready_seconds=pod.timings.get("ready", 0.0),
+        source=_work(fn, ())[2],
+        divergences=tuple(graph_divergences(lined_up) + sync_divergences(lined_up)),
+        straggler=straggler,
+        straggler_reason=why,
+        notes=tuple(notes),
+    )
+
+
+def launch(fn: Callable, *args, hosts: int | str | None = None, **options):
+    """Run `fn` on every XLA device of this host, or once on every host of a TPU pod slice.
+
+    Without `hosts`: `launch(fn, *args, devices="all", mode="replicas", stream=print)` runs
+    on this host's devices (replicas or SPMD; see tpu_nb.runtime.launch._replicas) and
+    returns a LaunchResult.
+
+    hosts='all' or N: `fn(host, *args)` runs once on each of the first N hosts (by TPU
+    worker id) of the slice of the Ray cluster this process is connected to
+    (`ray.init(address=...)`; `pip install "tpu_nb[pod]"`), each in a new process under
+    tpu_nb's tracking. Prints come back prefixed `[host k]`; an exception on one host
+    stops the others (HostError, with its traceback); an interrupt stops every host; the
+    hosts' processes and the slice's reservation are released at the end. Returns a
+    PodResult: each host's value, counters, steps and verdict, and what tpu_nb judged from
+    all of them (a host that compiled a different graph at a line, a host that synced a
+    different number of times, the straggler). Options: stream, device ("auto": each
+    host's TPU, else its CPU), reserve_timeout, start_timeout, poll_timeout and
+    stall_seconds (seconds without a sync, while others sync, before tpu_nb says so).
+    """
+    __tracebackhide__ = True  # noqa: F841
+    if hosts is None:
+        return replicas.launch(fn, *args, **options)
+    for name in ("devices", "mode"):
+        if name in options:
+            raise TpuNbError(
+                f"{name}= chooses the devices of one host; hosts= runs the function once "
+                f"per host of a slice. Fix: drop {name}= (or hosts=)"
+            )
+    return launch_hosts(fn, *args, hosts=hosts, **options)
