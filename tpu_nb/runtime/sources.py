@@ -214,6 +214,14 @@ def _trampoline(key: tuple[str, int, str], globals_: dict):
         co_filename=filename, co_firstlineno=max(1, line), co_name=name, co_qualname=name
     )
     made = FunctionType(code, globals_)
+    # Named like the caller's code, Dynamo would take it for the user's and compile it as a
+    # frame of its own (after a graph break): it is tpu_nb's, and Dynamo skips it.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is not None:
+        try:
+            eval_frame.skip_code(code)
+        except Exception:  # another torch: at worst Dynamo compiles one more small frame
+            logging.getLogger("tpu_nb").debug("cannot keep a trampoline out of Dynamo")
     if len(_trampolines) >= 4096:  # bounded: one per calling line
         _trampolines.clear()
     _trampolines[key] = made

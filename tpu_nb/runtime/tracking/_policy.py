@@ -30,6 +30,7 @@ from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
 
 MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
@@ -349,9 +350,16 @@ def judge_run(report) -> Judgement:
     by_line: dict[tuple[str, int], list[int]] = {}
     for i, e in enumerate(events):
         key = line_key(e)
-        if key is not None and e.kind != "dynamo":
+        if key is not None and e.kind != "dynamo" and not dynamo.inputs_sync(e):
             by_line.setdefault(key, []).append(i)
-    kinds = [""] * len(events)
+    # A compiled function's graphs (torch.compile): one-time, unless Dynamo compiled the
+    # frame again because a guard failed (what it saw change is the finding's fact).
+    kinds = [
+        (RECOMPILE if dynamo.what_changed(e)[:1] and _guard_failed(e) else FIRST)
+        if e.kind == "dynamo"
+        else ""
+        for e in events
+    ]
     lines = {}
     for key, indexes in by_line.items():
         pattern = classify_line(
@@ -370,6 +378,10 @@ def judge_run(report) -> Judgement:
     }
     judgement = Judgement(tuple(kinds), lines, reads)
     return _with_verdict(judgement, report, events)
+
+
+def _guard_failed(event: CompileEvent) -> bool:
+    return dynamo.what_changed(event)[0].startswith("Dynamo compiled")
 
 
 def _with_verdict(judgement: Judgement, report, events) -> Judgement:
@@ -409,7 +421,8 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
 
 
 def _one_time_seconds(report, one_time_steps: set[int]) -> float:
-    steps = getattr(report.anatomy, "steps", ())
+    a = report.anatomy
+    steps = tuple(getattr(a, "steps", ())) + ((a.tail,) if getattr(a, "tail", None) else ())
     return sum(s.compile for s in steps if s.index in one_time_steps)
 
 

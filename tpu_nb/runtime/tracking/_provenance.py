@@ -99,6 +99,21 @@ _PLUMBING_FILES = (
     "torch/functional.py",
 )
 _PLUMBING_FUNCTIONS = {"mark_step", "sync"}
+# Syncs that are the runtime's plumbing around a compiled function, not a step of the user's:
+# torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the work
+# pending before the function.
+_BRIDGE_FILE = "torch_xla/_dynamo/dynamo_bridge.py"
+_INPUTS_SYNC = ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile")
+
+
+def _plumbing_sync(frame) -> bool:
+    code = frame.f_code
+    path = code.co_filename
+    return path.endswith(_BRIDGE_FILE) or (
+        code.co_name == _INPUTS_SYNC[1] and path.endswith(_INPUTS_SYNC[0])
+    )
+
+
 _MAX_DEPTH = 400  # frames walked at most from a hook to the tracked code
 
 
@@ -279,10 +294,15 @@ class Recorder:
         @functools.wraps(original)
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
+            caller = sys._getframe(1)
             if not recorder.active or recorder._compiling():
-                return as_caller(sys._getframe(1))(original, args, kwargs)
-            entry = time.time()
+                return as_caller(caller)(original, args, kwargs)
             before = recorder._counter("UncachedCompile")
+            if _plumbing_sync(caller):  # not a step: its compiles are still anchored
+                result = as_caller(caller)(original, args, kwargs)
+                recorder._after_sync(before, None, None, caller)
+                return result
+            entry = time.time()
             graph, site = (
                 recorder._maybe_capture(sys._getframe(1)) if recorder._capture else (None, None)
             )
@@ -294,7 +314,7 @@ class Recorder:
             finally:
                 local.in_sync = False
             recorder._notify(recorder.on_sync, entry, start)
-            recorder._after_sync(before, graph, site, sys._getframe(1))
+            recorder._after_sync(before, graph, site, caller)
             recorder.recording.syncs += 1
             return result
 

@@ -1,0 +1,67 @@
+"""Each tutorial's `%%on_tpu` reports keep the verdict and the kinds of advice its lesson
+teaches: no tutorial shows advice that contradicts its own lesson (padding advice on the
+bucketing fix, "read after the loop" on a read after the loop, compile-bound on a warm-up).
+
+The recorded outputs are what `make test-notebooks` compares each run with (nbval), so
+pinning them here pins what a learner sees. When a tutorial changes, re-record it and update
+the table only after reading the report as a learner would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tpu_nb.display.reports import KIND_WORDS
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+VERDICTS = ("device-bound", "host-bound", "input-bound", "compile-bound", "read-bound")
+
+# notebook -> one entry per %%on_tpu report, in order: (the verdict on the summary line, or
+# "no verdict yet", or "" for a cell that is not a loop; RECOMPILED shown; the kinds of
+# finding that come with advice).
+EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {}
+
+
+def reports(path: Path) -> list[str]:
+    """The plain-text report of each `%%on_tpu` cell, in order."""
+    out = []
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] != "code" or not "".join(cell["source"]).startswith("%%on_tpu"):
+            continue
+        texts = [
+            "".join(o.get("data", {}).get("text/plain", ""))
+            for o in cell.get("outputs", [])
+            if o.get("output_type") in ("display_data", "execute_result")
+        ]
+        out.append(next((t for t in texts if t.startswith("XLA: ")), ""))
+    return out
+
+
+def judgement(text: str) -> tuple[str, bool, set[str]]:
+    lines = text.splitlines()
+    head = lines[0] if lines else ""
+    last = head.rsplit(" | ", 1)[-1]
+    verdict = last if last in VERDICTS or last == "no verdict yet" else ""
+    advice: set[str] = set()
+    if "what to do:" in lines:
+        for line in lines[lines.index("what to do:") + 1 :]:
+            if not line.startswith("  ") or line.startswith("   "):
+                break
+            words = line.strip().split(" (", 1)[0]
+            advice |= {kind for kind, said in KIND_WORDS.items() if said == words}
+    return verdict, "RECOMPILED" in head, advice
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_tutorial_reports_keep_their_lesson(name):
+    got = [judgement(t) for t in reports(NOTEBOOKS / f"{name}.ipynb")]
+    assert got == EXPECTED[name]
+
+
+def test_every_tutorial_report_is_pinned():
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        if reports(path):
+            assert path.stem in EXPECTED, f"{path.stem}: add its reports to EXPECTED"
