@@ -148,7 +148,7 @@ def test_setup_fresh_process_sets_everything_and_is_idempotent(py):
         for k in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "PT_XLA_DEBUG_LEVEL", "XLA_IR_DEBUG",
                   "XLA_HLO_DEBUG"):
             print(k, os.environ[k])
-        print(os.environ["PT_XLA_DEBUG_FILE"].endswith(f"compile-analysis-{os.getpid()}.log"))
+        print(env.debug_file.endswith(f"compile-analysis-{os.getpid()}.log"))
         import torch, torch_xla, torch_xla.runtime as xr
         print("devices", xr.global_runtime_device_count())
         t = torch.ones(3, device=torch_xla.device()) + 1

@@ -220,7 +220,10 @@ def setup(
         current = os.environ.get("PT_XLA_DEBUG_LEVEL", "")
         if current.strip() in ("", "0"):
             wanted.append(("PT_XLA_DEBUG_LEVEL", "1", compiled_why))
-        path = debug_file or os.environ.get("PT_XLA_DEBUG_FILE") or default_debug_file()
+        inherited = os.environ.get("PT_XLA_DEBUG_FILE")
+        if private_files.inherited_from_another_process(inherited):
+            inherited = None  # a parent process's held log: not this process's to use
+        path = debug_file or inherited or default_debug_file()
         wanted.append(("PT_XLA_DEBUG_FILE", os.path.abspath(path), compiled_why))
     if "XLA_METRICS_SAMPLES" not in os.environ:
         wanted.append(
@@ -257,7 +260,14 @@ def setup(
             "back on CPU, so it gives no speed-up there (it does on TPU)"
         )
     if "PT_XLA_DEBUG_FILE" in changes:  # created 0600 by us before torch_xla opens it
-        notes += private_files.prepare_log(changes["PT_XLA_DEBUG_FILE"])
+        named = changes["PT_XLA_DEBUG_FILE"]
+        given, log_notes = private_files.prepare_log(named)
+        notes += log_notes
+        if given != named:  # handed over as the descriptor we hold: say which file it is
+            changes["PT_XLA_DEBUG_FILE"] = given
+            applied[applied.index(f"PT_XLA_DEBUG_FILE={named}")] = (
+                f"PT_XLA_DEBUG_FILE={given} ({named}, held open)"
+            )
     if "XLA_PERSISTENT_CACHE_PATH" in changes:
         _make_cache_dir(changes["XLA_PERSISTENT_CACHE_PATH"])
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"

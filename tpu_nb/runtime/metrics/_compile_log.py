@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.metrics._counters import on_reset
 from tpu_nb.runtime.sources import is_library
 
@@ -194,6 +195,7 @@ class CompileLog:
 
     def __init__(self, path: str, *, start: int = 0):
         self.path = path
+        self.name = private_files.log_name(path)  # the file's name when path is /proc/.../fd/N
         # Bytes of the current file parsed into events. A reader that wants only what comes
         # next (the live dashboard) starts at the file's current size: a block boundary
         # unless a compile is being logged at that very moment.
@@ -252,7 +254,7 @@ class CompileLog:
         logged = len(self.events_since(offset))
         if any(b > offset for b in self.breaks):
             return (
-                f"the compile log {self.path} was deleted, replaced or truncated during "
+                f"the compile log {self.name} was deleted, replaced or truncated during "
                 "this run, so the causes of its compiles are unknown"
             )
         if logged >= compiles:
@@ -264,8 +266,8 @@ class CompileLog:
             )
         return (
             f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
-            f"compile log {self.path} holds the causes of {logged}: "
-            f"{_write_failure(self.path)}"
+            f"compile log {self.name} holds the causes of {logged}: "
+            f"{_write_failure(self.name)}"
         )
 
     def forget(self) -> None:
@@ -295,8 +297,6 @@ class CompileLog:
     def _recreate(self) -> os.stat_result | None:
         """The file is gone: make our private one again (before torch_xla recreates it with
         default permissions, or cannot because its directory went too)."""
-        from tpu_nb.runtime.environment import _private_files as private_files
-
         if not private_files.ensure_log(self.path):
             return None
         try:
