@@ -92,6 +92,21 @@ def _check_num_devices(num_devices, device: str) -> int | None:
     return num_devices
 
 
+def _check_inherited_devices(device: str, started: bool) -> None:
+    """A CPU_NUM_DEVICES already in the environment is held to the bound --devices is: a
+    typo such as 100000000000 would eat all memory at the first device use."""
+    value = os.environ.get("CPU_NUM_DEVICES")
+    if device != "cpu" or started or value is None:
+        return
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_CPU_DEVICES):
+        raise TpuNbError(
+            f"CPU_NUM_DEVICES={value!r} in the environment is not a device count from 1 to "
+            f"{MAX_CPU_DEVICES}. Fix: num_devices=4 (%tpu_setup --devices 4) to override it, "
+            "or remove it (del os.environ['CPU_NUM_DEVICES']) for one device."
+        )
+
+
 def _check_options(**flags) -> None:
     debug_file = flags.pop("debug_file")
     if debug_file is not None and not isinstance(debug_file, (str, os.PathLike)):
@@ -183,6 +198,8 @@ def setup(
     accelerator = detect_accelerator()
     target = _check_device(device, accelerator)
     n_devices = _check_num_devices(num_devices, target)
+    if n_devices is None:
+        _check_inherited_devices(target, runtime_initialized())
     cache_path = _check_cache_dir(cache_dir)
     _check_options(
         ir_debug=ir_debug,
