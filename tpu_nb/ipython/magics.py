@@ -619,7 +619,12 @@ class TpuMagics(Magics):
         from tpu_nb.display.reports import CellsView, MetricsView
 
         if args.cells:
-            return display(CellsView(self.state.watcher.history))
+            watcher = self.state.watcher
+            if watcher.cells_seen > len(watcher.history):
+                print(
+                    f"the last {len(watcher.history)} of {watcher.cells_seen} cells that did XLA work:"
+                )
+            return display(CellsView(list(watcher.history)))
         if args.since_cell:
             delta = self.state.watcher.last_delta
             if delta is None:
