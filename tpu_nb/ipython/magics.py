@@ -621,9 +621,8 @@ class TpuMagics(Magics):
         if args.cells:
             watcher = self.state.watcher
             if watcher.cells_seen > len(watcher.history):
-                print(
-                    f"the last {len(watcher.history)} of {watcher.cells_seen} cells that did XLA work:"
-                )
+                kept, seen = len(watcher.history), watcher.cells_seen
+                print(f"the last {kept} of {seen} cells that did XLA work:")
             return display(CellsView(list(watcher.history)))
         if args.since_cell:
             delta = self.state.watcher.last_delta
