@@ -113,12 +113,17 @@ def _seconds(option: str, low: float, high: float, example: float):
 
 
 def _whole_number(text: str) -> int:
+    """--replicas' device count: a whole number from 1 to MAX_CPU_DEVICES."""
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise UsageError(f"--replicas takes 'all' or a whole number of devices; got {text!r}")
+    if not 1 <= value <= MAX_CPU_DEVICES:
+        raise UsageError(
+            f"%on_tpu: --replicas takes 'all' or a whole number of devices from 1 to "
+            f"{MAX_CPU_DEVICES}; got {text!r}. Fix: e.g. --replicas 4, or --replicas alone "
+            "for every device."
+        )
     return value
 
 
@@ -292,6 +297,11 @@ class TpuMagics(Magics):
         from tpu_nb.runtime import detect, setup
         from tpu_nb.runtime.environment import install_pair
 
+        if args.dry_run and not args.install:
+            raise UsageError(
+                "%tpu_setup: --dry-run shows what --install would do, and changes "
+                "nothing on its own. Fix: %tpu_setup --install --dry-run"
+            )
         if args.install:
             status, restart = install_pair(dry_run=args.dry_run)
             if status != 0:

@@ -109,11 +109,11 @@ def _check_inherited_devices(device: str, started: bool) -> None:
 
 def _check_options(**flags) -> None:
     debug_file = flags.pop("debug_file")
+    fix = "Fix: e.g. debug_file='/tmp/compile-analysis.log', or leave it out."
     if debug_file is not None and not isinstance(debug_file, (str, os.PathLike)):
-        raise TpuNbError(
-            f"debug_file must be a file path; got {debug_file!r}. Fix: e.g. "
-            "debug_file='/tmp/compile-analysis.log', or leave it out."
-        )
+        raise TpuNbError(f"debug_file must be a file path; got {debug_file!r}. {fix}")
+    if debug_file is not None:
+        _expand_home(os.fspath(debug_file), "debug_file", fix)
     for name, value in flags.items():
         if not isinstance(value, bool) and not (name == "hlo_debug" and value is None):
             raise TpuNbError(f"{name} must be True or False; got {value!r}. Fix: e.g. {name}=True.")
@@ -130,8 +130,8 @@ def _check_cache_dir(cache_dir) -> str | None:
             f"cache_dir must be a directory path; got {cache_dir!r}. Fix: e.g. "
             "cache_dir='~/.cache/xla' (created if missing)."
         )
-    path = os.path.abspath(os.path.expanduser(raw))
     fix = "Fix: choose a directory of yours, e.g. cache_dir='~/.cache/xla'."
+    path = os.path.abspath(_expand_home(raw, "the compile cache", fix))
     existing = path
     while not os.path.exists(existing):  # the nearest part of the path that exists
         existing = os.path.dirname(existing)
@@ -151,6 +151,17 @@ def _check_cache_dir(cache_dir) -> str | None:
             f"writable by you. {fix}"
         )
     return path
+
+
+def _expand_home(raw: str, what: str, fix: str) -> str:
+    """`~` or `~user` expanded; an unknown user is refused (os.path.expanduser would leave the
+    path as it is, and a folder literally named `~user` would appear in the notebook's)."""
+    expanded = os.path.expanduser(raw)
+    if raw.startswith("~") and expanded == raw:
+        user = raw[1:].split(os.sep, 1)[0]
+        who = f"no user named {user!r} on this machine" if user else "no home directory is known"
+        raise TpuNbError(f"{what} {raw!r} starts with ~, but there is {who}. {fix}")
+    return expanded
 
 
 def _make_cache_dir(path: str) -> None:
@@ -240,7 +251,8 @@ def setup(
         inherited = os.environ.get("PT_XLA_DEBUG_FILE")
         if private_files.inherited_from_another_process(inherited):
             inherited = None  # a parent process's held log: not this process's to use
-        path = debug_file or inherited or default_debug_file()
+        chosen = os.path.expanduser(os.fspath(debug_file)) if debug_file else None
+        path = chosen or inherited or default_debug_file()
         wanted.append(("PT_XLA_DEBUG_FILE", os.path.abspath(path), compiled_why))
     if "XLA_METRICS_SAMPLES" not in os.environ:
         wanted.append(
