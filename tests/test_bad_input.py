@@ -237,12 +237,11 @@ def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic,
         ("--spmd abc", "--spmd: mesh 'abc' is not a shape like 4 or 2x2"),
         ("--spmd 300x300", "of at most 256 devices"),
         ("--replicas 2 --spmd", "choose one of --replicas and --spmd. Fix: --replicas for a "),
-        ("--replicas 0", "--replicas takes 'all' or a whole number of devices from 1 to 256"),
+        ("--replicas 0", "--replicas takes 'all' or a whole number of devices of at least 1"),
         ("--replicas -1", "got '-1'"),
         ("--replicas abc", "got 'abc'"),
         ("--replicas 4.5", "got '4.5'"),
         ("--replicas ''", "got ''"),
-        ("--replicas 100000000000", "got '100000000000'"),
     ],
 )
 def test_on_tpu_mistakes_stop_before_the_cell_runs(shell, line, words):

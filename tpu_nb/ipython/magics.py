@@ -113,16 +113,16 @@ def _seconds(option: str, low: float, high: float, example: float):
 
 
 def _whole_number(text: str) -> int:
-    """--replicas' device count: a whole number from 1 to MAX_CPU_DEVICES."""
+    """--replicas' device count: a whole number of at least 1 (launch() checks the upper
+    bound: the chips of a TPU host, or MAX_CPU_DEVICES)."""
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if not 1 <= value <= MAX_CPU_DEVICES:
+    if value < 1:
         raise UsageError(
-            f"%on_tpu: --replicas takes 'all' or a whole number of devices from 1 to "
-            f"{MAX_CPU_DEVICES}; got {text!r}. Fix: e.g. --replicas 4, or --replicas alone "
-            "for every device."
+            f"%on_tpu: --replicas takes 'all' or a whole number of devices of at least 1; "
+            f"got {text!r}. Fix: e.g. --replicas 4, or --replicas alone for every device."
         )
     return value
 
