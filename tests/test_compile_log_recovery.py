@@ -184,3 +184,26 @@ def test_block_cut_short_by_a_failed_write_is_skipped(tmp_path, real_blocks):
     (event,) = log.events_since(0)
     assert log.cut_blocks == 1 and event.inputs is not None and event.offset == len(cut) + 1
     assert event.sizes_gb  # its post-compilation block too
+
+
+def test_log_rewritten_in_place_with_the_same_head_is_seen_as_replaced(tmp_path, real_blocks):
+    """Same inode, same first kilobyte, a larger size: reading on at the old offset gave
+    events of the new file's middle as this run's, with no note."""
+    other = real_blocks.replace(b"Graph Hash: ", b"Graph Hash: f", 1)  # another graph
+    path = tmp_path / "rewritten.log"
+    path.write_bytes(real_blocks + other)
+    log = CompileLog(str(path))
+    assert len(log.events_since(0)) == 2
+    offset = log.size()
+    inode = path.stat().st_ino
+    with open(path, "r+b") as f:  # rewritten in place: the first block kept, then others
+        f.write(real_blocks + real_blocks + real_blocks + other)
+    assert path.stat().st_ino == inode and path.read_bytes()[:1024] == real_blocks[:1024]
+    assert "deleted, replaced or truncated during this run" in log.problem_since(offset, 2)
+    # Appends alone are never taken for a replacement.
+    log = CompileLog(str(path))
+    log.events_since(0)
+    with open(path, "ab") as f:
+        f.write(other)
+    offset = log.size() - len(other)
+    assert len(log.events_since(offset)) == 1 and not log.breaks

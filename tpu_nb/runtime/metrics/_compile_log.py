@@ -178,6 +178,9 @@ def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
 # A report needs the events of the current cell; a long session compiles thousands of graphs.
 MAX_EVENTS = 2_000
 _HEAD = 1024  # bytes from the start of the file (its first block) that tell a rewrite
+# The last bytes read, compared at the next read: a file rewritten in place (or a new file
+# under a reused inode number) with the same first kilobyte differs there.
+_SEAM = 4096
 
 
 class CompileLog:
@@ -205,6 +208,7 @@ class CompileLog:
         self._physical = start  # its size then
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file
         self._head = b""  # its first bytes, once read
+        self._seam = b""  # the last bytes read before self._consumed
         self._events: deque[CompileEvent] = deque(maxlen=MAX_EVENTS)
         self.parsed = 0  # events ever parsed, dropped ones included
         self.breaks: deque[int] = deque(maxlen=64)  # logical offsets where a new file began
@@ -291,7 +295,7 @@ class CompileLog:
         self._base = self._end + 1
         self._end = self._base
         self._consumed = self._physical = 0
-        self._identity, self._head = identity, b""
+        self._identity, self._head, self._seam = identity, b"", b""
         self.breaks.append(self._base)
 
     def _recreate(self) -> os.stat_result | None:
@@ -310,17 +314,21 @@ class CompileLog:
                 info = os.fstat(f.fileno())
                 self._follow(info)
                 head = os.pread(f.fileno(), _HEAD, 0)
-                if self._head and not head.startswith(self._head):  # rewritten, same size
-                    self._restart((info.st_dev, info.st_ino))
+                seam = os.pread(f.fileno(), len(self._seam), self._consumed - len(self._seam))
+                if (self._head and not head.startswith(self._head)) or seam != self._seam:
+                    self._restart((info.st_dev, info.st_ino))  # rewritten: not what we read
                 if len(head) > len(self._head):
                     self._head = head
                 f.seek(self._consumed)
                 data = f.read()
         except OSError:
             return
-        self._parse(data)
+        done = self._parse(data)
+        if done:
+            self._seam = (self._seam + data[:done])[-_SEAM:]
 
-    def _parse(self, data: bytes) -> None:
+    def _parse(self, data: bytes) -> int:
+        """Parse the whole blocks in `data`; returns how many bytes were consumed."""
         base, pos, done = self._base + self._consumed, 0, 0
         block: list[str] | None = None  # body lines of the block being read
         kind, opened_by, block_start = "", "", 0
@@ -354,6 +362,7 @@ class CompileLog:
                 block.append(body)
         # Only whole blocks are consumed; a block still being written is read again next time.
         self._consumed += done
+        return done
 
     def _finish(self, kind: str, body: list[str], offset: int) -> None:
         if kind == "compile":
