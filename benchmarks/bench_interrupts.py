@@ -125,7 +125,9 @@ def interrupt_first_live_cell(kernels: int) -> None:
             os.environ.update(saved)
         try:
             kc.execute_interactive(
-                "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla", timeout=180
+                "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
+                timeout=180,
+                output_hook=lambda msg: None,
             )
             msg_id = kc.execute(FIRST_LIVE)
             time.sleep(delay)
@@ -139,7 +141,8 @@ def interrupt_first_live_cell(kernels: int) -> None:
                 ):
                     break
             for cell in (NEXT_LIVE, NEXT_LIVE, MPL_WORKS):
-                reply = kc.execute_interactive(cell, timeout=120)["content"]
+                reply = kc.execute_interactive(cell, timeout=120, output_hook=lambda msg: None)
+                reply = reply["content"]
                 if reply["status"] != "ok":
                     broken.append(f"{delay:.2f} s: {reply['ename']}: {reply['evalue']}")
                     break

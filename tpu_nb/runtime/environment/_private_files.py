@@ -157,6 +157,12 @@ def _pin(fd: int, path: str) -> str:
     return path
 
 
+def held_fd(path: str) -> int | None:
+    """The descriptor held for a handed-over log path (inherited as is by a forked child)."""
+    held = _held.get(path)
+    return held[1] if held else None
+
+
 def log_name(path: str) -> str:
     """The name a handed-over log was created under (for messages), else `path` itself."""
     held = _held.get(path)

@@ -199,6 +199,7 @@ class CompileLog:
     def __init__(self, path: str, *, start: int = 0):
         self.path = path
         self.name = private_files.log_name(path)  # the file's name when path is /proc/.../fd/N
+        self._held = private_files.held_fd(path)  # its descriptor then: fstat, no /proc lookup
         # Bytes of the current file parsed into events. A reader that wants only what comes
         # next (the live dashboard) starts at the file's current size: a block boundary
         # unless a compile is being logged at that very moment.
@@ -229,7 +230,8 @@ class CompileLog:
 
     def size(self) -> int:
         try:
-            info: os.stat_result | None = os.stat(self.path)
+            held = self._held
+            info: os.stat_result | None = os.stat(self.path) if held is None else os.fstat(held)
         except OSError:
             info = self._recreate()
         if info is None:
