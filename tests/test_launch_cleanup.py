@@ -287,6 +287,14 @@ def test_processes_a_replica_started_are_stopped_when_the_launch_ends(py, tmpdir
     assert values == [0, 1] and running == [False, False]
 
 
+def test_timeout_option_of_the_replicas_cell(shell):
+    result = shell.run_cell("%%on_tpu --replicas 2 --timeout 2\nimport time\ntime.sleep(300)")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert str(result.error_in_exec).startswith(
+        "the replicas did not finish within timeout=2 s and were stopped. Fix:"
+    )
+
+
 def test_timeout_stops_replicas_that_hang(py, tmpdir_env):
     _, env = tmpdir_env
     out = py(

@@ -353,6 +353,13 @@ class TpuMagics(Magics):
         help="run the cell once per device (replica), `index` set in each",
     )
     @argument(
+        "--timeout",
+        type=_seconds("--timeout", 1, 7 * 24 * 3600, 600),
+        default=None,
+        metavar="SECONDS",
+        help="with --replicas: stop replicas still running after this many seconds",
+    )
+    @argument(
         "--spmd",
         nargs="?",
         const="all",
@@ -398,6 +405,10 @@ class TpuMagics(Magics):
                 "--profile traces this kernel, and --replicas runs the cell "
                 "elsewhere. Fix: drop --profile, or use --spmd --profile N"
             )
+        if args.timeout is not None and args.replicas is None:
+            raise UsageError(
+                "--timeout bounds a --replicas run. Fix: add --replicas, or drop --timeout"
+            )
         # a syntax error stops here, nothing run
         code = _CellCode(self.shell, cell, files=self.state.watcher.cell_files)
         if args.replicas is not None:
@@ -416,7 +427,7 @@ class TpuMagics(Magics):
         )
         self.state.watcher.reported_by_magic = True
         try:
-            result = launch(cell, devices=devices)
+            result = launch(cell, devices=devices, timeout=args.timeout)
         except ReplicaError as exc:
             print(f"--- replica {exc.ordinal} of {exc.world}: traceback ---")
             print(exc.traceback.rstrip())
