@@ -140,6 +140,7 @@ def interrupt_first_live_cell(kernels: int) -> None:
                     and msg["content"]["execution_state"] == "idle"
                 ):
                     break
+            time.sleep(1)  # ipykernel aborts requests that arrive while it handles an error
             for cell in (NEXT_LIVE, NEXT_LIVE, MPL_WORKS):
                 reply = kc.execute_interactive(cell, timeout=120, output_hook=lambda msg: None)
                 reply = reply["content"]
