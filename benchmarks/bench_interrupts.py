@@ -5,6 +5,8 @@
    over rounds; medians and the 25th-75th percentile range.
 2. In a real kernel, an interrupt during a long compile (~2,500 ops at one sync): seconds until
    the cell says "interrupt received", and until the KeyboardInterrupt ends the cell.
+3. Fresh kernels whose first `--live` cell is interrupted while matplotlib is first imported:
+   how many are left broken (`python benchmarks/bench_interrupts.py live 30` for more).
 
     PYTHONPATH=$PWD PJRT_DEVICE=CPU python benchmarks/bench_interrupts.py
 """
@@ -95,6 +97,71 @@ def interrupt_during_compile() -> None:
         km.shutdown_kernel(now=True)
 
 
+FIRST_LIVE = "%%on_tpu --live\nx = (torch.ones(3, device=torch_xla.device()) * 2).sum().item()"
+NEXT_LIVE = "%%on_tpu --live\ny = (torch.ones(5, device=torch_xla.device()) + 1).sum().item()"
+MPL_WORKS = "import matplotlib\nassert matplotlib.get_data_path()"
+
+
+def interrupt_first_live_cell(kernels: int) -> None:
+    """Fresh kernels, each interrupted (the kernel's own interrupt) at a spread of moments
+    0.1-0.8 s into its first `--live` cell, where matplotlib is first imported; then two more
+    `--live` cells and matplotlib itself must work."""
+    import random
+
+    from jupyter_client.manager import start_new_kernel
+
+    rng = random.Random(0)
+    broken: list[str] = []
+    for k in range(kernels):
+        delay = 0.1 + 0.7 * k / max(kernels - 1, 1) + rng.uniform(-0.02, 0.02)
+        saved = {
+            key: os.environ.pop(key)
+            for key in list(os.environ)
+            if key.startswith(("PT_XLA", "XLA_"))
+        }
+        try:
+            km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
+        finally:
+            os.environ.update(saved)
+        try:
+            kc.execute_interactive(
+                "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
+                timeout=180,
+                output_hook=lambda msg: None,
+            )
+            msg_id = kc.execute(FIRST_LIVE)
+            time.sleep(delay)
+            km.interrupt_kernel()
+            while True:
+                msg = kc.get_iopub_msg(timeout=120)
+                if (
+                    msg["parent_header"].get("msg_id") == msg_id
+                    and msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"
+                ):
+                    break
+            time.sleep(1)  # ipykernel aborts requests that arrive while it handles an error
+            for cell in (NEXT_LIVE, NEXT_LIVE, MPL_WORKS):
+                reply = kc.execute_interactive(cell, timeout=120, output_hook=lambda msg: None)
+                reply = reply["content"]
+                if reply["status"] != "ok":
+                    broken.append(f"{delay:.2f} s: {reply['ename']}: {reply['evalue']}")
+                    break
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+    print(f"3. the first --live cell of {kernels} fresh kernels interrupted 0.1-0.8 s in:")
+    print(f"   kernels left with a broken --live cell or matplotlib: {len(broken)}")
+    for line in broken:
+        print(f"   {line}")
+
+
 if __name__ == "__main__":
-    per_cell_cost()
-    interrupt_during_compile()
+    import sys
+
+    if sys.argv[1:2] == ["live"]:  # the stress run: python benchmarks/bench_interrupts.py live 30
+        interrupt_first_live_cell(int(sys.argv[2]) if len(sys.argv) > 2 else 20)
+    else:
+        per_cell_cost()
+        interrupt_during_compile()
+        interrupt_first_live_cell(5)

@@ -30,8 +30,32 @@ def _step():
     return None
 
 
+def _on_tpu(**options):
+    with tpu_nb.on_tpu(**options):
+        raise AssertionError("the block must not run")
+
+
+NO_SUCH_USER = "~nonexistentuser_tpu_nb"
+
 # (call, words in the message). Every message must also hold "Fix:" and be one line.
 LIBRARY = [
+    (
+        lambda: tpu_nb.setup("cpu", cache_dir=f"{NO_SUCH_USER}/x"),
+        f"the compile cache '{NO_SUCH_USER}/x' starts with ~, but there is no user named "
+        f"'{NO_SUCH_USER[1:]}' on this machine",
+    ),
+    (
+        lambda: tpu_nb.setup("cpu", debug_file=f"{NO_SUCH_USER}/x.log"),
+        f"debug_file '{NO_SUCH_USER}/x.log' starts with ~, but there is no user named",
+    ),
+    (
+        lambda: tpu_nb.max_graphs(10**30),
+        "max_graphs needs a whole number from 1 to 10,000; got 1000000000000000000000000000000",
+    ),
+    (lambda: _on_tpu(max_graphs=2**63), "max_graphs needs a whole number from 1 to 10,000"),
+    (lambda: tpu_nb.launch(_step, timeout=0), "timeout must be a number of seconds"),
+    (lambda: tpu_nb.launch(_step, timeout=math.nan), "got nan"),
+    (lambda: tpu_nb.launch(_step, timeout="60"), "got '60'"),
     (lambda: tpu_nb.setup(device=None), "device must be one of 'auto', 'tpu', 'cpu'; got None"),
     (lambda: tpu_nb.setup(cache_dir=123), "cache_dir must be a directory path; got 123"),
     (lambda: tpu_nb.setup(cache_dir="  "), "cache_dir must be a directory path"),
@@ -129,6 +153,13 @@ MAGICS = [
         "the quote",
     ),
     ("tpu_setup", "--cache /proc/tpu_nb", "the compile cache /proc/tpu_nb is in /proc"),
+    ("tpu_setup", f"--cache {NO_SUCH_USER}/x", "starts with ~, but there is no user named"),
+    (
+        "tpu_setup",
+        "--dry-run",
+        "%tpu_setup: --dry-run shows what --install would do, and changes nothing on its own. "
+        "Fix: %tpu_setup --install --dry-run",
+    ),
     (
         "tpu_setup",
         "--nope",
@@ -206,6 +237,13 @@ def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic,
         ("--spmd abc", "--spmd: mesh 'abc' is not a shape like 4 or 2x2"),
         ("--spmd 300x300", "of at most 256 devices"),
         ("--replicas 2 --spmd", "choose one of --replicas and --spmd. Fix: --replicas for a "),
+        ("--timeout 5", "--timeout bounds a --replicas run. Fix: add --replicas"),
+        ("--replicas 2 --timeout 0", "argument --timeout: needs a number of seconds from 1"),
+        ("--replicas 0", "--replicas takes 'all' or a whole number of devices of at least 1"),
+        ("--replicas -1", "got '-1'"),
+        ("--replicas abc", "got 'abc'"),
+        ("--replicas 4.5", "got '4.5'"),
+        ("--replicas ''", "got ''"),
     ],
 )
 def test_on_tpu_mistakes_stop_before_the_cell_runs(shell, line, words):
@@ -298,3 +336,11 @@ def test_replica_traceback_from_a_fresh_worker_shows_the_source_line(py):
 
 
 from test_files import other_user  # noqa: E402,F401  (the second-uid fixture)
+
+
+def test_unknown_users_home_creates_no_folder(shell):
+    """`~nobody/x` was taken literally: a folder named `~nobody` in the notebook's folder."""
+    with pytest.raises(UsageError):
+        shell.run_line_magic("tpu_setup", f"--cache {NO_SUCH_USER}/x")
+    assert not os.path.exists(NO_SUCH_USER)
+    assert not os.path.exists(os.path.join(os.getcwd(), NO_SUCH_USER))

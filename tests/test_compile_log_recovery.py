@@ -48,34 +48,49 @@ def own_tmp(tmp_path):
     return str(folder)
 
 
-def _results(py, code: str, tmp: str, env: dict | None = None) -> dict:
-    out = py(PRELUDE + code, env={"TMPDIR": tmp, **(env or {})}).stdout
+def _results(py, code: str, tmp: str, env: dict | None = None, prelude: str = "") -> dict:
+    out = py("import os\n" + prelude + PRELUDE + code, env={"TMPDIR": tmp, **(env or {})}).stdout
     return json.loads(out.split("RESULT", 1)[1].splitlines()[0])
 
 
-def test_deleted_truncated_replaced_log_reports_only_each_cells_own_events(py, own_tmp):
+# Without /proc/<pid>/fd torch_xla gets the log's name (simulated here by not pinning it).
+BY_NAME = """
+from tpu_nb.runtime.environment import _private_files as private_files
+private_files._pin = lambda fd, path: (os.close(fd), path)[1]
+"""
+
+
+@pytest.mark.parametrize("given", ["held", "by name"])
+def test_deleted_truncated_replaced_log_reports_only_each_cells_own_events(py, own_tmp, given):
+    """Held open (torch_xla given /proc/<pid>/fd/<n>), the name's fate changes nothing; given
+    by name, the log is re-created and a run that lost its causes says so."""
     got = _results(
         py,
         """
-path = compile_log().path
-assert path.startswith(os.environ["TMPDIR"] + os.sep), path    # never the shared directory
-out = {"first": cell(1)}
-os.unlink(path)                                   # a user clearing /tmp between cells
+path = compile_log().path                         # what torch_xla opens
+name = tpu_nb.detect().debug_file                 # the file's name in the temp directory
+assert name.startswith(os.environ["TMPDIR"] + os.sep), name    # never the shared directory
+out = {"held": path != name, "first": cell(1)}
+os.unlink(name)                                   # a user clearing /tmp between cells
 out["after delete"] = cell(1)
 out["mode after delete"] = oct(stat.S_IMODE(os.stat(path).st_mode))
 open(path, "w").close()                           # truncated between cells
 out["after truncate"] = cell(1)
-shutil.copy(path, path + ".new"); os.replace(path + ".new", path)   # replaced, same content
+if os.path.exists(name):
+    shutil.copy(name, name + ".new"); os.replace(name + ".new", name)  # replaced, same content
 out["after replace"] = cell(1)
-shutil.rmtree(os.path.dirname(path))              # a tmp cleaner took the whole directory
+shutil.rmtree(os.path.dirname(name))              # a tmp cleaner took the whole directory
 out["after rmtree"] = cell(1)
-out["mode after rmtree"] = oct(stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode))
-out["deleted midway"] = cell(2, midway=lambda: os.unlink(path))
+out["dir after rmtree"] = os.path.isdir(os.path.dirname(name)) and oct(
+    stat.S_IMODE(os.stat(os.path.dirname(name)).st_mode))
+out["deleted midway"] = cell(2, midway=lambda: os.path.exists(name) and os.unlink(name))
 out["next"] = cell(1)
 print("RESULT", json.dumps(out))
 """,
         own_tmp,
+        prelude=BY_NAME if given == "by name" else "",
     )
+    assert got["held"] == (given == "held")
     for name in (
         "first",
         "after delete",
@@ -86,10 +101,16 @@ print("RESULT", json.dumps(out))
     ):
         assert got[name]["compiles"] == 1 and got[name]["events"] == 1, (name, got[name])
         assert got[name]["problem"] is None, (name, got[name])
-    assert got["mode after delete"] == "0o600" and got["mode after rmtree"] == "0o700"
+    assert got["mode after delete"] == "0o600"
     midway = got["deleted midway"]
-    assert midway["compiles"] == 2 and midway["events"] <= 2
-    assert "deleted, replaced or truncated during this run" in midway["problem"]
+    assert midway["compiles"] == 2
+    if given == "held":  # nothing to re-create, nothing lost
+        assert got["dir after rmtree"] is False
+        assert midway["events"] == 2 and midway["problem"] is None
+    else:
+        assert got["dir after rmtree"] == "0o700"
+        assert midway["events"] <= 2
+        assert "deleted, replaced or truncated during this run" in midway["problem"]
 
 
 def test_unwritable_log_says_so_instead_of_zero_events(py, own_tmp):
@@ -163,3 +184,26 @@ def test_block_cut_short_by_a_failed_write_is_skipped(tmp_path, real_blocks):
     (event,) = log.events_since(0)
     assert log.cut_blocks == 1 and event.inputs is not None and event.offset == len(cut) + 1
     assert event.sizes_gb  # its post-compilation block too
+
+
+def test_log_rewritten_in_place_with_the_same_head_is_seen_as_replaced(tmp_path, real_blocks):
+    """Same inode, same first kilobyte, a larger size: reading on at the old offset gave
+    events of the new file's middle as this run's, with no note."""
+    other = real_blocks.replace(b"Graph Hash: ", b"Graph Hash: f", 1)  # another graph
+    path = tmp_path / "rewritten.log"
+    path.write_bytes(real_blocks + other)
+    log = CompileLog(str(path))
+    assert len(log.events_since(0)) == 2
+    offset = log.size()
+    inode = path.stat().st_ino
+    with open(path, "r+b") as f:  # rewritten in place: the first block kept, then others
+        f.write(real_blocks + real_blocks + real_blocks + other)
+    assert path.stat().st_ino == inode and path.read_bytes()[:1024] == real_blocks[:1024]
+    assert "deleted, replaced or truncated during this run" in log.problem_since(offset, 2)
+    # Appends alone are never taken for a replacement.
+    log = CompileLog(str(path))
+    log.events_since(0)
+    with open(path, "ab") as f:
+        f.write(other)
+    offset = log.size() - len(other)
+    assert len(log.events_since(offset)) == 1 and not log.breaks

@@ -148,7 +148,7 @@ def test_setup_fresh_process_sets_everything_and_is_idempotent(py):
         for k in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "PT_XLA_DEBUG_LEVEL", "XLA_IR_DEBUG",
                   "XLA_HLO_DEBUG"):
             print(k, os.environ[k])
-        print(os.environ["PT_XLA_DEBUG_FILE"].endswith(f"compile-analysis-{os.getpid()}.log"))
+        print(env.debug_file.endswith(f"compile-analysis-{os.getpid()}.log"))
         import torch, torch_xla, torch_xla.runtime as xr
         print("devices", xr.global_runtime_device_count())
         t = torch.ones(3, device=torch_xla.device()) + 1
@@ -200,3 +200,38 @@ def test_setup_after_start_but_before_compile_still_turns_on_analysis(py):
     """).stdout.splitlines()
     assert "PT_XLA_DEBUG_LEVEL=1" in out[0]
     assert out[1] == "1 value-access"
+
+
+def test_inherited_cpu_num_devices_is_held_to_the_devices_bound(py):
+    """A CPU_NUM_DEVICES already in the environment is checked like --devices: a typo would
+    otherwise allocate until std::bad_alloc at the first device use."""
+    out = py(
+        """
+        import os, tpu_nb
+        from tpu_nb.runtime import TpuNbError
+        for value in ("100000000000", "5000", "0", "-1", "abc", "4.5", " "):
+            os.environ["CPU_NUM_DEVICES"] = value
+            before = dict(os.environ)
+            try:
+                tpu_nb.setup("cpu")
+                print("ACCEPTED", repr(value))
+            except TpuNbError as exc:
+                message = str(exc)
+                print("REFUSED", "\\n" not in message and "Fix:" in message,
+                      dict(os.environ) == before, message)
+        os.environ["CPU_NUM_DEVICES"] = "100000000000"
+        try:
+            tpu_nb.device()               # the first device use sets up on its own
+        except TpuNbError as exc:
+            print("DEVICE", str(exc).split(".")[0])
+        print("OVERRIDE", tpu_nb.setup("cpu", num_devices=2).cpu_num_devices)
+        os.environ["CPU_NUM_DEVICES"] = "4"
+        print("FINE", tpu_nb.setup("cpu").cpu_num_devices)
+        """
+    ).stdout.splitlines()
+    assert not [line for line in out if line.startswith("ACCEPTED")], out
+    refused = [line for line in out if line.startswith("REFUSED")]
+    assert len(refused) == 7 and all(line.startswith("REFUSED True True") for line in refused)
+    assert "CPU_NUM_DEVICES='100000000000' in the environment is not a device count" in out[0]
+    assert any(line.startswith("DEVICE CPU_NUM_DEVICES='100000000000' in the") for line in out)
+    assert "OVERRIDE 2" in out and "FINE 4" in out

@@ -457,3 +457,45 @@ def test_code_magics_follow_ipython_conventions(shell, capsys):
     report = result.result
     assert isinstance(report, tpu_nb.RunReport)
     assert any(f.kind == "host-read" and f.line == 3 for f in report.findings)
+
+
+def test_load_unload_cycles_leave_no_magics_behind(shell):
+    """Each %load_ext/%unload_ext cycle used to leave its TpuMagics (with its state and cell
+    history) in shell.configurables."""
+    import gc
+
+    from tpu_nb.ipython.magics import TpuMagics
+
+    def alive():
+        gc.collect()
+        listed = sum(isinstance(c, TpuMagics) for c in shell.configurables)
+        return listed, sum(isinstance(o, TpuMagics) for o in gc.get_objects())
+
+    # An earlier test's error may still hold the instance loaded then (sys.last_traceback):
+    # the baseline is taken after one cycle, and only growth counts.
+    shell.run_line_magic("unload_ext", "tpu_nb")
+    shell.run_line_magic("load_ext", "tpu_nb")
+    listed, before = alive()
+    for _ in range(20):
+        shell.run_line_magic("unload_ext", "tpu_nb")
+        shell.run_line_magic("load_ext", "tpu_nb")
+    assert listed == 1 and alive() == (1, before)
+    shell.run_line_magic("unload_ext", "tpu_nb")
+    assert alive()[0] == 0 and alive()[1] <= before - 1
+    shell.run_line_magic("load_ext", "tpu_nb")
+
+
+def test_cell_history_is_bounded(shell, capsys):
+    from tpu_nb.ipython.extension import MAX_HISTORY
+
+    watcher = get_state(shell).watcher
+    shell.run_cell("_x = torch.ones(1).to(torch_xla.device())")
+    start = watcher.cells_seen
+    for _ in range(MAX_HISTORY + 5):
+        shell.run_cell("_x = torch.ones(1).to(torch_xla.device())")  # a transfer each
+    capsys.readouterr()
+    assert watcher.cells_seen - start == MAX_HISTORY + 5
+    assert len(watcher.history) == MAX_HISTORY
+    shell.run_line_magic("xla_metrics", "--cells")
+    out = capsys.readouterr().out
+    assert f"the last {MAX_HISTORY} of {watcher.cells_seen} cells that did XLA work" in out

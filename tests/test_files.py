@@ -28,7 +28,7 @@ import json, os, stat, sys, tpu_nb, torch, torch_xla
 before = globals().get("before_setup")
 if before: before()
 env = tpu_nb.setup("cpu")
-path = os.environ["PT_XLA_DEBUG_FILE"]
+path = env.debug_file  # the file's name (torch_xla is given /proc/<pid>/fd/<n> where it can)
 with tpu_nb.track() as report:
     x = torch.ones(4, device=torch_xla.device()) * 3
     torch_xla.sync()
@@ -234,3 +234,72 @@ def test_user_chosen_debug_file_is_created_private(py, tmp_path):
     assert out[-1] == "0o600"
     assert chosen.exists()  # the user's own file: kept at exit
     assert stat.S_IMODE(os.stat(chosen.parent).st_mode) == 0o700
+
+
+# After the victim's first compile a tmp cleaner removes its directory; the second user
+# re-creates it and plants, at the log's name (the pid is public), a file anyone can read, then
+# a symlink to a 0600 file of the victim's. The victim compiles in a tracked block and in plain
+# code between each step.
+TAKEOVER = """
+import json, os, shutil, subprocess, sys, tpu_nb, torch, torch_xla
+env = tpu_nb.setup("cpu")
+name, given = env.debug_file, os.environ["PT_XLA_DEBUG_FILE"]
+run = ["setpriv", "--reuid=%d", "--regid=%d", "--clear-groups"]
+dev = torch_xla.device()
+shape = [2]
+def compile_some():
+    with tpu_nb.track() as report:
+        shape[0] += 1
+        (torch.ones(shape[0], device=dev) * 2).sum().item()
+    shape[0] += 1
+    torch.ones(shape[0], device=dev).sum().item()       # a plain compile, outside tracking
+    return [report.metrics.compiles, len(report.compile_events), report.compile_log_problem]
+out = {"given": given, "first": compile_some()}
+shutil.rmtree(os.path.dirname(name))                     # rm -rf /tmp/* by a tmp cleaner
+subprocess.run(run + ["mkdir", "-m", "0777", os.path.dirname(name)], check=True)
+subprocess.run(run + ["sh", "-c", 'umask 0; : > "$0"', name], check=True)
+out["readable"] = compile_some()
+out["planted bytes"] = os.path.getsize(name)
+subprocess.run(run + ["rm", "-f", name], check=True)
+subprocess.run(run + ["ln", "-s", %r, name], check=True)
+out["symlink"] = compile_some()
+seen = subprocess.run(run + ["cat", given], capture_output=True, text=True)
+out["other reads given"] = seen.returncode == 0 and "Compilation" in seen.stdout
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_log_cannot_be_taken_over_after_its_directory_is_removed(py, shared_tmp, other_user):
+    if not os.path.isdir(f"/proc/{os.getpid()}/fd"):
+        pytest.skip("no /proc/<pid>/fd here: the log is given to torch_xla by name")
+    precious = os.path.join(shared_tmp, "precious.txt")
+    with open(precious, "w") as f:
+        f.write("keep me\n")
+    os.chmod(precious, 0o600)
+    got = _result(py(_fill(TAKEOVER, *other_user, precious), env={"TMPDIR": shared_tmp}))
+    assert got["planted bytes"] == 0  # nothing of the victim's landed in the planted file
+    with open(precious) as f:
+        assert f.read() == "keep me\n"  # nor through the planted symlink
+    for step in ("first", "readable", "symlink"):
+        compiles, events, problem = got[step]
+        assert compiles == 1 and events == 1 and not problem, (step, got[step])
+    assert not got["other reads given"]  # the descriptor's path is closed to other users
+    assert got["given"].startswith("/proc/"), got["given"]
+
+
+def test_log_by_name_where_there_is_no_proc(py, shared_tmp):
+    """Without /proc/<pid>/fd (simulated), torch_xla gets the file's name, as before."""
+    out = py(
+        """
+        from tpu_nb.runtime.environment import _private_files as private_files
+        private_files._pin = lambda fd, path: (__import__("os").close(fd), path)[1]
+        import os, tpu_nb, torch, torch_xla
+        env = tpu_nb.setup("cpu")
+        with tpu_nb.track() as report:
+            torch.ones(3, device=torch_xla.device()).sum().item()
+        print("RESULT", os.environ["PT_XLA_DEBUG_FILE"] == env.debug_file,
+              len(report.compile_events), report.metrics.compiles)
+        """,
+        env={"TMPDIR": shared_tmp},
+    ).stdout
+    assert out.split("RESULT", 1)[1].split() == ["True", "1", "1"]

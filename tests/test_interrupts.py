@@ -3,6 +3,7 @@ interrupt): during matplotlib's first import, and during a long torch_xla compil
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
@@ -185,3 +186,74 @@ def test_an_interrupt_python_handles_at_once_gets_no_message(shell, capsys):
     assert "interrupt received" not in capsys.readouterr().out
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.set_wakeup_fd(-1) == -1  # the cell's wakeup fd is gone again
+
+
+def test_every_matplotlib_import_goes_through_the_guarded_path():
+    """Only tpu_nb/display/mpl_import.py imports matplotlib or what is built on it (the charts
+    module itself aside): an import anywhere else can be cut short by an interrupt."""
+    allowed = {"tpu_nb/display/mpl_import.py", "tpu_nb/display/charts.py"}
+    found = []
+    for path in sorted((ROOT / "tpu_nb").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name in allowed:
+            continue
+        tree = ast.parse(path.read_text())
+        never_run = {  # imports under `if TYPE_CHECKING:`
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in never_run:
+                continue
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            found += [
+                f"{name}:{node.lineno} imports {module}"
+                for module in modules
+                if module.split(".")[0] in ("matplotlib", "mpl_toolkits")
+                or module.startswith("tpu_nb.display.charts")
+            ]
+    assert found == []
+
+
+# The first `--live` cell of a fresh kernel, interrupted (a real SIGINT to the kernel) at the
+# points of matplotlib's import where an unguarded import is left broken; then more `--live`
+# cells and matplotlib itself must work.
+FIRST_LIVE = "%%on_tpu --live\nx = (torch.ones(3, device=torch_xla.device()) * 2).sum().item()"
+NEXT_LIVE = "%%on_tpu --live\ny = (torch.ones(5, device=torch_xla.device()) + 1).sum().item()"
+MPL_WORKS = (
+    "import matplotlib\n"
+    "from tpu_nb.display.mpl_import import import_charts\n"
+    "assert matplotlib.get_data_path()\n"
+    "assert import_charts().CompileChart().render([]).startswith(b'\\x89PNG')\n"
+    "print('matplotlib works')"
+)
+
+
+@pytest.mark.stack
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("target", MIDWAY)
+def test_interrupt_in_the_first_live_cell_of_a_fresh_kernel_breaks_nothing(target):
+    with _kernel() as (km, kc):
+        setup = kc.execute_interactive(
+            "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla\n"
+            + INTERRUPT_AT
+            + f"hook = InterruptAt({target!r})\nsys.meta_path.insert(0, hook)",
+            timeout=180,
+        )
+        assert setup["content"]["status"] == "ok"
+        first = kc.execute_interactive(FIRST_LIVE, timeout=120)["content"]
+        time.sleep(1)  # ipykernel aborts requests that arrive while it handles an error
+        sent = kc.execute_interactive("assert hook.sent", timeout=30)["content"]
+        assert sent["status"] == "ok"  # the interrupt was delivered in the first --live cell
+        assert first["status"] == "ok" or first["ename"] == "KeyboardInterrupt", first
+        for cell in (NEXT_LIVE, NEXT_LIVE, MPL_WORKS):
+            reply = kc.execute_interactive(cell, timeout=120)["content"]
+            assert reply["status"] == "ok", (cell, reply.get("ename"), reply.get("evalue"))

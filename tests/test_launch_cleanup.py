@@ -221,3 +221,137 @@ def test_replicas_option_out_of_bounds_is_a_usage_error(shell):
     message = str(result.error_in_exec)
     assert f"more than the {MAX_CPU_DEVICES} virtual XLA:CPU devices" in message
     assert "Fix:" in message and "\n" not in message
+
+
+def test_replica_killed_or_exiting_names_the_signal_and_the_replica(py, tmpdir_env):
+    """A SIGKILL (what the out-of-memory killer sends) or os._exit left only a bare
+    BrokenProcessPool: no signal, no replica, no fix."""
+    _, env = tmpdir_env
+    out = py(
+        PRELUDE
+        + textwrap.dedent("""
+        import signal
+        def killed(index):
+            if index == 1:
+                time.sleep(0.3)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(30)
+        def exits(index):
+            if index == 0:
+                os._exit(3)
+            time.sleep(30)
+        got = []
+        for fn in (killed, exits):
+            try:
+                launch(fn, devices=2, stream=lambda line: None)
+            except ReplicaCrash as exc:
+                got.append([exc.signal, str(exc)])
+        print("RESULT", json.dumps(got))
+    """),
+        env=env,
+    ).stdout
+    (killed, killed_message), (exited, exited_message) = _result(out)
+    assert killed == "SIGKILL" and exited == "exit status 3"
+    assert killed_message.startswith("replicas 0, 1 (process ")
+    assert "were killed by SIGKILL (what the out-of-memory killer sends)" in killed_message
+    assert "exited with status 3 before finishing (os._exit" in exited_message
+    for message in (killed_message, exited_message):
+        assert "Fix:" in message and "\n" not in message and "BrokenProcessPool" not in message
+
+
+def test_processes_a_replica_started_are_stopped_when_the_launch_ends(py, tmpdir_env, tmp_path):
+    _, env = tmpdir_env
+    out = py(
+        PRELUDE
+        + textwrap.dedent(f"""
+        import subprocess
+        def starts_a_child(index):
+            child = subprocess.Popen(["sleep", "300"])
+            with open(os.path.join({str(tmp_path)!r}, f"child-{{index}}"), "w") as f:
+                f.write(str(child.pid))
+            return index
+        values = launch(starts_a_child, devices=2, stream=lambda line: None).values
+        pids = [int(open(os.path.join({str(tmp_path)!r}, f"child-{{i}}")).read())
+                for i in range(2)]
+        def running(pid):
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    return f.read().split()[2] != "Z"
+            except OSError:
+                return False
+        print("RESULT", json.dumps([values, [running(pid) for pid in pids]]))
+    """),
+        env=env,
+    ).stdout
+    values, running = _result(out)
+    assert values == [0, 1] and running == [False, False]
+
+
+def test_timeout_option_of_the_replicas_cell(shell):
+    result = shell.run_cell("%%on_tpu --replicas 2 --timeout 2\nimport time\ntime.sleep(300)")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+    assert str(result.error_in_exec).startswith(
+        "the replicas did not finish within timeout=2 s and were stopped. Fix:"
+    )
+
+
+def test_timeout_stops_replicas_that_hang(py, tmpdir_env):
+    _, env = tmpdir_env
+    out = py(
+        PRELUDE
+        + textwrap.dedent("""
+        from tpu_nb.runtime.errors import TpuNbError
+        def hangs(index):
+            time.sleep(300)
+        start = time.monotonic()
+        try:
+            launch(hangs, devices=2, timeout=3, stream=lambda line: None)
+        except TpuNbError as exc:
+            print("RESULT", json.dumps([str(exc), time.monotonic() - start, runs()]))
+    """),
+        env=env,
+    ).stdout
+    message, seconds, left = _result(out)
+    assert message.startswith("the replicas did not finish within timeout=3 s and were stopped")
+    assert "Fix:" in message and 3 <= seconds < 30 and left == []
+
+
+def test_full_temp_directory_is_one_line_with_a_fix(py, tmp_path):
+    """A real full disk: a 256 KB tmpfs as TMPDIR, filled after setup()."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill: {mounted.stderr.strip()}")
+    try:
+        out = py(
+            PRELUDE
+            + textwrap.dedent("""
+            from IPython.testing.globalipapp import start_ipython
+            from IPython.core.error import UsageError
+            ip = start_ipython()
+            ip.run_line_magic("load_ext", "tpu_nb")
+            try:
+                with open(os.path.join(tempfile.gettempdir(), "fill"), "wb") as f:
+                    while True:
+                        f.write(b"0" * 4096)
+                        f.flush()
+            except OSError:
+                pass
+            try:
+                ip.run_cell_magic("on_tpu", "--replicas 2", "x = index")
+            except UsageError as exc:
+                print("RESULT", json.dumps(str(exc)))
+        """),
+            env={"PJRT_DEVICE": None, "TMPDIR": str(folder)},
+            check=False,  # IPython's own history cannot be saved at exit on the full disk
+        ).stdout
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+    message = _result(out)
+    assert "is full (No space left on device)" in message
+    assert "Fix:" in message and "\n" not in message

@@ -1,10 +1,10 @@
-"""A compile log deleted under a running kernel: the next report says its causes are unknown
+"""A compile log truncated under a running kernel: the next report says its causes are unknown
 (and never shows older events as the cell's)."""
 
 from __future__ import annotations
 
 
-def test_deleted_compile_log_is_said_in_the_report(py, tmp_path):
+def test_truncated_compile_log_is_said_in_the_report(py, tmp_path):
     out = py(f"""
         import os
         os.environ["TMPDIR"] = {str(tmp_path)!r}
@@ -18,7 +18,7 @@ def test_deleted_compile_log_is_said_in_the_report(py, tmp_path):
         with tpu_nb.track() as second:
             b = (torch.ones(5, device=dev) * 3).sum()
             torch_xla.sync()
-            os.remove(os.environ["PT_XLA_DEBUG_FILE"])     # a tmp cleaner, mid-cell
+            open(os.environ["PT_XLA_DEBUG_FILE"], "w").close()     # truncated, mid-cell
             c = (torch.ones(7, device=dev) * 4).sum()
             torch_xla.sync()
         print("FIRST", first.metrics.compiles, len(first.compile_events),

@@ -421,7 +421,9 @@ class Dashboard:
         rows.append(self._anatomy_panel)
         made.append(self._anatomy_panel)
         if self.charts:
-            from tpu_nb.display.charts import CHART_SIZES
+            from tpu_nb.display.mpl_import import import_charts
+
+            CHART_SIZES = import_charts().CHART_SIZES
 
             # Sized from the start (no jump when the first chart arrives), shown at their
             # natural size (charts are drawn at twice the pixels: sharp on HiDPI screens).
@@ -494,9 +496,9 @@ class Dashboard:
 
     def _release_charts(self) -> None:
         if self._charts is not None:
-            from tpu_nb.display.charts import release_step_chart
+            from tpu_nb.display.mpl_import import import_charts
 
-            release_step_chart(self._charts[0])
+            import_charts().release_step_chart(self._charts[0])
             self._charts = None
 
     def _draw_charts(

@@ -281,8 +281,9 @@ def _img(png: bytes | None, caption: str) -> str:
 
 def _css_size(png: bytes) -> tuple[int, int]:
     """The size a chart is shown at: its pixels over the charts' density (sharp at 2x)."""
-    from tpu_nb.display.charts import PIXEL_DENSITY
+    from tpu_nb.display.mpl_import import import_charts
 
+    PIXEL_DENSITY = import_charts().PIXEL_DENSITY
     width = int.from_bytes(png[16:20], "big")  # the PNG header's width and height
     height = int.from_bytes(png[20:24], "big")
     return round(width / PIXEL_DENSITY), round(height / PIXEL_DENSITY)

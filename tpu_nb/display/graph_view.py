@@ -710,9 +710,12 @@ def plot(
 ):
     """The same picture as a matplotlib Figure (boxes, edges, shapes; no tooltips), for
     papers and slides: `plot(g).savefig("graph.pdf")`. `scale` is inches per pixel."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import FancyBboxPatch, PathPatch
-    from matplotlib.path import Path
+    from tpu_nb.display.mpl_import import import_mpl
+
+    Figure = import_mpl("matplotlib.figure").Figure
+    patches = import_mpl("matplotlib.patches")
+    FancyBboxPatch, PathPatch = patches.FancyBboxPatch, patches.PathPatch
+    Path = import_mpl("matplotlib.path").Path
 
     scene = _scene(graph, by, budget, expand, _changed(diff), source_names)
     lay = scene.layout
@@ -778,7 +781,9 @@ def plot(
 
 
 def _mpl_path(route: list[tuple[float, float]]) -> tuple[list, list]:
-    from matplotlib.path import Path
+    from tpu_nb.display.mpl_import import import_mpl
+
+    Path = import_mpl("matplotlib.path").Path
 
     verts, codes = [route[0]], [Path.MOVETO]
     for (x, y), (nx, ny) in pairwise(route):

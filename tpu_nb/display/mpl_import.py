@@ -1,4 +1,4 @@
-"""Import the dashboard's charts (and with them matplotlib) so that an interrupt cannot break it.
+"""Import matplotlib (and the dashboard's charts built on it) so that an interrupt cannot break it.
 
 matplotlib takes about half a second to import, typically inside the first `--live` cell. A
 KeyboardInterrupt in the middle leaves its already-executed submodules in `sys.modules`, bound
@@ -6,6 +6,9 @@ to a `matplotlib` package that was never finished (and then removed): every late
 (`module 'matplotlib' has no attribute 'get_data_path'`, `KeyError: 'Collection:kwdoc'`) until
 the kernel restarts. So the import runs with the interrupt held back until it is complete (then
 raised), and a half-import left by anyone else is purged and redone.
+
+Every import of matplotlib in tpu_nb goes through here (`import_charts()`, `import_mpl(name)`);
+tests/test_interrupts.py checks that no other module imports it or the charts directly.
 """
 
 from __future__ import annotations
@@ -24,23 +27,29 @@ def import_charts() -> ModuleType:
     """`tpu_nb.display.charts`, imported whole even if the user interrupts meanwhile (the
     interrupt is raised once the import is complete) and re-imported cleanly if an earlier
     matplotlib import was cut short."""
-    module = sys.modules.get(_CHARTS)
-    if module is not None:
+    return import_mpl(_CHARTS)
+
+
+def import_mpl(name: str) -> ModuleType:
+    """A matplotlib module (e.g. "matplotlib.figure"), or one built on matplotlib, imported
+    as `import_charts()` imports the charts."""
+    module = sys.modules.get(name)
+    if module is not None and not half_imported():
         return module
     with interrupt_after():
         if half_imported():
             purge()
         try:
-            return _import()
+            return _import(name)
         except Exception:  # a half-import that left no orphans to recognise it by
             purge()
-            return _import()
+            return _import(name)
 
 
-def _import() -> ModuleType:
+def _import(name: str) -> ModuleType:
     import importlib
 
-    return importlib.import_module(_CHARTS)
+    return importlib.import_module(name)
 
 
 def half_imported() -> bool:

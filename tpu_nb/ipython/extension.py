@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,10 @@ class TpuNb(Configurable):
     ).tag(config=True)
 
 
+# Cells kept for `%xla_metrics --cells`: a long session must not grow without bound.
+MAX_HISTORY = 1000
+
+
 class CellWatcher:
     """pre/post_run_cell hooks: what each cell did on XLA, and the compact line after it.
 
@@ -50,7 +55,9 @@ class CellWatcher:
         # The runtime's counters when %%on_tpu's report was complete: work after it (showing
         # the cell's value runs what the value left pending) gets its own line.
         self.reported_at: MetricsSnapshot | None = None
-        self.history: list[tuple[int, str, MetricsDelta]] = []  # cells that did XLA work
+        # The last MAX_HISTORY cells that did XLA work; `cells_seen` counts them all.
+        self.history: deque[tuple[int, str, MetricsDelta]] = deque(maxlen=MAX_HISTORY)
+        self.cells_seen = 0
         self._first_line = ""
         # The files cells were compiled into -> their execution numbers, where IPython keeps
         # no such map (IPython 7 under ipykernel 6: /tmp/ipykernel_<pid>/<hash>.py).
@@ -100,7 +107,8 @@ class CellWatcher:
             shown = after.since(reported) if reported is not None else delta
         self.last_delta = delta
         if delta.did_xla_work:
-            count = getattr(result, "execution_count", None) or len(self.history) + 1
+            self.cells_seen += 1
+            count = getattr(result, "execution_count", None) or self.cells_seen
             self.history.append((count, self._first_line, delta))
         if shows_line and reported is not None:
             print(f"XLA after the report (showing the cell's value): {shown.summary()}")
@@ -131,6 +139,7 @@ class _Loaded:
     magic_names: dict[str, list[str]] = field(default_factory=dict)
     formatter_types: list[type] = field(default_factory=list)
     namer: object = None
+    magics: object = None  # the TpuMagics instance IPython also lists in shell.configurables
 
 
 _loaded: dict[int, _Loaded] = {}
@@ -194,6 +203,7 @@ def load_ipython_extension(shell) -> None:
     shell.events.register("post_run_cell", state.notice.post_run_cell)
     magics = TpuMagics(shell, state)
     shell.register_magics(magics)
+    state.magics = magics
     from tpu_nb.runtime.sources import add_file_namer
 
     state.namer = magics._cell_name  # findings name cells "In [n]", not temp files
@@ -230,5 +240,6 @@ def unload_ipython_extension(shell) -> None:
         formatter = shell.display_formatter.formatters[fmt]
         for typ in state.formatter_types:
             formatter.pop(typ, None)
-    if state.settings in shell.configurables:
-        shell.configurables.remove(state.settings)
+    for configurable in (state.settings, state.magics):  # Magics.__init__ listed it there
+        if configurable in shell.configurables:
+            shell.configurables.remove(configurable)

@@ -114,12 +114,17 @@ def _seconds(option: str, low: float, high: float, example: float):
 
 
 def _whole_number(text: str) -> int:
+    """--replicas' device count: a whole number of at least 1 (launch() checks the upper
+    bound: the chips of a TPU host, or MAX_CPU_DEVICES)."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise UsageError(f"--replicas takes 'all' or a whole number of devices; got {text!r}")
+        raise UsageError(
+            f"%on_tpu: --replicas takes 'all' or a whole number of devices of at least 1; "
+            f"got {text!r}. Fix: e.g. --replicas 4, or --replicas alone for every device."
+        )
     return value
 
 
@@ -333,6 +338,11 @@ class TpuMagics(Magics):
         from tpu_nb.runtime import detect, setup
         from tpu_nb.runtime.environment import install_pair
 
+        if args.dry_run and not args.install:
+            raise UsageError(
+                "%tpu_setup: --dry-run shows what --install would do, and changes "
+                "nothing on its own. Fix: %tpu_setup --install --dry-run"
+            )
         if args.install:
             status, restart = install_pair(dry_run=args.dry_run)
             if status != 0:
@@ -388,6 +398,13 @@ class TpuMagics(Magics):
         default=None,
         metavar="all|N",
         help="run the cell once per device (replica), `index` set in each",
+    )
+    @argument(
+        "--timeout",
+        type=_seconds("--timeout", 1, 7 * 24 * 3600, 600),
+        default=None,
+        metavar="SECONDS",
+        help="with --replicas: stop replicas still running after this many seconds",
     )
     @argument(
         "--spmd",
@@ -456,6 +473,10 @@ class TpuMagics(Magics):
                 "--profile traces this kernel, and --replicas runs the cell "
                 "elsewhere. Fix: drop --profile, or use --spmd --profile N"
             )
+        if args.timeout is not None and args.replicas is None:
+            raise UsageError(
+                "--timeout bounds a --replicas run. Fix: add --replicas, or drop --timeout"
+            )
         # a syntax error stops here, nothing run
         code = _CellCode(self.shell, cell, files=self.state.watcher.cell_files)
         if args.replicas is not None:
@@ -476,7 +497,7 @@ class TpuMagics(Magics):
         )
         self.state.watcher.reported_by_magic = True
         try:
-            result = launch(cell, devices=devices)
+            result = launch(cell, devices=devices, timeout=args.timeout)
         except ReplicaError as exc:
             print(f"--- replica {exc.ordinal} of {exc.world}: traceback ---")
             print(exc.traceback.rstrip())
@@ -716,7 +737,11 @@ class TpuMagics(Magics):
         from tpu_nb.display.reports import CellsView, MetricsView
 
         if args.cells:
-            return display(CellsView(self.state.watcher.history))
+            watcher = self.state.watcher
+            if watcher.cells_seen > len(watcher.history):
+                kept, seen = len(watcher.history), watcher.cells_seen
+                print(f"the last {kept} of {seen} cells that did XLA work:")
+            return display(CellsView(list(watcher.history)))
         if args.since_cell:
             delta = self.state.watcher.last_delta
             if delta is None:

@@ -92,13 +92,28 @@ def _check_num_devices(num_devices, device: str) -> int | None:
     return num_devices
 
 
+def _check_inherited_devices(device: str, started: bool) -> None:
+    """A CPU_NUM_DEVICES already in the environment is held to the bound --devices is: a
+    typo such as 100000000000 would eat all memory at the first device use."""
+    value = os.environ.get("CPU_NUM_DEVICES")
+    if device != "cpu" or started or value is None:
+        return
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_CPU_DEVICES):
+        raise TpuNbError(
+            f"CPU_NUM_DEVICES={value!r} in the environment is not a device count from 1 to "
+            f"{MAX_CPU_DEVICES}. Fix: num_devices=4 (%tpu_setup --devices 4) to override it, "
+            "or remove it (del os.environ['CPU_NUM_DEVICES']) for one device."
+        )
+
+
 def _check_options(**flags) -> None:
     debug_file = flags.pop("debug_file")
+    fix = "Fix: e.g. debug_file='/tmp/compile-analysis.log', or leave it out."
     if debug_file is not None and not isinstance(debug_file, (str, os.PathLike)):
-        raise TpuNbError(
-            f"debug_file must be a file path; got {debug_file!r}. Fix: e.g. "
-            "debug_file='/tmp/compile-analysis.log', or leave it out."
-        )
+        raise TpuNbError(f"debug_file must be a file path; got {debug_file!r}. {fix}")
+    if debug_file is not None:
+        _expand_home(os.fspath(debug_file), "debug_file", fix)
     for name, value in flags.items():
         if not isinstance(value, bool) and not (name == "hlo_debug" and value is None):
             raise TpuNbError(f"{name} must be True or False; got {value!r}. Fix: e.g. {name}=True.")
@@ -115,8 +130,8 @@ def _check_cache_dir(cache_dir) -> str | None:
             f"cache_dir must be a directory path; got {cache_dir!r}. Fix: e.g. "
             "cache_dir='~/.cache/xla' (created if missing)."
         )
-    path = os.path.abspath(os.path.expanduser(raw))
     fix = "Fix: choose a directory of yours, e.g. cache_dir='~/.cache/xla'."
+    path = os.path.abspath(_expand_home(raw, "the compile cache", fix))
     existing = path
     while not os.path.exists(existing):  # the nearest part of the path that exists
         existing = os.path.dirname(existing)
@@ -136,6 +151,17 @@ def _check_cache_dir(cache_dir) -> str | None:
             f"writable by you. {fix}"
         )
     return path
+
+
+def _expand_home(raw: str, what: str, fix: str) -> str:
+    """`~` or `~user` expanded; an unknown user is refused (os.path.expanduser would leave the
+    path as it is, and a folder literally named `~user` would appear in the notebook's)."""
+    expanded = os.path.expanduser(raw)
+    if raw.startswith("~") and expanded == raw:
+        user = raw[1:].split(os.sep, 1)[0]
+        who = f"no user named {user!r} on this machine" if user else "no home directory is known"
+        raise TpuNbError(f"{what} {raw!r} starts with ~, but there is {who}. {fix}")
+    return expanded
 
 
 def _make_cache_dir(path: str) -> None:
@@ -183,6 +209,8 @@ def setup(
     accelerator = detect_accelerator()
     target = _check_device(device, accelerator)
     n_devices = _check_num_devices(num_devices, target)
+    if n_devices is None:
+        _check_inherited_devices(target, runtime_initialized())
     cache_path = _check_cache_dir(cache_dir)
     _check_options(
         ir_debug=ir_debug,
@@ -220,7 +248,11 @@ def setup(
         current = os.environ.get("PT_XLA_DEBUG_LEVEL", "")
         if current.strip() in ("", "0"):
             wanted.append(("PT_XLA_DEBUG_LEVEL", "1", compiled_why))
-        path = debug_file or os.environ.get("PT_XLA_DEBUG_FILE") or default_debug_file()
+        inherited = os.environ.get("PT_XLA_DEBUG_FILE")
+        if private_files.inherited_from_another_process(inherited):
+            inherited = None  # a parent process's held log: not this process's to use
+        chosen = os.path.expanduser(os.fspath(debug_file)) if debug_file else None
+        path = chosen or inherited or default_debug_file()
         wanted.append(("PT_XLA_DEBUG_FILE", os.path.abspath(path), compiled_why))
     if "XLA_METRICS_SAMPLES" not in os.environ:
         wanted.append(
@@ -257,7 +289,14 @@ def setup(
             "back on CPU, so it gives no speed-up there (it does on TPU)"
         )
     if "PT_XLA_DEBUG_FILE" in changes:  # created 0600 by us before torch_xla opens it
-        notes += private_files.prepare_log(changes["PT_XLA_DEBUG_FILE"])
+        named = changes["PT_XLA_DEBUG_FILE"]
+        given, log_notes = private_files.prepare_log(named)
+        notes += log_notes
+        if given != named:  # handed over as the descriptor we hold: say which file it is
+            changes["PT_XLA_DEBUG_FILE"] = given
+            applied[applied.index(f"PT_XLA_DEBUG_FILE={named}")] = (
+                f"PT_XLA_DEBUG_FILE={given} ({named}, held open)"
+            )
     if "XLA_PERSISTENT_CACHE_PATH" in changes:
         _make_cache_dir(changes["XLA_PERSISTENT_CACHE_PATH"])
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"

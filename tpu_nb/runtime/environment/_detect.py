@@ -18,6 +18,8 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
+from tpu_nb.runtime.environment import _private_files as private_files
+
 log = logging.getLogger("tpu_nb.runtime.environment")  # the package, not its private module
 
 #: The torch/torch_xla pair this release of tpu_nb is built and tested on.
@@ -421,6 +423,8 @@ def detect(*, check_import: bool = False) -> Environment:
     except ValueError:
         cpu_devices = None
     debug_file = env.get("PT_XLA_DEBUG_FILE") if env.get("PT_XLA_DEBUG_LEVEL") else None
+    if debug_file:  # the file's name, not the descriptor torch_xla is given
+        debug_file = private_files.log_name(debug_file)
     return Environment(
         platform=detect_platform(env),
         accelerator=accelerator,

@@ -1,12 +1,18 @@
 """Files tpu_nb writes into the shared temp directory: private to this user, removed when done.
 
-The compile-cause log names the user's files and functions, and torch_xla appends to it by
-path, following symlinks, for the life of the process. On a shared host (a JupyterHub, a
-university server) anyone can create `/tmp/tpu_nb-<uid>` first, so nothing found there is
-trusted: the directory must be a real directory (not a symlink) owned by this user and closed
-to everyone else, and the log file is created by us, 0600, without following a symlink, before
-torch_xla first opens it. When the usual directory fails that check, a fresh `mkdtemp` one is
-used instead and the user is told why.
+The compile-cause log names the user's files and functions, and torch_xla opens it by path at
+every compile, for the life of the process. On a shared host (a JupyterHub, a university
+server) anyone can create `/tmp/tpu_nb-<uid>` first, or re-create it after a tmp cleaner
+removed ours, so nothing found there is trusted: the directory must be a real directory (not a
+symlink) owned by this user and closed to everyone else, and the log file is created by us,
+0600, without following a symlink. When the usual directory fails that check, a fresh `mkdtemp`
+one is used instead and the user is told why.
+
+The file is then held open, and torch_xla is given `/proc/<pid>/fd/<n>` instead of its name:
+opening that reaches the very file we created, whatever happens to its directory afterwards
+(removed, re-created by someone else, a symlink planted at the name). Only this user can open
+another of its processes' descriptors there. Where /proc is missing, torch_xla gets the name,
+and the metrics layer re-creates the file when a read finds it gone.
 
 Cleanup: this process's log is removed at interpreter exit; logs of processes that no longer
 exist are swept when `setup()` prepares a new one.
@@ -30,6 +36,9 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _chosen: dict[int, tuple[str, str | None]] = {}
 _removed_at_exit: set[str] = set()
 _exited: dict[str, int] = {}  # logs removed at exit -> by which process
+# `/proc/<pid>/fd/<n>` given to torch_xla -> (the log's name, n): held open for the process.
+_held: dict[str, tuple[str, int]] = {}
+_PINNED = re.compile(r"^/proc/(\d+)/fd/\d+$")
 
 
 def usual_dir() -> str:
@@ -98,24 +107,26 @@ def default_log_path() -> str:
     return os.path.join(folder, f"compile-analysis-{os.getpid()}.log")
 
 
-def prepare_log(path: str) -> list[str]:
-    """Create the compile log before torch_xla opens it; return notes for the user.
+def prepare_log(path: str) -> tuple[str, list[str]]:
+    """Create the compile log before torch_xla opens it; return the path to give torch_xla
+    (PT_XLA_DEBUG_FILE) and notes for the user.
 
     In our private directory: a new file, 0600, never through a symlink, a stale file of
-    ours (an earlier process with this pid) replaced; removed at exit; logs of dead
-    processes swept. Elsewhere (a path the user chose): created 0600 if missing.
+    ours (an earlier process with this pid) replaced, held open and handed over as
+    `/proc/<pid>/fd/<n>`; removed at exit; logs of dead processes swept. Elsewhere (a path
+    the user chose): created 0600 if missing, and handed over by name.
     """
     folder, note = private_dir()
     try:
         if os.path.dirname(path) != folder:
             _prepare_chosen(path)
-            return []
+            return path, []
         fd, problem = _open_private(folder)
         if fd is None:  # changed under us since private_dir() checked it
             raise OSError(0, f"{folder} {problem}")
         try:
             _sweep_dead_logs(fd)
-            _create_private(os.path.basename(path), fd)
+            log_fd = _create_private(os.path.basename(path), fd)
         finally:
             os.close(fd)
     except OSError as exc:
@@ -124,22 +135,59 @@ def prepare_log(path: str) -> list[str]:
             "debug_file='<a file in a directory of yours>', or "
             "compile_analysis=False."
         ) from None
+    given = _pin(log_fd, path)
     if path not in _removed_at_exit:
         _removed_at_exit.add(path)
         atexit.register(remove_log, path, os.getpid())
-    return [note] if note else []
+    return given, [note] if note else []
 
 
-def _create_private(name: str, dir_fd: int, *, replace: bool = True) -> None:
+def _pin(fd: int, path: str) -> str:
+    """`/proc/<pid>/fd/<fd>` when it reaches the file `fd` holds (the fd stays open for the
+    life of the process), else `path` (the fd is closed)."""
+    pinned = f"/proc/{os.getpid()}/fd/{fd}"
+    try:
+        held, seen = os.fstat(fd), os.stat(pinned)
+        if (held.st_dev, held.st_ino) == (seen.st_dev, seen.st_ino):
+            _held[pinned] = (path, fd)
+            return pinned
+    except OSError:
+        pass
+    os.close(fd)
+    return path
+
+
+def held_fd(path: str) -> int | None:
+    """The descriptor held for a handed-over log path (inherited as is by a forked child)."""
+    held = _held.get(path)
+    return held[1] if held else None
+
+
+def log_name(path: str) -> str:
+    """The name a handed-over log was created under (for messages), else `path` itself."""
+    held = _held.get(path)
+    return held[0] if held else path
+
+
+def inherited_from_another_process(path: str | None) -> bool:
+    """Whether `path` is a log descriptor of another process (`/proc/<pid>/fd/<n>` in an
+    inherited environment): its file is that process's, not one to log into."""
+    match = _PINNED.match(path or "")
+    return match is not None and int(match.group(1)) != os.getpid()
+
+
+def _create_private(name: str, dir_fd: int, *, replace: bool = True) -> int:
+    """Create `name` 0600 in the directory `dir_fd`, never through a symlink: its fd (-1 when
+    it exists and `replace` is False)."""
     try:
         fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
     except FileExistsError:  # only we can write here: our own stale file
         if not replace:
-            return
+            return -1
         os.unlink(name, dir_fd=dir_fd)
         fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
     os.fchmod(fd, 0o600)  # whatever the umask says, torch_xla must be able to write
-    os.close(fd)
+    return fd
 
 
 def _prepare_chosen(path: str) -> None:
@@ -164,11 +212,13 @@ def ensure_log(path: str) -> bool:
     if fd is None:
         return False
     try:
-        _create_private(os.path.basename(path), fd, replace=False)
+        made = _create_private(os.path.basename(path), fd, replace=False)
     except OSError:
         return False
     finally:
         os.close(fd)
+    if made >= 0:
+        os.close(made)
     return True
 
 
@@ -195,7 +245,12 @@ def remove_log(path: str, owner: int) -> None:
     if os.getpid() != owner:
         return
     _exited[path] = owner
+    held = next((fd for name, fd in _held.values() if name == path), None)
     with suppress(OSError):
+        if held is not None:  # only the file we hold: the name may be someone else's now
+            ours, there = os.fstat(held), os.lstat(path)
+            if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
+                return
         os.unlink(path)
 
 

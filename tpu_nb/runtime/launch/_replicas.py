@@ -17,6 +17,7 @@ On XLA:CPU with several devices, collectives between replicas hang in torch_xla 
 from __future__ import annotations
 
 import atexit
+import errno
 import faulthandler
 import os
 import pickle
@@ -176,8 +177,13 @@ def _replica(index: int, rundir: str) -> None:
     import torch_xla.runtime as xr
     from torch_xla.core import xla_model
 
+    announce = os.path.join(rundir, f"proc-{os.getpid()}")
+    with open(announce, "a"):  # the launcher watches how this process ends
+        pass
     _first_use_alone()
     ordinal = xr.global_ordinal()
+    with open(announce, "a") as f:
+        f.write(f"{ordinal}\n")
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
         for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
             cast(_ReplicaStreams, stream).local.file = out
@@ -258,6 +264,34 @@ def _watch_parent(rundir: str, parent: int) -> None:
     threading.Thread(target=watch, name="tpu_nb-launch-watch", daemon=True).start()
 
 
+def _record_processes() -> list:
+    """The replica processes torch_xla's process pool starts in this (launcher) process, as
+    they start: their exit codes say how they ended."""
+    import multiprocessing.process
+
+    started: list = []
+    original = multiprocessing.process.BaseProcess.start
+
+    def start(self):
+        original(self)
+        started.append(self)
+
+    multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
+    return started
+
+
+def _write_ends(rundir: str, processes: list) -> None:
+    """`ended-<pid>` ('exit N' or 'signal N') for each replica process that ended abnormally:
+    a SIGKILL (the out-of-memory killer) or an os._exit leaves no other trace than the
+    pool's bare BrokenProcessPool."""
+    for proc in processes:
+        code = proc.exitcode
+        if code:
+            how = f"signal {-code}" if code < 0 else f"exit {code}"
+            with suppress(OSError), open(os.path.join(rundir, f"ended-{proc.pid}"), "w") as f:
+                f.write(how)
+
+
 def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, parent: int) -> None:
     """The launcher process: torch_xla's launcher, replicas' output routed per replica."""
     # A native crash of a replica process (forked from this one, so it inherits this) leaves
@@ -277,8 +311,12 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
     if refuse:
         _refuse_collectives()
     _work[rundir] = (fn, args)
+    processes = _record_processes()
     try:
         torch_xla.launch(_replica, args=(rundir,), start_method="fork")
+    except BaseException:
+        _write_ends(rundir, processes)
+        raise
     finally:
         _work.pop(rundir, None)
 
@@ -449,9 +487,16 @@ class _Run:
             for line in lines:
                 self.stream(f"[{i}] {line}")
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
         while (status := self.proc.poll()) is None:
             self.pump()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TpuNbError(
+                    f"the replicas did not finish within timeout={timeout:g} s and were "
+                    "stopped. Fix: a larger timeout=, or look for a replica that waits "
+                    "forever (a collective, a queue, input())."
+                )
             time.sleep(0.02)
         self.pump()
         for i, rest in enumerate(self.partial):
@@ -480,6 +525,47 @@ class _Run:
             except (FileNotFoundError, EOFError, pickle.UnpicklingError):
                 out.append(None)
         return out
+
+    def abrupt_ends(self) -> list[tuple[int, str, list[int]]]:
+        """Replica processes that ended other than by exiting 0: (pid, 'exit N' or 'signal
+        N', the ordinals it ran)."""
+        out: list[tuple[int, str, list[int]]] = []
+        try:
+            names = sorted(os.listdir(self.rundir))
+        except OSError:
+            return out
+        for name in names:
+            if not name.startswith("ended-"):
+                continue
+            pid = int(name[6:])
+            with open(os.path.join(self.rundir, name)) as f:
+                how = f.read().strip()
+            try:
+                with open(os.path.join(self.rundir, f"proc-{pid}")) as f:
+                    ordinals = sorted(int(line) for line in f.read().split())
+            except (OSError, ValueError):
+                ordinals = []
+            out.append((pid, how, ordinals))
+        # The process that ended first by itself, before those the pool then stopped (SIGTERM).
+        return sorted(out, key=lambda end: end[1] == f"signal {int(signal.SIGTERM)}")
+
+    def end_group(self) -> None:
+        """After the launcher ended: stop whatever the replicas started and left running
+        (their process group is the launcher's): SIGTERM, then SIGKILL after a second."""
+        group = self.proc.pid
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.time() + 1.0
+        while time.time() < deadline:
+            try:
+                os.killpg(group, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.02)
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
 
     def launcher_errors(self) -> str:
         try:
@@ -564,9 +650,11 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         raise ReplicaError(first["ordinal"], run.n, first["error"], first["traceback"])
     if status != 0 or any(r is None for r in raw):
         errors = run.launcher_errors()
-        crash = native_crash(errors)
+        crash = native_crash(errors) or _abrupt_end(run, errors)
         if crash is not None:
             raise crash
+        if _no_room(os.path.dirname(run.rundir)):
+            raise TpuNbError(_full_disk(os.path.dirname(run.rundir)))
         detail = errors.strip().splitlines()
         raise TpuNbError(
             "the replicas did not finish (launcher exit status "
@@ -628,12 +716,65 @@ def native_crash(errors: str) -> ReplicaCrash | None:
     return ReplicaCrash(signal_name, where, stack)
 
 
+def _ordinals(ordinals: list[int]) -> str:
+    if not ordinals:
+        return "a replica process"
+    if len(ordinals) > 2 and ordinals == list(range(ordinals[0], ordinals[-1] + 1)):
+        return f"replicas {ordinals[0]}-{ordinals[-1]}"
+    return f"replica{'s' if len(ordinals) > 1 else ''} {', '.join(map(str, ordinals))}"
+
+
+def _abrupt_end(run: _Run, errors: str) -> ReplicaCrash | None:
+    """A ReplicaCrash naming the signal or exit status of a replica process that ended
+    without a Python error (SIGKILL from the out-of-memory killer, os._exit), if one did."""
+    ends = run.abrupt_ends()
+    if not ends:
+        return None
+    pid, how, ordinals = ends[0]
+    who = f"{_ordinals(ordinals)} (process {pid})"
+    kind, number = how.split()
+    others = "; the other replicas were stopped" if len(ordinals) < run.n else ""
+    if kind == "signal":
+        name = signal.Signals(int(number)).name if int(number) in signal.valid_signals() else how
+        why = " (what the out-of-memory killer sends)" if name == "SIGKILL" else ""
+        verb = "were" if len(ordinals) > 1 else "was"
+        message = (
+            f"{who} {verb} killed by {name}{why} before finishing{others}. Fix: if it "
+            "ran out of memory, use smaller batches or fewer replicas (devices=N); "
+            "otherwise find what sent the signal."
+        )
+        return ReplicaCrash(name, "", errors, message=message)
+    message = (
+        f"{who} exited with status {number} before finishing (os._exit, or exit() in native "
+        f"code){others}. Fix: return from the function, or raise, instead of ending the "
+        "process."
+    )
+    return ReplicaCrash(f"exit status {number}", "", errors, message=message)
+
+
+def _no_room(folder: str) -> bool:
+    try:
+        fs = os.statvfs(folder)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < 64 * 1024
+
+
+def _full_disk(folder: str) -> str:
+    return (
+        f"the launch cannot write its files: {folder} is full (No space left on device). "
+        "Fix: free space there, or point TMPDIR at a disk with room before launching "
+        "(os.environ['TMPDIR'] = '/path'; tempfile.tempdir = None)."
+    )
+
+
 def launch(
     fn: Callable,
     *args,
     devices: int | str = "all",
     mode: str = "replicas",
     stream: Callable[[str], None] = print,
+    timeout: float | None = None,
 ) -> LaunchResult:
     """Run `fn` on every XLA device, from a notebook or a script.
 
@@ -641,6 +782,10 @@ def launch(
         replica's ordinal; an exception in one replica stops the others (ReplicaError).
     spmd: `fn(spmd, *args)` runs once over all devices; `spmd.mesh` is a 1-D data mesh and
         `spmd.shard_batch(tensor)` shards a tensor's first dimension across the devices.
+    timeout: seconds after which unfinished replicas are stopped (a TpuNbError says so);
+        None waits for as long as they run (an interrupt stops them too).
+
+    Processes the replicas started are stopped when the launch ends, whatever its outcome.
     """
     __tracebackhide__ = True  # noqa: F841
     if mode not in MODES:
@@ -650,6 +795,7 @@ def launch(
             f"launch needs a function to run; got {type(fn).__name__} "
             f"{fn!r:.40}. Fix: launch(train), with train(index) defined first."
         )
+    _check_timeout(timeout)
     ensure_setup()
     device_type = os.environ.get("PJRT_DEVICE", "CPU").upper()
     if mode == "spmd":
@@ -657,13 +803,37 @@ def launch(
     n = _device_count(devices, device_type)
     _sweep_dead_runs()
     start = time.perf_counter()
-    run = _Run(fn, args, n, device_type, stream)
+    try:
+        run = _Run(fn, args, n, device_type, stream)
+    except OSError as exc:
+        folder = tempfile.gettempdir()
+        if exc.errno == errno.ENOSPC or _no_room(folder):
+            raise TpuNbError(_full_disk(folder)) from None
+        raise TpuNbError(
+            f"the launch cannot write its files in {folder} ({exc.strerror}). Fix: point "
+            "TMPDIR at a directory of yours before launching."
+        ) from None
     try:
         try:
-            status = run.wait()
-        except BaseException:  # KeyboardInterrupt: no orphan replicas
+            status = run.wait(timeout)
+        except BaseException:  # KeyboardInterrupt, timeout=: no orphan replicas
             run.kill()
             raise
+        run.end_group()  # what the replicas started and left running
         return _collect(run, status, start, "replicas")
     finally:
         run.remove()
+
+
+def _check_timeout(timeout) -> None:
+    if timeout is None:
+        return
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= 7 * 24 * 3600
+    ):
+        raise TpuNbError(
+            f"timeout must be a number of seconds from 0 to a week, or None; got "
+            f"{timeout!r}. Fix: e.g. timeout=600."
+        )

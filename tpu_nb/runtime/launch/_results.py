@@ -14,15 +14,17 @@ class CollectiveRefused(TpuNbError):
 
 
 class ReplicaCrash(TpuNbError):
-    """A replica process died in native code (a signal such as SIGSEGV): `signal` is the
-    signal's name, `where` the innermost Python frame running then, `stack` every thread's
-    Python stack as faulthandler wrote it."""
+    """A replica process died without a Python error: a signal in native code (SIGSEGV), a
+    SIGKILL (the out-of-memory killer) or an exit before returning. `signal` is the signal's
+    name (or 'exit status N'), `where` the innermost Python frame running then when known,
+    `stack` what the launcher wrote (every thread's Python stack, for a native crash)."""
 
-    def __init__(self, signal_name: str, where: str, stack: str):
+    def __init__(self, signal_name: str, where: str, stack: str, *, message: str | None = None):
         self.signal, self.where, self.stack = signal_name, where, stack
         at = f" while running {where}" if where else ""
         super().__init__(
-            f"a replica process crashed in native code ({signal_name}){at}; the "
+            message
+            or f"a replica process crashed in native code ({signal_name}){at}; the "
             "other replicas were stopped. Fix: run the launch again; if it "
             "crashes again, the stacks are in this error's .stack attribute."
         )

@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.metrics._counters import on_reset
 from tpu_nb.runtime.sources import is_library
 
@@ -183,6 +184,9 @@ def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
 # A report needs the events of the current cell; a long session compiles thousands of graphs.
 MAX_EVENTS = 2_000
 _HEAD = 1024  # bytes from the start of the file (its first block) that tell a rewrite
+# The last bytes read, compared at the next read: a file rewritten in place (or a new file
+# under a reused inode number) with the same first kilobyte differs there.
+_SEAM = 4096
 
 
 class CompileLog:
@@ -200,6 +204,8 @@ class CompileLog:
 
     def __init__(self, path: str, *, start: int = 0):
         self.path = path
+        self.name = private_files.log_name(path)  # the file's name when path is /proc/.../fd/N
+        self._held = private_files.held_fd(path)  # its descriptor then: fstat, no /proc lookup
         # Bytes of the current file parsed into events. A reader that wants only what comes
         # next (the live dashboard) starts at the file's current size: a block boundary
         # unless a compile is being logged at that very moment.
@@ -209,6 +215,7 @@ class CompileLog:
         self._physical = start  # its size then
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file
         self._head = b""  # its first bytes, once read
+        self._seam = b""  # the last bytes read before self._consumed
         self._events: deque[CompileEvent] = deque(maxlen=MAX_EVENTS)
         self.parsed = 0  # events ever parsed, dropped ones included
         self.breaks: deque[int] = deque(maxlen=64)  # logical offsets where a new file began
@@ -229,7 +236,8 @@ class CompileLog:
 
     def size(self) -> int:
         try:
-            info: os.stat_result | None = os.stat(self.path)
+            held = self._held
+            info: os.stat_result | None = os.stat(self.path) if held is None else os.fstat(held)
         except OSError:
             info = self._recreate()
         if info is None:
@@ -258,7 +266,7 @@ class CompileLog:
         logged = len(self.events_since(offset))
         if any(b > offset for b in self.breaks):
             return (
-                f"the compile log {self.path} was deleted, replaced or truncated during "
+                f"the compile log {self.name} was deleted, replaced or truncated during "
                 "this run, so the causes of its compiles are unknown"
             )
         if logged >= compiles:
@@ -270,8 +278,8 @@ class CompileLog:
             )
         return (
             f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
-            f"compile log {self.path} holds the causes of {logged}: "
-            f"{_write_failure(self.path)}"
+            f"compile log {self.name} holds the causes of {logged}: "
+            f"{_write_failure(self.name)}"
         )
 
     def forget(self) -> None:
@@ -295,14 +303,12 @@ class CompileLog:
         self._base = self._end + 1
         self._end = self._base
         self._consumed = self._physical = 0
-        self._identity, self._head = identity, b""
+        self._identity, self._head, self._seam = identity, b"", b""
         self.breaks.append(self._base)
 
     def _recreate(self) -> os.stat_result | None:
         """The file is gone: make our private one again (before torch_xla recreates it with
         default permissions, or cannot because its directory went too)."""
-        from tpu_nb.runtime.environment import _private_files as private_files
-
         if not private_files.ensure_log(self.path):
             return None
         try:
@@ -316,17 +322,21 @@ class CompileLog:
                 info = os.fstat(f.fileno())
                 self._follow(info)
                 head = os.pread(f.fileno(), _HEAD, 0)
-                if self._head and not head.startswith(self._head):  # rewritten, same size
-                    self._restart((info.st_dev, info.st_ino))
+                seam = os.pread(f.fileno(), len(self._seam), self._consumed - len(self._seam))
+                if (self._head and not head.startswith(self._head)) or seam != self._seam:
+                    self._restart((info.st_dev, info.st_ino))  # rewritten: not what we read
                 if len(head) > len(self._head):
                     self._head = head
                 f.seek(self._consumed)
                 data = f.read()
         except OSError:
             return
-        self._parse(data)
+        done = self._parse(data)
+        if done:
+            self._seam = (self._seam + data[:done])[-_SEAM:]
 
-    def _parse(self, data: bytes) -> None:
+    def _parse(self, data: bytes) -> int:
+        """Parse the whole blocks in `data`; returns how many bytes were consumed."""
         base, pos, done = self._base + self._consumed, 0, 0
         block: list[str] | None = None  # body lines of the block being read
         kind, opened_by, block_start = "", "", 0
@@ -360,6 +370,7 @@ class CompileLog:
                 block.append(body)
         # Only whole blocks are consumed; a block still being written is read again next time.
         self._consumed += done
+        return done
 
     def _finish(self, kind: str, body: list[str], offset: int) -> None:
         if kind == "compile":

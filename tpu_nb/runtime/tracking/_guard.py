@@ -107,14 +107,19 @@ def _sync_site() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "?"
 
 
+# The most distinct graphs a limit may allow (as %%on_tpu --max-graphs): more is never a
+# useful limit, and torch_xla's detector takes a C++ int (a pybind TypeError beyond it).
+MAX_GRAPHS = 10_000
+
+
 class max_graphs:
     """Raise RecompilationError at the step that makes a line compile more than `limit`
     distinct graphs (see the module docstring)."""
 
     def __init__(self, limit: int):
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_GRAPHS:
             raise TpuNbError(
-                f"max_graphs needs a whole number of at least 1; got {limit!r}. "
+                f"max_graphs needs a whole number from 1 to {MAX_GRAPHS:,}; got {limit!r}. "
                 "Fix: e.g. max_graphs(2) (a training loop's first step often "
                 "traces its own graph, so allow 2 or more)."
             )

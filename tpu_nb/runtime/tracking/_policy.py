@@ -260,15 +260,21 @@ def progression(graphs: list) -> str:
     captured. The op and dimension come from the first pair of graphs that differ only in
     shapes; each graph's value is read from its node of that op at the same rank."""
     known = [g for g in graphs if g is not None]
-    anchor = next(
-        (c for a, b in zip(known, known[1:], strict=False) if (c := _first_dim_change(a, b))),
+    found = next(
+        (
+            (i, c)
+            for i, (a, b) in enumerate(zip(known, known[1:], strict=False))
+            if (c := _first_dim_change(a, b))
+        ),
         None,
     )
-    if anchor is None:
+    if found is None:
         return ""
-    op, dim, rank, count = anchor
+    start, (op, dim, rank, count) = found
     values: list[str] = []
-    for g in known:
+    # From the first pair that differs only in shapes on: an earlier graph of other ops (a
+    # first step that also split or initialised data) holds other nodes of that op.
+    for g in known[start:]:
         nodes = [n for n in g.nodes if n.op == op]
         if len(nodes) != count:  # other work in that graph (a first step's initialisation)
             continue
@@ -328,9 +334,7 @@ def classify_read(occ, run_steps: int) -> ReadPattern:
     # Every step, every other step or every few: the loop waits for the device that often.
     # Logging every tenth step is not worth a change.
     if repeats >= _PER_STEP_READS and (not of or repeats * 4 >= of):
-        return ReadPattern(
-            True, f"in {repeats} of {of} steps" if of else f"{repeats} times, with no sync"
-        )
+        return ReadPattern(True, f"in {repeats} of {of} steps" if of else "with no sync in between")
     if occ.first_step >= run_steps > 0:
         return ReadPattern(False, "after the loop's last sync")
     if repeats == 1:
