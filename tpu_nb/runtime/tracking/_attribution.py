@@ -160,7 +160,7 @@ def _shape_change(a, b) -> str:
         if a.shape != b.shape
         else f"{a.op} \u2192 {b.op} ({b.shape})"
     )
-    dims_a, dims_b = _dims(a.shape), _dims(b.shape)
+    dims_a, dims_b = policy.shape_dims(a.shape), policy.shape_dims(b.shape)
     if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
         pairs = enumerate(zip(dims_a, dims_b, strict=True))
         moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
@@ -176,13 +176,6 @@ def _shape_change(a, b) -> str:
         where += f", line {b.location.line}" if where.startswith("In [") else f":{b.location.line}"
         text += f", made at {where}"
     return text
-
-
-def _dims(shape: str) -> list[str] | None:
-    if "[" not in shape or shape.startswith("("):
-        return None
-    inner = shape[shape.index("[") + 1 : shape.index("]")]
-    return inner.split(",") if inner else []
 
 
 def _ops(counts: Counter) -> str:

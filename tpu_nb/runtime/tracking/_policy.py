@@ -278,7 +278,7 @@ def progression(graphs: list) -> str:
         nodes = [n for n in g.nodes if n.op == op]
         if len(nodes) != count:  # other work in that graph (a first step's initialisation)
             continue
-        dims = _dims(nodes[rank].shape)
+        dims = shape_dims(nodes[rank].shape)
         if dims is not None and len(dims) > dim:
             value = dims[dim].strip()
             if not values or values[-1] != value:  # a warm-up graph of the same shape
@@ -302,7 +302,7 @@ def _first_dim_change(a, b) -> tuple[str, int, int, int] | None:
         x, y = change.before, change.after
         if x is None or y is None or x.shape == y.shape:
             continue
-        da, db = _dims(x.shape), _dims(y.shape)
+        da, db = shape_dims(x.shape), shape_dims(y.shape)
         if da is None or db is None or len(da) != len(db):
             return None
         moved = [i for i, (p, q) in enumerate(zip(da, db, strict=True)) if p != q]
@@ -313,7 +313,8 @@ def _first_dim_change(a, b) -> tuple[str, int, int, int] | None:
     return None
 
 
-def _dims(shape: str) -> list[str] | None:
+def shape_dims(shape: str) -> list[str] | None:
+    """The dimensions of a shape like "f32[8,64]" as text, or None for a tuple shape."""
     if "[" not in shape or shape.startswith("("):
         return None
     inner = shape[shape.index("[") + 1 : shape.index("]")]
