@@ -45,7 +45,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -196,6 +196,8 @@ class Anatomy:
     # Host time on the tracked code's lines over the whole run, largest first (the host
     # sampler's; () without it): HostLine(line, via, seconds, share, kind)
     host_lines: tuple[HostLine, ...] = ()
+    # The host sampler itself, for the policy's steady-state lines (None without it).
+    sampler: Any = field(default=None, repr=False, compare=False)
 
     @property
     def device_share(self) -> float:
@@ -701,7 +703,8 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     records = [_record(first + i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
     tail = records[-1] if end is not None and records[-1].tail else None
-    return _summarise(steps, tail, busy, collector, collector.host_lines(end))
+    anatomy = _summarise(steps, tail, busy, collector, collector.host_lines(end))
+    return replace(anatomy, sampler=collector.sampler) if collector.sampler else anatomy
 
 
 def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:

@@ -419,10 +419,19 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
                 f"(run at least {MIN_STEADY_STEPS} more to get a verdict)"
             ),
         )
-    verdict = anatomy.steady_verdict(steady, a.host_lines)
+    verdict = anatomy.steady_verdict(steady, _steady_lines(a, steady, steps))
     if verdict is not None and verdict.kind == "compile-bound":
         verdict = _recompile_verdict(verdict, judgement)
     return replace(judgement, verdict=verdict)
+
+
+def _steady_lines(a, steady, steps) -> tuple:
+    """The host lines of the steady steps: the run's, less the warm-up steps' time."""
+    if a.sampler is None or len(steady) == len(steps):
+        return a.host_lines
+    kept = {s.index for s in steady}
+    warm = tuple((s.start, s.end) for s in steps if s.index not in kept)
+    return a.sampler.lines(sum(s.wall for s in steady), without=warm)
 
 
 def _one_time_seconds(report, one_time_steps: set[int]) -> float:

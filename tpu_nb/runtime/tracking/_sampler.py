@@ -130,6 +130,10 @@ class Sampler:
         self._infos: dict[int, list] = {}  # id(code) -> what its frames are (`_info`)
         # Results, read by other threads (copies of a dict or deque hold the GIL: no torn read)
         self.totals: dict[tuple, float] = {}  # (kind, file, line, function, via) -> seconds
+        # The run's first intervals as (start, end, key): a verdict about the steady state
+        # takes the warm-up steps' time back out of the totals (bounded: the warm-up comes
+        # first).
+        self.early: list[tuple[float, float, tuple]] = []
         self.input_spans: deque = deque(maxlen=_MAX_SPANS)  # (start, end, loop), merged
         # `for` lines (file, line) whose iterator syncs or reads: it runs the steps (a
         # generator that trains and yields losses), so time inside it is not input
@@ -225,6 +229,8 @@ class Sampler:
         if key not in totals and len(totals) >= _MAX_KEYS:
             key = (key[0], key[1], 0, "", "")  # too many distinct lines: one "other" line
         totals[key] = totals.get(key, 0.0) + (end - start)
+        if len(self.early) < _EARLY:
+            self.early.append((start, end, key))
         if key[0] == "input":
             spans, loop = self.input_spans, key[1:3]
             if spans and spans[-1][1] == start and spans[-1][2] == loop:
@@ -363,11 +369,17 @@ class Sampler:
 
     # -- results -------------------------------------------------------------------------------
 
-    def lines(self, wall: float) -> tuple[HostLine, ...]:
+    def lines(self, wall: float, without: tuple = ()) -> tuple[HostLine, ...]:
         """Time per (kind, line, via) — the line's own work ("host"), its syncs ("sync"),
         its `for`'s iterator ("input"); value reads have their own findings — largest first,
-        with shares of `wall` seconds."""
+        with shares of `wall` seconds. `without`: (start, end) windows left out (the
+        warm-up's steps), as far as the first intervals kept in `early` reach."""
         got: dict[tuple, float] = dict(self.totals)
+        for lo, hi in without:
+            for start, end, key in self.early:
+                cut = min(end, hi) - max(start, lo)
+                if cut > 0:
+                    got[key] = got.get(key, 0.0) - cut
         stepping = set(self.stepping)
         merged: dict[tuple, float] = {}
         for (kind, file, line, function, via), seconds in got.items():
@@ -383,6 +395,9 @@ class Sampler:
             out.append(HostLine(Frame(file, line, function), via, seconds, share, kind))
         out.sort(key=lambda h: -h.seconds)
         return tuple(out)
+
+
+_EARLY = 20_000  # intervals kept with their times (about a minute of a run at 200 Hz)
 
 
 def _named(info: list) -> str:
