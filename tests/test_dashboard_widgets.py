@@ -88,8 +88,8 @@ def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):
     assert r.error_in_exec is None
     out = capsys.readouterr().out
     assert "XLA dashboard (finished): 5 steps" in out  # the final view (no kernel: text)
-    assert "XLA: " in out and "device-synced" in out  # %%on_tpu's own report
-    assert out.index("XLA dashboard (finished)") < out.index("device-synced")
+    assert "XLA: " in out and "(incl. device work)" in out  # %%on_tpu's own report
+    assert out.index("XLA dashboard (finished)") < out.index("(incl. device work)")
     assert not _dashboard_threads()
 
 

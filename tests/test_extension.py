@@ -77,7 +77,12 @@ def test_on_tpu_defaults_the_device_and_returns_the_last_value(shell, capsys):
     assert r.result == ("xla", "xla", "xla:0")
     assert torch.zeros(1).device.type == "cpu"  # restored after the cell
     out = capsys.readouterr().out
-    assert "device-synced" in out
+    # nothing ran on the device (the work is left pending): the wall time is the code's alone
+    assert "(incl. device work)" not in out and "(the cell's code)" in out, out
+    run(shell, "%%on_tpu\nu = t * 2\ntorch_xla.sync()")
+    out = capsys.readouterr().out
+    assert "(incl. device work)" in out.splitlines()[0], out
+    assert "(the cell's code and the device's work)" in out, out
 
 
 def test_on_tpu_report_names_lines_of_the_cell(shell, capsys):
@@ -383,7 +388,8 @@ def test_buckets_in_rotation_are_not_flagged_and_new_shapes_are(shell, capsys):
     out = capsys.readouterr().out
     assert "RECOMPILED" in out and "pad or bucket" in out, out
     assert "dim 0: 19 \u2192 23 \u2192 29 \u2192 31 \u2192 37 \u2192 41 (6 shapes)" in out, out
-    run(shell, "%%on_tpu --max-graphs 6\n" + cell.replace("(13, 17, 13, 17, 13, 17)", growing))
+    fresh = "(43, 47, 53, 59, 61, 67)"  # shapes not compiled yet: the same six new graphs
+    run(shell, "%%on_tpu --max-graphs 6\n" + cell.replace("(13, 17, 13, 17, 13, 17)", fresh))
     allowed = capsys.readouterr().out
     assert "RECOMPILED" not in allowed and "within the 6 allowed" in allowed, allowed
 

@@ -153,7 +153,8 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
 
 # Import names of the distributions tpu_nb uses directly.
 _DISTRIBUTION_OF = {"PIL": "pillow", "IPython": "ipython", "torch_xla": "torch-xla"}
-_OPTIONAL = {"tpu_info"}  # used when installed (TPU VMs, Colab), never required
+# used when installed, never required: tpu_info (TPU VMs, Colab); ray (the `pod` extra)
+_OPTIONAL = {"tpu_info", "ray"}
 
 
 def _third_party_imports():

@@ -115,7 +115,7 @@ def _wall_parts(r: RunReport) -> str:
     parts = ["the cell's code"]
     if getattr(r, "synced_at_end", False):
         parts.append("tpu_nb's end-of-cell sync (--sync)")
-    if r.waited:
+    if r.waited and r.metrics.executions:  # waited for, not synced: no graph of tpu_nb's
         parts.append("the device's work")
     text = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
     return f" ({text})"
@@ -268,7 +268,7 @@ class RunView:
         m = r.metrics
         bits = [
             f"{self.label}: {format_seconds(r.wall_seconds)}"
-            + (" (device-synced)" if r.waited else ""),
+            + (" (incl. device work)" if r.waited and m.executions else ""),
             f"{m.compiles} compiled",
             f"{m.executions} executed",
         ]

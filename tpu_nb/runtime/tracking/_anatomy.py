@@ -826,18 +826,22 @@ def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
     steady = steps[lead:]
     if len(steady) < MIN_STEADY_STEPS:
         return anatomy
-    return replace(anatomy, verdict=steady_verdict(steady, anatomy.host_lines))
+    return replace(anatomy, verdict=steady_verdict(steady, anatomy.host_lines, anatomy.tail))
 
 
 _LIVE_WARM_UP = 3  # leading compiling steps a live view takes for the warm-up
 
 
-def steady_verdict(steps: Sequence[StepRecord], host_lines: tuple = ()) -> Verdict | None:
+def steady_verdict(
+    steps: Sequence[StepRecord], host_lines: tuple = (), tail: StepRecord | None = None
+) -> Verdict | None:
     """The verdict of `steps` alone (the steady state: the policy leaves out the steps that
-    compiled the warm-up graphs), naming the run's sampled host lines where it is host- or
-    input-bound."""
-    busy = _Busy(_union(span for s in steps for span in s.device_spans))
-    steady = _summarise(tuple(steps), None, busy, _NoLoss(), host_lines, judged=False)
+    compiled the warm-up graphs) and the run's `tail` (the wait for the device's work the
+    last steps queued: an asynchronous loop's device time is mostly there), naming the
+    run's sampled host lines where it is host- or input-bound."""
+    spans = [span for s in (*steps, *((tail,) if tail else ())) for span in s.device_spans]
+    busy = _Busy(_union(spans))
+    steady = _summarise(tuple(steps), tail, busy, _NoLoss(), host_lines, judged=False)
     return _placed(judge(steady), steady)
 
 

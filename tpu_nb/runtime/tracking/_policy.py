@@ -419,7 +419,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
                 f"(run at least {MIN_STEADY_STEPS} more to get a verdict)"
             ),
         )
-    verdict = anatomy.steady_verdict(steady, _steady_lines(a, steady, steps))
+    verdict = anatomy.steady_verdict(steady, _steady_lines(a, steady, steps), a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
         verdict = _recompile_verdict(verdict, judgement)
     return replace(judgement, verdict=verdict)
@@ -431,7 +431,8 @@ def _steady_lines(a, steady, steps) -> tuple:
         return a.host_lines
     kept = {s.index for s in steady}
     warm = tuple((s.start, s.end) for s in steps if s.index not in kept)
-    return a.sampler.lines(sum(s.wall for s in steady), without=warm)
+    wall = sum(s.wall for s in steady) + (a.tail.wall if a.tail else 0.0)
+    return a.sampler.lines(wall, without=warm)
 
 
 def _one_time_seconds(report, one_time_steps: set[int]) -> float:
