@@ -44,17 +44,20 @@ class Cell:
 def cell(shell):
     shell.run_cell(SETUP)
 
-    def run(body: str) -> Cell:
+    def run(body: str, options: str = "", fails: type | None = None) -> Cell:
         import sys
         from io import StringIO
 
         saved, sys.stdout = sys.stdout, StringIO()
         try:
-            result = shell.run_cell("%%on_tpu\n" + body.strip("\n"))
+            result = shell.run_cell(f"%%on_tpu {options}\n" + body.strip("\n"))
             text = sys.stdout.getvalue()
         finally:
             sys.stdout = saved
-        assert result.success, result.error_in_exec
+        if fails is None:
+            assert result.success, result.error_in_exec
+        else:
+            assert isinstance(result.error_in_exec, fails), result.error_in_exec
         report = tpu_nb.last_report()
         assert report is not None
         return Cell(text[text.index("XLA: ") :] if "XLA: " in text else text, report)
@@ -85,6 +88,14 @@ def test_a_short_healthy_run_gets_facts_and_no_advice(cell):
     assert healthy.verdict is not None and healthy.verdict.kind != "compile-bound"
     assert "one-time cost: 2 compiles" in healthy.text
     assert healthy.kinds() == {"compile", "warm-up"}
+    # The host lines shown are those of the steps the verdict is about: the warm-up's compile
+    # time (most of a short run's) does not crowd out the lines the verdict names.
+    steady = healthy.report.judgement.steady_steps
+    assert steady == 10 and healthy.report.anatomy.host_lines, healthy.text
+    header = f"host time by line (sampled, the {steady} steps after the warm-up):"
+    table = healthy.text.split(header, 1)[1].split("the cell, annotated:")[0]
+    for named in getattr(healthy.verdict, "lines", ()):
+        assert f"{named.where} " in table, (named, healthy.text)
 
 
 def test_optimizer_state_appearing_is_warm_up_not_recompilation(cell):
@@ -292,3 +303,21 @@ for x, y in MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=16), tor
     )
     assert "RECOMPILED" not in loader.summary and PAD_ADVICE not in loader.text, loader.text
     assert "recompile" not in loader.kinds()
+
+
+def test_a_run_stopped_by_max_graphs_gets_the_error_not_a_verdict(cell):
+    stopped = cell(
+        """
+model = make_mlp(48); opt = torch.optim.SGD(model.parameters(), 0.1)
+for step in range(8):
+    x = torch.randn(8 + step, 48); y = torch.randint(0, 10, (8 + step,))
+    F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+""",
+        options="--max-graphs 3",
+        fails=tpu_nb.RecompilationError,
+    )
+    assert "failed: RecompilationError" in stopped.summary, stopped.text
+    assert stopped.verdict is None and "-bound" not in stopped.text, stopped.text
+    assert "no verdict yet" not in stopped.summary
+    assert "no verdict: --max-graphs stopped the run before its steady state" in stopped.text

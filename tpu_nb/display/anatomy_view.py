@@ -157,19 +157,23 @@ def _shown_lines(a: Anatomy | None) -> list:
     return [h for h in lines if h.share >= MIN_LINE_SHARE][:SHOWN_LINES]
 
 
-def host_lines_text(a: Anatomy | None) -> list[str]:
-    """Where the host's time went by line (the host sampler's), as text lines; [] if none."""
+def host_lines_text(a: Anatomy | None, scope: str = "") -> list[str]:
+    """Where the host's time went by line (the host sampler's), as text lines; [] if none.
+    `scope`: which steps the lines cover when not all ("the 18 steps after the warm-up")."""
     shown = _shown_lines(a)
     if not shown:
         return []
-    return ["host time by line (sampled):"] + [f"  {h}" for h in shown]
+    return [f"host time by line (sampled{', ' + scope if scope else ''}):"] + [
+        f"  {h}" for h in shown
+    ]
 
 
-def host_lines_html(a: Anatomy | None) -> str:
+def host_lines_html(a: Anatomy | None, scope: str = "") -> str:
     """The same as a small table, every string escaped; "" if none."""
     shown = _shown_lines(a)
     if not shown:
         return ""
+    over = f" over {escape(scope)}" if scope else ""
     cell = f"style='padding:0 8px 0 0;text-align:left;font-family:{style.MONO}'"
     num = "style='padding:0 8px 0 0;text-align:right;white-space:nowrap'"
     rows = "".join(
@@ -181,8 +185,8 @@ def host_lines_html(a: Anatomy | None) -> str:
     )
     return (
         f"<div class='tpunb-host-lines' style='font-size:11px;margin-top:4px'>"
-        f"<div style='color:{style.MUTED}'>host time by line (sampled): the line, the function "
-        f"under it, time and share of the wall time</div>"
+        f"<div style='color:{style.MUTED}'>host time by line (sampled{over}): the line, the "
+        f"function under it, time and share of the wall time</div>"
         f"<table style='border-collapse:collapse;margin:0'>{rows}</table></div>"
     )
 

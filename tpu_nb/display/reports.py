@@ -285,7 +285,7 @@ class RunView:
         verdict = getattr(r.anatomy, "verdict", None)  # where the steady steps' time went
         if verdict is not None:
             bits.append(verdict.kind)
-        elif getattr(r.judgement, "note", ""):
+        elif getattr(r.judgement, "note", "") and r.error is None:
             bits.append("no verdict yet")
         return " | ".join(bits)
 
@@ -326,6 +326,13 @@ class RunView:
         head = f"{g.where}: {g.marker()}"
         what = g.description()
         return f"{head}: {what}" if what else head
+
+    def _scope(self) -> str:
+        """Which steps the host lines cover, when the verdict left the warm-up out."""
+        judgement = getattr(self.report, "judgement", None)
+        if judgement is None or not judgement.steady_lines:
+            return ""
+        return f"the {judgement.steady_steps} steps after the warm-up"
 
     def _notes(self) -> list[str]:
         notes = []
@@ -386,7 +393,7 @@ class RunView:
             lines.append("what to do:")
             lines += [f"  {words} ({', '.join(places)}): {hint}" for words, places, hint in hints]
         lines += [f"  {note}" for note in self._notes()]
-        lines += [f"  {line}" for line in host_lines_text(self.report.anatomy)]
+        lines += [f"  {line}" for line in host_lines_text(self.report.anatomy, self._scope())]
         lines += self._listing_text()
         return "\n".join(lines)
 
@@ -438,7 +445,7 @@ class RunView:
             )
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
-        parts.append(host_lines_html(self.report.anatomy))
+        parts.append(host_lines_html(self.report.anatomy, self._scope()))
         listing = self._listing_html()
         if listing:
             parts.append(

@@ -297,7 +297,8 @@ def _unplaced_compile(event: CompileEvent, what: str, guard_start: bool, order: 
         place = "end of cell"
         what = f"graph {event.graph_hash[:8]} compiled by {END_SYNC}"
     elif guard_start:
-        place = "start of cell: work pending from before it, run by --max-graphs's sync"
+        place = "start of cell: work pending from before it"
+        what = f"graph {event.graph_hash[:8]} compiled by --max-graphs's sync"
     else:
         place, own = "code this cell called (line not recorded)", False
     return LineFinding(0, "compile", what, place=place, via="" if own else _via(event), order=order)

@@ -100,6 +100,9 @@ class Judgement:
     one_time_compiles: int = 0
     one_time_seconds: float = 0.0  # compile time of the warm-up and the settled variants
     steady_steps: int = 0
+    # the host sampler's lines over the steady steps alone (what the verdict names); () when
+    # the verdict is about every step, or there is none
+    steady_lines: tuple = ()
 
     @property
     def recompiled(self) -> bool:
@@ -407,6 +410,10 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     steps = getattr(a, "steps", ())
     if not isinstance(a, anatomy.Anatomy) or not steps:
         return judgement
+    if type(getattr(report, "error", None)).__name__ == "RecompilationError":
+        # --max-graphs stopped the loop at its first graph too many: the steps before it
+        # are not the loop's steady state, and the error says what to do
+        return replace(judgement, note="--max-graphs stopped the run before its steady state")
     steady = tuple(s for s in steps if s.index not in one_time_steps)
     judgement = replace(judgement, steady_steps=len(steady))
     if len(steady) < MIN_STEADY_STEPS:
@@ -419,10 +426,12 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
                 f"(run at least {MIN_STEADY_STEPS} more to get a verdict)"
             ),
         )
-    verdict = anatomy.steady_verdict(steady, _steady_lines(a, steady, steps), a.tail)
+    lines = _steady_lines(a, steady, steps)
+    verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
         verdict = _recompile_verdict(verdict, judgement)
-    return replace(judgement, verdict=verdict)
+    kept = lines if len(steady) < len(steps) and verdict is not None else ()
+    return replace(judgement, verdict=verdict, steady_lines=kept)
 
 
 def _steady_lines(a, steady, steps) -> tuple:

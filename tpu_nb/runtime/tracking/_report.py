@@ -379,7 +379,10 @@ def _judge(report: RunReport) -> None:
         logging.getLogger("tpu_nb").debug("tpu_nb: judging the run failed", exc_info=True)
         return
     if isinstance(report.anatomy, anatomy.Anatomy):
-        report.anatomy = replace(report.anatomy, verdict=report.judgement.verdict)
+        judged = report.judgement
+        # the host lines shown are those of the steps the verdict is about
+        lines = judged.steady_lines or report.anatomy.host_lines
+        report.anatomy = replace(report.anatomy, verdict=judged.verdict, host_lines=lines)
 
 
 def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEvent]:
