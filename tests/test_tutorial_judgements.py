@@ -22,7 +22,45 @@ VERDICTS = ("device-bound", "host-bound", "input-bound", "compile-bound", "read-
 # notebook -> one entry per %%on_tpu report, in order: (the verdict on the summary line, or
 # "no verdict yet", or "" for a cell that is not a loop; RECOMPILED shown; the kinds of
 # finding that come with advice).
-EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {}
+EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
+    "00_getting_started": [
+        ("", False, set()),
+        ("", False, set()),
+    ],
+    "01_modules_and_autograd": [
+        ("host-bound", False, set()),
+        ("host-bound", False, set()),
+    ],
+    "02_training": [
+        ("no verdict yet", False, set()),
+        ("device-bound", False, set()),
+        ("device-bound", False, set()),
+        ("device-bound", False, set()),
+    ],
+    "03_lazy_tensors": [
+        ("", False, set()),
+        ("", False, {"host-read"}),
+        ("", False, set()),
+        ("compile-bound", True, {"recompile"}),
+        ("host-bound", False, set()),
+        ("", False, set()),
+        ("host-bound", False, set()),
+    ],
+    "04_multiple_devices": [
+        ("device-bound", False, set()),
+    ],
+    "06_saving_and_loading": [
+        ("", False, set()),
+    ],
+    "07_performance": [
+        ("host-bound", False, {"fallback", "host-read"}),
+        ("host-bound", False, set()),
+        ("input-bound", False, set()),
+        ("no verdict yet", False, set()),
+        ("compile-bound", True, {"recompile"}),
+        ("", False, set()),
+    ],
+}
 
 
 def reports(path: Path) -> list[str]:

@@ -52,6 +52,7 @@ from tpu_nb.runtime.units import format_seconds
 log = logging.getLogger("tpu_nb")
 
 INTERVAL = 0.005  # seconds between two samples (200 Hz asked)
+MIN_SAMPLED = 10  # intervals' worth of sampled time before lines are named
 _GAP = 0.0005  # at least this long asleep between two samples (the GIL let go)
 _MAX_DEPTH = 400  # frames walked at most from the top of the stack to the tracked code
 _MAX_SPANS = 65_536  # input spans kept (merged: one per stretch of input samples)
@@ -387,6 +388,8 @@ class Sampler:
                 kind = "host"  # seen before its iterator's first sync
             key = (kind, file, line, function, via)
             merged[key] = merged.get(key, 0.0) + seconds
+        if sum(max(seconds, 0.0) for seconds in merged.values()) < MIN_SAMPLED * self.interval:
+            return ()  # a handful of samples places nothing: no lines rather than noise
         out = []
         for (kind, file, line, function, via), seconds in merged.items():
             if kind == "read" or seconds <= 0:
