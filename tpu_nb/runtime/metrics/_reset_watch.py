@@ -26,7 +26,7 @@ import logging
 import sys
 import threading
 
-from tpu_nb.runtime.environment._xla import xlac
+from tpu_nb.runtime.environment._xla import wait_device_ops, xlac
 
 lock = threading.RLock()
 # Counts torch_xla cleared outside reset_metrics(), per counter, to add back to every read.
@@ -66,6 +66,12 @@ def ensure_installed() -> None:
     @functools.wraps(original)
     def clear_counters():
         caller = sys._getframe(1).f_globals.get("__name__")
+        if caller == _BRIDGE:
+            # torch_xla counts an execution on its execution thread once it has run: one
+            # still running (an earlier step) would count after the read and be cleared
+            # with the rest. Waiting for launched work first makes the carry exact; it adds
+            # no sync or execution, and the bridge is compiling (host-bound) meanwhile.
+            wait_device_ops()
         with lock:
             _carry_now(_RESTORED_BY_BRIDGE if caller == _BRIDGE else frozenset())
             return original()
