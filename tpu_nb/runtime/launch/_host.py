@@ -193,6 +193,7 @@ class HostWorker:
         from tpu_nb.runtime.launch._cell import CellFunction
         from tpu_nb.runtime.tracking import track
 
+        runtime = backend()
         syncs: list[float] = []
         counting = [True]  # the work's own syncs, not tracking's final one
 
@@ -202,7 +203,6 @@ class HostWorker:
                 self.syncs, self.last_sync = len(syncs), time.monotonic()
                 runtime.after_next_sync(on_sync)
 
-        runtime = backend()
         runtime.after_next_sync(on_sync)
         if isinstance(fn, CellFunction):
             statements, expression = fn.compiled()
