@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from tpu_nb.runtime.backend import current as backend
+
 GRACE_SECONDS = 0.3  # an interrupt Python handles within this needs no message
 XLA_BUSY = (
     "interrupt received: torch_xla finishes the current compile or execution first "
@@ -38,7 +40,7 @@ class InterruptNotice:
         self._watch: _Watch | None = None
 
     def pre_run_cell(self, info=None) -> None:
-        if self._watch is None and "torch_xla" in sys.modules:
+        if self._watch is None and backend().is_loaded():
             self._watch = _Watch.start(sys.stdout)
 
     def post_run_cell(self, result=None) -> None:
@@ -97,16 +99,15 @@ class _Watch:
                 os.write(self.previous_fd, data)
 
     def _message(self) -> str:
-        """XLA_BUSY when the main thread waits in a call made from torch_xla, torch or
-        tpu_nb's own wrappers (sync, a value read); otherwise the call is not known to be
-        XLA's (a tensor method called straight from user code, or another library)."""
+        """XLA_BUSY when the main thread waits in a call made from the backend (torch_xla,
+        torch) or tpu_nb's own wrappers (sync, a value read); otherwise the call is not known
+        to be XLA's (a tensor method called straight from user code, or another library)."""
         frame = sys._current_frames().get(self.main)
         top = frame.f_code.co_filename if frame is not None else ""
+        packages = (*backend().packages, "tpu_nb")
         return (
             XLA_BUSY
-            if any(
-                f"{os.sep}{package}{os.sep}" in top for package in ("torch_xla", "torch", "tpu_nb")
-            )
+            if any(f"{os.sep}{package}{os.sep}" in top for package in packages)
             else NATIVE_BUSY
         )
 

@@ -3,7 +3,8 @@
 Layer order (imports flow downward only):
     tpu_nb.ipython  ->  tpu_nb.display  ->  tpu_nb.runtime  ->  torch / torch_xla
 Sub-packages, each above the ones before it (tests/test_layering.py checks that no module
-imports in a cycle): errors, units and sources (foundations); environment (what is installed,
+imports in a cycle): errors, units, frame and sources (foundations); backend (everything asked
+of torch_xla, the one package importing it); environment (what is installed,
 setup, the device); metrics (counters, timings, the compile log); graph (the lazy graph as
 data); tracking (track, provenance, findings, anatomy, on_tpu); live (the dashboard's
 monitor); launch (multi-device runs). Each sub-package's modules are private (`_name.py`); its

@@ -23,7 +23,7 @@ from types import FunctionType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tpu_nb.runtime.metrics._compile_log import Frame
+    from tpu_nb.runtime.frame import Frame
 
 _TPU_NB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
 _SITE_NAMES = ("site-packages", "dist-packages")

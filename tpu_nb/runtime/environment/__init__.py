@@ -2,7 +2,7 @@
 importing torch_xla), the settings torch_xla latches (`setup`), the device and sync point, the
 cell-scoped default device, the pair install, and old tutorials' torch_xla names.
 
-Lowest layer of the runtime above errors/units/sources: imports nothing else of tpu_nb.
+Above errors/units/sources/frame and the backend (the one place torch_xla is imported).
 """
 
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup, setup
@@ -15,9 +15,8 @@ from tpu_nb.runtime.environment._detect import (
     chip_generation,
     detect,
 )
-from tpu_nb.runtime.environment._device import device, sync
+from tpu_nb.runtime.environment._device import device, sync, wait_device_ops
 from tpu_nb.runtime.environment._install import install_pair
-from tpu_nb.runtime.environment._xla import wait_device_ops
 
 __all__ = [
     "MAX_CPU_DEVICES",

@@ -14,9 +14,9 @@ what cannot and why. Calling it again with the same arguments changes nothing.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._detect import (
     Environment,
@@ -176,12 +176,7 @@ def _make_cache_dir(path: str) -> None:
 
 def _compiled_yet() -> bool:
     """Whether this process has compiled a graph (PT_XLA_DEBUG_* are latched then)."""
-    if not runtime_initialized():
-        return False
-    xlac = sys.modules["torch_xla"]._XLAC
-    return bool(
-        xlac._xla_counter_value("UncachedCompile") or xlac._xla_counter_value("CachedCompile")
-    )
+    return backend().compiled_yet()
 
 
 def setup(
@@ -220,7 +215,7 @@ def setup(
     )
     hlo_debug = ir_debug if hlo_debug is None else hlo_debug
 
-    imported = "torch_xla" in sys.modules
+    imported = backend().is_loaded()
     started = runtime_initialized()
     compiled = _compiled_yet()
     wanted: list[tuple[str, str, str | None]] = []  # (variable, value, why it is latched)
@@ -304,7 +299,7 @@ def setup(
     os.environ.update(changes)  # everything validated above: all or nothing
     _configured = True
     if ir_debug and imported:
-        sys.modules["torch_xla"]._XLAC._set_ir_debug(True)
+        backend().set_ir_debug(True)
     env = detect()
     return replace(env, applied=tuple(applied + notes), not_applied=tuple(not_applied))
 

@@ -14,16 +14,14 @@ import platform as _platform
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
+from tpu_nb.runtime.backend import TORCH_PAIR, installed_version
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 
 log = logging.getLogger("tpu_nb.runtime.environment")  # the package, not its private module
-
-#: The torch/torch_xla pair this release of tpu_nb is built and tested on.
-TORCH_PAIR = "2.9.0"
 
 # Google's PCI vendor id and the device ids of TPU chips, as torch_xla's own chip count reads
 # them from /sys (torch_xla/_internal/tpu.py). v2 and v3 share one id. When tpu-info is
@@ -140,13 +138,6 @@ class Environment:
         return "\n".join(lines)
 
     __str__ = report
-
-
-def installed_version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _release(version: str | None) -> tuple[int, ...] | None:
@@ -276,13 +267,7 @@ def _pip_text(release: str, tpu: bool) -> str:
 
 def runtime_initialized() -> bool:
     """Whether this process has started the XLA runtime (never starts it, never imports it)."""
-    xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
-    probe = getattr(xlac, "_xla_runtime_is_initialized", None)
-    try:
-        return bool(probe()) if probe else False
-    except Exception as exc:  # a half-imported torch_xla: say "not started", leave a trace
-        log.debug("torch_xla's runtime probe failed: %r", exc)
-        return False
+    return backend().runtime_started()
 
 
 def _problems(versions, accelerator, env) -> list[Problem]:
@@ -431,7 +416,7 @@ def detect(*, check_import: bool = False) -> Environment:
         versions=versions,
         pjrt_device=env.get("PJRT_DEVICE"),
         cpu_num_devices=cpu_devices,
-        torch_xla_imported="torch_xla" in sys.modules,
+        torch_xla_imported=backend().is_loaded(),
         runtime_initialized=runtime_initialized(),
         debug_file=debug_file,
         problems=tuple(problems),

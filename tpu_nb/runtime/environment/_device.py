@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment._configure import ensure_setup
-from tpu_nb.runtime.environment._xla import wait_device_ops, xla
 from tpu_nb.runtime.errors import TpuNbError
 
 
@@ -16,17 +16,16 @@ def device(index: int | None = None):
             f"tpu_nb.device(0)."
         )
     ensure_setup()
-    module = xla()
+    runtime = backend()
+    runtime.module()  # a broken install is explained before anything else
     if index is not None:
-        _check_index(module, index)
-    return module.device(index)
+        _check_index(index)
+    return runtime.device(index)
 
 
-def _check_index(module, index: int) -> None:
-    import torch_xla.runtime as xr
-
+def _check_index(index: int) -> None:
     # Under SPMD one virtual device (xla:0) stands for all of them.
-    count = 1 if xr.is_spmd() else xr.addressable_runtime_device_count()
+    count = backend().addressable_device_count()
     if index >= count:
         raise TpuNbError(
             f"there is no XLA device {index}: this process has {count} "
@@ -38,6 +37,12 @@ def _check_index(module, index: int) -> None:
 def sync(wait: bool = False) -> None:
     """Compile and run the pending graph (`torch_xla.sync()`); `wait=True` also waits for it
     to finish on the device, so timings and ExecuteTime are complete."""
-    xla().sync()
+    runtime = backend()
+    runtime.sync()
     if wait:
-        wait_device_ops()
+        runtime.wait_device_ops()
+
+
+def wait_device_ops() -> None:
+    """Block until every launched execution has finished (so ExecuteTime is recorded)."""
+    backend().wait_device_ops()

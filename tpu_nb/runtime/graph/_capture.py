@@ -8,16 +8,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from tpu_nb.runtime.environment._xla import xlac
+from tpu_nb.runtime.backend import current as backend
+from tpu_nb.runtime.backend import hash_hex as hash_hex  # tracking reads it here
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph._frames import with_frames
 from tpu_nb.runtime.graph._graph import Graph
 
-
-def hash_hex(raw: bytes) -> str:
-    """torch::lazy::HashToString form: high 64 bits, then the low 64 bits zero-padded."""
-    low, high = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
-    return f"{high:x}{low:016x}"
+# torch.device(...).type of the backend's lazy tensors ("xla").
+_DEVICE_TYPE = backend().device_type
 
 
 def graph(*tensors: Any, hlo: bool = True, frames: bool | None = None) -> Graph:
@@ -31,28 +29,30 @@ def graph(*tensors: Any, hlo: bool = True, frames: bool | None = None) -> Graph:
     the graph has at most 50,000 nodes (it lowers the graph once more).
     """
     found = xla_tensors(tensors)
-    X = xlac()
-    text = X._get_xla_tensors_text(found)
+    runtime = backend()
+    text = runtime.graph_text(found)
     g = Graph.from_ir_text(
         text,
-        hash=hash_hex(X._get_graph_hash(found)),
-        hlo_text=X._get_xla_tensors_hlo(found) if hlo else None,
-        ir_debug=None if not X._get_ir_debug() else True,
+        hash=runtime.graph_hash(found),
+        hlo_text=runtime.graph_hlo(found) if hlo else None,
+        ir_debug=None if not runtime.ir_debug() else True,
         fallback_ops=_fallback_counts(),
     )
     located = any(n.location for n in g.nodes)
     if frames or (frames is None and located and len(g.nodes) <= 50_000):
         with record_locations():  # lowering writes source metadata only in IR debug
-            proto = X._get_xla_tensors_hlo_proto(found)
+            proto = runtime.graph_hlo_proto(found)
         g = with_frames(g, proto)
     return g
 
 
 def _fallback_counts() -> tuple[tuple[str, int], ...]:
     """CPU fallback ops run so far (`.item()`/print reads excluded: those are host reads)."""
-    X = xlac()
-    names = [n for n in X._get_executed_fallback_ops() if n != "aten::_local_scalar_dense"]
-    return tuple((n, int(X._xla_counter_value(n) or 0)) for n in sorted(names))
+    runtime = backend()
+    host_read = runtime.counter_names_of.host_read
+    names = sorted(n for n in runtime.fallback_ops() if n != host_read)
+    counts = runtime.read_counters(names)
+    return tuple((n, counts[n]) for n in names)
 
 
 def xla_tensors(objects: Sequence[Any]) -> list:
@@ -61,7 +61,7 @@ def xla_tensors(objects: Sequence[Any]) -> list:
     found: dict[int, Any] = {}
     for obj in objects:
         if isinstance(obj, torch.Tensor):
-            if obj.device.type != "xla":
+            if obj.device.type != _DEVICE_TYPE:
                 raise TpuNbUsageError(
                     f"graph() got a tensor on {obj.device}, which is not lazy: only XLA "
                     "tensors have a pending graph. Fix: leave it out, or move it first with "
@@ -95,7 +95,7 @@ def _walk(obj: Any, torch) -> Iterator:
     """XLA tensors inside containers, modules (parameters, buffers) and optimizers (parameters,
     state). Tensors elsewhere (e.g. AdamW's CPU step counters) are skipped."""
     if isinstance(obj, torch.Tensor):
-        if obj.device.type == "xla":
+        if obj.device.type == _DEVICE_TYPE:
             yield obj
     elif isinstance(obj, torch.nn.Module):
         yield from _walk(list(obj.parameters()) + list(obj.buffers()), torch)
@@ -113,9 +113,7 @@ def _walk(obj: Any, torch) -> Iterator:
 def is_pending(tensor: Any) -> bool:
     """Whether an XLA tensor has operations waiting for a sync (not just device data).
     ~2 us: reads torch_xla's debug line for the tensor's IR value."""
-    info = xlac()._get_xla_tensor_debug_info(tensor)
-    ir = next((line[4:] for line in info.splitlines() if line.startswith("IR: ")), "None")
-    return ir != "None" and "xla::device_data" not in ir
+    return backend().is_pending(tensor)
 
 
 def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> Graph | None:
@@ -143,7 +141,7 @@ def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> 
         candidates = (
             o
             for o in gc.get_objects()
-            if issubclass(type(o), torch.Tensor) and o.device.type == "xla"
+            if issubclass(type(o), torch.Tensor) and o.device.type == _DEVICE_TYPE
         )
     found: dict[int, Any] = {}
     for t in candidates:
@@ -158,7 +156,7 @@ def walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterat
     if budget[0] < 0 or id(obj) in seen:
         return
     if isinstance(obj, torch.Tensor):
-        if obj.device.type == "xla":
+        if obj.device.type == _DEVICE_TYPE:
             yield obj
         return
     if depth == 0 or not _is_container(obj, torch):
@@ -184,10 +182,10 @@ def record_locations(enabled: bool = True) -> Iterator[None]:
     a notebook can turn it on for one cell: costs ~0.6 us per traced op on XLA:CPU. Nodes
     traced before the block keep having no location.
     """
-    X = xlac()
-    before = bool(X._get_ir_debug())
-    X._set_ir_debug(enabled)
+    runtime = backend()
+    before = runtime.ir_debug()
+    runtime.set_ir_debug(enabled)
     try:
         yield
     finally:
-        X._set_ir_debug(before)
+        runtime.set_ir_debug(before)

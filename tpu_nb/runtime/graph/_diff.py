@@ -14,12 +14,9 @@ import bisect
 import difflib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Generic
 
-from tpu_nb.runtime.graph._nodes import Node, gc_paused
-
-if TYPE_CHECKING:  # Graph.diff calls this module
-    from tpu_nb.runtime.graph._graph import Graph
+from tpu_nb.runtime.graph._nodes import G, Node, NodeGraph, gc_paused
 
 
 @dataclass(frozen=True)
@@ -51,11 +48,11 @@ class NodeChange:
 
 
 @dataclass(frozen=True)
-class GraphDiff:
+class GraphDiff(Generic[G]):
     """How graph `after` differs from graph `before` (say, two compiles of the same line)."""
 
-    before: Graph = field(repr=False)
-    after: Graph = field(repr=False)
+    before: G = field(repr=False)
+    after: G = field(repr=False)
     changes: tuple[NodeChange, ...]
     causes: tuple[NodeChange, ...]  # changed nodes whose inputs did not change: the origins
     aligned: bool  # same ops in the same order (only shapes/dtypes differ)
@@ -112,7 +109,7 @@ class GraphDiff:
         return f"GraphDiff({self.summary()})"
 
 
-def _diff_keys(graph: Graph) -> list[tuple]:
+def _diff_keys(graph: NodeGraph) -> list[tuple]:
     """(op, location, operand ops): enough context that a diff pairs the right nodes."""
     op_of = {n.id: n.op for n in graph.nodes}
     return [(n.op, n.where, tuple(op_of.get(i, "") for i in n.inputs)) for n in graph.nodes]
@@ -198,13 +195,13 @@ def _longest_increasing(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out[::-1]
 
 
-def diff_graphs(before: Graph, after: Graph) -> GraphDiff:
+def diff_graphs(before: G, after: G) -> GraphDiff[G]:
     """The node-level difference between two graphs; see `Graph.diff`."""
     with gc_paused():
         return _diff(before, after)
 
 
-def _diff(before: Graph, after: Graph) -> GraphDiff:
+def _diff(before: G, after: G) -> GraphDiff[G]:
     a_keys = [n.op for n in before.nodes]
     b_keys = [n.op for n in after.nodes]
     aligned = a_keys == b_keys

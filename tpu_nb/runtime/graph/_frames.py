@@ -19,7 +19,7 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.frame import Frame
 
 if TYPE_CHECKING:
     from tpu_nb.runtime.graph._graph import Graph

@@ -281,7 +281,7 @@ class Graph:
 
     # -- comparing and summarizing ---------------------------------------------------------
 
-    def diff(self, other: Graph) -> GraphDiff:
+    def diff(self, other: Graph) -> GraphDiff[Graph]:
         """What changed from `other` (the earlier graph) to this one: nodes whose op, shape or
         dtype differ, and nodes only one of them has. `graph_b.diff(graph_a)`."""
         return diff_graphs(before=other, after=self)
@@ -293,7 +293,7 @@ class Graph:
         budget: int = NODE_BUDGET,
         target: int | None = None,
         expand: Iterable[str] = (),
-    ) -> GroupedGraph:
+    ) -> GroupedGraph[Graph]:
         """Above `budget` nodes, about `target` groups of consecutive nodes by source line
         (or "function", "file", "scope", "range"); `expand` names groups to open. See
         tpu_nb.runtime.graph._groups."""

@@ -25,13 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import Generic
 
 from tpu_nb.runtime.errors import TpuNbUsageError
-from tpu_nb.runtime.graph._nodes import NODE_BUDGET, Frame, Node, gc_paused
-
-if TYPE_CHECKING:  # Graph.groups calls this module
-    from tpu_nb.runtime.graph._graph import Graph
+from tpu_nb.runtime.graph._nodes import NODE_BUDGET, Frame, G, Node, NodeGraph, gc_paused
 
 GROUP_BY = ("auto", "line", "function", "file", "scope", "range")
 # Boxes in a big graph's overview: about what a reader takes in at once, at readable size.
@@ -66,11 +63,11 @@ class GroupEdge:
 
 
 @dataclass(frozen=True)
-class GroupedGraph:
+class GroupedGraph(Generic[G]):
     """A graph as a view shows it: every node when there are at most `budget`, else about
     `target` groups (plus whatever was expanded)."""
 
-    graph: Graph = field(repr=False)
+    graph: G = field(repr=False)
     groups: tuple[Group, ...]
     edges: tuple[GroupEdge, ...]
     by: str  # "node" (nothing collapsed), "line", "scope", "range", ...
@@ -102,7 +99,7 @@ class GroupedGraph:
     def group_of(self, node_id: int) -> Group:
         return self.groups[self._of_node[node_id]]
 
-    def expand(self, *keys: str) -> GroupedGraph:
+    def expand(self, *keys: str) -> GroupedGraph[G]:
         """The same grouping with the named groups shown node by node."""
         return group_graph(
             self.graph,
@@ -120,13 +117,13 @@ class GroupedGraph:
 
 
 def group_graph(
-    graph: Graph,
+    graph: G,
     by: str = "auto",
     *,
     budget: int = NODE_BUDGET,
     target: int | None = None,
     expand: Iterable[str] = (),
-) -> GroupedGraph:
+) -> GroupedGraph[G]:
     """Collapse a graph of more than `budget` nodes into about `target` boxes (default
     OVERVIEW_GROUPS, fewer for a smaller budget); `expand` names groups (keys, or a source
     key such as "forward@linear.py:134" for all its runs) to show node by node."""
@@ -136,8 +133,8 @@ def group_graph(
 
 
 def _group_graph(
-    graph: Graph, by: str, budget: int, target: int, expand: tuple[str, ...]
-) -> GroupedGraph:
+    graph: G, by: str, budget: int, target: int, expand: tuple[str, ...]
+) -> GroupedGraph[G]:
     level = _level(graph, by)
     if len(graph.nodes) <= budget:
         keys = [f"%{n.id}" for n in graph.nodes]
@@ -155,7 +152,7 @@ def _group_graph(
     return grouped
 
 
-def _level(graph: Graph, by: str) -> str:
+def _level(graph: NodeGraph, by: str) -> str:
     if by not in GROUP_BY:
         raise TpuNbUsageError(
             f"unknown grouping {by!r}. Fix: use one of {', '.join(map(repr, GROUP_BY))}."
@@ -216,7 +213,7 @@ def shown_location(n: Node) -> Frame | None:
     return n.location
 
 
-def _base_keys(graph: Graph, level: str) -> list[str]:
+def _base_keys(graph: NodeGraph, level: str) -> list[str]:
     """A source key per node (graph.nodes order); see the module docstring."""
     own = [_location_key(n, level) for n in graph.nodes]
     pos = graph._position
@@ -232,7 +229,7 @@ def _base_keys(graph: Graph, level: str) -> list[str]:
     return [k or "(no source)" for k in keys]
 
 
-def _inherited_key(graph: Graph, n: Node, own: list[str], keys: list[str], pos) -> str:
+def _inherited_key(graph: NodeGraph, n: Node, own: list[str], keys: list[str], pos) -> str:
     """Prefer an operand with a location of its own (a forward value the backward op reads)."""
     fallback = ""
     for src in n.inputs:
@@ -308,14 +305,14 @@ def _cost(top: dict, end: dict, a: int, b: int) -> float:
 
 
 def _build(
-    graph: Graph,
+    graph: G,
     piece: list[int],
     keys: list[str],
     by: str,
     budget: int,
     target: int,
     expanded: tuple[str, ...] = (),
-) -> GroupedGraph:
+) -> GroupedGraph[G]:
     members: dict[int, list[int]] = {}
     for i, p in enumerate(piece):
         members.setdefault(p, []).append(i)
@@ -338,7 +335,7 @@ def _build(
     )
 
 
-def _label(graph: Graph, positions: list[int], keys: list[str]) -> str:
+def _label(graph: NodeGraph, positions: list[int], keys: list[str]) -> str:
     if len(positions) == 1:
         return graph.nodes[positions[0]].name
     counts = Counter(keys[i] for i in positions)
@@ -348,7 +345,7 @@ def _label(graph: Graph, positions: list[int], keys: list[str]) -> str:
     return top if len(counts) == 1 else f"{top} (+{len(counts) - 1} more)"
 
 
-def _unique_names(labels: list[str], members: list[list[int]], graph: Graph) -> list[str]:
+def _unique_names(labels: list[str], members: list[list[int]], graph: NodeGraph) -> list[str]:
     seen = Counter(label for label, m in zip(labels, members, strict=True) if len(m) > 1)
     number: Counter = Counter()
     names = []
@@ -364,7 +361,7 @@ def _unique_names(labels: list[str], members: list[list[int]], graph: Graph) -> 
 
 
 def _make_group(
-    graph: Graph, name: str, label: str, positions: list[int], keys: list[str]
+    graph: NodeGraph, name: str, label: str, positions: list[int], keys: list[str]
 ) -> Group:
     nodes = [graph.nodes[i] for i in positions]
     if len(nodes) == 1:
@@ -393,7 +390,7 @@ def _make_group(
     )
 
 
-def _group_edges(graph: Graph, node_group: list[int]) -> tuple[GroupEdge, ...]:
+def _group_edges(graph: NodeGraph, node_group: list[int]) -> tuple[GroupEdge, ...]:
     pos = graph._position
     agg: dict[tuple[int, int], list] = {}
     for e in graph.edges:

@@ -8,9 +8,9 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.frame import Frame
 from tpu_nb.runtime.sources import is_library
 
 KINDS = ("data", "constant", "view", "compute", "reduction", "collective", "random", "fallback")
@@ -142,6 +142,34 @@ class Edge:
     operand: int  # position among dst's operands
     output: int = 0  # which output of src (multi-output nodes)
     shape: str = ""  # the shape of that value
+
+
+class NodeGraph(Protocol):
+    """What the diff and the grouping read of a graph. `Graph` is one; they take it through
+    this shape so that they never import the module defining it (which imports them)."""
+
+    @property
+    def nodes(self) -> tuple[Node, ...]: ...
+
+    @property
+    def edges(self) -> tuple[Edge, ...]: ...
+
+    @property
+    def hash(self) -> str: ...
+
+    @property
+    def consumers(self) -> dict[int, tuple[int, ...]]:
+        """node id -> ids of the nodes that use its outputs."""
+        ...
+
+    @property
+    def _position(self) -> dict[int, int]:
+        """node id -> its index in `nodes`."""
+        ...
+
+
+# A diff or a grouping hands back the very graph type it was given (a `Graph`, for users).
+G = TypeVar("G", bound=NodeGraph)
 
 
 def split_tuple(shape: str) -> list[str]:

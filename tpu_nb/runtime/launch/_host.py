@@ -24,6 +24,7 @@ import traceback
 from itertools import pairwise
 from typing import Any
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 
 RUN_PREFIX = "tpu_nb-host-"
@@ -103,7 +104,7 @@ class HostWorker:
         from tpu_nb.runtime.environment import setup
 
         env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
-        import torch_xla  # noqa: F401  (the import is part of getting the host ready)
+        backend().module()  # importing the backend is part of getting the host ready
 
         return {"pid": os.getpid(), "device": env.pjrt_device or ""}
 
@@ -188,12 +189,11 @@ class HostWorker:
             self.result = result
 
     def _tracked(self, fn, args, source, filename, result: dict) -> None:
-        from torch_xla.core import xla_model
-
         from tpu_nb.runtime.environment import default_device
         from tpu_nb.runtime.launch._cell import CellFunction
         from tpu_nb.runtime.tracking import track
 
+        runtime = backend()
         syncs: list[float] = []
         counting = [True]  # the work's own syncs, not tracking's final one
 
@@ -201,9 +201,9 @@ class HostWorker:
             if counting[0]:
                 syncs.append(time.perf_counter())
                 self.syncs, self.last_sync = len(syncs), time.monotonic()
-                xla_model.add_step_closure(on_sync)
+                runtime.after_next_sync(on_sync)
 
-        xla_model.add_step_closure(on_sync)
+        runtime.after_next_sync(on_sync)
         if isinstance(fn, CellFunction):
             statements, expression = fn.compiled()
             codes: tuple = (statements, expression)

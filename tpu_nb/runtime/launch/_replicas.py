@@ -36,6 +36,8 @@ from contextlib import suppress
 from itertools import pairwise
 from typing import cast
 
+from tpu_nb.runtime.backend import Backend
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
 from tpu_nb.runtime.environment._detect import detect_accelerator, runtime_initialized
@@ -50,21 +52,8 @@ from tpu_nb.runtime.launch._results import (
 from tpu_nb.runtime.launch._spmd import run_spmd
 
 MODES = ("replicas", "spmd")
-# torch_xla.core.xla_model functions that communicate between replicas.
-COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_bucketized",
-    "all_to_all",
-    "collective_permute",
-    "collective_broadcast",
-    "send",
-    "recv",
-    "reduce_scatter",
-    "reduce_scatter_bucketized",
-    "all_reduce_bucketized_gradients",
-    "xla_rendezvous",
-)
+# The backend's functions that communicate between replicas (torch_xla: xla_model's).
+COLLECTIVES = backend().collectives
 
 MODES_BY_DEVICE = {
     "TPU": "replicas (a process per chip; collectives work) and spmd",
@@ -99,8 +88,6 @@ class _ReplicaStreams:
 
 
 def _refuse_collectives() -> None:
-    from torch_xla.core import xla_model
-
     def refuse(name):
         def collective(*args, **kwargs):
             raise CollectiveRefused(
@@ -111,9 +98,7 @@ def _refuse_collectives() -> None:
 
         return collective
 
-    for name in COLLECTIVES:
-        if hasattr(xla_model, name):
-            setattr(xla_model, name, refuse(name))
+    backend().block_collectives(refuse)
 
 
 # The function and arguments the launcher process runs. torch_xla's launcher pickles what it
@@ -142,23 +127,22 @@ def _first_use_alone() -> None:
     with _first_use:
         if _first_use_done:
             return
-        import torch
-        import torch_xla
-        from torch_xla.core import xla_model
-
-        if len(xla_model.get_xla_supported_devices()) > 1:  # replica threads share it
-            _warm_up(torch, torch_xla, xla_model)
+        runtime = backend()
+        if len(runtime.supported_devices()) > 1:  # replica threads share it
+            _warm_up(runtime)
         _first_use_done = True
 
 
-def _warm_up(torch, torch_xla, xla_model) -> None:
+def _warm_up(runtime: Backend) -> None:
     """Counter reads, a transfer, a compile, an execution and read backs (`.cpu()` and
     `.item()`, a CPU fallback): the first use of the counters a replica's first ops touch,
     made from this one thread."""
+    import torch
+
     _snapshot()
-    warm = torch.ones(1, device=torch_xla.device()) + 1
-    torch_xla.sync()
-    xla_model.wait_device_ops()
+    warm = torch.ones(1, device=runtime.device()) + 1
+    runtime.sync()
+    runtime.wait_device_ops()
     warm.cpu()
     warm.item()
     _snapshot()
@@ -173,41 +157,38 @@ def _snapshot():
 
 def _replica(index: int, rundir: str) -> None:
     """One replica: its prints to its own file; its result (or traceback) to a pickle."""
-    import torch_xla
-    import torch_xla.runtime as xr
-    from torch_xla.core import xla_model
-
+    runtime = backend()
     announce = os.path.join(rundir, f"proc-{os.getpid()}")
     with open(announce, "a"):  # the launcher watches how this process ends
         pass
     _first_use_alone()
-    ordinal = xr.global_ordinal()
+    ordinal = runtime.global_ordinal()
     with open(announce, "a") as f:
         f.write(f"{ordinal}\n")
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
         for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
             cast(_ReplicaStreams, stream).local.file = out
-        result = _run_replica(index, rundir, ordinal, torch_xla, xla_model)
+        result = _run_replica(index, rundir, ordinal, runtime)
     if "error" in result:
         os.killpg(os.getpgrp(), signal.SIGTERM)  # stop the other replicas and the launcher
 
 
-def _run_replica(index: int, rundir: str, ordinal: int, torch_xla, xla_model) -> dict:
+def _run_replica(index: int, rundir: str, ordinal: int, runtime: Backend) -> dict:
     """Run the replica's function and write its result (value or error, timings, counters)."""
     syncs: list[float] = []
 
     def on_sync():
         syncs.append(time.perf_counter())
-        xla_model.add_step_closure(on_sync)
+        runtime.after_next_sync(on_sync)
 
-    xla_model.add_step_closure(on_sync)
+    runtime.after_next_sync(on_sync)
     before, start = _snapshot(), time.perf_counter()
     result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
     fn, args = _work[rundir]
     try:
         value = fn(index, *args)
-        torch_xla.sync()
-        xla_model.wait_device_ops()
+        runtime.sync()
+        runtime.wait_device_ops()
         result["value"] = value
     except BaseException as exc:  # the replica's own error: reported, then the group ends
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -306,14 +287,14 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
     os.environ["TMPDIR"] = tempfile.tempdir = rundir
     sys.stdout = _ReplicaStreams(sys.__stdout__)
     sys.stderr = _ReplicaStreams(sys.__stderr__)
-    import torch_xla
-
+    runtime = backend()
+    runtime.module()
     if refuse:
         _refuse_collectives()
     _work[rundir] = (fn, args)
     processes = _record_processes()
     try:
-        torch_xla.launch(_replica, args=(rundir,), start_method="fork")
+        runtime.spawn(_replica, (rundir,))
     except BaseException:
         _write_ends(rundir, processes)
         raise

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES
 from tpu_nb.runtime.environment._detect import runtime_initialized
 from tpu_nb.runtime.errors import TpuNbError
@@ -26,11 +26,8 @@ class Spmd:
 
     def shard_batch(self, tensor):
         """Shard `tensor` along its first (batch) dimension across all devices; returns it."""
-        import torch_xla.distributed.spmd as xs
-
         spec = ("data",) + (None,) * (tensor.dim() - 1)
-        xs.mark_sharding(tensor, self.mesh, spec)
-        return tensor
+        return backend().shard(tensor, self.mesh, spec)
 
 
 def parse_mesh(mesh: str | None) -> tuple[int, int] | None:
@@ -73,16 +70,10 @@ def _switch_refused() -> str | None:
     devices after a notebook's first cells). The lock is the signal: it never unlocks,
     whatever is freed.
     """
-    module = sys.modules.get("torch_xla")
-    xlac = getattr(module, "_XLAC", None)
-    if xlac is None:
+    runtime = backend()
+    if runtime.spmd_active():
         return None
-    import torch_xla.runtime as xr
-
-    if xr.is_spmd():
-        return None
-    locked = getattr(xlac, "_xla_get_spmd_config_is_locked", None)
-    if locked() if locked else runtime_initialized():
+    if runtime.spmd_locked():
         return (
             "this process already used the XLA device without it, and torch_xla 2.9 "
             "crashes the process (SIGSEGV) at the next XLA work when SPMD is switched on "
@@ -97,9 +88,7 @@ def _expected_devices() -> int | None:
     """The device count the runtime will start with, when it can be known without starting
     it (XLA:CPU: CPU_NUM_DEVICES); None otherwise."""
     if runtime_initialized():
-        import torch_xla.runtime as xr
-
-        return xr.global_runtime_device_count()
+        return backend().global_device_count()
     if os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU":
         try:
             return int(os.environ.get("CPU_NUM_DEVICES") or 1)
@@ -142,19 +131,15 @@ def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | Non
 
 def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
     """Switch this process to SPMD (before the first XLA tensor) and build the mesh."""
-    import numpy as np
-
     from tpu_nb.runtime.environment._configure import setup
 
     wanted = check_spmd(devices, mesh)
     cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
     if cpu and wanted is not None and not runtime_initialized():
         setup("cpu", num_devices=wanted)
-    import torch_xla.distributed.spmd as xs
-    import torch_xla.runtime as xr
-
-    xr.use_spmd()
-    n = xr.global_runtime_device_count()
+    runtime = backend()
+    runtime.use_spmd()
+    n = runtime.global_device_count()
     if wanted is not None and wanted != n:  # only where the count was not knowable before
         raise TpuNbError(
             f"SPMD over {wanted} devices, but the runtime started with {n}. Fix: restart the "
@@ -167,7 +152,7 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
             f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
             f"this runtime has {n}. Fix: --spmd {n}."
         )
-    return Spmd(xs.Mesh(np.arange(n), shape, ("data", "model")), n)
+    return Spmd(runtime.mesh(n, shape, ("data", "model")), n)
 
 
 def run_spmd(fn: Callable, args: tuple, devices: int | str = "all", mesh: str | None = None):

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_nb.runtime.environment._xla import xla, xlac
+from tpu_nb.runtime.backend import xla, xlac
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,

@@ -15,7 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
+from tpu_nb.runtime.frame import Frame
 from tpu_nb.runtime.metrics._counters import on_reset
 from tpu_nb.runtime.sources import is_library
 
@@ -36,18 +38,6 @@ _CAUSE_KINDS = (
     ("dynamo", "dynamo"),
     ("compile", "compile"),
 )
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One Python frame: where in the user's code (or a library) something happened."""
-
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.function} ({self.file}:{self.line})"
 
 
 @dataclass(frozen=True)
@@ -426,12 +416,10 @@ def _forget_events() -> None:
 
 def compile_log() -> CompileLog | None:
     """The reader of this process's compile-cause file, or None when analysis is off."""
-    path = os.environ.get("PT_XLA_DEBUG_FILE")
-    if not path:
+    path = backend().compile_log_path()
+    if path is None:
         return None
     log = _logs.get(path)
     if log is None:
-        if os.environ.get("PT_XLA_DEBUG_LEVEL", "0").strip() in ("", "0"):
-            return None
         log = _logs[path] = CompileLog(path)
     return log

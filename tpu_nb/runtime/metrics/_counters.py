@@ -18,29 +18,31 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tpu_nb.runtime.environment._xla import xlac
+from tpu_nb.runtime.backend import Backend
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.metrics import _reset_watch as reset_watch
 
-HOST_READ = "aten::_local_scalar_dense"  # .item(), printing, bool(tensor): a device->host read
+# The backend's names for what a delta reports (torch_xla: UncachedCompile, MarkStep, ...).
+_NAMES = backend().counter_names_of
+HOST_READ = _NAMES.host_read  # .item(), printing, bool(tensor): a device->host read
+_FALLBACK = _NAMES.fallback_prefix  # torch_xla: aten::<op>, one counter per CPU fallback op
 
-# Counters a delta is made of (besides every aten::* counter: the CPU fallbacks).
+# Counters a delta is made of (besides every fallback counter).
 _COUNTERS = (
-    "UncachedCompile",
-    "CachedCompile",
-    "ExecuteComputation",
-    "ExecuteReplicated",
-    "MarkStep",
-    "PersistentCacheHit",
-    "PersistentCacheMiss",
+    _NAMES.compiles,
+    _NAMES.cache_hits,
+    *_NAMES.executions,
+    _NAMES.syncs,
+    _NAMES.persistent_cache_hits,
+    _NAMES.persistent_cache_misses,
 )
 # Time metrics (nanoseconds) a delta needs, each with the counter that moves whenever the
 # metric gets a sample (None: no such counter, always read).
-_METRICS = {
-    "CompileTime": "UncachedCompile",
-    "ExecuteTime": "ExecuteComputation",
-    "ExecuteReplicatedTime": "ExecuteReplicated",
-    "TransferToDeviceTime": None,
-    "TransferFromDeviceTime": None,
+_METRICS: dict[str, str | None] = {
+    _NAMES.compile_time: _NAMES.compiles,
+    **dict(zip(_NAMES.execute_times, _NAMES.executions, strict=True)),
+    _NAMES.to_device_time: None,
+    _NAMES.from_device_time: None,
 }
 _NO_COUNTERS: Mapping[str, int] = MappingProxyType({})
 _NO_METRICS: Mapping[str, tuple[int, float]] = MappingProxyType({})
@@ -159,7 +161,7 @@ class MetricsDelta:
         return "\n".join(lines)
 
 
-def _read_metric(xc, name: str, gate: str | None, counters: Mapping[str, int]):
+def _read_metric(runtime: Backend, name: str, gate: str | None, counters: Mapping[str, int]):
     if gate is not None:
         cached = _metric_cache.get(name)
         value = counters.get(gate, 0)
@@ -167,10 +169,9 @@ def _read_metric(xc, name: str, gate: str | None, counters: Mapping[str, int]):
         # counted already has its sample (ExecuteTime lands when an execution finishes).
         if cached is not None and cached[0] == value and cached[1][0] >= value:
             return cached[1]
-    data = xc._xla_metric_data(name)
-    if data is None:
+    result = runtime.metric(name)
+    if result is None:
         return None
-    result = (int(data[0]), float(data[1]))
     if gate is not None:
         _metric_cache[name] = (counters.get(gate, 0), result)
     return result
@@ -183,31 +184,31 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     every metric's (samples, accumulator), for complete reports.
     """
     global _wanted_names
-    xc = xlac()
+    runtime = backend()
     with reset_watch.lock:
         reset_watch.ensure_installed()
-        names = xc._xla_counter_names()
-        value = xc._xla_counter_value
+        names = runtime.counter_names()
         if full:
-            raw = {n: value(n) or 0 for n in names}
+            raw = runtime.read_counters(names)
         else:
             if _wanted_names[0] != len(names):
                 _wanted_names = (
                     len(names),
-                    tuple(n for n in names if n.startswith("aten::") or n in _COUNTERS),
+                    tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS),
                 )
-            raw = {n: value(n) or 0 for n in _wanted_names[1]}
+            raw = runtime.read_counters(_wanted_names[1])
         counters = reset_watch.carry(raw)
     metrics = {}
     for name, gate in _METRICS.items():
-        data = _read_metric(xc, name, gate, counters)
+        data = _read_metric(runtime, name, gate, counters)
         if data is not None:
             metrics[name] = data
     if full:
-        for name in xc._xla_metric_names():
+        for name in runtime.metric_names():
             if name not in metrics:
-                data = xc._xla_metric_data(name)
-                metrics[name] = (int(data[0]), float(data[1]))
+                data = runtime.metric(name)
+                if data is not None:
+                    metrics[name] = data
     return MetricsSnapshot(
         MappingProxyType(counters), MappingProxyType(metrics), time.perf_counter(), _generation
     )
@@ -217,11 +218,11 @@ def reset_metrics() -> None:
     """Clear torch_xla's counters and metrics, and the history tpu_nb keeps beside them
     (what `%xla_metrics --reset` does)."""
     global _generation, _wanted_names
-    xc = xlac()
+    runtime = backend()
     with reset_watch.lock:
-        xc._clear_xla_counters()
+        runtime.clear_counters()
         reset_watch.forget()
-    xc._clear_xla_metrics()
+    runtime.clear_metrics()
     _metric_cache.clear()
     _wanted_names = (-1, ())
     _generation += 1
@@ -252,26 +253,26 @@ def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
         d = _diff(value, earlier.counters.get(name, 0))
         if d:
             moved[name] = d
-    fallbacks = {n[6:]: d for n, d in moved.items() if n.startswith("aten::") and n != HOST_READ}
-    n_compile, compile_s = _metric_delta(earlier, later, "CompileTime")
-    n_exec, exec_s = _metric_delta(earlier, later, "ExecuteTime")
-    n_rep, rep_s = _metric_delta(earlier, later, "ExecuteReplicatedTime")
-    n_to, to_s = _metric_delta(earlier, later, "TransferToDeviceTime")
-    n_from, from_s = _metric_delta(earlier, later, "TransferFromDeviceTime")
+    cut = len(_FALLBACK)
+    fallbacks = {n[cut:]: d for n, d in moved.items() if n.startswith(_FALLBACK) and n != HOST_READ}
+    n_compile, compile_s = _metric_delta(earlier, later, _NAMES.compile_time)
+    exec_s = sum(_metric_delta(earlier, later, name)[1] for name in _NAMES.execute_times)
+    n_to, to_s = _metric_delta(earlier, later, _NAMES.to_device_time)
+    n_from, from_s = _metric_delta(earlier, later, _NAMES.from_device_time)
     return MetricsDelta(
-        compiles=moved.get("UncachedCompile", 0),
-        cache_hits=moved.get("CachedCompile", 0),
+        compiles=moved.get(_NAMES.compiles, 0),
+        cache_hits=moved.get(_NAMES.cache_hits, 0),
         compile_seconds=compile_s,
-        executions=moved.get("ExecuteComputation", 0) + moved.get("ExecuteReplicated", 0),
-        execute_seconds=exec_s + rep_s,
+        executions=sum(moved.get(name, 0) for name in _NAMES.executions),
+        execute_seconds=exec_s,
         to_device_transfers=n_to,
         to_device_seconds=to_s,
         from_device_transfers=n_from,
         from_device_seconds=from_s,
-        syncs=moved.get("MarkStep", 0),
+        syncs=moved.get(_NAMES.syncs, 0),
         host_reads=moved.get(HOST_READ, 0),
         fallbacks=fallbacks,
-        persistent_cache_hits=moved.get("PersistentCacheHit", 0),
+        persistent_cache_hits=moved.get(_NAMES.persistent_cache_hits, 0),
         wall_seconds=later.taken_at - earlier.taken_at,
         counters=moved,
     )

@@ -7,8 +7,9 @@ Executions, cache hits, syncs, CPU fallbacks and host reads counted so far are w
 Time metrics are not touched (ExecuteTime keeps its samples).
 
 A reset is noticed in one of two ways:
-- seen: `clear_counters` is wrapped, once per process, so that the counters' values are carried
-  just before it clears them. The wrapper then calls the original: torch_xla's own readers
+- seen: `clear_counters` is wrapped, once per process (by the backend:
+  `intercept_counter_clears`), so that the counters' values are carried just before it clears
+  them. The wrapper then calls the original: torch_xla's own readers
   see exactly what they saw before.
 - unseen (a direct `torch_xla._XLAC._clear_xla_counters()`): a counter read smaller than at
   the previous read. What was counted between that read and the reset is lost; what the
@@ -21,12 +22,11 @@ between the carry and the clear (it would count those values twice).
 
 from __future__ import annotations
 
-import functools
 import logging
-import sys
 import threading
+from collections.abc import Callable
 
-from tpu_nb.runtime.environment._xla import wait_device_ops, xlac
+from tpu_nb.runtime.backend import current as backend
 
 lock = threading.RLock()
 # Counts torch_xla cleared outside reset_metrics(), per counter, to add back to every read.
@@ -34,10 +34,6 @@ _carried: dict[str, int] = {}
 # The raw values of the previous read, to notice a reset nobody told us about.
 _last_raw: dict[str, int] = {}
 _installed = False
-_BRIDGE = "torch_xla._dynamo.dynamo_bridge"
-# The bridge reads these two before it clears and increments them back after: carrying them
-# too would count them twice.
-_RESTORED_BY_BRIDGE = frozenset({"UncachedCompile", "DynamoExtractCompiledGraph"})
 
 
 class _Resets:
@@ -49,46 +45,31 @@ resets = _Resets()
 
 
 def ensure_installed() -> None:
-    """Wrap torch_xla's `clear_counters` (once per process; cheap to call again)."""
+    """Have the backend's own counter resets pass through `_on_clear` (once per process;
+    cheap to call again). Without it, resets are noticed as unseen ones."""
     global _installed
     if _installed:
         return
     _installed = True
-    try:
-        from torch_xla.debug import metrics
-    except Exception:  # an old or broken torch_xla: resets are then noticed as unseen ones
-        logging.getLogger("tpu_nb").debug("cannot watch clear_counters", exc_info=True)
-        return
-    original = metrics.clear_counters
-    if getattr(original, "_carries_counts", False):
-        return
+    backend().intercept_counter_clears(_on_clear)
 
-    @functools.wraps(original)
-    def clear_counters():
-        caller = sys._getframe(1).f_globals.get("__name__")
-        if caller == _BRIDGE:
-            # torch_xla counts an execution on its execution thread once it has run: one
-            # still running (an earlier step) would count after the read and be cleared
-            # with the rest. Waiting for launched work first makes the carry exact; it adds
-            # no sync or execution, and the bridge is compiling (host-bound) meanwhile.
-            wait_device_ops()
-        with lock:
-            _carry_now(_RESTORED_BY_BRIDGE if caller == _BRIDGE else frozenset())
-            return original()
 
-    clear_counters._carries_counts = True  # type: ignore[attr-defined]
-    metrics.clear_counters = clear_counters
+def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
+    # The backend is about to clear its counters: carry their values first, under the lock,
+    # then clear; its own readers see exactly what they saw before. `restored`: counters the
+    # backend puts back after clearing (carrying them too would count them twice).
+    with lock:
+        _carry_now(restored)
+        clear()
 
 
 def _carry_now(restored: frozenset[str]) -> None:
     global _last_raw
-    xc = xlac()
-    value = xc._xla_counter_value
-    for name in xc._xla_counter_names():
-        if name not in restored:
-            count = value(name) or 0
-            if count:
-                _carried[name] = _carried.get(name, 0) + count
+    runtime = backend()
+    counts = runtime.read_counters(runtime.counter_names())
+    for name, count in counts.items():
+        if name not in restored and count:
+            _carried[name] = _carried.get(name, 0) + count
     _last_raw = {}
     resets.seen += 1
 

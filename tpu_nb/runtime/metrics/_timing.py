@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpu_nb.runtime.environment._xla import wait_device_ops, xla
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics._counters import snapshot
 
@@ -73,11 +73,11 @@ def _fmt(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def _run_once(fn, sync) -> float:
+def _run_once(fn, runtime) -> float:
     start = time.perf_counter()
     result = fn()  # kept alive over the sync, so a returned tensor is computed too
-    sync()
-    wait_device_ops()
+    runtime.sync()
+    runtime.wait_device_ops()
     del result
     return time.perf_counter() - start
 
@@ -117,19 +117,19 @@ def time_device(
     repeat: repeats of the steady state; the median of their per-run means is reported.
     """
     _check_arguments(fn, number, repeat)
-    sync = xla().sync
-    sync()  # work pending from before is not part of the timing
-    wait_device_ops()
+    runtime = backend()
+    runtime.sync()  # work pending from before is not part of the timing
+    runtime.wait_device_ops()
     before = snapshot()
-    first = _run_once(fn, sync)
+    first = _run_once(fn, runtime)
     first_compiles = snapshot().since(before).compiles
     if number is None:
-        probe = _run_once(fn, sync)
+        probe = _run_once(fn, runtime)
         number = max(1, min(10_000, int(0.2 / max(probe, 1e-6))))
     steady_start = snapshot()
     per_run = []
     for _ in range(repeat):
-        total = sum(_run_once(fn, sync) for _ in range(number))
+        total = sum(_run_once(fn, runtime) for _ in range(number))
         per_run.append(total / number)
     steady = snapshot().since(steady_start)
     return DeviceTiming(first, first_compiles, tuple(per_run), number, steady.compiles)

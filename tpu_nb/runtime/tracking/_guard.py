@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
-from tpu_nb.runtime.environment._xla import xla
+from tpu_nb.runtime.backend import xla
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.sources import as_caller
 from tpu_nb.runtime.tracking import _dynamo as dynamo

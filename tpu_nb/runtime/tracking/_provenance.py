@@ -659,7 +659,7 @@ def _capture_tensor(tensor):
 
 
 def _graph_once(tensors: list):
-    from tpu_nb.runtime.environment._xla import xlac
+    from tpu_nb.runtime.backend import xlac
     from tpu_nb.runtime.graph._capture import graph, hash_hex
 
     if not tensors:

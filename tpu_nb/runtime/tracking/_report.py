@@ -9,7 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from tpu_nb.runtime.environment._xla import wait_device_ops, xla
+from tpu_nb.runtime.backend import wait_device_ops, xla
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy

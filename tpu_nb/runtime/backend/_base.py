@@ -1,0 +1,273 @@
+"""`Backend`: everything tpu_nb asks of the library that runs PyTorch on the device.
+
+tpu_nb reads facts (counters, compile causes, the pending graph, device and memory figures)
+and asks for a few actions (sync, wait, launch replicas, switch to SPMD). Each is one method
+here, typed and documented by what a user of tpu_nb relies on; tests/test_backend_contract.py
+asserts each of them against every registered backend on the real runtime. The one
+implementation today is `TorchXlaBackend` (torch_xla 2.9); docs/backends.md maps each method
+to TorchTPU's published surface.
+
+Nothing here imports the backend's library: a backend imports it when a method first needs
+it, so `import tpu_nb` stays cheap and `detect()` works when the library is broken.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+
+@dataclass(frozen=True)
+class MetricSamples:
+    """One time metric as the backend keeps it: how many samples it recorded in all, their
+    total (nanoseconds for a time), and the recent (timestamp, value) samples it still holds."""
+
+    count: int
+    total: float
+    samples: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes of device memory in use, the limit and the peak; None where not reported."""
+
+    used: int | None
+    limit: int | None
+    peak: int | None = None
+
+
+@dataclass(frozen=True)
+class CounterNames:
+    """Which of the backend's counters and metrics stand for each fact a `MetricsDelta`
+    reports. Counters count events; time metrics are nanoseconds."""
+
+    compiles: str  # a graph compiled (not found in the in-memory cache)
+    cache_hits: str  # a graph found in the in-memory cache
+    executions: tuple[str, ...]  # a graph executed (one counter per execution path)
+    syncs: str  # a step marker / sync
+    host_read: str  # a scalar read back to the host (.item(), print, bool(tensor))
+    fallback_prefix: str  # counters of ops run on the CPU instead of the device
+    persistent_cache_hits: str
+    persistent_cache_misses: str
+    compile_time: str
+    execute_times: tuple[str, ...]  # in `executions` order
+    to_device_time: str
+    from_device_time: str
+
+
+class Backend(ABC):
+    """The device runtime under tpu_nb. Methods never import the backend's library unless
+    their docstring says they start it (`module`, and everything that touches a device)."""
+
+    #: Short name, e.g. "torch_xla".
+    name: str
+    #: `torch.device(...).type` of the backend's tensors, e.g. "xla".
+    device_type: str
+    #: Top-level Python packages whose frames are the backend working (not the user's code).
+    packages: tuple[str, ...]
+    #: Counter and metric names of the facts a MetricsDelta reports.
+    counter_names_of: CounterNames
+    #: Functions of the backend that communicate between replicas (launch may refuse them).
+    collectives: tuple[str, ...]
+
+    # -- loading -----------------------------------------------------------------------------
+
+    @abstractmethod
+    def is_loaded(self) -> bool:
+        """Whether this process has imported the backend's library (never imports it)."""
+
+    @abstractmethod
+    def runtime_started(self) -> bool:
+        """Whether the backend's runtime has started in this process (never starts it)."""
+
+    @abstractmethod
+    def module(self) -> Any:
+        """The backend's Python module, imported on first use; a broken install raises a
+        TpuNbError naming the fix."""
+
+    # -- counters and metrics ----------------------------------------------------------------
+
+    @abstractmethod
+    def counter_names(self) -> Sequence[str]:
+        """Names of every counter that has counted at least once (the list only grows until
+        `clear_counters`)."""
+
+    @abstractmethod
+    def read_counters(self, names: Iterable[str]) -> dict[str, int]:
+        """The current value of each named counter; 0 for one that never counted."""
+
+    @abstractmethod
+    def metric_names(self) -> Sequence[str]:
+        """Names of every metric that has a sample."""
+
+    @abstractmethod
+    def metric(self, name: str) -> tuple[int, float] | None:
+        """(samples recorded in all, their total) of one metric; None before its first."""
+
+    @abstractmethod
+    def metric_samples(self, name: str) -> MetricSamples | None:
+        """One metric with the recent samples the backend keeps; None before its first."""
+
+    @abstractmethod
+    def clear_counters(self) -> None:
+        """Set every counter back to zero."""
+
+    @abstractmethod
+    def clear_metrics(self) -> None:
+        """Drop every metric's samples."""
+
+    @abstractmethod
+    def intercept_counter_clears(
+        self, hook: Callable[[frozenset[str], Callable[[], None]], None]
+    ) -> bool:
+        """Route the backend's own counter resets through `hook(restored, clear)`: `restored`
+        names counters the backend puts back after clearing, `clear()` does the reset. Once
+        per process; False when the backend's resets cannot be intercepted."""
+
+    # -- compile events ----------------------------------------------------------------------
+
+    @abstractmethod
+    def compile_log_path(self) -> str | None:
+        """The file the backend appends one compile-cause block to per uncached compile, or
+        None when compile-cause analysis is off in this process."""
+
+    @abstractmethod
+    def compiled_yet(self) -> bool:
+        """Whether this process has compiled (or found in a cache) any graph yet; never
+        starts the runtime."""
+
+    # -- the pending graph -------------------------------------------------------------------
+
+    @abstractmethod
+    def graph_text(self, tensors: Sequence[Any]) -> str:
+        """The IR text of the graph that computes `tensors` at the next sync."""
+
+    @abstractmethod
+    def graph_hash(self, tensors: Sequence[Any]) -> str:
+        """A hash of that graph, hex: the same graph gives the same hash."""
+
+    @abstractmethod
+    def graph_hlo(self, tensors: Sequence[Any]) -> str:
+        """That graph lowered to HLO module text."""
+
+    @abstractmethod
+    def graph_hlo_proto(self, tensors: Sequence[Any]) -> bytes:
+        """That graph lowered to a serialized HloModuleProto (with its stack-frame index)."""
+
+    @abstractmethod
+    def is_pending(self, tensor: Any) -> bool:
+        """Whether the tensor has operations waiting for a sync (not only device data)."""
+
+    @abstractmethod
+    def fallback_ops(self) -> list[str]:
+        """Ops this process has run on the CPU instead of the device so far."""
+
+    @abstractmethod
+    def ir_debug(self) -> bool:
+        """Whether new IR nodes record the Python line that made them."""
+
+    @abstractmethod
+    def set_ir_debug(self, enabled: bool) -> None:
+        """Switch recording IR nodes' Python lines on or off for nodes traced from now on."""
+
+    # -- device, memory, sync ----------------------------------------------------------------
+
+    @abstractmethod
+    def device(self, index: int | None = None) -> Any:
+        """The torch.device of the default device, or of device `index`; starts the runtime."""
+
+    @abstractmethod
+    def addressable_device_count(self) -> int:
+        """Devices this process can address (under SPMD: one virtual device)."""
+
+    @abstractmethod
+    def supported_devices(self) -> list[str]:
+        """Names of this process's devices, e.g. ['xla:0', 'xla:1']."""
+
+    @abstractmethod
+    def device_kind(self) -> str:
+        """The hardware kind of the devices: "CPU", "TPU"."""
+
+    @abstractmethod
+    def memory(self, device: str) -> DeviceMemory:
+        """Device memory figures; raises where the device does not report them (XLA:CPU)."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Compile (or find in the cache) and launch the pending graph."""
+
+    @abstractmethod
+    def wait_device_ops(self) -> None:
+        """Block until every launched execution has finished (its times are then recorded)."""
+
+    @abstractmethod
+    def after_next_sync(self, callback: Callable[[], None]) -> None:
+        """Run `callback()` once, after the next sync launches its graph."""
+
+    # -- multi-device ------------------------------------------------------------------------
+
+    @abstractmethod
+    def spawn(self, fn: Callable[..., None], args: tuple) -> None:
+        """Run `fn(index, *args)` once per local device (forked, so a notebook's functions
+        work); returns when every replica has ended."""
+
+    @abstractmethod
+    def global_ordinal(self) -> int:
+        """This replica's rank among all replicas (0 outside a launch)."""
+
+    @abstractmethod
+    def world_size(self) -> int:
+        """How many replicas take part (1 outside a launch)."""
+
+    @abstractmethod
+    def block_collectives(self, refusal: Callable[[str], Callable[..., Any]]) -> None:
+        """Replace each of `collectives` with `refusal(name)` in this process."""
+
+    @abstractmethod
+    def spmd_active(self) -> bool:
+        """Whether this process runs in SPMD mode (one program over every device); False
+        while the backend is not imported (never imports it)."""
+
+    @abstractmethod
+    def spmd_locked(self) -> bool:
+        """Whether the SPMD choice can no longer change (the runtime started without it);
+        False while the backend is not imported (never imports it)."""
+
+    @abstractmethod
+    def use_spmd(self) -> None:
+        """Switch this process to SPMD; call before the first device work."""
+
+    @abstractmethod
+    def global_device_count(self) -> int:
+        """Devices across every host of the runtime; starts the runtime."""
+
+    @abstractmethod
+    def mesh(self, devices: int, shape: tuple[int, int], axes: tuple[str, str]) -> Any:
+        """A logical mesh of `devices` devices in `shape`, axes named `axes` (SPMD)."""
+
+    @abstractmethod
+    def shard(self, tensor: Any, mesh: Any, spec: tuple[str | None, ...]) -> Any:
+        """Annotate `tensor` to be sharded over `mesh` by `spec`; returns it."""
+
+
+_registered: list[Backend] = []
+_B = TypeVar("_B", bound=Backend)
+
+
+def register(backend: _B) -> _B:
+    """Add a backend; the first registered is the one tpu_nb uses (`current()`)."""
+    if all(b.name != backend.name for b in _registered):
+        _registered.append(backend)
+    return backend
+
+
+def backends() -> tuple[Backend, ...]:
+    """Every registered backend, the current one first."""
+    return tuple(_registered)
+
+
+def current() -> Backend:
+    """The backend tpu_nb uses in this process."""
+    return _registered[0]

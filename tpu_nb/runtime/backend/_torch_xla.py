@@ -1,0 +1,383 @@
+"""`TorchXlaBackend`: the Backend on torch_xla 2.9, and the one place tpu_nb imports it.
+
+torch_xla is imported lazily, at the first method that needs it, and an import that fails is
+explained (a torch that does not match fails inside the import with an undefined `_XLAC`
+symbol; XLA:GPU requests fail later with a PJRT plugin error): both become a TpuNbError that
+names the fix. Methods that must answer without importing it (`is_loaded`,
+`runtime_started`, `compiled_yet`, `spmd_locked`) look only at `sys.modules`.
+
+Counters and metrics are read straight from `torch_xla._XLAC` (what `torch_xla.debug.metrics`
+wraps): all of them cost ~13 µs, while `metrics_report()` text costs ~100 µs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from importlib import metadata
+from typing import Any
+
+from tpu_nb.runtime.backend._base import (
+    Backend,
+    CounterNames,
+    DeviceMemory,
+    MetricSamples,
+    register,
+)
+from tpu_nb.runtime.errors import TpuNbError
+
+log = logging.getLogger("tpu_nb.runtime.backend")  # the package, not its private module
+
+#: The torch/torch_xla pair this release of tpu_nb is built and tested on.
+TORCH_PAIR = "2.9.0"
+
+# torch_xla 2.9's Dynamo bridge (UnsupportedNodesCollector.run_node) clears every counter,
+# then puts these two back.
+_BRIDGE = "torch_xla._dynamo.dynamo_bridge"
+_RESTORED_BY_BRIDGE = frozenset({"UncachedCompile", "DynamoExtractCompiledGraph"})
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of a distribution, from its metadata (nothing imported)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class TorchXlaBackend(Backend):
+    name = "torch_xla"
+    device_type = "xla"
+    packages = ("torch_xla", "torch")
+    counter_names_of = CounterNames(
+        compiles="UncachedCompile",
+        cache_hits="CachedCompile",
+        executions=("ExecuteComputation", "ExecuteReplicated"),
+        syncs="MarkStep",
+        host_read="aten::_local_scalar_dense",
+        fallback_prefix="aten::",
+        persistent_cache_hits="PersistentCacheHit",
+        persistent_cache_misses="PersistentCacheMiss",
+        compile_time="CompileTime",
+        execute_times=("ExecuteTime", "ExecuteReplicatedTime"),
+        to_device_time="TransferToDeviceTime",
+        from_device_time="TransferFromDeviceTime",
+    )
+    # torch_xla.core.xla_model functions that communicate between replicas.
+    collectives = (
+        "all_reduce",
+        "all_gather",
+        "all_gather_bucketized",
+        "all_to_all",
+        "collective_permute",
+        "collective_broadcast",
+        "send",
+        "recv",
+        "reduce_scatter",
+        "reduce_scatter_bucketized",
+        "all_reduce_bucketized_gradients",
+        "xla_rendezvous",
+    )
+
+    def __init__(self) -> None:
+        self._logging_to: set[str] = set()  # compile-cause files answered so far
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def is_loaded(self) -> bool:
+        return "torch_xla" in sys.modules
+
+    def runtime_started(self) -> bool:
+        xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
+        probe = getattr(xlac, "_xla_runtime_is_initialized", None)
+        try:
+            return bool(probe()) if probe else False
+        except Exception as exc:  # a half-imported torch_xla: "not started", leave a trace
+            log.debug("torch_xla's runtime probe failed: %r", exc)
+            return False
+
+    def module(self) -> Any:
+        module = sys.modules.get("torch_xla")
+        if module is not None and hasattr(module, "_XLAC"):
+            return module
+        _refuse_gpu()
+        try:
+            import torch_xla
+        except ImportError as exc:  # undefined symbol, missing package, broken install
+            raise TpuNbError(_explain_import_error(exc)) from None
+        return torch_xla
+
+    def extension(self) -> Any:
+        """`torch_xla._XLAC`, the C++ extension (counters, metrics, graph dumps)."""
+        return self.module()._XLAC
+
+    # -- counters and metrics ----------------------------------------------------------------
+
+    def counter_names(self) -> Sequence[str]:
+        return self.extension()._xla_counter_names()
+
+    def read_counters(self, names: Iterable[str]) -> dict[str, int]:
+        value = self.extension()._xla_counter_value
+        return {n: value(n) or 0 for n in names}
+
+    def metric_names(self) -> Sequence[str]:
+        return self.extension()._xla_metric_names()
+
+    def metric(self, name: str) -> tuple[int, float] | None:
+        data = self.extension()._xla_metric_data(name)
+        return None if data is None else (int(data[0]), float(data[1]))
+
+    def metric_samples(self, name: str) -> MetricSamples | None:
+        data = self.extension()._xla_metric_data(name)
+        if data is None:
+            return None
+        samples = tuple((float(ts), float(value)) for ts, value in data[2])
+        return MetricSamples(int(data[0]), float(data[1]), samples)
+
+    def clear_counters(self) -> None:
+        self.extension()._clear_xla_counters()
+
+    def clear_metrics(self) -> None:
+        self.extension()._clear_xla_metrics()
+
+    def intercept_counter_clears(
+        self, hook: Callable[[frozenset[str], Callable[[], None]], None]
+    ) -> bool:
+        try:
+            from torch_xla.debug import metrics
+        except Exception:  # an old or broken torch_xla: nothing to intercept
+            log.debug("cannot watch clear_counters", exc_info=True)
+            return False
+        original = metrics.clear_counters
+        if getattr(original, "_carries_counts", False):
+            return True
+
+        @functools.wraps(original)
+        def clear_counters():
+            caller = sys._getframe(1).f_globals.get("__name__")
+            if caller == _BRIDGE:
+                # torch_xla counts an execution on its execution thread once it has run: one
+                # still running (an earlier step) would count after the hook's read and be
+                # cleared with the rest. Waiting for launched work first makes the carry
+                # exact; it adds no sync or execution, and the bridge is compiling meanwhile.
+                self.wait_device_ops()
+            hook(_RESTORED_BY_BRIDGE if caller == _BRIDGE else frozenset(), original)
+
+        clear_counters._carries_counts = True  # type: ignore[attr-defined]
+        metrics.clear_counters = clear_counters
+        return True
+
+    # -- compile events ----------------------------------------------------------------------
+
+    def compile_log_path(self) -> str | None:
+        # PT_XLA_DEBUG_LEVEL=1 and PT_XLA_DEBUG_FILE. A file once answered stays the answer
+        # while PT_XLA_DEBUG_FILE names it: torch_xla latched the level at its first compile.
+        path = os.environ.get("PT_XLA_DEBUG_FILE")
+        if not path:
+            return None
+        if path not in self._logging_to:
+            if os.environ.get("PT_XLA_DEBUG_LEVEL", "0").strip() in ("", "0"):
+                return None
+            self._logging_to.add(path)
+        return path
+
+    def compiled_yet(self) -> bool:
+        if not self.runtime_started():
+            return False
+        value = sys.modules["torch_xla"]._XLAC._xla_counter_value
+        return bool(value("UncachedCompile") or value("CachedCompile"))
+
+    # -- the pending graph -------------------------------------------------------------------
+
+    def graph_text(self, tensors: Sequence[Any]) -> str:
+        return self.extension()._get_xla_tensors_text(list(tensors))
+
+    def graph_hash(self, tensors: Sequence[Any]) -> str:
+        return hash_hex(self.extension()._get_graph_hash(list(tensors)))
+
+    def graph_hlo(self, tensors: Sequence[Any]) -> str:
+        return self.extension()._get_xla_tensors_hlo(list(tensors))
+
+    def graph_hlo_proto(self, tensors: Sequence[Any]) -> bytes:
+        return self.extension()._get_xla_tensors_hlo_proto(list(tensors))
+
+    def is_pending(self, tensor: Any) -> bool:
+        # ~2 µs: torch_xla's debug line for the tensor's IR value.
+        info = self.extension()._get_xla_tensor_debug_info(tensor)
+        ir = next((line[4:] for line in info.splitlines() if line.startswith("IR: ")), "None")
+        return ir != "None" and "xla::device_data" not in ir
+
+    def fallback_ops(self) -> list[str]:
+        return list(self.extension()._get_executed_fallback_ops())
+
+    def ir_debug(self) -> bool:
+        return bool(self.extension()._get_ir_debug())
+
+    def set_ir_debug(self, enabled: bool) -> None:
+        self.extension()._set_ir_debug(enabled)
+
+    # -- device, memory, sync ----------------------------------------------------------------
+
+    def device(self, index: int | None = None) -> Any:
+        return self.module().device(index)
+
+    def addressable_device_count(self) -> int:
+        import torch_xla.runtime as xr
+
+        return 1 if xr.is_spmd() else xr.addressable_runtime_device_count()
+
+    def supported_devices(self) -> list[str]:
+        self.module()
+        from torch_xla.core import xla_model
+
+        return list(xla_model.get_xla_supported_devices())
+
+    def device_kind(self) -> str:
+        self.module()
+        import torch_xla.runtime as xr
+
+        return str(xr.device_type())
+
+    def memory(self, device: str) -> DeviceMemory:
+        info = self.extension()._xla_memory_info(device)
+        if "bytes_used" in info or "bytes_limit" in info:
+            get = lambda key: int(info[key]) if key in info else None  # noqa: E731
+            return DeviceMemory(get("bytes_used"), get("bytes_limit"), get("peak_bytes_used"))
+        if "kb_total" in info:  # older releases
+            total = int(info["kb_total"]) * 1024
+            return DeviceMemory(total - int(info.get("kb_free", 0)) * 1024, total)
+        return DeviceMemory(None, None)
+
+    def sync(self) -> None:
+        self.module().sync()
+
+    def wait_device_ops(self) -> None:
+        self.module()
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops()
+
+    def after_next_sync(self, callback: Callable[[], None]) -> None:
+        self.module()
+        from torch_xla.core import xla_model
+
+        xla_model.add_step_closure(callback)
+
+    # -- multi-device ------------------------------------------------------------------------
+
+    def spawn(self, fn: Callable[..., None], args: tuple) -> None:
+        # spawn cannot re-import a notebook's __main__: fork.
+        self.module().launch(fn, args=args, start_method="fork")
+
+    def global_ordinal(self) -> int:
+        self.module()
+        import torch_xla.runtime as xr
+
+        return int(xr.global_ordinal())
+
+    def world_size(self) -> int:
+        self.module()
+        import torch_xla.runtime as xr
+
+        return int(xr.world_size())
+
+    def block_collectives(self, refusal: Callable[[str], Callable[..., Any]]) -> None:
+        self.module()
+        from torch_xla.core import xla_model
+
+        for name in self.collectives:
+            if hasattr(xla_model, name):
+                setattr(xla_model, name, refusal(name))
+
+    def spmd_active(self) -> bool:
+        if not hasattr(sys.modules.get("torch_xla"), "_XLAC"):  # never imports it
+            return False
+        import torch_xla.runtime as xr
+
+        return bool(xr.is_spmd())
+
+    def spmd_locked(self) -> bool:
+        xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
+        if xlac is None:
+            return False
+        locked = getattr(xlac, "_xla_get_spmd_config_is_locked", None)
+        return bool(locked()) if locked else self.runtime_started()
+
+    def use_spmd(self) -> None:
+        self.module()
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+
+    def global_device_count(self) -> int:
+        self.module()
+        import torch_xla.runtime as xr
+
+        return int(xr.global_runtime_device_count())
+
+    def mesh(self, devices: int, shape: tuple[int, int], axes: tuple[str, str]) -> Any:
+        import numpy as np
+
+        self.module()
+        import torch_xla.distributed.spmd as xs
+
+        return xs.Mesh(np.arange(devices), shape, axes)
+
+    def shard(self, tensor: Any, mesh: Any, spec: tuple[str | None, ...]) -> Any:
+        import torch_xla.distributed.spmd as xs
+
+        xs.mark_sharding(tensor, mesh, spec)
+        return tensor
+
+
+def hash_hex(raw: bytes) -> str:
+    """torch::lazy::HashToString form: high 64 bits, then the low 64 bits zero-padded."""
+    low, high = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
+    return f"{high:x}{low:016x}"
+
+
+def _refuse_gpu() -> None:
+    pjrt = os.environ.get("PJRT_DEVICE", "")
+    if pjrt.lower() in ("gpu", "cuda", "rocm"):
+        raise TpuNbError(
+            f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes. "
+            "Fix: tpu_nb.setup('cpu') (or 'tpu' on a TPU host); for an NVIDIA GPU use plain "
+            "PyTorch with device='cuda'."
+        )
+
+
+def _explain_import_error(exc: ImportError) -> str:
+    text = str(exc)
+    pair = f"pip install torch=={TORCH_PAIR} torch-xla=={TORCH_PAIR}"
+    if "undefined symbol" in text:
+        return (
+            f"torch_xla {installed_version('torch_xla')} cannot load with torch "
+            f"{installed_version('torch')}: they were built for different releases. "
+            f"Fix: {pair}, then restart the runtime."
+        )
+    if installed_version("torch_xla") is None:
+        return f"torch_xla is not installed. Fix: {pair}"
+    return f"import torch_xla failed ({text}). Fix: reinstall the pair: {pair}"
+
+
+# Access for code not yet routed through `Backend` methods (tracking/ and live/ patch and read
+# torch_xla directly); to be removed once they are.
+_BACKEND = register(TorchXlaBackend())
+
+
+def xla() -> Any:
+    """The `torch_xla` module, imported on first use (see TorchXlaBackend.module)."""
+    return _BACKEND.module()
+
+
+def xlac() -> Any:
+    """The `torch_xla._XLAC` extension module."""
+    return _BACKEND.extension()
+
+
+def wait_device_ops() -> None:
+    """Block until every launched execution has finished (so ExecuteTime is recorded)."""
+    _BACKEND.wait_device_ops()
