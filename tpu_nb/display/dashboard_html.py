@@ -13,6 +13,7 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.display.anatomy_view import panel_html as anatomy_panel_html
+from tpu_nb.display.live_charts import wrap as wrap_chart
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import CompileEvent
 from tpu_nb.runtime.sources import place_text
@@ -289,12 +290,6 @@ def _css_size(png: bytes) -> tuple[int, int]:
     return round(width / PIXEL_DENSITY), round(height / PIXEL_DENSITY)
 
 
-# A 1x1 transparent PNG: what a chart slot holds before its first draw.
-BLANK_PNG = bytes.fromhex(
-    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
-    "0000000b49444154789c6360000200000500017a5eab3f0000000049454e44ae426082"
-)
-
 # The charts' captions, without importing matplotlib for a text-only dashboard.
 STEP_CAPTION = (
     "step time (ms, log scale) over steps: median (solid) and p90 (dashed) per "
@@ -303,9 +298,20 @@ STEP_CAPTION = (
 COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
-def anatomy_html(since: float) -> str:
-    """The step anatomy panel (display/anatomy_view.py)."""
-    return _panel("where the steps' time went", anatomy_panel_html(since), height=_ANATOMY_HEIGHT)
+def anatomy_html(state: LiveState | None) -> str:
+    """The step anatomy panel: the anatomy the monitor published (display/anatomy_view.py)."""
+    body = anatomy_panel_html(state.anatomy if state is not None else None)
+    return _panel("where the steps' time went", body, height=_ANATOMY_HEIGHT)
+
+
+def svg_chart_html(svg: str | None, caption: str) -> str:
+    """A live SVG chart with its caption, for a view without the PNG charts."""
+    if not svg:
+        return ""
+    return (
+        f"<div style='margin:2px 6px 2px 0;max-width:100%'>{caption_html(caption)}"
+        f"{wrap_chart(svg)}</div>"
+    )
 
 
 def static_html(
@@ -316,8 +322,16 @@ def static_html(
     error: BaseException | None = None,
     elapsed: float | None = None,
     anatomy: str = "",
+    svgs: dict[str, str] | None = None,
 ) -> str:
-    """The final (or any) state as one self-contained HTML block."""
+    """The final (or any) state as one self-contained HTML block. The charts: `pngs` (the
+    final view's matplotlib charts), else `svgs` (the live view's, e.g. without matplotlib)."""
+    svgs = svgs or {}
+
+    def chart(name: str, caption: str) -> str:
+        png = pngs.get(name)
+        return _img(png, caption) if png else svg_chart_html(svgs.get(name), caption)
+
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = [
         (compile_html(state, True), 2),
@@ -347,8 +361,8 @@ def static_html(
         )
         + "</div>"
         + anatomy
-        + f"<div style='{row}'>{_img(pngs.get('step'), STEP_CAPTION)}"
-        f"{_img(pngs.get('compile'), COMPILE_CAPTION)}</div></div>"
+        + f"<div style='{row}'>{chart('step', STEP_CAPTION)}"
+        f"{chart('compile', COMPILE_CAPTION)}</div></div>"
     )
 
 
