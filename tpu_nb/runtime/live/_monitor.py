@@ -75,8 +75,8 @@ _SERIES_POINTS = 1200  # chart points kept; older ones are merged pairwise beyon
 _SHOWN_COMPILES = 200  # compile events kept for the panel and the chart
 # The step anatomy of a tracked run in progress costs a few ms to build (it grows with the
 # steps kept, not the run): rebuilt only when a step ended since, and at most this share of
-# the wall time (a 5 ms build: every ~1.7 s), at least every _ANATOMY_MAX_GAP seconds.
-_ANATOMY_DUTY = 0.003
+# the wall time (a 5 ms build: every 2.5 s), at least every _ANATOMY_MAX_GAP seconds.
+_ANATOMY_DUTY = 0.002
 _ANATOMY_MAX_GAP = 5.0
 
 
