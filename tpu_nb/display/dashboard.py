@@ -56,6 +56,7 @@ from tpu_nb.display.dashboard_html import (
     transfers_html,
 )
 from tpu_nb.display.live_charts import CHART_SIZES, CompileSvg, StepTimeSvg, wrap
+from tpu_nb.display.style import STYLE
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.live import LiveMonitor, LiveState
 
@@ -474,8 +475,11 @@ class Dashboard:
         self._root = None
 
     def _update_widgets(self, state: LiveState, counted: bool) -> None:
-        _set(self._header, header_html(state, self.status, self.title, self.elapsed))
-        _set(self._alert, alert_html(state))
+        # The header changes at every refresh, the alert seldom: the theme's stylesheet rides
+        # with the alert, so that each refresh sends less.
+        header = header_html(state, self.status, self.title, self.elapsed, stylesheet=False)
+        _set(self._header, header)
+        _set(self._alert, STYLE + alert_html(state))
         _set(self._compile_panel, compile_html(state))
         _set(self._exec_panel, execution_html(state))
         _set(self._transfer_panel, transfers_html(state))
@@ -559,6 +563,11 @@ class Dashboard:
         return self.summary()
 
     def _repr_html_(self) -> str:
+        if self.running:  # shown while it runs: the state now (else the last one polled)
+            try:
+                self._refresh_once(final=False)
+            except Exception:
+                logging.getLogger("tpu_nb").debug("the dashboard's poll failed", exc_info=True)
         return static_html(
             self.state,
             self.status,

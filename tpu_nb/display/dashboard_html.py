@@ -59,12 +59,19 @@ def _rate(per_second: float) -> str:
 
 
 def header_html(
-    state: LiveState | None, status: str, title: str, elapsed: float | None = None
+    state: LiveState | None,
+    status: str,
+    title: str,
+    elapsed: float | None = None,
+    *,
+    stylesheet: bool = True,
 ) -> str:
     """The title line; present tense while running, past tense once stopped.
 
     elapsed: the run's wall time, when the caller measured it (the dashboard: from the end of
-    its start to its stop, the span of the cell's code like the report's wall time)."""
+    its start to its stop, the span of the cell's code like the report's wall time).
+    stylesheet: lead with the theme's stylesheet (the live view sends it once, elsewhere: the
+    header changes at every refresh)."""
     steps = state.steps if state is not None else 0
     if elapsed is None and state is not None:
         elapsed = state.elapsed
@@ -82,7 +89,8 @@ def header_html(
         else f"<span class='tpunb-steps'>{steps}</span> syncs in {format_seconds(elapsed)}"
     )
     return (
-        f"{style.STYLE}<div class='tpunb' style='{style.ROOT}'><b>{escape(title)}</b> "
+        f"{style.STYLE if stylesheet else ''}<div class='tpunb' style='{style.ROOT}'>"
+        f"<b>{escape(title)}</b> "
         f"<span style='color:{colour}' class='tpunb-status'>{escape(status)}</span> · "
         f"{counted}{alert}</div>"
     )

@@ -605,7 +605,8 @@ class LiveMonitor:
             cost = time.perf_counter() - now
             self.anatomy_builds += 1
             self.anatomy_seconds += cost
-            self._next_anatomy = now + min(_ANATOMY_MAX_GAP, cost / _ANATOMY_DUTY)
+            if anatomy.steps:  # (until the first step completes, each poll tries again)
+                self._next_anatomy = now + min(_ANATOMY_MAX_GAP, cost / _ANATOMY_DUTY)
         else:
             # The run that ended while the monitor ran (with its verdict). Between its
             # collector's end and its report (or with none) the last anatomy stays shown.
