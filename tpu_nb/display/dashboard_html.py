@@ -25,7 +25,7 @@ _SHOWN_LIVE = 5  # ... and in the live one, whose height is reserved
 # Panel heights reserved from the first paint (the live view must not jump as rows and lines
 # arrive): the top row fits 5 compile rows, the bottom row a fallback with its hint.
 _TOP_HEIGHT, _BOTTOM_HEIGHT = "178px", "96px"
-_ANATOMY_HEIGHT = "204px"  # the step anatomy: bar, legend, timeline and a two-line verdict
+_ANATOMY_HEIGHT = "236px"  # the step anatomy: bar, a two-line legend, timeline, two-line verdict
 # Theme colours (CSS variables with light fallbacks; display/style.py sets them per theme).
 _RED, _RED_BG, _GREY = style.RED, style.RED_BG, style.MUTED
 _FONT = style.FONT
