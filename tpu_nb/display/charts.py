@@ -187,6 +187,23 @@ def release_step_chart(chart: StepTimeChart) -> None:
         _free_charts.append(chart)
 
 
+_free_compile_charts: list[CompileChart] = []
+
+
+def acquire_compile_chart() -> CompileChart:
+    """A compile chart for one dashboard: a released one (a figure costs ~20 ms) or new."""
+    try:
+        return _free_compile_charts.pop()
+    except IndexError:
+        return CompileChart()
+
+
+def release_compile_chart(chart: CompileChart) -> None:
+    """Give a compile chart back when its dashboard stops."""
+    if chart not in _free_compile_charts and len(_free_compile_charts) < 2:
+        _free_compile_charts.append(chart)
+
+
 class CompileChart:
     """Compile seconds per compiled graph (the most recent ones), labelled by line and hash."""
 

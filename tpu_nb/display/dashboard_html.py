@@ -306,6 +306,37 @@ STEP_CAPTION = (
 COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
+# The live view's rows: each panel's share of the row (they wrap below ~1000 px).
+_LIVE_ROWS = (
+    (("compile", "42%"), ("execution", "31%"), ("transfers", "24%")),
+    (("fallbacks", "63%"), ("memory", "34%")),
+)
+
+
+def live_panels_html(
+    state: LiveState | None, status: str, title: str, elapsed: float | None = None
+) -> str:
+    """The live view's header, alert and counters' panels as one block (one widget update
+    per refresh). Heights are reserved, so the view does not jump as rows arrive."""
+    panels = {
+        "compile": compile_html(state),
+        "execution": execution_html(state),
+        "transfers": transfers_html(state),
+        "fallbacks": fallbacks_html(state),
+        "memory": memory_html(state),
+    }
+    rows = "".join(
+        "<div style='display:flex;flex-wrap:wrap'>"
+        + "".join(
+            f"<div style='display:flex;width:{width};min-width:240px'>{panels[name]}</div>"
+            for name, width in row
+        )
+        + "</div>"
+        for row in _LIVE_ROWS
+    )
+    return header_html(state, status, title, elapsed, stylesheet=False) + alert_html(state) + rows
+
+
 def anatomy_html(state: LiveState | None) -> str:
     """The step anatomy panel: the anatomy the monitor published (display/anatomy_view.py)."""
     body = anatomy_panel_html(state.anatomy if state is not None else None)
