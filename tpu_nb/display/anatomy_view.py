@@ -3,8 +3,8 @@ last few steps, host spans above device spans, so their overlap (or its absence)
 
 Plain HTML and inline SVG (no script, no image): renders the same in JupyterLab, Colab,
 VS Code and exported HTML. Colours are the theme's CSS variables (display/style.py), every
-string is escaped. The dashboard shows `panel_html()`; `AnatomyView(report.anatomy)` shows a
-finished run's anatomy on its own.
+string is escaped. The dashboard shows `panel_html(state.anatomy)` (the anatomy its monitor
+published); `AnatomyView(report.anatomy)` shows a finished run's anatomy on its own.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.runtime.tracking import HOST_PARTS, Anatomy
-from tpu_nb.runtime.tracking import _anatomy as _anatomy
 from tpu_nb.runtime.units import format_seconds
 
 # What each part is called on screen, and its colour (a palette colour: light and dark sets).
@@ -244,26 +243,11 @@ class AnatomyView:
         return style.root(anatomy_html(self.anatomy, lines=True), "tpunb-anatomy")
 
 
-def live_anatomy(since: float) -> Anatomy | None:
-    """The anatomy to show now: the tracked run in progress, else the last tracked run's if
-    it finished after `since` (a wall-clock time: the dashboard's start)."""
-    collector = _anatomy.current()
-    if collector is not None and collector.started >= since - 1.0:
-        return collector.snapshot()
-    from tpu_nb.runtime.tracking import last_report
-
-    report = last_report()
-    done = getattr(report, "anatomy", None) if report is not None else None
-    if isinstance(done, Anatomy) and done.steps and done.steps[-1].end >= since:
-        return done
-    return None
-
-
-def panel_html(since: float) -> str:
+def panel_html(a: Anatomy | None) -> str:
     """The dashboard's anatomy panel body (a failure here says so; it never stops the
     dashboard's other panels)."""
     try:
-        return anatomy_html(live_anatomy(since), title="where the last steps' time went")
+        return anatomy_html(a, title="where the last steps' time went")
     except Exception as exc:
         return (
             f"<span style='color:{style.MUTED}'>step anatomy unavailable: "

@@ -1,10 +1,9 @@
-"""The dashboard's matplotlib charts, drawn off-screen to PNG bytes (Agg; pyplot never used).
+"""The dashboard's matplotlib charts for its final static view, drawn off-screen to PNG bytes
+(Agg; pyplot never used). The live view draws SVG instead (display/live_charts.py).
 
-Redrawing a figure costs ~20-40 ms of Python (ticks, text), taken from the training loop's
-share of the GIL. So the step-time chart is drawn in full only when its axes must grow (they
-double, so that happens a handful of times per run); otherwise the saved background is
-restored and only the data lines are drawn on it (blitting, ~1 ms) before PNG encoding.
-The compile chart changes only when a graph compiles, and is drawn in full then.
+Drawing a figure costs ~20-40 ms of Python (ticks, text): once, when the dashboard stops,
+never while the loop runs. The step-time chart keeps the background drawn for each set of
+axis limits, so a chart reused by the next dashboard usually draws only its data lines.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
+from tpu_nb.display.live_charts import CHART_SIZES, nice_ceiling
 from tpu_nb.runtime.live import LiveCompile, StepPoint
 from tpu_nb.runtime.sources import place_text
 
@@ -26,23 +26,11 @@ from tpu_nb.runtime.sources import place_text
 PIXEL_DENSITY = 2
 DPI = 80 * PIXEL_DENSITY
 LABEL_POINTS = 9
-_STEP_INCHES, _COMPILE_INCHES = (6.2, 2.3), (3.8, 2.3)
-# name -> (width, height) in CSS pixels, as the dashboard reserves them.
-CHART_SIZES = {
-    name: (round(w * 80), round(h * 80))
-    for name, (w, h) in (("step", _STEP_INCHES), ("compile", _COMPILE_INCHES))
-}
+# The same size as the live view's SVG charts (name -> CSS pixels), shown at 80 px an inch.
+_STEP_INCHES = (CHART_SIZES["step"][0] / 80, CHART_SIZES["step"][1] / 80)
+_COMPILE_INCHES = (CHART_SIZES["compile"][0] / 80, CHART_SIZES["compile"][1] / 80)
 # Light colours (the theme's dark mode inverts the image, keeping hues: display/style.py).
 _BLUE, _LIGHT, _RED, _TEXT = "#1565c0", "#5e9fe0", "#c62828", "#333333"
-
-
-def _nice_ceiling(value: float) -> float:
-    """The smallest of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above `value` (value > 0)."""
-    exp = math.floor(math.log10(value))
-    for mult in (1, 1.5, 2, 3, 5, 7.5, 10):
-        if mult * 10**exp >= value:
-            return mult * 10**exp
-    return 10 ** (exp + 1)
 
 
 def _png(canvas: FigureCanvasAgg, compress_level: int) -> bytes:
@@ -120,9 +108,9 @@ class StepTimeChart:
         x_top, y_bottom, y_top = self.limits
         last = max([p.step for p in series] + list(compile_steps) + [1])
         if final:
-            x_top = _nice_ceiling(last * 1.05)
+            x_top = nice_ceiling(last * 1.05)
         elif last > x_top:
-            x_top = _nice_ceiling(last * 2)  # the data fills at least half the width
+            x_top = nice_ceiling(last * 2)  # the data fills at least half the width
         values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
         if values:
             if final:
@@ -197,6 +185,23 @@ def release_step_chart(chart: StepTimeChart) -> None:
     """Give a chart back when its dashboard stops (two dashboards never share one)."""
     if chart not in _free_charts and len(_free_charts) < 2:
         _free_charts.append(chart)
+
+
+_free_compile_charts: list[CompileChart] = []
+
+
+def acquire_compile_chart() -> CompileChart:
+    """A compile chart for one dashboard: a released one (a figure costs ~20 ms) or new."""
+    try:
+        return _free_compile_charts.pop()
+    except IndexError:
+        return CompileChart()
+
+
+def release_compile_chart(chart: CompileChart) -> None:
+    """Give a compile chart back when its dashboard stops."""
+    if chart not in _free_compile_charts and len(_free_compile_charts) < 2:
+        _free_compile_charts.append(chart)
 
 
 class CompileChart:

@@ -1,4 +1,4 @@
-"""The live XLA dashboard: core ipywidgets and matplotlib, updated while a cell runs.
+"""The live XLA dashboard: core ipywidgets with SVG charts, updated while a cell runs.
 
     with tpu_nb.dashboard():          # or %%on_tpu --live, or %tpu_dashboard in the cell
         train()
@@ -6,13 +6,21 @@
 A polling thread, started and joined inside the running cell (Colab does not render widget
 updates a thread sends after its cell ended: colabtools #3373), calls the runtime's
 `LiveMonitor.poll()` every `refresh` seconds (0.5: at most 2 updates a second) and sets widget
-traits only; it never prints. The panels' HTML and the summary text come from
-display/dashboard_html.py, pure functions of the polled state. Charts are redrawn at most every
-`chart_refresh` seconds and only when their data changed. When the cell ends, fails or is
-interrupted, the thread is joined, the final state is drawn, and the live view is replaced in
-place by a static one (HTML panels with the charts, and a plain-text summary without timings),
-so the cell's prints keep their place below it: the widgets are closed, so a notebook that ran
-100 live cells holds no widget comms for them, and its saved outputs need no widget state.
+traits only; it never prints. What it shows is the one `LiveState` the monitor publishes
+(counters, step times, compiles, the recompilation alert, the step anatomy): the display
+reads nothing else of the runtime. The panels' HTML and the summary text come from
+display/dashboard_html.py, pure functions of that state.
+
+The thread shares the interpreter with the training loop, so its Python time is the loop's
+loss: a panel or chart is written only when its part of the state changed (the state's
+version counters), and the live charts are SVG text (display/live_charts.py: a fraction of a
+millisecond, where a matplotlib update cost ~6 ms and a full redraw ~20-40 ms), at most every
+`chart_refresh` seconds. When the cell ends, fails or is interrupted, the thread is joined,
+the final state is drawn (with matplotlib's PNG charts, once), and the live view is replaced
+in place by a static one (HTML panels with the charts, and a plain-text summary without
+timings), so the cell's prints keep their place below it: the widgets are closed, so a
+notebook that ran 100 live cells holds no widget comms for them, and its saved outputs need
+no widget state.
 
 nbval: it ignores display updates, so it sees the live view (an empty text/plain, a one-line
 HTML placeholder) where the saved notebook has the final view. tools/nbval-sanitize.cfg masks
@@ -33,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 # The renderers are re-exported: tpu_nb.display.dashboard.compile_html etc. stay where they were.
 from tpu_nb.display.dashboard_html import (
-    BLANK_PNG,
     COMPILE_CAPTION,
     STEP_CAPTION,
     alert_html,
@@ -43,20 +50,39 @@ from tpu_nb.display.dashboard_html import (
     execution_html,
     fallbacks_html,
     header_html,
+    live_panels_html,
     memory_html,
     static_html,
     summary_text,
     transfers_html,
 )
+from tpu_nb.display.live_charts import CHART_SIZES, CompileSvg, StepTimeSvg, wrap
+from tpu_nb.display.style import STYLE
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.live import LiveMonitor, LiveState
 
 if TYPE_CHECKING:
     from tpu_nb.display.charts import CompileChart, StepTimeChart
 
+__all__ = [
+    "Dashboard",
+    "RefreshStats",
+    "alert_html",
+    "anatomy_html",
+    "compile_html",
+    "dashboard",
+    "execution_html",
+    "fallbacks_html",
+    "header_html",
+    "memory_html",
+    "static_html",
+    "summary_text",
+    "transfers_html",
+]
+
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
-# Charts may take at most this share of wall time: after a costly draw (a full redraw when
-# an axis grows) the next one waits longer, up to _CHART_MAX_GAP seconds.
+# Charts may take at most this share of wall time: after a costly draw the next one waits
+# longer, up to _CHART_MAX_GAP seconds.
 _CHART_DUTY = 0.02
 _CHART_MAX_GAP = 5.0
 
@@ -71,10 +97,12 @@ class RefreshStats:
     refreshes: int = 0
     refresh_seconds: float = 0.0  # wall time inside the thread's refreshes
     refresh_cpu: float = 0.0  # CPU time inside them (thread time)
-    chart_draws: int = 0  # charts drawn by the thread (each chart counts)
+    chart_draws: int = 0  # live (SVG) charts drawn by the thread (each chart counts)
     chart_seconds: float = 0.0
     chart_full_draws: int = 0  # of those, full redraws (an axis grew; compile chart)
     chart_full_seconds: float = 0.0
+    anatomy_builds: int = 0  # live step anatomies the monitor built (while tracked)
+    anatomy_seconds: float = 0.0
     thread_cpu: float = 0.0  # the polling thread's CPU time over its life
     thread_seconds: float = 0.0  # how long the polling thread ran
     start_seconds: float = 0.0  # start(): first poll, widgets, display
@@ -92,14 +120,20 @@ class RefreshStats:
 
     @property
     def chart_cost(self) -> float:
-        """Mean seconds to draw one chart (mostly blits; a full redraw when an axis grows)."""
+        """Mean seconds to draw one live chart (mostly data updates; a full redraw when an
+        axis grows)."""
         return self.chart_seconds / self.chart_draws if self.chart_draws else 0.0
 
     @property
-    def blit_cost(self) -> float:
-        """Mean seconds of a chart update that only redrew the data (the usual case)."""
-        blits = self.chart_draws - self.chart_full_draws
-        return (self.chart_seconds - self.chart_full_seconds) / blits if blits else 0.0
+    def update_cost(self) -> float:
+        """Mean seconds of a chart update that only added data (the usual case)."""
+        updates = self.chart_draws - self.chart_full_draws
+        return (self.chart_seconds - self.chart_full_seconds) / updates if updates else 0.0
+
+    @property
+    def anatomy_cost(self) -> float:
+        """Mean seconds to build one live step anatomy."""
+        return self.anatomy_seconds / self.anatomy_builds if self.anatomy_builds else 0.0
 
     @property
     def full_draw_cost(self) -> float:
@@ -150,7 +184,7 @@ class Dashboard:
         their data changed (default: 1, or `refresh` if longer).
     alert_graphs: the recompilation alert fires when one line compiles more than this many
         distinct graphs.
-    charts: draw the matplotlib charts.
+    charts: draw the charts (live: SVG; in the final view: matplotlib's PNGs).
     widgets: show live widgets (default: when running in a Jupyter kernel). Without them the
         dashboard still polls, and shows its final state when it stops.
 
@@ -199,14 +233,17 @@ class Dashboard:
         self._handle = None
         self._shown = False
         self._hooks: list = []
-        self._charts: tuple[StepTimeChart, CompileChart] | None = None
-        self._pngs: dict[str, bytes] = {}
-        self._drawn: dict[str, tuple] = {}
+        self._charts: tuple[StepTimeChart, CompileChart] | None = None  # the final view's
+        self._svg_charts: dict[str, StepTimeSvg | CompileSvg] = {
+            "step": StepTimeSvg(),
+            "compile": CompileSvg(),
+        }
+        self._svgs: dict[str, str] = {}  # the live charts as last drawn
+        self._pngs: dict[str, bytes] = {}  # the final view's charts
         self._next_chart = 0.0
+        self._anatomy_drawn: int | None = None  # the anatomy version the panel shows
         self._code_start: float | None = None
         self._code_end: float | None = None
-        self._last_report = None
-        self._since = time.time()  # the step anatomy panel shows runs from here on
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -234,8 +271,8 @@ class Dashboard:
                 self._build_widgets()
             self.status = "running"
             if self.charts:
-                self._make_charts()  # imports matplotlib here, not in the polling thread
-            self._refresh_once(final=False, charts=False)  # charts: from the first poll on
+                self._make_charts()  # matplotlib's import (~0.5 s) before the loop, not after
+            self._refresh_once(final=False)
             if self._root is not None and ip is not None:
                 from IPython.display import display
 
@@ -252,7 +289,6 @@ class Dashboard:
         self._thread.start()
         self.stats.start_seconds = time.perf_counter() - began
         self._code_start = time.perf_counter()  # the user's code runs from here
-        self._last_report = _last_report()
         return self
 
     def stop(self, error: BaseException | None = None) -> None:
@@ -274,6 +310,8 @@ class Dashboard:
                 self.error = self.error or exc
             finally:
                 if self._monitor is not None:  # start() made it before the thread
+                    self.stats.anatomy_builds = self._monitor.anatomy_builds
+                    self.stats.anatomy_seconds = self._monitor.anatomy_seconds
                     self._monitor.close()
                 self._close_widgets()
                 self._release_charts()
@@ -366,16 +404,16 @@ class Dashboard:
             )
         return self._refresh_once(final=False)
 
-    def _refresh_once(self, final: bool, charts: bool = True, counted: bool = False) -> LiveState:
+    def _refresh_once(self, final: bool, counted: bool = False) -> LiveState:
         monitor = self._monitor
         assert monitor is not None, "start() makes the monitor before the first refresh"
         with self._lock:
             cpu, wall = time.thread_time(), time.perf_counter()
-            self.state = state = monitor.poll()
-            if self._widgets:
-                self._update_widgets(state, final, charts and self.charts, counted)
-            elif final and self.charts:
-                self._draw_charts(state, final=True)
+            self.state = state = monitor.poll(final=True) if final else monitor.poll()
+            if self._widgets and not final:  # the final view replaces the widgets
+                self._update_widgets(state, counted)
+            if final and self.charts:
+                self._draw_final_charts(state)
             if counted:
                 self.stats.refreshes += 1
                 self.stats.refresh_cpu += time.thread_time() - cpu
@@ -387,75 +425,33 @@ class Dashboard:
     def _build_widgets(self) -> None:
         import ipywidgets as W
 
-        def panel(width):
-            return W.HTML(layout=W.Layout(width=width, min_width="240px"))
-
-        self._header = W.HTML()
-        self._alert = W.HTML()
-        self._compile_panel = panel("42%")  # the rows wrap below ~1000 px
-        self._exec_panel = panel("31%")
-        self._transfer_panel = panel("24%")
-        self._fallback_panel = panel("63%")
-        self._memory_panel = panel("34%")
-        self._anatomy_panel = panel("97%")
-        rows = [
-            self._header,
-            self._alert,
-            W.HBox(
-                [self._compile_panel, self._exec_panel, self._transfer_panel],
-                layout=W.Layout(flex_flow="row wrap"),
-            ),
-            W.HBox(
-                [self._fallback_panel, self._memory_panel], layout=W.Layout(flex_flow="row wrap")
-            ),
-        ]
-        made = [
-            self._header,
-            self._alert,
-            self._compile_panel,
-            self._exec_panel,
-            self._transfer_panel,
-            self._fallback_panel,
-            self._memory_panel,
-        ] + rows[2:]
-        rows.append(self._anatomy_panel)
-        made.append(self._anatomy_panel)
+        # The header and the counters' panels are one widget: they change at every refresh,
+        # and each widget update is a message of its own (~0.3 ms of the thread's Python).
+        self._panels = W.HTML()
+        self._anatomy_panel = W.HTML(layout=W.Layout(width="97%", min_width="240px"))
+        rows = [self._panels, self._anatomy_panel]
+        made = list(rows)
         if self.charts:
-            from tpu_nb.display.mpl_import import import_charts
-
-            CHART_SIZES = import_charts().CHART_SIZES
-
-            # Sized from the start (no jump when the first chart arrives), shown at their
-            # natural size (charts are drawn at twice the pixels: sharp on HiDPI screens).
-            def image(name):
+            # Sized from the start: the view does not jump when the first chart arrives.
+            def slot(name):
                 width, height = CHART_SIZES[name]
-                img = W.Image(
-                    format="png",
-                    layout=W.Layout(
-                        width=f"{width}px",
-                        height=f"{height}px",
-                        max_width="100%",
-                        object_fit="contain",
-                    ),
+                return W.HTML(
+                    layout=W.Layout(width=f"{width}px", height=f"{height}px", max_width="100%")
                 )
-                img.add_class("tpunb-chart")  # inverted in dark themes (style.py)
-                return img
 
-            self._step_image = image("step")
-            self._compile_image = image("compile")
-            for img in (self._step_image, self._compile_image):
-                img.value = BLANK_PNG  # until the first draw: no broken-image icon
+            self._step_chart = slot("step")
+            self._compile_chart = slot("compile")
             captions = [W.HTML(caption_html(STEP_CAPTION)), W.HTML(caption_html(COMPILE_CAPTION))]
             columns = [
                 W.VBox(
-                    [captions[0], self._step_image],
+                    [captions[0], self._step_chart],
                     layout=W.Layout(max_width="62%", margin="0 6px 0 0"),
                 ),
-                W.VBox([captions[1], self._compile_image], layout=W.Layout(max_width="38%")),
+                W.VBox([captions[1], self._compile_chart], layout=W.Layout(max_width="38%")),
             ]
             chart_row = W.HBox(columns, layout=W.Layout(flex_flow="row wrap"))
             rows.append(chart_row)
-            made += [self._step_image, self._compile_image, *captions, *columns, chart_row]
+            made += [self._step_chart, self._compile_chart, *captions, *columns, chart_row]
         self._root = W.VBox(rows)
         self._widgets = made + [self._root]
 
@@ -470,74 +466,34 @@ class Dashboard:
         self._widgets = []
         self._root = None
 
-    def _update_widgets(self, state: LiveState, final: bool, charts: bool, counted: bool) -> None:
-        _set(self._header, header_html(state, self.status, self.title, self.elapsed))
-        _set(self._alert, alert_html(state))
-        _set(self._compile_panel, compile_html(state, final))
-        _set(self._exec_panel, execution_html(state, final))
-        _set(self._transfer_panel, transfers_html(state))
-        _set(self._fallback_panel, fallbacks_html(state))
-        _set(self._memory_panel, memory_html(state))
-        _set(self._anatomy_panel, anatomy_html(self._since))
-        if charts:
-            pngs = self._draw_charts(state, final, counted)
-            if "step" in pngs:
-                self._step_image.value = pngs["step"]
-            if "compile" in pngs:
-                self._compile_image.value = pngs["compile"]
+    def _update_widgets(self, state: LiveState, counted: bool) -> None:
+        _set(self._panels, live_panels_html(state, self.status, self.title, self.elapsed))
+        if state.anatomy_version != self._anatomy_drawn:  # its SVG only when it changed
+            self._anatomy_drawn = state.anatomy_version
+            # The theme's stylesheet rides with this seldom-changing panel, sent once.
+            _set(self._anatomy_panel, STYLE + anatomy_html(state))
+        if self.charts:
+            drawn = self._draw_live_charts(state, counted)
+            if "step" in drawn:
+                self._step_chart.value = wrap(drawn["step"])
+            if "compile" in drawn:
+                self._compile_chart.value = wrap(drawn["compile"])
 
-    def _make_charts(self) -> tuple[StepTimeChart, CompileChart]:
-        if self._charts is None:
-            from tpu_nb.display.mpl_import import import_charts
-
-            charts = import_charts()  # matplotlib: an interrupt cannot leave it half-imported
-            self._charts = (charts.acquire_step_chart(), charts.CompileChart())
-        return self._charts
-
-    def _release_charts(self) -> None:
-        if self._charts is not None:
-            from tpu_nb.display.mpl_import import import_charts
-
-            import_charts().release_step_chart(self._charts[0])
-            self._charts = None
-
-    def _draw_charts(
-        self, state: LiveState, final: bool, counted: bool = False
-    ) -> dict[str, bytes]:
-        """Redraw the charts whose data changed, if one is due (always when final)."""
+    def _draw_live_charts(self, state: LiveState, counted: bool = False) -> dict[str, str]:
+        """The SVG charts whose data changed, if a redraw is due."""
         now = time.perf_counter()
-        if not final and now < self._next_chart:
+        if now < self._next_chart:
             return {}
-        step_chart, compile_chart = self._make_charts()
-        # `final` in the key: the final drawing fits the axes to the data and says "in this
-        # run", even when no new data came since the last live drawing.
-        keys = {
-            "step": (state.series_version, state.compile_version, final),
-            "compile": (state.compile_version, final),
-        }
         drawn, cost = {}, 0.0
-        level = 6 if final else 1
-        for name, key in keys.items():
-            if self._drawn.get(name) == key and name in self._pngs:
-                continue  # (an empty chart says why it is empty)
-            chart: StepTimeChart | CompileChart
-            if name == "step":
-                chart = step_chart
-                png = step_chart.render(
-                    state.series,
-                    [c.step for c in state.compiles],
-                    final=final,
-                    compress_level=level,
-                )
-            else:
-                chart = compile_chart
-                png = compile_chart.render(state.compiles, final=final, compress_level=level)
+        for name, chart in self._svg_charts.items():
+            svg = chart.update(state)
+            if svg is None:
+                continue  # its data did not change
             cost += chart.last_cost
             if counted and chart.last_full:
                 self.stats.chart_full_draws += 1
                 self.stats.chart_full_seconds += chart.last_cost
-            self._pngs[name] = drawn[name] = png
-            self._drawn[name] = key
+            self._svgs[name] = drawn[name] = svg
         if drawn:
             if counted:
                 self.stats.chart_draws += len(drawn)
@@ -546,6 +502,50 @@ class Dashboard:
                 self.chart_refresh, min(_CHART_MAX_GAP, cost / _CHART_DUTY)
             )
         return drawn
+
+    def _make_charts(self) -> None:
+        """matplotlib's charts for the final view. Without matplotlib (or if it fails) the
+        final view shows the SVG charts."""
+        try:
+            from tpu_nb.display.mpl_import import import_charts
+
+            charts = import_charts()  # matplotlib: an interrupt cannot leave it half-imported
+            self._charts = (charts.acquire_step_chart(), charts.acquire_compile_chart())
+        except Exception:
+            logging.getLogger("tpu_nb").debug(
+                "the final charts cannot use matplotlib; SVG instead", exc_info=True
+            )
+
+    def _draw_final_charts(self, state: LiveState) -> None:
+        """The final view's charts, drawn once after the loop: matplotlib's PNGs, else (no
+        matplotlib, or it failed) the SVG charts drawn from the final state."""
+        steps = [c.step for c in state.compiles]
+        if self._charts is not None:
+            step_chart, compile_chart = self._charts
+            try:
+                self._pngs = {
+                    "step": step_chart.render(state.series, steps, final=True, compress_level=6),
+                    "compile": compile_chart.render(state.compiles, final=True, compress_level=6),
+                }
+                return
+            except Exception:
+                logging.getLogger("tpu_nb").debug(
+                    "the final charts could not be drawn with matplotlib", exc_info=True
+                )
+        self._pngs = {}
+        self._svgs = {
+            "step": StepTimeSvg().render(state.series, steps),
+            "compile": CompileSvg().render(state.compiles),
+        }
+
+    def _release_charts(self) -> None:
+        if self._charts is not None:
+            from tpu_nb.display.mpl_import import import_charts
+
+            charts = import_charts()
+            charts.release_step_chart(self._charts[0])
+            charts.release_compile_chart(self._charts[1])
+            self._charts = None
 
     # -- text and display ---------------------------------------------------------------------
 
@@ -557,6 +557,11 @@ class Dashboard:
         return self.summary()
 
     def _repr_html_(self) -> str:
+        if self.running:  # shown while it runs: the state now (else the last one polled)
+            try:
+                self._refresh_once(final=False)
+            except Exception:
+                logging.getLogger("tpu_nb").debug("the dashboard's poll failed", exc_info=True)
         return static_html(
             self.state,
             self.status,
@@ -564,7 +569,8 @@ class Dashboard:
             self._pngs,
             self.error,
             elapsed=self.elapsed,
-            anatomy=anatomy_html(self._since),
+            anatomy=anatomy_html(self.state),
+            svgs=self._svgs,
         )
 
     @property
@@ -574,14 +580,9 @@ class Dashboard:
         completed inside, its wall time: the report and the dashboard then show one figure."""
         if self._code_start is None:
             return None
-        report = _last_report()
-        if (
-            self._code_end is not None
-            and report is not None
-            and report is not self._last_report
-            and report.complete
-        ):
-            return report.wall_seconds
+        state = self.state
+        if self._code_end is not None and state is not None and state.run_wall_seconds is not None:
+            return state.run_wall_seconds
         return (self._code_end or time.perf_counter()) - self._code_start
 
     def _live_data(self) -> dict[str, Any]:
@@ -629,12 +630,6 @@ def _marked(html: str) -> str:
     """The dashboard's HTML between markers tools/nbval-sanitize.cfg masks: its live view is
     updated in place to the final one, which nbval (it ignores display updates) never sees."""
     return f"<!--tpunb-dashboard-->{html}<!--/tpunb-dashboard-->"
-
-
-def _last_report():
-    from tpu_nb.runtime.tracking import last_report
-
-    return last_report()
 
 
 def _set(widget, value: str) -> None:

@@ -13,6 +13,7 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.display.anatomy_view import panel_html as anatomy_panel_html
+from tpu_nb.display.live_charts import wrap as wrap_chart
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import CompileEvent
 from tpu_nb.runtime.sources import place_text
@@ -24,7 +25,7 @@ _SHOWN_LIVE = 5  # ... and in the live one, whose height is reserved
 # Panel heights reserved from the first paint (the live view must not jump as rows and lines
 # arrive): the top row fits 5 compile rows, the bottom row a fallback with its hint.
 _TOP_HEIGHT, _BOTTOM_HEIGHT = "178px", "96px"
-_ANATOMY_HEIGHT = "204px"  # the step anatomy: bar, legend, timeline and a two-line verdict
+_ANATOMY_HEIGHT = "236px"  # the step anatomy: bar, a two-line legend, timeline, two-line verdict
 # Theme colours (CSS variables with light fallbacks; display/style.py sets them per theme).
 _RED, _RED_BG, _GREY = style.RED, style.RED_BG, style.MUTED
 _FONT = style.FONT
@@ -58,12 +59,19 @@ def _rate(per_second: float) -> str:
 
 
 def header_html(
-    state: LiveState | None, status: str, title: str, elapsed: float | None = None
+    state: LiveState | None,
+    status: str,
+    title: str,
+    elapsed: float | None = None,
+    *,
+    stylesheet: bool = True,
 ) -> str:
     """The title line; present tense while running, past tense once stopped.
 
     elapsed: the run's wall time, when the caller measured it (the dashboard: from the end of
-    its start to its stop, the span of the cell's code like the report's wall time)."""
+    its start to its stop, the span of the cell's code like the report's wall time).
+    stylesheet: lead with the theme's stylesheet (the live view sends it once, elsewhere: the
+    header changes at every refresh)."""
     steps = state.steps if state is not None else 0
     if elapsed is None and state is not None:
         elapsed = state.elapsed
@@ -81,7 +89,8 @@ def header_html(
         else f"<span class='tpunb-steps'>{steps}</span> syncs in {format_seconds(elapsed)}"
     )
     return (
-        f"{style.STYLE}<div class='tpunb' style='{style.ROOT}'><b>{escape(title)}</b> "
+        f"{style.STYLE if stylesheet else ''}<div class='tpunb' style='{style.ROOT}'>"
+        f"<b>{escape(title)}</b> "
         f"<span style='color:{colour}' class='tpunb-status'>{escape(status)}</span> · "
         f"{counted}{alert}</div>"
     )
@@ -289,12 +298,6 @@ def _css_size(png: bytes) -> tuple[int, int]:
     return round(width / PIXEL_DENSITY), round(height / PIXEL_DENSITY)
 
 
-# A 1x1 transparent PNG: what a chart slot holds before its first draw.
-BLANK_PNG = bytes.fromhex(
-    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
-    "0000000b49444154789c6360000200000500017a5eab3f0000000049454e44ae426082"
-)
-
 # The charts' captions, without importing matplotlib for a text-only dashboard.
 STEP_CAPTION = (
     "step time (ms, log scale) over steps: median (solid) and p90 (dashed) per "
@@ -303,9 +306,51 @@ STEP_CAPTION = (
 COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
-def anatomy_html(since: float) -> str:
-    """The step anatomy panel (display/anatomy_view.py)."""
-    return _panel("where the steps' time went", anatomy_panel_html(since), height=_ANATOMY_HEIGHT)
+# The live view's rows: each panel's share of the row (they wrap below ~1000 px).
+_LIVE_ROWS = (
+    (("compile", "42%"), ("execution", "31%"), ("transfers", "24%")),
+    (("fallbacks", "63%"), ("memory", "34%")),
+)
+
+
+def live_panels_html(
+    state: LiveState | None, status: str, title: str, elapsed: float | None = None
+) -> str:
+    """The live view's header, alert and counters' panels as one block (one widget update
+    per refresh). Heights are reserved, so the view does not jump as rows arrive."""
+    panels = {
+        "compile": compile_html(state),
+        "execution": execution_html(state),
+        "transfers": transfers_html(state),
+        "fallbacks": fallbacks_html(state),
+        "memory": memory_html(state),
+    }
+    rows = "".join(
+        "<div style='display:flex;flex-wrap:wrap'>"
+        + "".join(
+            f"<div style='display:flex;width:{width};min-width:240px'>{panels[name]}</div>"
+            for name, width in row
+        )
+        + "</div>"
+        for row in _LIVE_ROWS
+    )
+    return header_html(state, status, title, elapsed, stylesheet=False) + alert_html(state) + rows
+
+
+def anatomy_html(state: LiveState | None) -> str:
+    """The step anatomy panel: the anatomy the monitor published (display/anatomy_view.py)."""
+    body = anatomy_panel_html(state.anatomy if state is not None else None)
+    return _panel("where the steps' time went", body, height=_ANATOMY_HEIGHT)
+
+
+def svg_chart_html(svg: str | None, caption: str) -> str:
+    """A live SVG chart with its caption, for a view without the PNG charts."""
+    if not svg:
+        return ""
+    return (
+        f"<div style='margin:2px 6px 2px 0;max-width:100%'>{caption_html(caption)}"
+        f"{wrap_chart(svg)}</div>"
+    )
 
 
 def static_html(
@@ -316,8 +361,16 @@ def static_html(
     error: BaseException | None = None,
     elapsed: float | None = None,
     anatomy: str = "",
+    svgs: dict[str, str] | None = None,
 ) -> str:
-    """The final (or any) state as one self-contained HTML block."""
+    """The final (or any) state as one self-contained HTML block. The charts: `pngs` (the
+    final view's matplotlib charts), else `svgs` (the live view's, e.g. without matplotlib)."""
+    svgs = svgs or {}
+
+    def chart(name: str, caption: str) -> str:
+        png = pngs.get(name)
+        return _img(png, caption) if png else svg_chart_html(svgs.get(name), caption)
+
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = [
         (compile_html(state, True), 2),
@@ -347,8 +400,8 @@ def static_html(
         )
         + "</div>"
         + anatomy
-        + f"<div style='{row}'>{_img(pngs.get('step'), STEP_CAPTION)}"
-        f"{_img(pngs.get('compile'), COMPILE_CAPTION)}</div></div>"
+        + f"<div style='{row}'>{chart('step', STEP_CAPTION)}"
+        f"{chart('compile', COMPILE_CAPTION)}</div></div>"
     )
 
 

@@ -20,6 +20,9 @@ undefined and the colours fall back to the front end's own text colour (see `col
 
 from __future__ import annotations
 
+import html
+import re
+
 # name -> (light, dark). Contrast checked against #fff / #111-#2b2b2b respectively.
 PALETTE = {
     "fg": ("#1f1f1f", "#e8e8e8"),
@@ -178,3 +181,12 @@ def span(text: str, colour: str, *, bold: bool = False, cls: str = "") -> str:
     weight = ";font-weight:bold" if bold else ""
     klass = f" class='{cls}'" if cls else ""
     return f"<span{klass} style='color:{colour}{weight}'>{text}</span>"
+
+
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def esc(text: object) -> str:
+    """Text safe inside HTML and SVG (XML) content and attribute values: escaped, quotes
+    included, and the characters XML forbids replaced (an SVG with one does not render)."""
+    return html.escape(_INVALID_XML.sub("\ufffd", str(text)), quote=True)

@@ -52,20 +52,32 @@ from tpu_nb.runtime.metrics._compile_log import (
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import as_caller, is_library, place_text
-from tpu_nb.runtime.tracking import graph_facts, line_growth, progression
+from tpu_nb.runtime.tracking import (
+    Anatomy,
+    anatomy_in_progress,
+    captured_graph,
+    graph_facts,
+    last_report,
+    line_growth,
+    progression,
+)
 from tpu_nb.runtime.tracking._dynamo import (
     frame_graph,
     function_of,
     guard_facts,
     inputs_sync,
 )
-from tpu_nb.runtime.tracking._provenance import graphs_by_hash
 
 log = logging.getLogger("tpu_nb")
 _EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
 _RECENT_STEPS = 1024  # step intervals the median and p90 are taken over
 _SERIES_POINTS = 1200  # chart points kept; older ones are merged pairwise beyond that
 _SHOWN_COMPILES = 200  # compile events kept for the panel and the chart
+# The step anatomy of a tracked run in progress costs a few ms to build (it grows with the
+# steps kept, not the run): rebuilt only when a step ended since, and at most this share of
+# the wall time (a 5 ms build: every 2.5 s), at least every _ANATOMY_MAX_GAP seconds.
+_ANATOMY_DUTY = 0.002
+_ANATOMY_MAX_GAP = 5.0
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -423,7 +435,10 @@ class SyncProbe:
 
 @dataclass(frozen=True)
 class LiveState:
-    """Everything the dashboard shows, at one refresh."""
+    """Everything the dashboard shows, at one refresh: the one snapshot the monitor publishes
+    (the display layer reads nothing else of the runtime while it runs).
+
+    The `*_version` counters bump when their part changed, so a view redraws only what did."""
 
     elapsed: float  # seconds since the monitor started
     metrics: MetricsDelta  # since the monitor started
@@ -439,6 +454,14 @@ class LiveState:
     compile_analysis: bool  # False: compile causes unknown (no setup())
     series_version: int = 0  # bumps when `series` changes
     compile_version: int = 0  # bumps when `compiles` changes
+    # Where the steps' time went: the tracked run in progress (rebuilt at a low cadence, see
+    # _ANATOMY_DUTY), else that of a tracked run which ended while the monitor ran; None
+    # outside tracked runs (a plain cell has no per-step host timings).
+    anatomy: Anatomy | None = None
+    anatomy_version: int = 0  # bumps when `anatomy` changes
+    # The wall time of a tracked run (an %%on_tpu cell) that completed while the monitor ran:
+    # its report's figure, so that the report and the dashboard show one.
+    run_wall_seconds: float | None = None
 
     @property
     def recompiling(self) -> bool:
@@ -491,8 +514,17 @@ class LiveMonitor:
         self._new_graph_at: dict[tuple[str, int], int] = {}
         self._rate = 0.0
         self._counts: deque[tuple[float, int]] = deque([(self._start.taken_at, 0)])
+        self._report_at_start = last_report()
+        self._anatomy: Anatomy | None = None
+        self._anatomy_key: tuple | None = None
+        self._anatomy_version = 0
+        self._next_anatomy = 0.0
+        self.anatomy_builds = 0  # live anatomies built (for the benchmark and the curious)
+        self.anatomy_seconds = 0.0
 
-    def poll(self) -> LiveState:
+    def poll(self, *, final: bool = False) -> LiveState:
+        """The state now. `final`: the last poll (the step anatomy is then rebuilt whatever
+        its cadence, so the final view shows every step)."""
         now = snapshot()
         wall = time.time()
         total = now.since(self._start)
@@ -510,6 +542,8 @@ class LiveMonitor:
         recent = sorted(self._recent)
         used, limit, peak, note = self._device_memory.read()
         memory = MemoryInfo(host_rss(), host_peak_rss(), used, limit, peak, note)
+        report = self._finished_report()
+        self._refresh_anatomy(report, final)
         return LiveState(
             elapsed=now.taken_at - self._start.taken_at,
             metrics=total,
@@ -525,6 +559,9 @@ class LiveMonitor:
             compile_analysis=self._log is not None,
             series_version=self._series_version,
             compile_version=self._compile_version,
+            anatomy=self._anatomy,
+            anatomy_version=self._anatomy_version,
+            run_wall_seconds=report.wall_seconds if report is not None else None,
         )
 
     def close(self) -> None:
@@ -540,6 +577,49 @@ class LiveMonitor:
             self._counts.popleft()
         then, before = self._counts[0]
         return (executions - before) / (at - then) if at > then else 0.0
+
+    # -- the tracked run's report and step anatomy --
+
+    def _finished_report(self):
+        """The report of a tracked run that completed since the monitor started, if any."""
+        report = last_report()
+        if report is None or report is self._report_at_start or not report.complete:
+            return None
+        return report
+
+    def _refresh_anatomy(self, report, final: bool) -> None:
+        collector = anatomy_in_progress()
+        if collector is not None and collector.started >= self._start_wall - 1.0:
+            syncs = collector.syncs
+            key: tuple = (id(collector), len(syncs), syncs[-1] if syncs else None)
+            if key == self._anatomy_key:
+                return  # no step ended since the last build
+            now = time.perf_counter()
+            if not final and now < self._next_anatomy:
+                return
+            try:
+                anatomy = collector.snapshot()
+            except Exception:  # the run's own report still gets its anatomy; the view waits
+                log.debug("the live step anatomy could not be built", exc_info=True)
+                return
+            cost = time.perf_counter() - now
+            self.anatomy_builds += 1
+            self.anatomy_seconds += cost
+            if anatomy.steps:  # (until the first step completes, each poll tries again)
+                self._next_anatomy = now + min(_ANATOMY_MAX_GAP, cost / _ANATOMY_DUTY)
+        else:
+            # The run that ended while the monitor ran (with its verdict). Between its
+            # collector's end and its report (or with none) the last anatomy stays shown.
+            done = getattr(report, "anatomy", None)
+            if not isinstance(done, Anatomy) or not done.steps:
+                return
+            if done.steps[-1].end < self._start_wall or done is self._anatomy:
+                return
+            key, anatomy = (id(done),), done
+        self._anatomy_key = key
+        if anatomy is not self._anatomy:
+            self._anatomy = anatomy
+            self._anatomy_version += 1
 
     # -- steps --
 
@@ -639,7 +719,7 @@ class LiveMonitor:
         """The line's last two graphs as captured, and by whom: "recorded" when a tracked run
         (as %%on_tpu) read the pending graph just before each of these two compiles (keyed by
         the compile log's hash: exactly the pair the alert names); else the probe's."""
-        before, after = (graphs_by_hash.get(e.graph_hash) for e in events[-2:])
+        before, after = (captured_graph(e) for e in events[-2:])
         if before is not None and after is not None:
             return [before, after], "recorded"
         return (self._probe.graphs(site) if self._probe is not None else []), "graphs"
@@ -659,7 +739,7 @@ class LiveMonitor:
                 and old.settled == settled
             ):
                 continue
-            recorded = [graphs_by_hash.get(e.graph_hash) for e in events]
+            recorded = [captured_graph(e) for e in events]
             growth = line_growth(recorded)
             differs: tuple[str, ...] = ()
             source = "compile log"

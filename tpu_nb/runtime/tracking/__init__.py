@@ -5,6 +5,7 @@ steps; and `on_tpu()`, which composes them the way `%%on_tpu` does.
 Above runtime.graph, runtime.metrics and runtime.environment."""
 
 from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
+from tpu_nb.runtime.tracking._anatomy import current as anatomy_in_progress
 from tpu_nb.runtime.tracking._attribution import (
     HOST_READ_HINT,
     LineFinding,
@@ -29,6 +30,7 @@ __all__ = [
     "RunReport",
     "StepRecord",
     "Verdict",
+    "anatomy_in_progress",
     "captured_graph",
     "fallback_hint",
     "graph_facts",

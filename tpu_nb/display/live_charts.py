@@ -1,0 +1,303 @@
+"""The dashboard's live charts: inline SVG written from the monitor's published data.
+
+While a cell runs, every millisecond of Python the dashboard's thread spends is taken from the
+training loop (they share the interpreter). A matplotlib update (restore the background, draw
+the lines, encode a PNG) cost ~6 ms and a full redraw ~20-40 ms; writing the chart as SVG text
+costs a fraction of a millisecond, and less again because only what changed is written anew:
+
+- `update(state)` returns None when the data it draws did not change (its version counters);
+- the frame (axes, grid, tick labels) is written once per set of axis limits, which only grow
+  (x to twice the steps so far, y by decades), so it is rewritten a handful of times a run;
+- each point of the step-time lines is formatted once: later updates format the new points
+  and join the strings (a series halved by the monitor starts over).
+
+Colours are the theme's CSS variables (display/style.py): the charts follow JupyterLab's light
+and dark themes without being inverted. Every string written into the SVG is escaped. The
+final static view keeps matplotlib's PNG charts (display/charts.py), drawn once at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from tpu_nb.display import style
+from tpu_nb.runtime.live import LiveCompile, LiveState, StepPoint
+from tpu_nb.runtime.sources import place_text
+from tpu_nb.runtime.units import format_seconds
+
+# name -> (width, height) in CSS pixels: the chart slots the dashboard reserves (the PNG
+# charts of the final view have the same size).
+CHART_SIZES = {"step": (496, 184), "compile": (304, 184)}
+LABEL_PX = 10  # the smallest text drawn, at the natural size
+_LEFT, _RIGHT, _TOP, _BOTTOM = 46, 16, 8, 22  # the step chart's plot margins
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above `value` (value > 0)."""
+    exp = math.floor(math.log10(value))
+    for mult in (1, 1.5, 2, 3, 5, 7.5, 10):
+        if mult * 10**exp >= value:
+            return mult * 10**exp
+    return 10 ** (exp + 1)
+
+
+def _tick_step(top: float, most: int = 5) -> float:
+    """A round step (1, 2, 2.5, 5 x 10^k; at least 1) giving at most `most` intervals."""
+    raw = max(top / most, 1.0)
+    exp = math.floor(math.log10(raw))
+    for mult in (1, 2, 2.5, 5, 10):
+        if mult * 10**exp >= raw:
+            return mult * 10**exp
+    return 10 ** (exp + 1)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if value < 1e5 else f"{value:.0e}"
+
+
+def _svg_open(name: str, width: int, height: int, title: str) -> str:
+    return (
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='tpunb-svg-chart tpunb-{name}-chart' "
+        f"width='{width}' height='{height}' viewBox='0 0 {width} {height}' role='img' "
+        f"aria-label='{style.esc(title)}' style='display:block;max-width:100%;height:auto;"
+        f"font-family:{style.MONO};font-size:{LABEL_PX}px'><title>{style.esc(title)}</title>"
+    )
+
+
+def wrap(svg: str) -> str:
+    """A chart as the HTML its slot shows: inside a themed block (the colour variables)."""
+    return f"<div class='tpunb' style='{style.ROOT};padding:0;background:transparent'>{svg}</div>"
+
+
+class StepTimeSvg:
+    """Step time (median and p90 per refresh, ms, log scale) over steps; compiles as red lines.
+
+    The SVG counterpart of charts.StepTimeChart, for the live view. `x(step)` and `y(ms)` are
+    the pixel positions of a data point under the current axis limits."""
+
+    _INITIAL = (10.0, 0.1, 10.0)  # x: steps; y: ms, bottom and top (decades)
+
+    def __init__(self, size: tuple[int, int] = CHART_SIZES["step"]) -> None:
+        self.width, self.height = size
+        self.limits = self._INITIAL
+        self._key: tuple | None = None
+        self._frame = ""  # axes, grid and tick labels for self.limits
+        self._framed: tuple | None = None
+        self._median: list[str] = []  # formatted points, one per StepPoint drawn
+        self._p90: list[str] = []
+        self._last_point: StepPoint | None = None
+        self.last_cost = 0.0
+        self.last_full = False  # whether the last render rewrote the frame
+
+    # -- the coordinates --
+
+    def x(self, step: float) -> float:
+        plot = self.width - _LEFT - _RIGHT
+        return _LEFT + plot * min(max(step, 0.0), self.limits[0]) / self.limits[0]
+
+    def y(self, ms: float) -> float:
+        _, bottom, top = self.limits
+        plot = self.height - _TOP - _BOTTOM
+        low, high = math.log10(bottom), math.log10(top)
+        value = min(max(math.log10(ms) if ms > 0 else low, low), high)
+        return _TOP + plot * (high - value) / (high - low)
+
+    def _grow(self, series, compile_steps) -> tuple[float, float, float]:
+        """Limits that fit the data: they only grow while live (see module docstring)."""
+        x_top, y_bottom, y_top = self.limits
+        last = max(series[-1].step if series else 1, max(compile_steps, default=1), 1)
+        if last > x_top:
+            x_top = nice_ceiling(last * 2)  # the data fills at least half the width
+        if series:
+            values = [v for p in series for v in (p.median, p.p90) if v > 0]
+            if values:
+                low, high = min(values) * 1e3, max(values) * 1e3
+                while low < y_bottom * 1.05 and y_bottom > 1e-4:
+                    y_bottom /= 10
+                while high > y_top / 1.05:
+                    y_top *= 10
+        return x_top, y_bottom, y_top
+
+    # -- drawing --
+
+    def update(self, state: LiveState) -> str | None:
+        """The chart's SVG, or None when the data it draws did not change since the last."""
+        key = (state.series_version, state.compile_version)
+        if key == self._key:
+            return None
+        self._key = key
+        return self.render(state.series, [c.step for c in state.compiles])
+
+    def render(self, series: tuple[StepPoint, ...], compile_steps) -> str:
+        start = time.perf_counter()
+        self.limits = self._grow(series, compile_steps)
+        self.last_full = self.limits != self._framed
+        if self.last_full:
+            self._frame = self._draw_frame()
+            self._framed = self.limits
+            self._median, self._p90, self._last_point = [], [], None
+        self._extend(series)
+        bottom, top = self.height - _BOTTOM, _TOP
+        compiles = "".join(f"M{self.x(s):.1f} {top}V{bottom}" for s in compile_steps)
+        parts = [self._frame]
+        if compiles:
+            parts.append(
+                f"<path d='{compiles}' style='stroke:{style.RED};stroke-width:1;opacity:.8'/>"
+            )
+        if self._median:
+            parts.append(
+                f"<polyline points='{' '.join(self._p90)}' style='fill:none;stroke:"
+                f"{style.ACCENT};stroke-width:1;stroke-dasharray:4 3;opacity:.7'/>"
+                f"<polyline points='{' '.join(self._median)}' style='fill:none;stroke:"
+                f"{style.ACCENT};stroke-width:1.6'/>"
+            )
+        else:
+            parts.append(
+                f"<text x='{(_LEFT + self.width - _RIGHT) / 2:.0f}' y='{self.height / 2:.0f}' "
+                f"text-anchor='middle' style='fill:{style.MUTED}'>waiting for the first steps "
+                "(torch_xla.sync)</text>"
+            )
+        svg = _svg_open("steps", self.width, self.height, _step_title(series, compile_steps))
+        out = svg + "".join(parts) + "</svg>"
+        self.last_cost = time.perf_counter() - start
+        return out
+
+    def _extend(self, series) -> None:
+        """Format the points not drawn yet; start over if the series is not an extension of
+        the one drawn (the monitor halved it)."""
+        n = len(self._median)
+        if n > len(series) or (n and series[n - 1] is not self._last_point):
+            self._median, self._p90, n = [], [], 0
+        for p in series[n:]:
+            x = f"{self.x(p.step):.1f},"
+            self._median.append(f"{x}{self.y(p.median * 1e3):.1f}")
+            self._p90.append(f"{x}{self.y(p.p90 * 1e3):.1f}")
+        if series:
+            self._last_point = series[-1]
+
+    def _draw_frame(self) -> str:
+        x_top, y_bottom, y_top = self.limits
+        left, right, top, bottom = _LEFT, self.width - _RIGHT, _TOP, self.height - _BOTTOM
+        grid, labels = [], []
+        decades = range(round(math.log10(y_bottom)), round(math.log10(y_top)) + 1)
+        every = 1 if len(decades) <= 6 else 2
+        for k in decades[::every]:
+            y = self.y(10.0**k)
+            grid.append(f"M{left} {y:.1f}H{right}")
+            labels.append(
+                f"<text x='{left - 4}' y='{y + 3.5:.1f}' text-anchor='end'>"
+                f"{_number(10.0**k)}</text>"
+            )
+        step = _tick_step(x_top)
+        ticks = [step * i for i in range(int(x_top / step + 1e-9) + 1)]
+        for t in ticks:
+            x = self.x(t)
+            grid.append(f"M{x:.1f} {top}V{bottom}")
+            labels.append(
+                f"<text x='{x:.1f}' y='{bottom + 14}' text-anchor='middle'>{_number(t)}</text>"
+            )
+        return (
+            f"<path d='{''.join(grid)}' style='stroke:{style.LINE};stroke-width:1'/>"
+            f"<rect x='{left}' y='{top}' width='{right - left}' height='{bottom - top}' "
+            f"style='fill:none;stroke:{style.MUTED};stroke-width:1'/>"
+            f"<g style='fill:{style.FG}'>{''.join(labels)}</g>"
+        )
+
+
+def _step_title(series, compile_steps) -> str:
+    """What the chart shows, in words (its tooltip and its accessible name)."""
+    compiles = f"{len(compile_steps)} compile{'' if len(compile_steps) == 1 else 's'}"
+    if not series:
+        return f"step time: no step measured yet; {compiles}"
+    last = series[-1]
+    return (
+        f"step time at step {last.step}: median {format_seconds(last.median)}, p90 "
+        f"{format_seconds(last.p90)}; {compiles}"
+    )
+
+
+class CompileSvg:
+    """Compile seconds per compiled graph (the last `SHOWN`), labelled by line, as SVG."""
+
+    SHOWN = 10
+    _LABEL_CHARS = 20
+
+    def __init__(self, size: tuple[int, int] = CHART_SIZES["compile"]) -> None:
+        self.width, self.height = size
+        self._key: int | None = None
+        self.last_cost = 0.0
+        self.last_full = True  # drawn whole each time (only when a graph compiled)
+
+    def update(self, state: LiveState) -> str | None:
+        """The chart's SVG, or None when no compile changed since the last."""
+        if state.compile_version == self._key:
+            return None
+        self._key = state.compile_version
+        return self.render(state.compiles)
+
+    def render(self, compiles: tuple[LiveCompile, ...]) -> str:
+        start = time.perf_counter()
+        shown = [c for c in compiles if c.seconds is not None][-self.SHOWN :]
+        title = f"{len(compiles)} graph{'' if len(compiles) == 1 else 's'} compiled"
+        if shown:
+            title += "; the last: " + ", ".join(
+                f"#{c.index} {format_seconds(c.seconds)}" for c in shown[-3:]
+            )
+        parts = [_svg_open("compile", self.width, self.height, title)]
+        if not shown:
+            parts.append(
+                f"<text x='{self.width / 2:.0f}' y='{self.height / 2:.0f}' text-anchor='middle'"
+                f" style='fill:{style.MUTED}'>no graph compiled yet</text>"
+            )
+        else:
+            label_w = round(self._LABEL_CHARS * LABEL_PX * 0.62) + 6
+            left, right = label_w, self.width - 44  # room for the time at the bar's end
+            lane = min(16.0, (self.height - 4) / len(shown))
+            longest = max(c.seconds or 0.0 for c in shown) or 1.0
+            bars, texts = [], []
+            for i, c in enumerate(shown):
+                seconds = c.seconds or 0.0
+                y = 2 + i * lane
+                w = max(1.0, (right - left) * seconds / longest)
+                tip = _compile_tip(c)
+                bars.append(
+                    f"<rect x='{left}' y='{y + 2:.1f}' width='{w:.1f}' height='{lane - 4:.1f}'>"
+                    f"<title>{style.esc(tip)}</title></rect>"
+                )
+                mid = y + lane / 2 + 3.5
+                texts.append(
+                    f"<text x='{left - 4}' y='{mid:.1f}' text-anchor='end'>"
+                    f"{style.esc(_label(c, self._LABEL_CHARS))}</text>"
+                    f"<text x='{left + w + 3:.1f}' y='{mid:.1f}'>"
+                    f"{style.esc(format_seconds(seconds))}</text>"
+                )
+            parts.append(
+                f"<g style='fill:{style.RED};opacity:.8'>{''.join(bars)}</g>"
+                f"<g style='fill:{style.FG}'>{''.join(texts)}</g>"
+            )
+        parts.append("</svg>")
+        self.last_cost = time.perf_counter() - start
+        return "".join(parts)
+
+
+def _label(c: LiveCompile, limit: int) -> str:
+    """ "#3 cell line 7": the line number is what tells the bars apart."""
+    if c.event is None:
+        return f"#{c.index}"
+    where = place_text(c.place) if c.place is not None else "library"
+    prefix = f"#{c.index} "
+    room = max(limit - len(prefix), 2)
+    if len(where) > room:
+        where = where.split(" (")[0]  # without the function
+    if len(where) > room:
+        where = "\u2026" + where[-(room - 1) :]  # the file's end and the line number
+    return prefix + where
+
+
+def _compile_tip(c: LiveCompile) -> str:
+    seconds = format_seconds(c.seconds) if c.seconds is not None else "compiling"
+    if c.event is None:
+        return f"#{c.index}: {seconds} (cause unknown)"
+    where = place_text(c.place) if c.place is not None else "library code"
+    return f"#{c.index} {where}: {seconds}; {c.event.cause}; graph {c.event.graph_hash[:8]}"
