@@ -171,8 +171,8 @@ def test_tpu_dashboard_help_and_mistakes(shell, capsys):
     out = capsys.readouterr().out
     assert "--refresh" in out and "--alert-graphs" in out and "--no-charts" in out
     for line, words in (
-        ("--refresh 0", "argument --refresh: needs a number of seconds"),
-        ("--alert-graphs 0", "argument --alert-graphs: needs a whole number"),
+        ("--refresh 0", "--refresh must be a number of seconds"),
+        ("--alert-graphs 0", "--alert-graphs must be a whole number"),
         ("--refresh 2 --chart-refresh 1", "chart_refresh"),
         ("--refresh soon", "got 'soon'. Fix: e.g. --refresh 0.5"),
         ("--bogus", "unrecognized arguments"),

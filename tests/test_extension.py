@@ -185,7 +185,7 @@ def test_max_graphs_counts_the_first_step(shell, capsys):
         ("--device tpu", "no TPU"),
         ("--devices 0", "from 1 to 256"),
         ("--nope", "unrecognized arguments"),
-        ("--devices two", "needs a whole number"),
+        ("--devices two", "--devices must be a whole number"),
     ],
 )
 def test_tpu_setup_mistakes_are_one_line_and_change_nothing(shell, line, words):

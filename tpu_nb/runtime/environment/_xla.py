@@ -6,7 +6,7 @@ import os
 import sys
 
 from tpu_nb.runtime.environment._detect import TORCH_PAIR, installed_version
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import EnvironmentProblem
 
 
 def xla():
@@ -23,7 +23,7 @@ def xla():
     try:
         import torch_xla
     except ImportError as exc:  # undefined symbol, missing package, broken install
-        raise TpuNbError(_explain_import_error(exc)) from None
+        raise EnvironmentProblem(_explain_import_error(exc)) from None
     return torch_xla
 
 
@@ -35,7 +35,7 @@ def xlac():
 def _refuse_gpu() -> None:
     pjrt = os.environ.get("PJRT_DEVICE", "")
     if pjrt.lower() in ("gpu", "cuda", "rocm"):
-        raise TpuNbError(
+        raise EnvironmentProblem(
             f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes. "
             "Fix: tpu_nb.setup('cpu') (or 'tpu' on a TPU host); for an NVIDIA GPU use plain "
             "PyTorch with device='cuda'."

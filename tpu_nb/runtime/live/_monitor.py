@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_nb.runtime.environment._xla import xla, xlac
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import check_whole_number
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
     CompileLog,
@@ -455,11 +455,7 @@ class LiveMonitor:
     """
 
     def __init__(self, *, alert_graphs: int = 3, probe: bool = True):
-        if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) or alert_graphs < 1:
-            raise TpuNbError(
-                f"alert_graphs must be a whole number of at least 1; got "
-                f"{alert_graphs!r}. Fix: e.g. alert_graphs=3."
-            )
+        check_whole_number(alert_graphs, "alert_graphs", fix="e.g. alert_graphs=3")
         from tpu_nb.runtime.environment._device import device
 
         self.alert_graphs = alert_graphs

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpu_nb.runtime.environment._xla import wait_device_ops, xla
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import TpuNbUsageError, check_whole_number
 from tpu_nb.runtime.metrics._counters import snapshot
 
 
@@ -89,16 +89,12 @@ MAX_REPEAT = 1_000
 
 
 def _check_count(name: str, value, maximum: int, example: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-        raise TpuNbError(
-            f"{name} must be a whole number from 1 to {maximum:,}; got {value!r}. "
-            f"Fix: e.g. {name}={example}."
-        )
+    check_whole_number(value, name, high=maximum, fix=f"e.g. {name}={example}")
 
 
 def _check_arguments(fn, number, repeat) -> None:
     if not callable(fn):
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"time_device times a function called with no arguments; got "
             f"{fn!r:.60}. Fix: e.g. time_device(lambda: "
             f"step(x)) or time_device(step)."
