@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tpu_nb.runtime.environment._xla import wait_device_ops, xla
 from tpu_nb.runtime.errors import TpuNbUsageError, check_whole_number
 from tpu_nb.runtime.metrics._counters import snapshot
+from tpu_nb.runtime.units import format_seconds
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,13 @@ class DeviceTiming:
 
     def summary(self) -> str:
         first = (
-            f"first run {_fmt(self.first_seconds)} ({self.first_compiles} graph"
+            f"first run {format_seconds(self.first_seconds)} ({self.first_compiles} graph"
             f"{'s' if self.first_compiles != 1 else ''} compiled)"
         )
         steady = (
-            f"steady state {_fmt(self.median)} per run (median of {len(self.per_run)} "
-            f"repeats \u00d7 {self.number} runs; range {_fmt(self.best)}\u2013"
-            f"{_fmt(self.worst)})"
+            f"steady state {format_seconds(self.median)} per run (median of {len(self.per_run)} "
+            f"repeats \u00d7 {self.number} runs; range {format_seconds(self.best)}\u2013"
+            f"{format_seconds(self.worst)})"
         )
         tail = (
             (
@@ -64,13 +65,6 @@ class DeviceTiming:
         return f"{first}; {steady}{tail}"
 
     __str__ = summary
-
-
-def _fmt(seconds: float) -> str:
-    for unit, scale in (("s", 1), ("ms", 1e3), ("us", 1e6)):
-        if seconds * scale >= 1 or unit == "us":
-            return f"{seconds * scale:.3g} {unit}"
-    return f"{seconds:.3g} s"
 
 
 def _run_once(fn, sync) -> float:
