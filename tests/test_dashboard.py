@@ -18,9 +18,10 @@ import tpu_nb
 from tpu_nb.display import dashboard as D
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.live import LiveMonitor
-from tpu_nb.runtime.live._monitor import StepClock, percentile
+from tpu_nb.runtime.live._monitor import StepClock
 from tpu_nb.runtime.metrics import CompileEvent, Frame, describe_difference
 from tpu_nb.runtime.sources import place_text
+from tpu_nb.runtime.units import percentile
 
 
 def _mlp_step(width=48):

@@ -60,6 +60,7 @@ from tpu_nb.runtime.tracking._dynamo import (
     inputs_sync,
 )
 from tpu_nb.runtime.tracking._provenance import graphs_by_hash
+from tpu_nb.runtime.units import percentile
 
 log = logging.getLogger("tpu_nb")
 _EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
@@ -189,16 +190,6 @@ class StepPoint:
     median: float  # seconds
     p90: float
     count: int  # intervals measured in the window
-
-
-def percentile(sorted_values, q: float) -> float:
-    """The q-quantile (0..1) of already sorted values, interpolated."""
-    if not sorted_values:
-        raise ValueError("no values")
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 class StepClock:

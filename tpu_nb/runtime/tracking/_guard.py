@@ -33,6 +33,7 @@ from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.sources import as_caller
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.units import format_place
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
 _ids = itertools.count()
@@ -51,8 +52,7 @@ class RecompilationError(TpuNbError):
         a, b = (provenance.line_graphs.graph_for(where, g) for g in (before, after))
         facts = attribution.graph_facts(a, b) if a is not None and b is not None else ()
         facts = facts or dynamo.guard_facts(after) or attribution._log_facts(before, after)
-        place = short_path(where.file)
-        place += f", line {where.line}" if place.startswith("In [") else f":{where.line}"
+        place = format_place(short_path(where.file), where.line)
         error = cls.__new__(cls)
         error.limit, error.got, error.expected = limit, "; ".join(facts), []
         TpuNbError.__init__(
