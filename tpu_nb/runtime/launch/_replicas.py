@@ -666,7 +666,6 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         ReplicaResult(
             ordinal=r["ordinal"],
             value=r.get("value"),
-            output="",
             wall_seconds=r["wall_seconds"],
             step_seconds=r["step_seconds"],
             metrics=r["metrics"],

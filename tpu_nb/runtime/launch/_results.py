@@ -43,13 +43,12 @@ class ReplicaError(TpuNbError):
 
 @dataclass(frozen=True)
 class ReplicaResult:
-    """What one replica did."""
+    """What one replica did. Only replicas that returned have one: a replica that raised
+    makes the launch raise ReplicaError (its traceback there), and what a replica prints is
+    streamed as it runs (launch's `stream`), not kept."""
 
     ordinal: int
     value: Any = None  # fn's return value (None when it could not be pickled)
-    error: str | None = None  # "Type: message" when it raised
-    traceback: str = ""
-    output: str = ""  # what it printed
     wall_seconds: float = 0.0
     step_seconds: tuple[float, ...] = ()  # time between its syncs
     metrics: MetricsDelta | None = None  # its process's counters (see LaunchResult.merged)
