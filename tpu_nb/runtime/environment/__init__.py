@@ -17,6 +17,8 @@ from tpu_nb.runtime.environment._detect import (
 )
 from tpu_nb.runtime.environment._device import device, sync
 from tpu_nb.runtime.environment._install import install_pair
+from tpu_nb.runtime.environment._legacy import install as install_legacy_names
+from tpu_nb.runtime.environment._legacy import uninstall as uninstall_legacy_names
 from tpu_nb.runtime.environment._xla import wait_device_ops
 
 __all__ = [
@@ -30,8 +32,10 @@ __all__ = [
     "detect",
     "device",
     "ensure_setup",
+    "install_legacy_names",
     "install_pair",
     "setup",
     "sync",
+    "uninstall_legacy_names",
     "wait_device_ops",
 ]
