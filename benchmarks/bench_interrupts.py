@@ -177,7 +177,9 @@ def interrupt_running_loops(rounds: int = 3) -> None:
     seconds: dict[str, list[float]] = {"%%on_tpu": [], "%%on_tpu --live": []}
     try:
         kc.execute_interactive(
-            "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla", timeout=180
+            "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
+            timeout=180,
+            **quiet,
         )
         for _ in range(rounds):
             for magic in seconds:
