@@ -7,6 +7,9 @@
    the cell says "interrupt received", and until the KeyboardInterrupt ends the cell.
 3. Fresh kernels whose first `--live` cell is interrupted while matplotlib is first imported:
    how many are left broken (`python benchmarks/bench_interrupts.py live 30` for more).
+4. In a real kernel, an interrupt into a running step loop, plain `%%on_tpu` and `--live`:
+   seconds until the cell ends with the KeyboardInterrupt (the tests check that it does;
+   this says how fast, which a timed assert on a shared machine cannot).
 
     PYTHONPATH=$PWD PJRT_DEVICE=CPU python benchmarks/bench_interrupts.py
 """
@@ -156,12 +159,69 @@ def interrupt_first_live_cell(kernels: int) -> None:
         print(f"   {line}")
 
 
+LOOP = (
+    "for i in range(10**7):\n    w = (w @ w).tanh()\n    torch_xla.sync()\n"
+    "    if i == 20:\n        print('looping', flush=True)\n"
+)
+
+
+def interrupt_running_loops(rounds: int = 3) -> None:
+    from jupyter_client.manager import start_new_kernel
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
+    try:
+        km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
+    finally:
+        os.environ.update(saved)
+    quiet = {"output_hook": lambda msg: None}
+    seconds: dict[str, list[float]] = {"%%on_tpu": [], "%%on_tpu --live": []}
+    try:
+        kc.execute_interactive(
+            "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
+            timeout=180,
+            **quiet,
+        )
+        for _ in range(rounds):
+            for magic in seconds:
+                kc.execute_interactive("w = torch.randn(64, 64)", timeout=60, **quiet)
+                msg_id = kc.execute(f"{magic}\n{LOOP}")
+                start = None
+                while True:
+                    msg = kc.get_iopub_msg(timeout=120)
+                    if msg["parent_header"].get("msg_id") != msg_id:
+                        continue
+                    if start is None and "looping" in msg["content"].get("text", ""):
+                        start = time.perf_counter()
+                        km.interrupt_kernel()
+                    if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                        break
+                assert start is not None
+                seconds[magic].append(time.perf_counter() - start)
+                while (
+                    kc.execute_interactive("pass", timeout=60, **quiet)["content"]["status"]
+                    == "aborted"
+                ):  # ipykernel aborts what arrives while it handles the error
+                    time.sleep(0.05)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    print(f"4. an interrupt into a running step loop, in a real kernel ({rounds} rounds):")
+    for magic, values in seconds.items():
+        print(
+            f"   {magic:<16} the cell ends {statistics.median(values):.2f} s after the "
+            f"interrupt (max {max(values):.2f} s)"
+        )
+
+
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["live"]:  # the stress run: python benchmarks/bench_interrupts.py live 30
+    if sys.argv[1:2] == ["loops"]:  # only section 4
+        interrupt_running_loops()
+    elif sys.argv[1:2] == ["live"]:  # the stress run: python benchmarks/bench_interrupts.py live 30
         interrupt_first_live_cell(int(sys.argv[2]) if len(sys.argv) > 2 else 20)
     else:
         per_cell_cost()
         interrupt_during_compile()
         interrupt_first_live_cell(5)
+        interrupt_running_loops()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,33 @@ ROOT = Path(__file__).resolve().parents[1]
 import tpu_nb  # noqa: E402
 
 tpu_nb.setup("cpu")
+
+
+def wait_until(condition, *, timeout: float = 60.0, what: str = "the condition"):
+    """Poll `condition()` until it is true and return its value; fail after `timeout` seconds.
+
+    Tests wait for the event they check, never for a fixed time: a sleep long enough on an idle
+    machine is too short on a loaded one, and a long one slows every run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.02)
+
+
+def execute_when_ready(kc, code: str, *, timeout: float = 120.0) -> dict:
+    """Run `code` in a kernel (jupyter_client) and return the reply's content, resending it
+    while the kernel answers "aborted": ipykernel aborts the requests that arrive while it
+    handles an interrupt or an error, as a frontend cancels the queued cells."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = kc.execute_interactive(code, timeout=timeout)["content"]
+        if reply["status"] != "aborted" or time.monotonic() > deadline:
+            return reply
+        time.sleep(0.05)
 
 
 def run_python(

@@ -23,7 +23,14 @@ from IPython.core.error import UsageError
 import tpu_nb
 from tpu_nb.display.dashboard import Dashboard
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import (
+    EnvironmentProblem,
+    RuntimeStateError,
+    TpuNbError,
+    TpuNbUsageError,
+)
+from tpu_nb.runtime.live import LiveMonitor
+from tpu_nb.runtime.tracking import profile
 
 
 def _step():
@@ -33,6 +40,13 @@ def _step():
 def _on_tpu(**options):
     with tpu_nb.on_tpu(**options):
         raise AssertionError("the block must not run")
+
+
+def _stopped_dashboard_started_again():
+    dash = Dashboard(refresh=0.1)
+    dash.start()
+    dash.stop()
+    dash.start()
 
 
 NO_SUCH_USER = "~nonexistentuser_tpu_nb"
@@ -50,10 +64,10 @@ LIBRARY = [
     ),
     (
         lambda: tpu_nb.max_graphs(10**30),
-        "max_graphs needs a whole number from 1 to 10,000; got 1000000000000000000000000000000",
+        "max_graphs must be a whole number from 1 to 10,000; got 1000000000000000000000000000000",
     ),
-    (lambda: _on_tpu(max_graphs=2**63), "max_graphs needs a whole number from 1 to 10,000"),
-    (lambda: tpu_nb.launch(_step, timeout=0), "timeout must be a number of seconds"),
+    (lambda: _on_tpu(max_graphs=2**63), "max_graphs must be a whole number from 1 to 10,000"),
+    (lambda: tpu_nb.launch(_step, timeout=0), "timeout must be None or a number of seconds"),
     (lambda: tpu_nb.launch(_step, timeout=math.nan), "got nan"),
     (lambda: tpu_nb.launch(_step, timeout="60"), "got '60'"),
     (lambda: tpu_nb.setup(device=None), "device must be one of 'auto', 'tpu', 'cpu'; got None"),
@@ -85,8 +99,8 @@ LIBRARY = [
     (lambda: tpu_nb.time_device(_step, number=10**12), "got 1000000000000"),
     (lambda: tpu_nb.time_device(_step, repeat=0), "repeat must be a whole number from 1"),
     (lambda: tpu_nb.device(index=99), "there is no XLA device 99: this process has 1"),
-    (lambda: tpu_nb.device(index=-1), "index must be a whole number of at least 0"),
-    (lambda: tpu_nb.device(index="0"), "index must be a whole number of at least 0"),
+    (lambda: tpu_nb.device(index=-1), "index must be None or a whole number of at least 0"),
+    (lambda: tpu_nb.device(index="0"), "index must be None or a whole number of at least 0"),
     (
         lambda: tpu_nb.launch(lambda spmd: 1, mode="spmd", devices=100000000000),
         f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}",
@@ -108,19 +122,59 @@ LIBRARY = [
     ),
     (lambda: Dashboard(alert_graphs=1.5), "alert_graphs must be a whole number"),
     (lambda: tpu_nb.dashboard(refresh=math.nan), "refresh must be a number of seconds"),
+    (lambda: profile(steps=0), "steps must be None or a whole number of at least 1; got 0"),
+    (lambda: profile(steps=True), "steps must be None or a whole number"),
+    (lambda: LiveMonitor(alert_graphs=0), "alert_graphs must be a whole number of at least 1"),
+    (
+        lambda: tpu_nb.launch(_step, devices=0),
+        "devices must be 'all' or a whole number of at least 1; got 0. Fix: e.g. devices=4.",
+    ),
+    (
+        lambda: tpu_nb.launch(_step, hosts=0),
+        "hosts must be 'all' or a whole number of at least 1; got 0",
+    ),
+    (
+        lambda: tpu_nb.launch(_step, hosts=2, start_timeout=math.nan),
+        "start_timeout must be a number of seconds above 0 and at most 604800; got nan",
+    ),
+    (
+        lambda: tpu_nb.launch(_step, timeout=-1),
+        "timeout must be None or a number of seconds above 0 and at most 604800; got -1",
+    ),
 ]
 
 
 @pytest.mark.parametrize("call, words", LIBRARY, ids=[w[:40] for _, w in LIBRARY])
 def test_library_mistakes_are_one_line_with_a_fix_and_change_nothing(call, words):
     before = dict(os.environ)
-    with pytest.raises(TpuNbError) as info:
+    with pytest.raises(TpuNbUsageError) as info:  # each is the call's mistake, not the machine's
         call()
     message = str(info.value)
     assert words in message
     assert "Fix:" in message and "\n" not in message
     assert dict(os.environ) == before
     assert os.environ.get("XLA_USE_SPMD") is None
+
+
+# What the machine or the install cannot do, and what this process's state forbids now: the
+# other two kinds, each still a TpuNbError with one line and its Fix.
+OTHER_KINDS = [
+    (lambda: tpu_nb.setup("gpu"), EnvironmentProblem, "XLA:GPU was removed from torch_xla 2.9"),
+    (lambda: tpu_nb.setup("tpu"), EnvironmentProblem, "this machine has no TPU"),
+    (_stopped_dashboard_started_again, RuntimeStateError, "has already run and stopped"),
+    (lambda: Dashboard().refresh_now(), RuntimeStateError, "the dashboard is not running"),
+]
+
+
+@pytest.mark.parametrize("call, kind, words", OTHER_KINDS, ids=[w for _, _, w in OTHER_KINDS])
+def test_environment_and_state_problems_say_their_kind(call, kind, words):
+    if kind is EnvironmentProblem and os.environ.get("TPU_ACCELERATOR_TYPE"):
+        pytest.skip("this machine has a TPU: setup('tpu') would succeed")
+    with pytest.raises(kind) as info:
+        call()
+    assert not isinstance(info.value, TpuNbUsageError)
+    assert words in str(info.value)
+    assert "Fix:" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_cache_dir_that_is_a_file_or_inside_one(tmp_path):
@@ -141,10 +195,10 @@ MAGICS = [
     (
         "tpu_setup",
         "--devices 100000000000",
-        f"%tpu_setup: argument --devices: needs a whole number from 1 to {MAX_CPU_DEVICES}; got "
+        f"%tpu_setup: --devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got "
         f"'100000000000'. Fix: e.g. --devices 4",
     ),
-    ("tpu_setup", "--devices 0", "needs a whole number from 1"),
+    ("tpu_setup", "--devices 0", "--devices must be a whole number from 1"),
     (
         "tpu_setup",
         "--cache '/tmp/no end",
@@ -168,21 +222,21 @@ MAGICS = [
     (
         "tpu_dashboard",
         "--refresh nan",
-        "%tpu_dashboard: argument --refresh: needs a number of "
+        "%tpu_dashboard: --refresh must be a number of "
         "seconds from 0.1 to 3600; got 'nan'. Fix: e.g. "
         "--refresh 0.5",
     ),
     ("tpu_dashboard", "--refresh inf", "got 'inf'"),
     ("tpu_dashboard", "--refresh 1e400", "got '1e400'"),
-    ("tpu_dashboard", "--chart-refresh nan", "argument --chart-refresh: needs a number"),
+    ("tpu_dashboard", "--chart-refresh nan", "--chart-refresh must be a number"),
     (
         "tpu_dashboard",
         "--alert-graphs 99999999999999999999999",
-        "argument --alert-graphs: needs a whole number from 1 to 10,000",
+        "--alert-graphs must be a whole number from 1 to 10,000",
     ),
     ("tpu_dashboard", '--refresh "1', "No closing quotation"),
-    ("tpu_time", "-n 0 x", "argument -n: needs a whole number from 1 to 1,000,000; got '0'"),
-    ("tpu_time", "-r 1.5 x", "argument -r: needs a whole number from 1 to 1,000; got '1.5'"),
+    ("tpu_time", "-n 0 x", "%tpu_time: -n must be a whole number from 1 to 1,000,000; got '0'"),
+    ("tpu_time", "-r 1.5 x", "%tpu_time: -r must be a whole number from 1 to 1,000; got '1.5'"),
     ("tpu_time", "-n 'x", "%tpu_time: cannot split"),
     (
         "xla_graph",
@@ -195,7 +249,7 @@ MAGICS = [
         "__import__('numpy').eye(3)",
         "is of type ndarray (array([[1., 0., 0.], [0., 1., 0.], [0., ), not an XLA tensor",
     ),
-    ("xla_graph", "--budget 99999999999999999999999 x", "argument --budget: needs a whole"),
+    ("xla_graph", "--budget 99999999999999999999999 x", "--budget must be a whole"),
     ("xla_graph", "'x", "%xla_graph: cannot split"),
     ("xla_metrics", '--cells "', "%xla_metrics: cannot split"),
     (
@@ -230,16 +284,19 @@ def test_magic_mistakes_are_one_line_with_a_fix_and_change_nothing(shell, magic,
     [
         (
             "--max-graphs 99999999999999999999999",
-            "%on_tpu: argument --max-graphs: needs a whole number from 1 to 10,000",
+            "%on_tpu: --max-graphs must be a whole number from 1 to 10,000",
         ),
-        ("--max-graphs 0", "needs a whole number from 1"),
+        ("--max-graphs 0", "--max-graphs must be a whole number from 1"),
         ("--spmd 'x", "%on_tpu: cannot split"),
         ("--spmd abc", "--spmd: mesh 'abc' is not a shape like 4 or 2x2"),
         ("--spmd 300x300", "of at most 256 devices"),
         ("--replicas 2 --spmd", "choose one of --replicas and --spmd. Fix: --replicas for a "),
         ("--timeout 5", "--timeout bounds a --replicas run. Fix: add --replicas"),
-        ("--replicas 2 --timeout 0", "argument --timeout: needs a number of seconds from 1"),
-        ("--replicas 0", "--replicas takes 'all' or a whole number of devices of at least 1"),
+        ("--replicas 2 --timeout 0", "%on_tpu: --timeout must be a number of seconds from 1"),
+        (
+            "--replicas 0",
+            "%on_tpu: --replicas must be 'all' or a whole number of at least 1; got '0'",
+        ),
         ("--replicas -1", "got '-1'"),
         ("--replicas abc", "got 'abc'"),
         ("--replicas 4.5", "got '4.5'"),

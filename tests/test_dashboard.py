@@ -12,15 +12,16 @@ import pytest
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
-from conftest import line_of
+from conftest import line_of, wait_until
 
 import tpu_nb
 from tpu_nb.display import dashboard as D
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.live import LiveMonitor
-from tpu_nb.runtime.live._monitor import StepClock, percentile
+from tpu_nb.runtime.live._monitor import StepClock
 from tpu_nb.runtime.metrics import CompileEvent, Frame, describe_difference
 from tpu_nb.runtime.sources import place_text
+from tpu_nb.runtime.units import percentile
 
 
 def _mlp_step(width=48):
@@ -335,8 +336,9 @@ def test_dashboard_polls_in_a_thread_joined_on_exit_and_prints_nothing(capfd):
     with tpu_nb.Dashboard(widgets=False, refresh=0.2) as dash:
         assert dash.running and dash.status == "running"
         assert any(t.name == "tpu_nb-dashboard" for t in threading.enumerate())
-        start = time.perf_counter()
-        while time.perf_counter() - start < 1.5:
+        deadline = time.monotonic() + 60
+        while dash.stats.refreshes < 3:  # steps until the thread has updated three times
+            assert time.monotonic() < deadline, "no three refreshes in 60 s"
             step()
     assert set(threading.enumerate()) == threads and not dash.running
     assert dash.status == "finished" and dash.error is None
@@ -376,8 +378,9 @@ def test_a_failing_poll_stops_updates_and_is_reported_not_printed(capfd):
         raise RuntimeError("counter read failed")
 
     dash._monitor.poll = broken
-    time.sleep(0.4)
-    assert dash._thread is not None and not dash._thread.is_alive()  # the thread ended
+    thread = dash._thread
+    assert thread is not None
+    wait_until(lambda: not thread.is_alive(), what="the polling thread to end")
     dash._monitor.poll = real
     dash.stop()
     assert isinstance(dash.error, RuntimeError)

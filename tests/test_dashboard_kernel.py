@@ -15,6 +15,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import execute_when_ready
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
@@ -115,7 +116,6 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
         "    step()\n",
     )
     assert reply["status"] == "ok", reply
-    kinds = [m["msg_type"] for _, m in messages]
     # The live view: a widget view (empty text, an HTML placeholder), replaced in place at
     # the end by the final view (a saved notebook needs no widget state, and the view
     # stays above the cell's prints).
@@ -159,11 +159,15 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
     html = final[0]["text/html"]
     assert "tpunb-steps" in html and "data:image/png;base64," in html
     assert "does not report memory (XLA:CPU)" in html
-    assert (
-        kinds.index("update_display_data") < kinds.index("execute_reply")
-        if "execute_reply" in kinds
-        else True
-    )
+    # The live view reaches its final state before %%on_tpu's report is shown, and nothing
+    # but the report follows it.
+    shown = [
+        (m["msg_type"], m["content"]["data"].get("text/plain", ""))
+        for _, m in messages
+        if m["msg_type"] in ("display_data", "update_display_data")
+    ]
+    final_at = shown.index(("update_display_data", text))
+    assert [t.split(" ")[0] for _, t in shown[final_at + 1 :]] == ["XLA:"], shown
     # Every widget comm opened for the dashboard was closed with the cell.
     opened = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_open"}
     closed = {m["content"]["comm_id"] for _, m in messages if m["msg_type"] == "comm_close"}
@@ -187,30 +191,32 @@ def test_a_hundred_live_cells_leave_no_threads_and_no_comms(kernel):
     assert opened >= 100 * 10 and closed == opened
 
 
-def test_interrupting_a_live_cell_stops_it_within_a_second_with_the_final_state(kernel):
+def test_interrupting_a_live_cell_stops_it_with_the_final_state(kernel):
+    # How fast it stops is measured by benchmarks/bench_interrupts.py, not asserted here.
     km, kc = kernel
     baseline = counts(kc)
-    msg_id = kc.execute("%%on_tpu --live\nfor i in range(10**7):\n    step()\n")
-    time.sleep(5)
-    start = time.perf_counter()
-    km.interrupt_kernel()
-    final = None
+    msg_id = kc.execute(
+        "%%on_tpu --live\nfor i in range(10**7):\n    step()\n"
+        "    if i == 20:\n        print('looping', flush=True)\n"
+    )
+    final = interrupted = None
     while True:
-        msg = kc.get_iopub_msg(timeout=30)
+        msg = kc.get_iopub_msg(timeout=60)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
+        if msg["msg_type"] == "stream" and "looping" in msg["content"]["text"]:
+            km.interrupt_kernel()  # well into the loop, with the live view running
         if msg["msg_type"] in ("display_data", "update_display_data") and msg["content"][
             "data"
         ].get("text/plain", "").startswith("XLA dashboard"):
             final = msg["content"]["data"]["text/plain"]
         if msg["msg_type"] == "error":
-            stopped = time.perf_counter() - start
-            assert msg["content"]["ename"] == "KeyboardInterrupt"
+            interrupted = msg["content"]["ename"]
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    assert stopped < 1.0, stopped
+    assert interrupted == "KeyboardInterrupt"
     assert final is not None and final.startswith("XLA dashboard (interrupted): ")
-    time.sleep(1)  # ipykernel aborts requests that arrive while it handles it
+    assert execute_when_ready(kc, "pass")["status"] == "ok"
     assert counts(kc) == baseline
 
 

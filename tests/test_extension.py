@@ -4,6 +4,7 @@ Marked `stack`: runs on the current IPython and again on Colab's (IPython 7.34).
 """
 
 import os
+import re
 
 import pytest
 import torch
@@ -185,7 +186,7 @@ def test_max_graphs_counts_the_first_step(shell, capsys):
         ("--device tpu", "no TPU"),
         ("--devices 0", "from 1 to 256"),
         ("--nope", "unrecognized arguments"),
-        ("--devices two", "needs a whole number"),
+        ("--devices two", "--devices must be a whole number"),
     ],
 )
 def test_tpu_setup_mistakes_are_one_line_and_change_nothing(shell, line, words):
@@ -224,6 +225,9 @@ def test_xla_line_after_plain_cells_and_config_switch(shell, capsys):
     run(shell, "w2 = (torch.ones(5, device=torch_xla.device()) * 3).sum().item()")
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("XLA: ")]
     assert len(line) == 1 and "1 host reads" in line[0]
+    # Times in the one format (format_seconds): never "0.000s", which reads as free.
+    executed = re.search(r"1 executed \((\S+) (s|ms|µs)\)", line[0])
+    assert executed and executed.group(1) != "0", line[0]
     shell.run_line_magic("config", "TpuNb.show_xla_line = False")
     run(shell, "w3 = (torch.ones(6, device=torch_xla.device()) * 3).sum().item()")
     assert "XLA: " not in capsys.readouterr().out

@@ -1,13 +1,12 @@
-"""The graph picture: well-formed SVG with tooltips, escaped user strings, HTML panels, plot."""
+"""The graph picture: well-formed SVG with tooltips, escaped user strings, HTML panels."""
 
-import io
 import xml.etree.ElementTree as ET
 
 import torch
 import torch_xla
 
 import tpu_nb
-from tpu_nb.display.graph_view import GraphView, plot, render_diff_html, render_html, render_svg
+from tpu_nb.display.graph_view import GraphView, render_diff_html, render_html, render_svg
 from tpu_nb.runtime.graph import graph, record_locations
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -105,18 +104,6 @@ def test_diff_view_outlines_the_changed_nodes():
     assert "Difference from the earlier graph" in page and "f32[2,3] -&gt; f32[5,3]" in page
     svg = render_svg(after, diff=d)
     assert svg.count('stroke-dasharray="5 2"') == len(d.changed_ids)
-
-
-def test_plot_returns_a_matplotlib_figure_that_saves():
-    from matplotlib.figure import Figure
-
-    fig = plot(_small_graph())
-    assert isinstance(fig, Figure)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    assert buf.getvalue()[:4] == b"\x89PNG"
-    texts = {t.get_text() for t in fig.axes[0].texts}
-    assert "softmax" in texts and "f32[2,3]" in texts
 
 
 def test_source_names_rename_cell_files_in_labels_and_tooltips():

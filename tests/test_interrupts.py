@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import execute_when_ready, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,31 +137,33 @@ def test_interrupt_during_a_long_compile_is_acknowledged_in_the_cell_at_once():
             msg = kc.get_iopub_msg(timeout=120)
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 outputs.append(msg["content"]["text"])
-        time.sleep(1)
-        start = time.perf_counter()
+        time.sleep(1)  # into the compile: Python runs no more of the cell until it returns
         km.interrupt_kernel()
-        said = ended = None
-        while ended is None:
+        # The notice is printed only when Python has not handled the interrupt within the
+        # grace period (native code runs), so its coming before the KeyboardInterrupt is the
+        # event that proves "at once, while the compile still ran". How many seconds it takes
+        # is measured by benchmarks/bench_interrupts.py, not asserted.
+        events = []
+        while not events or events[-1] != "idle":
             msg = kc.get_iopub_msg(timeout=240)
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            now = time.perf_counter() - start
             if msg["msg_type"] == "stream":
                 outputs.append(msg["content"]["text"])
-                if "interrupt received" in msg["content"]["text"] and said is None:
-                    said = now
+                if "interrupt received" in msg["content"]["text"]:
+                    events.append("notice")
             elif msg["msg_type"] == "error":
                 outputs.append(msg["content"]["ename"])
+                events.append("error")
             elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                ended = now
+                events.append("idle")
         text = "".join(o for o in outputs if o not in ("KeyboardInterrupt", "compiling\n"))
         assert (
             "interrupt received: torch_xla finishes the current compile or execution "
             "first (it cannot be cut short); the cell stops right after\n"
         ) in text
         assert "KeyboardInterrupt" in outputs and "not interrupted" not in text
-        assert said is not None and said < 2.0, (said, ended)  # told within ~0.3 s
-        assert ended > said + 1.0, (said, ended)  # while the compile still ran
+        assert events == ["notice", "error", "idle"], events
         assert text.count("interrupt received") == 1
         follow = kc.execute_interactive(
             "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())", timeout=120
@@ -180,7 +183,11 @@ def test_an_interrupt_python_handles_at_once_gets_no_message(shell, capsys):
         "for _ in range(100):\n    time.sleep(0.05)"
     )
     timer.join()
-    time.sleep(0.5)  # past the watcher's grace period
+    # The watcher's thread has ended (after its grace period): it can say nothing more.
+    wait_until(
+        lambda: not any(t.name == "tpu_nb-interrupt-notice" for t in threading.enumerate()),
+        what="the interrupt watcher's thread to end",
+    )
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
     assert type(shell.user_ns["armed"].__self__).__name__ == "_Watch"  # it was watching
     assert "interrupt received" not in capsys.readouterr().out
@@ -250,8 +257,7 @@ def test_interrupt_in_the_first_live_cell_of_a_fresh_kernel_breaks_nothing(targe
         )
         assert setup["content"]["status"] == "ok"
         first = kc.execute_interactive(FIRST_LIVE, timeout=120)["content"]
-        time.sleep(1)  # ipykernel aborts requests that arrive while it handles an error
-        sent = kc.execute_interactive("assert hook.sent", timeout=30)["content"]
+        sent = execute_when_ready(kc, "assert hook.sent", timeout=30)
         assert sent["status"] == "ok"  # the interrupt was delivered in the first --live cell
         assert first["status"] == "ok" or first["ename"] == "KeyboardInterrupt", first
         for cell in (NEXT_LIVE, NEXT_LIVE, MPL_WORKS):

@@ -4,12 +4,12 @@ Marked `stack`: runs on the current stack and on Colab's (ipykernel 6.17, IPytho
 """
 
 import os
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import execute_when_ready
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
@@ -104,7 +104,10 @@ def test_next_cell_runs_normally_after_a_failure_and_outputs_are_clean():
         assert not [t for k, t in _texts(cell) if k == "stderr"], _texts(cell)
 
 
-def test_interrupt_stops_a_long_cell_within_a_second_and_next_cell_runs():
+def test_interrupt_stops_a_long_cell_and_next_cell_runs():
+    # How fast the interrupt lands is measured by benchmarks/bench_interrupts.py (a timed
+    # assert would flake on a loaded machine); here, that it lands mid-loop and the kernel
+    # goes on.
     with kernel_environment():
         km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
     try:
@@ -114,25 +117,25 @@ def test_interrupt_stops_a_long_cell_within_a_second_and_next_cell_runs():
         msg_id = kc.execute(
             "%%on_tpu\nw = torch.randn(64, 64)\nfor i in range(10**7):\n"
             "    w = (w @ w).tanh()\n    torch_xla.sync()\n"
+            "    if i == 20:\n        print('looping', flush=True)\n"
         )
-        time.sleep(8)  # well into the loop
-        start = time.perf_counter()
+        while True:  # well into the loop: its 21st step has run
+            msg = kc.get_iopub_msg(timeout=120)
+            if msg["parent_header"].get("msg_id") == msg_id and "looping" in msg["content"].get(
+                "text", ""
+            ):
+                break
         km.interrupt_kernel()
         while True:
-            reply = kc.get_shell_msg(timeout=30)
+            reply = kc.get_shell_msg(timeout=60)
             if reply["parent_header"].get("msg_id") == msg_id:
                 break
-        stopped = time.perf_counter() - start
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-        assert stopped < 1.0, stopped
-        # ipykernel aborts requests that arrive while it handles the interrupt (as a frontend
-        # cancels queued cells); the user's next cell comes after.
-        time.sleep(1)
-        follow = kc.execute_interactive(
-            "print((torch.ones(3, device=torch_xla.device()) * 3).sum().item())", timeout=60
+        follow = execute_when_ready(
+            kc, "print((torch.ones(3, device=torch_xla.device()) * 3).sum().item())", timeout=60
         )
-        assert follow["content"]["status"] == "ok"
+        assert follow["status"] == "ok"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

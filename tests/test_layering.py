@@ -306,3 +306,61 @@ def test_the_torch_xla_check_sees_each_way_to_reach_it():
         "sys.modules.get('torch_xla.debug')",
         "'torch_xla' in sys.modules",
     ]
+
+
+# Reached into from above the runtime, for now, with the reason. The list only shrinks.
+LAYER_EXCEPTIONS = {
+    ("tpu_nb.display.anatomy_view", "tpu_nb.runtime.tracking._anatomy"): (
+        "the anatomy panel reads the run's live collector; it goes when the dashboard reads "
+        "only what the live monitor publishes"
+    ),
+}
+
+
+def _private_module_imports(name: str, path: Path) -> set[str]:
+    """The runtime modules `name` names that are private to their package: `from
+    tpu_nb.runtime.pkg._mod import x`, `from tpu_nb.runtime.pkg import _mod`, `import ...`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            if parts[:2] != ["tpu_nb", "runtime"]:
+                continue
+            private = [i for i, part in enumerate(parts) if i > 2 and part.startswith("_")]
+            if private:  # tpu_nb.runtime.pkg._mod(.name): the module is what counts
+                found.add(".".join(parts[: private[0] + 1]))
+    return found
+
+
+def test_display_and_extension_use_runtime_packages_through_their_init():
+    """Above the runtime, a runtime package is what its `__init__` names: its modules are
+    private. (Inside the runtime, packages import each other's modules in the stack order:
+    see CONTRIBUTING.)"""
+    reached = {
+        (name, target)
+        for name, path in _modules().items()
+        if name.startswith(("tpu_nb.display", "tpu_nb.ipython"))
+        for target in _private_module_imports(name, path)
+    }
+    assert reached - set(LAYER_EXCEPTIONS) == set()
+
+
+def test_the_private_module_check_sees_each_import_form(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from tpu_nb.runtime.tracking._anatomy import current\n"
+        "from tpu_nb.runtime.environment import _legacy\n"
+        "import tpu_nb.runtime.metrics._counters\n"
+        "from tpu_nb.runtime.environment import detect\n"
+    )
+    assert _private_module_imports("m", module) == {
+        "tpu_nb.runtime.tracking._anatomy",
+        "tpu_nb.runtime.environment._legacy",
+        "tpu_nb.runtime.metrics._counters",
+    }

@@ -13,7 +13,7 @@ from html import escape
 import pytest
 import torch
 import torch_xla
-from conftest import line_of
+from conftest import line_of, wait_until
 
 import tpu_nb
 from tpu_nb.runtime.tracking import Anatomy
@@ -234,7 +234,7 @@ def test_the_sampler_thread_lives_only_while_the_run_does():
     assert not _samplers()
     with tpu_nb.track() as report:
         sampler = report.anatomy.sampler
-        time.sleep(0.05)
+        wait_until(lambda: sampler.samples >= 5, what="five samples")  # not a fixed sleep
         assert sampler.alive and len(_samplers()) == 1
     assert not _samplers() and not sampler.alive
     assert sampler.samples >= 5 and sampler.rate > 0

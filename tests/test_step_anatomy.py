@@ -435,7 +435,7 @@ def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
     err = capsys.readouterr()
     text = err.out + err.err
     assert (
-        "--profile: needs a whole number from 1 to 1,000; got '0'. Fix: e.g. --profile 3" in text
+        "--profile must be a whole number from 1 to 1,000; got '0'. Fix: e.g. --profile 3" in text
     ), text
     assert "Traceback" not in text  # one line; the cell fails (a UsageError)
     assert type(result.error_in_exec).__name__ == "UsageError"

@@ -18,17 +18,128 @@ kind (tpu_nb.runtime.errors).
 
 from typing import TYPE_CHECKING
 
-from tpu_nb import runtime
 from tpu_nb._version import __version__
-from tpu_nb.runtime import *  # noqa: F403  (the library's public names: runtime.__all__)
+from tpu_nb.runtime import (  # noqa: F401  (the graph's parts: attributes, not in __all__)
+    Accelerator,
+    Anatomy,
+    CollectiveRefused,
+    CompileEvent,
+    DeviceTiming,
+    Divergence,
+    Edge,
+    Environment,
+    EnvironmentProblem,
+    Frame,
+    Graph,
+    GraphDiff,
+    Group,
+    GroupEdge,
+    GroupedGraph,
+    HostError,
+    HostLost,
+    HostResult,
+    LaunchResult,
+    LineFinding,
+    LiveState,
+    MetricsDelta,
+    MetricsSnapshot,
+    Node,
+    NodeChange,
+    PodResult,
+    Problem,
+    RecompilationError,
+    ReplicaCrash,
+    ReplicaError,
+    ReplicaResult,
+    RunReport,
+    RuntimeStateError,
+    StepRecord,
+    TpuNbError,
+    TpuNbUsageError,
+    Verdict,
+    default_device,
+    detect,
+    device,
+    graph,
+    last_report,
+    launch,
+    max_graphs,
+    on_tpu,
+    pending_graph,
+    reset_metrics,
+    setup,
+    snapshot,
+    sync,
+    time_device,
+    track,
+)
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use (_LAZY)
     from tpu_nb.display.dashboard import Dashboard, dashboard
     from tpu_nb.display.graph_view import GraphView
 
-# One list: the library's names plus the display layer's and the version.
-__all__ = ["Dashboard", "GraphView", "__version__", "dashboard"]
-__all__ += runtime.__all__
+# What a user reaches for, by task. The graph's parts (Node, Edge, NodeChange, Group,
+# GroupEdge, GroupedGraph) are what a Graph is made of, not things to start from: they stay in
+# tpu_nb.runtime.__all__ (and tpu_nb.runtime.graph), and are still attributes here.
+__all__ = [
+    # Set up: what is installed, the device
+    "detect",
+    "setup",
+    "device",
+    "default_device",
+    "sync",
+    "Environment",
+    "Accelerator",
+    "Problem",
+    # Track a run: what compiled and why, from which line; what ran; what it cost
+    "track",
+    "on_tpu",
+    "last_report",
+    "max_graphs",
+    "RunReport",
+    "CompileEvent",
+    "Frame",
+    "LineFinding",
+    "Anatomy",
+    "StepRecord",
+    "Verdict",
+    # Measure: the runtime's counters, a function's device time
+    "snapshot",
+    "reset_metrics",
+    "time_device",
+    "MetricsSnapshot",
+    "MetricsDelta",
+    "DeviceTiming",
+    # See the lazy graph
+    "graph",
+    "pending_graph",
+    "Graph",
+    "GraphDiff",
+    "GraphView",
+    # Watch a run live
+    "dashboard",
+    "Dashboard",
+    "LiveState",
+    # Run on several devices, or on the hosts of a pod slice
+    "launch",
+    "LaunchResult",
+    "ReplicaResult",
+    "PodResult",
+    "HostResult",
+    "Divergence",
+    # Errors: one family (TpuNbError), its three kinds, and what a run itself can raise
+    "TpuNbError",
+    "TpuNbUsageError",
+    "EnvironmentProblem",
+    "RuntimeStateError",
+    "RecompilationError",
+    "ReplicaError",
+    "ReplicaCrash",
+    "CollectiveRefused",
+    "HostError",
+    "HostLost",
+    "__version__",
+]
 
 # The display layer's names, imported on first use: `import tpu_nb` stays free of ipywidgets
 # and matplotlib.

@@ -58,7 +58,7 @@ from tpu_nb.display.dashboard_html import (
 )
 from tpu_nb.display.live_charts import CHART_SIZES, CompileSvg, StepTimeSvg, wrap
 from tpu_nb.display.style import STYLE
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import RuntimeStateError, check_seconds, check_whole_number
 from tpu_nb.runtime.live import LiveMonitor, LiveState
 
 if TYPE_CHECKING:
@@ -155,17 +155,9 @@ MAX_ALERT_GRAPHS = 10_000
 def _check_seconds(name: str, value, minimum: float) -> float:
     # NaN compares false with everything: it would pass a plain `value < minimum` and make the
     # polling thread spin without waiting.
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not minimum <= value <= MAX_REFRESH_SECONDS
-    ):
-        raise TpuNbError(
-            f"{name} must be a number of seconds from {minimum:g} to "
-            f"{MAX_REFRESH_SECONDS:g}; got {value!r}. Fix: e.g. "
-            f"{name}={max(minimum, 0.5):g}."
-        )
-    return float(value)
+    return check_seconds(
+        value, name, low=minimum, high=MAX_REFRESH_SECONDS, fix=f"e.g. {name}={max(minimum, 0.5):g}"
+    )
 
 
 def _ipython():
@@ -206,16 +198,9 @@ class Dashboard:
         if chart_refresh is None:
             chart_refresh = max(1.0, self.refresh)
         self.chart_refresh = _check_seconds("chart_refresh", chart_refresh, self.refresh)
-        if (
-            isinstance(alert_graphs, bool)
-            or not isinstance(alert_graphs, int)
-            or not 1 <= alert_graphs <= MAX_ALERT_GRAPHS
-        ):
-            raise TpuNbError(
-                f"alert_graphs must be a whole number from 1 to "
-                f"{MAX_ALERT_GRAPHS:,}; got {alert_graphs!r}. Fix: e.g. "
-                f"alert_graphs=3."
-            )
+        check_whole_number(
+            alert_graphs, "alert_graphs", high=MAX_ALERT_GRAPHS, fix="e.g. alert_graphs=3"
+        )
         self.alert_graphs = alert_graphs
         self.charts = bool(charts)
         self.title = str(title)
@@ -256,7 +241,7 @@ class Dashboard:
         if self.running:
             return self
         if self.status != "ready":
-            raise TpuNbError(
+            raise RuntimeStateError(
                 "this dashboard has already run and stopped. Fix: make a new "
                 "one: tpu_nb.dashboard() (or %%on_tpu --live)."
             )
@@ -398,7 +383,7 @@ class Dashboard:
         """Poll and update the view once, now (the polling thread does this every
         `refresh` seconds)."""
         if not self.running:
-            raise TpuNbError(
+            raise RuntimeStateError(
                 f"the dashboard is not running ({self.status}). Fix: "
                 "dash.start() first, or use `with tpu_nb.dashboard(): ...`."
             )

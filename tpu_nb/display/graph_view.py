@@ -1,4 +1,4 @@
-"""Pictures of a lazy XLA graph: self-contained SVG in HTML, and a matplotlib figure.
+"""Pictures of a lazy XLA graph: self-contained SVG in HTML.
 
 The HTML needs no JavaScript and no server, so it renders the same in Colab, JupyterLab,
 nbviewer and an exported notebook: an inline SVG (hover a box or an edge: its `<title>` is the
@@ -9,7 +9,6 @@ scopes) is escaped before it reaches SVG or HTML.
 
     view = GraphView(tpu_nb.graph(loss))      # a notebook shows it; repr() stays plain text
     html = render_html(graph)                 # the same as a string
-    fig = plot(graph)                         # matplotlib Figure, for papers and slides
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import pairwise
 
 from tpu_nb.display import style
 from tpu_nb.display.graph_layout import Layout, layered_layout
@@ -692,102 +690,3 @@ class GraphView:
     def __repr__(self) -> str:
         g = self.graph
         return f"<GraphView: {len(g.nodes)} nodes, {len(g.edges)} edges, {len(g.roots)} outputs>"
-
-
-# -- matplotlib ----------------------------------------------------------------------------
-
-
-def plot(
-    graph: Graph,
-    *,
-    by: str = "auto",
-    budget: int = NODE_BUDGET,
-    expand: Iterable[str] = (),
-    diff: GraphDiff | None = None,
-    scale: float = 0.01,
-    max_inches: float = 60.0,
-    source_names: SourceNames | None = None,
-):
-    """The same picture as a matplotlib Figure (boxes, edges, shapes; no tooltips), for
-    papers and slides: `plot(g).savefig("graph.pdf")`. `scale` is inches per pixel."""
-    from tpu_nb.display.mpl_import import import_mpl
-
-    Figure = import_mpl("matplotlib.figure").Figure
-    patches = import_mpl("matplotlib.patches")
-    FancyBboxPatch, PathPatch = patches.FancyBboxPatch, patches.PathPatch
-    Path = import_mpl("matplotlib.path").Path
-
-    scene = _scene(graph, by, budget, expand, _changed(diff), source_names)
-    lay = scene.layout
-    width = min(max(lay.width * scale, 3.0), max_inches)
-    height = min(max(lay.height * scale, 2.0), max_inches)
-    fig = Figure(figsize=(width, height))
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, lay.width)
-    ax.set_ylim(lay.height, 0)
-    ax.axis("off")
-    points = min(width / max(lay.width, 1), height / max(lay.height, 1)) * 72
-    for k, edge in enumerate(scene.grouped.edges):
-        route = lay.routes[k]
-        if route:
-            ax.add_patch(
-                PathPatch(Path(*_mpl_path(route)), fill=False, lw=0.6, edgecolor="#64748b")
-            )
-            label = ", ".join(edge.shapes)
-            ax.text(
-                route[0][0] + 4,
-                route[0][1] + 11,
-                label,
-                fontsize=_SMALL * points,
-                color="#475569",
-                family="monospace",
-                clip_on=True,
-            )
-    for i, box in enumerate(scene.boxes):
-        fill, stroke = COLOURS.get(box.kind, COLOURS["compute"])
-        if box.changed:
-            stroke = CHANGED
-        ax.add_patch(
-            FancyBboxPatch(
-                (lay.x[i] - box.width / 2, lay.y[i] - _BOX_H / 2),
-                box.width,
-                _BOX_H,
-                boxstyle="round,pad=0,rounding_size=4",
-                facecolor=fill,
-                edgecolor=stroke,
-                lw=2.0 if box.output or box.changed else 0.8,
-            )
-        )
-        ax.text(
-            lay.x[i],
-            lay.y[i] - 4,
-            box.line1,
-            ha="center",
-            va="center",
-            fontsize=_FONT * points,
-            family="monospace",
-        )
-        ax.text(
-            lay.x[i],
-            lay.y[i] + 9,
-            box.line2,
-            ha="center",
-            va="center",
-            fontsize=_SMALL * points,
-            family="monospace",
-            color="#475569",
-        )
-    return fig
-
-
-def _mpl_path(route: list[tuple[float, float]]) -> tuple[list, list]:
-    from tpu_nb.display.mpl_import import import_mpl
-
-    Path = import_mpl("matplotlib.path").Path
-
-    verts, codes = [route[0]], [Path.MOVETO]
-    for (x, y), (nx, ny) in pairwise(route):
-        mid = (y + ny) / 2
-        verts += [(x, mid), (nx, mid), (nx, ny)]
-        codes += [Path.CURVE4] * 3
-    return verts, codes

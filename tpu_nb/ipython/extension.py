@@ -208,9 +208,9 @@ def load_ipython_extension(shell) -> None:
 
     state.namer = magics._cell_name  # findings name cells "In [n]", not temp files
     add_file_namer(state.namer)
-    from tpu_nb.runtime.environment import _legacy as legacy
+    from tpu_nb.runtime.environment import install_legacy_names
 
-    legacy.install()  # old tutorials' names say their replacement
+    install_legacy_names()  # old tutorials' names say their replacement
     state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
     _register_formatters(shell, state)
 
@@ -233,9 +233,9 @@ def unload_ipython_extension(shell) -> None:
     from tpu_nb.runtime.sources import remove_file_namer
 
     remove_file_namer(state.namer)
-    from tpu_nb.runtime.environment import _legacy as legacy
+    from tpu_nb.runtime.environment import uninstall_legacy_names
 
-    legacy.uninstall()
+    uninstall_legacy_names()
     for fmt in ("text/html", "text/plain"):
         formatter = shell.display_formatter.formatters[fmt]
         for typ in state.formatter_types:

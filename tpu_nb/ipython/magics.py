@@ -6,12 +6,10 @@ User mistakes raise UsageError (one line, no traceback); `-h/--help` prints the 
 from __future__ import annotations
 
 import ast
-import math
 import os
 import re
 import shlex
 import sys
-from argparse import ArgumentTypeError
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from types import FrameType
@@ -31,7 +29,12 @@ from IPython.display import display
 from IPython.utils.process import arg_split
 
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import (
+    TpuNbError,
+    TpuNbUsageError,
+    check_seconds,
+    check_whole_number,
+)
 from tpu_nb.runtime.metrics import MAX_NUMBER, MAX_REPEAT
 
 if TYPE_CHECKING:
@@ -77,20 +80,13 @@ def _parse(magic, line: str, *, code: bool = False):
 
 
 def _whole(option: str, low: int, high: int, example: int):
-    """An argparse type: a whole number from low to high, else a one-line message with a Fix
+    """An argparse type: a whole number from low to high, else the library's one-line message
     (a huge number would otherwise reach torch_xla's C++ and fail there)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise ArgumentTypeError(
-                f"needs a whole number from {low} to {high:,}; got "
-                f"{text!r}. Fix: e.g. {option} {example}"
-            )
-        return value
+        return _option_number(
+            check_whole_number, text, option, low=low, high=high, fix=f"e.g. {option} {example}"
+        )
 
     return parse
 
@@ -99,45 +95,50 @@ def _seconds(option: str, low: float, high: float, example: float):
     """An argparse type: finite seconds from low to high (NaN and inf are refused)."""
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not low <= value <= high:  # false for NaN
-            raise ArgumentTypeError(
-                f"needs a number of seconds from {low:g} to {high:g}; "
-                f"got {text!r}. Fix: e.g. {option} {example:g}"
-            )
-        return value
+        return _option_number(
+            check_seconds, text, option, low=low, high=high, fix=f"e.g. {option} {example:g}"
+        )
 
     return parse
+
+
+def _option_number(check, text: str, option: str, *, magic: str = "", **bounds):
+    """An option's text checked by the library's validator; its message raised as UsageError,
+    which argparse lets through (it catches only its own kinds), so it reads as the library's."""
+    try:
+        value: int | float | str = int(text) if check is check_whole_number else float(text)
+    except ValueError:
+        value = text
+    try:
+        return check(value, option, shown=repr(text), **bounds)
+    except TpuNbUsageError as exc:
+        raise UsageError(f"{magic}: {exc}" if magic else str(exc)) from None
 
 
 def _whole_number(text: str) -> int:
     """--replicas' device count: a whole number of at least 1 (launch() checks the upper
     bound: the chips of a TPU host, or MAX_CPU_DEVICES)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(
-            f"%on_tpu: --replicas takes 'all' or a whole number of devices of at least 1; "
-            f"got {text!r}. Fix: e.g. --replicas 4, or --replicas alone for every device."
-        )
-    return value
+    return _option_number(
+        check_whole_number,
+        text,
+        "--replicas",
+        magic="%on_tpu",
+        alternative="'all'",
+        fix="e.g. --replicas 4, or --replicas alone for every device",
+    )
 
 
 def _host_count(text: str) -> int | str:
     if text == "all":
         return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"--hosts takes 'all' or a whole number of hosts; got {text!r}")
-    return value
+    return _option_number(
+        check_whole_number,
+        text,
+        "--hosts",
+        magic="%on_tpu",
+        alternative="'all'",
+        fix="e.g. --hosts all, or --hosts 2",
+    )
 
 
 def _check_hosts_options(args) -> None:

@@ -7,9 +7,14 @@ for all of them, or one of its three kinds:
     ├── TpuNbUsageError     the call itself is wrong: an argument, a value, an order of calls
     ├── EnvironmentProblem  this machine or install cannot do it: torch/torch_xla, the device
     └── RuntimeStateError   this process's state forbids it now: the XLA runtime already
-                            started, a run already in progress; often fixed by a restart
+                            started, a run already in progress or already stopped, launched
+                            replicas that did not finish; often fixed by a restart
 
-The three only classify: code that raises a plain `TpuNbError` (or catches one) keeps working.
+Every raise names its kind; the three only classify, so `except TpuNbError` catches them all.
+What the user's own code did wrong at run time has its own types under TpuNbError
+(RecompilationError, ReplicaError, ReplicaCrash, CollectiveRefused). Numbers the user passes
+(counts, seconds) are checked by `check_whole_number` and `check_seconds` below, the one
+validator behind every API argument and magic option.
 """
 
 
@@ -29,3 +34,66 @@ class EnvironmentProblem(TpuNbError):
 class RuntimeStateError(TpuNbError):
     """The process's current state forbids it: the XLA runtime has already started (settings
     are latched), or another run is in progress. Often fixed by restarting the kernel."""
+
+
+# -- the one validator for numbers ----------------------------------------------------------
+#
+# Every count and every duration a user passes (an API argument or a magic option) is checked
+# here, so the same mistake reads the same everywhere: "<name> must be a whole number from 1 to
+# 10,000; got 0. Fix: e.g. <name>=3." bool is refused (True is an int to Python, never meant as
+# a count), and NaN is refused by the comparisons (it compares false with every bound).
+
+
+def check_whole_number(
+    value,
+    name: str,
+    *,
+    low: int = 1,
+    high: int | None = None,
+    fix: str,
+    alternative: str | None = None,
+    shown: str | None = None,
+) -> int:
+    """`value` if it is a whole number from `low` to `high` (no upper bound when None), else a
+    TpuNbUsageError: "`name` must be [`alternative` or ]a whole number ...; got ... Fix: `fix`."
+    `shown` is what to quote as the value given (a magic's option text), by default its repr."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        span = f"from {low} to {high:,}" if high is not None else f"of at least {low}"
+        raise TpuNbUsageError(
+            f"{name} must be {_either(alternative)}a whole number {span}; "
+            f"got {shown if shown is not None else repr(value)}. Fix: {fix}."
+        )
+    return value
+
+
+def check_seconds(
+    value,
+    name: str,
+    *,
+    low: float,
+    high: float,
+    fix: str,
+    above_low: bool = False,
+    alternative: str | None = None,
+    shown: str | None = None,
+) -> float:
+    """`value` as float seconds if it is a finite number from `low` (or above it, when
+    `above_low`) to `high`, else a TpuNbUsageError worded as check_whole_number's."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    within = number and (low < value if above_low else low <= value) and value <= high
+    if not within:  # NaN fails both comparisons
+        span = f"above {low:g} and at most {high:g}" if above_low else f"from {low:g} to {high:g}"
+        raise TpuNbUsageError(
+            f"{name} must be {_either(alternative)}a number of seconds {span}; "
+            f"got {shown if shown is not None else repr(value)}. Fix: {fix}."
+        )
+    return float(value)
+
+
+def _either(alternative: str | None) -> str:
+    return f"{alternative} or " if alternative else ""

@@ -1,6 +1,10 @@
-"""How tpu_nb writes quantities: one format for times everywhere (reports, dashboard, graphs).
+"""How tpu_nb writes quantities: one format for times and one for places, everywhere (reports,
+dashboard, graphs, errors).
 
     format_seconds(0.000054) -> "54.0 µs";  0.4266 -> "427 ms";  1.1 -> "1.10 s"
+    format_place("In [3]", 7) -> "In [3], line 7";  format_place("train.py", 7) -> "train.py:7"
+
+and the one percentile the step figures (median, p90) are computed with.
 
 Three significant digits, the unit chosen so the number is between 1 and 1000 (seconds grow
 past that). tools/nbval-sanitize.cfg masks exactly this shape: a number, a space, the unit.
@@ -37,3 +41,19 @@ def _three_digits(value: float) -> str:
     if value >= 0.9995:
         return f"{value:.2f}"
     return f"{value:.3f}"
+
+
+def format_place(where: str, line: int) -> str:
+    """A line of a file named for people (`sources.short_path`): a notebook cell reads as
+    "In [3], line 7", as IPython's tracebacks say it; any other file as "train.py:7"."""
+    return f"{where}, line {line}" if where.startswith("In [") else f"{where}:{line}"
+
+
+def percentile(sorted_values, q: float) -> float:
+    """The q-quantile (0..1) of already sorted values, interpolated between neighbours."""
+    if not sorted_values:
+        raise ValueError("no values")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)

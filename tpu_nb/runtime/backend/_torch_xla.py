@@ -27,7 +27,7 @@ from tpu_nb.runtime.backend._base import (
     MetricSamples,
     register,
 )
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import EnvironmentProblem
 
 log = logging.getLogger("tpu_nb.runtime.backend")  # the package, not its private module
 
@@ -107,7 +107,7 @@ class TorchXlaBackend(Backend):
         try:
             import torch_xla
         except ImportError as exc:  # undefined symbol, missing package, broken install
-            raise TpuNbError(_explain_import_error(exc)) from None
+            raise EnvironmentProblem(_explain_import_error(exc)) from None
         return torch_xla
 
     def extension(self) -> Any:
@@ -342,7 +342,7 @@ def hash_hex(raw: bytes) -> str:
 def _refuse_gpu() -> None:
     pjrt = os.environ.get("PJRT_DEVICE", "")
     if pjrt.lower() in ("gpu", "cuda", "rocm"):
-        raise TpuNbError(
+        raise EnvironmentProblem(
             f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes. "
             "Fix: tpu_nb.setup('cpu') (or 'tpu' on a TPU host); for an NVIDIA GPU use plain "
             "PyTorch with device='cuda'."

@@ -17,6 +17,8 @@ from tpu_nb.runtime.environment._detect import (
 )
 from tpu_nb.runtime.environment._device import device, sync, wait_device_ops
 from tpu_nb.runtime.environment._install import install_pair
+from tpu_nb.runtime.environment._legacy import install as install_legacy_names
+from tpu_nb.runtime.environment._legacy import uninstall as uninstall_legacy_names
 
 __all__ = [
     "MAX_CPU_DEVICES",
@@ -29,8 +31,10 @@ __all__ = [
     "detect",
     "device",
     "ensure_setup",
+    "install_legacy_names",
     "install_pair",
     "setup",
     "sync",
+    "uninstall_legacy_names",
     "wait_device_ops",
 ]

@@ -24,7 +24,7 @@ from tpu_nb.runtime.environment._detect import (
     detect_accelerator,
     runtime_initialized,
 )
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import EnvironmentProblem, TpuNbUsageError, check_whole_number
 
 # The most virtual XLA:CPU devices tpu_nb asks for (setup's num_devices, %tpu_setup --devices,
 # launch/--replicas/--spmd device counts). 256 start in ~4 s and ~1 GB, like 4; a typo such as
@@ -44,26 +44,26 @@ def default_debug_file() -> str:
 
 def _check_device(device: str, accelerator) -> str:
     if not isinstance(device, str):
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"device must be one of {', '.join(map(repr, DEVICES))}; got "
             f"{device!r}. Fix: device='auto' (a TPU if there is one, else the "
             f"CPU), or 'tpu' or 'cpu'."
         )
     name = device.strip().lower()
     if name in ("gpu", "cuda", "rocm"):
-        raise TpuNbError(
+        raise EnvironmentProblem(
             f"device={device!r}: XLA:GPU was removed from torch_xla 2.9. Fix: use "
             "device='tpu' on a TPU host or device='cpu' anywhere; for an NVIDIA GPU use plain "
             "PyTorch with device='cuda' (no tpu_nb.setup needed)."
         )
     if name not in DEVICES:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"unknown device {device!r}. Fix: use one of {', '.join(map(repr, DEVICES))}."
         )
     if name == "auto":
         return "tpu" if accelerator.kind == "tpu" else "cpu"
     if name == "tpu" and accelerator.kind != "tpu":
-        raise TpuNbError(
+        raise EnvironmentProblem(
             "device='tpu' but this machine has no TPU (no TPU_ACCELERATOR_TYPE, "
             "/dev/accel* or /dev/vfio). Fix: use device='cpu' (or 'auto'), or "
             "switch the notebook to a TPU runtime."
@@ -74,18 +74,9 @@ def _check_device(device: str, accelerator) -> str:
 def _check_num_devices(num_devices, device: str) -> int | None:
     if num_devices is None:
         return None
-    if (
-        isinstance(num_devices, bool)
-        or not isinstance(num_devices, int)
-        or num_devices < 1
-        or num_devices > MAX_CPU_DEVICES
-    ):
-        raise TpuNbError(
-            f"num_devices must be a whole number from 1 to {MAX_CPU_DEVICES}; got "
-            f"{num_devices!r}. Fix: e.g. num_devices=4."
-        )
+    check_whole_number(num_devices, "num_devices", high=MAX_CPU_DEVICES, fix="e.g. num_devices=4")
     if device != "cpu":
-        raise TpuNbError(
+        raise TpuNbUsageError(
             "num_devices sets the number of virtual XLA:CPU devices; a TPU host "
             "uses all of its chips. Fix: drop num_devices, or use device='cpu'."
         )
@@ -100,7 +91,7 @@ def _check_inherited_devices(device: str, started: bool) -> None:
         return
     text = value.strip()
     if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_CPU_DEVICES):
-        raise TpuNbError(
+        raise EnvironmentProblem(
             f"CPU_NUM_DEVICES={value!r} in the environment is not a device count from 1 to "
             f"{MAX_CPU_DEVICES}. Fix: num_devices=4 (%tpu_setup --devices 4) to override it, "
             "or remove it (del os.environ['CPU_NUM_DEVICES']) for one device."
@@ -111,12 +102,14 @@ def _check_options(**flags) -> None:
     debug_file = flags.pop("debug_file")
     fix = "Fix: e.g. debug_file='/tmp/compile-analysis.log', or leave it out."
     if debug_file is not None and not isinstance(debug_file, (str, os.PathLike)):
-        raise TpuNbError(f"debug_file must be a file path; got {debug_file!r}. {fix}")
+        raise TpuNbUsageError(f"debug_file must be a file path; got {debug_file!r}. {fix}")
     if debug_file is not None:
         _expand_home(os.fspath(debug_file), "debug_file", fix)
     for name, value in flags.items():
         if not isinstance(value, bool) and not (name == "hlo_debug" and value is None):
-            raise TpuNbError(f"{name} must be True or False; got {value!r}. Fix: e.g. {name}=True.")
+            raise TpuNbUsageError(
+                f"{name} must be True or False; got {value!r}. Fix: e.g. {name}=True."
+            )
 
 
 def _check_cache_dir(cache_dir) -> str | None:
@@ -126,7 +119,7 @@ def _check_cache_dir(cache_dir) -> str | None:
         return None
     raw = os.fspath(cache_dir) if isinstance(cache_dir, (str, os.PathLike)) else None
     if not isinstance(raw, str) or not raw.strip() or "\0" in raw:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"cache_dir must be a directory path; got {cache_dir!r}. Fix: e.g. "
             "cache_dir='~/.cache/xla' (created if missing)."
         )
@@ -137,15 +130,15 @@ def _check_cache_dir(cache_dir) -> str | None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         what = "is a file" if existing == path else f"is inside a file ({existing})"
-        raise TpuNbError(f"the compile cache {path} {what}, not a directory. {fix}")
+        raise TpuNbUsageError(f"the compile cache {path} {what}, not a directory. {fix}")
     top = "/" + existing.strip("/").split("/")[0]
     if top in ("/proc", "/sys", "/dev"):  # root may "write" there, yet nothing is created
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"the compile cache {path} is in {top}, a kernel file system, not a "
             f"place for files. {fix}"
         )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise TpuNbError(
+        raise EnvironmentProblem(
             f"the compile cache {path} cannot be "
             f"{'written' if existing == path else 'created'}: {existing} is not "
             f"writable by you. {fix}"
@@ -160,7 +153,7 @@ def _expand_home(raw: str, what: str, fix: str) -> str:
     if raw.startswith("~") and expanded == raw:
         user = raw[1:].split(os.sep, 1)[0]
         who = f"no user named {user!r} on this machine" if user else "no home directory is known"
-        raise TpuNbError(f"{what} {raw!r} starts with ~, but there is {who}. {fix}")
+        raise TpuNbUsageError(f"{what} {raw!r} starts with ~, but there is {who}. {fix}")
     return expanded
 
 
@@ -168,7 +161,7 @@ def _make_cache_dir(path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise TpuNbError(
+        raise EnvironmentProblem(
             f"the compile cache {path} cannot be created ({exc.strerror}). Fix: "
             "choose a directory of yours, e.g. cache_dir='~/.cache/xla'."
         ) from None

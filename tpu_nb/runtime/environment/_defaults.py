@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.sources import as_caller
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
@@ -198,7 +198,7 @@ def _as_device(torch, device):
     try:
         return torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"default_device() takes a torch.device or a device string; got "
             f"{device!r}. Fix: default_device() for the XLA device, or e.g. "
             "default_device(torch_xla.device())."

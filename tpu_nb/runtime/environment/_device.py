@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment._configure import ensure_setup
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import TpuNbUsageError, check_whole_number
 
 
 def device(index: int | None = None):
     """The XLA device (`torch_xla.device()`), after `setup()` defaults if none was chosen."""
-    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
-        raise TpuNbError(
-            f"index must be a whole number of at least 0 (or None); got "
-            f"{index!r}. Fix: tpu_nb.device() for the default device, or e.g. "
-            f"tpu_nb.device(0)."
+    if index is not None:
+        check_whole_number(
+            index,
+            "index",
+            low=0,
+            alternative="None",
+            fix="tpu_nb.device() for the default device, or e.g. tpu_nb.device(0)",
         )
     ensure_setup()
     runtime = backend()
@@ -27,7 +29,7 @@ def _check_index(index: int) -> None:
     # Under SPMD one virtual device (xla:0) stands for all of them.
     count = backend().addressable_device_count()
     if index >= count:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"there is no XLA device {index}: this process has {count} "
             f"(xla:0{f' to xla:{count - 1}' if count > 1 else ''}). Fix: "
             f"tpu_nb.device({count - 1 if count > 1 else 0}) or tpu_nb.device()."

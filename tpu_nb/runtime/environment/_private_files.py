@@ -27,7 +27,7 @@ import stat
 import tempfile
 from contextlib import suppress
 
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import EnvironmentProblem
 
 LOG_NAME = re.compile(r"^compile-analysis-(\d+)\.log$")
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -130,7 +130,7 @@ def prepare_log(path: str) -> tuple[str, list[str]]:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise TpuNbError(
+        raise EnvironmentProblem(
             f"cannot create the compile log {path}: {exc.strerror or exc}. Fix: "
             "debug_file='<a file in a directory of yours>', or "
             "compile_analysis=False."

@@ -192,14 +192,6 @@ class Graph:
     def ops(self) -> Counter:
         return Counter(n.op for n in self.nodes)
 
-    def by_location(self) -> dict[Frame, tuple[int, ...]]:
-        """Source location -> the ids of the nodes recorded there (IR debug graphs only)."""
-        found: dict[Frame, list[int]] = defaultdict(list)
-        for n in self.nodes:
-            if n.location is not None:
-                found[n.location].append(n.id)
-        return {k: tuple(v) for k, v in found.items()}
-
     def ir_text(self) -> str:
         """torch_xla's IR text for this graph (what it was parsed from)."""
         return self.text

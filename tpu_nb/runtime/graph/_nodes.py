@@ -121,13 +121,6 @@ class Node:
                 return frame
         return None
 
-    def output_shape(self, index: int = 0) -> str:
-        """The shape of one output (the whole shape for single-output nodes)."""
-        if self.num_outputs <= 1:
-            return self.shape
-        parts = split_tuple(self.shape)
-        return parts[index] if index < len(parts) else self.shape
-
     def describe(self) -> str:
         at = f" at {self.where}" if self.location else ""
         return f"%{self.id} {self.op} {self.shape}{at}"

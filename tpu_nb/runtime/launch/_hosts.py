@@ -29,7 +29,12 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import (
+    EnvironmentProblem,
+    TpuNbUsageError,
+    check_seconds,
+    check_whole_number,
+)
 from tpu_nb.runtime.launch import _replicas as replicas
 from tpu_nb.runtime.launch._cell import CellFunction
 from tpu_nb.runtime.launch._pod import (
@@ -43,6 +48,8 @@ from tpu_nb.runtime.launch._pod import (
     host_list,
     sync_divergences,
 )
+
+WEEK = 7 * 24 * 3600  # the longest wait a timeout may ask for
 
 NO_RAY = (
     "launching on a slice's hosts needs Ray, which is not installed here. "
@@ -73,20 +80,21 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise TpuNbError(NO_RAY) from None
+        raise EnvironmentProblem(NO_RAY) from None
     if not ray.is_initialized():
-        raise TpuNbError(NO_CLUSTER)
+        raise TpuNbUsageError(NO_CLUSTER)
     return ray
 
 
 def _check_hosts(hosts) -> None:
     if hosts == "all":
         return
-    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
-        raise TpuNbError(
-            f"hosts must be 'all' or a whole number of at least 1; got {hosts!r}. "
-            "Fix: hosts='all' (every host of the slice) or e.g. hosts=2."
-        )
+    check_whole_number(
+        hosts,
+        "hosts",
+        alternative="'all'",
+        fix="hosts='all' (every host of the slice) or e.g. hosts=2",
+    )
 
 
 def _slices(ray) -> dict[str, list[dict]]:
@@ -112,7 +120,7 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
     """Reserve a whole slice (every host: a slice's runtime starts on all of them)."""
     slices = _slices(ray)
     if not slices:
-        raise TpuNbError(
+        raise EnvironmentProblem(
             "the Ray cluster has no TPU host (no node offers the 'TPU' resource). Fix: "
             "start Ray on every TPU VM of the slice (`ray start --head` on host 0, "
             "`ray start --address=HOST0:6379` on the others), then ray.init(address=...)"
@@ -122,7 +130,7 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
         slices.items(), key=lambda kv: (bool(_head_resource(kv[1])), len(kv[1]), kv[0])
     )
     if wanted is not None and wanted > len(nodes):
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"hosts={wanted}, but the largest slice in the Ray cluster has {len(nodes)} "
             f"host{'s' if len(nodes) != 1 else ''}. Fix: hosts='all'"
         )
@@ -145,7 +153,7 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
                 bundle_label_selector=[{"ray.io/tpu-slice-name": name} for _ in nodes],
             )
         except (TimeoutError, RuntimeError, ValueError) as exc:
-            raise TpuNbError(_not_reserved(description, timeout, exc)) from None
+            raise EnvironmentProblem(_not_reserved(description, timeout, exc)) from None
         group, release = handle.placement_group, handle.shutdown
     else:
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -162,7 +170,7 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
         raise
     if not ready:
         release()
-        raise TpuNbError(_not_reserved(description, timeout, None))
+        raise EnvironmentProblem(_not_reserved(description, timeout, None))
     placed = _placements(ray, group, nodes)
     chosen = placed if wanted is None else placed[:wanted]
     slice_ = _Slice(description, len(nodes), chosen, chips, group, release)
@@ -242,7 +250,7 @@ class _Hosts:
         ready, _ = self.ray.wait(refs, num_returns=n, timeout=timeout)
         for host, ref in enumerate(refs):
             if ref not in ready:
-                raise TpuNbError(
+                raise EnvironmentProblem(
                     f"host {host} did not get ready within {timeout:.0f} s (a new Python "
                     "process importing torch_xla and setting up its runtime). Fix: check "
                     "that host in ray.nodes(), or pass a longer start_timeout"
@@ -253,7 +261,7 @@ class _Hosts:
                 first = (
                     str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
                 )
-                raise TpuNbError(
+                raise EnvironmentProblem(
                     f"host {host} could not start tpu_nb: {first}. Fix: install the same "
                     "tpu_nb, torch and torch_xla on every host of the slice (pip install "
                     '"tpu_nb[pod]")'
@@ -269,7 +277,7 @@ class _Hosts:
                 raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s") from None
             except ray.exceptions.RayError as exc:
                 said = str(exc).strip().splitlines()
-                raise TpuNbError(
+                raise EnvironmentProblem(
                     f"host {host} could not load the work: "
                     f"{said[-1].strip() if said else type(exc).__name__}. Fix: define the "
                     "function in the notebook (sent by value), or install its module on "
@@ -442,8 +450,15 @@ def launch_hosts(
     """Run `fn(host, *args)` once on each host of the slice (see launch())."""
     __tracebackhide__ = True  # noqa: F841
     _check_hosts(hosts)
+    for name, seconds in (
+        ("reserve_timeout", reserve_timeout),
+        ("start_timeout", start_timeout),
+        ("poll_timeout", poll_timeout),
+        ("stall_seconds", stall_seconds),
+    ):
+        check_seconds(seconds, name, low=0, above_low=True, high=WEEK, fix=f"e.g. {name}=60")
     if not callable(fn):
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"launch needs a function to run; got {type(fn).__name__} {fn!r:.40}. Fix: "
             "launch(train, hosts='all'), with train(host) defined first."
         )
@@ -452,7 +467,7 @@ def launch_hosts(
     try:
         work_ref = ray.put(_work(fn, args))
     except Exception as exc:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"cannot send the work to the hosts ({type(exc).__name__}: {exc}). Fix: pass "
             "plain data and CPU tensors (move device tensors with .cpu()), or build them "
             "in the cell itself"
@@ -550,7 +565,7 @@ def launch(fn: Callable, *args, hosts: int | str | None = None, **options):
         return replicas.launch(fn, *args, **options)
     for name in ("devices", "mode"):
         if name in options:
-            raise TpuNbError(
+            raise TpuNbUsageError(
                 f"{name}= chooses the devices of one host; hosts= runs the function once "
                 f"per host of a slice. Fix: drop {name}= (or hosts=)"
             )

@@ -145,8 +145,8 @@ class PodResult:
         n = len(self.hosts)
         compiles = sum(h.metrics.compiles for h in self.hosts if h.metrics is not None)
         return (
-            f"{n} host{'s' if n != 1 else ''} of {self.slice}: {self.wall_seconds:.2f} s "
-            f"({self.started_seconds:.2f} s until every host ran the cell), {compiles} "
+            f"{n} host{'s' if n != 1 else ''} of {self.slice}: {format_seconds(self.wall_seconds)} "
+            f"({format_seconds(self.started_seconds)} until every host ran the cell), {compiles} "
             f"compiled in all; {self.straggler_reason}"
         )
 

@@ -41,7 +41,13 @@ from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
 from tpu_nb.runtime.environment._detect import detect_accelerator, runtime_initialized
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import (
+    EnvironmentProblem,
+    RuntimeStateError,
+    TpuNbUsageError,
+    check_seconds,
+    check_whole_number,
+)
 from tpu_nb.runtime.launch._results import (
     CollectiveRefused,
     LaunchResult,
@@ -335,25 +341,21 @@ def _device_count(devices, device_type: str) -> int:
             return chips
         configured = os.environ.get("CPU_NUM_DEVICES") or "1"
         if not configured.isdigit() or not 1 <= int(configured) <= MAX_CPU_DEVICES:
-            raise TpuNbError(
+            raise EnvironmentProblem(
                 f"CPU_NUM_DEVICES={configured!r} is not a device count from 1 "
                 f"to {MAX_CPU_DEVICES}. Fix: tpu_nb.setup('cpu', num_devices=4) "
                 "(or %tpu_setup --devices 4) in a fresh kernel."
             )
         return int(configured)
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise TpuNbError(
-            f"devices must be 'all' or a whole number of at least 1; got "
-            f"{devices!r}. Fix: e.g. devices=4."
-        )
+    check_whole_number(devices, "devices", alternative="'all'", fix="e.g. devices=4")
     if chips is not None and devices != chips:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"devices={devices}, but this TPU host has {chips} chip"
             f"{'s' if chips != 1 else ''} and a launch uses all of them. Fix: "
             "devices='all'."
         )
     if devices > MAX_CPU_DEVICES:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"devices={devices} is more than the {MAX_CPU_DEVICES} virtual XLA:CPU "
             f"devices tpu_nb runs (each is a thread with its own device). Fix: "
             f"e.g. devices=4."
@@ -473,7 +475,7 @@ class _Run:
         while (status := self.proc.poll()) is None:
             self.pump()
             if deadline is not None and time.monotonic() > deadline:
-                raise TpuNbError(
+                raise RuntimeStateError(
                     f"the replicas did not finish within timeout={timeout:g} s and were "
                     "stopped. Fix: a larger timeout=, or look for a replica that waits "
                     "forever (a collective, a queue, input())."
@@ -597,7 +599,7 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
     try:
         payload = cloudpickle.dumps((fn, args, env, refuse, os.getpid()))
     except Exception as exc:
-        raise TpuNbError(
+        raise RuntimeStateError(
             f"cannot send the function to a fresh worker process ({exc}). Fix: "
             "restart the kernel and launch before using the XLA device, so the "
             "replicas can be forked instead."
@@ -635,9 +637,9 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         if crash is not None:
             raise crash
         if _no_room(os.path.dirname(run.rundir)):
-            raise TpuNbError(_full_disk(os.path.dirname(run.rundir)))
+            raise EnvironmentProblem(_full_disk(os.path.dirname(run.rundir)))
         detail = errors.strip().splitlines()
-        raise TpuNbError(
+        raise RuntimeStateError(
             "the replicas did not finish (launcher exit status "
             f"{status}): {detail[-1] if detail else 'no message'}"
         )
@@ -645,7 +647,6 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         ReplicaResult(
             ordinal=r["ordinal"],
             value=r.get("value"),
-            output="",
             wall_seconds=r["wall_seconds"],
             step_seconds=r["step_seconds"],
             metrics=r["metrics"],
@@ -770,9 +771,9 @@ def launch(
     """
     __tracebackhide__ = True  # noqa: F841
     if mode not in MODES:
-        raise TpuNbError(f"unknown mode {mode!r}. Fix: mode='replicas' or mode='spmd'.")
+        raise TpuNbUsageError(f"unknown mode {mode!r}. Fix: mode='replicas' or mode='spmd'.")
     if not callable(fn):
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"launch needs a function to run; got {type(fn).__name__} "
             f"{fn!r:.40}. Fix: launch(train), with train(index) defined first."
         )
@@ -789,8 +790,8 @@ def launch(
     except OSError as exc:
         folder = tempfile.gettempdir()
         if exc.errno == errno.ENOSPC or _no_room(folder):
-            raise TpuNbError(_full_disk(folder)) from None
-        raise TpuNbError(
+            raise EnvironmentProblem(_full_disk(folder)) from None
+        raise EnvironmentProblem(
             f"the launch cannot write its files in {folder} ({exc.strerror}). Fix: point "
             "TMPDIR at a directory of yours before launching."
         ) from None
@@ -809,12 +810,12 @@ def launch(
 def _check_timeout(timeout) -> None:
     if timeout is None:
         return
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout <= 7 * 24 * 3600
-    ):
-        raise TpuNbError(
-            f"timeout must be a number of seconds from 0 to a week, or None; got "
-            f"{timeout!r}. Fix: e.g. timeout=600."
-        )
+    check_seconds(
+        timeout,
+        "timeout",
+        low=0,
+        above_low=True,
+        high=7 * 24 * 3600,
+        alternative="None",
+        fix="e.g. timeout=600 (at most a week)",
+    )

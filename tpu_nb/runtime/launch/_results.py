@@ -7,6 +7,7 @@ from typing import Any
 
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics._counters import MetricsDelta
+from tpu_nb.runtime.units import format_seconds
 
 
 class CollectiveRefused(TpuNbError):
@@ -42,13 +43,12 @@ class ReplicaError(TpuNbError):
 
 @dataclass(frozen=True)
 class ReplicaResult:
-    """What one replica did."""
+    """What one replica did. Only replicas that returned have one: a replica that raised
+    makes the launch raise ReplicaError (its traceback there), and what a replica prints is
+    streamed as it runs (launch's `stream`), not kept."""
 
     ordinal: int
     value: Any = None  # fn's return value (None when it could not be pickled)
-    error: str | None = None  # "Type: message" when it raised
-    traceback: str = ""
-    output: str = ""  # what it printed
     wall_seconds: float = 0.0
     step_seconds: tuple[float, ...] = ()  # time between its syncs
     metrics: MetricsDelta | None = None  # its process's counters (see LaunchResult.merged)
@@ -97,10 +97,10 @@ class LaunchResult:
 
     def summary(self) -> str:
         m = self.merged()
-        steps = [f"[{r.ordinal}] {_median_ms(r.step_seconds)}" for r in self.replicas]
+        steps = [f"[{r.ordinal}] {_median(r.step_seconds)}" for r in self.replicas]
         return (
             f"{self.mode} on {self.devices} device{'s' if self.devices != 1 else ''} "
-            f"({self.path}): {self.wall_seconds:.2f} s, {m.compiles} compiled, "
+            f"({self.path}): {format_seconds(self.wall_seconds)}, {m.compiles} compiled, "
             f"{m.executions} executed; median step " + ", ".join(steps)
         )
 
@@ -108,8 +108,8 @@ class LaunchResult:
         return "\n".join([self.summary(), *self.notes])
 
 
-def _median_ms(steps) -> str:
+def _median(steps) -> str:
     if not steps:
         return "-"
     ordered = sorted(steps)
-    return f"{ordered[len(ordered) // 2] * 1e3:.2f} ms"
+    return format_seconds(ordered[len(ordered) // 2])

@@ -12,7 +12,7 @@ from typing import Any
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES
 from tpu_nb.runtime.environment._detect import runtime_initialized
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import RuntimeStateError, TpuNbUsageError, check_whole_number
 from tpu_nb.runtime.launch._results import LaunchResult, ReplicaResult
 from tpu_nb.runtime.tracking._report import track
 
@@ -39,7 +39,7 @@ def parse_mesh(mesh: str | None) -> tuple[int, int] | None:
     except ValueError:
         dims = ()
     if len(dims) not in (1, 2) or any(d < 1 for d in dims) or math.prod(dims) > MAX_CPU_DEVICES:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"mesh {mesh!r} is not a shape like 4 or 2x2 of at most "
             f"{MAX_CPU_DEVICES} devices. Fix: e.g. --spmd 4."
         )
@@ -49,16 +49,13 @@ def parse_mesh(mesh: str | None) -> tuple[int, int] | None:
 def _check_devices(devices) -> int | None:
     if devices == "all":
         return None
-    if (
-        isinstance(devices, bool)
-        or not isinstance(devices, int)
-        or not 1 <= devices <= MAX_CPU_DEVICES
-    ):
-        raise TpuNbError(
-            f"devices must be 'all' or a whole number from 1 to {MAX_CPU_DEVICES}; "
-            f"got {devices!r}. Fix: e.g. devices=4, or devices='all'."
-        )
-    return devices
+    return check_whole_number(
+        devices,
+        "devices",
+        high=MAX_CPU_DEVICES,
+        alternative="'all'",
+        fix="e.g. devices=4, or devices='all'",
+    )
 
 
 def _switch_refused() -> str | None:
@@ -103,26 +100,26 @@ def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | Non
     wanted = _check_devices(devices)
     shape = parse_mesh(mesh)
     if shape and wanted is not None and shape[0] * shape[1] != wanted:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"a {shape[0]}x{shape[1]} mesh has {shape[0] * shape[1]} devices, "
             f"not {wanted}. Fix: a mesh of {wanted} devices, e.g. --spmd {wanted}."
         )
     why = _switch_refused()
     if why:
-        raise TpuNbError(f"cannot switch to SPMD: {why}.")
+        raise RuntimeStateError(f"cannot switch to SPMD: {why}.")
     cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
     will_have = (
         wanted if cpu and wanted is not None and not runtime_initialized() else _expected_devices()
     )
     if wanted is not None and will_have is not None and wanted != will_have:
-        raise TpuNbError(
+        raise RuntimeStateError(
             f"SPMD over {wanted} devices, but the runtime started with {will_have}. Fix: "
             f"restart the kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', "
             f"num_devices={wanted})) before the first XLA computation."
         )
     count = wanted or will_have
     if shape and count is not None and shape[0] * shape[1] != count:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
             f"this runtime has {count}. Fix: --spmd {count}."
         )
@@ -141,14 +138,14 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
     runtime.use_spmd()
     n = runtime.global_device_count()
     if wanted is not None and wanted != n:  # only where the count was not knowable before
-        raise TpuNbError(
+        raise RuntimeStateError(
             f"SPMD over {wanted} devices, but the runtime started with {n}. Fix: restart the "
             f"kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', num_devices="
             f"{wanted})) before the first XLA computation."
         )
     shape = parse_mesh(mesh) or (n, 1)
     if shape[0] * shape[1] != n:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
             f"this runtime has {n}. Fix: --spmd {n}."
         )

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_nb.runtime.backend import xla, xlac
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import check_whole_number
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
     CompileLog,
@@ -67,6 +67,7 @@ from tpu_nb.runtime.tracking._dynamo import (
     guard_facts,
     inputs_sync,
 )
+from tpu_nb.runtime.units import percentile
 
 log = logging.getLogger("tpu_nb")
 _EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
@@ -201,16 +202,6 @@ class StepPoint:
     median: float  # seconds
     p90: float
     count: int  # intervals measured in the window
-
-
-def percentile(sorted_values, q: float) -> float:
-    """The q-quantile (0..1) of already sorted values, interpolated."""
-    if not sorted_values:
-        raise ValueError("no values")
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 class StepClock:
@@ -478,11 +469,7 @@ class LiveMonitor:
     """
 
     def __init__(self, *, alert_graphs: int = 3, probe: bool = True):
-        if isinstance(alert_graphs, bool) or not isinstance(alert_graphs, int) or alert_graphs < 1:
-            raise TpuNbError(
-                f"alert_graphs must be a whole number of at least 1; got "
-                f"{alert_graphs!r}. Fix: e.g. alert_graphs=3."
-            )
+        check_whole_number(alert_graphs, "alert_graphs", fix="e.g. alert_graphs=3")
         from tpu_nb.runtime.environment._device import device
 
         self.alert_graphs = alert_graphs

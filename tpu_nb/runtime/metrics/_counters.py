@@ -21,6 +21,7 @@ from types import MappingProxyType
 from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.metrics import _reset_watch as reset_watch
+from tpu_nb.runtime.units import format_seconds
 
 # The backend's names for what a delta reports (torch_xla: UncachedCompile, MarkStep, ...).
 _NAMES = backend().counter_names_of
@@ -122,8 +123,8 @@ class MetricsDelta:
     def summary(self) -> str:
         """One line: the figures a user checks first."""
         parts = [
-            f"{self.compiles} compiled ({self.compile_seconds:.2f}s)",
-            f"{self.executions} executed ({self.execute_seconds:.3f}s)",
+            f"{self.compiles} compiled ({format_seconds(self.compile_seconds)})",
+            f"{self.executions} executed ({format_seconds(self.execute_seconds)})",
         ]
         if self.cache_hits:
             parts.append(f"{self.cache_hits} cache hits")
@@ -139,18 +140,18 @@ class MetricsDelta:
 
     def __str__(self) -> str:
         rows = [
-            ("graphs compiled", f"{self.compiles}", f"{self.compile_seconds:.3f} s"),
+            ("graphs compiled", f"{self.compiles}", format_seconds(self.compile_seconds)),
             ("compile cache hits", f"{self.cache_hits}", ""),
-            ("executions", f"{self.executions}", f"{self.execute_seconds:.3f} s"),
+            ("executions", f"{self.executions}", format_seconds(self.execute_seconds)),
             (
                 "transfers to device",
                 f"{self.to_device_transfers}",
-                f"{self.to_device_seconds:.3f} s",
+                format_seconds(self.to_device_seconds),
             ),
             (
                 "transfers to host",
                 f"{self.from_device_transfers}",
-                f"{self.from_device_seconds:.3f} s",
+                format_seconds(self.from_device_seconds),
             ),
             ("syncs", f"{self.syncs}", ""),
             ("device->host reads", f"{self.host_reads}", ""),

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpu_nb.runtime.backend import current as backend
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import TpuNbUsageError, check_whole_number
 from tpu_nb.runtime.metrics._counters import snapshot
+from tpu_nb.runtime.units import format_seconds
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,13 @@ class DeviceTiming:
 
     def summary(self) -> str:
         first = (
-            f"first run {_fmt(self.first_seconds)} ({self.first_compiles} graph"
+            f"first run {format_seconds(self.first_seconds)} ({self.first_compiles} graph"
             f"{'s' if self.first_compiles != 1 else ''} compiled)"
         )
         steady = (
-            f"steady state {_fmt(self.median)} per run (median of {len(self.per_run)} "
-            f"repeats \u00d7 {self.number} runs; range {_fmt(self.best)}\u2013"
-            f"{_fmt(self.worst)})"
+            f"steady state {format_seconds(self.median)} per run (median of {len(self.per_run)} "
+            f"repeats \u00d7 {self.number} runs; range {format_seconds(self.best)}\u2013"
+            f"{format_seconds(self.worst)})"
         )
         tail = (
             (
@@ -64,13 +65,6 @@ class DeviceTiming:
         return f"{first}; {steady}{tail}"
 
     __str__ = summary
-
-
-def _fmt(seconds: float) -> str:
-    for unit, scale in (("s", 1), ("ms", 1e3), ("us", 1e6)):
-        if seconds * scale >= 1 or unit == "us":
-            return f"{seconds * scale:.3g} {unit}"
-    return f"{seconds:.3g} s"
 
 
 def _run_once(fn, runtime) -> float:
@@ -89,16 +83,12 @@ MAX_REPEAT = 1_000
 
 
 def _check_count(name: str, value, maximum: int, example: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-        raise TpuNbError(
-            f"{name} must be a whole number from 1 to {maximum:,}; got {value!r}. "
-            f"Fix: e.g. {name}={example}."
-        )
+    check_whole_number(value, name, high=maximum, fix=f"e.g. {name}={example}")
 
 
 def _check_arguments(fn, number, repeat) -> None:
     if not callable(fn):
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"time_device times a function called with no arguments; got "
             f"{fn!r:.60}. Fix: e.g. time_device(lambda: "
             f"step(x)) or time_device(step)."

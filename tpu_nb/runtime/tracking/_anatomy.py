@@ -50,7 +50,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
-from tpu_nb.runtime.units import format_seconds
+from tpu_nb.runtime.units import format_seconds, percentile
 
 if TYPE_CHECKING:
     from tpu_nb.runtime.tracking._provenance import Recorder
@@ -766,12 +766,7 @@ def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
 
 
 def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    pos = (len(values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+    return percentile(values, q) if values else 0.0
 
 
 def _summarise(

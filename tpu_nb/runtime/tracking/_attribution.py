@@ -22,6 +22,7 @@ from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _report as tracking
 from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._report import RunReport
+from tpu_nb.runtime.units import format_place
 
 HOST_READ_HINT = (
     "a device value read on the host waits for all pending work and copies it: "
@@ -168,12 +169,10 @@ def _shape_change(a, b) -> str:
             text += f" ({', '.join(moved[:2])})"
     made = b.user_frame  # full paths (graphs captured with frames)
     if made is not None:
-        where = short_path(made.file)
-        where += f", line {made.line}" if where.startswith("In [") else f":{made.line}"
+        where = format_place(short_path(made.file), made.line)
         text += f", made at {where}"
     elif b.location is not None:  # IR debug's own location: function, file, line
-        where = short_path(b.location.file)
-        where += f", line {b.location.line}" if where.startswith("In [") else f":{b.location.line}"
+        where = format_place(short_path(b.location.file), b.location.line)
         text += f", made at {where}"
     return text
 

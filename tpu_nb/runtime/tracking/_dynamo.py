@@ -31,6 +31,7 @@ from typing import Any
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
 from tpu_nb.runtime.metrics._counters import snapshot
 from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.units import format_seconds
 
 _TRACE_LOGGER = "torch.__trace"
 _SIZE = re.compile(r"tensor '(.+)' size mismatch at index (\d+)\. expected (\d+), actual (\d+)")
@@ -132,7 +133,7 @@ class DynamoCompile:
 
     def describe(self) -> str:
         where = f"{short_path(self.file)}:{self.first_line}"
-        head = f"{self.function} ({where}) compiled by Dynamo in {self.seconds:.2f} s"
+        head = f"{self.function} ({where}) compiled by Dynamo in {format_seconds(self.seconds)}"
         if self.recompile:
             head += f", again: {self.why()}"
             if self.dynamic:

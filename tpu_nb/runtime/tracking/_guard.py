@@ -29,10 +29,11 @@ from types import FrameType
 from typing import Any
 
 from tpu_nb.runtime.backend import xla
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.sources import as_caller
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.units import format_place
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
 _ids = itertools.count()
@@ -51,8 +52,7 @@ class RecompilationError(TpuNbError):
         a, b = (provenance.line_graphs.graph_for(where, g) for g in (before, after))
         facts = attribution.graph_facts(a, b) if a is not None and b is not None else ()
         facts = facts or dynamo.guard_facts(after) or attribution._log_facts(before, after)
-        place = short_path(where.file)
-        place += f", line {where.line}" if place.startswith("In [") else f":{where.line}"
+        place = format_place(short_path(where.file), where.line)
         error = cls.__new__(cls)
         error.limit, error.got, error.expected = limit, "; ".join(facts), []
         TpuNbError.__init__(
@@ -117,12 +117,13 @@ class max_graphs:
     distinct graphs (see the module docstring)."""
 
     def __init__(self, limit: int):
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_GRAPHS:
-            raise TpuNbError(
-                f"max_graphs needs a whole number from 1 to {MAX_GRAPHS:,}; got {limit!r}. "
-                "Fix: e.g. max_graphs(2) (a training loop's first step often "
-                "traces its own graph, so allow 2 or more)."
-            )
+        check_whole_number(
+            limit,
+            "max_graphs",
+            high=MAX_GRAPHS,
+            fix="e.g. max_graphs(2) (a training loop's first step often traces its own graph, "
+            "so allow 2 or more)",
+        )
         self.limit = limit
         self._fallback: AbstractContextManager[None] | None = None
         self._wrapper: Callable | None = None

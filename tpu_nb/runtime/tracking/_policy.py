@@ -32,6 +32,7 @@ from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.units import format_place
 
 MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
 _SETTLED_CALLS = 2  # calls of a line without a compile, after its last one: settled
@@ -479,15 +480,13 @@ def _line_name(pattern: LinePattern) -> str:
     from tpu_nb.runtime.sources import short_path
 
     file, line = pattern.key
-    where = short_path(file)
-    return f"{where}, line {line}" if where.startswith("In [") else f"{where}:{line}"
+    return format_place(short_path(file), line)
 
 
 def _frame_name(frame) -> str:
     from tpu_nb.runtime.sources import short_path
 
-    where = short_path(frame.file)
-    return f"{where}, line {frame.line}" if where.startswith("In [") else f"{where}:{frame.line}"
+    return format_place(short_path(frame.file), frame.line)
 
 
 RECOMPILE_FIX = (

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import RuntimeStateError, TpuNbUsageError, check_whole_number
 
 if TYPE_CHECKING:
     from tpu_nb.runtime.tracking._provenance import Recorder
@@ -61,7 +61,7 @@ def read_trace(logdir: str) -> ProfileTrace:
         key=os.path.getmtime,
     )
     if not paths:
-        raise TpuNbError(
+        raise TpuNbUsageError(
             f"no profiler trace (*.trace.json.gz) under {logdir}. Fix: capture one "
             "with tpu_nb.runtime.tracking.profile() around the steps."
         )
@@ -112,12 +112,8 @@ class profile:
     `.trace` after the block (or as soon as the N-th sync returns)."""
 
     def __init__(self, steps: int | None = None, *, logdir: str | None = None):
-        if steps is not None and (
-            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
-        ):
-            raise TpuNbError(
-                f"steps must be a whole number >= 1; got {steps!r}. Fix: e.g. steps=3."
-            )
+        if steps is not None:
+            check_whole_number(steps, "steps", alternative="None", fix="e.g. steps=3")
         self.steps = steps
         self._own_dir = logdir is None
         self.logdir = logdir or tempfile.mkdtemp(prefix="tpu_nb-profile-")
@@ -134,7 +130,7 @@ class profile:
         if self.steps is not None:
             collector = anatomy.current()
             if collector is None or collector._recorder is None:
-                raise TpuNbError(
+                raise TpuNbUsageError(
                     "profile(steps=N) counts the syncs of a tracked run. Fix: "
                     "use it inside %%on_tpu or `with tpu_nb.track():`, or drop "
                     "steps= to trace the whole block."
@@ -145,7 +141,7 @@ class profile:
             xp.start_trace(self.logdir)
         except Exception as exc:  # a trace already running, a profiler that cannot start
             self._unhook()
-            raise TpuNbError(
+            raise RuntimeStateError(
                 f"the torch_xla profiler did not start: {exc}. Fix: stop the "
                 "other trace first (torch_xla.debug.profiler.stop_trace())."
             ) from None

@@ -40,6 +40,7 @@ from typing import Any
 from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import as_caller, is_library, short_path
 from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.units import format_place
 
 log = logging.getLogger("tpu_nb")
 
@@ -133,8 +134,7 @@ class Site:
         hops = []
         for frame in (self.user, self.library):
             if frame is not None:
-                where = short_path(frame.file)
-                where += f", line {frame.line}" if where.startswith("In [") else f":{frame.line}"
+                where = format_place(short_path(frame.file), frame.line)
                 hops.append(f"{where} {frame.function}")
         return " \u2192 ".join(hops)
 

@@ -18,6 +18,7 @@ from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._pending import PendingWork, find_pending
 from tpu_nb.runtime.tracking._policy import describe_pattern
+from tpu_nb.runtime.units import format_seconds
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
 # graph it compiled, in order, over the life of the process (bounded: the most recently
@@ -113,7 +114,7 @@ class RunReport:
     def summary(self) -> str:
         """One line: wall time and the XLA figures that matter."""
         head = f"{self.name}: " if self.name else ""
-        line = f"{head}{self.wall_seconds:.3f}s wall, {self.metrics.summary()}"
+        line = f"{head}{format_seconds(self.wall_seconds)} wall, {self.metrics.summary()}"
         if self.recompiled:
             line += f", RECOMPILED at {len(self.recompiled_lines())} line(s)"
         if self.error is not None:

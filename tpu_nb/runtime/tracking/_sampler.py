@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import short_path
-from tpu_nb.runtime.units import format_seconds
+from tpu_nb.runtime.units import format_place, format_seconds
 
 log = logging.getLogger("tpu_nb")
 
@@ -89,9 +89,7 @@ class HostLine:
     @property
     def where(self) -> str:
         """ "In [3], line 7" for a cell (the extension names cells), else "file.py:7"."""
-        name = short_path(self.line.file)
-        sep = ", line " if name.startswith("In [") else ":"
-        return f"{name}{sep}{self.line.line}"
+        return format_place(short_path(self.line.file), self.line.line)
 
     def __str__(self) -> str:
         via = f" \u2192 {self.via}" if self.via else ""
@@ -406,9 +404,7 @@ _EARLY = 20_000  # intervals kept with their times (about a minute of a run at 2
 def _named(info: list) -> str:
     """A function as "torch/nn/functional.py:1686 relu" (its first line), kept in `info`."""
     code = info[0]
-    where = short_path(code.co_filename)
-    line = code.co_firstlineno
-    where += f", line {line}" if where.startswith("In [") else f":{line}"
+    where = format_place(short_path(code.co_filename), code.co_firstlineno)
     info[6] = f"{where} {code.co_name}"
     return info[6]
 
