@@ -177,7 +177,7 @@ def host_lines_html(a: Anatomy | None, scope: str = "") -> str:
     num = "style='padding:0 8px 0 0;text-align:right;white-space:nowrap'"
     rows = "".join(
         f"<tr><td {cell}>{escape(h.where)}</td><td {cell}>{escape(h.via)}</td>"
-        f"<td style='padding:0 8px 0 0;color:{style.MUTED}'>"
+        f"<td style='padding:0 8px 0 0;text-align:left;color:{style.MUTED}'>"
         f"{escape(KIND_WORDS.get(h.kind, h.kind))}</td>"
         f"<td {num}>{escape(format_seconds(h.seconds))}</td><td {num}>{h.share:.0%}</td></tr>"
         for h in shown
