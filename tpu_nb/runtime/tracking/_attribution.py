@@ -11,7 +11,6 @@ input/output counts, and the finding says which.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -109,18 +108,12 @@ def _ends_run(event: CompileEvent) -> bool:
     return any(f.file == tracking.__file__ for f in event.frames)
 
 
-# The guard's module, named by path: it imports this one (for its error's "what changed").
-_GUARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
-
-
 def _flushes_before_guard(event: CompileEvent) -> bool:
     """The compile of the --max-graphs guard's own sync as it starts: work left pending from
-    before the block (an earlier cell's tensors), not a line of the block."""
+    before the block (an earlier cell's tensors), not a line of the block. The probe marks
+    that sync as tpu_nb's own, and the recorder's site carries the mark."""
     site = event.site
-    frames = (site.library,) if site is not None else event.frames
-    return any(
-        f is not None and f.file == _GUARD_FILE and f.function == "_detector_guard" for f in frames
-    )
+    return site is not None and site.own == "guard-start"
 
 
 def _via(event: CompileEvent) -> str:

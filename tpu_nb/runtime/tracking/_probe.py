@@ -1,0 +1,498 @@
+"""One interception layer: every hook tpu_nb puts into torch and torch_xla, in one place.
+
+The probe wraps, while some subscriber listens for that kind of event:
+
+- "sync": `torch_xla.sync` (which `xm.mark_step`, ParallelLoader and MpDeviceLoader call) and
+  the same function as `torch_xla.torch_xla`'s global (which `torch_xla.compile(fn)` calls);
+- "read": the Tensor methods that read device values (`item`, `tolist`, `cpu`, `bool()`, ...);
+- "fallback": the Python entry points of ops torch_xla runs on the CPU (and any op seen
+  falling back, added by `watch_fallback`);
+- "input": the data loaders' `__next__` (DataLoader's and ParallelLoader's iterators).
+
+Each hook builds one typed event (`SyncEvent`, `ReadEvent`, `FallbackEvent`, `InputEvent`)
+and hands it to the subscribers in order of `priority`: `before(event)` as the call starts,
+`after(event, state)` as it returns, `state` being what `before` returned. The recorder
+(provenance), the step anatomy, `max_graphs` and the live monitor's sync probe are
+subscribers; none of them patches torch itself.
+
+Installing and removing is one place, and cannot be left behind: `subscribe()` adds a
+`Subscription` to the set of its kinds and installs a kind's hooks when its set was empty;
+`Subscription.close()` removes it and restores the originals when the set is empty. The sets
+make it independent of the order in which runs end (two threads, a background run outliving
+a cell); closing twice is harmless; the restore finishes even when KeyboardInterrupt lands in
+the middle of it (and SIGINT is held off while it runs in the main thread), then re-raises.
+
+tpu_nb's own syncs (track()'s end-of-run sync, max_graphs' sync as it starts) are made inside
+`own_sync(kind)`: their event carries `own`, an explicit marker subscribers test.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from tpu_nb.runtime.sources import as_caller
+
+log = logging.getLogger("tpu_nb")
+
+KINDS = ("sync", "read", "fallback", "input")
+# Counters that move when device data reaches the host: a scalar read, a copy to the CPU.
+READ_COUNTERS = ("aten::_local_scalar_dense", "xla::_to_cpu", "xla::_to_copy")
+# Tensor methods that read device values, and how a finding names them.
+READ_METHODS = {
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "cpu": ".cpu()",
+    "__bool__": "bool(tensor)",
+    "__float__": "float(tensor)",
+    "__int__": "int(tensor)",
+    "__index__": "a tensor used as an index",
+    "__format__": "formatting a tensor",
+    "__repr__": "printing a tensor",
+}
+# Python entry points of ops torch_xla 2.9 runs on the CPU (no XLA lowering), as
+# (namespace, attribute).
+FALLBACK_ENTRY_POINTS = (
+    ("torch", "unique"),
+    ("torch", "unique_consecutive"),
+    ("torch", "nonzero"),
+    ("torch", "masked_select"),
+    ("torch", "histc"),
+    ("torch", "median"),
+    ("torch", "nanmedian"),
+    ("torch", "bucketize"),
+    ("torch", "searchsorted"),
+    ("torch", "kthvalue"),
+    ("torch", "mode"),
+    ("torch", "bincount"),
+    ("Tensor", "nonzero"),
+    ("Tensor", "masked_select"),
+    ("Tensor", "histc"),
+    ("Tensor", "median"),
+    ("Tensor", "nanmedian"),
+    ("Tensor", "kthvalue"),
+    ("Tensor", "bincount"),
+    ("functional", "grid_sample"),
+)
+# Syncs that are the runtime's plumbing around a compiled function, not a step of the user's:
+# torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the work
+# pending before the function.
+_BRIDGE_FILE = "torch_xla/_dynamo/dynamo_bridge.py"
+_INPUTS_SYNC = ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile")
+
+
+@dataclass(slots=True)
+class SyncEvent:
+    """One `torch_xla.sync()` call."""
+
+    frame: FrameType  # the caller's
+    entry: float  # time.time() as the hook was entered
+    compiles_before: int  # UncachedCompile then
+    inner: bool = False  # called through torch_xla.torch_xla's global (torch_xla.compile)
+    plumbing: bool = False  # the runtime's own sync around a compiled function
+    own: str = ""  # tpu_nb's own sync: "end" (track's last), "guard-start"
+    owner: Any = None  # whose own sync it is (the run's recorder for "end")
+    start: float = 0.0  # the original called (after the subscribers' `before`)
+    end: float = 0.0  # it returned
+
+
+@dataclass(slots=True)
+class ReadEvent:
+    """A value read of an XLA tensor (one of READ_METHODS)."""
+
+    frame: FrameType
+    label: str  # ".item()", "printing a tensor"
+    tensor: Any
+    entry: float
+    counters_before: list[int]  # READ_COUNTERS
+    compiles_before: int
+    in_sync: bool  # inside a sync: a step closure
+    start: float = 0.0
+    end: float = 0.0
+    counters_after: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FallbackEvent:
+    """A call of a CPU-fallback entry point (torch.unique, F.grid_sample, ...)."""
+
+    frame: FrameType
+    args: tuple
+    compiles_before: int
+
+
+@dataclass(slots=True)
+class InputEvent:
+    """One batch from a data loader's iterator, on the thread that called `__next__`."""
+
+    thread: int
+    start: float
+    end: float = 0.0
+
+
+class Subscription:
+    """One subscriber's membership of the probe's kinds; `close()` leaves them (idempotent)."""
+
+    __slots__ = ("subscriber", "kinds", "closed", "run")
+
+    def __init__(self, subscriber, kinds: tuple[str, ...], run: object = None):
+        self.subscriber, self.kinds, self.closed = subscriber, kinds, False
+        self.run = run  # the tracked run open on the subscribing thread, if any
+
+    def close(self) -> None:
+        if not self.closed:
+            _probe.release(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Hook:
+    __slots__ = ("owner", "name", "original", "had_own", "wrapper")
+
+    def __init__(self, owner, name, original, had_own, wrapper):
+        self.owner, self.name, self.original = owner, name, original
+        self.had_own, self.wrapper = had_own, wrapper
+
+
+class Probe:
+    """The process's one interception layer (`probe()`); see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subs: dict[str, set[Subscription]] = {k: set() for k in KINDS}
+        # Subscribers of each kind in priority order, rebuilt on every change: the hooks read
+        # a tuple without taking the lock.
+        self.listeners: dict[str, tuple] = {k: () for k in KINDS}
+        self._hooks: dict[str, list[_Hook]] = {k: [] for k in KINDS}
+        self.local = threading.local()
+        self._counter: Any = None
+        self._compiling: Any = None
+
+    # -- subscribing ---------------------------------------------------------------------------
+
+    def subscribe(self, subscriber, kinds: tuple[str, ...]) -> Subscription:
+        """Deliver the events of `kinds` to `subscriber` until the subscription is closed."""
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown probe event kinds {sorted(unknown)}")
+        runs = getattr(self.local, "runs", None)
+        subscription = Subscription(subscriber, tuple(kinds), runs[-1] if runs else None)
+        with self._lock:
+            try:
+                for kind in kinds:
+                    # a set's add is one step: an interrupt leaves it in or out, never half
+                    self._subs[kind].add(subscription)
+                    if not self._hooks[kind]:
+                        self._install(kind)
+            except BaseException:
+                self._leave(subscription)
+                raise
+            self._relist()
+        return subscription
+
+    def release(self, subscription: Subscription) -> None:
+        with _sigint_held(), self._lock:
+            self._leave(subscription)
+
+    # -- runs: what a tracked run subscribed, closed when it ends ------------------------------
+
+    def begin_run(self, run: object) -> None:
+        """Subscriptions made on this thread from now until `end_run(run)` (the recorder's,
+        the anatomy's, max_graphs' in %%on_tpu) belong to `run`."""
+        self.local.__dict__.setdefault("runs", []).append(run)
+
+    def end_run(self, run: object) -> None:
+        """Close whatever `run` still holds: each subscriber closes its own as the run ends,
+        and this catches one an interrupt stopped half-way. Other runs' are left alone,
+        whatever order the runs end in."""
+        runs = getattr(self.local, "runs", [])
+        if run in runs:
+            runs.remove(run)
+        with _sigint_held(), self._lock:
+            left = {s for subs in self._subs.values() for s in subs if s.run is run}
+            for subscription in left:
+                self._leave(subscription)
+
+    def _leave(self, subscription: Subscription) -> None:
+        # Runs to the end even when KeyboardInterrupt lands in it (then re-raised): a hook
+        # left installed would outlive the run for the rest of the kernel.
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                subscription.closed = True
+                for kind in subscription.kinds:
+                    self._subs[kind].discard(subscription)
+                    if not self._subs[kind]:
+                        self._uninstall(kind)
+                self._relist()
+                break
+            except KeyboardInterrupt as error:
+                interrupted = error
+        if interrupted is not None:
+            raise interrupted
+
+    def _relist(self) -> None:
+        self.listeners = {
+            kind: tuple(
+                sorted(
+                    (s.subscriber for s in subs),
+                    key=lambda s: getattr(s, "priority", 0),
+                )
+            )
+            for kind, subs in self._subs.items()
+        }
+
+    def installed(self) -> dict[str, int]:
+        """Hooks installed now, per kind (for tests and diagnostics)."""
+        return {kind: len(hooks) for kind, hooks in self._hooks.items() if hooks}
+
+    # -- install / remove ----------------------------------------------------------------------
+
+    def _install(self, kind: str) -> None:
+        import torch
+        import torch_xla
+
+        if self._counter is None:
+            self._counter = torch_xla._XLAC._xla_counter_value
+            self._compiling = torch.compiler.is_compiling
+        if kind == "sync":
+            self._patch("sync", torch_xla, "sync", lambda o: self._sync_hook(o, inner=False))
+            # torch_xla.compile(fn) syncs through its own module's global (before fn: the
+            # inputs' pending work; after: fn's graph): the same hook there.
+            inner = sys.modules["torch_xla.torch_xla"]
+            self._patch("sync", inner, "sync", lambda o: self._sync_hook(o, inner=True))
+        elif kind == "read":
+            for name, label in READ_METHODS.items():
+                self._patch("read", torch.Tensor, name, lambda o, lb=label: self._read_hook(o, lb))
+        elif kind == "fallback":
+            for namespace, name in FALLBACK_ENTRY_POINTS:
+                self.watch_fallback(namespace, name)
+        elif kind == "input":
+            dataloader = sys.modules.get("torch.utils.data.dataloader")
+            parallel = sys.modules.get("torch_xla.distributed.parallel_loader")
+            for cls in (
+                getattr(dataloader, "_BaseDataLoaderIter", None),
+                getattr(parallel, "PerDeviceLoader", None),
+            ):
+                if cls is not None:
+                    self._patch("input", cls, "__next__", self._input_hook)
+
+    def watch_fallback(self, namespace: str, name: str) -> None:
+        """Hook one more CPU-fallback entry point ("torch", "Tensor" or "functional"), until
+        the fallback subscribers leave."""
+        import torch
+
+        owner = {"torch": torch, "Tensor": torch.Tensor, "functional": torch.nn.functional}.get(
+            namespace
+        )
+        if owner is not None and callable(getattr(owner, name, None)):
+            self._patch("fallback", owner, name, self._fallback_hook)
+
+    def _patch(self, kind: str, owner, name: str, make) -> None:
+        original = getattr(owner, name, None)
+        if original is None or any(
+            h.owner is owner and h.name == name for k in KINDS for h in self._hooks[k]
+        ):
+            return
+        wrapper = make(original)
+        wrapper.__tpu_nb_hook__ = kind
+        hook = _Hook(owner, name, original, name in vars(owner), wrapper)
+        self._hooks[kind].append(hook)  # listed first: a removal never misses it
+        setattr(owner, name, wrapper)
+
+    def _uninstall(self, kind: str) -> None:
+        hooks = self._hooks[kind]
+        while hooks:
+            hook = hooks[-1]
+            try:
+                if getattr(hook.owner, hook.name, None) is hook.wrapper:
+                    if hook.had_own:
+                        setattr(hook.owner, hook.name, hook.original)
+                    else:
+                        delattr(hook.owner, hook.name)
+            except (AttributeError, TypeError):
+                log.debug("tpu_nb: could not restore %s", hook.name, exc_info=True)
+            hooks.pop()
+
+    # -- the hooks -----------------------------------------------------------------------------
+
+    def _sync_hook(self, original, *, inner: bool):
+        probe = self
+
+        @functools.wraps(original)
+        def sync(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
+            caller = sys._getframe(1)
+            listeners = probe.listeners["sync"]
+            if not listeners or probe._compiling():
+                return as_caller(caller)(original, args, kwargs)
+            local = probe.local
+            event = SyncEvent(
+                caller,
+                time.time(),
+                probe._counter("UncachedCompile"),
+                inner,
+                _plumbing_sync(caller),
+                getattr(local, "own", ""),
+                getattr(local, "owner", None),
+            )
+            states = [s.before(event) for s in listeners]
+            event.start = time.time()
+            outer = getattr(local, "in_sync", False)
+            local.in_sync = not event.plumbing  # reads during a step's sync: its closures
+            try:
+                result = as_caller(caller)(original, args, kwargs)
+            finally:
+                local.in_sync = outer
+            event.end = time.time()
+            for subscriber, state in zip(listeners, states, strict=True):
+                subscriber.after(event, state)  # only max_graphs raises, on purpose
+            return result
+
+        return sync
+
+    def _read_hook(self, original, label: str):
+        probe = self
+
+        @functools.wraps(original)
+        def read(tensor, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
+            listeners = probe.listeners["read"]
+            local = probe.local
+            # A CPU tensor's read cannot move XLA's counters: nothing to report.
+            if (
+                not listeners
+                or not getattr(tensor, "is_xla", False)
+                or getattr(local, "depth", 0)
+                or probe._compiling()
+            ):
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
+            counter = probe._counter
+            event = ReadEvent(
+                sys._getframe(1),
+                label,
+                tensor,
+                time.time(),
+                [counter(n) or 0 for n in READ_COUNTERS],
+                counter("UncachedCompile"),
+                getattr(local, "in_sync", False),
+            )
+            local.depth = 1
+            states: list = []
+            try:
+                states = [s.before(event) for s in listeners]
+                event.start = time.time()
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
+            finally:
+                event.end = time.time()
+                local.depth = 0
+                event.counters_after = [counter(n) or 0 for n in READ_COUNTERS]
+                for subscriber, state in zip(listeners, states, strict=False):
+                    subscriber.after(event, state)
+
+        return read
+
+    def _fallback_hook(self, original):
+        probe = self
+
+        @functools.wraps(original)
+        def op(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
+            listeners = probe.listeners["fallback"]
+            if not listeners or probe._compiling():
+                return as_caller(sys._getframe(1))(original, args, kwargs)
+            event = FallbackEvent(sys._getframe(1), args, probe._counter("UncachedCompile"))
+            states = [s.before(event) for s in listeners]
+            result = as_caller(sys._getframe(1))(original, args, kwargs)
+            for subscriber, state in zip(listeners, states, strict=True):
+                subscriber.after(event, state)
+            return result
+
+        return op
+
+    def _input_hook(self, original):
+        probe = self
+
+        def __next__(iterator):
+            local = probe.local
+            listeners = probe.listeners["input"]
+            if not listeners or getattr(local, "in_next", False):
+                return original(iterator)  # nested (MpDeviceLoader's own)
+            local.in_next = True
+            event = InputEvent(threading.get_ident(), time.time())
+            try:
+                return original(iterator)
+            finally:
+                event.end = time.time()
+                local.in_next = False
+                for subscriber in listeners:
+                    subscriber.after(event, None)
+
+        __next__.__wrapped__ = original
+        return __next__
+
+
+def _plumbing_sync(frame) -> bool:
+    code = frame.f_code
+    path = code.co_filename
+    return path.endswith(_BRIDGE_FILE) or (
+        code.co_name == _INPUTS_SYNC[1] and path.endswith(_INPUTS_SYNC[0])
+    )
+
+
+@contextmanager
+def _sigint_held() -> Iterator[None]:
+    """In the main thread, hold SIGINT while the block runs and deliver it after (the
+    default handler's KeyboardInterrupt); elsewhere no signal can arrive."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):
+        previous = None
+    if previous is not signal.default_int_handler:  # someone else's handler: leave it be
+        yield
+        return
+    caught: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
+
+
+_probe = Probe()
+
+
+def probe() -> Probe:
+    """The process's interception layer."""
+    return _probe
+
+
+@contextmanager
+def own_sync(kind: str, owner: Any = None) -> Iterator[None]:
+    """Syncs made in the block are tpu_nb's own (`SyncEvent.own == kind`, made for `owner`)."""
+    local = _probe.local
+    before = getattr(local, "own", ""), getattr(local, "owner", None)
+    local.own, local.owner = kind, owner
+    try:
+        yield
+    finally:
+        local.own, local.owner = before
