@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -91,53 +90,94 @@ _BRIDGE_FILE = "torch_xla/_dynamo/dynamo_bridge.py"
 _INPUTS_SYNC = ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile")
 
 
-@dataclass(slots=True)
+# The events are plain classes, not dataclasses: a dataclass's generated __init__ is code of
+# file "<string>", which Dynamo would compile as a frame of its own after a graph break (it
+# keeps out only tpu_nb's files, _dynamo.keep_out_of_dynamo).
+
+
 class SyncEvent:
-    """One `torch_xla.sync()` call."""
+    """One `torch_xla.sync()` call.
 
-    frame: FrameType  # the caller's
-    entry: float  # time.time() as the hook was entered
-    compiles_before: int  # UncachedCompile then
-    inner: bool = False  # called through torch_xla.torch_xla's global (torch_xla.compile)
-    plumbing: bool = False  # the runtime's own sync around a compiled function
-    own: str = ""  # tpu_nb's own sync: "end" (track's last), "guard-start"
-    owner: Any = None  # whose own sync it is (the run's recorder for "end")
-    start: float = 0.0  # the original called (after the subscribers' `before`)
-    end: float = 0.0  # it returned
+    frame: the caller's; entry: time.time() as the hook was entered; compiles_before:
+    UncachedCompile then; inner: called through torch_xla.torch_xla's global (torch_xla.
+    compile's syncs); plumbing: the runtime's own sync around a compiled function; own:
+    tpu_nb's own sync ("end": track()'s last, "guard-start": max_graphs' first), made for
+    `owner` (the run's recorder for "end"); start: the original called (after the
+    subscribers' `before`); end: it returned.
+    """
+
+    __slots__ = (
+        "frame",
+        "entry",
+        "compiles_before",
+        "inner",
+        "plumbing",
+        "own",
+        "owner",
+        "start",
+        "end",
+    )
+
+    def __init__(self, frame, entry, compiles_before, inner, plumbing, own, owner):
+        self.frame: FrameType = frame
+        self.entry: float = entry
+        self.compiles_before: int = compiles_before
+        self.inner: bool = inner
+        self.plumbing: bool = plumbing
+        self.own: str = own
+        self.owner: Any = owner
+        self.start = self.end = 0.0
 
 
-@dataclass(slots=True)
 class ReadEvent:
-    """A value read of an XLA tensor (one of READ_METHODS)."""
+    """A value read of an XLA tensor (one of READ_METHODS): `label` names it (".item()");
+    READ_COUNTERS before and after it; `in_sync`: inside a sync (a step closure)."""
 
-    frame: FrameType
-    label: str  # ".item()", "printing a tensor"
-    tensor: Any
-    entry: float
-    counters_before: list[int]  # READ_COUNTERS
-    compiles_before: int
-    in_sync: bool  # inside a sync: a step closure
-    start: float = 0.0
-    end: float = 0.0
-    counters_after: list[int] = field(default_factory=list)
+    __slots__ = (
+        "frame",
+        "label",
+        "tensor",
+        "entry",
+        "counters_before",
+        "compiles_before",
+        "in_sync",
+        "start",
+        "end",
+        "counters_after",
+    )
+
+    def __init__(self, frame, label, tensor, entry, counters_before, compiles_before, in_sync):
+        self.frame: FrameType = frame
+        self.label: str = label
+        self.tensor: Any = tensor
+        self.entry: float = entry
+        self.counters_before: list[int] = counters_before
+        self.compiles_before: int = compiles_before
+        self.in_sync: bool = in_sync
+        self.start = self.end = 0.0
+        self.counters_after: list[int] = counters_before
 
 
-@dataclass(slots=True)
 class FallbackEvent:
     """A call of a CPU-fallback entry point (torch.unique, F.grid_sample, ...)."""
 
-    frame: FrameType
-    args: tuple
-    compiles_before: int
+    __slots__ = ("frame", "args", "compiles_before")
+
+    def __init__(self, frame, args, compiles_before):
+        self.frame: FrameType = frame
+        self.args: tuple = args
+        self.compiles_before: int = compiles_before
 
 
-@dataclass(slots=True)
 class InputEvent:
     """One batch from a data loader's iterator, on the thread that called `__next__`."""
 
-    thread: int
-    start: float
-    end: float = 0.0
+    __slots__ = ("thread", "start", "end")
+
+    def __init__(self, thread, start):
+        self.thread: int = thread
+        self.start: float = start
+        self.end = 0.0
 
 
 class Subscription:
