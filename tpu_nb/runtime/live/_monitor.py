@@ -341,7 +341,7 @@ class SyncProbe:
         return self._subscription is not None
 
     def _install(self) -> None:
-        if self._subscription is None:
+        if self._subscription is None or self._subscription.closed:
             self._subscription = probe().subscribe(self, ("sync",))
 
     # the probe's sync events (tracking's interception layer)
@@ -349,8 +349,7 @@ class SyncProbe:
         if self._armed and not event.inner:
             self._capture(event.frame)
 
-    def after(self, event, state) -> None:
-        return None
+    after = None
 
     def close(self) -> None:
         """Leave the probe (its hooks go when no one else listens)."""

@@ -355,8 +355,7 @@ class Collector:
     # the probe's events (_probe.py): the hot path (a deque append, a decrement)
     priority = 0  # first: the recorder's anchors and max_graphs' check come after
 
-    def before(self, event) -> None:
-        return None
+    before = None
 
     def after(self, event, state) -> None:
         recorder = self._recorder
@@ -365,28 +364,27 @@ class Collector:
         kind = type(event)
         if kind is SyncEvent:
             if not (event.plumbing or event.owner is recorder):
-                self._on_sync(event)
+                sampler = self.sampler
+                if sampler is not None and sampler.check:  # rare: a new loop's first sync
+                    self._check_loop(sampler, event)
+                syncs = self.syncs
+                if len(syncs) == _MAX_STEPS:
+                    self.origin = syncs[0][2]
+                    self.dropped_steps += 1
+                syncs.append((event.entry, event.start, event.end))
+                self._count_down()
         elif kind is ReadEvent:
             self.reads.append((event.entry, event.start, event.end))
             self._count_down()
         elif event.thread == self._thread:  # an InputEvent; not a worker's
             self.inputs.append((event.start, event.end))
 
-    def _on_sync(self, event: SyncEvent) -> None:
-        sampler = self.sampler
-        if (  # rare: a new loop's first sync on the tracked thread
-            sampler is not None and sampler.check and threading.get_ident() == self._thread
-        ):
+    def _check_loop(self, sampler, event: SyncEvent) -> None:
+        if threading.get_ident() == self._thread:  # on the tracked thread
             try:
                 sampler.check_at_sync(event.frame)
             except Exception:
                 log.debug("tpu_nb: the sampler's loop check failed", exc_info=True)
-        syncs = self.syncs
-        if len(syncs) == _MAX_STEPS:
-            self.origin = syncs[0][2]
-            self.dropped_steps += 1
-        syncs.append((event.entry, event.start, event.end))
-        self._count_down()
 
     def sampled_inputs(self, events: int | None) -> list[tuple[float, float]]:
         """The host sampler's input spans (inside a `for`'s iterator), less the syncs and

@@ -97,15 +97,12 @@ def _event_line(event: CompileEvent, filename: str) -> int | None:
 
 def _ends_run(event: CompileEvent) -> bool:
     """The compile of track()'s own end-of-run sync (the end of the cell; asked for with
-    sync=True or --sync)."""
+    sync=True or --sync): marked by the probe as tpu_nb's own, as the run's own ("end") or,
+    for a run tracked around it, on the recorded site."""
     site = event.site
     if site is not None:
-        return (
-            site.line is None
-            and site.library is not None
-            and site.library.file == tracking.__file__
-        )
-    return any(f.file == tracking.__file__ for f in event.frames)
+        return site.line is None and site.own == "end"
+    return event.trigger == "end"
 
 
 def _flushes_before_guard(event: CompileEvent) -> bool:

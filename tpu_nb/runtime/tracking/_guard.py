@@ -144,8 +144,7 @@ class max_graphs:
     # the probe's sync events (_probe.py): checked after the recorder placed the sync
     priority = 2
 
-    def before(self, event) -> None:
-        return None
+    before = None
 
     def after(self, event, state) -> None:
         __tracebackhide__ = True  # noqa: F841

@@ -11,7 +11,8 @@ The probe wraps, while some subscriber listens for that kind of event:
 
 Each hook builds one typed event (`SyncEvent`, `ReadEvent`, `FallbackEvent`, `InputEvent`)
 and hands it to the subscribers in order of `priority`: `before(event)` as the call starts,
-`after(event, state)` as it returns, `state` being what `before` returned. The recorder
+`after(event, state)` as it returns, `state` being what `before` returned (a subscriber sets
+`before = None` or `after = None` where it has nothing to do). The recorder
 (provenance), the step anatomy, `max_graphs` and the live monitor's sync probe are
 subscribers; none of them patches torch itself.
 
@@ -208,6 +209,18 @@ class _Hook:
         self.had_own, self.wrapper = had_own, wrapper
 
 
+class _Local(threading.local):
+    """Per-thread state of the hooks. Class-level defaults: `getattr(local, name, default)`
+    of a missing name raises and catches an AttributeError inside (~1.5 us per sync)."""
+
+    own = ""  # own_sync()'s kind, while tpu_nb syncs
+    owner: Any = None
+    in_sync = False  # inside a sync: reads are its step closures
+    depth = 0  # inside a read hook: nested reads are its own
+    in_next = False  # inside a loader's __next__ (MpDeviceLoader's nests another)
+    runs: list | None = None  # tracked runs open on this thread, innermost last
+
+
 class Probe:
     """The process's one interception layer (`probe()`); see the module docstring."""
 
@@ -217,8 +230,10 @@ class Probe:
         # Subscribers of each kind in priority order, rebuilt on every change: the hooks read
         # a tuple without taking the lock.
         self.listeners: dict[str, tuple] = {k: () for k in KINDS}
+        self.befores: dict[str, tuple] = {k: () for k in KINDS}
+        self.afters: dict[str, tuple] = {k: () for k in KINDS}
         self._hooks: dict[str, list[_Hook]] = {k: [] for k in KINDS}
-        self.local = threading.local()
+        self.local = _Local()
         self._counter: Any = None
         self._compiling: Any = None
 
@@ -229,7 +244,7 @@ class Probe:
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown probe event kinds {sorted(unknown)}")
-        runs = getattr(self.local, "runs", None)
+        runs = self.local.runs
         subscription = Subscription(subscriber, tuple(kinds), runs[-1] if runs else None)
         with self._lock:
             try:
@@ -253,19 +268,28 @@ class Probe:
     def begin_run(self, run: object) -> None:
         """Subscriptions made on this thread from now until `end_run(run)` (the recorder's,
         the anatomy's, max_graphs' in %%on_tpu) belong to `run`."""
-        self.local.__dict__.setdefault("runs", []).append(run)
+        local = self.local
+        if local.runs is None:
+            local.runs = []
+        local.runs.append(run)
 
     def end_run(self, run: object) -> None:
         """Close whatever `run` still holds: each subscriber closes its own as the run ends,
         and this catches one an interrupt stopped half-way. Other runs' are left alone,
         whatever order the runs end in."""
-        runs = getattr(self.local, "runs", [])
+        runs = self.local.runs or []
         if run in runs:
             runs.remove(run)
+        interrupted: BaseException | None = None
         with _sigint_held(), self._lock:
             left = {s for subs in self._subs.values() for s in subs if s.run is run}
             for subscription in left:
-                self._leave(subscription)
+                try:
+                    self._leave(subscription)
+                except KeyboardInterrupt as error:  # the rest are still left
+                    interrupted = error
+        if interrupted is not None:
+            raise interrupted
 
     def _leave(self, subscription: Subscription) -> None:
         # Runs to the end even when KeyboardInterrupt lands in it (then re-raised): a hook
@@ -286,15 +310,15 @@ class Probe:
             raise interrupted
 
     def _relist(self) -> None:
-        self.listeners = {
-            kind: tuple(
-                sorted(
-                    (s.subscriber for s in subs),
-                    key=lambda s: getattr(s, "priority", 0),
-                )
-            )
-            for kind, subs in self._subs.items()
-        }
+        befores, afters = {}, {}
+        for kind, subs in self._subs.items():
+            ordered = sorted((s.subscriber for s in subs), key=lambda s: getattr(s, "priority", 0))
+            # bound methods, looked up once; a subscriber sets `before = None` (or `after`)
+            # when it has nothing to do there
+            befores[kind] = tuple((s, s.before) for s in ordered if s.before is not None)
+            afters[kind] = tuple((s, s.after) for s in ordered if s.after is not None)
+        self.befores, self.afters = befores, afters
+        self.listeners = {kind: befores[kind] or afters[kind] for kind in KINDS}
 
     def installed(self) -> dict[str, int]:
         """Hooks installed now, per kind (for tests and diagnostics)."""
@@ -377,8 +401,7 @@ class Probe:
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             caller = sys._getframe(1)
-            listeners = probe.listeners["sync"]
-            if not listeners or probe._compiling():
+            if not probe.listeners["sync"] or probe._compiling():
                 return as_caller(caller)(original, args, kwargs)
             local = probe.local
             event = SyncEvent(
@@ -387,20 +410,22 @@ class Probe:
                 probe._counter("UncachedCompile"),
                 inner,
                 _plumbing_sync(caller),
-                getattr(local, "own", ""),
-                getattr(local, "owner", None),
+                local.own,
+                local.owner,
             )
-            states = [s.before(event) for s in listeners]
+            states = {}
+            for subscriber, before in probe.befores["sync"]:
+                states[subscriber] = before(event)
             event.start = time.time()
-            outer = getattr(local, "in_sync", False)
+            outer = local.in_sync
             local.in_sync = not event.plumbing  # reads during a step's sync: its closures
             try:
                 result = as_caller(caller)(original, args, kwargs)
             finally:
                 local.in_sync = outer
             event.end = time.time()
-            for subscriber, state in zip(listeners, states, strict=True):
-                subscriber.after(event, state)  # only max_graphs raises, on purpose
+            for subscriber, after in probe.afters["sync"]:
+                after(event, states.get(subscriber))  # only max_graphs raises, on purpose
             return result
 
         return sync
@@ -411,13 +436,12 @@ class Probe:
         @functools.wraps(original)
         def read(tensor, *args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
-            listeners = probe.listeners["read"]
             local = probe.local
             # A CPU tensor's read cannot move XLA's counters: nothing to report.
             if (
-                not listeners
+                not probe.listeners["read"]
                 or not getattr(tensor, "is_xla", False)
-                or getattr(local, "depth", 0)
+                or local.depth
                 or probe._compiling()
             ):
                 return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
@@ -429,20 +453,21 @@ class Probe:
                 time.time(),
                 [counter(n) or 0 for n in READ_COUNTERS],
                 counter("UncachedCompile"),
-                getattr(local, "in_sync", False),
+                local.in_sync,
             )
             local.depth = 1
-            states: list = []
+            states: dict = {}
             try:
-                states = [s.before(event) for s in listeners]
+                for subscriber, before in probe.befores["read"]:
+                    states[subscriber] = before(event)
                 event.start = time.time()
                 return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
             finally:
                 event.end = time.time()
                 local.depth = 0
                 event.counters_after = [counter(n) or 0 for n in READ_COUNTERS]
-                for subscriber, state in zip(listeners, states, strict=False):
-                    subscriber.after(event, state)
+                for subscriber, after in probe.afters["read"]:
+                    after(event, states.get(subscriber))
 
         return read
 
@@ -452,14 +477,15 @@ class Probe:
         @functools.wraps(original)
         def op(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
-            listeners = probe.listeners["fallback"]
-            if not listeners or probe._compiling():
+            if not probe.listeners["fallback"] or probe._compiling():
                 return as_caller(sys._getframe(1))(original, args, kwargs)
             event = FallbackEvent(sys._getframe(1), args, probe._counter("UncachedCompile"))
-            states = [s.before(event) for s in listeners]
+            states = {}
+            for subscriber, before in probe.befores["fallback"]:
+                states[subscriber] = before(event)
             result = as_caller(sys._getframe(1))(original, args, kwargs)
-            for subscriber, state in zip(listeners, states, strict=True):
-                subscriber.after(event, state)
+            for subscriber, after in probe.afters["fallback"]:
+                after(event, states.get(subscriber))
             return result
 
         return op
@@ -469,8 +495,8 @@ class Probe:
 
         def __next__(iterator):
             local = probe.local
-            listeners = probe.listeners["input"]
-            if not listeners or getattr(local, "in_next", False):
+            afters = probe.afters["input"]
+            if not afters or local.in_next:
                 return original(iterator)  # nested (MpDeviceLoader's own)
             local.in_next = True
             event = InputEvent(threading.get_ident(), time.time())
@@ -479,8 +505,8 @@ class Probe:
             finally:
                 event.end = time.time()
                 local.in_next = False
-                for subscriber in listeners:
-                    subscriber.after(event, None)
+                for _, after in afters:
+                    after(event, None)
 
         __next__.__wrapped__ = original
         return __next__
@@ -530,7 +556,7 @@ def probe() -> Probe:
 def own_sync(kind: str, owner: Any = None) -> Iterator[None]:
     """Syncs made in the block are tpu_nb's own (`SyncEvent.own == kind`, made for `owner`)."""
     local = _probe.local
-    before = getattr(local, "own", ""), getattr(local, "owner", None)
+    before = local.own, local.owner
     local.own, local.owner = kind, owner
     try:
         yield

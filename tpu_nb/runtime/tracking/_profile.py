@@ -155,8 +155,7 @@ class profile:
         return self
 
     # the probe's sync events: the steps the run's recorder counts
-    def before(self, event) -> None:
-        return None
+    before = None
 
     def after(self, event, state) -> None:
         recorder = self._recorder

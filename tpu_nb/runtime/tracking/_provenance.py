@@ -128,6 +128,8 @@ class Recording:
     # (file, line) of the tracked code -> syncs and device reads it made (the steps a line
     # took part in: whether it compiled again after its last compile)
     line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Compile-log spans (start, end) of the run's own end-of-run sync (track(sync=True)).
+    own_end: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Recorder:
@@ -201,7 +203,9 @@ class Recorder:
         if not self.active:
             return None
         if type(event) is SyncEvent:
-            if event.plumbing or event.owner is self or not self._capture:
+            if event.owner is self:  # this run's own end: where its compiles start in the log
+                return self._log.size() if self._log is not None else 0
+            if event.plumbing or not self._capture:
                 return None, None
             return self._maybe_capture(event.frame)
         if type(event) is ReadEvent:
@@ -218,6 +222,9 @@ class Recorder:
         kind = type(event)
         if kind is SyncEvent:
             if event.owner is self:  # tpu_nb's sync at the end of this run: not the user's
+                end = self._log.size() if self._log is not None else 0
+                if end > state:
+                    self.recording.own_end.append((state, end))
                 return
             if event.plumbing:  # not a step: its compiles are still anchored
                 self._after_sync(event, None, None, counted=False)

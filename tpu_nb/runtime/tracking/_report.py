@@ -408,6 +408,7 @@ class track:
             events = self._log.events_since(self._offset)
             if recording is not None:
                 events = _place(events, recording.anchors, self._offset)
+                events = _mark_own_end(events, recording.own_end)
             events = dynamo.place(events, report.compiled)
             report.compile_events = events
             report.recompilations = _note_recompilations(dynamo.functions_graphs(events))
@@ -467,6 +468,19 @@ def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEven
             )
         start = max(start, anchor.log_end)
     return placed
+
+
+def _mark_own_end(events: list[CompileEvent], spans) -> list[CompileEvent]:
+    """Compiles of the run's own end-of-run sync (the probe marked it tpu_nb's): trigger
+    "end", so the findings name it as tpu_nb's, not the user's."""
+    if not spans:
+        return events
+    return [
+        replace(e, trigger="end")
+        if e.site is None and any(start <= e.offset < end for start, end in spans)
+        else e
+        for e in events
+    ]
 
 
 def _quiet_wait(report: RunReport) -> None:
