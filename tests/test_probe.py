@@ -33,6 +33,7 @@ def assert_originals() -> None:
         assert getattr(torch.Tensor, name) is original, name
     assert torch.unique is ORIGINAL_UNIQUE
     assert probe().installed() == {}
+    assert _anatomy.current() is None  # no run's collector is left as the live one
 
 
 @pytest.fixture(autouse=True)

@@ -288,6 +288,7 @@ class Collector:
         self._thread = threading.get_ident()
         self._depth = 0
         self._subscription: Subscription | None = None
+        self._ended = False
         self._recorder: Recorder | None = None
         self._outer: Collector | None = None
         self._xc: Any = None  # torch_xla._XLAC once started (no stubs)
@@ -329,10 +330,7 @@ class Collector:
     def finish(self) -> Anatomy | None:
         """Unhook and build the run's Anatomy; None if that failed (logged: a bug in tpu_nb
         must not cost the user the run's report)."""
-        global _active
         end = _clock()
-        if _active is self:
-            _active = self._outer  # a run tracked inside another: the outer again
         self._unhook()
         try:
             with self._lock:
@@ -448,7 +446,14 @@ class Collector:
             self._seen[name] = (total, samples[-1][0] if samples else last_ts)
 
     def _unhook(self) -> None:
+        global _active
         subscription, self._subscription = self._subscription, None
+        self._ended = True
+        if _active is self:  # a run tracked inside another: the outer again, unless it ended
+            outer = self._outer
+            while outer is not None and outer._ended:
+                outer = outer._outer
+            _active = outer
         try:
             if subscription is not None:
                 subscription.close()
