@@ -116,6 +116,73 @@ def is_library(path: str) -> bool:
     return _classify(path, tuple(sys.path))
 
 
+# -- call sites: the one rule for "whose line is this?" ------------------------------------------
+#
+# Every hook and report of tpu_nb places an event by walking outwards from the frame that
+# called into torch: the first frame of user code (`is_library` False) is the user's line;
+# within a tracked run, the tracked code's own frame (a cell's code, or the frame that entered
+# the block) is "the line", the innermost user frame below it a helper, and the innermost
+# library frame below that the function that did it.
+
+MAX_DEPTH = 400  # frames walked at most from a hook outwards
+
+
+def user_frame(frame):
+    """The innermost frame of user code at or outside `frame` (None: only library code)."""
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH and is_library(frame.f_code.co_filename):
+        frame = frame.f_back
+        depth += 1
+    return frame if depth < MAX_DEPTH else None
+
+
+def tracked_frame(frame, code_ids: frozenset = frozenset(), root=None):
+    """The tracked code's frame at or outside `frame`: one running a code object whose id is
+    in `code_ids`, or `root` itself; None when the stack does not reach it."""
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        if id(frame.f_code) in code_ids or frame is root:
+            return frame
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def call_site(frame, code_ids: frozenset = frozenset(), root=None, passes=None):
+    """(line, user, library) frames for an event raised in `frame`: the tracked code's frame
+    (None when not reached), the innermost user frame below it, the innermost library frame
+    below that which does not only pass the call along (`passes(path, function)`)."""
+    user = library = None
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        code = frame.f_code
+        if id(code) in code_ids or frame is root:
+            return frame, user, library
+        path = code.co_filename
+        if is_library(path):
+            # The library function that did it: inside the innermost user frame, if any (a
+            # library frame outside it, like Module._call_impl, only called the user's code).
+            if library is None and user is None and not (passes and passes(path, code.co_name)):
+                library = frame
+        elif user is None:
+            user = frame
+        frame = frame.f_back
+        depth += 1
+    return None, user, library
+
+
+def cut_at_user_code(tb) -> None:
+    """Cut a traceback after its last frame of user code: an error about the user's line,
+    with tpu_nb's wrappers or contextlib below it, reads better without them."""
+    last_user = None
+    while tb is not None:
+        if not is_library(tb.tb_frame.f_code.co_filename):
+            last_user = tb
+        tb = tb.tb_next
+    if last_user is not None:
+        last_user.tb_next = None
+
+
 # Names for files that are not files: the extension registers one that maps the files IPython
 # compiles cells into to "In [n]" (the runtime never imports IPython).
 _namers: list = []

@@ -30,18 +30,16 @@ compile-log blocks: input/output counts, sizes and causes, and the alert says so
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import resource
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_nb.runtime.backend import xla, xlac
+from tpu_nb.runtime.backend import xlac
 from tpu_nb.runtime.errors import check_whole_number
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
@@ -51,7 +49,7 @@ from tpu_nb.runtime.metrics._compile_log import (
     describe_difference,
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
-from tpu_nb.runtime.sources import as_caller, is_library, place_text
+from tpu_nb.runtime.sources import place_text, user_frame
 from tpu_nb.runtime.tracking import (
     Anatomy,
     anatomy_in_progress,
@@ -59,6 +57,7 @@ from tpu_nb.runtime.tracking import (
     graph_facts,
     last_report,
     line_growth,
+    probe,
     progression,
 )
 from tpu_nb.runtime.tracking._dynamo import (
@@ -311,12 +310,12 @@ def _diff_lines(before, after) -> tuple[str, ...]:
 class SyncProbe:
     """Captures the pending graph just before `torch_xla.sync()` runs at chosen lines.
 
-    Installed (by replacing `torch_xla.sync`, which `xm.mark_step` also calls) only while a
-    line is armed, and removed by `close()`. A capture is the graph module's `pending_graph`
-    of what the calling frame's variables reach (~ms): a line is disarmed once two different
-    graphs were captured there, or after `max_captures` tries or `budget` seconds. Arming it
-    again (the line compiled yet another graph) captures one more, so the last two captured
-    follow the latest graphs.
+    A subscriber of tracking's probe (its hook on `torch_xla.sync`, which `xm.mark_step` also
+    calls) only while a line is armed, until `close()`. A capture is the graph module's
+    `pending_graph` of what the calling frame's variables reach (~ms): a line is disarmed
+    once two different graphs were captured there, or after `max_captures` tries or `budget`
+    seconds. Arming it again (the line compiled yet another graph) captures one more, so the
+    last two captured follow the latest graphs.
     """
 
     def __init__(self, *, max_captures: int = 32, budget: float = 0.5):
@@ -326,8 +325,7 @@ class SyncProbe:
         self._armed: set[tuple[str, int]] = set()
         self._wanted: dict[tuple[str, int], int] = {}  # new graphs still to capture
         self._spent = 0.0
-        self._original: Callable[..., Any] | None = None
-        self._wrapper: Callable[..., Any] | None = None
+        self._subscription: Any = None
 
     def arm(self, site: tuple[str, int]) -> None:
         if self._spent >= self.budget:
@@ -344,40 +342,30 @@ class SyncProbe:
 
     @property
     def installed(self) -> bool:
-        return self._wrapper is not None
+        return self._subscription is not None
 
     def _install(self) -> None:
-        if self._wrapper is not None:
-            return
-        torch_xla = xla()
-        original = torch_xla.sync
-        probe = self
+        if self._subscription is None or self._subscription.closed:
+            self._subscription = probe().subscribe(self, ("sync",))
 
-        @functools.wraps(original)
-        def sync(*args, **kwargs):
-            __tracebackhide__ = True  # noqa: F841
-            if probe._armed:
-                probe._capture(sys._getframe(1))
-            return as_caller(sys._getframe(1))(original, args, kwargs)
+    # the probe's sync events (tracking's interception layer)
+    def before(self, event) -> None:
+        if self._armed and not event.inner:
+            self._capture(event.frame)
 
-        self._original, self._wrapper = original, sync
-        torch_xla.sync = sync
+    after = None
 
     def close(self) -> None:
-        """Restore `torch_xla.sync` (unless something replaced it after us)."""
+        """Leave the probe (its hooks go when no one else listens)."""
         self._armed.clear()
-        if self._wrapper is None:
-            return
-        torch_xla = xla()
-        if torch_xla.sync is self._wrapper:
-            torch_xla.sync = self._original
-        self._wrapper = self._original = None
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            subscription.close()
 
     def _capture(self, frame) -> None:
         site = None
         try:
-            while frame is not None and is_library(frame.f_code.co_filename):
-                frame = frame.f_back
+            frame = user_frame(frame)
             if frame is None:
                 return
             site = (frame.f_code.co_filename, frame.f_lineno)

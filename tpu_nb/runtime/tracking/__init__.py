@@ -14,6 +14,7 @@ from tpu_nb.runtime.tracking._attribution import (
 )
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
 from tpu_nb.runtime.tracking._policy import Judgement, LinePattern, line_growth, progression
+from tpu_nb.runtime.tracking._probe import probe
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
 from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_report, track
 from tpu_nb.runtime.tracking._session import on_tpu
@@ -38,6 +39,7 @@ __all__ = [
     "line_growth",
     "max_graphs",
     "on_tpu",
+    "probe",
     "profile",
     "progression",
     "track",

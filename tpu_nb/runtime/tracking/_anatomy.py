@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import sys
 import threading
 import time
 from bisect import bisect_left, bisect_right
@@ -49,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
 
@@ -287,7 +287,8 @@ class Collector:
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
         self._depth = 0
-        self._restore: list = []
+        self._subscription: Subscription | None = None
+        self._ended = False
         self._recorder: Recorder | None = None
         self._outer: Collector | None = None
         self._xc: Any = None  # torch_xla._XLAC once started (no stubs)
@@ -313,9 +314,7 @@ class Collector:
         self._base = {name: total for name, (total, _) in self._seen.items()}
         self.lost_samples = False
         self._recorder = recorder
-        recorder.on_sync.append(self._on_sync)
-        recorder.on_read.append(self._on_read)
-        self._wrap_loaders()
+        self._subscription = probe().subscribe(self, ("sync", "read", "input"))
         self.started = self.origin = _clock()
         if self.sample_interval:
             self.sampler = Sampler(
@@ -331,10 +330,7 @@ class Collector:
     def finish(self) -> Anatomy | None:
         """Unhook and build the run's Anatomy; None if that failed (logged: a bug in tpu_nb
         must not cost the user the run's report)."""
-        global _active
         end = _clock()
-        if _active is self:
-            _active = self._outer  # a run tracked inside another: the outer again
         self._unhook()
         try:
             with self._lock:
@@ -354,26 +350,39 @@ class Collector:
                 self._lock.release()
         return build(self, None, last=last)
 
-    # hooks: the hot path (a deque append, a decrement)
-    def _on_sync(self, entry: float, start: float, end: float) -> None:
-        sampler = self.sampler
-        if (  # rare: a new loop's first sync on the tracked thread
-            sampler is not None and sampler.check and threading.get_ident() == self._thread
-        ):
+    # the probe's events (_probe.py): the hot path (a deque append, a decrement)
+    priority = 0  # first: the recorder's anchors and max_graphs' check come after
+
+    before = None
+
+    def after(self, event, state) -> None:
+        recorder = self._recorder
+        if recorder is None or not recorder.active:
+            return
+        kind = type(event)
+        if kind is SyncEvent:
+            if not (event.plumbing or event.owner is recorder):
+                sampler = self.sampler
+                if sampler is not None and sampler.check:  # rare: a new loop's first sync
+                    self._check_loop(sampler, event)
+                syncs = self.syncs
+                if len(syncs) == _MAX_STEPS:
+                    self.origin = syncs[0][2]
+                    self.dropped_steps += 1
+                syncs.append((event.entry, event.start, event.end))
+                self._count_down()
+        elif kind is ReadEvent:
+            self.reads.append((event.entry, event.start, event.end))
+            self._count_down()
+        elif event.thread == self._thread:  # an InputEvent; not a worker's
+            self.inputs.append((event.start, event.end))
+
+    def _check_loop(self, sampler, event: SyncEvent) -> None:
+        if threading.get_ident() == self._thread:  # on the tracked thread
             try:
-                sampler.check_at_sync(sys._getframe(1))
+                sampler.check_at_sync(event.frame)
             except Exception:
                 log.debug("tpu_nb: the sampler's loop check failed", exc_info=True)
-        syncs = self.syncs
-        if len(syncs) == _MAX_STEPS:
-            self.origin = syncs[0][2]
-            self.dropped_steps += 1
-        syncs.append((entry, start, end))
-        self._count_down()
-
-    def _on_read(self, entry: float, start: float, end: float) -> None:
-        self.reads.append((entry, start, end))
-        self._count_down()
 
     def sampled_inputs(self, events: int | None) -> list[tuple[float, float]]:
         """The host sampler's input spans (inside a `for`'s iterator), less the syncs and
@@ -436,60 +445,21 @@ class Collector:
             )
             self._seen[name] = (total, samples[-1][0] if samples else last_ts)
 
-    # data loaders
-    def _wrap_loaders(self) -> None:
-        targets = []
-        dataloader = sys.modules.get("torch.utils.data.dataloader")
-        if dataloader is not None:
-            targets.append(getattr(dataloader, "_BaseDataLoaderIter", None))
-        parallel = sys.modules.get("torch_xla.distributed.parallel_loader")
-        if parallel is not None:
-            targets.append(getattr(parallel, "PerDeviceLoader", None))
-        for cls in targets:
-            if cls is None:
-                continue
-            original = getattr(cls, "__next__", None)
-            if original is None or getattr(original, "__tpu_nb_anatomy__", False):
-                continue
-            had_own = "__next__" in vars(cls)
-            cls.__next__ = self._timed_next(original)
-            self._restore.append((cls, original, had_own))
-
-    def _timed_next(self, original):
-        collector = self
-
-        def __next__(iterator):
-            if collector._depth or threading.get_ident() != collector._thread:
-                return original(iterator)  # nested (MpDeviceLoader's own) or a worker
-            collector._depth = 1
-            start = _clock()
-            try:
-                return original(iterator)
-            finally:
-                collector.inputs.append((start, _clock()))
-                collector._depth = 0
-
-        __next__.__tpu_nb_anatomy__ = True
-        __next__.__wrapped__ = original
-        return __next__
-
     def _unhook(self) -> None:
-        if self.sampler is not None:
-            self.sampler.stop()  # joined: no thread outlives the run
-        for cls, original, had_own in reversed(self._restore):
-            if had_own:
-                cls.__next__ = original
-            else:
-                del cls.__next__
-        self._restore.clear()
-        recorder = self._recorder
-        if recorder is not None:
-            for hooks, hook in (
-                (recorder.on_sync, self._on_sync),
-                (recorder.on_read, self._on_read),
-            ):
-                if hook in hooks:
-                    hooks.remove(hook)
+        global _active
+        subscription, self._subscription = self._subscription, None
+        self._ended = True
+        if _active is self:  # a run tracked inside another: the outer again, unless it ended
+            outer = self._outer
+            while outer is not None and outer._ended:
+                outer = outer._outer
+            _active = outer
+        try:
+            if subscription is not None:
+                subscription.close()
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()  # joined: no thread outlives the run
 
 
 # -- from timestamps to steps ------------------------------------------------------------------

@@ -11,7 +11,6 @@ input/output counts, and the finding says which.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -99,29 +98,20 @@ def _event_line(event: CompileEvent, filename: str) -> int | None:
 
 def _ends_run(event: CompileEvent) -> bool:
     """The compile of track()'s own end-of-run sync (the end of the cell; asked for with
-    sync=True or --sync)."""
+    sync=True or --sync): marked by the probe as tpu_nb's own, as the run's own ("end") or,
+    for a run tracked around it, on the recorded site."""
     site = event.site
     if site is not None:
-        return (
-            site.line is None
-            and site.library is not None
-            and site.library.file == tracking.__file__
-        )
-    return any(f.file == tracking.__file__ for f in event.frames)
-
-
-# The guard's module, named by path: it imports this one (for its error's "what changed").
-_GUARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
+        return site.line is None and site.own == "end"
+    return event.trigger == "end"
 
 
 def _flushes_before_guard(event: CompileEvent) -> bool:
     """The compile of the --max-graphs guard's own sync as it starts: work left pending from
-    before the block (an earlier cell's tensors), not a line of the block."""
+    before the block (an earlier cell's tensors), not a line of the block. The probe marks
+    that sync as tpu_nb's own, and the recorder's site carries the mark."""
     site = event.site
-    frames = (site.library,) if site is not None else event.frames
-    return any(
-        f is not None and f.file == _GUARD_FILE and f.function == "_detector_guard" for f in frames
-    )
+    return site is not None and site.own == "guard-start"
 
 
 def _via(event: CompileEvent) -> str:

@@ -3,8 +3,8 @@
 Counted the way the report counts: per line of user code (the innermost user frame of the
 sync), every distinct graph the compile-cause log records for it inside the block, the first
 step's included. The check runs right after each sync (`torch_xla.sync`, which `xm.mark_step`
-and the device loaders call, is wrapped while the block runs), so the step that compiled graph
-n+1 has run when RecompilationError is raised; the error says what differs from the line's
+and the device loaders call: a subscriber of the probe, _probe.py), so the step that compiled
+graph n+1 has run when RecompilationError is raised; the error says what differs from the line's
 previous graph (the op and shape when `%%on_tpu`'s recorder captured both graphs — lines at
 their limit are captured at every sync while the guard is on — else the log's counts).
 
@@ -18,21 +18,22 @@ it is the only check.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
 from tpu_nb.runtime.backend import xla
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
-from tpu_nb.runtime.sources import as_caller
+from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.sources import cut_at_user_code, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.tracking._probe import Subscription, own_sync, probe
 from tpu_nb.runtime.units import format_place
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
@@ -97,13 +98,7 @@ def as_recompilation_error(exc: BaseException, limit: int) -> RecompilationError
 
 def _sync_site() -> str:
     """file:line of the user code that called the sync now running (called in a closure)."""
-    frame: FrameType | None = sys._getframe(2)
-    library = tuple(
-        os.path.dirname(getattr(sys.modules.get(m), "__file__", "") or "") + os.sep
-        for m in ("torch_xla", "torch", "tpu_nb")
-    )
-    while frame is not None and frame.f_code.co_filename.startswith(library):
-        frame = frame.f_back
+    frame = user_frame(sys._getframe(2))
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "?"
 
 
@@ -126,8 +121,7 @@ class max_graphs:
         )
         self.limit = limit
         self._fallback: AbstractContextManager[None] | None = None
-        self._wrapper: Callable | None = None
-        self._original: Callable | None = None
+        self._subscription: Subscription | None = None
 
     def __enter__(self) -> None:
         from tpu_nb.runtime.metrics._compile_log import compile_log
@@ -141,33 +135,41 @@ class max_graphs:
             return None
         self._read = log.size()
         self._graphs: dict[tuple[str, int], list] = {}
-        torch_xla = xla()
-        original = self._original = torch_xla.sync
-        guard = self
-
-        @functools.wraps(original)
-        def sync(*args, **kwargs):
-            __tracebackhide__ = True  # noqa: F841
-            result = as_caller(sys._getframe(1))(original, args, kwargs)
-            guard._check(sys._getframe(1))
-            return result
-
-        self._wrapper = torch_xla.sync = sync
+        try:
+            self._subscription = probe().subscribe(self, ("sync",))
+        except BaseException:
+            detector.__exit__(*sys.exc_info())
+            raise
         return None
 
+    # the probe's sync events (_probe.py): checked after the recorder placed the sync
+    priority = 2
+
+    before = None
+
+    def after(self, event, state) -> None:
+        __tracebackhide__ = True  # noqa: F841
+        if not event.inner:  # torch_xla.compile's own syncs are not a step's
+            self._check(event.frame)
+
     def __exit__(self, exc_type, exc, tb) -> bool:
-        torch_xla = xla()
-        if self._wrapper is not None and torch_xla.sync is self._wrapper:
-            torch_xla.sync = self._original
-        for key in getattr(self, "_graphs", {}):
-            provenance.force_capture.discard(key)
+        try:
+            if self._subscription is not None:
+                self._subscription.close()
+        finally:  # an interrupt in the close still ends the detector's session
+            for key in getattr(self, "_graphs", {}):
+                provenance.force_capture.discard(key)
+            suppressed = self._exit_detector(exc_type, exc, tb)
+        return suppressed
+
+    def _exit_detector(self, exc_type, exc, tb) -> bool:
         if isinstance(exc, RecompilationError):
-            _end_at_user_code(tb)
+            cut_at_user_code(tb)
         if self._fallback is not None:
             try:
                 return bool(self._fallback.__exit__(exc_type, exc, tb))
             except RecompilationError as error:
-                _end_at_user_code(error.__traceback__)
+                cut_at_user_code(error.__traceback__)
                 raise
         return False
 
@@ -178,7 +180,10 @@ class max_graphs:
             return
         events = log.events_since(self._read)
         self._read = log.size()
-        site = _user_site(frame)
+        found = user_frame(frame)
+        site = (
+            Frame(found.f_code.co_filename, found.f_lineno, found.f_code.co_name) if found else None
+        )
         for event in events:
             where = site if event.kind != "value-access" else event.user_frame
             if where is None or dynamo.inputs_sync(event):  # not the function's own graph
@@ -191,31 +196,6 @@ class max_graphs:
                 provenance.force_capture.add(key)
             if len(graphs) > self.limit:
                 raise RecompilationError.at_line(self.limit, where, graphs)
-
-
-def _end_at_user_code(tb) -> None:
-    """Cut the traceback after the last frame of user code: the error is about the user's
-    line, and tpu_nb's wrapper or contextlib below it would only hide that."""
-    from tpu_nb.runtime.sources import is_library
-
-    last_user = None
-    while tb is not None:
-        if not is_library(tb.tb_frame.f_code.co_filename):
-            last_user = tb
-        tb = tb.tb_next
-    if last_user is not None:
-        last_user.tb_next = None
-
-
-def _user_site(frame):
-    from tpu_nb.runtime.metrics._compile_log import Frame
-    from tpu_nb.runtime.sources import is_library
-
-    while frame is not None and is_library(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    return Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def _in_dynamo_bridge() -> bool:
@@ -260,7 +240,8 @@ def _detector_guard(limit: int) -> Iterator[None]:
             state["paused"] = True
             xc._dynamic_shape_detector_end_session()
 
-    torch_xla.sync()  # work pending from before is not this block's
+    with own_sync("guard-start"):
+        torch_xla.sync()  # work pending from before is not this block's
     saved = xc._dynamic_shape_detector_get_max_different_graphs()
     xc._dynamic_shape_detector_set_max_different_graphs(limit)
     xc._dynamic_shape_detector_start_session(f"{prefix}:start")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tpu_nb.runtime.errors import RuntimeStateError, TpuNbUsageError, check_whole_number
+from tpu_nb.runtime.tracking._probe import Subscription, probe
 
 if TYPE_CHECKING:
     from tpu_nb.runtime.tracking._provenance import Recorder
@@ -121,6 +122,7 @@ class profile:
         self._seen = 0
         self._tracing = False
         self._recorder: Recorder | None = None
+        self._subscription: Subscription | None = None
 
     def __enter__(self) -> profile:
         import torch_xla.debug.profiler as xp
@@ -136,7 +138,7 @@ class profile:
                     "steps= to trace the whole block."
                 )
             self._recorder = collector._recorder
-            self._recorder.on_sync.append(self._on_sync)
+            self._subscription = probe().subscribe(self, ("sync",))
         try:
             xp.start_trace(self.logdir)
         except Exception as exc:  # a trace already running, a profiler that cannot start
@@ -148,14 +150,19 @@ class profile:
         self._tracing = True
         return self
 
-    def _on_sync(self, entry: float, start: float, end: float) -> None:
+    # the probe's sync events: the steps the run's recorder counts
+    before = None
+
+    def after(self, event, state) -> None:
+        recorder = self._recorder
+        if recorder is None or not recorder.active or event.plumbing or event.owner is recorder:
+            return
         self._seen += 1
         if self._seen >= (self.steps or 0):
-            self._stop(unhook=False)  # not while the recorder iterates its hooks
+            self._stop()
 
-    def _stop(self, unhook: bool = True) -> None:
-        if unhook:
-            self._unhook()
+    def _stop(self) -> None:
+        self._unhook()
         if not self._tracing:
             return
         import torch_xla.debug.profiler as xp
@@ -167,8 +174,9 @@ class profile:
             shutil.rmtree(self.logdir, ignore_errors=True)
 
     def _unhook(self) -> None:
-        if self._recorder is not None and self._on_sync in self._recorder.on_sync:
-            self._recorder.on_sync.remove(self._on_sync)
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            subscription.close()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop()

@@ -27,64 +27,22 @@ graphs per line; captures that do not follow a compile at their line also by a t
 
 from __future__ import annotations
 
-import functools
 import logging
-import sys
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import Frame
-from tpu_nb.runtime.sources import as_caller, is_library, short_path
+from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.units import format_place
 
 log = logging.getLogger("tpu_nb")
 
 HOST_READ = "aten::_local_scalar_dense"
 _TENSOR_TYPES: tuple = ()  # torch.Tensor and Parameter, set by Recorder.start()
-# Counters that move when device data reaches the host: a scalar read, a copy to the CPU.
-_READ_COUNTERS = (HOST_READ, "xla::_to_cpu", "xla::_to_copy")
-# Tensor methods that read device values, and how a finding names them.
-_READ_METHODS = {
-    "item": ".item()",
-    "tolist": ".tolist()",
-    "numpy": ".numpy()",
-    "cpu": ".cpu()",
-    "__bool__": "bool(tensor)",
-    "__float__": "float(tensor)",
-    "__int__": "int(tensor)",
-    "__index__": "a tensor used as an index",
-    "__format__": "formatting a tensor",
-    "__repr__": "printing a tensor",
-}
-# Python entry points of ops torch_xla 2.9 runs on the CPU (no XLA lowering), as
-# (namespace, attribute); the op each becomes, for the finding's wording.
-_FALLBACK_ENTRY_POINTS = (
-    ("torch", "unique"),
-    ("torch", "unique_consecutive"),
-    ("torch", "nonzero"),
-    ("torch", "masked_select"),
-    ("torch", "histc"),
-    ("torch", "median"),
-    ("torch", "nanmedian"),
-    ("torch", "bucketize"),
-    ("torch", "searchsorted"),
-    ("torch", "kthvalue"),
-    ("torch", "mode"),
-    ("torch", "bincount"),
-    ("Tensor", "nonzero"),
-    ("Tensor", "masked_select"),
-    ("Tensor", "histc"),
-    ("Tensor", "median"),
-    ("Tensor", "nanmedian"),
-    ("Tensor", "kthvalue"),
-    ("Tensor", "bincount"),
-    ("functional", "grid_sample"),
-)
 # Library frames that only pass a call along: a finding names the function behind them.
 _PLUMBING_FILES = (
     "torch/_tensor.py",
@@ -100,22 +58,6 @@ _PLUMBING_FILES = (
     "torch/functional.py",
 )
 _PLUMBING_FUNCTIONS = {"mark_step", "sync"}
-# Syncs that are the runtime's plumbing around a compiled function, not a step of the user's:
-# torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the work
-# pending before the function.
-_BRIDGE_FILE = "torch_xla/_dynamo/dynamo_bridge.py"
-_INPUTS_SYNC = ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile")
-
-
-def _plumbing_sync(frame) -> bool:
-    code = frame.f_code
-    path = code.co_filename
-    return path.endswith(_BRIDGE_FILE) or (
-        code.co_name == _INPUTS_SYNC[1] and path.endswith(_INPUTS_SYNC[0])
-    )
-
-
-_MAX_DEPTH = 400  # frames walked at most from a hook to the tracked code
 
 
 @dataclass(frozen=True)
@@ -126,6 +68,7 @@ class Site:
     # from it (another thread, a callback after the run)
     user: Frame | None = None  # the innermost user-code frame below `line` (a helper)
     library: Frame | None = None  # the innermost library function that did it
+    own: str = ""  # tpu_nb's own sync ("end": track()'s last, "guard-start": max_graphs')
 
     @property
     def via(self) -> str:
@@ -185,10 +128,13 @@ class Recording:
     # (file, line) of the tracked code -> syncs and device reads it made (the steps a line
     # took part in: whether it compiled again after its last compile)
     line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Compile-log spans (start, end) of the run's own end-of-run sync (track(sync=True)).
+    own_end: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Recorder:
-    """Installs the hooks for one tracked run (see the module docstring).
+    """Records one tracked run from the probe's sync, read and fallback events (see the module
+    docstring and _probe.py).
 
     root: what counts as the tracked code's own frames — code objects (a cell's compiled
     code) or one frame (the frame that entered `track()`). A site's `line` is the line that
@@ -208,8 +154,7 @@ class Recorder:
         self._capture = capture_graphs
         self.recording = Recording()
         self._order = 0
-        self._local = threading.local()
-        self._restore: list[tuple[Any, str, Any, bool]] = []
+        self._subscription: Subscription | None = None
         self._fallback_names: tuple[str, ...] = ()
         self._started = 0.0
         self._capture_next: set[tuple[str, int]] = set()
@@ -222,12 +167,10 @@ class Recorder:
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
         self.active = False
-        # Called with wall-clock times (time.time()) of each sync and value read: (the hook
-        # entered, the call started, it returned), for the step anatomy (runtime/anatomy.py).
-        self.on_sync: list[Callable[[float, float, float], None]] = []
-        self.on_read: list[Callable[[float, float, float], None]] = []
 
-    # -- install / remove ---------------------------------------------------------------------
+    # -- subscribing --------------------------------------------------------------------------
+
+    priority = 1  # after the step anatomy's timestamps, before max_graphs' check
 
     def start(self) -> Recorder:
         import torch
@@ -235,199 +178,107 @@ class Recorder:
 
         self._xc = torch_xla._XLAC
         self._counter = self._xc._xla_counter_value
-        self._compiling = torch.compiler.is_compiling
         global _TENSOR_TYPES
         _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
         self._started = time.perf_counter()
         self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
         self._log_read = self._log.size() if self._log is not None else 0
         dynamo.keep_out_of_dynamo()
-        self._patch(torch_xla, "sync", self._sync_wrapper)
-        # torch_xla.compile(fn) syncs through its own module's global (before fn: the
-        # inputs' pending work; after: fn's graph): the same hook there.
-        self._patch(sys.modules["torch_xla.torch_xla"], "sync", self._sync_wrapper)
-        for name, label in _READ_METHODS.items():
-            self._patch(
-                torch.Tensor,
-                name,
-                lambda original, label=label: self._read_wrapper(original, label),
-            )
-        for namespace, name in _FALLBACK_ENTRY_POINTS:
-            self._wrap_fallback(_namespace(torch, namespace), name)
+        self._subscription = probe().subscribe(self, ("sync", "read", "fallback"))
         self.active = True
         return self
 
     def stop(self) -> Recording:
         self.active = False
-        for owner, name, original, had_own in reversed(self._restore):
-            try:
-                if had_own:
-                    setattr(owner, name, original)
-                else:
-                    delattr(owner, name)
-            except (AttributeError, TypeError):
-                pass
-        self._restore.clear()
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            subscription.close()
         return self.recording
 
-    def _patch(self, owner, name: str, make: Callable) -> None:
-        original = getattr(owner, name, None)
-        # A hook of another recorder (a track() inside a tracked cell) is wrapped in turn:
-        # both record, and each removes only its own.
-        if original is None or getattr(original, "__tpu_nb_hook__", None) is self:
+    # -- events (see _probe.py) ----------------------------------------------------------------
+
+    def before(self, event):
+        """The probe's call as a sync, read or fallback starts: a graph capture when the
+        line is due one; returns (graph, site) for `after`."""
+        if not self.active:
+            return None
+        if type(event) is SyncEvent:
+            if event.owner is self:  # this run's own end: where its compiles start in the log
+                return self._log.size() if self._log is not None else 0
+            if event.plumbing or not self._capture:
+                return None, None
+            return self._maybe_capture(event.frame)
+        if type(event) is ReadEvent:
+            return self._maybe_capture(event.frame, event.tensor) if self._capture else None
+        before = self._fallback_counts()
+        tensor = next((a for a in event.args if getattr(a, "is_xla", False)), None)
+        if tensor is not None:  # running on the CPU materialises its input
+            return before, *self._maybe_capture(event.frame, tensor)
+        return before, None, None
+
+    def after(self, event, state) -> None:
+        if state is None and not self.active:
             return
-        wrapper = make(original)
-        wrapper.__tpu_nb_hook__ = self
-        had_own = name in vars(owner)
-        setattr(owner, name, wrapper)
-        self._restore.append((owner, name, original, had_own))
-
-    def _wrap_fallback(self, owner, name: str) -> None:
-        if owner is not None and callable(getattr(owner, name, None)):
-            self._patch(owner, name, self._fallback_wrapper)
-
-    # -- hooks ---------------------------------------------------------------------------------
-
-    def _sync_wrapper(self, original):
-        recorder = self
-
-        @functools.wraps(original)
-        def sync(*args, **kwargs):
-            __tracebackhide__ = True  # noqa: F841
-            caller = sys._getframe(1)
-            if not recorder.active or recorder._compiling():
-                return as_caller(caller)(original, args, kwargs)
-            before = recorder._counter("UncachedCompile")
-            if _plumbing_sync(caller):  # not a step: its compiles are still anchored
-                result = as_caller(caller)(original, args, kwargs)
-                recorder._after_sync(before, None, None, caller)
-                return result
-            entry = time.time()
-            graph, site = (
-                recorder._maybe_capture(sys._getframe(1)) if recorder._capture else (None, None)
-            )
-            start = time.time()
-            local = recorder._local
-            local.in_sync = True  # reads during the sync are its step closures
-            try:
-                result = as_caller(sys._getframe(1))(original, args, kwargs)
-            finally:
-                local.in_sync = False
-            recorder._notify(recorder.on_sync, entry, start)
-            recorder._after_sync(before, graph, site, caller)
-            recorder.recording.syncs += 1
-            return result
-
-        return sync
-
-    def _read_wrapper(self, original, label: str):
-        recorder = self
-
-        @functools.wraps(original)
-        def read(tensor, *args, **kwargs):
-            __tracebackhide__ = True  # noqa: F841
-            local = recorder._local
-            # A CPU tensor's read cannot move XLA's counters: nothing to record.
-            if (
-                not recorder.active
-                or not getattr(tensor, "is_xla", False)
-                or getattr(local, "depth", 0)
-                or recorder._compiling()
-            ):
-                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
-            entry = time.time()
-            counter = recorder._counter
-            before = [counter(n) or 0 for n in _READ_COUNTERS]
-            compiles = counter("UncachedCompile")
-            local.depth = 1
-            graph, site = (
-                recorder._maybe_capture(sys._getframe(1), tensor)
-                if recorder._capture
-                else (None, None)
-            )
-            start = time.time()
-            try:
-                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
-            finally:
-                recorder._notify(recorder.on_read, entry, start)
-                local.depth = 0
-                after = [counter(n) or 0 for n in _READ_COUNTERS]
-                if after != before:
-                    recorder._record_read(
-                        label, before, after, compiles, sys._getframe(1), graph, site
-                    )
-
-        return read
-
-    def _fallback_wrapper(self, original):
-        recorder = self
-
-        @functools.wraps(original)
-        def op(*args, **kwargs):
-            __tracebackhide__ = True  # noqa: F841
-            if not recorder.active or recorder._compiling():
-                return as_caller(sys._getframe(1))(original, args, kwargs)
-            before = recorder._fallback_counts()
-            compiles = recorder._counter("UncachedCompile")
-            tensor = next((a for a in args if getattr(a, "is_xla", False)), None)
-            graph = site = None
-            if tensor is not None:  # running on the CPU materialises its input
-                graph, site = recorder._maybe_capture(sys._getframe(1), tensor)
-            result = as_caller(sys._getframe(1))(original, args, kwargs)
-            after = recorder._fallback_counts()
+        kind = type(event)
+        if kind is SyncEvent:
+            if event.owner is self:  # tpu_nb's sync at the end of this run: not the user's
+                end = self._log.size() if self._log is not None else 0
+                if end > state:
+                    self.recording.own_end.append((state, end))
+                return
+            if event.plumbing:  # not a step: its compiles are still anchored
+                self._after_sync(event, None, None, counted=False)
+            else:
+                graph, site = state if state is not None else (None, None)
+                self._after_sync(event, graph, site, counted=True)
+        elif kind is ReadEvent:
+            if event.counters_after != event.counters_before:
+                graph, site = state if state is not None else (None, None)
+                self._record_read(event, graph, site)
+        else:
+            before, graph, site = state
+            after = self._fallback_counts()
             if after != before:
-                recorder._record_fallbacks(before, after, compiles, sys._getframe(1), graph, site)
-            return result
-
-        return op
+                self._record_fallbacks(before, after, event, graph, site)
 
     # -- bookkeeping (never raises into the user's code) ---------------------------------------
 
-    def _notify(self, hooks, entry: float, start: float) -> None:
-        if hooks:
-            end = time.time()
-            try:
-                for hook in hooks:
-                    hook(entry, start, end)
-            except Exception:
-                self._failed()
-
-    def _after_sync(self, before: int, graph, site, frame) -> None:
+    def _after_sync(self, event, graph, site, *, counted: bool) -> None:
         try:
-            compiles = (self._counter("UncachedCompile") or 0) - (before or 0)
+            compiles = (self._counter("UncachedCompile") or 0) - (event.compiles_before or 0)
             if compiles > 0:
-                site = site or self.site_of(frame)
+                site = site or self.site_of(event.frame)
+                if event.own and not site.own:
+                    site = replace(site, own=event.own)
                 self._anchor("sync", site, compiles, graph)
                 self._note_compiled(site)
             self._notice_new_fallbacks()
         except Exception:
             self._failed()
+        if counted:
+            self.recording.syncs += 1
 
-    def _record_read(
-        self, label, before, after, compiles_before, frame, graph=None, site=None
-    ) -> None:
+    def _record_read(self, event, graph=None, site=None) -> None:
         try:
-            site = site or self.site_of(frame)
-            closure = getattr(self._local, "in_sync", False)
-            self._occur("read", label, site, max(0, after[0] - before[0]), closure)
-            compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
+            site = site or self.site_of(event.frame)
+            before, after = event.counters_before, event.counters_after
+            self._occur("read", event.label, site, max(0, after[0] - before[0]), event.in_sync)
+            compiled = (self._counter("UncachedCompile") or 0) - (event.compiles_before or 0)
             if compiled > 0:
                 self._anchor("read", site, compiled, graph)
                 self._note_compiled(site)
         except Exception:
             self._failed()
 
-    def _record_fallbacks(
-        self, before, after, compiles_before, frame, graph=None, site=None
-    ) -> None:
+    def _record_fallbacks(self, before, after, event, graph=None, site=None) -> None:
         try:
-            site = site or self.site_of(frame)
+            site = site or self.site_of(event.frame)
             for name, value in after.items():
                 moved = value - before.get(name, 0)
                 if moved > 0:
                     self._occur("fallback", name, site, moved)
             # Running on the CPU materialises the op's inputs: a value-access compile.
-            compiled = (self._counter("UncachedCompile") or 0) - (compiles_before or 0)
+            compiled = (self._counter("UncachedCompile") or 0) - (event.compiles_before or 0)
             if compiled > 0:
                 self._anchor("fallback", site, compiled, graph)
                 self._note_compiled(site)
@@ -444,11 +295,9 @@ class Recorder:
         names = tuple(self._xc._get_executed_fallback_ops())
         if len(names) == len(self._fallback_names):
             return
-        import torch
-
         for name in set(names) - set(self._fallback_names):
             for namespace, attr in _entry_points_for(name):
-                self._wrap_fallback(_namespace(torch, namespace), attr)
+                probe().watch_fallback(namespace, attr)
         self._fallback_names = names
 
     def _occur(self, kind: str, what: str, site: Site, count: int, in_sync: bool = False) -> None:
@@ -504,25 +353,13 @@ class Recorder:
     # -- sites ---------------------------------------------------------------------------------
 
     def site_of(self, frame) -> Site:
-        """The Site of the code running in `frame` (the hook's caller)."""
-        user = library = None
-        depth = 0
-        ids, root = self._code_ids, self._root_frame
-        while frame is not None and depth < _MAX_DEPTH:
-            code = frame.f_code
-            if id(code) in ids or frame is root:
-                return Site(_frame(frame), user, library)
-            path = code.co_filename
-            if is_library(path):
-                # The library function that did it: inside the innermost user frame, if any
-                # (a library frame outside it, like Module._call_impl, only called the user).
-                if library is None and user is None and not _plumbing(path, code.co_name):
-                    library = _frame(frame)
-            elif user is None:
-                user = _frame(frame)
-            frame = frame.f_back
-            depth += 1
-        return Site(None, user, library)
+        """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
+        line, user, library = call_site(frame, self._code_ids, self._root_frame, _plumbing)
+        return Site(
+            _frame(line) if line is not None else None,
+            _frame(user) if user is not None else None,
+            _frame(library) if library is not None else None,
+        )
 
     # -- graph capture -------------------------------------------------------------------------
 
@@ -530,7 +367,7 @@ class Recorder:
         """Before a sync (or a read of `tensor`): the pending graph, when this line is due a
         capture; else (None, None) after a walk that allocates nothing (the steady state)."""
         try:
-            root = _root_of(frame, self._code_ids, self._root_frame)
+            root = tracked_frame(frame, self._code_ids, self._root_frame)
             if root is None:
                 return None, None
             key = (root.f_code.co_filename, root.f_lineno)
@@ -683,16 +520,6 @@ def names_in(codes) -> set[str]:
     return names
 
 
-def _root_of(frame, code_ids, root):
-    depth = 0
-    while frame is not None and depth < _MAX_DEPTH:
-        if id(frame.f_code) in code_ids or frame is root:
-            return frame
-        frame = frame.f_back
-        depth += 1
-    return None
-
-
 def _frame(frame) -> Frame:
     code = frame.f_code
     return Frame(code.co_filename, frame.f_lineno, code.co_name)
@@ -704,16 +531,6 @@ def _key(frame: Frame) -> tuple[str, int]:
 
 def _plumbing(path: str, function: str) -> bool:
     return function in _PLUMBING_FUNCTIONS or path.replace("\\", "/").endswith(_PLUMBING_FILES)
-
-
-def _namespace(torch, name: str):
-    if name == "torch":
-        return torch
-    if name == "Tensor":
-        return torch.Tensor
-    if name == "functional":
-        return torch.nn.functional
-    return None
 
 
 def _entry_points_for(counter: str) -> list[tuple[str, str]]:

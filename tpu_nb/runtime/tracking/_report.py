@@ -6,8 +6,9 @@ import logging
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import FrozenInstanceError, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from tpu_nb.runtime.backend import wait_device_ops, xla
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
@@ -16,9 +17,17 @@ from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.tracking._anatomy import Anatomy
+from tpu_nb.runtime.tracking._dynamo import DynamoCompile
 from tpu_nb.runtime.tracking._pending import PendingWork, find_pending
-from tpu_nb.runtime.tracking._policy import describe_pattern
+from tpu_nb.runtime.tracking._policy import Judgement, describe_pattern
+from tpu_nb.runtime.tracking._probe import own_sync
+from tpu_nb.runtime.tracking._probe import probe as run_probe
+from tpu_nb.runtime.tracking._provenance import Occurrence
 from tpu_nb.runtime.units import format_seconds
+
+if TYPE_CHECKING:
+    from tpu_nb.runtime.tracking._attribution import LineFinding
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
 # graph it compiled, in order, over the life of the process (bounded: the most recently
@@ -45,7 +54,9 @@ def captured_graph(event: CompileEvent):
 
 @dataclass
 class RunReport:
-    """What a tracked run did on XLA. Filled in when the `track()` block exits, also on error."""
+    """What a tracked run did on XLA. Filled in when the `track()` block exits, also on error;
+    from then on frozen (assigning a field raises dataclasses.FrozenInstanceError). While the
+    run is tracked, `anatomy` is the live collector of its steps."""
 
     name: str | None = None
     wall_seconds: float = 0.0  # includes the device wait (and tpu_nb's sync, if asked for)
@@ -63,8 +74,8 @@ class RunReport:
     # Lines that compiled more than one distinct graph (in this run or before): graph hashes.
     recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     # Value reads and CPU fallbacks, each placed on the line that led to it (with the library
-    # function in between), aggregated per line: provenance.Occurrence, in time order.
-    occurrences: list = field(default_factory=list)
+    # function in between), aggregated per line, in time order.
+    occurrences: tuple[Occurrence, ...] = ()
     capture_seconds: float = 0.0  # spent capturing pending graphs (recompile diffs)
     record_errors: int = 0  # recording hooks that failed (logged by "tpu_nb")
     # Why some compile causes of this run are unknown (the compile log was deleted, replaced,
@@ -72,21 +83,32 @@ class RunReport:
     compile_log_problem: str = ""
     # Set by %%on_tpu: the findings placed on the cell's lines, its source and --max-graphs,
     # so the report shows the same whether displayed by the magic or returned by -o.
-    findings: list = field(default_factory=list)
+    findings: tuple[LineFinding, ...] = ()
     source: str = ""
     allowed_graphs: int = 1
     complete: bool = False
-    # Where each step's time went, and the verdict (tpu_nb.runtime.tracking._anatomy); a Collector
-    # while the run is tracked (needs record=True), an Anatomy once complete.
-    anatomy: Any = None
+    # Where each step's time went, and the verdict (tpu_nb.runtime.tracking._anatomy), once
+    # complete (needs record=True). While the run is tracked, the live Collector stands in.
+    anatomy: Anatomy | None = None
     syncs: int = 0  # torch_xla.sync calls the tracked code made (recorded runs)
     # (file, line) of the tracked code -> the syncs and device reads it made (recorded runs)
     line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
     # What the facts call for: each compile's kind, each line's pattern, which reads repeat
     # per step, the steady state's verdict (tracking._policy.Judgement).
-    judgement: Any = None
+    judgement: Judgement | None = None
     # What Dynamo compiled (torch.compile): tracking._dynamo.DynamoCompile, in order.
-    compiled: tuple = ()
+    compiled: tuple[DynamoCompile, ...] = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_sealed"):
+            raise FrozenInstanceError(
+                f"cannot assign to field {name!r}: a RunReport is frozen once its run has "
+                "ended. Fix: dataclasses.replace(report, ...) makes a changed copy."
+            )
+        object.__setattr__(self, name, value)
+
+    def _seal(self) -> None:
+        self.__dict__["_sealed"] = True
 
     @property
     def steps(self) -> tuple:
@@ -239,6 +261,8 @@ class track:
     namespace: where the tracked code's variables live, to name what is left pending: a
         dict (a notebook's user namespace) or a frame (its locals, then its globals); by
         default the frame of the function that entered the block.
+    then: called with the complete report just before it is frozen (`on_tpu()` adds its
+        findings there).
     """
 
     __slots__ = (
@@ -256,6 +280,7 @@ class track:
         "_namespace",
         "_frame",
         "_dynamo",
+        "_then",
     )
 
     def __init__(
@@ -267,8 +292,10 @@ class track:
         record: bool = True,
         code: tuple = (),
         namespace: Any = None,
+        then: Callable[[RunReport], None] | None = None,
     ):
         self._report = RunReport(name=name)
+        self._then = then
         self._sync, self._wait, self._record, self._code = sync, wait, record, tuple(code)
         self._namespace = namespace
         self._recorder: provenance.Recorder | None = None
@@ -281,46 +308,70 @@ class track:
         self._watch = _SyncWatch(xla())
         caller = None if self._code else sys._getframe(1)
         self._frame = caller if self._namespace is None else None
-        if self._record:
-            recorder = provenance.Recorder(
-                root_codes=self._code, root_frame=caller, log=self._log
-            ).start()
-            try:
-                self._report.anatomy = anatomy.Collector().start(recorder)
-            except BaseException:  # never leave the hooks installed
-                recorder.stop()
-                raise
-            self._recorder = recorder
-        self._dynamo = dynamo.Watch(self._recorder, self._log).start()
-        self._before = snapshot()
+        self._dynamo = None
+        run_probe().begin_run(self)
+        try:
+            if self._record:
+                recorder = self._recorder = provenance.Recorder(
+                    root_codes=self._code, root_frame=caller, log=self._log
+                )
+                recorder.start()
+                # the live collector, until _complete() puts the run's Anatomy in its place
+                object.__setattr__(self._report, "anatomy", anatomy.Collector().start(recorder))
+            self._dynamo = dynamo.Watch(self._recorder, self._log).start()
+            self._before = snapshot()
+        except BaseException:  # never leave the hooks installed
+            self._release()
+            raise
         self._start = time.perf_counter()
         return self._report
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         report = self._report
         try:
-            if exc is None:
-                self._finish_work(report)
-        except BaseException as failure:  # the end sync or wait failed: the run failed
-            report.error = failure
+            try:
+                if exc is None:
+                    self._finish_work(report)
+            except BaseException as failure:  # the end sync or wait failed: the run failed
+                report.error = failure
+                self._complete(report)
+                raise
+            if exc is not None:
+                report.error = exc
+                if self._watch is not None:
+                    self._watch.active = False
+                if self._wait and not isinstance(exc, KeyboardInterrupt):
+                    _quiet_wait(report)
             self._complete(report)
-            raise
-        if exc is not None:
-            report.error = exc
-            if self._watch is not None:
-                self._watch.active = False
-            if self._wait and not isinstance(exc, KeyboardInterrupt):
-                _quiet_wait(report)
-        self._complete(report)
+        finally:
+            # Whatever happened above (an interrupt while the report was built), the hooks go.
+            self._release()
         return False
+
+    def _release(self) -> None:
+        """Remove everything the run installed; safe to call at any point, and again."""
+        collector = self._report.anatomy
+        try:
+            if isinstance(collector, anatomy.Collector):
+                collector._unhook()
+        finally:
+            try:
+                if self._recorder is not None:
+                    self._recorder.stop()
+            finally:
+                try:
+                    if self._dynamo is not None:
+                        self._dynamo.stop()
+                finally:
+                    run_probe().end_run(self)
 
     def _finish_work(self, report: RunReport) -> None:
         if self._watch is not None and self._watch.pending():
             if self._sync:
                 report.synced_at_end = True
-                if self._recorder is not None:  # tpu_nb's own sync: not a step of the user's
-                    self._recorder.active = False
-                xla().sync()
+                # tpu_nb's own sync: not a step of the user's
+                with own_sync("end", self._recorder):
+                    xla().sync()
             else:
                 report.pending = self._left_pending()
         if self._wait:
@@ -349,7 +400,7 @@ class track:
         if isinstance(report.anatomy, anatomy.Collector):
             report.anatomy = report.anatomy.finish()
         recording = self._recorder.stop() if self._recorder is not None else None
-        report.compiled = self._dynamo.stop()
+        report.compiled = self._dynamo.stop() if self._dynamo is not None else ()
         report.metrics = snapshot().since(self._before)
         if self._log is not None and report.metrics.compiles:
             report.compile_log_problem = (
@@ -358,18 +409,26 @@ class track:
             events = self._log.events_since(self._offset)
             if recording is not None:
                 events = _place(events, recording.anchors, self._offset)
+                events = _mark_own_end(events, recording.own_end)
             events = dynamo.place(events, report.compiled)
             report.compile_events = events
             report.recompilations = _note_recompilations(dynamo.functions_graphs(events))
             report.recompilations.update(dynamo.recompilations(events, report.compiled))
         if recording is not None:
-            report.occurrences = sorted(recording.occurrences.values(), key=lambda o: o.order)
+            report.occurrences = tuple(
+                sorted(recording.occurrences.values(), key=lambda o: o.order)
+            )
             report.capture_seconds = recording.capture_seconds
             report.record_errors = recording.hook_errors
             report.syncs, report.line_calls = recording.syncs, dict(recording.line_calls)
         _judge(report)
         report.complete = True
         _last = report
+        try:
+            if self._then is not None:
+                self._then(report)
+        finally:
+            report._seal()
 
 
 def _judge(report: RunReport) -> None:
@@ -413,6 +472,19 @@ def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEven
             )
         start = max(start, anchor.log_end)
     return placed
+
+
+def _mark_own_end(events: list[CompileEvent], spans) -> list[CompileEvent]:
+    """Compiles of the run's own end-of-run sync (the probe marked it tpu_nb's): trigger
+    "end", so the findings name it as tpu_nb's, not the user's."""
+    if not spans:
+        return events
+    return [
+        replace(e, trigger="end")
+        if e.site is None and any(start <= e.offset < end for start, end in spans)
+        else e
+        for e in events
+    ]
 
 
 def _quiet_wait(report: RunReport) -> None:

@@ -70,7 +70,7 @@ class on_tpu:
         try:
             where = self.namespace if self.namespace is not None else caller
             self._report = stack.enter_context(
-                track(self.name, sync=self.sync, code=code, namespace=where)
+                track(self.name, sync=self.sync, code=code, namespace=where, then=self._attribute)
             )
             stack.enter_context(default_device(dev, code=code))
             if guard is not None:
@@ -88,26 +88,22 @@ class on_tpu:
     def __exit__(self, exc_type, exc, tb) -> bool:
         __tracebackhide__ = True  # noqa: F841
         stack, self._stack = self._stack, None
-        try:
-            suppressed = stack.__exit__(exc_type, exc, tb) if stack is not None else False
-        finally:
-            self._attribute()
+        suppressed = stack.__exit__(exc_type, exc, tb) if stack is not None else False
         return bool(suppressed)
 
-    def _attribute(self) -> None:
+    def _attribute(self, report: RunReport) -> None:
+        """Called by track() with the complete report, before it is frozen."""
         from tpu_nb.runtime.tracking._attribution import attribute
 
-        report = self._report
-        if report is None or not report.complete:
-            return
         source = self.source
         if source is None:
             import linecache
 
             source = "".join(linecache.getlines(self.filename or ""))
         allowed = self.max_graphs or 1
-        report.findings = attribute(report, source, self.filename or "", allowed=allowed)
-        report.findings += pending_findings(report, source, self.filename or "")
+        findings = attribute(report, source, self.filename or "", allowed=allowed)
+        findings += pending_findings(report, source, self.filename or "")
+        report.findings = tuple(findings)
         report.source, report.allowed_graphs = source, allowed
 
 

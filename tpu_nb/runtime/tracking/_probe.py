@@ -1,0 +1,564 @@
+"""One interception layer: every hook tpu_nb puts into torch and torch_xla, in one place.
+
+The probe wraps, while some subscriber listens for that kind of event:
+
+- "sync": `torch_xla.sync` (which `xm.mark_step`, ParallelLoader and MpDeviceLoader call) and
+  the same function as `torch_xla.torch_xla`'s global (which `torch_xla.compile(fn)` calls);
+- "read": the Tensor methods that read device values (`item`, `tolist`, `cpu`, `bool()`, ...);
+- "fallback": the Python entry points of ops torch_xla runs on the CPU (and any op seen
+  falling back, added by `watch_fallback`);
+- "input": the data loaders' `__next__` (DataLoader's and ParallelLoader's iterators).
+
+Each hook builds one typed event (`SyncEvent`, `ReadEvent`, `FallbackEvent`, `InputEvent`)
+and hands it to the subscribers in order of `priority`: `before(event)` as the call starts,
+`after(event, state)` as it returns, `state` being what `before` returned (a subscriber sets
+`before = None` or `after = None` where it has nothing to do). The recorder
+(provenance), the step anatomy, `max_graphs` and the live monitor's sync probe are
+subscribers; none of them patches torch itself.
+
+Installing and removing is one place, and cannot be left behind: `subscribe()` adds a
+`Subscription` to the set of its kinds and installs a kind's hooks when its set was empty;
+`Subscription.close()` removes it and restores the originals when the set is empty. The sets
+make it independent of the order in which runs end (two threads, a background run outliving
+a cell); closing twice is harmless; the restore finishes even when KeyboardInterrupt lands in
+the middle of it (and SIGINT is held off while it runs in the main thread), then re-raises.
+
+tpu_nb's own syncs (track()'s end-of-run sync, max_graphs' sync as it starts) are made inside
+`own_sync(kind)`: their event carries `own`, an explicit marker subscribers test.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from tpu_nb.runtime.sources import as_caller
+
+log = logging.getLogger("tpu_nb")
+
+KINDS = ("sync", "read", "fallback", "input")
+# Counters that move when device data reaches the host: a scalar read, a copy to the CPU.
+READ_COUNTERS = ("aten::_local_scalar_dense", "xla::_to_cpu", "xla::_to_copy")
+# Tensor methods that read device values, and how a finding names them.
+READ_METHODS = {
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "cpu": ".cpu()",
+    "__bool__": "bool(tensor)",
+    "__float__": "float(tensor)",
+    "__int__": "int(tensor)",
+    "__index__": "a tensor used as an index",
+    "__format__": "formatting a tensor",
+    "__repr__": "printing a tensor",
+}
+# Python entry points of ops torch_xla 2.9 runs on the CPU (no XLA lowering), as
+# (namespace, attribute).
+FALLBACK_ENTRY_POINTS = (
+    ("torch", "unique"),
+    ("torch", "unique_consecutive"),
+    ("torch", "nonzero"),
+    ("torch", "masked_select"),
+    ("torch", "histc"),
+    ("torch", "median"),
+    ("torch", "nanmedian"),
+    ("torch", "bucketize"),
+    ("torch", "searchsorted"),
+    ("torch", "kthvalue"),
+    ("torch", "mode"),
+    ("torch", "bincount"),
+    ("Tensor", "nonzero"),
+    ("Tensor", "masked_select"),
+    ("Tensor", "histc"),
+    ("Tensor", "median"),
+    ("Tensor", "nanmedian"),
+    ("Tensor", "kthvalue"),
+    ("Tensor", "bincount"),
+    ("functional", "grid_sample"),
+)
+# Syncs that are the runtime's plumbing around a compiled function, not a step of the user's:
+# torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the work
+# pending before the function.
+_BRIDGE_FILE = "torch_xla/_dynamo/dynamo_bridge.py"
+_INPUTS_SYNC = ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile")
+
+
+# The events are plain classes, not dataclasses: a dataclass's generated __init__ is code of
+# file "<string>", which Dynamo would compile as a frame of its own after a graph break (it
+# keeps out only tpu_nb's files, _dynamo.keep_out_of_dynamo).
+
+
+class SyncEvent:
+    """One `torch_xla.sync()` call.
+
+    frame: the caller's; entry: time.time() as the hook was entered; compiles_before:
+    UncachedCompile then; inner: called through torch_xla.torch_xla's global (torch_xla.
+    compile's syncs); plumbing: the runtime's own sync around a compiled function; own:
+    tpu_nb's own sync ("end": track()'s last, "guard-start": max_graphs' first), made for
+    `owner` (the run's recorder for "end"); start: the original called (after the
+    subscribers' `before`); end: it returned.
+    """
+
+    __slots__ = (
+        "frame",
+        "entry",
+        "compiles_before",
+        "inner",
+        "plumbing",
+        "own",
+        "owner",
+        "start",
+        "end",
+    )
+
+    def __init__(self, frame, entry, compiles_before, inner, plumbing, own, owner):
+        self.frame: FrameType = frame
+        self.entry: float = entry
+        self.compiles_before: int = compiles_before
+        self.inner: bool = inner
+        self.plumbing: bool = plumbing
+        self.own: str = own
+        self.owner: Any = owner
+        self.start = self.end = 0.0
+
+
+class ReadEvent:
+    """A value read of an XLA tensor (one of READ_METHODS): `label` names it (".item()");
+    READ_COUNTERS before and after it; `in_sync`: inside a sync (a step closure)."""
+
+    __slots__ = (
+        "frame",
+        "label",
+        "tensor",
+        "entry",
+        "counters_before",
+        "compiles_before",
+        "in_sync",
+        "start",
+        "end",
+        "counters_after",
+    )
+
+    def __init__(self, frame, label, tensor, entry, counters_before, compiles_before, in_sync):
+        self.frame: FrameType = frame
+        self.label: str = label
+        self.tensor: Any = tensor
+        self.entry: float = entry
+        self.counters_before: list[int] = counters_before
+        self.compiles_before: int = compiles_before
+        self.in_sync: bool = in_sync
+        self.start = self.end = 0.0
+        self.counters_after: list[int] = counters_before
+
+
+class FallbackEvent:
+    """A call of a CPU-fallback entry point (torch.unique, F.grid_sample, ...)."""
+
+    __slots__ = ("frame", "args", "compiles_before")
+
+    def __init__(self, frame, args, compiles_before):
+        self.frame: FrameType = frame
+        self.args: tuple = args
+        self.compiles_before: int = compiles_before
+
+
+class InputEvent:
+    """One batch from a data loader's iterator, on the thread that called `__next__`."""
+
+    __slots__ = ("thread", "start", "end")
+
+    def __init__(self, thread, start):
+        self.thread: int = thread
+        self.start: float = start
+        self.end = 0.0
+
+
+class Subscription:
+    """One subscriber's membership of the probe's kinds; `close()` leaves them (idempotent)."""
+
+    __slots__ = ("subscriber", "kinds", "closed", "run")
+
+    def __init__(self, subscriber, kinds: tuple[str, ...], run: object = None):
+        self.subscriber, self.kinds, self.closed = subscriber, kinds, False
+        self.run = run  # the tracked run open on the subscribing thread, if any
+
+    def close(self) -> None:
+        if not self.closed:
+            _probe.release(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Hook:
+    __slots__ = ("owner", "name", "original", "had_own", "wrapper")
+
+    def __init__(self, owner, name, original, had_own, wrapper):
+        self.owner, self.name, self.original = owner, name, original
+        self.had_own, self.wrapper = had_own, wrapper
+
+
+class _Local(threading.local):
+    """Per-thread state of the hooks. Class-level defaults: `getattr(local, name, default)`
+    of a missing name raises and catches an AttributeError inside (~1.5 us per sync)."""
+
+    own = ""  # own_sync()'s kind, while tpu_nb syncs
+    owner: Any = None
+    in_sync = False  # inside a sync: reads are its step closures
+    depth = 0  # inside a read hook: nested reads are its own
+    in_next = False  # inside a loader's __next__ (MpDeviceLoader's nests another)
+    runs: list | None = None  # tracked runs open on this thread, innermost last
+
+
+class Probe:
+    """The process's one interception layer (`probe()`); see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subs: dict[str, set[Subscription]] = {k: set() for k in KINDS}
+        # Subscribers of each kind in priority order, rebuilt on every change: the hooks read
+        # a tuple without taking the lock.
+        self.listeners: dict[str, tuple] = {k: () for k in KINDS}
+        self.befores: dict[str, tuple] = {k: () for k in KINDS}
+        self.afters: dict[str, tuple] = {k: () for k in KINDS}
+        self._hooks: dict[str, list[_Hook]] = {k: [] for k in KINDS}
+        self.local = _Local()
+        self._counter: Any = None
+        self._compiling: Any = None
+
+    # -- subscribing ---------------------------------------------------------------------------
+
+    def subscribe(self, subscriber, kinds: tuple[str, ...]) -> Subscription:
+        """Deliver the events of `kinds` to `subscriber` until the subscription is closed."""
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown probe event kinds {sorted(unknown)}")
+        runs = self.local.runs
+        subscription = Subscription(subscriber, tuple(kinds), runs[-1] if runs else None)
+        with self._lock:
+            try:
+                for kind in kinds:
+                    # a set's add is one step: an interrupt leaves it in or out, never half
+                    self._subs[kind].add(subscription)
+                    if not self._hooks[kind]:
+                        self._install(kind)
+            except BaseException:
+                self._leave(subscription)
+                raise
+            self._relist()
+        return subscription
+
+    def release(self, subscription: Subscription) -> None:
+        with _sigint_held(), self._lock:
+            self._leave(subscription)
+
+    # -- runs: what a tracked run subscribed, closed when it ends ------------------------------
+
+    def begin_run(self, run: object) -> None:
+        """Subscriptions made on this thread from now until `end_run(run)` (the recorder's,
+        the anatomy's, max_graphs' in %%on_tpu) belong to `run`."""
+        local = self.local
+        if local.runs is None:
+            local.runs = []
+        local.runs.append(run)
+
+    def end_run(self, run: object) -> None:
+        """Close whatever `run` still holds: each subscriber closes its own as the run ends,
+        and this catches one an interrupt stopped half-way. Other runs' are left alone,
+        whatever order the runs end in."""
+        runs = self.local.runs or []
+        if run in runs:
+            runs.remove(run)
+        interrupted: BaseException | None = None
+        with _sigint_held(), self._lock:
+            left = {s for subs in self._subs.values() for s in subs if s.run is run}
+            for subscription in left:
+                try:
+                    self._leave(subscription)
+                except KeyboardInterrupt as error:  # the rest are still left
+                    interrupted = error
+        if interrupted is not None:
+            raise interrupted
+
+    def _leave(self, subscription: Subscription) -> None:
+        # Runs to the end even when KeyboardInterrupt lands in it (then re-raised): a hook
+        # left installed would outlive the run for the rest of the kernel.
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                subscription.closed = True
+                for kind in subscription.kinds:
+                    self._subs[kind].discard(subscription)
+                    if not self._subs[kind]:
+                        self._uninstall(kind)
+                self._relist()
+                break
+            except KeyboardInterrupt as error:
+                interrupted = error
+        if interrupted is not None:
+            raise interrupted
+
+    def _relist(self) -> None:
+        befores, afters = {}, {}
+        for kind, subs in self._subs.items():
+            ordered = sorted((s.subscriber for s in subs), key=lambda s: getattr(s, "priority", 0))
+            # bound methods, looked up once; a subscriber sets `before = None` (or `after`)
+            # when it has nothing to do there
+            befores[kind] = tuple((s, s.before) for s in ordered if s.before is not None)
+            afters[kind] = tuple((s, s.after) for s in ordered if s.after is not None)
+        self.befores, self.afters = befores, afters
+        self.listeners = {kind: befores[kind] or afters[kind] for kind in KINDS}
+
+    def installed(self) -> dict[str, int]:
+        """Hooks installed now, per kind (for tests and diagnostics)."""
+        return {kind: len(hooks) for kind, hooks in self._hooks.items() if hooks}
+
+    # -- install / remove ----------------------------------------------------------------------
+
+    def _install(self, kind: str) -> None:
+        import torch
+        import torch_xla
+
+        if self._counter is None:
+            self._counter = torch_xla._XLAC._xla_counter_value
+            self._compiling = torch.compiler.is_compiling
+        if kind == "sync":
+            self._patch("sync", torch_xla, "sync", lambda o: self._sync_hook(o, inner=False))
+            # torch_xla.compile(fn) syncs through its own module's global (before fn: the
+            # inputs' pending work; after: fn's graph): the same hook there.
+            inner = sys.modules["torch_xla.torch_xla"]
+            self._patch("sync", inner, "sync", lambda o: self._sync_hook(o, inner=True))
+        elif kind == "read":
+            for name, label in READ_METHODS.items():
+                self._patch("read", torch.Tensor, name, lambda o, lb=label: self._read_hook(o, lb))
+        elif kind == "fallback":
+            for namespace, name in FALLBACK_ENTRY_POINTS:
+                self.watch_fallback(namespace, name)
+        elif kind == "input":
+            dataloader = sys.modules.get("torch.utils.data.dataloader")
+            parallel = sys.modules.get("torch_xla.distributed.parallel_loader")
+            for cls in (
+                getattr(dataloader, "_BaseDataLoaderIter", None),
+                getattr(parallel, "PerDeviceLoader", None),
+            ):
+                if cls is not None:
+                    self._patch("input", cls, "__next__", self._input_hook)
+
+    def watch_fallback(self, namespace: str, name: str) -> None:
+        """Hook one more CPU-fallback entry point ("torch", "Tensor" or "functional"), until
+        the fallback subscribers leave."""
+        import torch
+
+        owner = {"torch": torch, "Tensor": torch.Tensor, "functional": torch.nn.functional}.get(
+            namespace
+        )
+        if owner is not None and callable(getattr(owner, name, None)):
+            self._patch("fallback", owner, name, self._fallback_hook)
+
+    def _patch(self, kind: str, owner, name: str, make) -> None:
+        original = getattr(owner, name, None)
+        if original is None or any(
+            h.owner is owner and h.name == name for k in KINDS for h in self._hooks[k]
+        ):
+            return
+        wrapper = make(original)
+        wrapper.__tpu_nb_hook__ = kind
+        hook = _Hook(owner, name, original, name in vars(owner), wrapper)
+        self._hooks[kind].append(hook)  # listed first: a removal never misses it
+        setattr(owner, name, wrapper)
+
+    def _uninstall(self, kind: str) -> None:
+        hooks = self._hooks[kind]
+        while hooks:
+            hook = hooks[-1]
+            try:
+                if getattr(hook.owner, hook.name, None) is hook.wrapper:
+                    if hook.had_own:
+                        setattr(hook.owner, hook.name, hook.original)
+                    else:
+                        delattr(hook.owner, hook.name)
+            except (AttributeError, TypeError):
+                log.debug("tpu_nb: could not restore %s", hook.name, exc_info=True)
+            hooks.pop()
+
+    # -- the hooks -----------------------------------------------------------------------------
+
+    def _sync_hook(self, original, *, inner: bool):
+        probe = self
+
+        @functools.wraps(original)
+        def sync(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
+            caller = sys._getframe(1)
+            if not probe.listeners["sync"] or probe._compiling():
+                return as_caller(caller)(original, args, kwargs)
+            local = probe.local
+            event = SyncEvent(
+                caller,
+                time.time(),
+                probe._counter("UncachedCompile"),
+                inner,
+                _plumbing_sync(caller),
+                local.own,
+                local.owner,
+            )
+            states = {}
+            for subscriber, before in probe.befores["sync"]:
+                states[subscriber] = before(event)
+            event.start = time.time()
+            outer = local.in_sync
+            local.in_sync = not event.plumbing  # reads during a step's sync: its closures
+            try:
+                result = as_caller(caller)(original, args, kwargs)
+            finally:
+                local.in_sync = outer
+            event.end = time.time()
+            for subscriber, after in probe.afters["sync"]:
+                after(event, states.get(subscriber))  # only max_graphs raises, on purpose
+            return result
+
+        return sync
+
+    def _read_hook(self, original, label: str):
+        probe = self
+
+        @functools.wraps(original)
+        def read(tensor, *args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
+            local = probe.local
+            # A CPU tensor's read cannot move XLA's counters: nothing to report.
+            if (
+                not probe.listeners["read"]
+                or not getattr(tensor, "is_xla", False)
+                or local.depth
+                or probe._compiling()
+            ):
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
+            counter = probe._counter
+            event = ReadEvent(
+                sys._getframe(1),
+                label,
+                tensor,
+                time.time(),
+                [counter(n) or 0 for n in READ_COUNTERS],
+                counter("UncachedCompile"),
+                local.in_sync,
+            )
+            local.depth = 1
+            states: dict = {}
+            try:
+                for subscriber, before in probe.befores["read"]:
+                    states[subscriber] = before(event)
+                event.start = time.time()
+                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
+            finally:
+                event.end = time.time()
+                local.depth = 0
+                event.counters_after = [counter(n) or 0 for n in READ_COUNTERS]
+                for subscriber, after in probe.afters["read"]:
+                    after(event, states.get(subscriber))
+
+        return read
+
+    def _fallback_hook(self, original):
+        probe = self
+
+        @functools.wraps(original)
+        def op(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
+            if not probe.listeners["fallback"] or probe._compiling():
+                return as_caller(sys._getframe(1))(original, args, kwargs)
+            event = FallbackEvent(sys._getframe(1), args, probe._counter("UncachedCompile"))
+            states = {}
+            for subscriber, before in probe.befores["fallback"]:
+                states[subscriber] = before(event)
+            result = as_caller(sys._getframe(1))(original, args, kwargs)
+            for subscriber, after in probe.afters["fallback"]:
+                after(event, states.get(subscriber))
+            return result
+
+        return op
+
+    def _input_hook(self, original):
+        probe = self
+
+        def __next__(iterator):
+            local = probe.local
+            afters = probe.afters["input"]
+            if not afters or local.in_next:
+                return original(iterator)  # nested (MpDeviceLoader's own)
+            local.in_next = True
+            event = InputEvent(threading.get_ident(), time.time())
+            try:
+                return original(iterator)
+            finally:
+                event.end = time.time()
+                local.in_next = False
+                for _, after in afters:
+                    after(event, None)
+
+        __next__.__wrapped__ = original
+        return __next__
+
+
+def _plumbing_sync(frame) -> bool:
+    code = frame.f_code
+    path = code.co_filename
+    return path.endswith(_BRIDGE_FILE) or (
+        code.co_name == _INPUTS_SYNC[1] and path.endswith(_INPUTS_SYNC[0])
+    )
+
+
+@contextmanager
+def _sigint_held() -> Iterator[None]:
+    """In the main thread, hold SIGINT while the block runs and deliver it after (the
+    default handler's KeyboardInterrupt); elsewhere no signal can arrive."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):
+        previous = None
+    if previous is not signal.default_int_handler:  # someone else's handler: leave it be
+        yield
+        return
+    caught: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
+
+
+_probe = Probe()
+
+
+def probe() -> Probe:
+    """The process's interception layer."""
+    return _probe
+
+
+@contextmanager
+def own_sync(kind: str, owner: Any = None) -> Iterator[None]:
+    """Syncs made in the block are tpu_nb's own (`SyncEvent.own == kind`, made for `owner`)."""
+    local = _probe.local
+    before = local.own, local.owner
+    local.own, local.owner = kind, owner
+    try:
+        yield
+    finally:
+        local.own, local.owner = before
