@@ -239,6 +239,7 @@ NOT_YET_BEHIND_THE_BACKEND = {
     "tpu_nb.runtime.tracking._anatomy",  # import torch_xla; parallel_loader in sys.modules
     "tpu_nb.runtime.tracking._guard",  # xla(), xla_model.add_step_closure, torch_xla.compile
     "tpu_nb.runtime.tracking._profile",  # torch_xla.debug.profiler
+    "tpu_nb.runtime.tracking._probe",  # patches torch_xla.sync; the parallel loader's __next__
     "tpu_nb.runtime.tracking._provenance",  # patches torch_xla.torch_xla.sync; xlac()
     "tpu_nb.runtime.tracking._report",  # xla().sync, xla_model.add_step_closure
     "tpu_nb.runtime.live._monitor",  # xla(), xlac() memory info, metric samples

@@ -12,7 +12,6 @@ input/output counts, and the finding says which.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
@@ -20,7 +19,7 @@ from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _report as tracking
 from tpu_nb.runtime.tracking._provenance import user_op
-from tpu_nb.runtime.tracking._report import RunReport
+from tpu_nb.runtime.tracking._report import LineFinding, RunReport
 from tpu_nb.runtime.units import format_place
 
 HOST_READ_HINT = (
@@ -44,26 +43,6 @@ _FALLBACK_HINTS = {
     "F.grid_sample": "no XLA lowering for its backward/forward here: sample with gather on "
     "computed indices, or move it out of the step",
 }
-
-
-@dataclass(frozen=True)
-class LineFinding:
-    """Something a line did, with what to do about it."""
-
-    line: int  # 1-based line in the source; 0 when not on a line of it
-    kind: str  # "compile", "warm-up", "variant", "recompile", "growing", "fallback",
-    # "host-read"
-    what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
-    hint: str = ""  # what to do; findings of one kind on one topic share the same text
-    place: str = ""  # where, when not a line: "end of cell" (--sync, work left pending)
-    count: int = 1  # how many times it happened (host reads, fallbacks, graphs)
-    via: str = ""  # the library function between the line and the event, e.g.
-    # "torch/optim/adamw.py:480 _single_tensor_adamw"
-    seconds: float | None = None  # time it cost where known (a compile's compile time)
-    order: int = 0  # when it first happened in the run (findings sort by it)
-    changed: tuple[str, ...] = ()  # recompiles: what differs from the line's earlier graph
-    pattern: str = ""  # compiles: the line's compiles over the run, in one sentence
-    progression: str = ""  # compiles: one dimension changing across the line's graphs
 
 
 def fallback_hint(op: str) -> str:

@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from tpu_nb.runtime.backend import wait_device_ops, xla
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
@@ -25,9 +25,6 @@ from tpu_nb.runtime.tracking._probe import own_sync
 from tpu_nb.runtime.tracking._probe import probe as run_probe
 from tpu_nb.runtime.tracking._provenance import Occurrence
 from tpu_nb.runtime.units import format_seconds
-
-if TYPE_CHECKING:
-    from tpu_nb.runtime.tracking._attribution import LineFinding
 
 # (file, line) of the user code that triggered a compile -> the compile event of each distinct
 # graph it compiled, in order, over the life of the process (bounded: the most recently
@@ -50,6 +47,26 @@ def captured_graph(event: CompileEvent):
     """The pending graph captured just before `event`'s graph compiled, if tpu_nb captured
     it (a runtime Graph), else None."""
     return provenance.graphs_by_hash.get(event.graph_hash)
+
+
+@dataclass(frozen=True)
+class LineFinding:
+    """Something a line did, with what to do about it."""
+
+    line: int  # 1-based line in the source; 0 when not on a line of it
+    kind: str  # "compile", "warm-up", "variant", "recompile", "growing", "fallback",
+    # "host-read"
+    what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
+    hint: str = ""  # what to do; findings of one kind on one topic share the same text
+    place: str = ""  # where, when not a line: "end of cell" (--sync, work left pending)
+    count: int = 1  # how many times it happened (host reads, fallbacks, graphs)
+    via: str = ""  # the library function between the line and the event, e.g.
+    # "torch/optim/adamw.py:480 _single_tensor_adamw"
+    seconds: float | None = None  # time it cost where known (a compile's compile time)
+    order: int = 0  # when it first happened in the run (findings sort by it)
+    changed: tuple[str, ...] = ()  # recompiles: what differs from the line's earlier graph
+    pattern: str = ""  # compiles: the line's compiles over the run, in one sentence
+    progression: str = ""  # compiles: one dimension changing across the line's graphs
 
 
 @dataclass
