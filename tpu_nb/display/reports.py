@@ -330,7 +330,10 @@ class RunView:
     def _scope(self) -> str:
         """Which steps the host lines cover, when the verdict left the warm-up out."""
         judgement = getattr(self.report, "judgement", None)
-        if judgement is None or not judgement.steady_lines:
+        steps = getattr(self.report.anatomy, "steps", ())
+        if judgement is None or judgement.verdict is None:
+            return ""
+        if not 0 < judgement.steady_steps < len(steps):
             return ""
         return f"the {judgement.steady_steps} steps after the warm-up"
 

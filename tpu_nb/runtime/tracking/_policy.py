@@ -431,7 +431,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
         verdict = _recompile_verdict(verdict, judgement)
-    kept = lines if len(steady) < len(steps) and verdict is not None else ()
+    kept = lines if verdict is not None else ()
     return replace(judgement, verdict=verdict, steady_lines=kept)
 
 

@@ -458,7 +458,10 @@ def _judge(report: RunReport) -> None:
     if isinstance(report.anatomy, anatomy.Anatomy):
         judged = report.judgement
         # the host lines shown are those of the steps the verdict is about
-        lines = judged.steady_lines or report.anatomy.host_lines
+        # (when the verdict left the warm-up out, never the whole run's: too few samples
+        # of the steady steps name no line)
+        left_out = 0 < judged.steady_steps < len(report.anatomy.steps)
+        lines = judged.steady_lines if left_out else report.anatomy.host_lines
         report.anatomy = replace(report.anatomy, verdict=judged.verdict, host_lines=lines)
 
 
