@@ -20,8 +20,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 VERDICTS = ("device-bound", "host-bound", "input-bound", "compile-bound", "read-bound")
 
 # notebook -> one entry per %%on_tpu report, in order: (the verdict on the summary line, or
-# "no verdict yet", or "" for a cell that is not a loop; RECOMPILED shown; the kinds of
-# finding that come with advice).
+# "no verdict yet", or "" for a cell that is not a loop — "a|b" where the run decides which;
+# RECOMPILED shown; the kinds of finding that come with advice).
 EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
     "00_getting_started": [
         ("", False, set()),
@@ -47,7 +47,9 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
         ("host-bound", False, set()),
     ],
     "04_multiple_devices": [
-        ("device-bound", False, set()),
+        # four steps of a small model over 4 virtual devices: host and device time are close
+        # on XLA:CPU, so either bound is the truth of a given run
+        ("device-bound|host-bound", False, set()),
     ],
     "06_saving_and_loading": [
         ("", False, set()),
@@ -96,7 +98,12 @@ def judgement(text: str) -> tuple[str, bool, set[str]]:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_tutorial_reports_keep_their_lesson(name):
     got = [judgement(t) for t in reports(NOTEBOOKS / f"{name}.ipynb")]
-    assert got == EXPECTED[name]
+    assert len(got) == len(EXPECTED[name]), got
+    for (verdict, recompiled, advice), (verdicts, expect_recompiled, expect_advice) in zip(
+        got, EXPECTED[name], strict=True
+    ):
+        assert verdict in verdicts.split("|"), (got, EXPECTED[name])
+        assert (recompiled, advice) == (expect_recompiled, expect_advice), got
 
 
 def test_every_tutorial_report_is_pinned():
