@@ -13,6 +13,7 @@ from html import escape
 import pytest
 import torch
 import torch_xla
+import torch_xla.debug.metrics as met
 from conftest import line_of, wait_until
 
 import tpu_nb
@@ -269,6 +270,45 @@ def test_a_failing_sampler_stops_quietly_and_the_run_reports(monkeypatch, capsys
     assert isinstance(report.anatomy, Anatomy) and report.anatomy.host_lines == ()
     out = capsys.readouterr()
     assert out.out == "" and out.err == ""
+
+
+def _adam_loop(width: int, steps: int = 12) -> int:
+    """A fixed-shape Adam loop; the compiles it made (torch_xla's own counter)."""
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    ).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    torch_xla.sync()
+    before = met.counter_value("UncachedCompile") or 0
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.ones(4, width, device=dev)).sum().backward()
+        opt.step()  # its locals (pending tensors) die as it returns
+        torch_xla.sync()
+    return (met.counter_value("UncachedCompile") or 0) - before
+
+
+def test_a_sampler_holding_frames_mid_walk_adds_no_tensor_to_a_sync(monkeypatch):
+    """The sampler can lose the GIL mid-walk (a loaded machine); the tracked thread may then
+    return from the optimizer's step and sync. The frames it still held would keep the step's
+    pending locals alive into the sync's graph: more outputs, another graph, another compile.
+    Here every walk lets the GIL go while holding the stack, as a preempted one does."""
+    plain = _adam_loop(width=37)
+
+    def preempted(self, frame):
+        where = classify(self, frame)
+        time.sleep(0.004)  # the tracked thread runs on while this walk holds its frames
+        return where
+
+    classify = Sampler._classify
+    monkeypatch.setattr(Sampler, "_classify", preempted)
+    with tpu_nb.track() as report:
+        tracked = _adam_loop(width=41)
+    assert report.anatomy.sampler.samples >= 3  # the slow walks did happen
+    assert tracked == plain, (tracked, plain)
+    assert {p.kind for p in report.judgement.lines.values()} == {"warm-up"}
 
 
 def test_host_lines_are_escaped_in_html():

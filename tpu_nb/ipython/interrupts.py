@@ -21,6 +21,7 @@ import threading
 import time
 
 from tpu_nb.runtime.backend import current as backend
+from tpu_nb.runtime.frame import walk_stack
 
 GRACE_SECONDS = 0.3  # an interrupt Python handles within this needs no message
 XLA_BUSY = (
@@ -102,8 +103,7 @@ class _Watch:
         """XLA_BUSY when the main thread waits in a call made from the backend (torch_xla,
         torch) or tpu_nb's own wrappers (sync, a value read); otherwise the call is not known
         to be XLA's (a tensor method called straight from user code, or another library)."""
-        frame = sys._current_frames().get(self.main)
-        top = frame.f_code.co_filename if frame is not None else ""
+        top = walk_stack(self.main, _code_file, "")
         packages = (*backend().packages, "tpu_nb")
         return (
             XLA_BUSY
@@ -128,3 +128,7 @@ class _Watch:
         os.close(self.write_fd)  # the thread reads EOF and ends
         self.thread.join(timeout=2)
         os.close(self.read_fd)
+
+
+def _code_file(frame) -> str:
+    return frame.f_code.co_filename

@@ -1,9 +1,18 @@
 """`Frame`: one Python frame (file, line, function), the foundation both the compile log and
-`sources` describe code places with. A foundation: imports nothing of tpu_nb."""
+`sources` describe code places with; and `walk_stack`, the one way to read another thread's
+stack without keeping its tensors alive. A foundation: imports nothing of tpu_nb."""
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
+from typing import TypeVar
+
+T = TypeVar("T")
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
@@ -16,3 +25,44 @@ class Frame:
 
     def __str__(self) -> str:
         return f"{self.function} ({self.file}:{self.line})"
+
+
+# -- another thread's stack ------------------------------------------------------------------
+#
+# A frame object holds its function's locals alive once the function has returned. A thread that
+# walks another thread's stack (the host sampler, a pod host's progress line, the interrupt
+# watcher) can lose the GIL mid-walk; if the walked thread then returns from a function and
+# syncs, the tensors that function computed would still be alive — pending — and join the
+# sync's graph as extra outputs: a different graph, one more compile, caused by tpu_nb. So every
+# such walk holds `_walking`, drops every frame before it lets go, and a sync first waits for a
+# walk in progress (`settle_walks`).
+
+_walking = threading.Lock()
+
+
+class StackWalkError(RuntimeError):
+    """A walk of another thread's stack failed; the message only (no traceback: it would keep
+    the walked frames alive)."""
+
+
+def walk_stack(thread_id: int, visit: Callable[[FrameType], T], missing: M) -> T | M:
+    """`visit(frame)` on the innermost frame of thread `thread_id` (`missing` when the thread
+    has none). `visit` must return no frame; no frame is referenced once this returns."""
+    failure = ""
+    with _walking:
+        frame = sys._current_frames().get(thread_id)
+        try:
+            if frame is None:
+                return missing
+            return visit(frame)
+        except Exception as exc:  # its traceback holds the frames: keep only the words
+            failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            del frame
+    raise StackWalkError(failure)
+
+
+def settle_walks() -> None:
+    """Wait until no other thread holds a frame of a stack it walks (before a sync)."""
+    with _walking:
+        pass

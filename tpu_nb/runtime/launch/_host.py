@@ -26,6 +26,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
+from tpu_nb.runtime.frame import StackWalkError, walk_stack
 
 RUN_PREFIX = "tpu_nb-host-"
 
@@ -168,13 +169,20 @@ class HostWorker:
         thread = self.thread
         if thread is None or thread.ident is None or not self.filename:
             return 0
-        frame = sys._current_frames().get(thread.ident)
-        line = 0
-        while frame is not None:
-            if frame.f_code.co_filename == self.filename:
-                line = frame.f_lineno  # the outermost frame of the cell wins
-            frame = frame.f_back
-        return line
+        filename = self.filename
+
+        def outermost(frame) -> int:
+            line = 0
+            while frame is not None:
+                if frame.f_code.co_filename == filename:
+                    line = frame.f_lineno  # the outermost frame of the cell wins
+                frame = frame.f_back
+            return line
+
+        try:
+            return walk_stack(thread.ident, outermost, 0)
+        except StackWalkError:
+            return 0
 
     def _run(self, work, started_at: float) -> None:
         fn, args, source, filename = work

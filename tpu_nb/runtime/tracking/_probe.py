@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from tpu_nb.runtime.frame import settle_walks
 from tpu_nb.runtime.sources import as_caller
 
 log = logging.getLogger("tpu_nb")
@@ -401,6 +402,7 @@ class Probe:
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             caller = sys._getframe(1)
+            settle_walks()  # no frame held by a stack walk keeps a tensor in this graph
             if not probe.listeners["sync"] or probe._compiling():
                 return as_caller(caller)(original, args, kwargs)
             local = probe.local

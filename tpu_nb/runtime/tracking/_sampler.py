@@ -20,8 +20,9 @@ for the step anatomy's input part. A sample whose stack does not reach the track
 finishing the run, another thread's callback) counts for nothing.
 
 Do no harm: the thread never prints and never raises (a failure is logged and sampling stops);
-it holds references to the tracked thread's frames only while it walks them (a frame kept alive
-would keep its tensors alive into the next sync), and it is joined when the run ends. Its cost
+it holds references to the tracked thread's frames only while it walks them, through
+`walk_stack`, which a sync waits for (a frame kept alive would keep its tensors alive into the
+next sync's graph), and it is joined when the run ends. Its cost
 is the walk (a few µs to tens of µs, holding the GIL) at most 1/INTERVAL times a second
 (`benchmarks/bench_sampler.py`).
 
@@ -45,7 +46,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.frame import Frame, walk_stack
 from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.units import format_place, format_seconds
 
@@ -240,13 +241,7 @@ class Sampler:
     def _sample(self):
         """(kind, file, line, function, via) of the tracked thread's stack now; None if it is
         not in the tracked code; False if the thread is gone. Frames are dropped on return."""
-        frame = sys._current_frames().get(self._tid)
-        if frame is None:
-            return False
-        try:
-            return self._classify(frame)
-        finally:
-            del frame
+        return walk_stack(self._tid, self._classify, False)
 
     def _classify(self, top) -> tuple | None:
         ids, root, infos = self._ids, self._root, self._infos
