@@ -266,15 +266,30 @@ def test_fallbacks_and_host_reads_apart_each_with_its_hint():
     h = torch.histc(x, bins=8)
     value = (h * 2).sum().item()
     state = monitor.poll()
-    monitor.close()
     assert value == 128.0
     assert state.metrics.fallbacks == {"histc": 1} and state.metrics.host_reads == 1
     html = D.fallbacks_html(state)
     assert "aten::histc</code> ran on the CPU <b>1</b>" in html
     assert "one-hot sums" in html  # histc's own hint
-    assert "device\u2192host reads <b>1</b>" in html and "read once after the loop" in html
+    # One read outside any loop: counted, and nothing to change.
+    assert "scalar reads (.item(), bool(), float()) <b>1</b>" in html
+    assert "read once after the loop" not in html
     text = D.summary_text(state, "finished")
-    assert "CPU fallback aten::histc x1" in text and "device->host reads: 1" in text
+    assert "CPU fallback aten::histc x1" in text and "1 scalar reads" in text
+    assert "read once after the loop" not in text
+
+    # A read in every step: the advice, with the steps it kept pace with.
+    w = torch.ones(8, device=tpu_nb.device())
+    for _ in range(4):
+        w = w * 1.5
+        torch_xla.sync()
+        float(w.sum().item())
+    state = monitor.poll()
+    monitor.close()
+    assert state.steps >= 4 and state.metrics.host_reads >= 5
+    html = D.fallbacks_html(state)
+    assert f"in {state.steps} steps" in html and "read once after the loop" in html
+    assert "read once after the loop" in D.summary_text(state, "finished")
 
 
 HOSTILE = "<img src=x onerror=alert(1)>&$x$.py"

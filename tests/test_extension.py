@@ -241,7 +241,7 @@ def test_xla_metrics_views(shell, capsys):
     capsys.readouterr()
     shell.run_line_magic("xla_metrics", "--since-cell")
     out = capsys.readouterr().out
-    assert "XLA work of the previous cell" in out and "device->host reads           1" in out
+    assert "XLA work of the previous cell" in out and "scalar reads (.item())       1" in out
     shell.run_line_magic("xla_metrics", "--all")
     out = capsys.readouterr().out
     assert "UncachedCompile" in out and "ExecuteTime" in out

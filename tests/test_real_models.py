@@ -118,7 +118,7 @@ def figures(report) -> dict[str, int]:
 
 def work(raw: dict[str, int]) -> dict[str, int]:
     """The work a run asked of XLA, whatever the compile cache held before it: graphs looked
-    up (compiled or found cached), executions, syncs, device->host reads."""
+    up (compiled or found cached), executions, syncs, scalar reads."""
     return {
         "graphs": raw["compiles"] + raw["cache_hits"],
         "executions": raw["executions"],

@@ -636,8 +636,8 @@ def dashboard(
             train()
 
     Panels: compiles (with causes and lines), executions and step time, transfers, CPU
-    fallbacks and device->host reads (each with what to do), memory; charts of step time over
-    steps and compile seconds per graph. Outside IPython it polls without showing anything
+    fallbacks and scalar reads (each with what to do, when it applies), memory; charts of step
+    time over steps and compile seconds per graph. Outside IPython it polls without showing anything
     until stopped; `print(dash)` then gives the summary.
     """
     dash = Dashboard(

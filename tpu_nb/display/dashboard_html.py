@@ -17,7 +17,7 @@ from tpu_nb.display.live_charts import wrap as wrap_chart
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import CompileEvent
 from tpu_nb.runtime.sources import place_text
-from tpu_nb.runtime.tracking import HOST_READ_HINT, fallback_hint
+from tpu_nb.runtime.tracking import HOST_READ_HINT, fallback_hint, reads_repeat
 from tpu_nb.runtime.units import format_seconds
 
 _SHOWN_EVENTS = 8  # compile events listed in the final panel (newest first)
@@ -239,7 +239,7 @@ def transfers_html(state: LiveState | None) -> str:
 
 def fallbacks_html(state: LiveState | None) -> str:
     if state is None:
-        return _panel("CPU fallbacks and device\u2192host reads", "-", height=_BOTTOM_HEIGHT)
+        return _panel("CPU fallbacks and scalar reads", "-", height=_BOTTOM_HEIGHT)
     m = state.metrics
     if m.fallbacks:
         fall = "".join(
@@ -249,12 +249,23 @@ def fallbacks_html(state: LiveState | None) -> str:
         )
     else:
         fall = "CPU fallbacks: none<br>"
-    reads = f"device\u2192host reads <b>{m.host_reads}</b>"
-    if m.host_reads:
-        reads += f"<br><span style='color:{_GREY}'>{escape(HOST_READ_HINT)}</span>"
-    return _panel(
-        "CPU fallbacks and device\u2192host reads", f"{fall}{reads}", height=_BOTTOM_HEIGHT
-    )
+    reads = f"{_SCALAR_READS} <b>{m.host_reads}</b>"
+    if _reads_per_step(state):
+        reads += (
+            f" in {state.steps} steps<br>"
+            f"<span style='color:{_GREY}'>{escape(HOST_READ_HINT)}</span>"
+        )
+    return _panel("CPU fallbacks and scalar reads", f"{fall}{reads}", height=_BOTTOM_HEIGHT)
+
+
+_SCALAR_READS = "scalar reads (.item(), bool(), float())"
+
+
+def _reads_per_step(state: LiveState) -> bool:
+    """The read advice only for reads that repeat with the steps (a read after the loop, or a
+    few values printed, is not worth a change): the dashboard sees counts, not which step made
+    each read, so a count that keeps pace with the steps stands for "per step"."""
+    return state.steps >= 3 and reads_repeat(state.metrics.host_reads, state.steps)
 
 
 def memory_html(state: LiveState | None) -> str:
@@ -418,7 +429,7 @@ def summary_text(
     lines = [
         f"{title} ({status}): {state.steps} steps, {m.executions} executions, "
         f"{m.compiles} graphs compiled, {m.cache_hits} cache hits, "
-        f"{sum(m.fallbacks.values())} CPU fallbacks, {m.host_reads} device->host reads"
+        f"{sum(m.fallbacks.values())} CPU fallbacks, {m.host_reads} scalar reads"
     ]
     for c in state.compiles[-_SHOWN_EVENTS:]:
         if c.event is not None:
@@ -434,8 +445,8 @@ def summary_text(
         lines += [f"    {line}" for line in alert.differs]
     for op, n in sorted(m.fallbacks.items()):
         lines.append(f"  CPU fallback aten::{op} x{n}: {fallback_hint(op)}")
-    if m.host_reads:
-        lines.append(f"  device->host reads: {m.host_reads}: {HOST_READ_HINT}")
+    if _reads_per_step(state):
+        lines.append(f"  {_SCALAR_READS}: {m.host_reads} in {state.steps} steps: {HOST_READ_HINT}")
     if error is not None:
         lines.append(f"  the dashboard stopped updating: {type(error).__name__}")
     return "\n".join(lines)

@@ -310,7 +310,7 @@ class RunView:
                 "transfers to host",
                 f"{m.from_device_transfers} ({format_seconds(m.from_device_seconds)})",
             ),
-            ("device\u2192host reads", str(m.host_reads)),
+            ("scalar reads (.item(), bool(), float())", str(m.host_reads)),
             ("CPU fallbacks", fallbacks or "none"),
         ]
 
@@ -585,7 +585,7 @@ class MetricsView:
                 format_seconds(d.from_device_seconds),
             ),
             ("syncs", str(d.syncs), ""),
-            ("device->host reads", str(d.host_reads), ""),
+            ("scalar reads (.item())", str(d.host_reads), ""),
         ]
         rows += [(f"CPU fallback aten::{op}", str(n), "") for op, n in sorted(d.fallbacks.items())]
         return rows
@@ -597,8 +597,8 @@ class MetricsView:
             lines += [f"  {a:22}{b:>8}  {c}".rstrip() for a, b, c in self._delta_rows(self.delta)]
             if self.delta.host_reads:
                 lines.append(
-                    "  device->host reads: .item(), print(tensor), bool(tensor) wait "
-                    "for the device; read once after the loop instead"
+                    "  scalar reads: each .item(), bool(tensor) or float(tensor) waited for "
+                    "the device's pending work"
                 )
         if self.full is not None:
             lines += [f"  {a:40}{b:>16}  {c}" for a, b, c in self._full_rows(self.full)]

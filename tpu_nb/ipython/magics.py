@@ -726,7 +726,7 @@ class TpuMagics(Magics):
     @argument("--cells", action="store_true", help="one row per cell that did XLA work")
     @line_magic
     def xla_metrics(self, line=""):
-        """XLA counters, timings, CPU fallbacks and device->host reads, readable."""
+        """XLA counters, timings, CPU fallbacks and scalar reads, readable."""
         args = _parse(self.xla_metrics, line)
         if args is None:
             return

@@ -154,7 +154,7 @@ class MetricsDelta:
                 format_seconds(self.from_device_seconds),
             ),
             ("syncs", f"{self.syncs}", ""),
-            ("device->host reads", f"{self.host_reads}", ""),
+            ("scalar reads (.item())", f"{self.host_reads}", ""),
         ]
         lines = [f"  {name:22}{count:>8}  {secs}".rstrip() for name, count, secs in rows]
         for op, n in sorted(self.fallbacks.items()):

@@ -13,7 +13,13 @@ from tpu_nb.runtime.tracking._attribution import (
     graph_facts,
 )
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
-from tpu_nb.runtime.tracking._policy import Judgement, LinePattern, line_growth, progression
+from tpu_nb.runtime.tracking._policy import (
+    Judgement,
+    LinePattern,
+    line_growth,
+    progression,
+    reads_repeat,
+)
 from tpu_nb.runtime.tracking._probe import probe
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
 from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_report, track
@@ -42,5 +48,6 @@ __all__ = [
     "probe",
     "profile",
     "progression",
+    "reads_repeat",
     "track",
 ]

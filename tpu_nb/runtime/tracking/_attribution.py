@@ -315,7 +315,7 @@ def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
             LineFinding(
                 0,
                 "host-read",
-                f"{unplaced} device\u2192host reads tpu_nb could not place on a line",
+                f"{unplaced} scalar reads tpu_nb could not place on a line",
                 "",
                 place="line not recorded",
                 count=unplaced,

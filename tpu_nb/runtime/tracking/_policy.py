@@ -328,6 +328,13 @@ def shape_dims(shape: str) -> list[str] | None:
 # -- reads ---------------------------------------------------------------------------------
 
 
+def reads_repeat(repeats: int, steps: int) -> bool:
+    """Whether reads made in `repeats` steps of `steps` (0: a loop without syncs, each call an
+    iteration) are per step: every step, every other step or every few. Logging every tenth
+    step is not worth a change."""
+    return repeats >= _PER_STEP_READS and (not steps or repeats * 4 >= steps)
+
+
 def classify_read(occ, run_steps: int) -> ReadPattern:
     """Whether a read site (a provenance.Occurrence of kind "read") repeats per step."""
     if getattr(occ, "in_sync", False):
@@ -336,9 +343,7 @@ def classify_read(occ, run_steps: int) -> ReadPattern:
         repeats, of = occ.calls, 0
     else:
         repeats, of = occ.steps, run_steps
-    # Every step, every other step or every few: the loop waits for the device that often.
-    # Logging every tenth step is not worth a change.
-    if repeats >= _PER_STEP_READS and (not of or repeats * 4 >= of):
+    if reads_repeat(repeats, of):
         return ReadPattern(True, f"in {repeats} of {of} steps" if of else "with no sync in between")
     if occ.first_step >= run_steps > 0:
         return ReadPattern(False, "after the loop's last sync")
