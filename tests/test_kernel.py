@@ -275,7 +275,10 @@ def test_compiled_functions_in_a_kernel():
     execute(nb)
     report = "".join(t for _, t in _texts(nb.cells[2]))
     assert "compiled functions (torch.compile):" in report
-    assert "recompiled: `x` has 9 rows, the cached graph was built for 8" in report
+    assert (
+        "recompiled: `xb` (the function's `x`) has 9 rows, the cached graph was built for 8"
+        in report
+    )
     assert "graph break at cell line 6: Failed to trace builtin operator" in report, report
     assert "line not recorded" not in report
     plain = "".join(t for k, t in _texts(nb.cells[3]) if k == "stdout")
@@ -283,5 +286,6 @@ def test_compiled_functions_in_a_kernel():
     assert len(executed) == 1 and " 0 executed" not in executed[0], plain
     summary = "".join(t for k, t in _texts(nb.cells[4]) if k == "stdout")
     assert summary.strip() == (
-        "True ['`x` has 9 rows, the cached graph was built for 8'] [(6, True)]"
+        'True ["`xb` (the function\'s `x`) has 9 rows, the cached graph was built for 8"] '
+        "[(6, True)]"
     ), summary
