@@ -504,3 +504,46 @@ def test_backward_of_a_compiled_function_is_on_the_users_line(shell, capsys):
     assert None not in _lines(report) and _lines(report) <= {4, 5, 6}
     autograd = [e for e in report.compile_events if e.site.line.line == 5]
     assert all(inputs_sync(e) for e in autograd), autograd
+
+
+MOMENTUM_CELL = """\
+import torch, torch_xla
+torch.manual_seed(0)
+dev = torch_xla.device()
+mnet = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(dev)
+mopt = torch.optim.SGD(mnet.parameters(), lr=0.1, momentum=0.9)
+
+def mstep(x):
+    mopt.zero_grad()
+    loss = mnet(x).sum()
+    loss.backward()
+    mopt.step()
+    return loss
+
+mstep_x = torch_xla.compile(mstep)
+mstep_d = torch.compile(mstep, backend="openxla")
+xb = torch.randn(8, 4, device=dev)
+torch_xla.sync()
+"""
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("compiled", ["mstep_x", "mstep_d"])
+def test_tpu_time_tells_a_compiled_steps_first_run_from_its_steady_state(shell, compiled):
+    assert shell.run_cell(MOMENTUM_CELL).success
+    before = snapshot()
+    timing = shell.run_line_magic("tpu_time", f"-o -n 2 -r 2 {compiled}(xb)")
+    total = snapshot().since(before).compiles
+    # The first run compiles the step; with momentum, the step after it is another graph
+    # (the optimizer's state appears): the warm-up, not recompilation.
+    assert timing.first_compiles >= 1
+    assert timing.first_compiles + timing.warmup_compiles == total
+    assert timing.steady_compiles == 0 and not timing.recompiles
+    summary = timing.summary()
+    assert "no recompilation" in summary and "STILL RECOMPILING" not in summary
+    if timing.warmup_runs:
+        assert f"warm-up: {timing.warmup_runs} more run" in summary
+    # Timed again: nothing compiles, the first run is a steady-state run.
+    again = shell.run_line_magic("tpu_time", f"-o -n 2 -r 2 {compiled}(xb)")
+    assert again.first_compiles == again.warmup_runs == again.steady_compiles == 0
+    assert "(0 graphs compiled)" in again.summary()
