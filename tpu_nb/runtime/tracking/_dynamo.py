@@ -9,7 +9,8 @@ structured trace: a handler on the `torch.__trace` logger receives each event as
 installs such a handler for the length of one tracked run and keeps what it needs:
 
 - `dynamo_start`: a frame starts compiling. The stack at that moment reaches the tracked code's
-  line that called the function; the compile-log offset and the XLA compile count are noted.
+  line that called the function (and the function's arguments, to name the variable the line
+  passed: `passed_as`); the compile-log offset and the XLA compile count are noted.
 - `artifact` "recompile_reasons": the guards of the cached graphs that failed, in Dynamo's
   words ("tensor 'x' size mismatch at index 0. expected 8, actual 9").
 - `artifact` "dynamo_graph_break_reason": a graph break; its reason and line are read from the

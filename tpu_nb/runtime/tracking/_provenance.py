@@ -18,11 +18,16 @@ moments that matter:
 
 A stack becomes a `Site`: the outermost line of the tracked code (the cell's line), the
 innermost user frame below it (a helper in another cell) and the innermost library function
-that did it. Each wrapper costs one or two counter reads (~0.2 us each) and does nothing else
-unless the counters moved; everything is restored when the run ends. Graphs: the pending
-graph is captured just before the first sync of each line and before the sync after each
-compile at a line, so recompile findings can say which op and shape changed (bounded: a few
-graphs per line; captures that do not follow a compile at their line also by a time budget).
+that did it. A sync on another thread is placed on the tracked code's line only when the
+tracked thread is waiting in an autograd backward call (autograd runs a compiled function's
+backward on a thread of its own). At a sync of torch_xla.compile that compiled, the
+function's tensor inputs are compared with those of its previous compile, so that a
+recompile names the input and dimension that changed. Each wrapper costs one or two counter
+reads (~0.2 us each) and does nothing else unless the counters moved; everything is
+restored when the run ends. Graphs: the pending graph is captured just before the first sync
+of each line and before the sync after each compile at a line, so recompile findings can say
+which op and shape changed (bounded: a few graphs per line; captures that do not follow a
+compile at their line also by a time budget).
 """
 
 from __future__ import annotations
