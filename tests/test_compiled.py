@@ -16,6 +16,7 @@ import torch_xla.debug.metrics as met
 
 import tpu_nb
 from tpu_nb.runtime.metrics import snapshot
+from tpu_nb.runtime.tracking._dynamo import inputs_sync
 
 X = torch_xla._XLAC
 
@@ -124,11 +125,19 @@ def test_torch_compile_batch_sizes_in_on_tpu(shell, capsys):
     compiled = [c for c in report.compiled if c.function == "fwd_a"]
     assert [c.recompile for c in compiled] == [False, True, True, True]
     assert {c.line.line for c in compiled} == {4}  # the cell line that called it
-    assert compiled[1].why() == "`x` has 9 rows, the cached graph was built for 8"
-    assert compiled[3].why() == "`x` has 11 rows, the cached graph was built for 8"
+    assert (
+        compiled[1].why()
+        == "`xb` (the function's `x`) has 9 rows, the cached graph was built for 8"
+    )
+    assert (
+        compiled[3].why()
+        == "`xb` (the function's `x`) has 11 rows, the cached graph was built for 8"
+    )
     assert all(c.seconds > 0 for c in compiled) and sum(c.xla_compiles for c in compiled) >= 4
     assert "compiled functions (torch.compile):" in out
-    assert "recompiled: `x` has 10 rows, the cached graph was built for 9" in out
+    assert (
+        "recompiled: `xb` (the function's `x`) has 10 rows, the cached graph was built for 9" in out
+    )
     assert "line not recorded" not in out
     assert "did not capture both graphs" not in out
     assert report.metrics.compiles == len(report.compile_events)
@@ -250,9 +259,13 @@ def test_torch_xla_compile_one_recompile_names_the_shape(shell, capsys):
     ((where, graphs),) = report.recompiled_lines().items()
     assert where[1] == 4 and graphs == 2  # the calling line, the function's two graphs
     assert "recompiled ×1" in out
-    # Which input changed is named when the recorder captured both graphs (its capture
-    # policy: the first graphs of a line in the process, a line whose shapes changed).
-    assert "f32[8,4] → f32[9,4] (dim 0: 8 → 9)" in out or "did not capture both" in out
+    # The input that changed is named from the function's arguments at its calls (the
+    # calling line passed `xb`), whether or not the recorder captured both graphs.
+    assert (
+        "torch_xla.compile traced step_a again: `xb` (the function's `x`) has 9 rows, "
+        "the cached graph was built for 8"
+    ) in out
+    assert "did not capture both" not in out
     assert "compiled its warm-up graph" not in out
 
 
@@ -279,7 +292,7 @@ def test_max_graphs_counts_the_compiled_functions_graphs(shell, capsys):
     error = result.error_in_exec
     assert isinstance(error, RecompilationError)
     assert shell.user_ns["n"] == 10  # stopped at the third shape, not before
-    assert "`x` has 10 rows, the cached graph was built for 9" in str(error)
+    assert "`xb` (the function's `x`) has 10 rows, the cached graph was built for 9" in str(error)
 
 
 def _dynamo_loop(compiled, sizes, monitor):
@@ -345,3 +358,192 @@ def test_compiled_functions_section_is_escaped_in_html():
     assert "<script>" not in html and "<model>" not in html
     assert "&lt;script&gt;" in html and "&lt;lambda&gt;" in html and "&lt;model&gt;" in html
     assert compiled_html(()) == "" and compiled_text(()) == []
+
+
+# -- a small transformer block -------------------------------------------------------------------
+# One encoder layer (attention, layer norms, feed-forward): the graphs a real model makes, at a
+# size that compiles in about a second on XLA:CPU. Batches are (rows, 5 tokens, 16 features).
+
+BLOCK_CELL = """\
+import torch, torch_xla
+torch.manual_seed(0)
+dev = torch_xla.device()
+block = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).to(dev)
+block_opt = torch.optim.SGD(block.parameters(), lr=0.01)
+
+def tc_fwd(x):
+    return block(x).sum()
+
+def tc_brk(x):
+    y = block(x)
+    print("inside")
+    if y.sum().item() > -1e9:
+        y = y + 1
+    return y.sum()
+
+def tx_step(x):
+    block_opt.zero_grad()
+    y = block(x)
+    if y.sum().item() > -1e9:
+        y = y + 1
+    loss = y.sum()
+    loss.backward()
+    block_opt.step()
+    return loss
+
+tc_fwd_c = torch.compile(tc_fwd, backend="openxla")
+tc_brk_c = torch.compile(tc_brk, backend="openxla")
+tx_step_c = torch_xla.compile(tx_step)
+"""
+
+BLOCK_LOOP = """\
+for n in {sizes}:
+    xb = torch.randn(n, 5, 16, device=dev)
+    out = {name}(xb)
+    torch_xla.sync()
+"""
+
+
+def _lines(report) -> set:
+    return {e.site.line.line if e.site and e.site.line else None for e in report.compile_events}
+
+
+@pytest.mark.stack
+def test_transformer_block_under_torch_compile(shell, capsys):
+    assert shell.run_cell(BLOCK_CELL).success
+    capsys.readouterr()
+    cell = "%%on_tpu -o\n" + BLOCK_LOOP.format(sizes="(2, 2, 3, 2)", name="tc_fwd_c")
+    report = shell.run_cell(cell).result
+    out = capsys.readouterr().out
+    compiled = [c for c in report.compiled if c.function == "tc_fwd"]
+    assert [c.recompile for c in compiled] == [False, True]
+    why = "`xb` (the function's `x`) has size 3 in dimension 0, the cached graph was built for 2"
+    assert compiled[1].why() == why
+    assert f"recompiled: {why}" in out
+    assert _lines(report) == {4}  # every compile on the line that called the function
+    assert "line not recorded" not in out and "did not capture both" not in out
+    assert report.metrics.compiles == len(report.compile_events) >= 2
+
+    # Warm: Dynamo compiles nothing and clears no counter; the raw counters are the truth.
+    before = _raw_counts()
+    warm = shell.run_cell(cell).result
+    raw = {n: _raw_counts()[n] - before[n] for n in before}
+    assert warm.compiled == () and warm.metrics.compiles == 0 == raw["UncachedCompile"]
+    assert warm.metrics.executions == raw["ExecuteComputation"] >= 4
+    assert (warm.metrics.cache_hits, warm.metrics.syncs) == (raw["CachedCompile"], raw["MarkStep"])
+    # A plain cell does the same work and says so.
+    capsys.readouterr()
+    shell.run_cell(BLOCK_LOOP.format(sizes="(2, 2, 3, 2)", name="tc_fwd_c"))
+    plain = _xla_line(capsys.readouterr().out)
+    assert plain == {"compiled": warm.metrics.compiles, "executed": warm.metrics.executions}
+
+
+@pytest.mark.stack
+def test_transformer_block_graph_break_under_torch_compile(shell, capsys):
+    assert shell.run_cell(BLOCK_CELL).success
+    capsys.readouterr()
+    report = shell.run_cell("%%on_tpu -o\n" + BLOCK_LOOP.format(sizes="(2,)", name="tc_brk_c"))
+    report = report.result
+    out = capsys.readouterr().out
+    by_line = {b.line: b for c in report.compiled for b in c.graph_breaks}
+    assert set(by_line) == {12, 13}, by_line  # print, then .item(), in the cell that defines it
+    assert "print" in by_line[12].explanation and "Tensor.item()" in by_line[13].reason
+    assert "graph break at cell line 12: Failed to trace builtin operator" in out
+    assert "graph break at cell line 13: Unsupported Tensor.item() call" in out
+    assert _lines(report) == {4}
+    assert "line not recorded" not in out
+
+
+@pytest.mark.stack
+def test_transformer_block_under_torch_xla_compile(shell, capsys):
+    assert shell.run_cell(BLOCK_CELL).success
+    capsys.readouterr()
+    before = _raw_counts()
+    cell = "%%on_tpu -o\n" + BLOCK_LOOP.format(sizes="(2, 2, 2, 3, 2)", name="tx_step_c")
+    report = shell.run_cell(cell).result
+    raw = {n: _raw_counts()[n] - before[n] for n in before}
+    out = capsys.readouterr().out
+    m = report.metrics
+    assert (m.compiles, m.executions, m.cache_hits, m.syncs) == (
+        raw["UncachedCompile"],
+        raw["ExecuteComputation"],
+        raw["CachedCompile"],
+        raw["MarkStep"],
+    )
+    assert _lines(report) == {4}
+    assert (
+        "torch_xla.compile traced tx_step again: `xb` (the function's `x`) has size 3 in "
+        "dimension 0, the cached graph was built for 2"
+    ) in out
+    # The .item() inside the function splits its graph: named with its line in the function.
+    assert re.search(r"line 4: read from the device ×5: \.item\(\)", out), out
+    assert re.search(r"line 4 → In \[\d+\], line 20 tx_step", out), out
+    assert "line not recorded" not in out and "did not capture both" not in out
+    # A plain cell does the same work and says so.
+    capsys.readouterr()
+    plain_cell = BLOCK_LOOP.format(sizes="(2, 2, 2, 3, 2)", name="tx_step_c")
+    shell.run_cell(plain_cell)
+    plain = _xla_line(capsys.readouterr().out)
+    warm = shell.run_cell("%%on_tpu -o\n" + plain_cell).result
+    assert plain == {"compiled": warm.metrics.compiles, "executed": warm.metrics.executions}
+
+
+@pytest.mark.stack
+def test_backward_of_a_compiled_function_is_on_the_users_line(shell, capsys):
+    """Autograd runs the backward of a torch.compile'd function on a thread of its own,
+    where its graphs compile: they belong to the line that called backward."""
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_k", width=13)).success
+    capsys.readouterr()
+    cell = (
+        "%%on_tpu -o\nfor n in (8, 8):\n    batch = torch.randn(n, 4, device=dev)\n"
+        "    loss = fwd_k_c(batch)\n    loss.backward()\n    torch_xla.sync()\n"
+    )
+    report = shell.run_cell(cell).result
+    out = capsys.readouterr().out
+    assert "line not recorded" not in out
+    assert None not in _lines(report) and _lines(report) <= {4, 5, 6}
+    autograd = [e for e in report.compile_events if e.site.line.line == 5]
+    assert all(inputs_sync(e) for e in autograd), autograd
+
+
+MOMENTUM_CELL = """\
+import torch, torch_xla
+torch.manual_seed(0)
+dev = torch_xla.device()
+mnet = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(dev)
+mopt = torch.optim.SGD(mnet.parameters(), lr=0.1, momentum=0.9)
+
+def mstep(x):
+    mopt.zero_grad()
+    loss = mnet(x).sum()
+    loss.backward()
+    mopt.step()
+    return loss
+
+mstep_x = torch_xla.compile(mstep)
+mstep_d = torch.compile(mstep, backend="openxla")
+xb = torch.randn(8, 4, device=dev)
+torch_xla.sync()
+"""
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("compiled", ["mstep_x", "mstep_d"])
+def test_tpu_time_tells_a_compiled_steps_first_run_from_its_steady_state(shell, compiled):
+    assert shell.run_cell(MOMENTUM_CELL).success
+    before = snapshot()
+    timing = shell.run_line_magic("tpu_time", f"-o -n 2 -r 2 {compiled}(xb)")
+    total = snapshot().since(before).compiles
+    # The first run compiles the step; with momentum, the step after it is another graph
+    # (the optimizer's state appears): the warm-up, not recompilation.
+    assert timing.first_compiles >= 1
+    assert timing.first_compiles + timing.warmup_compiles == total
+    assert timing.steady_compiles == 0 and not timing.recompiles
+    summary = timing.summary()
+    assert "no recompilation" in summary and "STILL RECOMPILING" not in summary
+    if timing.warmup_runs:
+        assert f"warm-up: {timing.warmup_runs} more run" in summary
+    # Timed again: nothing compiles, the first run is a steady-state run.
+    again = shell.run_line_magic("tpu_time", f"-o -n 2 -r 2 {compiled}(xb)")
+    assert again.first_compiles == again.warmup_runs == again.steady_compiles == 0
+    assert "(0 graphs compiled)" in again.summary()

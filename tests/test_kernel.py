@@ -4,6 +4,7 @@ Marked `stack`: runs on the current stack and on Colab's (ipykernel 6.17, IPytho
 """
 
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -275,7 +276,10 @@ def test_compiled_functions_in_a_kernel():
     execute(nb)
     report = "".join(t for _, t in _texts(nb.cells[2]))
     assert "compiled functions (torch.compile):" in report
-    assert "recompiled: `x` has 9 rows, the cached graph was built for 8" in report
+    assert (
+        "recompiled: `xb` (the function's `x`) has 9 rows, the cached graph was built for 8"
+        in report
+    )
     assert "graph break at cell line 6: Failed to trace builtin operator" in report, report
     assert "line not recorded" not in report
     plain = "".join(t for k, t in _texts(nb.cells[3]) if k == "stdout")
@@ -283,5 +287,43 @@ def test_compiled_functions_in_a_kernel():
     assert len(executed) == 1 and " 0 executed" not in executed[0], plain
     summary = "".join(t for k, t in _texts(nb.cells[4]) if k == "stdout")
     assert summary.strip() == (
-        "True ['`x` has 9 rows, the cached graph was built for 8'] [(6, True)]"
+        'True ["`xb` (the function\'s `x`) has 9 rows, the cached graph was built for 8"] '
+        "[(6, True)]"
     ), summary
+
+
+def test_compiled_transformer_block_in_a_kernel():
+    """A transformer block under torch.compile(backend="openxla") and torch_xla.compile in a
+    real kernel: a changing batch named by input and dimension, the graph break by its line,
+    every compile on the cell's line, a plain cell and %%on_tpu counting the same work."""
+    loop = "for n in (2, 2, 3):\n    xb = torch.randn(n, 5, 16, device=dev)\n    out = {}(xb)\n"
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla\n"
+        "dev = torch_xla.device()\ntorch.manual_seed(0)\n"
+        "block = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, "
+        "batch_first=True).to(dev)",
+        "def fwd(x):\n    y = block(x)\n    print('inside')\n    return y.sum()\n\n"
+        "def step(x):\n    return block(x).sum()\n\n"
+        "fwd_c = torch.compile(fwd, backend='openxla')\nstep_x = torch_xla.compile(step)",
+        "%%on_tpu -o\n" + loop.format("fwd_c"),
+        "%%on_tpu -o\n" + loop.format("step_x"),
+        loop.format("step_x"),
+        "%%on_tpu -o\n" + loop.format("step_x"),
+        "print({e.site.line.line for r in (_3, _4) for e in r.compile_events}, "
+        "_6.metrics.compiles, _6.metrics.executions)",
+    )
+    execute(nb)
+    dynamo = "".join(t for _, t in _texts(nb.cells[2]))
+    why = "`xb` (the function's `x`) has size 3 in dimension 0, the cached graph was built for 2"
+    assert f"recompiled: {why}" in dynamo, dynamo
+    assert "graph break at cell line 3: Failed to trace builtin operator" in dynamo, dynamo
+    xla = "".join(t for _, t in _texts(nb.cells[3]))
+    assert f"torch_xla.compile traced step again: {why}" in xla, xla
+    for report in (dynamo, xla):
+        assert "line not recorded" not in report and "did not capture both" not in report
+    plain = "".join(t for k, t in _texts(nb.cells[4]) if k == "stdout")
+    (line,) = [ln for ln in plain.splitlines() if ln.startswith("XLA: ")]
+    compiled, executed = (int(n) for n in re.findall(r"(\d+) (?:compiled|executed)", line))
+    summary = "".join(t for k, t in _texts(nb.cells[6]) if k == "stdout")
+    assert summary.strip() == f"{{4}} {compiled} {executed}", (summary, line)
+    assert executed >= 3

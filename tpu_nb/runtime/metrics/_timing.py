@@ -3,6 +3,11 @@
 `%time`/`%timeit` on XLA time only the tracing: the work runs later, asynchronously. Here
 every run is synced and waited for, the first run (tracing + compile + execute) is reported
 apart from the steady state, and compiles during the steady state are called out.
+
+A compiled step (torch_xla.compile, torch.compile) often compiles on its second run too:
+the optimizer's state (momentum, Adam's moments) appears after the first step, and the step
+with it is another graph. Runs after the first that still compile are its warm-up, reported
+apart (at most `WARM_UP_RUNS` of them): a one-time cost, not recompilation.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class DeviceTiming:
     per_run: tuple[float, ...]  # one figure per repeat: mean seconds of its `number` runs
     number: int
     steady_compiles: int  # graphs compiled during the steady state (should be 0)
+    # Runs after the first that still compiled (a warm-up graph), their compiles and time.
+    warmup_runs: int = 0
+    warmup_compiles: int = 0
+    warmup_seconds: float = 0.0
 
     @property
     def median(self) -> float:
@@ -46,9 +55,15 @@ class DeviceTiming:
 
     def summary(self) -> str:
         first = (
-            f"first run {format_seconds(self.first_seconds)} ({self.first_compiles} graph"
-            f"{'s' if self.first_compiles != 1 else ''} compiled)"
+            f"first run {format_seconds(self.first_seconds)} ({_graphs(self.first_compiles)} "
+            "compiled)"
         )
+        if self.warmup_runs:
+            runs = "run" if self.warmup_runs == 1 else "runs"
+            first += (
+                f"; warm-up: {self.warmup_runs} more {runs} compiled "
+                f"{_graphs(self.warmup_compiles)} ({format_seconds(self.warmup_seconds)})"
+            )
         steady = (
             f"steady state {format_seconds(self.median)} per run (median of {len(self.per_run)} "
             f"repeats \u00d7 {self.number} runs; range {format_seconds(self.best)}\u2013"
@@ -56,8 +71,8 @@ class DeviceTiming:
         )
         tail = (
             (
-                f"; STILL RECOMPILING: {self.steady_compiles} graphs compiled in the steady "
-                "state (shapes or Python values change between runs)"
+                f"; STILL RECOMPILING: {_graphs(self.steady_compiles)} compiled in the "
+                "steady state (shapes or Python values change between runs)"
             )
             if self.recompiles
             else "; no recompilation"
@@ -65,6 +80,10 @@ class DeviceTiming:
         return f"{first}; {steady}{tail}"
 
     __str__ = summary
+
+
+def _graphs(n: int) -> str:
+    return f"{n} graph{'s' if n != 1 else ''}"
 
 
 def _run_once(fn, runtime) -> float:
@@ -80,6 +99,7 @@ def _run_once(fn, runtime) -> float:
 # almost always a typo); the automatic `number` stays at most 10,000 too.
 MAX_NUMBER = 1_000_000
 MAX_REPEAT = 1_000
+WARM_UP_RUNS = 3  # runs after the first that may still compile as the warm-up
 
 
 def _check_count(name: str, value, maximum: int, example: int) -> None:
@@ -112,9 +132,25 @@ def time_device(
     runtime.wait_device_ops()
     before = snapshot()
     first = _run_once(fn, runtime)
-    first_compiles = snapshot().since(before).compiles
+    after = snapshot()
+    first_compiles = after.since(before).compiles
+    # The warm-up: runs that still compile after the first (see the module docstring). The
+    # first run that compiles nothing sizes `number`.
+    warmup_runs = warmup_compiles = 0
+    warmup_seconds = 0.0
+    probe = None
+    while first_compiles and warmup_runs < WARM_UP_RUNS:
+        seconds = _run_once(fn, runtime)
+        later = snapshot()
+        compiled = later.since(after).compiles
+        after = later
+        if not compiled:
+            probe = seconds
+            break
+        warmup_runs, warmup_compiles = warmup_runs + 1, warmup_compiles + compiled
+        warmup_seconds += seconds
     if number is None:
-        probe = _run_once(fn, runtime)
+        probe = _run_once(fn, runtime) if probe is None else probe
         number = max(1, min(10_000, int(0.2 / max(probe, 1e-6))))
     steady_start = snapshot()
     per_run = []
@@ -122,4 +158,13 @@ def time_device(
         total = sum(_run_once(fn, runtime) for _ in range(number))
         per_run.append(total / number)
     steady = snapshot().since(steady_start)
-    return DeviceTiming(first, first_compiles, tuple(per_run), number, steady.compiles)
+    return DeviceTiming(
+        first,
+        first_compiles,
+        tuple(per_run),
+        number,
+        steady.compiles,
+        warmup_runs,
+        warmup_compiles,
+        warmup_seconds,
+    )

@@ -218,9 +218,11 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed)
         changed = what_changed(event) if kind != policy.FIRST else ()
-        if pattern is not None and kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING):
-            # the line's pattern says it once: its progression, or the ops it adds
-            changed = () if pattern.progression or kind == policy.GROWING else changed
+        patterned = kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING)
+        if pattern is not None and patterned and (pattern.progression or kind == policy.GROWING):
+            # the line's pattern says it once: its progression, or the ops it adds (what the
+            # compiler itself said changed, Dynamo or torch_xla.compile, is still said here)
+            changed = dynamo.what_changed(event)
         if finding_kind == "compile" and kind == policy.RECOMPILE:  # within --max-graphs
             what += f"; another graph of this line, within the {allowed} allowed (--max-graphs)"
         out.append(

@@ -9,7 +9,8 @@ structured trace: a handler on the `torch.__trace` logger receives each event as
 installs such a handler for the length of one tracked run and keeps what it needs:
 
 - `dynamo_start`: a frame starts compiling. The stack at that moment reaches the tracked code's
-  line that called the function; the compile-log offset and the XLA compile count are noted.
+  line that called the function (and the function's arguments, to name the variable the line
+  passed: `passed_as`); the compile-log offset and the XLA compile count are noted.
 - `artifact` "recompile_reasons": the guards of the cached graphs that failed, in Dynamo's
   words ("tensor 'x' size mismatch at index 0. expected 8, actual 9").
 - `artifact` "dynamo_graph_break_reason": a graph break; its reason and line are read from the
@@ -22,6 +23,7 @@ Nothing runs on a call that hits Dynamo's cache: the handler costs only while Dy
 from __future__ import annotations
 
 import json
+import linecache
 import logging
 import re
 import sys
@@ -64,21 +66,26 @@ class ChangedInput:
     expected: str = ""
     actual: str = ""
 
-    def describe(self, ndim: int | None = None) -> str:
+    def describe(self, ndim: int | None = None, shown: str = "") -> str:
+        """In the user's words; `shown`: the variable the calling line passed as this input,
+        when it has another name ("`batch` (the function's `x`) has 9 rows, ...")."""
+        name = f"`{self.name}`"
+        if shown and shown != self.name:
+            name = f"`{shown}` (the function's `{self.name}`)"
         if self.what == "size" and self.dim is not None:
             if ndim == 2 and self.dim in (0, 1):
                 unit = "rows" if self.dim == 0 else "columns"
                 return (
-                    f"`{self.name}` has {self.actual} {unit}, the cached graph was built "
+                    f"{name} has {self.actual} {unit}, the cached graph was built "
                     f"for {self.expected}"
                 )
             return (
-                f"`{self.name}` has size {self.actual} in dimension {self.dim}, the cached "
+                f"{name} has size {self.actual} in dimension {self.dim}, the cached "
                 f"graph was built for {self.expected}"
             )
         if self.what in ("dtype", "rank"):
             return (
-                f"`{self.name}` has {self.what} {self.actual}, the cached graph was built "
+                f"{name} has {self.what} {self.actual}, the cached graph was built "
                 f"for {self.expected}"
             )
         return self.actual
@@ -107,6 +114,9 @@ class DynamoCompile:
     xla_compiles: int = 0
     log_span: tuple[int, int] = (0, 0)
     failed: str = ""  # Dynamo's failure, when the frame could not be compiled
+    # argument -> the variable the calling line passed for it, when that is known exactly
+    # and named otherwise (see `passed_as`)
+    passed: tuple[tuple[str, str], ...] = ()
 
     @property
     def recompile(self) -> bool:
@@ -124,7 +134,12 @@ class DynamoCompile:
             return ""
         if not self.changed:
             return f"a guard failed: {self.guard_failures[0]}"
-        parts = [c.describe(self._ndim(c.name)) for c in self.changed]
+        passed = dict(self.passed)
+        parts = []
+        for c in self.changed:
+            head, bracket, rest = c.name.partition("[")
+            shown = passed.get(head, "")
+            parts.append(c.describe(self._ndim(c.name), shown + bracket + rest if shown else ""))
         return "; ".join(parts)
 
     def _ndim(self, name: str) -> int | None:
@@ -150,6 +165,56 @@ def _placeholder(name: str) -> str:
     # (its source, L['batch']['ids'], with each run of non-word characters as one _).
     head, bracket, rest = name.partition("[")
     return re.sub(r"\W+", "_", f"L['{head}']{bracket}{rest}").lower()
+
+
+def passed_as(caller, arguments: dict[str, Any]) -> dict[str, str]:
+    """For each argument of a compiled function, the variable of the tracked code (`caller`,
+    its frame) that the calling line passed: the one name on that line whose value is the
+    very object passed. Left out when no name on the line holds it (an expression was
+    passed), when two do, or when it is the argument's own name: never a guess."""
+    if caller is None or not arguments:
+        return {}
+    text = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    words = set(_WORD.findall(text))
+    if not words:
+        return {}
+    local, glob = caller.f_locals, caller.f_globals
+    out = {}
+    for argument, value in arguments.items():
+        holders = [w for w in words if (local[w] if w in local else glob.get(w, _MISSING)) is value]
+        if len(holders) == 1 and holders[0] != argument:
+            out[argument] = holders[0]
+    return out
+
+
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_MISSING = object()
+
+
+def _function_arguments(frame) -> dict[str, Any]:
+    """The arguments of the function Dynamo is compiling, from its convert_frame callback's
+    `frame` (on the stack above the handler); {} when not found."""
+    depth = 0
+    while frame is not None and depth < 40:
+        if frame.f_code.co_name == "__call__" and frame.f_code.co_filename.endswith(_CONVERT_FRAME):
+            compiled = frame.f_locals.get("frame")
+            code = getattr(compiled, "f_code", None)
+            values = getattr(compiled, "f_locals", None)
+            if code is None or not isinstance(values, dict):
+                return {}
+            names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            return {n: values[n] for n in names if n in values and _is_tensor(values[n])}
+        frame = frame.f_back
+        depth += 1
+    return {}
+
+
+_CONVERT_FRAME = "torch/_dynamo/convert_frame.py"
+
+
+def _is_tensor(value) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def report_lines(compiled) -> list[str]:
@@ -230,10 +295,11 @@ def recompiles() -> int:
 
 
 class _Pending:
-    __slots__ = ("site", "start_compiles", "start_log", "reasons", "breaks", "started")
+    __slots__ = ("site", "start_compiles", "start_log", "reasons", "breaks", "started", "passed")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.site = None
+        self.passed: tuple[tuple[str, str], ...] = ()
         self.start_compiles = 0
         self.start_log = 0
         self.reasons: tuple[str, ...] = ()
@@ -328,7 +394,12 @@ class Watch(logging.Handler):
         for callback in list(on_frame_compile):
             callback(True)
         if self._recorder is not None:
-            entry.site = self._recorder.site_of(sys._getframe(3))
+            here = sys._getframe(3)
+            site = entry.site = self._recorder.site_of(here)
+            if site.line is not None:
+                caller = self._recorder.caller_frame(here)
+                passed = passed_as(caller, _function_arguments(here))
+                entry.passed = tuple(sorted(passed.items()))
         entry.start_compiles = snapshot().counter("UncachedCompile")
         entry.start_log = self._log.size() if self._log is not None else 0
 
@@ -382,6 +453,7 @@ class Watch(logging.Handler):
                 graph_breaks=tuple(entry.breaks),
                 log_span=(entry.start_log, entry.start_log),
                 failed=str(m.get("fail_reason") or ""),
+                passed=entry.passed,
             )
         )
 
@@ -537,16 +609,22 @@ def recompilations(events: list[CompileEvent], compiles) -> dict[tuple[str, int]
 
 
 def _note(event: CompileEvent, facts: tuple[str, ...]) -> None:
-    if event.graph_hash:
-        _changes[event.graph_hash] = facts
+    note_changed(event.graph_hash, facts)
+
+
+def note_changed(graph_hash: str, facts: tuple[str, ...]) -> None:
+    """Record what changed for the graph `graph_hash` compiled (read by `what_changed`): a
+    guard Dynamo saw fail, or the input torch_xla.compile'd function got in a new shape."""
+    if graph_hash:
+        _changes[graph_hash] = facts
         while len(_changes) > _MAX_CHANGES:
             del _changes[next(iter(_changes))]
 
 
 def what_changed(event: CompileEvent) -> tuple[str, ...]:
-    """What Dynamo said about `event`'s graph: the guard that failed when it compiled the
-    frame again, or that the graph is the sync of the frame's inputs; () when Dynamo did not
-    compile it."""
+    """What the compiler in front of XLA said about `event`'s graph: the guard that failed
+    when Dynamo compiled the frame again, that the graph is the sync of the frame's inputs,
+    or the input a torch_xla.compile'd function got in a new shape; () otherwise."""
     return _changes.get(event.graph_hash, ())
 
 

@@ -18,16 +18,23 @@ moments that matter:
 
 A stack becomes a `Site`: the outermost line of the tracked code (the cell's line), the
 innermost user frame below it (a helper in another cell) and the innermost library function
-that did it. Each wrapper costs one or two counter reads (~0.2 us each) and does nothing else
-unless the counters moved; everything is restored when the run ends. Graphs: the pending
-graph is captured just before the first sync of each line and before the sync after each
-compile at a line, so recompile findings can say which op and shape changed (bounded: a few
-graphs per line; captures that do not follow a compile at their line also by a time budget).
+that did it. A sync on another thread is placed on the tracked code's line only when the
+tracked thread is waiting in an autograd backward call (autograd runs a compiled function's
+backward on a thread of its own). At a sync of torch_xla.compile that compiled, the
+function's tensor inputs are compared with those of its previous compile, so that a
+recompile names the input and dimension that changed. Each wrapper costs one or two counter
+reads (~0.2 us each) and does nothing else unless the counters moved; everything is
+restored when the run ends. Graphs: the pending graph is captured just before the first sync
+of each line and before the sync after each compile at a line, so recompile findings can say
+which op and shape changed (bounded: a few graphs per line; captures that do not follow a
+compile at their line also by a time budget).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -181,8 +188,10 @@ class Recorder:
         global _TENSOR_TYPES
         _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
         self._started = time.perf_counter()
+        self._thread = threading.get_ident()
         self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
         self._log_read = self._log.size() if self._log is not None else 0
+        self._log_at_start = self._log_read
         dynamo.keep_out_of_dynamo()
         self._subscription = probe().subscribe(self, ("sync", "read", "fallback"))
         self.active = True
@@ -250,8 +259,12 @@ class Recorder:
                 site = site or self.site_of(event.frame)
                 if event.own and not site.own:
                     site = replace(site, own=event.own)
+                anchors = self.recording.anchors
+                log_start = anchors[-1].log_end if anchors else self._log_at_start
                 self._anchor("sync", site, compiles, graph)
                 self._note_compiled(site)
+                if event.frame.f_code.co_name == "_compile":  # torch_xla.compile's own sync
+                    self._compiled_inputs(event.frame, site, log_start)
             self._notice_new_fallbacks()
         except Exception:
             self._failed()
@@ -355,11 +368,55 @@ class Recorder:
     def site_of(self, frame) -> Site:
         """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
         line, user, library = call_site(frame, self._code_ids, self._root_frame, _plumbing)
+        if line is None and threading.get_ident() != getattr(self, "_thread", None):
+            line = self._waiting_in_backward()
         return Site(
             _frame(line) if line is not None else None,
             _frame(user) if user is not None else None,
             _frame(library) if library is not None else None,
         )
+
+    def _waiting_in_backward(self):
+        """The tracked code's frame, when the tracked thread is waiting in an autograd
+        backward call: autograd runs a backward on a thread of its own (where a compiled
+        function's backward graph compiles), for the line that called backward."""
+        frame = sys._current_frames().get(self._thread)
+        depth = 0
+        while frame is not None and depth < 400:
+            code = frame.f_code
+            if code.co_name in _BACKWARD_CALLS and code.co_filename.endswith(_AUTOGRAD_FILES):
+                return call_site(frame, self._code_ids, self._root_frame)[0]
+            frame = frame.f_back
+            depth += 1
+        return None
+
+    def _compiled_inputs(self, frame, site: Site, log_start: int) -> None:
+        """torch_xla.compile(fn) compiled at its sync after fn: name the input whose shape or
+        dtype differs from the call that compiled fn's graph before (see `_call_inputs`)."""
+        caller = self.caller_frame(frame) if site.line is not None else None
+        found = _call_inputs(frame, caller)
+        if found is None:
+            return
+        key, inputs, function = found
+        before = _inputs_at_compile.get(key)
+        _inputs_at_compile[key] = inputs
+        while len(_inputs_at_compile) > 64:
+            _inputs_at_compile.popitem(last=False)
+        if before is None or self._log is None:
+            return
+        if len(before) != len(inputs):
+            return
+        facts = tuple(f for f in map(_describe_change, before, inputs) if f)
+        if not facts:
+            return
+        events = [e for e in self._log.events_since(log_start) if not dynamo.inputs_sync(e)]
+        if events:
+            text = f"torch_xla.compile traced {function} again: " + "; ".join(facts)
+            dynamo.note_changed(events[-1].graph_hash, (text,))
+
+    def caller_frame(self, frame):
+        """The tracked code's frame at or outside `frame` (None: not reached from it)."""
+        return tracked_frame(frame, self._code_ids, self._root_frame)
 
     # -- graph capture -------------------------------------------------------------------------
 
@@ -509,6 +566,67 @@ def _graph_once(tensors: list):
             _by_own_hash.popitem(last=False)
     _by_own_hash.move_to_end(own_hash)
     return known
+
+
+# Autograd's entry points a thread waits in while autograd's own thread runs the backward.
+_BACKWARD_CALLS = frozenset({"backward", "grad", "_engine_run_backward"})
+_AUTOGRAD_FILES = ("torch/autograd/__init__.py", "torch/_tensor.py", "torch/autograd/graph.py")
+
+# torch_xla.compile'd function -> its inputs (name, shape, dtype) at the call that last
+# compiled its graph (bounded: the latest functions).
+_inputs_at_compile: OrderedDict[tuple, tuple] = OrderedDict()
+_CONTEXTLIB = "contextlib.py"
+
+
+def _call_inputs(frame, caller):
+    """From torch_xla.compile's sync after the function (`frame`, its `_compile`): (a key for
+    the function, its tensor inputs as (name, shape, dtype, shown), its name), where `shown`
+    is the variable the calling line passed (see dynamo.passed_as); None when not found."""
+    outer, depth = frame.f_back, 0
+    while outer is not None and depth < 4:
+        code = outer.f_code
+        if code.co_name == "inner" and code.co_filename.endswith(_CONTEXTLIB):
+            break
+        outer, depth = outer.f_back, depth + 1
+    else:
+        return None
+    values = outer.f_locals
+    func, args, kwds = values.get("func"), values.get("args"), values.get("kwds")
+    if func is None or not isinstance(args, tuple) or not isinstance(kwds, dict):
+        return None
+    target = getattr(func, "forward", func)
+    code = getattr(target, "__code__", None)
+    names = list(code.co_varnames[: code.co_argcount]) if code is not None else []
+    if names and getattr(target, "__self__", None) is not None:
+        names = names[1:]  # a bound method (a module's forward): `self` is not passed
+    given = {(names[i] if i < len(names) else f"args[{i}]"): a for i, a in enumerate(args)}
+    given.update(kwds)
+    tensors = {n: v for n, v in given.items() if type(v) in _TENSOR_TYPES}
+    shown = dynamo.passed_as(caller, tensors)
+    inputs = tuple(
+        (n, tuple(v.shape), str(v.dtype).replace("torch.", ""), shown.get(n, ""))
+        for n, v in tensors.items()
+    )
+    name = getattr(func, "__name__", type(func).__name__)
+    return (id(func), name), inputs, name
+
+
+def _describe_change(before: tuple, after: tuple) -> str:
+    """What differs between one input's (name, shape, dtype, shown) at two calls."""
+    name, shape, dtype, shown = after
+    if before[0] != name:
+        return ""
+    if before[2] != dtype:
+        change = dynamo.ChangedInput(name, "dtype", None, before[2], dtype)
+    elif len(before[1]) != len(shape):
+        change = dynamo.ChangedInput(name, "rank", None, str(len(before[1])), str(len(shape)))
+    else:
+        dims = [i for i, (a, b) in enumerate(zip(before[1], shape, strict=True)) if a != b]
+        if not dims:
+            return ""
+        dim = dims[0]
+        change = dynamo.ChangedInput(name, "size", dim, str(before[1][dim]), str(shape[dim]))
+    return change.describe(len(shape), shown)
 
 
 def names_in(codes) -> set[str]:
