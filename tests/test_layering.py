@@ -278,6 +278,21 @@ def _reaches_torch_xla(tree: ast.AST) -> list[str]:
     return found
 
 
+def test_only_walk_stack_reads_another_threads_frames():
+    """A frame held by a walk from another thread keeps its function's tensors alive after it
+    returns, into the next sync's graph: every such walk goes through `frame.walk_stack`,
+    which a sync waits for."""
+    readers = {
+        name
+        for name, path in _modules().items()
+        if any(
+            isinstance(node, ast.Attribute) and node.attr == "_current_frames"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    }
+    assert readers == {"tpu_nb.runtime.frame"}
+
+
 def test_only_the_backend_package_reaches_torch_xla():
     reaching = {}
     for name, path in _modules().items():

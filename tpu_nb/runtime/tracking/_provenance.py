@@ -33,14 +33,13 @@ compile at their line also by a time budget).
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.frame import Frame, StackWalkError, walk_stack
 from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
@@ -368,27 +367,36 @@ class Recorder:
     def site_of(self, frame) -> Site:
         """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
         line, user, library = call_site(frame, self._code_ids, self._root_frame, _plumbing)
-        if line is None and threading.get_ident() != getattr(self, "_thread", None):
-            line = self._waiting_in_backward()
+        placed = _frame(line) if line is not None else None
+        if placed is None and threading.get_ident() != getattr(self, "_thread", None):
+            placed = self._waiting_in_backward()
         return Site(
-            _frame(line) if line is not None else None,
+            placed,
             _frame(user) if user is not None else None,
             _frame(library) if library is not None else None,
         )
 
-    def _waiting_in_backward(self):
-        """The tracked code's frame, when the tracked thread is waiting in an autograd
+    def _waiting_in_backward(self) -> Frame | None:
+        """The tracked code's line, when the tracked thread is waiting in an autograd
         backward call: autograd runs a backward on a thread of its own (where a compiled
         function's backward graph compiles), for the line that called backward."""
-        frame = sys._current_frames().get(self._thread)
-        depth = 0
-        while frame is not None and depth < 400:
-            code = frame.f_code
-            if code.co_name in _BACKWARD_CALLS and code.co_filename.endswith(_AUTOGRAD_FILES):
-                return call_site(frame, self._code_ids, self._root_frame)[0]
-            frame = frame.f_back
-            depth += 1
-        return None
+        code_ids, root = self._code_ids, self._root_frame
+
+        def line_of_backward(frame):
+            depth = 0
+            while frame is not None and depth < 400:
+                code = frame.f_code
+                if code.co_name in _BACKWARD_CALLS and code.co_filename.endswith(_AUTOGRAD_FILES):
+                    line = call_site(frame, code_ids, root)[0]
+                    return _frame(line) if line is not None else None
+                frame = frame.f_back
+                depth += 1
+            return None
+
+        try:
+            return walk_stack(self._thread, line_of_backward, None)
+        except StackWalkError:
+            return None
 
     def _compiled_inputs(self, frame, site: Site, log_start: int) -> None:
         """torch_xla.compile(fn) compiled at its sync after fn: name the input whose shape or
