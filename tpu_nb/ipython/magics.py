@@ -28,6 +28,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from IPython.utils.process import arg_split
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import (
     TpuNbError,
@@ -749,7 +750,7 @@ class TpuMagics(Magics):
                 print("the previous cell did no XLA work")
                 return
             return display(MetricsView("XLA work of the previous cell", delta=delta))
-        if "torch_xla" not in sys.modules:
+        if not backend().is_loaded():
             print("no XLA work in this kernel yet")
             return
         from tpu_nb.runtime.metrics import MetricsSnapshot, reset_metrics, snapshot

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from tpu_nb.runtime.backend import Backend
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
@@ -291,7 +293,7 @@ class Collector:
         self._ended = False
         self._recorder: Recorder | None = None
         self._outer: Collector | None = None
-        self._xc: Any = None  # torch_xla._XLAC once started (no stubs)
+        self._backend: Backend = current_backend()
         self.sampler: Sampler | None = None
 
     def start(self, recorder) -> Collector:
@@ -306,9 +308,6 @@ class Collector:
 
     def _start(self, recorder) -> Collector:
         global _active
-        import torch_xla
-
-        self._xc = torch_xla._XLAC
         self._harvest()  # samples before the run are not the run's
         self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._base = {name: total for name, (total, _) in self._seen.items()}
@@ -418,7 +417,8 @@ class Collector:
     def _harvest(self) -> None:
         """Read the runtime's sample buffers; keep what is new since the last read."""
         self._until_harvest = _HARVEST_EVERY
-        data, counter = self._xc._xla_metric_data, self._xc._xla_counter_value
+        runtime = self._backend
+        data, counter = runtime.metric_samples, runtime.counter_reader()
         for name in _SAMPLED:
             gate = _GATES.get(name)
             if gate is not None:
@@ -429,7 +429,7 @@ class Collector:
             got = data(name)
             if got is None:
                 continue
-            total, _, samples = got
+            total, samples = got.count, got.samples
             seen_total, last_ts = self._seen[name]
             fresh = [(ts, ns) for ts, ns in samples if ts > last_ts]
             if total - seen_total > len(fresh) and seen_total:

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import settle_walks
 from tpu_nb.runtime.sources import as_caller
 
@@ -329,17 +330,14 @@ class Probe:
 
     def _install(self, kind: str) -> None:
         import torch
-        import torch_xla
 
+        runtime = current_backend()
         if self._counter is None:
-            self._counter = torch_xla._XLAC._xla_counter_value
+            self._counter = runtime.counter_reader()
             self._compiling = torch.compiler.is_compiling
         if kind == "sync":
-            self._patch("sync", torch_xla, "sync", lambda o: self._sync_hook(o, inner=False))
-            # torch_xla.compile(fn) syncs through its own module's global (before fn: the
-            # inputs' pending work; after: fn's graph): the same hook there.
-            inner = sys.modules["torch_xla.torch_xla"]
-            self._patch("sync", inner, "sync", lambda o: self._sync_hook(o, inner=True))
+            for owner, name, inner in runtime.sync_entry_points():
+                self._patch("sync", owner, name, lambda o, i=inner: self._sync_hook(o, inner=i))
         elif kind == "read":
             for name, label in READ_METHODS.items():
                 self._patch("read", torch.Tensor, name, lambda o, lb=label: self._read_hook(o, lb))
@@ -348,10 +346,9 @@ class Probe:
                 self.watch_fallback(namespace, name)
         elif kind == "input":
             dataloader = sys.modules.get("torch.utils.data.dataloader")
-            parallel = sys.modules.get("torch_xla.distributed.parallel_loader")
             for cls in (
                 getattr(dataloader, "_BaseDataLoaderIter", None),
-                getattr(parallel, "PerDeviceLoader", None),
+                *runtime.loader_iterators(),
             ):
                 if cls is not None:
                     self._patch("input", cls, "__next__", self._input_hook)
