@@ -85,6 +85,9 @@ class TorchXlaBackend(Backend):
 
     def __init__(self) -> None:
         self._logging_to: set[str] = set()  # compile-cause files answered so far
+        # Looked up once torch_xla is imported: hooks call these at every sync.
+        self._xlac: Any = None
+        self._add_step_closure: Any = None
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -113,7 +116,10 @@ class TorchXlaBackend(Backend):
 
     def extension(self) -> Any:
         """`torch_xla._XLAC`, the C++ extension (counters, metrics, graph dumps)."""
-        return self.module()._XLAC
+        xlac = self._xlac
+        if xlac is None:
+            xlac = self._xlac = self.module()._XLAC
+        return xlac
 
     # -- counters and metrics ----------------------------------------------------------------
 
@@ -214,7 +220,7 @@ class TorchXlaBackend(Backend):
         return ir != "None" and "xla::device_data" not in ir
 
     def fallback_ops(self) -> list[str]:
-        return list(self.extension()._get_executed_fallback_ops())
+        return self.extension()._get_executed_fallback_ops()  # a new list at each call
 
     def ir_debug(self) -> bool:
         return bool(self.extension()._get_ir_debug())
@@ -257,10 +263,13 @@ class TorchXlaBackend(Backend):
         xm.wait_device_ops()
 
     def after_next_sync(self, callback: Callable[[], None]) -> None:
-        self.module()
-        from torch_xla.core import xla_model
+        add = self._add_step_closure
+        if add is None:
+            self.module()
+            from torch_xla.core import xla_model
 
-        xla_model.add_step_closure(callback)
+            add = self._add_step_closure = xla_model.add_step_closure
+        add(callback)
 
     # -- where tpu_nb's interception layer looks ---------------------------------------------
 

@@ -393,36 +393,32 @@ class Probe:
     # -- the hooks -----------------------------------------------------------------------------
 
     def _sync_hook(self, original, *, inner: bool):
-        probe = self
+        # Every sync of a tracked run passes here: what it looks up is bound once (installed
+        # after _install set the counter and the compiling check).
+        probe, local, clock, getframe = self, self.local, time.time, sys._getframe
+        counter, compiling = self._counter, self._compiling
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
-            caller = sys._getframe(1)
+            caller = getframe(1)
             settle_walks()  # no frame held by a stack walk keeps a tensor in this graph
-            if not probe.listeners["sync"] or probe._compiling():
+            if not probe.listeners["sync"] or compiling():
                 return as_caller(caller)(original, args, kwargs)
-            local = probe.local
-            event = SyncEvent(
-                caller,
-                time.time(),
-                probe._counter("UncachedCompile"),
-                inner,
-                _plumbing_sync(caller),
-                local.own,
-                local.owner,
-            )
+            entry, compiles = clock(), counter("UncachedCompile")
+            plumbing = _plumbing_sync(caller)
+            event = SyncEvent(caller, entry, compiles, inner, plumbing, local.own, local.owner)
             states = {}
             for subscriber, before in probe.befores["sync"]:
                 states[subscriber] = before(event)
-            event.start = time.time()
+            event.start = clock()
             outer = local.in_sync
-            local.in_sync = not event.plumbing  # reads during a step's sync: its closures
+            local.in_sync = not plumbing  # reads during a step's sync: its closures
             try:
                 result = as_caller(caller)(original, args, kwargs)
             finally:
                 local.in_sync = outer
-            event.end = time.time()
+            event.end = clock()
             for subscriber, after in probe.afters["sync"]:
                 after(event, states.get(subscriber))  # only max_graphs raises, on purpose
             return result
@@ -511,12 +507,24 @@ class Probe:
         return __next__
 
 
+# Whether a code object's syncs are plumbing, by id: (code, answer), the code kept so that its
+# id is not reused while the entry lives (hashing a code object hashes its whole body).
+_plumbing_codes: dict[int, tuple] = {}
+
+
 def _plumbing_sync(frame) -> bool:
     code = frame.f_code
+    known = _plumbing_codes.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
     path = code.co_filename
-    return path.endswith(_BRIDGE_FILE) or (
+    plumbing = path.endswith(_BRIDGE_FILE) or (
         code.co_name == _INPUTS_SYNC[1] and path.endswith(_INPUTS_SYNC[0])
     )
+    if len(_plumbing_codes) >= 1024:  # bounded: one per function that syncs
+        _plumbing_codes.clear()
+    _plumbing_codes[id(code)] = (code, plumbing)
+    return plumbing
 
 
 @contextmanager
