@@ -37,6 +37,7 @@ from tpu_nb.runtime.errors import (
     check_whole_number,
 )
 from tpu_nb.runtime.metrics import MAX_NUMBER, MAX_REPEAT
+from tpu_nb.runtime.sources import innermost_frame
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -238,15 +239,18 @@ def _running_cell_number(shell) -> int:
     calling frame. (`shell.execution_count` is already the next cell's number on IPython >= 8
     while a cell runs, which made tracebacks say In [n+1].)"""
     names = getattr(shell.compile, "_filename_map", {})  # IPython >= 8
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
+
+    def number(frame: FrameType) -> int | None:
         path = frame.f_code.co_filename
         if path in names:
             return int(names[path])
         if match := re.match(r"<ipython-input-(\d+)-", path):  # IPython 7
             return int(match.group(1))
-        frame = frame.f_back
-    return shell.execution_count
+        return None
+
+    cell = innermost_frame(sys._getframe(1), lambda frame: number(frame) is not None)
+    found = number(cell) if cell is not None else None
+    return found if found is not None else shell.execution_count
 
 
 class _CellCode:

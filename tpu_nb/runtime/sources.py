@@ -136,6 +136,19 @@ def user_frame(frame):
     return frame if depth < MAX_DEPTH else None
 
 
+def innermost_frame(frame, test):
+    """The innermost frame at or outside `frame` that passes `test(frame)`, looking at most
+    MAX_DEPTH frames out (None: no such frame). For walks off the hot path; the hooks'
+    walks below inline the same loop."""
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        if test(frame):
+            return frame
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
 def tracked_frame(frame, code_ids: frozenset = frozenset(), root=None):
     """The tracked code's frame at or outside `frame`: one running a code object whose id is
     in `code_ids`, or `root` itself; None when the stack does not reach it."""
