@@ -369,7 +369,9 @@ class Collector:
                     self.origin = syncs[0][2]
                     self.dropped_steps += 1
                 syncs.append((event.entry, event.start, event.end))
-                self._count_down()
+                self._until_harvest -= 1  # _count_down(), inlined: every sync passes here
+                if self._until_harvest <= 0:
+                    self._harvest_if_free()
         elif kind is ReadEvent:
             self.reads.append((event.entry, event.start, event.end))
             self._count_down()
@@ -408,7 +410,11 @@ class Collector:
 
     def _count_down(self) -> None:
         self._until_harvest -= 1
-        if self._until_harvest <= 0 and self._lock.acquire(blocking=False):
+        if self._until_harvest <= 0:
+            self._harvest_if_free()
+
+    def _harvest_if_free(self) -> None:
+        if self._lock.acquire(blocking=False):
             try:
                 self._harvest()
             finally:

@@ -396,7 +396,7 @@ class Probe:
         # Every sync of a tracked run passes here: what it looks up is bound once (installed
         # after _install set the counter and the compiling check).
         probe, local, clock, getframe = self, self.local, time.time, sys._getframe
-        counter, compiling = self._counter, self._compiling
+        counter, compiling, plumbing_codes = self._counter, self._compiling, _plumbing_codes
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
@@ -406,7 +406,12 @@ class Probe:
             if not probe.listeners["sync"] or compiling():
                 return as_caller(caller)(original, args, kwargs)
             entry, compiles = clock(), counter("UncachedCompile")
-            plumbing = _plumbing_sync(caller)
+            known = plumbing_codes.get(id(caller.f_code))  # _plumbing_sync's cache, inlined
+            plumbing = (
+                known[1]
+                if known is not None and known[0] is caller.f_code
+                else _plumbing_sync(caller)
+            )
             event = SyncEvent(caller, entry, compiles, inner, plumbing, local.own, local.owner)
             states = {}
             for subscriber, before in probe.befores["sync"]:
