@@ -9,6 +9,7 @@ backend under test by its name.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import threading
@@ -447,6 +448,21 @@ def test_loader_iterators_are_looked_up_never_imported(b, py):
         """.replace("\n        ", "\n")
     ).stdout
     assert json.loads(out.splitlines()[-1]) == [[], True]
+
+
+@BACKENDS
+def test_the_backends_own_code_is_where_it_says(b):
+    # Syncs from these callers are plumbing, frames under these paths are compiling, time in
+    # these files is input: a release that moved them would count its plumbing as steps.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(b.module().__file__)))
+    for suffix, function in b.plumbing_sync_callers:
+        path = os.path.join(root, *suffix.split("/"))
+        assert os.path.isfile(path), path
+        if function:
+            with open(path, encoding="utf-8") as f:
+                assert f"def {function}(" in f.read(), (path, function)
+    for fragment in (*b.compiler_paths, *b.loader_paths):
+        assert glob.glob(os.path.join(root, *fragment.split("/")) + "*"), fragment
 
 
 def test_torch_xla_device_loader_batches_go_through_its_iterator():

@@ -72,6 +72,15 @@ class Backend(ABC):
     counter_names_of: CounterNames
     #: Functions of the backend that communicate between replicas (launch may refuse them).
     collectives: tuple[str, ...]
+    #: Callers whose syncs are the backend's plumbing around a compiled function (syncing its
+    #: inputs, running the work pending before it), not a step of the user's: (path suffix of
+    #: the caller's file, the caller's function name, "" for any function of that file).
+    plumbing_sync_callers: tuple[tuple[str, str], ...]
+    #: Path fragments ("/"-separated) of the backend's torch.compile bridge: a frame there is
+    #: the backend tracing or compiling a function's graph.
+    compiler_paths: tuple[str, ...]
+    #: Path fragments of the backend's device data loaders: time in them is waiting for input.
+    loader_paths: tuple[str, ...]
 
     # -- loading -----------------------------------------------------------------------------
 

@@ -83,6 +83,15 @@ class TorchXlaBackend(Backend):
         "xla_rendezvous",
     )
 
+    # torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the
+    # work pending before the function.
+    plumbing_sync_callers = (
+        ("torch_xla/_dynamo/dynamo_bridge.py", ""),
+        ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile"),
+    )
+    compiler_paths = ("torch_xla/_dynamo/",)
+    loader_paths = ("torch_xla/distributed/parallel_loader",)
+
     def __init__(self) -> None:
         self._logging_to: set[str] = set()  # compile-cause files answered so far
         # Looked up once torch_xla is imported: hooks call these at every sync.

@@ -816,7 +816,7 @@ def steady_verdict(
     return _placed(judge(steady), steady)
 
 
-_LOADER_FILES = ("torch/utils/data/", "torch_xla/distributed/parallel_loader")
+_LOADER_FILES = ("torch/utils/data/",)  # and the backend's device loaders
 _SHOWN_LINES = 3  # lines a verdict names at most
 _LINE_SHARE = 0.03  # and only those that took at least this share of the wall time
 
@@ -840,7 +840,8 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
         return verdict
     if verdict.kind == "input-bound":
         sampled = sum(h.seconds for h in lines)
-        loader = sum(h.seconds for h in lines if any(f in h.via for f in _LOADER_FILES))
+        files = (*_LOADER_FILES, *current_backend().loader_paths)
+        loader = sum(h.seconds for h in lines if any(f in h.via for f in files))
         if loader < 0.5 * sampled:
             return replace(
                 verdict,

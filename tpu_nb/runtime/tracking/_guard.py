@@ -199,9 +199,11 @@ class max_graphs:
 
 
 def _in_dynamo_bridge() -> bool:
+    bridge = current_backend().compiler_paths
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
-        if "torch_xla/_dynamo/" in frame.f_code.co_filename.replace(os.sep, "/"):
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if any(fragment in path for fragment in bridge):
             return True
         frame = frame.f_back
     return False

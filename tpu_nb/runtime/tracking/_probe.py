@@ -86,11 +86,6 @@ FALLBACK_ENTRY_POINTS = (
     ("Tensor", "bincount"),
     ("functional", "grid_sample"),
 )
-# Syncs that are the runtime's plumbing around a compiled function, not a step of the user's:
-# torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the work
-# pending before the function.
-_BRIDGE_FILE = "torch_xla/_dynamo/dynamo_bridge.py"
-_INPUTS_SYNC = ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile")
 
 
 # The events are plain classes, not dataclasses: a dataclass's generated __init__ is code of
@@ -522,9 +517,11 @@ def _plumbing_sync(frame) -> bool:
     known = _plumbing_codes.get(id(code))
     if known is not None and known[0] is code:
         return known[1]
-    path = code.co_filename
-    plumbing = path.endswith(_BRIDGE_FILE) or (
-        code.co_name == _INPUTS_SYNC[1] and path.endswith(_INPUTS_SYNC[0])
+    # Syncs that are the runtime's plumbing around a compiled function, not a user's step.
+    path, name = code.co_filename, code.co_name
+    plumbing = any(
+        path.endswith(suffix) and (not function or name == function)
+        for suffix, function in current_backend().plumbing_sync_callers
     )
     if len(_plumbing_codes) >= 1024:  # bounded: one per function that syncs
         _plumbing_codes.clear()
