@@ -232,14 +232,15 @@ class Backend(ABC):
     @abstractmethod
     def sync_function(self) -> Callable[[], None]:
         """The function `sync()` calls, as it is now (wrapped while syncs are hooked): tpu_nb's
-        own syncs call it themselves, so a hook sees their caller's frame."""
+        own syncs call it themselves, so a hook sees their caller's frame. Imports the
+        backend."""
 
     @abstractmethod
     def loader_iterators(self) -> tuple[type, ...]:
         """Iterator classes of the backend's device data loaders, among the modules already
         imported (never imports one): each `__next__` call hands out one batch."""
 
-    # -- the backend's own check of distinct graphs per step ---------------------------------
+    # -- the backend's own check of distinct graphs per step (each imports the backend) -------
 
     @abstractmethod
     def graph_limit(self) -> int:
@@ -267,8 +268,8 @@ class Backend(ABC):
 
     @abstractmethod
     def start_trace(self, logdir: str) -> None:
-        """Start the backend's profiler, writing into `logdir`; raises when it cannot (one
-        already tracing)."""
+        """Start the backend's profiler, writing into `logdir` (imports the backend); raises
+        when it cannot (one already tracing)."""
 
     @abstractmethod
     def stop_trace(self) -> None:
