@@ -9,6 +9,7 @@ backend under test by its name.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import threading
@@ -364,13 +365,198 @@ def test_after_next_sync_runs_once_after_the_next_sync(b):
 def test_wait_device_ops_waits_for_every_execution(b):
     n = b.counter_names_of
     executions = n.executions[0]
+    b.wait_device_ops()
+
+    def counts():  # a counter clear (Dynamo's bridge) resets counters, not metrics: deltas
+        timed = b.metric(n.execute_times[0])
+        return (timed[0] if timed else 0), b.read_counters([executions])[executions]
+
+    timed_before, ran_before = counts()
     y = new_graph(b)
     for _ in range(3):
         y = y + 1
         b.sync()
     b.wait_device_ops()
-    done = b.metric(n.execute_times[0])
-    assert done is not None and done[0] == b.read_counters([executions])[executions]
+    timed_after, ran_after = counts()
+    assert ran_after - ran_before == 3
+    assert timed_after - timed_before == ran_after - ran_before  # each one timed: finished
+
+
+# -- where tpu_nb's interception layer looks ----------------------------------------------
+
+
+@BACKENDS
+def test_the_counter_reader_reads_what_read_counters_reads(b):
+    read = b.counter_reader()
+    n = b.counter_names_of
+    y = new_graph(b)
+    b.sync()
+    b.wait_device_ops()
+    names = [n.compiles, n.cache_hits, n.syncs, *n.executions]
+    assert {name: read(name) or 0 for name in names} == b.read_counters(names)
+    assert not read("NoSuchCounterAnywhere")  # 0 or None: never counted
+    del y
+
+
+@BACKENDS
+def test_tensors_created_moves_with_each_op_and_only_then(b):
+    # track() knows whether a block left work pending, without a sync, by this counter.
+    name = b.counter_names_of.tensors_created
+    read = b.counter_reader()
+    y = new_graph(b)
+    b.sync()
+    synced = read(name)
+    b.sync()  # nothing pending: nothing created
+    assert read(name) == synced
+    y.add_(1)  # in place: still a new device tensor under it
+    assert read(name) > synced
+    del y
+
+
+@BACKENDS
+def test_every_sync_goes_through_an_entry_point(b):
+    # The probe wraps each entry point once per tracked run; the user's syncs, the backend's
+    # own and tpu_nb's (`sync_function()`) must each pass through one of them.
+    seen: list[bool] = []
+    entries = b.sync_entry_points()
+    originals = [getattr(owner, name) for owner, name, _ in entries]
+    assert entries and any(not inner for _, _, inner in entries)
+
+    def counting(original, inner):
+        def sync(*args, **kwargs):
+            seen.append(inner)
+            return original(*args, **kwargs)
+
+        return sync
+
+    try:
+        for (owner, name, inner), original in zip(entries, originals, strict=True):
+            setattr(owner, name, counting(original, inner))
+        b.sync()
+        assert seen == [False]
+        b.sync_function()()  # looked up as it is now: the wrapper
+        assert seen == [False, False]
+    finally:
+        for (owner, name, _), original in zip(entries, originals, strict=True):
+            setattr(owner, name, original)
+    assert [getattr(owner, name) for owner, name, _ in entries] == originals
+
+
+@BACKENDS
+def test_loader_iterators_are_looked_up_never_imported(b, py):
+    out = py(
+        PICK.format(name=b.name)
+        + """
+        import json, sys
+        b.module()
+        before = set(sys.modules)
+        found = b.loader_iterators()
+        print(json.dumps([sorted(set(sys.modules) - before),
+                          all(isinstance(c, type) and hasattr(c, "__next__") for c in found)]))
+        """.replace("\n        ", "\n")
+    ).stdout
+    assert json.loads(out.splitlines()[-1]) == [[], True]
+
+
+@BACKENDS
+def test_the_backends_own_code_is_where_it_says(b):
+    # Syncs from these callers are plumbing, frames under these paths are compiling, time in
+    # these files is input: a release that moved them would count its plumbing as steps.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(b.module().__file__)))
+    for suffix, function in b.plumbing_sync_callers:
+        path = os.path.join(root, *suffix.split("/"))
+        assert os.path.isfile(path), path
+        if function:
+            with open(path, encoding="utf-8") as f:
+                assert f"def {function}(" in f.read(), (path, function)
+    for fragment in (*b.compiler_paths, *b.loader_paths):
+        assert glob.glob(os.path.join(root, *fragment.split("/")) + "*"), fragment
+
+
+def test_torch_xla_device_loader_batches_go_through_its_iterator():
+    import torch_xla.distributed.parallel_loader as pl
+
+    b = next(b for b in backends() if b.name == "torch_xla")
+    (cls,) = b.loader_iterators()
+    batches = []
+    original = cls.__next__
+
+    def counting(iterator):
+        batch = original(iterator)
+        batches.append(batch)
+        return batch
+
+    cls.__next__ = counting
+    try:
+        data = [torch.full((2,), float(i)) for i in range(3)]
+        got = list(pl.MpDeviceLoader(data, b.device()))
+    finally:
+        cls.__next__ = original
+    assert len(got) == 3 and [t.device.type for t in batches] == [b.device_type] * 3
+
+
+@BACKENDS
+def test_a_graph_session_over_its_limit_raises_at_the_trace(b):
+    # max_graphs(N) falls back on this where the compile log is off.
+    saved = b.graph_limit()
+    name = f"contract-{fresh_size()}"
+    sizes = [fresh_size(), fresh_size()]
+    outcomes = []
+    b.set_graph_limit(1)
+    try:
+        assert b.graph_limit() == 1
+        for size in (sizes[0], sizes[0], sizes[1]):
+            b.start_graph_session(name)
+            try:
+                y = torch.ones(size, device=b.device()) * 2
+                b.sync()
+                outcomes.append("ok")
+            except RuntimeError:
+                outcomes.append("raised")
+            finally:
+                b.end_graph_session()
+    finally:
+        b.forget_graph_session(name)
+        b.set_graph_limit(saved)
+    assert outcomes == ["ok", "ok", "raised"]  # the same graph again is not a new one
+    assert b.graph_limit() == saved
+    del y
+
+
+@BACKENDS
+def test_the_profiler_writes_a_chrome_trace(b, py, tmp_path):
+    out = py(
+        PICK.format(name=b.name)
+        + f"""
+        import glob, json, torch
+        logdir = {str(tmp_path)!r}
+        b.start_trace(logdir)
+        try:
+            b.start_trace(logdir)
+            second = "started"
+        except Exception:
+            second = "refused"
+        x = torch.ones(64, 64, device=b.device())
+        for _ in range(3):
+            x = torch.tanh(x @ x)
+            b.sync()
+        b.wait_device_ops()
+        b.stop_trace()
+        print(json.dumps([second, len(glob.glob(logdir + "/**/*.trace.json.gz",
+                                                recursive=True))]))
+        """.replace("\n        ", "\n"),
+        timeout=300,
+    ).stdout
+    assert json.loads(out.splitlines()[-1]) == ["refused", 1]
+
+
+def test_torch_xla_memory_figures_from_each_info_shape():
+    from tpu_nb.runtime.backend._torch_xla import memory_from_info
+
+    full = memory_from_info({"bytes_used": 10, "bytes_limit": 100, "peak_bytes_used": 50})
+    assert full == DeviceMemory(10, 100, 50)
+    assert memory_from_info({"kb_total": 4, "kb_free": 1}) == DeviceMemory(3072, 4096, None)
+    assert memory_from_info({}) == DeviceMemory(None, None, None)
 
 
 # -- multi-device ----------------------------------------------------------------------------

@@ -445,15 +445,3 @@ def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no
     ).stdout
     assert "RESULT False 2 2 True True" in out
     assert "HTML True True" in out
-
-
-def test_device_memory_figures_from_torch_xla_info_shapes():
-    from tpu_nb.runtime.live._monitor import _memory_figures
-
-    assert _memory_figures({"bytes_used": 10, "bytes_limit": 100, "peak_bytes_used": 50}) == (
-        10,
-        100,
-        50,
-    )
-    assert _memory_figures({"kb_total": 4, "kb_free": 1}) == (3072, 4096, None)
-    assert _memory_figures({}) == (None, None, None)

@@ -229,29 +229,16 @@ def test_no_private_name_is_imported_from_another_module():
 # -- torch_xla only behind the backend seam ----------------------------------------------------
 #
 # tpu_nb/runtime/backend/ is the one package that imports torch_xla or looks it up in
-# sys.modules; everything else asks a `Backend` (tpu_nb.runtime.backend.current()). The
-# modules below still reach torch_xla themselves, directly or through the backend's
-# transitional `xla()`/`xlac()` handles. They were written against torch_xla before the seam
-# and are being reworked at the same time (one interception layer for tracking and the live
-# monitor); route each through `Backend` methods, then remove it from this list. The list only
-# shrinks: a module not on it that reaches torch_xla fails this test.
-NOT_YET_BEHIND_THE_BACKEND = {
-    "tpu_nb.runtime.tracking._anatomy",  # import torch_xla; parallel_loader in sys.modules
-    "tpu_nb.runtime.tracking._guard",  # xla(), xla_model.add_step_closure, torch_xla.compile
-    "tpu_nb.runtime.tracking._profile",  # torch_xla.debug.profiler
-    "tpu_nb.runtime.tracking._probe",  # patches torch_xla.sync; the parallel loader's __next__
-    "tpu_nb.runtime.tracking._provenance",  # patches torch_xla.torch_xla.sync; xlac()
-    "tpu_nb.runtime.tracking._report",  # xla().sync, xla_model.add_step_closure
-    "tpu_nb.runtime.live._monitor",  # xla(), xlac() memory info, metric samples
-    "tpu_nb.ipython.extension",  # "torch_xla" in sys.modules (backend().is_loaded())
-    "tpu_nb.ipython.magics",  # "torch_xla" in sys.modules (backend().is_loaded())
-}
-TRANSITIONAL_HANDLES = {"xla", "xlac"}
+# sys.modules; everything else asks a `Backend` (tpu_nb.runtime.backend.current()): a module
+# that reaches torch_xla itself fails this test. (The backend once handed out torch_xla
+# itself through `xla()`/`xlac()`; a module importing names like them from the backend is
+# flagged too, so no such handle comes back.)
+HANDLES = {"xla", "xlac"}
 
 
 def _reaches_torch_xla(tree: ast.AST) -> list[str]:
-    """How a module reaches torch_xla: imports of it, sys.modules lookups of it, and the
-    backend's transitional handles to it."""
+    """How a module reaches torch_xla: imports of it, sys.modules lookups of it, and handles
+    to it imported from the backend."""
 
     def names_torch_xla(node) -> bool:
         return isinstance(node, ast.Constant) and str(node.value).split(".")[0] == "torch_xla"
@@ -265,7 +252,7 @@ def _reaches_torch_xla(tree: ast.AST) -> list[str]:
             if module.split(".")[0] == "torch_xla":
                 found.append(f"from {module} import ...")
             elif module == "tpu_nb.runtime.backend":
-                found += [f"backend.{a.name}" for a in node.names if a.name in TRANSITIONAL_HANDLES]
+                found += [f"backend.{a.name}" for a in node.names if a.name in HANDLES]
         elif isinstance(node, ast.Subscript):
             lookup = ast.unparse(node.value) == "sys.modules" and names_torch_xla(node.slice)
             found += [ast.unparse(node)] if lookup else []
@@ -301,10 +288,7 @@ def test_only_the_backend_package_reaches_torch_xla():
         found = _reaches_torch_xla(ast.parse(path.read_text()))
         if found:
             reaching[name] = found
-    unexpected = {n: f for n, f in reaching.items() if n not in NOT_YET_BEHIND_THE_BACKEND}
-    assert unexpected == {}, "route these through tpu_nb.runtime.backend.current()"
-    routed = NOT_YET_BEHIND_THE_BACKEND - set(reaching)
-    assert routed == set(), "these no longer reach torch_xla: remove them from the list"
+    assert reaching == {}, "route these through tpu_nb.runtime.backend.current()"
 
 
 def test_the_torch_xla_check_sees_each_way_to_reach_it():

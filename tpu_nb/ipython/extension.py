@@ -7,7 +7,6 @@ everything registered is recorded in one `_Loaded` per shell and removed from th
 from __future__ import annotations
 
 import logging
-import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from traitlets import Bool
 from traitlets.config import Configurable
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.metrics import MetricsDelta, MetricsSnapshot
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class CellWatcher:
 
 
 def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
-    if "torch_xla" not in sys.modules:
+    if not backend().is_loaded():
         return None
     from tpu_nb.runtime.environment import wait_device_ops
     from tpu_nb.runtime.metrics import snapshot

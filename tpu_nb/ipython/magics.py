@@ -28,6 +28,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from IPython.utils.process import arg_split
 
+from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import (
     TpuNbError,
@@ -36,6 +37,7 @@ from tpu_nb.runtime.errors import (
     check_whole_number,
 )
 from tpu_nb.runtime.metrics import MAX_NUMBER, MAX_REPEAT
+from tpu_nb.runtime.sources import innermost_frame
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -237,15 +239,18 @@ def _running_cell_number(shell) -> int:
     calling frame. (`shell.execution_count` is already the next cell's number on IPython >= 8
     while a cell runs, which made tracebacks say In [n+1].)"""
     names = getattr(shell.compile, "_filename_map", {})  # IPython >= 8
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
+
+    def number(frame: FrameType) -> int | None:
         path = frame.f_code.co_filename
         if path in names:
             return int(names[path])
         if match := re.match(r"<ipython-input-(\d+)-", path):  # IPython 7
             return int(match.group(1))
-        frame = frame.f_back
-    return shell.execution_count
+        return None
+
+    cell = innermost_frame(sys._getframe(1), lambda frame: number(frame) is not None)
+    found = number(cell) if cell is not None else None
+    return found if found is not None else shell.execution_count
 
 
 class _CellCode:
@@ -749,7 +754,7 @@ class TpuMagics(Magics):
                 print("the previous cell did no XLA work")
                 return
             return display(MetricsView("XLA work of the previous cell", delta=delta))
-        if "torch_xla" not in sys.modules:
+        if not backend().is_loaded():
             print("no XLA work in this kernel yet")
             return
         from tpu_nb.runtime.metrics import MetricsSnapshot, reset_metrics, snapshot

@@ -64,5 +64,6 @@ def walk_stack(thread_id: int, visit: Callable[[FrameType], T], missing: M) -> T
 
 def settle_walks() -> None:
     """Wait until no other thread holds a frame of a stack it walks (before a sync)."""
-    with _walking:
-        pass
+    if _walking.locked():  # ~0.03 us; taking the free lock costs ~0.17 us, at every sync
+        with _walking:
+            pass

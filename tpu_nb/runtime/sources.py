@@ -136,6 +136,19 @@ def user_frame(frame):
     return frame if depth < MAX_DEPTH else None
 
 
+def innermost_frame(frame, test):
+    """The innermost frame at or outside `frame` that passes `test(frame)`, looking at most
+    MAX_DEPTH frames out (None: no such frame). For walks off the hot path; the hooks'
+    walks below inline the same loop."""
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        if test(frame):
+            return frame
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
 def tracked_frame(frame, code_ids: frozenset = frozenset(), root=None):
     """The tracked code's frame at or outside `frame`: one running a code object whose id is
     in `code_ids`, or `root` itself; None when the stack does not reach it."""
@@ -252,6 +265,10 @@ def place_text(frame: Frame | None) -> str:
 _TRAMPOLINE_SOURCE = "def _(fn, a, k): __tracebackhide__ = True; return fn(*a, **k)"
 _trampoline_code = None
 _trampolines: dict[tuple[str, int, str], FunctionType] = {}
+# The same trampoline by calling instruction: (id(code), f_lasti) -> (code, trampoline). A
+# hook's hot path (every sync and read): no line number to compute, no strings to hash. The
+# code is kept with it, so its id is not reused while the entry lives.
+_by_instruction: dict[tuple[int, int], tuple] = {}
 
 
 def as_caller(frame):
@@ -263,10 +280,17 @@ def as_caller(frame):
         return as_caller(sys._getframe(1))(original, args, kwargs)
     """
     code = frame.f_code
+    at = (id(code), frame.f_lasti)
+    known = _by_instruction.get(at)
+    if known is not None and known[0] is code and known[1].__globals__ is frame.f_globals:
+        return known[1]
     key = (code.co_filename, frame.f_lineno or 1, code.co_name)
     trampoline = _trampolines.get(key)
     if trampoline is None or trampoline.__globals__ is not frame.f_globals:
         trampoline = _trampoline(key, frame.f_globals)
+    if len(_by_instruction) >= 4096:  # bounded: one per calling instruction
+        _by_instruction.clear()
+    _by_instruction[at] = (code, trampoline)
     return trampoline
 
 

@@ -6,8 +6,7 @@ _torch_xla) is the one implementation, and the only module of tpu_nb that import
 TorchTPU; tests/test_backend_contract.py asserts what every registered backend must deliver.
 
 Lowest runtime package above the foundations (errors, units, sources, frame): imports nothing
-else of tpu_nb. `xla()`, `xlac()` hand out torch_xla itself to the code not yet routed
-through `Backend` methods (tracking and live); they go once that code is routed.
+else of tpu_nb.
 """
 
 from tpu_nb.runtime.backend._base import (
@@ -25,8 +24,6 @@ from tpu_nb.runtime.backend._torch_xla import (
     hash_hex,
     installed_version,
     wait_device_ops,
-    xla,
-    xlac,
 )
 
 __all__ = [
@@ -42,6 +39,4 @@ __all__ = [
     "installed_version",
     "register",
     "wait_device_ops",
-    "xla",
-    "xlac",
 ]

@@ -55,6 +55,7 @@ class CounterNames:
     execute_times: tuple[str, ...]  # in `executions` order
     to_device_time: str
     from_device_time: str
+    tensors_created: str  # a device tensor created (every op traced on the device makes one)
 
 
 class Backend(ABC):
@@ -71,6 +72,15 @@ class Backend(ABC):
     counter_names_of: CounterNames
     #: Functions of the backend that communicate between replicas (launch may refuse them).
     collectives: tuple[str, ...]
+    #: Callers whose syncs are the backend's plumbing around a compiled function (syncing its
+    #: inputs, running the work pending before it), not a step of the user's: (path suffix of
+    #: the caller's file, the caller's function name, "" for any function of that file).
+    plumbing_sync_callers: tuple[tuple[str, str], ...]
+    #: Path fragments ("/"-separated) of the backend's torch.compile bridge: a frame there is
+    #: the backend tracing or compiling a function's graph.
+    compiler_paths: tuple[str, ...]
+    #: Path fragments of the backend's device data loaders: time in them is waiting for input.
+    loader_paths: tuple[str, ...]
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -205,6 +215,66 @@ class Backend(ABC):
     @abstractmethod
     def after_next_sync(self, callback: Callable[[], None]) -> None:
         """Run `callback()` once, after the next sync launches its graph."""
+
+    # -- where tpu_nb's interception layer (tracking's probe) looks ---------------------------
+
+    @abstractmethod
+    def counter_reader(self) -> Callable[[str], int | None]:
+        """A function reading one counter (0 or None before it first counted), cheap enough
+        for a hook that runs at every sync and device read; imports the backend."""
+
+    @abstractmethod
+    def sync_entry_points(self) -> tuple[tuple[Any, str, bool], ...]:
+        """Every function that syncs, as (namespace, attribute name, inner) for a hook to
+        wrap; `inner`: the one the backend's compiled-function wrapper calls (its syncs run
+        the function's graph, or the work pending before it). Imports the backend."""
+
+    @abstractmethod
+    def sync_function(self) -> Callable[[], None]:
+        """The function `sync()` calls, as it is now (wrapped while syncs are hooked): tpu_nb's
+        own syncs call it themselves, so a hook sees their caller's frame. Imports the
+        backend."""
+
+    @abstractmethod
+    def loader_iterators(self) -> tuple[type, ...]:
+        """Iterator classes of the backend's device data loaders, among the modules already
+        imported (never imports one): each `__next__` call hands out one batch."""
+
+    # -- the backend's own check of distinct graphs per step (each imports the backend) -------
+
+    @abstractmethod
+    def graph_limit(self) -> int:
+        """How many different graphs one graph session may trace before the next one raises
+        (RuntimeError at that trace)."""
+
+    @abstractmethod
+    def set_graph_limit(self, limit: int) -> None:
+        """Set `graph_limit` (1 to 10 000)."""
+
+    @abstractmethod
+    def start_graph_session(self, name: str) -> None:
+        """Count the graphs traced from now on under `name`: one traced under a name that
+        already saw `graph_limit` different graphs raises."""
+
+    @abstractmethod
+    def end_graph_session(self) -> None:
+        """Stop counting graphs under the open session's name (it keeps its graphs)."""
+
+    @abstractmethod
+    def forget_graph_session(self, name: str) -> None:
+        """Drop the graphs remembered under `name`."""
+
+    # -- profiler ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def start_trace(self, logdir: str) -> None:
+        """Start the backend's profiler, writing into `logdir` (imports the backend); raises
+        when it cannot (one already tracing)."""
+
+    @abstractmethod
+    def stop_trace(self) -> None:
+        """Stop the profiler: its trace (`*.trace.json.gz`, Chrome trace events) is then
+        under the logdir."""
 
     # -- multi-device ------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ class TorchXlaBackend(Backend):
         execute_times=("ExecuteTime", "ExecuteReplicatedTime"),
         to_device_time="TransferToDeviceTime",
         from_device_time="TransferFromDeviceTime",
+        tensors_created="CreateXlaTensor",
     )
     # torch_xla.core.xla_model functions that communicate between replicas.
     collectives = (
@@ -82,8 +83,20 @@ class TorchXlaBackend(Backend):
         "xla_rendezvous",
     )
 
+    # torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the
+    # work pending before the function.
+    plumbing_sync_callers = (
+        ("torch_xla/_dynamo/dynamo_bridge.py", ""),
+        ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile"),
+    )
+    compiler_paths = ("torch_xla/_dynamo/",)
+    loader_paths = ("torch_xla/distributed/parallel_loader",)
+
     def __init__(self) -> None:
         self._logging_to: set[str] = set()  # compile-cause files answered so far
+        # Looked up once torch_xla is imported: hooks call these at every sync.
+        self._xlac: Any = None
+        self._add_step_closure: Any = None
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -112,7 +125,10 @@ class TorchXlaBackend(Backend):
 
     def extension(self) -> Any:
         """`torch_xla._XLAC`, the C++ extension (counters, metrics, graph dumps)."""
-        return self.module()._XLAC
+        xlac = self._xlac
+        if xlac is None:
+            xlac = self._xlac = self.module()._XLAC
+        return xlac
 
     # -- counters and metrics ----------------------------------------------------------------
 
@@ -134,7 +150,9 @@ class TorchXlaBackend(Backend):
         data = self.extension()._xla_metric_data(name)
         if data is None:
             return None
-        samples = tuple((float(ts), float(value)) for ts, value in data[2])
+        # torch_xla hands out a tuple of (timestamp, value) float pairs: kept as they are (the
+        # step anatomy reads the buffers every 48 syncs)
+        samples = data[2] if type(data[2]) is tuple else tuple(map(tuple, data[2]))
         return MetricSamples(int(data[0]), float(data[1]), samples)
 
     def clear_counters(self) -> None:
@@ -211,7 +229,7 @@ class TorchXlaBackend(Backend):
         return ir != "None" and "xla::device_data" not in ir
 
     def fallback_ops(self) -> list[str]:
-        return list(self.extension()._get_executed_fallback_ops())
+        return self.extension()._get_executed_fallback_ops()  # a new list at each call
 
     def ir_debug(self) -> bool:
         return bool(self.extension()._get_ir_debug())
@@ -242,14 +260,7 @@ class TorchXlaBackend(Backend):
         return str(xr.device_type())
 
     def memory(self, device: str) -> DeviceMemory:
-        info = self.extension()._xla_memory_info(device)
-        if "bytes_used" in info or "bytes_limit" in info:
-            get = lambda key: int(info[key]) if key in info else None  # noqa: E731
-            return DeviceMemory(get("bytes_used"), get("bytes_limit"), get("peak_bytes_used"))
-        if "kb_total" in info:  # older releases
-            total = int(info["kb_total"]) * 1024
-            return DeviceMemory(total - int(info.get("kb_free", 0)) * 1024, total)
-        return DeviceMemory(None, None)
+        return memory_from_info(self.extension()._xla_memory_info(device))
 
     def sync(self) -> None:
         self.module().sync()
@@ -261,10 +272,64 @@ class TorchXlaBackend(Backend):
         xm.wait_device_ops()
 
     def after_next_sync(self, callback: Callable[[], None]) -> None:
-        self.module()
-        from torch_xla.core import xla_model
+        add = self._add_step_closure
+        if add is None:
+            self.module()
+            from torch_xla.core import xla_model
 
-        xla_model.add_step_closure(callback)
+            add = self._add_step_closure = xla_model.add_step_closure
+        add(callback)
+
+    # -- where tpu_nb's interception layer looks ---------------------------------------------
+
+    def counter_reader(self) -> Callable[[str], int | None]:
+        return self.extension()._xla_counter_value
+
+    def sync_entry_points(self) -> tuple[tuple[Any, str, bool], ...]:
+        torch_xla = self.module()
+        # torch_xla.compile(fn) syncs through its own module's global (before fn: the inputs'
+        # pending work; after: fn's graph), the same function as torch_xla.sync.
+        inner = sys.modules["torch_xla.torch_xla"]
+        return ((torch_xla, "sync", False), (inner, "sync", True))
+
+    def sync_function(self) -> Callable[[], None]:
+        return self.module().sync
+
+    def loader_iterators(self) -> tuple[type, ...]:
+        parallel = sys.modules.get("torch_xla.distributed.parallel_loader")  # never imports it
+        found = getattr(parallel, "PerDeviceLoader", None)
+        return (found,) if isinstance(found, type) else ()
+
+    # -- the dynamic-shape detector (torch_xla.compile(max_different_graphs=)) ---------------
+
+    def graph_limit(self) -> int:
+        return int(self.extension()._dynamic_shape_detector_get_max_different_graphs())
+
+    def set_graph_limit(self, limit: int) -> None:
+        self.extension()._dynamic_shape_detector_set_max_different_graphs(limit)
+
+    def start_graph_session(self, name: str) -> None:
+        self.extension()._dynamic_shape_detector_start_session(name)
+
+    def end_graph_session(self) -> None:
+        self.extension()._dynamic_shape_detector_end_session()
+
+    def forget_graph_session(self, name: str) -> None:
+        self.extension()._dynamic_shape_detector_remove_session(name)
+
+    # -- profiler ----------------------------------------------------------------------------
+
+    def start_trace(self, logdir: str) -> None:
+        self.module()
+        import torch_xla.debug.profiler as xp
+
+        xp.start_trace(logdir)
+
+    def stop_trace(self) -> None:
+        self.module()
+        import torch_xla.debug.profiler as xp
+
+        xp.stop_trace()
 
     # -- multi-device ------------------------------------------------------------------------
 
@@ -333,6 +398,17 @@ class TorchXlaBackend(Backend):
         return tensor
 
 
+def memory_from_info(info: dict) -> DeviceMemory:
+    """DeviceMemory from torch_xla's memory info dict (older releases: kb_total, kb_free)."""
+    if "bytes_used" in info or "bytes_limit" in info:
+        get = lambda key: int(info[key]) if key in info else None  # noqa: E731
+        return DeviceMemory(get("bytes_used"), get("bytes_limit"), get("peak_bytes_used"))
+    if "kb_total" in info:  # older releases
+        total = int(info["kb_total"]) * 1024
+        return DeviceMemory(total - int(info.get("kb_free", 0)) * 1024, total)
+    return DeviceMemory(None, None)
+
+
 def hash_hex(raw: bytes) -> str:
     """torch::lazy::HashToString form: high 64 bits, then the low 64 bits zero-padded."""
     low, high = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
@@ -363,19 +439,7 @@ def _explain_import_error(exc: ImportError) -> str:
     return f"import torch_xla failed ({text}). Fix: reinstall the pair: {pair}"
 
 
-# Access for code not yet routed through `Backend` methods (tracking/ and live/ patch and read
-# torch_xla directly); to be removed once they are.
 _BACKEND = register(TorchXlaBackend())
-
-
-def xla() -> Any:
-    """The `torch_xla` module, imported on first use (see TorchXlaBackend.module)."""
-    return _BACKEND.module()
-
-
-def xlac() -> Any:
-    """The `torch_xla._XLAC` extension module."""
-    return _BACKEND.extension()
 
 
 def wait_device_ops() -> None:

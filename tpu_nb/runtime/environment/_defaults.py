@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tpu_nb.runtime.errors import TpuNbUsageError
-from tpu_nb.runtime.sources import as_caller
+from tpu_nb.runtime.sources import MAX_DEPTH, as_caller
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
 # and tensor methods follow their input's device already). torch.from_numpy shares memory
@@ -80,8 +80,12 @@ class _Scope:
         )
 
     def covers(self, frame) -> bool:
+        # The walk of sources.tracked_frame (the block's frame: one of its code objects, or
+        # the frame that entered it; at most MAX_DEPTH frames out), inlined: a factory call
+        # without device= pays for it. What lies between decides: the block's own files, or
+        # an nn.Module being built from it.
         own, built, depth = True, False, 0
-        while frame is not None and depth < 400:
+        while frame is not None and depth < MAX_DEPTH:
             code = frame.f_code
             if id(code) in self.code_ids or frame is self.root:
                 return own or built

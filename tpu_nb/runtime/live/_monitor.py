@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_nb.runtime.backend import xlac
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import check_whole_number
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
@@ -136,7 +136,8 @@ class DeviceMemory:
         self._read_at = now
         if not self._via_tpu_info:
             try:
-                self._last = _memory_figures(xlac()._xla_memory_info(self.device))
+                memory = current_backend().memory(self.device)
+                self._last = (memory.used, memory.limit, memory.peak)
                 return (*self._last, "")
             except Exception as exc:  # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
                 failure = exc
@@ -159,17 +160,6 @@ class DeviceMemory:
 
 def _pjrt() -> str:
     return os.environ.get("PJRT_DEVICE", "").upper()
-
-
-def _memory_figures(info: dict) -> tuple[int | None, int | None, int | None]:
-    """(used, limit, peak) bytes from torch_xla's memory info (older releases: kb_*)."""
-    if "bytes_used" in info or "bytes_limit" in info:
-        get = lambda key: int(info[key]) if key in info else None  # noqa: E731
-        return get("bytes_used"), get("bytes_limit"), get("peak_bytes_used")
-    if "kb_total" in info:
-        total = int(info["kb_total"]) * 1024
-        return total - int(info.get("kb_free", 0)) * 1024, total, None
-    return None, None, None
 
 
 def _tpu_info_memory() -> tuple[int, int, None] | None:
@@ -213,12 +203,12 @@ class StepClock:
 
     def new_intervals(self, per_step: int) -> list[float]:
         """Intervals (seconds) between step completions recorded since the last call."""
-        xc = xlac()
+        metric = current_backend().metric_samples
         readings = {}
         for name in _EXECUTE_METRICS:
-            data = xc._xla_metric_data(name)
+            data = metric(name)
             if data is not None:
-                readings[name] = (int(data[0]), data[2])
+                readings[name] = (data.count, data.samples)
         return self.feed(per_step, readings)
 
     def feed(self, per_step: int, readings: dict) -> list[float]:
@@ -631,8 +621,8 @@ class LiveMonitor:
                 self._record(self._events_seen)[0] = event
                 self._note_line(event)
                 changed = True
-        data = xlac()._xla_metric_data("CompileTime")
-        for ts, ns in data[2] if data is not None else ():
+        data = current_backend().metric_samples("CompileTime")
+        for ts, ns in data.samples if data is not None else ():
             if ts > self._compile_samples_after:
                 self._compile_samples_after = ts
                 self._seconds_seen += 1

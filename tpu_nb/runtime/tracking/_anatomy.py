@@ -48,6 +48,8 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from tpu_nb.runtime.backend import Backend
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
@@ -291,7 +293,7 @@ class Collector:
         self._ended = False
         self._recorder: Recorder | None = None
         self._outer: Collector | None = None
-        self._xc: Any = None  # torch_xla._XLAC once started (no stubs)
+        self._backend: Backend = current_backend()
         self.sampler: Sampler | None = None
 
     def start(self, recorder) -> Collector:
@@ -306,9 +308,6 @@ class Collector:
 
     def _start(self, recorder) -> Collector:
         global _active
-        import torch_xla
-
-        self._xc = torch_xla._XLAC
         self._harvest()  # samples before the run are not the run's
         self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._base = {name: total for name, (total, _) in self._seen.items()}
@@ -370,7 +369,9 @@ class Collector:
                     self.origin = syncs[0][2]
                     self.dropped_steps += 1
                 syncs.append((event.entry, event.start, event.end))
-                self._count_down()
+                self._until_harvest -= 1  # _count_down(), inlined: every sync passes here
+                if self._until_harvest <= 0:
+                    self._harvest_if_free()
         elif kind is ReadEvent:
             self.reads.append((event.entry, event.start, event.end))
             self._count_down()
@@ -409,7 +410,11 @@ class Collector:
 
     def _count_down(self) -> None:
         self._until_harvest -= 1
-        if self._until_harvest <= 0 and self._lock.acquire(blocking=False):
+        if self._until_harvest <= 0:
+            self._harvest_if_free()
+
+    def _harvest_if_free(self) -> None:
+        if self._lock.acquire(blocking=False):
             try:
                 self._harvest()
             finally:
@@ -418,7 +423,8 @@ class Collector:
     def _harvest(self) -> None:
         """Read the runtime's sample buffers; keep what is new since the last read."""
         self._until_harvest = _HARVEST_EVERY
-        data, counter = self._xc._xla_metric_data, self._xc._xla_counter_value
+        runtime = self._backend
+        data, counter = runtime.metric_samples, runtime.counter_reader()
         for name in _SAMPLED:
             gate = _GATES.get(name)
             if gate is not None:
@@ -429,7 +435,7 @@ class Collector:
             got = data(name)
             if got is None:
                 continue
-            total, _, samples = got
+            total, samples = got.count, got.samples
             seen_total, last_ts = self._seen[name]
             fresh = [(ts, ns) for ts, ns in samples if ts > last_ts]
             if total - seen_total > len(fresh) and seen_total:
@@ -810,7 +816,7 @@ def steady_verdict(
     return _placed(judge(steady), steady)
 
 
-_LOADER_FILES = ("torch/utils/data/", "torch_xla/distributed/parallel_loader")
+_LOADER_FILES = ("torch/utils/data/",)  # and the backend's device loaders
 _SHOWN_LINES = 3  # lines a verdict names at most
 _LINE_SHARE = 0.03  # and only those that took at least this share of the wall time
 
@@ -834,7 +840,8 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
         return verdict
     if verdict.kind == "input-bound":
         sampled = sum(h.seconds for h in lines)
-        loader = sum(h.seconds for h in lines if any(f in h.via for f in _LOADER_FILES))
+        files = (*_LOADER_FILES, *current_backend().loader_paths)
+        loader = sum(h.seconds for h in lines if any(f in h.via for f in files))
         if loader < 0.5 * sampled:
             return replace(
                 verdict,

@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
-from tpu_nb.runtime.backend import xla
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import cut_at_user_code, user_frame
@@ -199,9 +199,11 @@ class max_graphs:
 
 
 def _in_dynamo_bridge() -> bool:
+    bridge = current_backend().compiler_paths
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
-        if "torch_xla/_dynamo/" in frame.f_code.co_filename.replace(os.sep, "/"):
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if any(fragment in path for fragment in bridge):
             return True
         frame = frame.f_back
     return False
@@ -209,10 +211,7 @@ def _in_dynamo_bridge() -> bool:
 
 @contextmanager
 def _detector_guard(limit: int) -> Iterator[None]:
-    torch_xla = xla()
-    from torch_xla.core import xla_model
-
-    xc = torch_xla._XLAC
+    runtime = current_backend()
     prefix = f"tpu_nb-{next(_ids)}"
     sessions = {f"{prefix}:start"}
     state = {"active": True, "paused": False}
@@ -221,16 +220,16 @@ def _detector_guard(limit: int) -> Iterator[None]:
 
     def renew():
         if state["active"] and state["paused"] and _in_dynamo_bridge():
-            xla_model.add_step_closure(renew)  # the bridge's own sync: still compiling
+            runtime.after_next_sync(renew)  # the bridge's own sync: still compiling
         elif state["active"]:
             session = current["session"] = f"{prefix}:{_sync_site()}"
             current["recompiles"] = dynamo.recompiles()
             sessions.add(session)
             if not state["paused"]:
-                xc._dynamic_shape_detector_end_session()
+                runtime.end_graph_session()
             state["paused"] = False
-            xc._dynamic_shape_detector_start_session(session)
-            xla_model.add_step_closure(renew)
+            runtime.start_graph_session(session)
+            runtime.after_next_sync(renew)
 
     def pause(compiling: bool) -> None:
         # Dynamo started compiling a frame (see _dynamo.py): torch_xla's bridge traces the
@@ -238,14 +237,14 @@ def _detector_guard(limit: int) -> Iterator[None]:
         # at the next sync; the compile log still counts the function's graphs.
         if state["active"] and compiling and not state["paused"]:
             state["paused"] = True
-            xc._dynamic_shape_detector_end_session()
+            runtime.end_graph_session()
 
     with own_sync("guard-start"):
-        torch_xla.sync()  # work pending from before is not this block's
-    saved = xc._dynamic_shape_detector_get_max_different_graphs()
-    xc._dynamic_shape_detector_set_max_different_graphs(limit)
-    xc._dynamic_shape_detector_start_session(f"{prefix}:start")
-    xla_model.add_step_closure(renew)
+        runtime.sync_function()()  # work pending from before is not this block's
+    saved = runtime.graph_limit()
+    runtime.set_graph_limit(limit)
+    runtime.start_graph_session(f"{prefix}:start")
+    runtime.after_next_sync(renew)
     dynamo.on_frame_compile.append(pause)
     try:
         yield
@@ -265,7 +264,7 @@ def _detector_guard(limit: int) -> Iterator[None]:
         state["active"] = False
         dynamo.on_frame_compile.remove(pause)
         if not state["paused"]:
-            xc._dynamic_shape_detector_end_session()
+            runtime.end_graph_session()
         for session in sessions:
-            xc._dynamic_shape_detector_remove_session(session)
-        xc._dynamic_shape_detector_set_max_different_graphs(saved)
+            runtime.forget_graph_session(session)
+        runtime.set_graph_limit(saved)

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import settle_walks
 from tpu_nb.runtime.sources import as_caller
 
@@ -85,11 +86,6 @@ FALLBACK_ENTRY_POINTS = (
     ("Tensor", "bincount"),
     ("functional", "grid_sample"),
 )
-# Syncs that are the runtime's plumbing around a compiled function, not a step of the user's:
-# torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the work
-# pending before the function.
-_BRIDGE_FILE = "torch_xla/_dynamo/dynamo_bridge.py"
-_INPUTS_SYNC = ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile")
 
 
 # The events are plain classes, not dataclasses: a dataclass's generated __init__ is code of
@@ -329,17 +325,14 @@ class Probe:
 
     def _install(self, kind: str) -> None:
         import torch
-        import torch_xla
 
+        runtime = current_backend()
         if self._counter is None:
-            self._counter = torch_xla._XLAC._xla_counter_value
+            self._counter = runtime.counter_reader()
             self._compiling = torch.compiler.is_compiling
         if kind == "sync":
-            self._patch("sync", torch_xla, "sync", lambda o: self._sync_hook(o, inner=False))
-            # torch_xla.compile(fn) syncs through its own module's global (before fn: the
-            # inputs' pending work; after: fn's graph): the same hook there.
-            inner = sys.modules["torch_xla.torch_xla"]
-            self._patch("sync", inner, "sync", lambda o: self._sync_hook(o, inner=True))
+            for owner, name, inner in runtime.sync_entry_points():
+                self._patch("sync", owner, name, lambda o, i=inner: self._sync_hook(o, inner=i))
         elif kind == "read":
             for name, label in READ_METHODS.items():
                 self._patch("read", torch.Tensor, name, lambda o, lb=label: self._read_hook(o, lb))
@@ -348,10 +341,9 @@ class Probe:
                 self.watch_fallback(namespace, name)
         elif kind == "input":
             dataloader = sys.modules.get("torch.utils.data.dataloader")
-            parallel = sys.modules.get("torch_xla.distributed.parallel_loader")
             for cls in (
                 getattr(dataloader, "_BaseDataLoaderIter", None),
-                getattr(parallel, "PerDeviceLoader", None),
+                *runtime.loader_iterators(),
             ):
                 if cls is not None:
                     self._patch("input", cls, "__next__", self._input_hook)
@@ -396,36 +388,37 @@ class Probe:
     # -- the hooks -----------------------------------------------------------------------------
 
     def _sync_hook(self, original, *, inner: bool):
-        probe = self
+        # Every sync of a tracked run passes here: what it looks up is bound once (installed
+        # after _install set the counter and the compiling check).
+        probe, local, clock, getframe = self, self.local, time.time, sys._getframe
+        counter, compiling, plumbing_codes = self._counter, self._compiling, _plumbing_codes
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
-            caller = sys._getframe(1)
+            caller = getframe(1)
             settle_walks()  # no frame held by a stack walk keeps a tensor in this graph
-            if not probe.listeners["sync"] or probe._compiling():
+            if not probe.listeners["sync"] or compiling():
                 return as_caller(caller)(original, args, kwargs)
-            local = probe.local
-            event = SyncEvent(
-                caller,
-                time.time(),
-                probe._counter("UncachedCompile"),
-                inner,
-                _plumbing_sync(caller),
-                local.own,
-                local.owner,
+            entry, compiles = clock(), counter("UncachedCompile")
+            known = plumbing_codes.get(id(caller.f_code))  # _plumbing_sync's cache, inlined
+            plumbing = (
+                known[1]
+                if known is not None and known[0] is caller.f_code
+                else _plumbing_sync(caller)
             )
+            event = SyncEvent(caller, entry, compiles, inner, plumbing, local.own, local.owner)
             states = {}
             for subscriber, before in probe.befores["sync"]:
                 states[subscriber] = before(event)
-            event.start = time.time()
+            event.start = clock()
             outer = local.in_sync
-            local.in_sync = not event.plumbing  # reads during a step's sync: its closures
+            local.in_sync = not plumbing  # reads during a step's sync: its closures
             try:
                 result = as_caller(caller)(original, args, kwargs)
             finally:
                 local.in_sync = outer
-            event.end = time.time()
+            event.end = clock()
             for subscriber, after in probe.afters["sync"]:
                 after(event, states.get(subscriber))  # only max_graphs raises, on purpose
             return result
@@ -514,12 +507,26 @@ class Probe:
         return __next__
 
 
+# Whether a code object's syncs are plumbing, by id: (code, answer), the code kept so that its
+# id is not reused while the entry lives (hashing a code object hashes its whole body).
+_plumbing_codes: dict[int, tuple] = {}
+
+
 def _plumbing_sync(frame) -> bool:
     code = frame.f_code
-    path = code.co_filename
-    return path.endswith(_BRIDGE_FILE) or (
-        code.co_name == _INPUTS_SYNC[1] and path.endswith(_INPUTS_SYNC[0])
+    known = _plumbing_codes.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
+    # Syncs that are the runtime's plumbing around a compiled function, not a user's step.
+    path, name = code.co_filename, code.co_name
+    plumbing = any(
+        path.endswith(suffix) and (not function or name == function)
+        for suffix, function in current_backend().plumbing_sync_callers
     )
+    if len(_plumbing_codes) >= 1024:  # bounded: one per function that syncs
+        _plumbing_codes.clear()
+    _plumbing_codes[id(code)] = (code, plumbing)
+    return plumbing
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import RuntimeStateError, TpuNbUsageError, check_whole_number
 from tpu_nb.runtime.tracking._probe import Subscription, probe
 
@@ -125,8 +126,6 @@ class profile:
         self._subscription: Subscription | None = None
 
     def __enter__(self) -> profile:
-        import torch_xla.debug.profiler as xp
-
         from tpu_nb.runtime.tracking import _anatomy as anatomy
 
         if self.steps is not None:
@@ -140,7 +139,7 @@ class profile:
             self._recorder = collector._recorder
             self._subscription = probe().subscribe(self, ("sync",))
         try:
-            xp.start_trace(self.logdir)
+            current_backend().start_trace(self.logdir)
         except Exception as exc:  # a trace already running, a profiler that cannot start
             self._unhook()
             raise RuntimeStateError(
@@ -165,10 +164,8 @@ class profile:
         self._unhook()
         if not self._tracing:
             return
-        import torch_xla.debug.profiler as xp
-
         self._tracing = False
-        xp.stop_trace()
+        current_backend().stop_trace()
         self.trace = read_trace(self.logdir)
         if self._own_dir:
             shutil.rmtree(self.logdir, ignore_errors=True)

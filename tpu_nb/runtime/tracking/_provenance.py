@@ -39,6 +39,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, walk_stack
 from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
@@ -180,15 +181,15 @@ class Recorder:
 
     def start(self) -> Recorder:
         import torch
-        import torch_xla
 
-        self._xc = torch_xla._XLAC
-        self._counter = self._xc._xla_counter_value
+        runtime = current_backend()
+        self._counter = runtime.counter_reader()
+        self._fallback_ops = runtime.fallback_ops
         global _TENSOR_TYPES
         _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
         self._started = time.perf_counter()
         self._thread = threading.get_ident()
-        self._fallback_names = tuple(self._xc._get_executed_fallback_ops())
+        self._fallback_names = tuple(self._fallback_ops())
         self._log_read = self._log.size() if self._log is not None else 0
         self._log_at_start = self._log_read
         dynamo.keep_out_of_dynamo()
@@ -298,13 +299,13 @@ class Recorder:
             self._failed()
 
     def _fallback_counts(self) -> dict[str, int]:
-        names = self._xc._get_executed_fallback_ops()
+        names = self._fallback_ops()
         return {n: self._counter(n) or 0 for n in names if n != HOST_READ}
 
     def _notice_new_fallbacks(self) -> None:
         """An op seen falling back for the first time: wrap its Python entry points, so its
         next calls in this run are placed on a line (the first ones are counted, unplaced)."""
-        names = tuple(self._xc._get_executed_fallback_ops())
+        names = tuple(self._fallback_ops())
         if len(names) == len(self._fallback_names):
             return
         for name in set(names) - set(self._fallback_names):
@@ -561,12 +562,11 @@ def _capture_tensor(tensor):
 
 
 def _graph_once(tensors: list):
-    from tpu_nb.runtime.backend import xlac
-    from tpu_nb.runtime.graph._capture import graph, hash_hex
+    from tpu_nb.runtime.graph._capture import graph
 
     if not tensors:
         return None
-    own_hash = hash_hex(xlac()._get_graph_hash(tensors))
+    own_hash = current_backend().graph_hash(tensors)
     known = _by_own_hash.get(own_hash)
     if known is None:
         known = _by_own_hash[own_hash] = graph(*tensors, hlo=False, frames=False)

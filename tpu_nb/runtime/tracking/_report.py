@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, replace
 from typing import Any, Literal
 
-from tpu_nb.runtime.backend import wait_device_ops, xla
+from tpu_nb.runtime.backend import Backend, wait_device_ops
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy
@@ -231,27 +232,26 @@ class _SyncWatch:
     Nothing pending means no tensor was created since the last sync.
     """
 
-    def __init__(self, xla_module):
-        self._xla = xla_module
-        self._value = xla_module._XLAC._xla_counter_value
+    def __init__(self, runtime: Backend):
+        self._runtime = runtime
+        self._value = runtime.counter_reader()
+        self._created = runtime.counter_names_of.tensors_created
         self.active = True
-        self.at_last_sync = self._value("CreateXlaTensor")  # entry: as if just synced
+        self.at_last_sync = self._value(self._created)  # entry: as if just synced
         self._arm()
 
     def _arm(self) -> None:
-        from torch_xla.core import xla_model
-
-        xla_model.add_step_closure(self._on_sync)
+        self._runtime.after_next_sync(self._on_sync)
 
     def _on_sync(self) -> None:
         if self.active:
-            self.at_last_sync = self._value("CreateXlaTensor")
+            self.at_last_sync = self._value(self._created)
             self._arm()
 
     def pending(self) -> bool:
         """Whether the block created XLA work after its last sync (or at all, if none)."""
         self.active = False
-        return self._value("CreateXlaTensor") != self.at_last_sync
+        return self._value(self._created) != self.at_last_sync
 
 
 class track:
@@ -322,7 +322,7 @@ class track:
         self._log = compile_log()
         self._offset = self._log.size() if self._log is not None else 0
         self._report.compile_analysis = self._log is not None
-        self._watch = _SyncWatch(xla())
+        self._watch = _SyncWatch(current_backend())
         caller = None if self._code else sys._getframe(1)
         self._frame = caller if self._namespace is None else None
         self._dynamo = None
@@ -388,7 +388,7 @@ class track:
                 report.synced_at_end = True
                 # tpu_nb's own sync: not a step of the user's
                 with own_sync("end", self._recorder):
-                    xla().sync()
+                    current_backend().sync_function()()
             else:
                 report.pending = self._left_pending()
         if self._wait:
