@@ -264,3 +264,29 @@ def test_showing_an_on_tpu_cells_value_runs_its_pending_work_and_is_counted(shel
     )
     assert {**magic, "compiles": 0, "cache_hits": 0} == {**plain, "compiles": 0, "cache_hits": 0}
     assert magic["compiles"] + magic["cache_hits"] == plain["compiles"] + plain["cache_hits"] == 1
+
+
+def _tracked_then_rebound(steps: int) -> bool:
+    """A function that tracks a loop, then drops its tensor: whether it was freed as soon as
+    the function let go of it (as it is without tpu_nb)."""
+    import weakref
+
+    import torch
+
+    dev = torch_xla.device()
+    with tpu_nb.track():
+        for i in range(steps):
+            big = torch.full((256, 256), float(i), device=dev) * 2  # rebound every step
+            torch_xla.sync()
+            gone = weakref.ref(big)
+    # the run's end looked for work left pending in this frame's variables
+    big = None
+    return gone() is None
+
+
+def test_reading_a_functions_variables_keeps_none_of_them_alive():
+    """tpu_nb reads the tracked function's variables (pending work at the end, shapes at a
+    sync, a compiled call's arguments). Before Python 3.13 that leaves a snapshot on the
+    frame holding every value it saw: a tensor the function rebinds would stay in memory, and
+    a pending one would join the next sync's graph."""
+    assert _tracked_then_rebound(3)

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tpu_nb.runtime.errors import TpuNbUsageError
+from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.sources import MAX_DEPTH, as_caller
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
@@ -90,7 +91,7 @@ class _Scope:
             if id(code) in self.code_ids or frame is self.root:
                 return own or built
             if code.co_filename not in self.files:
-                if code.co_name == "__init__" and _is_module(frame.f_locals.get("self")):
+                if code.co_name == "__init__" and _is_module(frame_variables(frame).get("self")):
                     built = True
                 else:
                     own = False

@@ -41,6 +41,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import check_whole_number
+from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
     CompileLog,
@@ -370,11 +371,8 @@ class SyncProbe:
             # The names the syncing code uses first, then the rest newest first: a notebook's
             # namespace holds much else, which could use up the walk's budget before it
             # reaches the loop's tensors.
-            spaces = (
-                [frame.f_locals]
-                if frame.f_locals is frame.f_globals
-                else [frame.f_locals, frame.f_globals]
-            )
+            variables = frame_variables(frame)
+            spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
             code = frame.f_code
             names = (*code.co_varnames, *code.co_names)
             named = {n: space[n] for space in spaces for n in names if n in space}

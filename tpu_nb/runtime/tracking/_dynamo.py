@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
 from tpu_nb.runtime.metrics._counters import snapshot
 from tpu_nb.runtime.sources import short_path
@@ -178,7 +179,7 @@ def passed_as(caller, arguments: dict[str, Any]) -> dict[str, str]:
     words = set(_WORD.findall(text))
     if not words:
         return {}
-    local, glob = caller.f_locals, caller.f_globals
+    local, glob = frame_variables(caller), caller.f_globals
     out = {}
     for argument, value in arguments.items():
         holders = [w for w in words if (local[w] if w in local else glob.get(w, _MISSING)) is value]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
-from tpu_nb.runtime.frame import Frame, StackWalkError, walk_stack
+from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
 from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
@@ -469,7 +469,7 @@ class Recorder:
             return None, None
 
     def _shapes_changed(self, root, key) -> bool:
-        values = root.f_locals
+        values: Any = frame_variables(root)
         shapes = tuple(
             (v.shape, v.dtype)
             for v in (values.get(n) for n in self._names)
@@ -543,9 +543,8 @@ def _capture_pending(frame, names: tuple = ()):
 
     found: dict[int, Any] = {}
     budget = [20_000]
-    spaces = (
-        [frame.f_locals] if frame.f_locals is frame.f_globals else [frame.f_locals, frame.f_globals]
-    )
+    variables = frame_variables(frame)
+    spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
     for namespace in (named, *rest):

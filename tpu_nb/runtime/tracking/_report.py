@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from tpu_nb.runtime.backend import Backend, wait_device_ops
 from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy
@@ -405,7 +406,7 @@ class track:
             if isinstance(where, dict):
                 return find_pending([where], names)
             if where is not None:  # a frame
-                return find_pending([where.f_locals, where.f_globals], names)
+                return find_pending([frame_variables(where), where.f_globals], names)
         except Exception:  # describing it must never fail the run
             logging.getLogger("tpu_nb").debug("finding the work left pending", exc_info=True)
         return None
