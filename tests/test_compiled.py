@@ -108,6 +108,25 @@ def _raw_counts():
     }
 
 
+def _run_counted(shell, capsys, cell: str):
+    """Run `cell`: its result (the report), torch_xla's raw counters' movement, its output."""
+    before = _raw_counts()
+    report = shell.run_cell(cell).result
+    raw = {n: _raw_counts()[n] - before[n] for n in before}
+    return report, raw, capsys.readouterr().out
+
+
+def _figures_are_raw(report, raw) -> bool:
+    """No Dynamo, no clears: the report's figures are torch_xla's raw counters."""
+    m = report.metrics
+    return (m.compiles, m.executions, m.cache_hits, m.syncs) == (
+        raw["UncachedCompile"],
+        raw["ExecuteComputation"],
+        raw["CachedCompile"],
+        raw["MarkStep"],
+    )
+
+
 def _xla_line(out: str) -> dict[str, int]:
     """The plain cell's XLA line as figures: {"compiled": 2, "executed": 5, ...}."""
     lines = [ln for ln in out.splitlines() if ln.startswith("XLA: ")]
@@ -241,19 +260,9 @@ for n in {sizes}:
 def test_torch_xla_compile_one_recompile_names_the_shape(shell, capsys):
     assert shell.run_cell(STEP_CELL.format(name="step_a")).success
     capsys.readouterr()
-    before = _raw_counts()
     cell = "%%on_tpu -o\n" + STEP_LOOP.format(sizes="(8, 8, 8, 8, 9, 8)", name="step_a")
-    report = shell.run_cell(cell).result
-    raw = {n: _raw_counts()[n] - before[n] for n in before}
-    out = capsys.readouterr().out
-    m = report.metrics
-    # No Dynamo, no clears: the figures are torch_xla's raw counters.
-    assert (m.compiles, m.executions, m.cache_hits, m.syncs) == (
-        raw["UncachedCompile"],
-        raw["ExecuteComputation"],
-        raw["CachedCompile"],
-        raw["MarkStep"],
-    )
+    report, raw, out = _run_counted(shell, capsys, cell)
+    assert _figures_are_raw(report, raw)
     assert report.compiled == ()  # torch_xla.compile is not Dynamo
     # One real recompile (the 9-row batch): the function's second graph, not the inputs'.
     ((where, graphs),) = report.recompiled_lines().items()
@@ -458,18 +467,9 @@ def test_transformer_block_graph_break_under_torch_compile(shell, capsys):
 def test_transformer_block_under_torch_xla_compile(shell, capsys):
     assert shell.run_cell(BLOCK_CELL).success
     capsys.readouterr()
-    before = _raw_counts()
     cell = "%%on_tpu -o\n" + BLOCK_LOOP.format(sizes="(2, 2, 2, 3, 2)", name="tx_step_c")
-    report = shell.run_cell(cell).result
-    raw = {n: _raw_counts()[n] - before[n] for n in before}
-    out = capsys.readouterr().out
-    m = report.metrics
-    assert (m.compiles, m.executions, m.cache_hits, m.syncs) == (
-        raw["UncachedCompile"],
-        raw["ExecuteComputation"],
-        raw["CachedCompile"],
-        raw["MarkStep"],
-    )
+    report, raw, out = _run_counted(shell, capsys, cell)
+    assert _figures_are_raw(report, raw)
     assert _lines(report) == {4}
     assert (
         "torch_xla.compile traced tx_step again: `xb` (the function's `x`) has size 3 in "
