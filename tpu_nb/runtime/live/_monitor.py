@@ -400,6 +400,28 @@ class SyncProbe:
 # -- the monitor ------------------------------------------------------------------------------
 
 
+class ClosureReads:
+    """Counts the scalar reads made inside a sync: a step closure's (`xm.add_step_closure`),
+    which run after the step's graph and are the fix for per-step reads, not the problem.
+    A subscriber of the probe's read events until `close()` (and of its syncs: the probe
+    marks a read made inside a sync only while someone listens to syncs)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._subscription: Any = probe().subscribe(self, ("sync", "read"))
+
+    before = None
+
+    def after(self, event, state) -> None:
+        if getattr(event, "in_sync", False):  # a ReadEvent in a step closure
+            self.count += event.counters_after[0] - event.counters_before[0]
+
+    def close(self) -> None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            subscription.close()
+
+
 @dataclass(frozen=True)
 class LiveState:
     """Everything the dashboard shows, at one refresh: the one snapshot the monitor publishes
@@ -429,6 +451,8 @@ class LiveState:
     # The wall time of a tracked run (an %%on_tpu cell) that completed while the monitor ran:
     # its report's figure, so that the report and the dashboard show one.
     run_wall_seconds: float | None = None
+    # Of metrics.host_reads, those made in step closures (after the step's graph ran).
+    closure_reads: int = 0
 
     @property
     def recompiling(self) -> bool:
@@ -453,6 +477,7 @@ class LiveMonitor:
         shared = compile_log()
         self._log = CompileLog.following(shared) if shared else None
         self._probe = SyncProbe() if probe and self._log is not None else None
+        self._closure_reads = ClosureReads()
         self._start_wall = time.time()
         self._start = snapshot()
         self._previous = self._start
@@ -525,10 +550,12 @@ class LiveMonitor:
             anatomy=self._anatomy,
             anatomy_version=self._anatomy_version,
             run_wall_seconds=report.wall_seconds if report is not None else None,
+            closure_reads=self._closure_reads.count,
         )
 
     def close(self) -> None:
-        """Restore anything the monitor installed (the sync probe)."""
+        """Restore anything the monitor installed (the sync probe, the read count)."""
+        self._closure_reads.close()
         if self._probe is not None:
             self._probe.close()
 
