@@ -105,7 +105,7 @@ def test_on_tpu_report_names_lines_of_the_cell(shell, capsys):
     assert "64.0" in out
     assert "line 3: fell back to the CPU ×1: torch.histc ran on the CPU (aten::histc, 1×)" in out
     assert (
-        "line 5: read from the device ×1: .item() read a device value (1×: 1 device→host read, "
+        "line 5: read from the device ×1: .item() read a device value (1×: 1 scalar read, "
         "once)" in out
     )
     assert "line 5: compiled ×1" in out  # the .item() compiled its graph at line 5

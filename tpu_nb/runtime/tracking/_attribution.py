@@ -286,7 +286,7 @@ def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
         placed += occ.count
         line = _cell_line(occ.site.line, filename)
         reads = (
-            f"{occ.count} device\u2192host read{'s' if occ.count != 1 else ''}"
+            f"{occ.count} scalar read{'s' if occ.count != 1 else ''}"
             if occ.count
             else "a copy of device data to the host"
         )
