@@ -308,15 +308,6 @@ def test_the_torch_xla_check_sees_each_way_to_reach_it():
     ]
 
 
-# Reached into from above the runtime, for now, with the reason. The list only shrinks.
-LAYER_EXCEPTIONS = {
-    ("tpu_nb.display.anatomy_view", "tpu_nb.runtime.tracking._anatomy"): (
-        "the anatomy panel reads the run's live collector; it goes when the dashboard reads "
-        "only what the live monitor publishes"
-    ),
-}
-
-
 def _private_module_imports(name: str, path: Path) -> set[str]:
     """The runtime modules `name` names that are private to their package: `from
     tpu_nb.runtime.pkg._mod import x`, `from tpu_nb.runtime.pkg import _mod`, `import ...`."""
@@ -348,7 +339,7 @@ def test_display_and_extension_use_runtime_packages_through_their_init():
         if name.startswith(("tpu_nb.display", "tpu_nb.ipython"))
         for target in _private_module_imports(name, path)
     }
-    assert reached - set(LAYER_EXCEPTIONS) == set()
+    assert reached == set()
 
 
 def test_the_private_module_check_sees_each_import_form(tmp_path):
