@@ -120,3 +120,21 @@ def shell():
     ip.run_cell("import torch, torch_xla, tpu_nb")
     yield ip
     ip.run_line_magic("unload_ext", "tpu_nb")
+
+
+def sgd_step(model, width: int):
+    """A training step for `model` (already on the device): SGD on a fixed random batch of 8
+    rows of `width`, a square-mean loss, one sync."""
+    import torch
+    import torch_xla
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, width, device=tpu_nb.device())
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        torch_xla.sync()
+
+    return step

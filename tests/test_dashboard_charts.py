@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
+from conftest import sgd_step
 
 import tpu_nb
 from tpu_nb.display import dashboard as D
@@ -26,21 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _mlp_step(width):
-    dev = tpu_nb.device()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(width, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
-    ).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(8, width, device=dev)
-
-    def step():
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
-        torch_xla.sync()
-
-    return step
+    ).to(tpu_nb.device())
+    return sgd_step(model, width)
 
 
 def _run(monitor, step, polls=6, steps=40):

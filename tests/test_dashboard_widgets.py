@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 import torch_xla
+from conftest import sgd_step
 
 import tpu_nb
 
@@ -32,19 +33,8 @@ def _dashboard_threads():
 
 
 def _step_fn(width=36):
-    dev = tpu_nb.device()
     torch.manual_seed(0)
-    model = torch.nn.Linear(width, 4).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(8, width, device=dev)
-
-    def step():
-        opt.zero_grad()
-        model(x).square().mean().backward()
-        opt.step()
-        torch_xla.sync()
-
-    return step
+    return sgd_step(torch.nn.Linear(width, 4).to(tpu_nb.device()), width)
 
 
 def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():

@@ -250,9 +250,10 @@ def fallbacks_html(state: LiveState | None) -> str:
     else:
         fall = "CPU fallbacks: none<br>"
     reads = f"{_SCALAR_READS} <b>{m.host_reads}</b>"
-    if _reads_per_step(state):
+    per_step = _per_step_reads(state)
+    if per_step:
         reads += (
-            f" in {state.steps} steps<br>"
+            f"<br>{_in_the_loop(per_step, state)}<br>"
             f"<span style='color:{_GREY}'>{escape(HOST_READ_HINT)}</span>"
         )
     return _panel("CPU fallbacks and scalar reads", f"{fall}{reads}", height=_BOTTOM_HEIGHT)
@@ -261,13 +262,18 @@ def fallbacks_html(state: LiveState | None) -> str:
 _SCALAR_READS = "scalar reads (.item(), bool(), float())"
 
 
-def _reads_per_step(state: LiveState) -> bool:
-    """The read advice only for reads that repeat with the steps (a read after the loop, a few
-    values printed or reads in step closures need no change): the dashboard sees counts, not
-    which step made each read, so a count that keeps pace with the steps stands for "per
-    step"."""
+def _per_step_reads(state: LiveState) -> int:
+    """The scalar reads that earn the read advice (0: none do): those that repeat with the
+    steps (a read after the loop, a few values printed or reads in step closures need no
+    change). The dashboard sees counts, not which step made each read, so a count that keeps
+    pace with the steps stands for "per step"."""
     in_loop = state.metrics.host_reads - state.closure_reads  # a step closure's read is the fix
-    return state.steps >= 3 and reads_repeat(in_loop, state.steps)
+    return in_loop if state.steps >= 3 and reads_repeat(in_loop, state.steps) else 0
+
+
+def _in_the_loop(reads: int, state: LiveState) -> str:
+    closures = f", {state.closure_reads} more in step closures" if state.closure_reads else ""
+    return f"{reads} in {state.steps} steps{closures}"
 
 
 def memory_html(state: LiveState | None) -> str:
@@ -447,8 +453,9 @@ def summary_text(
         lines += [f"    {line}" for line in alert.differs]
     for op, n in sorted(m.fallbacks.items()):
         lines.append(f"  CPU fallback aten::{op} x{n}: {fallback_hint(op)}")
-    if _reads_per_step(state):
-        lines.append(f"  {_SCALAR_READS}: {m.host_reads} in {state.steps} steps: {HOST_READ_HINT}")
+    per_step = _per_step_reads(state)
+    if per_step:
+        lines.append(f"  {_SCALAR_READS}: {_in_the_loop(per_step, state)}: {HOST_READ_HINT}")
     if error is not None:
         lines.append(f"  the dashboard stopped updating: {type(error).__name__}")
     return "\n".join(lines)
