@@ -8,6 +8,8 @@ not the speed, is under test.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import tpu_nb
@@ -344,3 +346,52 @@ for step in range(8):
     assert stopped.verdict is None and "-bound" not in stopped.text, stopped.text
     assert "no verdict yet" not in stopped.summary
     assert "no verdict: --max-graphs stopped the run before its steady state" in stopped.text
+
+
+def test_without_the_compile_log_a_warm_up_is_not_assumed(py):
+    """No compile log (no setup before the first compile): tpu_nb cannot tell a warm-up from a
+    recompile. It says so; the verdict is about the steps after the last compile when enough
+    are left, and compile-bound stays a fact when the steps keep compiling."""
+    proc = py(
+        """
+        import json
+        import torch, torch_xla
+        import torch.nn.functional as F
+        import tpu_nb
+
+        dev = torch_xla.device()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+        ).to(dev)
+        opt = torch.optim.AdamW(model.parameters())  # its state appears at step 1: 2 graphs
+        x, y = torch.randn(16, 32, device=dev), torch.randint(0, 10, (16,), device=dev)
+        with tpu_nb.track() as warm:
+            for _ in range(12):
+                F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+                torch_xla.sync()
+        w = torch.randn(8, 8, device=dev)
+        with tpu_nb.track() as grows:
+            for n in range(3, 15):  # a new shape every step
+                s = (torch.ones(n, 8, device=dev) @ w).sum()
+                torch_xla.sync()
+        out = {}
+        for name, r in (("warm", warm), ("grows", grows)):
+            v = r.judgement.verdict
+            out[name] = dict(
+                log=r.compile_analysis, compiles=r.metrics.compiles, note=r.judgement.note,
+                kind=v.kind if v else None, fix=v.fix if v else "",
+                steady=r.judgement.steady_steps, text=str(r),
+            )
+        print(json.dumps(out))
+        """
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    warm, grows = out["warm"], out["grows"]
+    assert not warm["log"] and warm["compiles"] == 2
+    assert "whether that was a warm-up or recompilation is not known" in warm["note"]
+    assert warm["steady"] == 10 and warm["kind"] != "compile-bound", warm
+    assert warm["note"] in warm["text"] and "verdict:" in warm["text"]
+    assert grows["compiles"] == 12 and grows["kind"] == "compile-bound", grows
+    assert "run %tpu_setup before the first compile" in grows["fix"]
+    assert "see the compile findings" not in grows["text"]

@@ -335,6 +335,8 @@ class RunView:
             return ""
         if not 0 < judgement.steady_steps < len(steps):
             return ""
+        if not self.report.compile_analysis:  # no compile log: a warm-up is not known
+            return f"the {judgement.steady_steps} steps after the last one that compiled"
         return f"the {judgement.steady_steps} steps after the warm-up"
 
     def _notes(self) -> list[str]:
@@ -358,6 +360,8 @@ class RunView:
             )
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
+            if judgement is not None and judgement.note:  # what the verdict leaves out
+                notes.append(judgement.note)
             notes.append(f"verdict: {verdict}")
         elif judgement is not None and judgement.note:
             notes.append(f"no verdict: {judgement.note}")

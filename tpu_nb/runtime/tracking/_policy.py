@@ -421,6 +421,26 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         # are not the loop's steady state, and the error says what to do
         return replace(judgement, note="--max-graphs stopped the run before its steady state")
     steady = tuple(s for s in steps if s.index not in one_time_steps)
+    if not events and not getattr(report, "compile_analysis", True):
+        # No compile log: which compiles were a warm-up is not known. What is known: the steps
+        # after the last one that compiled. Compiles in half the steps or more are a fact of
+        # the steady state whatever their cause; fewer leave the steps after them to judge.
+        compiled = [s.index for s in steady if s.compiles]
+        if compiled and len(compiled) * 2 < len(steady):
+            after = tuple(s for s in steady if s.index > max(compiled))
+            unknown = (
+                f"{len(compiled)} of the {len(steady)} steps compiled, and without the compile "
+                "log (%tpu_setup before the first compile) whether that was a warm-up or "
+                "recompilation is not known"
+            )
+            if len(after) < MIN_STEADY_STEPS:
+                return replace(judgement, steady_steps=len(after), note=unknown)
+            steady = after
+            judgement = replace(
+                judgement,
+                note=f"{unknown}; the verdict is about the {len(after)} steps after the last "
+                "one that compiled",
+            )
     judgement = replace(judgement, steady_steps=len(steady))
     if len(steady) < MIN_STEADY_STEPS:
         first = len(steps) - len(steady)
@@ -436,6 +456,8 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
         verdict = _recompile_verdict(verdict, judgement)
+        if not events and not getattr(report, "compile_analysis", True):
+            verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
     return replace(judgement, verdict=verdict, steady_lines=kept)
 
@@ -497,6 +519,11 @@ def _frame_name(frame) -> str:
 RECOMPILE_FIX = (
     "keep shapes and Python values in the step fixed (pad or bucket the batch to a few "
     "fixed sizes), or allow the graphs with --max-graphs"
+)
+BLIND_COMPILE_FIX = (
+    "the steps keep compiling; which lines compile and what changes between their graphs is "
+    "not known without the compile log: run %tpu_setup before the first compile (restart the "
+    "kernel first), then this cell again"
 )
 LAST_CALL_FIX = (
     "only the line's last call compiled a new graph: when that is a shorter last batch, "

@@ -185,6 +185,8 @@ class RunReport:
                 lines.append(f"  {file}:{line}: {describe_pattern(pattern)}")
         verdict = getattr(self.anatomy, "verdict", None)
         if verdict is not None:
+            if judgement is not None and judgement.note:  # what the verdict leaves out
+                lines.append(f"  {judgement.note}")
             lines.append(f"  verdict: {verdict}")
         elif judgement is not None and judgement.note:
             lines.append(f"  no verdict: {judgement.note}")
