@@ -8,6 +8,13 @@ RUN = PYTHONPATH=$(CURDIR) PJRT_DEVICE=CPU $(PY)
 # Colab's notebook stack (IPython 7.34, ipykernel 6.17, ipywidgets 7.7.1: the lock's `colab`
 # group), layered over the same torch install.
 COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU TPU_NB_STACK=colab $(PY)
+# Every test target runs with temporary folders of its own, new and empty, removed afterwards:
+# a test that needs a folder creates it, and nothing an earlier run left (Ray's files, IPython's
+# profile, matplotlib's cache, kernels' connection files) can make a test pass here that fails
+# on a new machine.
+FRESH = tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && export TMPDIR="$$tmp" \
+    RAY_TMPDIR="$$tmp" IPYTHONDIR="$$tmp/ipython" MPLCONFIGDIR="$$tmp/matplotlib" \
+    JUPYTER_RUNTIME_DIR="$$tmp/jupyter-runtime" HF_HOME="$$tmp/huggingface" &&
 
 .PHONY: demo test test-current test-colab test-notebooks test-browser bench env doctor lint \
     sync-notebooks
@@ -22,19 +29,19 @@ demo:
 test: test-current test-colab test-notebooks
 
 test-current:
-	$(RUN) -m pytest tests -q --ignore=tests/browser
+	$(FRESH) $(RUN) -m pytest tests -q --ignore=tests/browser
 
 test-colab:
-	$(COLAB) -m pytest tests -q -m stack --ignore=tests/browser
+	$(FRESH) $(COLAB) -m pytest tests -q -m stack --ignore=tests/browser
 
 test-notebooks:
-	$(RUN) -m pytest -q --nbval notebooks --nbval-sanitize-with tools/nbval-sanitize.cfg -p no:randomly
+	$(FRESH) $(RUN) -m pytest -q --nbval notebooks --nbval-sanitize-with tools/nbval-sanitize.cfg -p no:randomly
 
 ## The live dashboard in a real browser: JupyterLab headless on localhost, driven through
 ## Debian's chromium + chromium-driver (apt-get install chromium chromium-driver; .ci/run
 ## installs them). Screenshots: tests/artifacts/.
 test-browser:
-	TPU_NB_REQUIRE_BROWSER=1 $(RUN) -m pytest tests/browser -q -rs
+	$(FRESH) TPU_NB_REQUIRE_BROWSER=1 $(RUN) -m pytest tests/browser -q -rs
 
 bench:
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(RUN) $$b || exit 1; done

@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import ray
-from ray.cluster_utils import Cluster
 
 import tpu_nb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fake_slice import fake_slice  # noqa: E402  (Ray on the loopback, its files in $TMPDIR)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = 2
@@ -102,50 +102,34 @@ def _ms(values) -> str:
 
 
 def main() -> None:
-    os.environ["TPU_NAME"] = "bench-slice"
-    session = tempfile.mkdtemp(prefix="tpu_nb-ray-")  # Ray's logs and sockets, removed after
-    cluster = Cluster()
-    for worker in range(HOSTS):
-        resources = {"TPU": 4}
-        if worker == 0:
-            resources["TPU-v4-16-head"] = 1
-        cluster.add_node(
-            num_cpus=1,
-            object_store_memory=80 * 1024 * 1024,
-            resources=resources,
-            labels={
-                "ray.io/tpu-slice-name": "bench-slice",
-                "ray.io/tpu-worker-id": str(worker),
-                "ray.io/tpu-pod-type": "v4-16",
-                "ray.io/tpu-topology": "2x2x2",
-            },
-            temp_dir=session,
-            **({"include_dashboard": False} if worker == 0 else {}),
-        )
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
-        one_start: list[float] = []
-        tracked_steps: list[float] = []
-        plain_steps: list[float] = []
-        started: dict[int, list] = {1: [], HOSTS: []}
-        pod_steps: dict[int, list] = {1: [], HOSTS: []}
-        for _ in range(ROUNDS):
-            for n in (1, HOSTS):
-                result = tpu_nb.launch(train, hosts=n, stream=lambda line: None)
-                started[n].append(
-                    (result.reserved_seconds, result.ready_seconds, result.started_seconds)
-                )
-                for host in result.hosts:
-                    pod_steps[n] += host.value
-            # In the same round: the machine's load changes over minutes.
-            seconds, steps = _one_process(tracked=True)
-            one_start.append(seconds)
-            tracked_steps += steps
-            plain_steps += _one_process(tracked=False)[1]
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(session, ignore_errors=True)
+    with fake_slice(HOSTS, pod_type="v4-16", topology="2x2x2", name="bench-slice"):
+        measured = _measure()
+    _print(*measured)
+
+
+def _measure():
+    one_start: list[float] = []
+    tracked_steps: list[float] = []
+    plain_steps: list[float] = []
+    started: dict[int, list] = {1: [], HOSTS: []}
+    pod_steps: dict[int, list] = {1: [], HOSTS: []}
+    for _ in range(ROUNDS):
+        for n in (1, HOSTS):
+            result = tpu_nb.launch(train, hosts=n, stream=lambda line: None)
+            started[n].append(
+                (result.reserved_seconds, result.ready_seconds, result.started_seconds)
+            )
+            for host in result.hosts:
+                pod_steps[n] += host.value
+        # In the same round: the machine's load changes over minutes.
+        seconds, steps = _one_process(tracked=True)
+        one_start.append(seconds)
+        tracked_steps += steps
+        plain_steps += _one_process(tracked=False)[1]
+    return one_start, tracked_steps, plain_steps, started, pod_steps
+
+
+def _print(one_start, tracked_steps, plain_steps, started, pod_steps) -> None:
     print(f"fake slice: {HOSTS} hosts (v4-16) on {os.cpu_count()} cores; {ROUNDS} rounds")
     print("time to running the work, median s: reserved / hosts ready / every host running")
     for n in (1, HOSTS):

@@ -631,3 +631,36 @@ def test_spmd_over_four_devices(b, py):
         env={"CPU_NUM_DEVICES": "4"},
     ).stdout
     assert json.loads(out.splitlines()[-1]) == [False, True, 4, 1, True, 2 * sum(range(24))]
+
+
+def test_a_hash_with_leading_zeros_keeps_all_32_hex_digits():
+    from tpu_nb.runtime.backend import hash_hex, normal_hash
+    from tpu_nb.runtime.metrics._compile_log import parse_block
+
+    # The high 64 bits start with zero nibbles: torch's HashToString drops them in the log.
+    low, high = 0x0123456789ABCDEF, 0x00000ABC00000001
+    raw = low.to_bytes(8, "little") + high.to_bytes(8, "little")
+    assert hash_hex(raw) == "00000abc000000010123456789abcdef"
+    logged = f"{high:x}{low:016x}"  # as the compile log prints it: 27 digits
+    assert len(logged) == 27 and normal_hash(logged) == hash_hex(raw)
+    event = parse_block(["Graph Info: ", f"  Graph Hash: {logged}"])
+    assert event.graph_hash == hash_hex(raw)
+    assert normal_hash("") == ""
+
+
+@BACKENDS
+def test_every_compiled_graph_has_a_32_digit_hash(b):
+    from tpu_nb.runtime.metrics import CompileLog
+
+    path = b.compile_log_path()
+    log = CompileLog(path)
+    start = log.size()
+    # 40 new graphs: the chance that none of their hashes starts with a zero nibble (which
+    # the log's text drops) is under 8 %.
+    for n in range(1, 41):
+        x = torch.full((n, 3), 1.0, device=b.device()) * 2
+        b.sync()
+    del x
+    events = log.events_since(start)
+    assert events and all(len(e.graph_hash) == 32 for e in events)
+    assert all(all(c in "0123456789abcdef" for c in e.graph_hash) for e in events)

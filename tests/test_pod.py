@@ -10,7 +10,6 @@ torch_xla), so the tests use two hosts where two show the point.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -19,6 +18,8 @@ import time
 
 import pytest
 from conftest import line_of
+from fake_slice import LOOPBACK, descendants, listening_addresses
+from fake_slice import fake_slice as slice_on_this_machine
 
 ray = pytest.importorskip("ray")
 
@@ -33,52 +34,12 @@ pytestmark = pytest.mark.timeout(240)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 HOSTS = 4  # v4-32: 16 chips, 4 per host
-STORE = 80 * 1024 * 1024  # object store per node: the work and results are small
 
 
 @pytest.fixture(scope="module")
 def fake_slice():
-    from ray.cluster_utils import Cluster
-
-    # Ray reads a multi-host slice's name from TPU_NAME (GKE) in the node's processes.
-    saved = os.environ.get("TPU_NAME")
-    os.environ["TPU_NAME"] = "tpu-nb-test-slice"
-    # Ray's session files (logs, sockets) in a directory removed afterwards; a short path,
-    # as Unix socket paths are limited to about 100 characters.
-    session = tempfile.mkdtemp(prefix="tpu_nb-ray-")
-    cluster = Cluster()
-    try:
-        for worker in range(HOSTS):
-            resources = {"TPU": 4}
-            if worker == 0:
-                resources["TPU-v4-32-head"] = 1
-            cluster.add_node(
-                num_cpus=1,
-                object_store_memory=STORE,
-                resources=resources,
-                labels={
-                    "ray.io/tpu-slice-name": "tpu-nb-test-slice",
-                    "ray.io/tpu-worker-id": str(worker),
-                    "ray.io/tpu-pod-type": "v4-32",
-                    "ray.io/tpu-topology": "2x2x4",
-                },
-                # The head first; the other nodes start together. No dashboard: it is a
-                # busy process the tests do not use.
-                wait=worker == 0,
-                temp_dir=session,
-                **({"include_dashboard": False} if worker == 0 else {}),
-            )
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
+    with slice_on_this_machine(HOSTS) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(session, ignore_errors=True)
-        if saved is None:
-            os.environ.pop("TPU_NAME", None)
-        else:
-            os.environ["TPU_NAME"] = saved
 
 
 def _run_dirs() -> set[str]:
@@ -151,6 +112,29 @@ def test_function_runs_once_per_host_lined_up_in_one_view(fake_slice):
     assert "v4-32 (4 hosts)" in text and "step median" in text
     assert all(f"\n  {k}  " in text for k in "01")
     _assert_nothing_left([h.pid for h in result.hosts])
+
+
+def test_the_cluster_listens_on_the_loopback_only(fake_slice):
+    # The fake slice's own processes (GCS, raylets, workers) and the driver's connection.
+    addresses = listening_addresses(descendants())
+    assert addresses, "found none of the cluster's listening sockets"
+    assert all(a.startswith(LOOPBACK + ":") for a in addresses), addresses
+    assert fake_slice.address.startswith(LOOPBACK + ":")
+    assert all(n["NodeManagerAddress"] == LOOPBACK for n in ray.nodes())
+
+
+def test_hosts_of_a_tpu_vm_told_pjrt_device_cpu_run_on_the_cpu(fake_slice):
+    # Every node carries a TPU VM's environment (TPU_ACCELERATOR_TYPE...) and PJRT_DEVICE=CPU:
+    # "auto" on each host follows the PJRT_DEVICE it was given, not the TPU it looks like.
+    def where(host):
+        import os
+
+        import torch_xla.runtime as xr
+
+        return os.environ["TPU_ACCELERATOR_TYPE"], os.environ["TPU_WORKER_ID"], xr.device_type()
+
+    result = tpu_nb.launch(where, hosts=2, device="auto", stream=None)
+    assert result.values == [("v4-32", "0", "CPU"), ("v4-32", "1", "CPU")]
 
 
 def test_cell_magic_sets_host_and_prints_prefixed(fake_slice, shell, capsys):

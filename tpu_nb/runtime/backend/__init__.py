@@ -23,6 +23,7 @@ from tpu_nb.runtime.backend._torch_xla import (
     TorchXlaBackend,
     hash_hex,
     installed_version,
+    normal_hash,
     wait_device_ops,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "backends",
     "current",
     "hash_hex",
+    "normal_hash",
     "installed_version",
     "register",
     "wait_device_ops",

@@ -410,9 +410,19 @@ def memory_from_info(info: dict) -> DeviceMemory:
 
 
 def hash_hex(raw: bytes) -> str:
-    """torch::lazy::HashToString form: high 64 bits, then the low 64 bits zero-padded."""
+    """The 128-bit hash as 32 hex digits: the high 64 bits, then the low 64 bits.
+
+    torch's own HashToString (what torch_xla's compile log prints) drops the high half's
+    leading zeros; every hash tpu_nb shows or compares is the padded form (see
+    `normal_hash`), so one graph has one spelling.
+    """
     low, high = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:16], "little")
-    return f"{high:x}{low:016x}"
+    return f"{high:016x}{low:016x}"
+
+
+def normal_hash(text: str) -> str:
+    """A hash as torch_xla printed it, padded to 32 hex digits ("" stays "")."""
+    return text.zfill(32) if text and all(c in "0123456789abcdef" for c in text) else text
 
 
 def _refuse_gpu() -> None:

@@ -5,7 +5,12 @@ cell-scoped default device, the pair install, and old tutorials' torch_xla names
 Above errors/units/sources/frame and the backend (the one place torch_xla is imported).
 """
 
-from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup, setup
+from tpu_nb.runtime.environment._configure import (
+    MAX_CPU_DEVICES,
+    chosen_device,
+    ensure_setup,
+    setup,
+)
 from tpu_nb.runtime.environment._defaults import default_device
 from tpu_nb.runtime.environment._detect import (
     TORCH_PAIR,
@@ -27,6 +32,7 @@ __all__ = [
     "Environment",
     "Problem",
     "chip_generation",
+    "chosen_device",
     "default_device",
     "detect",
     "device",

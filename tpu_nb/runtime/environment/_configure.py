@@ -61,12 +61,25 @@ def _check_device(device: str, accelerator) -> str:
             f"unknown device {device!r}. Fix: use one of {', '.join(map(repr, DEVICES))}."
         )
     if name == "auto":
-        return "tpu" if accelerator.kind == "tpu" else "cpu"
+        # A PJRT_DEVICE the user (or the platform) set is a choice, not a guess to override:
+        # a TPU VM host told PJRT_DEVICE=CPU runs on its CPU.
+        explicit = os.environ.get("PJRT_DEVICE", "").strip().lower()
+        if explicit == "cpu":
+            return "cpu"
+        if explicit != "tpu":
+            return "tpu" if accelerator.kind == "tpu" else "cpu"
+        name = "tpu"
     if name == "tpu" and accelerator.kind != "tpu":
+        by_env = device.strip().lower() == "auto"
         raise EnvironmentProblem(
-            "device='tpu' but this machine has no TPU (no TPU_ACCELERATOR_TYPE, "
-            "/dev/accel* or /dev/vfio). Fix: use device='cpu' (or 'auto'), or "
-            "switch the notebook to a TPU runtime."
+            f"{'PJRT_DEVICE=TPU is set' if by_env else 'device=' + repr('tpu')} but this "
+            "machine has no TPU (no TPU_ACCELERATOR_TYPE, /dev/accel* or /dev/vfio). Fix: "
+            + (
+                "unset PJRT_DEVICE, or choose the CPU with device='cpu'"
+                if by_env
+                else "use device='cpu' (or 'auto')"
+            )
+            + ", or switch the notebook to a TPU runtime."
         )
     return name
 
@@ -288,9 +301,10 @@ def setup(
     if "XLA_PERSISTENT_CACHE_PATH" in changes:
         _make_cache_dir(changes["XLA_PERSISTENT_CACHE_PATH"])
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
-    global _configured
+    global _configured, _chosen
     os.environ.update(changes)  # everything validated above: all or nothing
     _configured = True
+    _chosen = target if device.strip().lower() != "auto" else None
     if ir_debug and imported:
         backend().set_ir_debug(True)
     env = detect()
@@ -298,6 +312,13 @@ def setup(
 
 
 _configured = False
+_chosen: str | None = None  # the device named to setup() ("cpu"/"tpu"); None for "auto"
+
+
+def chosen_device() -> str | None:
+    """The device this process's `setup()` was told by name ("cpu" or "tpu"), else None:
+    what a pod launch passes to its hosts, whose own "auto" would look at their machine."""
+    return _chosen
 
 
 def ensure_setup() -> None:

@@ -95,7 +95,8 @@ class HostWorker:
 
     def prepare(self, host: int, hosts: int, device: str) -> dict:
         """Set up this host's process for the work: run directory, XLA device, compile-cause
-        analysis; torch_xla imported. Returns where it runs."""
+        analysis; torch_xla imported and its device started. Returns where it runs, or
+        `error` (with `fix`) when the host cannot start: the launch says so and stops."""
         sweep_dead_runs()
         self.host, self.hosts = host, hosts
         self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
@@ -104,10 +105,16 @@ class HostWorker:
         os.environ["TPU_NB_HOST_INDEX"], os.environ["TPU_NB_HOST_COUNT"] = str(host), str(hosts)
         from tpu_nb.runtime.environment import setup
 
-        env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
-        backend().module()  # importing the backend is part of getting the host ready
-
-        return {"pid": os.getpid(), "device": env.pjrt_device or ""}
+        chosen = "unknown"
+        try:
+            env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
+            chosen = env.pjrt_device or ""
+            # Starting the device here, not in the work's thread: a device that cannot start
+            # (no libtpu, a broken install) is one clear error before any host runs the work.
+            backend().device()
+        except Exception as exc:
+            return {"pid": os.getpid(), "device": chosen, **_start_failure(exc, device, chosen)}
+        return {"pid": os.getpid(), "device": chosen}
 
     def start(self, work, started_at: float) -> None:
         """Run `work` (fn, args, source, filename) in a thread; poll() reports on it."""
@@ -192,6 +199,10 @@ class HostWorker:
         sys.stdout = sys.stderr = self.capture
         try:
             self._tracked(fn, args, source, filename, result)
+        except BaseException as exc:  # tracking itself failed: still one result, never a
+            # traceback printed from this thread and a launch missing the host's figures
+            result.setdefault("error", f"{type(exc).__name__}: {exc}")
+            result.setdefault("traceback", _user_traceback(exc))
         finally:
             sys.stdout, sys.stderr = stdout, stderr
             self.result = result
@@ -251,6 +262,25 @@ class HostWorker:
         result["syncs"] = len(syncs)
         if report is not None and report.complete:
             _report_facts(report, filename, result)
+
+
+def _start_failure(exc: BaseException, asked: str, chosen: str) -> dict:
+    """Why this host could not start, and the fix, as data for the launch."""
+    said = str(exc).strip().splitlines()
+    error = f"{type(exc).__name__}: {said[0] if said else ''}".rstrip(": ")
+    why = f"device {asked!r}" + (f" chose {chosen}" if chosen and asked == "auto" else "")
+    if chosen == "TPU":
+        fix = (
+            "install the TPU runtime on every host (pip install 'torch_xla[tpu]'), or run "
+            "the hosts on their CPUs: PJRT_DEVICE=CPU in their environment, or "
+            "%tpu_setup --device cpu (tpu_nb.setup('cpu')) before the launch"
+        )
+    else:
+        fix = (
+            "install the same tpu_nb, torch and torch_xla on every host of the slice "
+            '(pip install "tpu_nb[pod]")'
+        )
+    return {"error": f"{error} ({why})", "fix": fix}
 
 
 def _sendable(value, result: dict):

@@ -256,16 +256,21 @@ class _Hosts:
                     "that host in ray.nodes(), or pass a longer start_timeout"
                 )
             try:
-                self.info[host] = self.ray.get(ref)
+                info = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:
                 first = (
                     str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
                 )
-                raise EnvironmentProblem(
-                    f"host {host} could not start tpu_nb: {first}. Fix: install the same "
-                    "tpu_nb, torch and torch_xla on every host of the slice (pip install "
-                    '"tpu_nb[pod]")'
-                ) from None
+                info = {
+                    "error": first,
+                    "fix": "install the same tpu_nb, torch and torch_xla on every host of "
+                    'the slice (pip install "tpu_nb[pod]")',
+                }
+            if "error" in info:
+                raise HostError(
+                    host, n, f"could not start: {info['error']}. Fix: {info['fix']}", ""
+                )
+            self.info[host] = info
 
     def run(self, work_ref, started_at: float, poll_timeout: float) -> None:
         ray = self.ray
@@ -440,8 +445,8 @@ def launch_hosts(
     fn: Callable,
     *args,
     hosts: int | str = "all",
-    stream: Callable[[str], None] = print,
-    device: str = "auto",
+    stream: Callable[[str], None] | None = print,
+    device: str | None = None,
     reserve_timeout: float = 60.0,
     start_timeout: float = 300.0,
     poll_timeout: float = 60.0,
@@ -461,6 +466,14 @@ def launch_hosts(
         raise TpuNbUsageError(
             f"launch needs a function to run; got {type(fn).__name__} {fn!r:.40}. Fix: "
             "launch(train, hosts='all'), with train(host) defined first."
+        )
+    device = _host_device(device)
+    if stream is None:  # the hosts' output is not shown
+        stream = _discard
+    elif not callable(stream):
+        raise TpuNbUsageError(
+            f"stream must be a function taking one line of output; got "
+            f"{type(stream).__name__}. Fix: stream=print (the default), or stream=None"
         )
     ray = _import_ray()
     start, started_at = time.perf_counter(), time.time()
@@ -482,6 +495,26 @@ def launch_hosts(
     finally:
         pod.stop()
     return _collect(pod, reserved, fn, time.perf_counter() - start)
+
+
+def _discard(line: str) -> None:
+    pass
+
+
+def _host_device(device: str | None) -> str:
+    """The device each host sets up: `device` if given, else the one this process's setup()
+    was told by name (%tpu_setup --device cpu), else "auto" — where each host's own
+    PJRT_DEVICE, if set, wins over what its machine looks like."""
+    from tpu_nb.runtime.environment import chosen_device
+
+    if device is None:
+        return chosen_device() or "auto"
+    if not isinstance(device, str) or device.strip().lower() not in ("auto", "cpu", "tpu"):
+        raise TpuNbUsageError(
+            f"device must be 'auto', 'cpu' or 'tpu'; got {device!r}. Fix: device='cpu' to run "
+            "every host on its CPU, or leave it out (the kernel's %tpu_setup choice, else auto)"
+        )
+    return device.strip().lower()
 
 
 def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float) -> PodResult:
@@ -556,8 +589,9 @@ def launch(fn: Callable, *args, hosts: int | str | None = None, **options):
     hosts' processes and the slice's reservation are released at the end. Returns a
     PodResult: each host's value, counters, steps and verdict, and what tpu_nb judged from
     all of them (a host that compiled a different graph at a line, a host that synced a
-    different number of times, the straggler). Options: stream, device ("auto": each
-    host's TPU, else its CPU), reserve_timeout, start_timeout, poll_timeout and
+    different number of times, the straggler). Options: stream, device (default: the
+    device this process's setup() was told, else "auto": each host's PJRT_DEVICE if set,
+    else its TPU, else its CPU), reserve_timeout, start_timeout, poll_timeout and
     stall_seconds (seconds without a sync, while others sync, before tpu_nb says so).
     """
     __tracebackhide__ = True  # noqa: F841

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_nb.runtime.backend import current as backend
+from tpu_nb.runtime.backend import normal_hash
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.frame import Frame
 from tpu_nb.runtime.metrics._counters import on_reset
@@ -162,7 +163,7 @@ def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
             frames.append(Frame(file=m.group(2), line=int(m.group(3)), function=m.group(1)))
     return CompileEvent(
         cause=cause,
-        graph_hash=graph_hash,
+        graph_hash=normal_hash(graph_hash),
         frames=tuple(frames),
         inputs=n_in,
         outputs=n_out,
