@@ -87,6 +87,18 @@ def frame_variables(frame: FrameType) -> dict:
     if values is frame.f_globals or not frame.f_code.co_flags & _CO_OPTIMIZED:
         return values
     copy = dict(values)
-    if _SNAPSHOTS:
+    # While a trace or profile function runs in a thread, CPython writes each frame's snapshot
+    # back into its variables after every event: an emptied snapshot would delete them.
+    if _SNAPSHOTS and not _tracing and sys.gettrace() is None and sys.getprofile() is None:
         values.clear()
     return copy
+
+
+_tracing = 0  # threads with a profile function of tpu_nb's (any thread's frames may be read)
+
+
+def tracing(delta: int) -> None:
+    """Count a profile function of tpu_nb's in some thread in (+1) or out (-1): while any runs,
+    `frame_variables` leaves the frames' snapshots as they are."""
+    global _tracing
+    _tracing += delta

@@ -1,24 +1,32 @@
-"""`default_device()`: the block's own tensor factories and new modules land on the XLA device.
+"""`default_device()`: what the block builds without placing it lands on the XLA device, with
+the numbers torch gives it on the host.
 
-`with torch.device(dev):` (and torch.set_default_device) install a TorchFunctionMode that
-intercepts every torch call (4-8 % on a 1.3 ms training step), and it reaches every library
-the block calls. Here the factories of the `torch` namespace are swapped for wrappers that
-fill in `device=` when the caller gave none — but only for calls that come from the block's
-own code, so that the block does the same work as the same code written with `device=`:
+The block's tensors and modules are built as torch builds them — on the host, from the
+generator the user seeded — then moved to the device once, as `.to(dev)` would move them. So
+`torch.manual_seed(0); m = nn.Linear(4, 3)` has the same initial weights under the block as
+`nn.Linear(4, 3).to(dev)` in a plain cell, a user's own `.to(dev)` is a no-op on the same
+numbers, and a model whose `__init__` reads values (`x.item()`) reads them on the host, as the
+`.to(dev)` model does. Explicit `device=` arguments are untouched.
 
-- a factory called on a line of the block (or in a function defined in the same cell or
-  file, called from the block) gets the device;
-- a module constructed from the block (`nn.Linear(5, 2)`, `resnet18()`, a Hugging Face
-  model from its config — an `nn.Module.__init__` between the block and the factory) gets
-  it too, as `device=` on its construction would;
-- everything else keeps torch's default, the CPU: torch.optim (AdamW's step counters),
+- A tensor factory called without `device=` on a line of the block (or in a function defined
+  in the same cell or file, called from the block) runs as torch runs it, and its result is
+  moved to the device.
+- A module constructed from the block (`nn.Linear(5, 2)`, `resnet18()`, a Hugging Face model
+  from its config) is built by torch as usual; when its outermost `__init__` returns, the
+  module is moved (`module.to(device)`), as a whole. The construction is seen through
+  torch's global parameter and buffer registration hooks; its end through a profile function
+  that this thread has only while such a construction runs (construction only: a step runs
+  without it). A module holding meta tensors (built for lazy loading) is left as it is.
+- Everything else keeps torch's default, the CPU: torch.optim (AdamW's step counters),
   torch.utils.data (samplers, collation, a `collate_fn` even if the block defined it), any
-  other library, functions defined in other cells or files, other threads. A factory given
-  a `generator` keeps the CPU too (a CPU generator cannot drive XLA sampling).
+  other library, functions defined in other cells or files, other threads.
 
-Deciding costs a walk up the caller's frames (~1-3 us per factory call without `device=`);
-every other op runs untouched. Code holding its own reference to a factory (`from torch
-import randn` before the block) keeps the original.
+`with torch.device(dev):` would do otherwise: it draws random values on the device, from the
+device's own generator, and installs a TorchFunctionMode that intercepts every torch call
+(4-8 % on a 1.3 ms training step). Here the factories of the `torch` namespace are swapped for
+wrappers; deciding costs a walk up the caller's frames (~1-3 us per factory call without
+`device=`), and every other op runs untouched. Code holding its own reference to a factory
+(`from torch import randn` before the block) keeps the original.
 """
 
 from __future__ import annotations
@@ -27,10 +35,10 @@ import functools
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from tpu_nb.runtime.errors import TpuNbUsageError
-from tpu_nb.runtime.frame import frame_variables
+from tpu_nb.runtime import frame as frames
 from tpu_nb.runtime.sources import MAX_DEPTH, as_caller
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
@@ -68,9 +76,8 @@ _lock = threading.Lock()
 
 
 class _Scope:
-    """Which factory calls get the default device: those reached from the block's own code
-    (see the module docstring). `codes`: the block's code objects (a cell); else `root`: the
-    frame that entered the block."""
+    """Which calls are the block's own (see the module docstring). `codes`: the block's code
+    objects (a cell); else `root`: the frame that entered the block."""
 
     def __init__(self, codes: tuple = (), root=None):
         self.codes = tuple(c for c in codes if c is not None)
@@ -80,24 +87,43 @@ class _Scope:
             frozenset((root.f_code.co_filename,)) if root is not None else frozenset()
         )
 
-    def covers(self, frame) -> bool:
-        # The walk of sources.tracked_frame (the block's frame: one of its code objects, or
-        # the frame that entered it; at most MAX_DEPTH frames out), inlined: a factory call
-        # without device= pays for it. What lies between decides: the block's own files, or
-        # an nn.Module being built from it.
-        own, built, depth = True, False, 0
+    def own(self, frame) -> bool:
+        """Whether `frame` is the block's own code: the block's frame, reached through frames
+        of the block's files only, none of them a module's `__init__` (a module is moved
+        whole once built). The walk of sources.tracked_frame, inlined: a factory call
+        without device= pays for it."""
+        depth = 0
         while frame is not None and depth < MAX_DEPTH:
             code = frame.f_code
             if id(code) in self.code_ids or frame is self.root:
-                return own or built
-            if code.co_filename not in self.files:
-                if code.co_name == "__init__" and _is_module(frame_variables(frame).get("self")):
-                    built = True
-                else:
-                    own = False
+                return True
+            if code.co_filename not in self.files or (
+                code.co_name == "__init__" and _is_module(_self_of(frame))
+            ):
+                return False
             frame = frame.f_back
             depth += 1
         return False
+
+    def outermost_init(self, frame):
+        """The frame of the outermost `nn.Module.__init__` between `frame` and the block, if
+        the block is reached (None otherwise): the construction the block asked for."""
+        outer, depth = None, 0
+        while frame is not None and depth < MAX_DEPTH:
+            if id(frame.f_code) in self.code_ids or frame is self.root:
+                return outer
+            if frame.f_code.co_name == "__init__" and _is_module(_self_of(frame)):
+                outer = frame
+            frame = frame.f_back
+            depth += 1
+        return None
+
+
+def _self_of(frame):
+    # Not frame_variables(): emptying the snapshot of a frame a profile function is watching
+    # would delete its variables, and the class's `__class__` cell with them (CPython writes
+    # the snapshot back after each event). An __init__'s snapshot lives as long as it runs.
+    return frame.f_locals.get("self")
 
 
 def _is_module(obj) -> bool:
@@ -111,42 +137,109 @@ def _is_module(obj) -> bool:
 _open = threading.local()
 _users = 0
 _originals: dict[str, object] = {}
+_hooks: list = []  # torch's registration hooks, removed with the wrappers
 
 
 def _wrap(fn):
     @functools.wraps(fn)
     def factory(*args, **kwargs):
         __tracebackhide__ = True  # noqa: F841
-        if kwargs.get("device") is None:
-            blocks = getattr(_open, "blocks", None)
-            if blocks and _defaults_here(fn, args, kwargs):
-                scope, device = blocks[-1]
-                if scope.covers(sys._getframe(1)):
-                    kwargs["device"] = device
+        caller = sys._getframe(1)
+        blocks = getattr(_open, "blocks", None)
+        if blocks and kwargs.get("device") is None and "out" not in kwargs:
+            scope, device = blocks[-1]
+            if _creates(fn, args, kwargs) and scope.own(caller):
+                if fn.__name__ in ("tensor", "as_tensor") and _is_device_tensor(args):
+                    kwargs["device"] = device  # from device data: no round trip via the host
+                else:
+                    return _on_host_then_moved(as_caller(caller), fn, args, kwargs, device)
         # warnings (torch.tensor(a_tensor)'s) name the caller's line, not this wrapper
-        return as_caller(sys._getframe(1))(fn, args, kwargs)
+        return as_caller(caller)(fn, args, kwargs)
 
     factory.__tpu_nb_original__ = fn
     return factory
 
 
-def _defaults_here(fn, args, kwargs) -> bool:
-    if kwargs.get("generator") is not None:
-        return False
-    return fn.__name__ != "normal" or _normal_needs_device(args, kwargs)
+def _on_host_then_moved(call, fn, args, kwargs, device):
+    """`fn` as torch runs it, then moved: `torch.randn(3, requires_grad=True)` gives a leaf on
+    the device holding the numbers of the CPU's generator."""
+    grad = kwargs.pop("requires_grad", False)
+    moved = call(fn, args, kwargs).to(device)
+    return moved.requires_grad_() if grad else moved
 
 
-def _normal_needs_device(args, kwargs) -> bool:
+def _creates(fn, args, kwargs) -> bool:
     # torch.normal(mean_tensor, std_tensor) follows its inputs; only normal(float, float, size)
     # creates a tensor from nothing.
-    return "size" in kwargs or len(args) >= 3
+    return fn.__name__ != "normal" or "size" in kwargs or len(args) >= 3
+
+
+def _is_device_tensor(args) -> bool:
+    torch = sys.modules["torch"]
+    return bool(args) and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu"
+
+
+# -- modules: moved as a whole when their outermost __init__ returns --------------------------
+
+
+def _registered(module, name, value):
+    """torch's registration hook (parameters and buffers, every thread): a construction that
+    the calling thread's block asked for is moved when its outermost __init__ returns."""
+    blocks = getattr(_open, "blocks", None)
+    if not blocks or value is None:
+        return None
+    scope, device = blocks[-1]
+    init = scope.outermost_init(sys._getframe(1))
+    if init is not None:
+        _move_on_return(init, device)
+    return None
+
+
+def _move_on_return(frame, device) -> None:
+    pending = _open.__dict__.setdefault("pending", {})
+    if id(frame) in pending:
+        return
+    if not pending:
+        previous = sys.getprofile()
+        if previous is not None and not callable(previous):  # a profiler in C: leave it be
+            return
+        _open.previous = previous
+        frames.tracing(+1)
+        sys.setprofile(_watch)
+    pending[id(frame)] = (frame, device)
+
+
+def _watch(frame, event, arg):
+    previous = _open.previous
+    if previous is not None:
+        previous(frame, event, arg)
+    if event != "return":
+        return
+    pending = _open.pending
+    entry = pending.pop(id(frame), None)
+    if entry is None or entry[0] is not frame:
+        if entry is not None:  # another frame reusing the id: not ours
+            pending[id(frame)] = entry
+        return
+    module = _self_of(frame)
+    if not pending:
+        sys.setprofile(previous)
+        frames.tracing(-1)
+    if _movable(module):
+        with suppress(Exception):  # a construction that raised: the error is the user's
+            module.to(entry[1])
+
+
+def _movable(module) -> bool:
+    tensors = [*module.parameters(), *module.buffers()] if _is_module(module) else []
+    return bool(tensors) and not any(t.is_meta for t in tensors)
 
 
 @contextmanager
 def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
     """Within the block, `torch.randn(3, 3)` and `nn.Linear(5, 2)` on the block's own lines
-    land on `device`; libraries and code from elsewhere keep torch's default (see the module
-    docstring).
+    are built as torch builds them and moved to `device`; libraries and code from elsewhere
+    keep torch's default (see the module docstring).
 
     device: a torch.device or a device string; default: the XLA device (`tpu_nb.device()`).
     code: the code objects that are the block's own code (a cell's compiled code); default:
@@ -169,6 +262,10 @@ def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
         yield device
     finally:
         blocks.remove((scope, device))
+        if not blocks and getattr(_open, "pending", None):  # a construction never returned
+            _open.pending.clear()
+            sys.setprofile(_open.previous)
+            frames.tracing(-1)
         _uninstall(torch)
 
 
@@ -182,6 +279,9 @@ def _install(torch) -> None:
                     original = getattr(fn, "__tpu_nb_original__", fn)
                     _originals[name] = original
                     setattr(torch, name, _wrap(original))
+            modules = torch.nn.modules.module
+            _hooks.append(modules.register_module_parameter_registration_hook(_registered))
+            _hooks.append(modules.register_module_buffer_registration_hook(_registered))
         _users += 1
 
 
@@ -195,6 +295,9 @@ def _uninstall(torch) -> None:
                 if getattr(current, "__tpu_nb_original__", None) is original:
                     setattr(torch, name, original)  # unless something replaced ours since
             _originals.clear()
+            for handle in _hooks:
+                handle.remove()
+            _hooks.clear()
 
 
 def _as_device(torch, device):
