@@ -37,8 +37,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
-from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime import frame as frames
+from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.sources import MAX_DEPTH, as_caller
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
