@@ -15,6 +15,7 @@ import torch_xla
 import torch_xla.debug.metrics as met
 
 import tpu_nb
+from tpu_nb.runtime.environment import wait_device_ops
 from tpu_nb.runtime.metrics import snapshot
 from tpu_nb.runtime.tracking._dynamo import inputs_sync
 
@@ -103,9 +104,10 @@ for n in {sizes}:
 
 
 def _raw_counts():
+    wait_device_ops()  # every execution's ExecuteTime sample in
     return {
         n: _raw(n) for n in ("ExecuteComputation", "CachedCompile", "MarkStep", "UncachedCompile")
-    }
+    } | {"ExecuteTime": _execute_samples()}
 
 
 def _run_counted(shell, capsys, cell: str):
@@ -121,7 +123,7 @@ def _figures_are_raw(report, raw) -> bool:
     m = report.metrics
     return (m.compiles, m.executions, m.cache_hits, m.syncs) == (
         raw["UncachedCompile"],
-        raw["ExecuteComputation"],
+        raw["ExecuteTime"],
         raw["CachedCompile"],
         raw["MarkStep"],
     )
@@ -168,7 +170,10 @@ def test_torch_compile_batch_sizes_in_on_tpu(shell, capsys):
     warm = shell.run_cell(cell).result
     raw = {n: _raw_counts()[n] - before[n] for n in before}
     assert warm.compiled == () and warm.metrics.compiles == 0 == raw["UncachedCompile"]
-    assert warm.metrics.executions == raw["ExecuteComputation"] >= 6
+    # each step: the pending input's graph (counted by torch_xla) and the compiled function's
+    # cached graph (run by the Dynamo bridge, in ExecuteTime's samples only)
+    assert warm.metrics.executions == raw["ExecuteTime"] == raw["ExecuteComputation"] + 6
+    assert warm.metrics.compiled_code_executions == 6
     assert warm.metrics.cache_hits == raw["CachedCompile"]
     assert warm.metrics.syncs == raw["MarkStep"]
     # Across the cold run's counter clears nothing was lost: at least the warm run's work.
@@ -438,7 +443,7 @@ def test_transformer_block_under_torch_compile(shell, capsys):
     warm = shell.run_cell(cell).result
     raw = {n: _raw_counts()[n] - before[n] for n in before}
     assert warm.compiled == () and warm.metrics.compiles == 0 == raw["UncachedCompile"]
-    assert warm.metrics.executions == raw["ExecuteComputation"] >= 4
+    assert warm.metrics.executions == raw["ExecuteTime"] >= 4  # the bridge's runs included
     assert (warm.metrics.cache_hits, warm.metrics.syncs) == (raw["CachedCompile"], raw["MarkStep"])
     # A plain cell does the same work and says so.
     capsys.readouterr()
@@ -547,3 +552,64 @@ def test_tpu_time_tells_a_compiled_steps_first_run_from_its_steady_state(shell, 
     again = shell.run_line_magic("tpu_time", f"-o -n 2 -r 2 {compiled}(xb)")
     assert again.first_compiles == again.warmup_runs == again.steady_compiles == 0
     assert "(0 graphs compiled)" in again.summary()
+
+
+# -- every execution counted: compiled functions' cached graphs too ----------------------------
+
+
+def _execute_samples() -> int:
+    data = met.metric_data("ExecuteTime")
+    return data[0] if data else 0
+
+
+def _mlp():
+    dev = torch_xla.device()
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)).to(
+        dev
+    )
+
+
+def _with_a_break(model):
+    def noisy(x):
+        y = model(x)
+        print("", end="")  # a graph break: two graphs per call
+        return (y * 2).sum()
+
+    return noisy
+
+
+@pytest.mark.parametrize(
+    "compiler, sizes",
+    [
+        ("torch.compile", (8, 8, 8)),
+        ("torch.compile", (8, 8, 9, 9)),
+        ("torch.compile with a break", (8, 8, 9)),
+        ("torch_xla.compile", (8, 8, 9)),
+    ],
+)
+def test_executions_equal_torch_xlas_execution_samples(compiler, sizes):
+    model = _mlp()
+    if compiler == "torch.compile":
+        fn = torch.compile(model, backend="openxla")
+    elif compiler == "torch.compile with a break":
+        fn = torch.compile(_with_a_break(model), backend="openxla")
+    else:
+        fn = torch_xla.compile(lambda x: model(x).sum())
+    dev = torch_xla.device()
+    torch_xla.sync()
+    wait_device_ops()
+    before = _execute_samples()
+    with tpu_nb.track(compiler) as report:
+        for n in sizes:
+            fn(torch.randn(n, 4).to(dev))
+        torch_xla.sync()
+    assert report.waited  # every execution finished: its sample is in
+    assert report.metrics.executions == _execute_samples() - before > 0
+    bridge = report.metrics.compiled_code_executions
+    if compiler.startswith("torch.compile"):
+        # each call runs its cached graph(s) through the bridge, without the counter
+        per_call = 2 if "break" in compiler else 1
+        assert bridge >= per_call * len(sizes), report.metrics
+        assert "compiled functions'" in str(report.metrics)
+    else:  # torch_xla.compile traces each call and syncs: counted executions
+        assert bridge == 0

@@ -41,6 +41,9 @@ _COUNTERS = (
 # metric gets a sample (None: no such counter, always read).
 _METRICS: dict[str, str | None] = {
     _NAMES.compile_time: _NAMES.compiles,
+    # Read first: a compiled function's cached graph runs without moving `executions`, so
+    # the execute time metrics are re-read when either moved (see _read_metric).
+    **({_NAMES.cached_graph_runs: None} if _NAMES.cached_graph_runs else {}),
     **dict(zip(_NAMES.execute_times, _NAMES.executions, strict=True)),
     _NAMES.to_device_time: None,
     _NAMES.from_device_time: None,
@@ -90,7 +93,10 @@ class MetricsDelta:
     compiles: int = 0  # graphs compiled (not found in the in-memory cache)
     cache_hits: int = 0  # graphs found in the in-memory compile cache
     compile_seconds: float = 0.0
-    executions: int = 0  # graph executions (single-device and SPMD)
+    executions: int = 0  # graph executions (single-device and SPMD, compiled code's too)
+    # Of those, runs of compiled functions' cached graphs (torch.compile, torch_xla.compile):
+    # torch_xla's Dynamo bridge runs them without its execution counter.
+    compiled_code_executions: int = 0
     execute_seconds: float = 0.0  # complete once device ops were waited for
     to_device_transfers: int = 0
     to_device_seconds: float = 0.0
@@ -143,6 +149,11 @@ class MetricsDelta:
             ("graphs compiled", f"{self.compiles}", format_seconds(self.compile_seconds)),
             ("compile cache hits", f"{self.cache_hits}", ""),
             ("executions", f"{self.executions}", format_seconds(self.execute_seconds)),
+            *(
+                [("  compiled functions'", f"{self.compiled_code_executions}", "")]
+                if self.compiled_code_executions
+                else []
+            ),
             (
                 "transfers to device",
                 f"{self.to_device_transfers}",
@@ -165,8 +176,8 @@ class MetricsDelta:
 def _read_metric(runtime: Backend, name: str, gate: str | None, counters: Mapping[str, int]):
     if gate is not None:
         cached = _metric_cache.get(name)
-        value = counters.get(gate, 0)
-        # Reuse the last read while the gating counter has not moved and every event it
+        value = _gate_value(gate, counters)
+        # Reuse the last read while the gating count has not moved and every event it
         # counted already has its sample (ExecuteTime lands when an execution finishes).
         if cached is not None and cached[0] == value and cached[1][0] >= value:
             return cached[1]
@@ -174,8 +185,18 @@ def _read_metric(runtime: Backend, name: str, gate: str | None, counters: Mappin
     if result is None:
         return None
     if gate is not None:
-        _metric_cache[name] = (counters.get(gate, 0), result)
+        _metric_cache[name] = (_gate_value(gate, counters), result)
     return result
+
+
+def _gate_value(gate: str, counters: Mapping[str, int]) -> int:
+    value = counters.get(gate, 0)
+    if gate in _NAMES.executions and _NAMES.cached_graph_runs:
+        value += _bridge_runs  # executions that move no execution counter
+    return value
+
+
+_bridge_runs = 0  # the cached-graph-run metric's sample count at the last snapshot
 
 
 def snapshot(*, full: bool = False) -> MetricsSnapshot:
@@ -200,10 +221,13 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
             raw = runtime.read_counters(_wanted_names[1])
         counters = reset_watch.carry(raw)
     metrics = {}
+    global _bridge_runs
     for name, gate in _METRICS.items():
         data = _read_metric(runtime, name, gate, counters)
         if data is not None:
             metrics[name] = data
+            if name == _NAMES.cached_graph_runs:
+                _bridge_runs = data[0]
     if full:
         for name in runtime.metric_names():
             if name not in metrics:
@@ -258,13 +282,15 @@ def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
     fallbacks = {n[cut:]: d for n, d in moved.items() if n.startswith(_FALLBACK) and n != HOST_READ}
     n_compile, compile_s = _metric_delta(earlier, later, _NAMES.compile_time)
     exec_s = sum(_metric_delta(earlier, later, name)[1] for name in _NAMES.execute_times)
+    bridge = _metric_delta(earlier, later, _NAMES.cached_graph_runs)[0]
     n_to, to_s = _metric_delta(earlier, later, _NAMES.to_device_time)
     n_from, from_s = _metric_delta(earlier, later, _NAMES.from_device_time)
     return MetricsDelta(
         compiles=moved.get(_NAMES.compiles, 0),
         cache_hits=moved.get(_NAMES.cache_hits, 0),
         compile_seconds=compile_s,
-        executions=sum(moved.get(name, 0) for name in _NAMES.executions),
+        executions=sum(moved.get(name, 0) for name in _NAMES.executions) + bridge,
+        compiled_code_executions=bridge,
         execute_seconds=exec_s,
         to_device_transfers=n_to,
         to_device_seconds=to_s,
