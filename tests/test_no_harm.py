@@ -287,3 +287,43 @@ def test_reading_a_functions_variables_keeps_none_of_them_alive():
     frame holding every value it saw: a tensor the function rebinds would stay in memory, and
     a pending one would join the next sync's graph."""
     assert _tracked_then_rebound(3)
+
+
+@pytest.mark.stack
+def test_work_an_earlier_cell_left_pending_is_named_at_the_first_sync(shell):
+    # An earlier cell leaves `w` pending; the loop's first sync runs it with its first step,
+    # in a graph unlike the line's own. Named, and kept out of the line's pattern.
+    shell.run_cell(
+        "dev = torch_xla.device()\n"
+        "x = torch.arange(3.0).to(dev)\n"
+        "embed = torch.nn.Embedding(100, 16).to(dev)\n"
+        "lengths = (5, 9, 5, 12, 9, 7)\n"
+        "sentences = [torch.arange(n) % 100 for n in lengths]\n"
+        "torch_xla.sync()"  # nothing pending but what the next cell leaves
+    )
+    assert shell.run_cell("w = (x.exp() * 3).mean()", store_history=True).success
+    left_by = shell.execution_count - 1
+    assert shell.run_cell("w2 = w", store_history=True).success  # another name for it
+    result, work = counted(
+        shell,
+        "%%on_tpu -o\n"
+        "for tokens in sentences:\n"
+        "    vector = embed(tokens.to(dev)).mean(dim=0)\n"
+        "    torch_xla.sync()\n",
+    )
+    report = result.result
+    assert report.earlier is not None and "w" in report.earlier.holders
+    (earlier,) = [f for f in report.findings if f.kind == "earlier"]
+    assert earlier.line == 4 and f"`w` (In [{left_by}])" in earlier.what
+    own = [f for f in report.findings if f.kind in ("compile", "warm-up", "recompile")]
+    # the line's own graphs: one per length (9, 5, 12, 7), the repeated 9 a cache hit
+    assert sum(f.count for f in own) == 4 == work["compiles"] - 1
+    assert work["cache_hits"] == 1
+    assert "4 graphs" in next(f.pattern for f in own if f.pattern)
+    # Nothing pending at the start: no such finding.
+    result, _ = counted(
+        shell,
+        "%%on_tpu -o\nfor t in sentences[:2]:\n    y = embed(t.to(dev))\n    torch_xla.sync()\n",
+    )
+    assert result.result.earlier is None
+    assert not [f for f in result.result.findings if f.kind == "earlier"]

@@ -6,6 +6,7 @@ User mistakes raise UsageError (one line, no traceback); `-h/--help` prints the 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import shlex
@@ -251,6 +252,21 @@ def _running_cell_number(shell) -> int:
     cell = innermost_frame(sys._getframe(1), lambda frame: number(frame) is not None)
     found = number(cell) if cell is not None else None
     return found if found is not None else shell.execution_count
+
+
+def _assigned_in(shell, before: int, name: str) -> str | None:
+    """The latest cell before `before` that assigns `name` ("In [12]"), from the raw input
+    history; magic and shell lines are read as blank lines."""
+    from tpu_nb.runtime.tracking import assigned_lines
+
+    raw = shell.history_manager.input_hist_raw
+    for number in range(min(before, len(raw)) - 1, 0, -1):
+        lines = [
+            "" if ln.lstrip().startswith(("%", "!")) else ln for ln in raw[number].splitlines()
+        ]
+        if assigned_lines("\n".join(lines), name):
+            return f"In [{number}]"
+    return None
 
 
 class _CellCode:
@@ -560,6 +576,7 @@ class TpuMagics(Magics):
             max_graphs=args.max_graphs,
             locations=args.graph,
             device=dev,
+            assigned_in=functools.partial(_assigned_in, self.shell, code.number),
         )
         report = capture = None
         try:

@@ -20,6 +20,7 @@ from tpu_nb.runtime.tracking._policy import (
     progression,
     reads_repeat,
 )
+from tpu_nb.runtime.tracking._pending import EarlierWork, assigned_lines
 from tpu_nb.runtime.tracking._probe import probe
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
 from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_report, track
@@ -29,6 +30,7 @@ __all__ = [
     "HOST_PARTS",
     "HOST_READ_HINT",
     "Anatomy",
+    "EarlierWork",
     "Judgement",
     "LinePattern",
     "LineFinding",
@@ -38,6 +40,7 @@ __all__ = [
     "StepRecord",
     "Verdict",
     "anatomy_in_progress",
+    "assigned_lines",
     "captured_graph",
     "fallback_hint",
     "graph_facts",

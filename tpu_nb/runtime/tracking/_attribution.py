@@ -214,6 +214,9 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
             out.append(_unplaced_compile(event, what, guard_start, order))
             continue
         kind = kinds[order] if order < len(kinds) else ""
+        if kind == policy.EARLIER and report.earlier is not None:
+            out.append(_earlier_compile(report.earlier, line, event, order))
+            continue
         key = policy.line_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed)
@@ -239,6 +242,19 @@ def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[Li
             )
         )
     return out
+
+
+def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:
+    pending = earlier.pending
+    ops = f" ({pending.describe_ops()})" if pending.nodes else ""
+    return LineFinding(
+        line,
+        "earlier",
+        f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "
+        "one graph with this step's, not this line's own (its next graphs are)",
+        via=_via(event),
+        order=order,
+    )
 
 
 def _compile_kind(kind: str, pattern, allowed: int) -> tuple[str, str]:

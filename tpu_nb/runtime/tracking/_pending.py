@@ -55,6 +55,43 @@ class PendingWork:
         )
 
 
+@dataclass(frozen=True)
+class EarlierWork:
+    """Work earlier cells (or code before the block) left pending, found as the block
+    started: the block's first sync runs it together with the block's own first step."""
+
+    holders: tuple[str, ...]  # the variables holding it
+    cells: tuple[str, ...]  # where each was last assigned ("In [12]"), "" when not known
+    pending: PendingWork
+
+    def names(self) -> str:
+        """ "`w` (In [12])", "`w` (In [12]) and `m` (In [3])"."""
+        parts = [
+            f"`{name}`" + (f" ({cell})" if cell else "")
+            for name, cell in zip(self.holders, self.cells, strict=True)
+        ] or ["tensors tpu_nb could not name"]
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+_NOT_VARIABLES = frozenset(("In", "Out", "exit", "quit", "get_ipython"))
+
+
+def find_earlier(namespace: dict, assigned_in=None) -> EarlierWork | None:
+    """The pending work held by `namespace`'s variables as a block starts (None: none).
+    `assigned_in(name)` names where a variable was last assigned (a notebook's cell)."""
+    names = tuple(n for n in list(namespace) if not n.startswith("_") and n not in _NOT_VARIABLES)
+    found = find_pending([namespace], names)
+    if found is None:
+        return None
+    cells = []
+    for name in found.holders:
+        try:
+            cells.append((assigned_in(name) if assigned_in is not None else None) or "")
+        except Exception:
+            cells.append("")
+    return EarlierWork(found.holders, tuple(cells), found)
+
+
 def find_pending(namespaces: list[dict], names: tuple[str, ...]) -> PendingWork | None:
     """The pending work reachable from `names` in `namespaces` (first match per name wins);
     None when none of them holds any. Never runs anything; never raises."""

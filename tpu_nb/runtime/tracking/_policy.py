@@ -49,7 +49,9 @@ FIRST, WARM_UP, VARIANT, RECOMPILE, GROWING, UNSETTLED = (
     "growing",
     "unsettled",
 )
-ONE_TIME = frozenset((FIRST, WARM_UP, VARIANT))
+# The run's first sync also ran work earlier cells left pending: its graph is not the line's.
+EARLIER = "earlier"
+ONE_TIME = frozenset((FIRST, WARM_UP, VARIANT, EARLIER))
 
 
 @dataclass(frozen=True)
@@ -362,8 +364,11 @@ def judge_run(report) -> Judgement:
     syncs = getattr(report, "syncs", 0)
     line_calls = getattr(report, "line_calls", {}) or {}
     by_line: dict[tuple[str, int], list[int]] = {}
+    joined = _joined_by_earlier(report, events)
     for i, e in enumerate(events):
         key = line_key(e)
+        if i in joined:
+            continue
         if key is not None and e.kind != "dynamo" and not dynamo.inputs_sync(e):
             by_line.setdefault(key, []).append(i)
     # A compiled function's graphs (torch.compile): one-time, unless Dynamo compiled the
@@ -371,8 +376,8 @@ def judge_run(report) -> Judgement:
     kinds = [
         (RECOMPILE if dynamo.what_changed(e)[:1] and _guard_failed(e) else FIRST)
         if e.kind == "dynamo"
-        else ""
-        for e in events
+        else (EARLIER if i in joined else "")
+        for i, e in enumerate(events)
     ]
     lines = {}
     for key, indexes in by_line.items():
@@ -392,6 +397,18 @@ def judge_run(report) -> Judgement:
     }
     judgement = Judgement(tuple(kinds), lines, reads)
     return _with_verdict(judgement, report, events)
+
+
+def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
+    """The compiles of the run's first sync when earlier work was pending as the run started:
+    that sync ran it with the run's first step, in one graph unlike the line's own."""
+    if getattr(report, "earlier", None) is None:
+        return set()
+    steps = [e.step for e in events if e.trigger == "sync" and e.step is not None]
+    if not steps:
+        return set()
+    first = min(steps)
+    return {i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first}
 
 
 def _guard_failed(event: CompileEvent) -> bool:

@@ -21,7 +21,7 @@ from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._anatomy import Anatomy
 from tpu_nb.runtime.tracking._dynamo import DynamoCompile
-from tpu_nb.runtime.tracking._pending import PendingWork, find_pending
+from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork, find_earlier, find_pending
 from tpu_nb.runtime.tracking._policy import Judgement, describe_pattern
 from tpu_nb.runtime.tracking._probe import own_sync
 from tpu_nb.runtime.tracking._probe import probe as run_probe
@@ -56,8 +56,8 @@ class LineFinding:
     """Something a line did, with what to do about it."""
 
     line: int  # 1-based line in the source; 0 when not on a line of it
-    kind: str  # "compile", "warm-up", "variant", "recompile", "growing", "fallback",
-    # "host-read"
+    kind: str  # "compile", "warm-up", "variant", "earlier", "recompile", "growing",
+    # "fallback", "host-read"
     what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
     hint: str = ""  # what to do; findings of one kind on one topic share the same text
     place: str = ""  # where, when not a line: "end of cell" (--sync, work left pending)
@@ -89,6 +89,9 @@ class RunReport:
     # Work left pending at the end (not run, not counted here: the next sync or value read
     # runs it and is charged with it); None when nothing was left (see _pending.py).
     pending: PendingWork | None = None
+    # Work earlier code left pending, found as the run started: the run's first sync runs it
+    # with the run's own first step (see _pending.py: EarlierWork).
+    earlier: EarlierWork | None = None
     compile_analysis: bool = False  # False: compile causes unknown (setup() not called)
     # Lines that compiled more than one distinct graph (in this run or before): graph hashes.
     recompilations: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
@@ -283,6 +286,8 @@ class track:
         default the frame of the function that entered the block.
     then: called with the complete report just before it is frozen (`on_tpu()` adds its
         findings there).
+    assigned_in: names where a variable was last assigned ("In [12]"), for the work earlier
+        cells left pending (found when `namespace` is a dict).
     """
 
     __slots__ = (
@@ -301,6 +306,7 @@ class track:
         "_frame",
         "_dynamo",
         "_then",
+        "_assigned_in",
     )
 
     def __init__(
@@ -313,8 +319,10 @@ class track:
         code: tuple = (),
         namespace: Any = None,
         then: Callable[[RunReport], None] | None = None,
+        assigned_in: Callable[[str], str | None] | None = None,
     ):
         self._report = RunReport(name=name)
+        self._assigned_in = assigned_in
         self._then = then
         self._sync, self._wait, self._record, self._code = sync, wait, record, tuple(code)
         self._namespace = namespace
@@ -322,6 +330,8 @@ class track:
         self._frame: Any = None
 
     def __enter__(self) -> RunReport:
+        if isinstance(self._namespace, dict):  # a notebook's: what earlier cells left pending
+            self._report.earlier = find_earlier(self._namespace, self._assigned_in)
         self._log = compile_log()
         self._offset = self._log.size() if self._log is not None else 0
         self._report.compile_analysis = self._log is not None

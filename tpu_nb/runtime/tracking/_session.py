@@ -32,7 +32,8 @@ class on_tpu:
     sync of tpu_nb's own (see `track`). max_graphs: fail at the step that makes a line
     compile more than this many graphs. locations: record each IR node's Python line (for
     the graph viewer; ~0.6 us per traced op). device: the default device (default:
-    tpu_nb.device()).
+    tpu_nb.device()). assigned_in: names where a variable was last assigned ("In [12]"),
+    for work earlier cells left pending.
     """
 
     def __init__(
@@ -47,7 +48,9 @@ class on_tpu:
         max_graphs: int | None = None,
         locations: bool = False,
         device=None,
+        assigned_in=None,
     ):
+        self.assigned_in = assigned_in
         self.name, self.code, self.sync = name, tuple(code), sync
         self.source, self.filename = source, filename
         self.max_graphs, self.locations, self.device = max_graphs, locations, device
@@ -70,7 +73,14 @@ class on_tpu:
         try:
             where = self.namespace if self.namespace is not None else caller
             self._report = stack.enter_context(
-                track(self.name, sync=self.sync, code=code, namespace=where, then=self._attribute)
+                track(
+                    self.name,
+                    sync=self.sync,
+                    code=code,
+                    namespace=where,
+                    then=self._attribute,
+                    assigned_in=self.assigned_in,
+                )
             )
             stack.enter_context(default_device(dev, code=code))
             if guard is not None:
