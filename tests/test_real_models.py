@@ -577,6 +577,31 @@ def test_kaggle_mp_device_loader_in_a_helper_names_the_cells_line(shell, monkeyp
     assert "no line" not in ran.text and "line not recorded" not in ran.text
 
 
+@pytest.mark.stack
+@pytest.mark.parametrize("user_syncs", [True, False])
+def test_mp_device_loaders_own_syncs_are_no_steps(shell, monkeypatch, user_syncs):
+    # 2 epochs of 8 batches: 16 steps, whether the loop syncs each step itself or leaves it
+    # to MpDeviceLoader (whose sync before each batch then ends the step before it).
+    assert shell.run_cell(KAGGLE_SETUP).error_in_exec is None
+    ran = run(
+        shell,
+        monkeypatch,
+        "%%on_tpu -o\n"
+        "dev = torch_xla.device()\n"
+        "model = torch.nn.Linear(16, 4).to(dev)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(2):\n"
+        "    for x, y in pl.MpDeviceLoader(DataLoader(ds, batch_size=8), dev):\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        loss.backward(); opt.step(); opt.zero_grad()\n"
+        + ("        torch_xla.sync()\n" if user_syncs else ""),
+    )
+    anatomy = ran.report.anatomy
+    assert len(anatomy.steps) == 16
+    assert anatomy.loader_syncs == ran.raw["syncs"] - 16 > 0
+    assert f"16 steps (and {anatomy.loader_syncs} syncs of the data loader" in anatomy.summary()
+
+
 def test_kaggle_parallel_loader_and_mark_step_name_the_cells_lines(shell, monkeypatch):
     assert shell.run_cell(KAGGLE_SETUP).error_in_exec is None
     ran = run(

@@ -218,7 +218,14 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
     body = (
         f"syncs <b>{state.steps}</b> <span style='color:{_GREY}' title='torch_xla.sync() "
         "and mark_step calls: one per training step, plus any sync tpu_nb adds at the "
-        "end of a cell'>(torch_xla.sync calls: one per training step)</span><br>"
+        "end of a cell'>"
+        + (
+            f"({state.steps - state.loader_syncs} steps; {state.loader_syncs} by the data "
+            "loader, with nothing to run)"
+            if state.loader_syncs
+            else "(torch_xla.sync calls: one per training step)"
+        )
+        + "</span><br>"
         f"executions <b>{m.executions}</b> · {_rate(rate)}"
         f"{' on average' if final else ''}<br>{steps}<br>"
         f"on device {format_seconds(m.execute_seconds)}"

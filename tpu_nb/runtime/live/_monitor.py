@@ -453,6 +453,8 @@ class LiveState:
     run_wall_seconds: float | None = None
     # Of metrics.host_reads, those made in step closures (after the step's graph ran).
     closure_reads: int = 0
+    # Of `steps`, syncs a data loader made with nothing to run (no step of the user's).
+    loader_syncs: int = 0
 
     @property
     def recompiling(self) -> bool:
@@ -551,7 +553,15 @@ class LiveMonitor:
             anatomy_version=self._anatomy_version,
             run_wall_seconds=report.wall_seconds if report is not None else None,
             closure_reads=self._closure_reads.count,
+            loader_syncs=self._loader_syncs(),
         )
+
+    def _loader_syncs(self) -> int:
+        collector = anatomy_in_progress()
+        if collector is not None and collector.started >= self._start_wall - 1.0:
+            return collector.loader_syncs
+        anatomy = self._anatomy
+        return anatomy.loader_syncs if anatomy is not None else 0
 
     def close(self) -> None:
         """Restore anything the monitor installed (the sync probe, the read count)."""

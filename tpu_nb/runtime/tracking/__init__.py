@@ -13,6 +13,7 @@ from tpu_nb.runtime.tracking._attribution import (
     graph_facts,
 )
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
+from tpu_nb.runtime.tracking._pending import EarlierWork, assigned_lines
 from tpu_nb.runtime.tracking._policy import (
     Judgement,
     LinePattern,
@@ -20,7 +21,6 @@ from tpu_nb.runtime.tracking._policy import (
     progression,
     reads_repeat,
 )
-from tpu_nb.runtime.tracking._pending import EarlierWork, assigned_lines
 from tpu_nb.runtime.tracking._probe import probe
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
 from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_report, track

@@ -195,6 +195,9 @@ class Anatomy:
     verdict: Verdict | None
     complete: bool = True  # False: sample buffers overflowed between reads
     dropped_steps: int = 0  # earlier steps beyond the last _MAX_STEPS, not in `steps`
+    # Syncs a data loader made with nothing to run (MpDeviceLoader's before its first batch,
+    # after a step the user synced, at the end of the data): counted by torch_xla, no steps.
+    loader_syncs: int = 0
     # Host time on the tracked code's lines over the whole run, largest first (the host
     # sampler's; () without it): HostLine(line, via, seconds, share, kind)
     host_lines: tuple[HostLine, ...] = ()
@@ -220,9 +223,14 @@ class Anatomy:
         kept = (
             f" (the last of {len(self.steps) + self.dropped_steps})" if self.dropped_steps else ""
         )
+        loader = (
+            f" (and {self.loader_syncs} syncs of the data loader with nothing to run)"
+            if self.loader_syncs
+            else ""
+        )
         line = (
-            f"{len(self.steps)} steps{kept}, median {format_seconds(self.step_median)}: "
-            f"{shares}; device busy {self.device_share:.0%}"
+            f"{len(self.steps)} steps{kept}{loader}, median "
+            f"{format_seconds(self.step_median)}: {shares}; device busy {self.device_share:.0%}"
         )
         return f"{line}; {self.verdict.kind}" if self.verdict else line
 
@@ -285,6 +293,7 @@ class Collector:
         self._base: dict[str, int] = {}  # samples each metric had when the run began
         self.lost_samples = False
         self.dropped_steps = 0
+        self.loader_syncs = 0
         self._until_harvest = _HARVEST_EVERY
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
@@ -360,7 +369,9 @@ class Collector:
             return
         kind = type(event)
         if kind is SyncEvent:
-            if not (event.plumbing or event.owner is recorder):
+            if event.launched == 0:  # a data loader's sync with nothing to run: no step
+                self.loader_syncs += 1
+            elif not (event.plumbing or event.owner is recorder):
                 sampler = self.sampler
                 if sampler is not None and sampler.check:  # rare: a new loop's first sync
                     self._check_loop(sampler, event)
@@ -771,6 +782,7 @@ def _summarise(
         verdict=None,
         complete=not collector.lost_samples,
         dropped_steps=collector.dropped_steps,
+        loader_syncs=collector.loader_syncs,
         host_lines=host_lines,
     )
     return _with_verdict(anatomy, busy) if judged else anatomy
@@ -855,6 +867,7 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
 class _NoLoss:
     lost_samples = False
     dropped_steps = 0
+    loader_syncs = 0
 
 
 def judge(a: Anatomy) -> Verdict | None:

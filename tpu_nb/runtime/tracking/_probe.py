@@ -101,7 +101,7 @@ class SyncEvent:
     compile's syncs); plumbing: the runtime's own sync around a compiled function; own:
     tpu_nb's own sync ("end": track()'s last, "guard-start": max_graphs' first), made for
     `owner` (the run's recorder for "end"); start: the original called (after the
-    subscribers' `before`); end: it returned.
+    subscribers' `before`); end: it returned; launched: see below.
     """
 
     __slots__ = (
@@ -114,6 +114,7 @@ class SyncEvent:
         "owner",
         "start",
         "end",
+        "launched",
     )
 
     def __init__(self, frame, entry, compiles_before, inner, plumbing, own, owner):
@@ -125,6 +126,9 @@ class SyncEvent:
         self.own: str = own
         self.owner: Any = owner
         self.start = self.end = 0.0
+        # A data loader's sync: the graphs it ran (0: it had nothing to run, and is no step
+        # of the user's). -1: not a loader's sync, not measured.
+        self.launched = -1
 
 
 class ReadEvent:
@@ -401,13 +405,15 @@ class Probe:
             if not probe.listeners["sync"] or compiling():
                 return as_caller(caller)(original, args, kwargs)
             entry, compiles = clock(), counter("UncachedCompile")
-            known = plumbing_codes.get(id(caller.f_code))  # _plumbing_sync's cache, inlined
-            plumbing = (
-                known[1]
-                if known is not None and known[0] is caller.f_code
-                else _plumbing_sync(caller)
-            )
+            known = plumbing_codes.get(id(caller.f_code))  # _sync_kind's cache, inlined
+            if known is None or known[0] is not caller.f_code:
+                known = _sync_kind(caller)
+            plumbing, loader = known[1], known[2]
             event = SyncEvent(caller, entry, compiles, inner, plumbing, local.own, local.owner)
+            if loader:  # a data loader's own sync: did it have anything to run? A graph to
+                # run is looked up in the compile cache, in this thread (an execution's own
+                # counter moves later, in the runtime's threads)
+                launched = (compiles or 0) + (counter("CachedCompile") or 0)
             states = {}
             for subscriber, before in probe.befores["sync"]:
                 states[subscriber] = before(event)
@@ -419,6 +425,10 @@ class Probe:
             finally:
                 local.in_sync = outer
             event.end = clock()
+            if loader:
+                event.launched = (
+                    (counter("UncachedCompile") or 0) + (counter("CachedCompile") or 0) - launched
+                )
             for subscriber, after in probe.afters["sync"]:
                 after(event, states.get(subscriber))  # only max_graphs raises, on purpose
             return result
@@ -512,21 +522,25 @@ class Probe:
 _plumbing_codes: dict[int, tuple] = {}
 
 
-def _plumbing_sync(frame) -> bool:
+def _sync_kind(frame) -> tuple:
+    """(code, plumbing, loader) of the function that called a sync, cached per code object.
+    plumbing: the runtime's own sync around a compiled function, not a user's step. loader:
+    a device data loader's sync (before each batch, and at the end of the data)."""
     code = frame.f_code
     known = _plumbing_codes.get(id(code))
     if known is not None and known[0] is code:
-        return known[1]
-    # Syncs that are the runtime's plumbing around a compiled function, not a user's step.
+        return known
     path, name = code.co_filename, code.co_name
+    backend = current_backend()
     plumbing = any(
         path.endswith(suffix) and (not function or name == function)
-        for suffix, function in current_backend().plumbing_sync_callers
+        for suffix, function in backend.plumbing_sync_callers
     )
+    loader = any(part in path.replace("\\", "/") for part in backend.loader_paths)
     if len(_plumbing_codes) >= 1024:  # bounded: one per function that syncs
         _plumbing_codes.clear()
-    _plumbing_codes[id(code)] = (code, plumbing)
-    return plumbing
+    known = _plumbing_codes[id(code)] = (code, plumbing, loader)
+    return known
 
 
 @contextmanager
