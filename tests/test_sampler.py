@@ -372,3 +372,27 @@ def test_on_tpu_cell_report_shows_the_host_lines(shell, capsys):
 
     html = RunView(report, report.findings, source=report.source)._repr_html_()
     assert "tpunb-host-lines" in html and escape(top.where) in html
+
+
+def test_shares_of_a_long_run_stay_within_the_whole():
+    """Over a long run the sampler's intervals of one state merge, so the warm-up's time is
+    taken back out however long the run; no line is more than the time it is a share of."""
+    import threading
+
+    from tpu_nb.runtime.tracking._sampler import _EARLY, Sampler
+
+    sampler = Sampler(threading.get_ident())
+    host = ("host", "cell.py", 3, "<module>", "")
+    sync = ("sync", "cell.py", 4, "<module>", "")
+    t, tick = 0.0, 0.005
+    runs = _EARLY // 2  # states alternating in runs of 10 samples: 5 x _EARLY intervals
+    for i in range(runs):
+        key = host if i % 2 else sync
+        for _ in range(10):
+            sampler._add(key, t, t + tick)
+            t += tick
+    assert sampler.early_complete and len(sampler.early) == runs
+    warm_up = ((0.0, t / 2),)  # the first half: the steps the verdict leaves out
+    lines = sampler.lines(t / 2, without=warm_up)
+    assert lines and all(0 < h.share <= 0.5 + 1e-9 for h in lines), lines
+    assert sum(h.seconds for h in lines) == pytest.approx(t / 2)

@@ -134,6 +134,7 @@ class Sampler:
         # takes the warm-up steps' time back out of the totals (bounded: the warm-up comes
         # first).
         self.early: list[tuple[float, float, tuple]] = []
+        self.early_complete = True  # False: `early` filled up before the run ended
         self.input_spans: deque = deque(maxlen=_MAX_SPANS)  # (start, end, loop), merged
         # `for` lines (file, line) whose iterator syncs or reads: it runs the steps (a
         # generator that trains and yields losses), so time inside it is not input
@@ -229,8 +230,13 @@ class Sampler:
         if key not in totals and len(totals) >= _MAX_KEYS:
             key = (key[0], key[1], 0, "", "")  # too many distinct lines: one "other" line
         totals[key] = totals.get(key, 0.0) + (end - start)
-        if len(self.early) < _EARLY:
-            self.early.append((start, end, key))
+        early = self.early
+        if early and early[-1][2] == key and early[-1][1] == start:
+            early[-1] = (early[-1][0], end, key)  # the same state on: one interval
+        elif len(early) < _EARLY:
+            early.append((start, end, key))
+        else:
+            self.early_complete = False
         if key[0] == "input":
             spans, loop = self.input_spans, key[1:3]
             if spans and spans[-1][1] == start and spans[-1][2] == loop:
@@ -387,13 +393,18 @@ class Sampler:
         for (kind, file, line, function, via), seconds in merged.items():
             if kind == "read" or seconds <= 0:
                 continue
-            share = seconds / wall if wall > 0 else 0.0
+            # The shares are of the same time as the seconds: `wall` covers the steps kept,
+            # and `without` took the others out. Past `early`'s reach it could not: a share
+            # is then at most the whole.
+            share = min(seconds / wall, 1.0) if wall > 0 else 0.0
             out.append(HostLine(Frame(file, line, function), via, seconds, share, kind))
         out.sort(key=lambda h: -h.seconds)
         return tuple(out)
 
 
-_EARLY = 20_000  # intervals kept with their times (about a minute of a run at 200 Hz)
+# Intervals kept with their times, consecutive ones of one state merged (a minute of a run
+# sampled at 200 Hz whose state changed at every sample; hours of a training loop's).
+_EARLY = 50_000
 
 
 def _named(info: list) -> str:
