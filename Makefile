@@ -12,7 +12,9 @@ COLAB = PYTHONPATH=$(ENV)/colab-stack:$(CURDIR) PJRT_DEVICE=CPU TPU_NB_STACK=col
 # a test that needs a folder creates it, and nothing an earlier run left (Ray's files, IPython's
 # profile, matplotlib's cache, kernels' connection files) can make a test pass here that fails
 # on a new machine.
-FRESH = tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && export TMPDIR="$$tmp" \
+# (Open to others as /tmp is, less the sticky bit: tests of a second user's view enter it.)
+FRESH = tmp=$$(mktemp -d) && chmod 755 "$$tmp" && trap 'rm -rf "$$tmp"' EXIT && \
+    export TMPDIR="$$tmp" \
     RAY_TMPDIR="$$tmp" IPYTHONDIR="$$tmp/ipython" MPLCONFIGDIR="$$tmp/matplotlib" \
     JUPYTER_RUNTIME_DIR="$$tmp/jupyter-runtime" HF_HOME="$$tmp/huggingface" &&
 

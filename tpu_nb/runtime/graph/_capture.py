@@ -158,6 +158,9 @@ def walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterat
     if isinstance(obj, torch.Tensor):
         if obj.device.type == _DEVICE_TYPE:
             yield obj
+            grad = obj.grad if obj.is_leaf and obj.requires_grad else None
+            if grad is not None:  # a backward's gradients: pending until a sync runs them
+                yield grad
         return
     if depth == 0 or not _is_container(obj, torch):
         return

@@ -112,6 +112,8 @@ def graph_facts(before, after) -> tuple[str, ...]:
     d_before, d_after = data(before), data(after)
     if d_before != d_after:
         facts.append(f"graph inputs (device data) {d_before} \u2192 {d_after}")
+    elif not diff.aligned:  # other ops: the inputs whose shapes changed still say why
+        facts += _input_shape_changes(before, after)
     ops_before = Counter(n.op for n in before.nodes if n.kind not in ("data", "constant"))
     ops_after = Counter(n.op for n in after.nodes if n.kind not in ("data", "constant"))
     only_before, only_after = ops_before - ops_after, ops_after - ops_before
@@ -122,6 +124,25 @@ def graph_facts(before, after) -> tuple[str, ...]:
     if not facts and diff:
         facts.append(diff.summary())
     return tuple(facts)
+
+
+def _input_shape_changes(before, after) -> list[str]:
+    """ "graph input f32[16,50] → f32[6,50] (dim 0: 16 → 6)" for the inputs (device data)
+    whose shapes differ, paired in order; [] when the shapes are the same."""
+    shapes = lambda g: Counter(n.shape for n in g.nodes if n.kind == "data")  # noqa: E731
+    gone = sorted((shapes(before) - shapes(after)).elements())
+    new = sorted((shapes(after) - shapes(before)).elements())
+    out = []
+    for a, b in list(zip(gone, new, strict=False))[:2]:
+        text = f"graph input {a} \u2192 {b}"
+        dims_a, dims_b = policy.shape_dims(a), policy.shape_dims(b)
+        if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
+            pairs = enumerate(zip(dims_a, dims_b, strict=True))
+            moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
+            if moved:
+                text += f" ({', '.join(moved[:2])})"
+        out.append(text)
+    return out
 
 
 def _shape_change(a, b) -> str:

@@ -441,7 +441,7 @@ class Recorder:
             calls[key] = calls.get(key, 0) + 1
             forced = key in force_capture
             due = forced or key in self._capture_next or line_graphs.get(key) is None
-            if not due and self._compiled_at.get(key, 0) >= 2:
+            if not due and key in self._compiled_at:  # a new shape: capture, to name it
                 due = self._shapes_changed(root, key)
             if not due:
                 return None, None
