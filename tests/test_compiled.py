@@ -547,3 +547,46 @@ def test_tpu_time_tells_a_compiled_steps_first_run_from_its_steady_state(shell, 
     again = shell.run_line_magic("tpu_time", f"-o -n 2 -r 2 {compiled}(xb)")
     assert again.first_compiles == again.warmup_runs == again.steady_compiles == 0
     assert "(0 graphs compiled)" in again.summary()
+
+
+# One count for --max-graphs and the report: a function called with a new size at each step,
+# eagerly (its own sync) or compiled by either compiler, under --max-graphs 2.
+COUNTED_FNS = {
+    "eager": "def {name}(x):\n    y = (x * 2 + 1).sum()\n    torch_xla.sync()\n    return y\n",
+    "openxla": "def {name}_f(x):\n    return (x * 2 + 1).sum()\n"
+    "{name} = torch.compile({name}_f, backend='openxla')\n",
+    "torch_xla.compile": "def {name}_f(x):\n    return (x * 2 + 1).sum()\n"
+    "{name} = torch_xla.compile({name}_f)\n",
+}
+
+
+@pytest.mark.parametrize("how", list(COUNTED_FNS))
+def test_max_graphs_stops_where_the_reports_count_for_the_line_passes_it(shell, how):
+    from tpu_nb.runtime.tracking import RecompilationError
+
+    name = "counted_" + re.sub(r"\W", "_", how)
+    assert shell.run_cell("import torch, torch_xla\n" + COUNTED_FNS[how].format(name=name)).success
+    cell = (
+        "%%on_tpu --max-graphs 2\n"
+        "for n in range(1, 21):\n"
+        "    x = torch.ones(n)\n"
+        f"    out = {name}(x)\n"  # cell line 4
+        "    torch_xla.sync()\n"
+    )
+    error = shell.run_cell(cell).error_in_exec
+    assert isinstance(error, RecompilationError), error
+    assert shell.user_ns["n"] == 3  # the step of the line's third graph, not before or after
+    report = tpu_nb.last_report()
+    # The report's count for line 4: every graph of the line's own code (the inputs'
+    # pending work apart), the same that stopped the run.
+    graphs = {
+        e.graph_hash
+        for e in report.compile_events
+        if e.site is not None
+        and e.site.line is not None
+        and e.site.line.line == 4
+        and not inputs_sync(e)
+    }
+    assert len(graphs) == 2 + (how != "torch_xla.compile")  # its detector stops the trace
+    if how != "torch_xla.compile":
+        assert "line 4 compiled graph 3 (max_graphs=2)" in str(error)

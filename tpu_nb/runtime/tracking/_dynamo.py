@@ -341,6 +341,11 @@ class Watch(logging.Handler):
             self._logger = None
         if self in _active:
             _active.remove(self)
+        return self.so_far()
+
+    def so_far(self) -> tuple[DynamoCompile, ...]:
+        """The frames compiled until now, each with the XLA compiles that followed it (what
+        `stop()` returns, while the run goes on: `max_graphs` counts with it)."""
         if not self.compiles:
             return ()
         # torch_xla compiles a Dynamo graph to HLO when it first runs, just after Dynamo is
