@@ -590,3 +590,32 @@ def test_max_graphs_stops_where_the_reports_count_for_the_line_passes_it(shell, 
     assert len(graphs) == 2 + (how != "torch_xla.compile")  # its detector stops the trace
     if how != "torch_xla.compile":
         assert "line 4 compiled graph 3 (max_graphs=2)" in str(error)
+
+
+def test_a_function_past_dynamos_recompile_limit_is_named_and_its_eager_compiles_counted(shell):
+    from tpu_nb.display.compiled_view import compiled_text
+
+    name = "past_limit"
+    # Its own computation: graphs no other test compiled, so each eager size compiles.
+    fn = COUNTED_FNS["openxla"].format(name=name).replace("x * 2 + 1", "x * 3 - 7")
+    assert shell.run_cell("import torch, torch_xla\n" + fn).success
+    cell = (
+        "%%on_tpu -o\n"
+        "for n in range(1, 7):\n"
+        "    x = torch.ones(n)\n"
+        f"    out = {name}(x)\n"  # cell line 4
+        "    torch_xla.sync()\n"
+    )
+    with torch._dynamo.config.patch(recompile_limit=2):
+        report = shell.run_cell(cell).result
+    section = "\n".join(compiled_text(report.compiled))
+    head = re.search(rf"{name}_f \(cell line 2\), called at cell line 4: (\d+) graphs", section)
+    assert head and head.group(1) == "2", section  # the limit's two, not the one it gave up on
+    assert "?" not in section, section
+    stopped = re.search(
+        r"Dynamo stopped compiling it \(recompile_limit reached; last: `x` has size 3 .*\) "
+        r"and runs it eagerly from then on: (\d+) XLA compiles of its eager code",
+        section,
+    )
+    assert stopped, section
+    assert int(stopped.group(1)) == 4  # sizes 3 to 6, each its own eager graph
