@@ -108,6 +108,8 @@ def test_unload_gives_torch_xla_its_counter_reset_back_and_says_what_stays():
         "%unload_ext tpu_nb",
         "print(torch_xla._XLAC._clear_xla_counters is raw)\n"
         "import torch_xla.debug.metrics as met\nmet.clear_counters()\n"
+        "assert met.clear_counters.__module__ == 'torch_xla.debug.metrics'\n"
+        "assert not hasattr(met.clear_counters, '__wrapped__')\n"
         "v = (torch.ones(2, device=torch_xla.device()) * 3).sum().item()",
     )
     execute(nb)
