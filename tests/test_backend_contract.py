@@ -247,6 +247,27 @@ def test_the_backends_own_counter_reset_goes_through_the_hook(b, py):
     assert after == 0
 
 
+@BACKENDS
+def test_compile_log_settings_leave_the_environment_once_latched(b, py):
+    # A child process must not append its compiles to this process's log: once the backend
+    # has read its settings (the first compile) they leave os.environ, and stay in effect.
+    out = py(
+        PICK.format(name=b.name)
+        + """
+        import json, os, subprocess, sys, tpu_nb, torch
+        tpu_nb.setup("cpu")
+        before = b.hide_latched_settings()  # nothing compiled: they must stay for the latch
+        (torch.ones(2, device=b.device()) + 1).sum().item()
+        after = b.hide_latched_settings()
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(k for k in "
+            "os.environ if k.startswith('PT_XLA_DEBUG')))"], capture_output=True, text=True)
+        print(json.dumps([before, after, b.compile_log_path() is not None,
+            b.settings().get("PT_XLA_DEBUG_LEVEL"), child.stdout.strip()]))
+        """.replace("\n        ", "\n")
+    ).stdout
+    assert json.loads(out.splitlines()[-1]) == [False, True, True, "1", "[]"]
+
+
 # -- compile events --------------------------------------------------------------------------
 
 

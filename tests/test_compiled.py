@@ -613,3 +613,76 @@ def test_executions_equal_torch_xlas_execution_samples(compiler, sizes):
         assert "compiled functions'" in str(report.metrics)
     else:  # torch_xla.compile traces each call and syncs: counted executions
         assert bridge == 0
+
+
+# One count for --max-graphs and the report: a function called with a new size at each step,
+# eagerly (its own sync) or compiled by either compiler, under --max-graphs 2.
+COUNTED_FNS = {
+    "eager": "def {name}(x):\n    y = (x * 2 + 1).sum()\n    torch_xla.sync()\n    return y\n",
+    "openxla": "def {name}_f(x):\n    return (x * 2 + 1).sum()\n"
+    "{name} = torch.compile({name}_f, backend='openxla')\n",
+    # (other arithmetic than the eager function's: graphs of its own, none cached)
+    "torch_xla.compile": "def {name}_f(x):\n    return (x * 2 + 5).sum()\n"
+    "{name} = torch_xla.compile({name}_f)\n",
+}
+
+
+@pytest.mark.parametrize("how", list(COUNTED_FNS))
+def test_max_graphs_stops_where_the_reports_count_for_the_line_passes_it(shell, how):
+    from tpu_nb.runtime.tracking import RecompilationError
+
+    name = "counted_" + re.sub(r"\W", "_", how)
+    assert shell.run_cell("import torch, torch_xla\n" + COUNTED_FNS[how].format(name=name)).success
+    cell = (
+        "%%on_tpu --max-graphs 2\n"
+        "for n in range(1, 21):\n"
+        "    x = torch.ones(n)\n"
+        f"    out = {name}(x)\n"  # cell line 4
+        "    torch_xla.sync()\n"
+    )
+    error = shell.run_cell(cell).error_in_exec
+    assert isinstance(error, RecompilationError), error
+    assert shell.user_ns["n"] == 3  # the step of the line's third graph, not before or after
+    report = tpu_nb.last_report()
+    # The report's count for line 4: every graph of the line's own code (the inputs'
+    # pending work apart), the same that stopped the run.
+    graphs = {
+        e.graph_hash
+        for e in report.compile_events
+        if e.site is not None
+        and e.site.line is not None
+        and e.site.line.line == 4
+        and not inputs_sync(e)
+    }
+    assert len(graphs) == 2 + (how != "torch_xla.compile")  # its detector stops the trace
+    if how != "torch_xla.compile":
+        assert "line 4 compiled graph 3 (max_graphs=2)" in str(error)
+
+
+def test_a_function_past_dynamos_recompile_limit_is_named_and_its_eager_compiles_counted(shell):
+    from tpu_nb.display.compiled_view import compiled_text
+
+    name = "past_limit"
+    # Its own computation: graphs no other test compiled, so each eager size compiles.
+    fn = COUNTED_FNS["openxla"].format(name=name).replace("x * 2 + 1", "x * 3 - 7")
+    assert shell.run_cell("import torch, torch_xla\n" + fn).success
+    cell = (
+        "%%on_tpu -o\n"
+        "for n in range(1, 7):\n"
+        "    x = torch.ones(n)\n"
+        f"    out = {name}(x)\n"  # cell line 4
+        "    torch_xla.sync()\n"
+    )
+    with torch._dynamo.config.patch(recompile_limit=2):
+        report = shell.run_cell(cell).result
+    section = "\n".join(compiled_text(report.compiled))
+    head = re.search(rf"{name}_f \(cell line 2\), called at cell line 4: (\d+) graphs", section)
+    assert head and head.group(1) == "2", section  # the limit's two, not the one it gave up on
+    assert "?" not in section, section
+    stopped = re.search(
+        r"Dynamo stopped compiling it \(recompile_limit reached; last: `x` has size 3 .*\) "
+        r"and runs it eagerly from then on: (\d+) XLA compiles of its eager code",
+        section,
+    )
+    assert stopped, section
+    assert int(stopped.group(1)) == 4  # sizes 3 to 6, each its own eager graph

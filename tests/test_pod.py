@@ -151,6 +151,26 @@ def test_cell_magic_sets_host_and_prints_prefixed(fake_slice, shell, capsys):
     _assert_nothing_left([h.pid for h in result.hosts])
 
 
+@pytest.mark.parametrize(
+    ("made", "kind"),
+    [("threading.Lock()", "lock"), ("(i for i in range(3))", "generator")],
+)
+def test_a_value_the_hosts_cannot_receive_is_named_in_one_line(fake_slice, shell, made, kind):
+    from IPython.core.error import UsageError
+
+    shell.run_cell(f"import threading\nunsendable = {made}\nfine = [1, 2]")
+    started = time.monotonic()
+    outcome = shell.run_cell("%%on_tpu --hosts 2\nprint(fine, unsendable)\n")
+    error = outcome.error_in_exec
+    assert isinstance(error, UsageError), error
+    message = str(error)
+    assert "\n" not in message  # one line, not Ray's serializer dump
+    assert message.startswith("`unsendable` (") and kind in message
+    assert "cannot be sent to the hosts" in message and "Fix: create it inside the cell" in message
+    assert time.monotonic() - started < 10  # refused before any host started
+    assert _run_dirs() == set()
+
+
 def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, shell, capsys):
     started = time.monotonic()
     outcome = shell.run_cell(
@@ -356,6 +376,8 @@ def test_without_a_cluster_or_without_ray_one_line_and_no_hang(py):
         print("magic:", type(r.error_in_exec).__name__)
         r = ip.run_cell("%%on_tpu --hosts 2 --live\\n1")
         print("magic live:", type(r.error_in_exec).__name__)
+        r = ip.run_cell("%%on_tpu --hosts all --sync\\n1")  # not dropped in silence
+        print("magic sync:", type(r.error_in_exec).__name__, r.error_in_exec)
         """
     ).stdout
     assert "imported ray: False" in out
@@ -365,6 +387,9 @@ def test_without_a_cluster_or_without_ray_one_line_and_no_hang(py):
     assert 'Fix: pip install "tpu_nb[pod]"' in out
     assert float(out.split("seconds")[1].split()[0]) < 10
     assert "magic: UsageError" in out and "magic live: UsageError" in out
+    sync = out.split("magic sync: ")[1].splitlines()[0]
+    assert sync.startswith("UsageError --sync works on this kernel's device")
+    assert sync.endswith("Fix: drop --sync (each host reports to the view of every host)")
 
 
 def test_view_escapes_what_comes_from_user_code():

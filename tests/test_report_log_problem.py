@@ -10,6 +10,7 @@ def test_truncated_compile_log_is_said_in_the_report(py, tmp_path):
         os.environ["TMPDIR"] = {str(tmp_path)!r}
         import torch, torch_xla, tpu_nb
         from tpu_nb.display.reports import RunView
+        from tpu_nb.runtime.backend import current
         tpu_nb.setup("cpu")
         dev = tpu_nb.device()
         with tpu_nb.track() as first:
@@ -18,7 +19,7 @@ def test_truncated_compile_log_is_said_in_the_report(py, tmp_path):
         with tpu_nb.track() as second:
             b = (torch.ones(5, device=dev) * 3).sum()
             torch_xla.sync()
-            open(os.environ["PT_XLA_DEBUG_FILE"], "w").close()     # truncated, mid-cell
+            open(current().compile_log_path(), "w").close()     # truncated, mid-cell
             c = (torch.ones(7, device=dev) * 4).sum()
             torch_xla.sync()
         print("FIRST", first.metrics.compiles, len(first.compile_events),

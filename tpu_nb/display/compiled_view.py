@@ -32,6 +32,10 @@ class CompiledFunction:
     dynamic: list[str] = field(default_factory=list)
     breaks: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    # Dynamo stopped compiling it (its recompile limit): why, and the XLA compiles of the
+    # eager code it runs from then on.
+    gave_up: str = ""
+    eager_compiles: int = 0
 
     def lines(self) -> list[str]:
         head = (
@@ -50,6 +54,12 @@ class CompiledFunction:
             out.append(
                 "each new shape is a new graph (torch_xla turns Dynamo's automatic dynamic "
                 "shapes off): pad or bucket the inputs to a few sizes"
+            )
+        if self.gave_up:
+            n = self.eager_compiles
+            out.append(
+                f"Dynamo stopped compiling it ({self.gave_up}) and runs it eagerly from then "
+                f"on: {n} XLA compile{'s' if n != 1 else ''} of its eager code since"
             )
         out += self.breaks
         out += [f"Dynamo could not compile it: {f}" for f in self.failures]
@@ -72,8 +82,12 @@ def compiled_functions(compiled) -> list[CompiledFunction]:
             at = place_text(line).split(" (")[0]
             if at not in group.called_at:
                 group.called_at.append(at)
-        group.graphs += 1
         group.seconds += c.seconds
+        if getattr(c, "gave_up", False):  # no graph: the frame runs eagerly from now on
+            group.gave_up = f"{c.failed}; last: {c.why()}" if c.recompile else c.failed
+            group.eager_compiles += c.xla_compiles
+            continue
+        group.graphs += 1
         group.xla_compiles += c.xla_compiles
         if c.recompile:
             group.recompiles.append(c.why())
@@ -129,7 +143,7 @@ def compiled_html(compiled) -> str:
 
 
 def _colour(line: str) -> str:
-    if line.startswith("recompiled") or line.startswith("Dynamo could not"):
+    if line.startswith(("recompiled", "Dynamo could not", "Dynamo stopped")):
         return RED
     if line.startswith("graph break"):
         return WARN

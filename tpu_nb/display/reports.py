@@ -342,7 +342,7 @@ class RunView:
         return f"the {judgement.steady_steps} steps after the warm-up"
 
     def _notes(self) -> list[str]:
-        notes = []
+        notes = [self.report.metrics.unknown_note()] if self.report.metrics.unknown else []
         if self.report.metrics.compiles and not self.report.compile_analysis:
             notes.append("compile causes unknown: run %tpu_setup before the first compile")
         problem = getattr(self.report, "compile_log_problem", "")

@@ -1,7 +1,9 @@
 """Loading and unloading the extension: settings, the per-cell hook, magics, formatters.
 
 `%reload_ext tpu_nb` and `%unload_ext tpu_nb` leave no duplicate hook, magic or formatter:
-everything registered is recorded in one `_Loaded` per shell and removed from there.
+everything registered is recorded in one `_Loaded` per shell and removed from there. Unloading
+also gives torch_xla back what tpu_nb changed in it (its counter reset, the PT_XLA_DEBUG_*
+variables `%tpu_setup` set), or says in one line what cannot be undone in this process.
 """
 
 from __future__ import annotations
@@ -211,6 +213,10 @@ def load_ipython_extension(shell) -> None:
     from tpu_nb.runtime.environment import install_legacy_names
 
     install_legacy_names()  # old tutorials' names say their replacement
+    if backend().is_loaded():  # else at the first snapshot, once torch_xla is imported
+        from tpu_nb.runtime.metrics import watch_counter_resets
+
+        watch_counter_resets()
     state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
     _register_formatters(shell, state)
 
@@ -236,6 +242,15 @@ def unload_ipython_extension(shell) -> None:
     from tpu_nb.runtime.environment import uninstall_legacy_names
 
     uninstall_legacy_names()
+    from tpu_nb.runtime.metrics import stop_watching_counter_resets
+
+    if backend().is_loaded():
+        stop_watching_counter_resets()  # torch_xla's reset is its own again
+    from tpu_nb.runtime.environment import undo_debug_settings
+
+    undone = undo_debug_settings()  # or one line on what stays for the life of the process
+    if undone:
+        print(f"tpu_nb unloaded, but {undone}")
     for fmt in ("text/html", "text/plain"):
         formatter = shell.display_formatter.formatters[fmt]
         for typ in state.formatter_types:

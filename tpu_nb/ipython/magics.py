@@ -153,6 +153,7 @@ def _check_hosts_options(args) -> None:
         ("--profile", args.profile),
         ("--graph", args.graph),
         ("--max-graphs", args.max_graphs is not None),
+        ("--sync", args.sync),
         ("--no-sync", args.no_sync),
     ):
         if given:

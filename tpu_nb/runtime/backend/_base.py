@@ -59,6 +59,9 @@ class CounterNames:
     # A time metric sampled once per run of a compiled function's cached graph: executions
     # that move none of `executions` (torch_xla's Dynamo bridge runs them itself).
     cached_graph_runs: str = ""
+    # A counter that counts once, at import, and never again: read as zero after it has been
+    # seen, the counters were reset ("" where there is none).
+    once_at_import: str = ""
 
 
 class Backend(ABC):
@@ -139,6 +142,10 @@ class Backend(ABC):
         names counters the backend puts back after clearing, `clear()` does the reset. Once
         per process; False when the backend's resets cannot be intercepted."""
 
+    @abstractmethod
+    def release_counter_clears(self) -> None:
+        """Undo `intercept_counter_clears`: the backend's resets are its own again."""
+
     # -- compile events ----------------------------------------------------------------------
 
     @abstractmethod
@@ -150,6 +157,17 @@ class Backend(ABC):
     def compiled_yet(self) -> bool:
         """Whether this process has compiled (or found in a cache) any graph yet; never
         starts the runtime."""
+
+    @abstractmethod
+    def settings(self) -> dict[str, str]:
+        """The environment as the backend reads it: `os.environ` plus the settings
+        `hide_latched_settings` took out of it (still in effect in this process)."""
+
+    @abstractmethod
+    def hide_latched_settings(self) -> bool:
+        """Once the backend has latched its compile-log settings (at the first compile),
+        take them out of `os.environ`, so that child processes do not inherit this process's
+        log. True once they are latched (out of `os.environ` from then on), False before."""
 
     # -- the pending graph -------------------------------------------------------------------
 

@@ -34,9 +34,12 @@ log = logging.getLogger("tpu_nb.runtime.backend")  # the package, not its privat
 #: The torch/torch_xla pair this release of tpu_nb is built and tested on.
 TORCH_PAIR = "2.9.0"
 
-# torch_xla 2.9's Dynamo bridge (UnsupportedNodesCollector.run_node) clears every counter,
-# then puts these two back.
+# torch_xla 2.9's Dynamo bridge (UnsupportedNodesCollector.run_node) clears every counter
+# through torch_xla.debug.metrics.clear_counters, then puts these two back.
 _BRIDGE = "torch_xla._dynamo.dynamo_bridge"
+_METRICS_MODULE = "torch_xla.debug.metrics"
+# Read by torch_xla at its first compile, then fixed for the life of the process.
+_LATCHED_AT_COMPILE = ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE")
 _RESTORED_BY_BRIDGE = frozenset({"UncachedCompile", "DynamoExtractCompiledGraph"})
 
 
@@ -67,6 +70,7 @@ class TorchXlaBackend(Backend):
         from_device_time="TransferFromDeviceTime",
         tensors_created="CreateXlaTensor",
         cached_graph_runs="RunCachedGraphOutputData",
+        once_at_import="RegisterXLAFunctions",
     )
     # torch_xla.core.xla_model functions that communicate between replicas.
     collectives = (
@@ -98,6 +102,8 @@ class TorchXlaBackend(Backend):
         # Looked up once torch_xla is imported: hooks call these at every sync.
         self._xlac: Any = None
         self._add_step_closure: Any = None
+        # PT_XLA_DEBUG_* taken out of os.environ after torch_xla latched them (still in effect).
+        self._hidden: dict[str, str] = {}
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -157,7 +163,8 @@ class TorchXlaBackend(Backend):
         return MetricSamples(int(data[0]), float(data[1]), samples)
 
     def clear_counters(self) -> None:
-        self.extension()._clear_xla_counters()
+        clear = self.extension()._clear_xla_counters
+        getattr(clear, "__wrapped__", clear)()  # tpu_nb's own reset: not routed to the hook
 
     def clear_metrics(self) -> None:
         self.extension()._clear_xla_metrics()
@@ -165,40 +172,52 @@ class TorchXlaBackend(Backend):
     def intercept_counter_clears(
         self, hook: Callable[[frozenset[str], Callable[[], None]], None]
     ) -> bool:
-        try:
-            from torch_xla.debug import metrics
-        except Exception:  # an old or broken torch_xla: nothing to intercept
-            log.debug("cannot watch clear_counters", exc_info=True)
-            return False
-        original = metrics.clear_counters
+        # The C++ entry point itself is wrapped, not `torch_xla.debug.metrics.clear_counters`:
+        # that function looks `_XLAC._clear_xla_counters` up at each call, so a reset through
+        # it (also one imported by name before tpu_nb loaded) or straight through `_XLAC`
+        # reaches the hook either way.
+        xlac = self.extension()
+        original = xlac._clear_xla_counters
         if getattr(original, "_carries_counts", False):
             return True
 
         @functools.wraps(original)
-        def clear_counters():
-            caller = sys._getframe(1).f_globals.get("__name__")
-            if caller == _BRIDGE:
+        def _clear_xla_counters():
+            caller = sys._getframe(1)
+            if caller.f_globals.get("__name__") == _METRICS_MODULE and caller.f_back:
+                caller = caller.f_back  # through torch_xla.debug.metrics.clear_counters
+            bridge = caller.f_globals.get("__name__") == _BRIDGE
+            if bridge:
                 # torch_xla counts an execution on its execution thread once it has run: one
                 # still running (an earlier step) would count after the hook's read and be
                 # cleared with the rest. Waiting for launched work first makes the carry
                 # exact; it adds no sync or execution, and the bridge is compiling meanwhile.
                 self.wait_device_ops()
-            hook(_RESTORED_BY_BRIDGE if caller == _BRIDGE else frozenset(), original)
+            hook(_RESTORED_BY_BRIDGE if bridge else frozenset(), original)
 
-        clear_counters._carries_counts = True  # type: ignore[attr-defined]
-        metrics.clear_counters = clear_counters
+        _clear_xla_counters._carries_counts = True  # type: ignore[attr-defined]
+        xlac._clear_xla_counters = _clear_xla_counters
         return True
+
+    def release_counter_clears(self) -> None:
+        xlac = self.extension()
+        wrapped = getattr(xlac._clear_xla_counters, "__wrapped__", None)
+        if wrapped is not None:
+            xlac._clear_xla_counters = wrapped
 
     # -- compile events ----------------------------------------------------------------------
 
     def compile_log_path(self) -> str | None:
         # PT_XLA_DEBUG_LEVEL=1 and PT_XLA_DEBUG_FILE. A file once answered stays the answer
         # while PT_XLA_DEBUG_FILE names it: torch_xla latched the level at its first compile.
-        path = os.environ.get("PT_XLA_DEBUG_FILE")
+        # Once hidden from child processes, the latched values are the ones in effect.
+        hidden = self._hidden
+        path = hidden.get("PT_XLA_DEBUG_FILE") or os.environ.get("PT_XLA_DEBUG_FILE")
         if not path:
             return None
         if path not in self._logging_to:
-            if os.environ.get("PT_XLA_DEBUG_LEVEL", "0").strip() in ("", "0"):
+            level = hidden.get("PT_XLA_DEBUG_LEVEL") or os.environ.get("PT_XLA_DEBUG_LEVEL")
+            if (level or "0").strip() in ("", "0"):
                 return None
             self._logging_to.add(path)
         return path
@@ -208,6 +227,23 @@ class TorchXlaBackend(Backend):
             return False
         value = sys.modules["torch_xla"]._XLAC._xla_counter_value
         return bool(value("UncachedCompile") or value("CachedCompile"))
+
+    def settings(self) -> dict[str, str]:
+        return {**os.environ, **self._hidden} if self._hidden else dict(os.environ)
+
+    def hide_latched_settings(self) -> bool:
+        # torch_xla reads PT_XLA_DEBUG_LEVEL/_FILE once, at its first compile; until then they
+        # must stay in the environment. A child process (subprocess.run of a script that
+        # imports torch_xla) inherits the environment: with the variables still there, it
+        # would append its own compile analysis to this process's log (it can open
+        # /proc/<our pid>/fd/N: same user), and into a tracked cell's report.
+        if not self.compiled_yet():
+            return False
+        for name in _LATCHED_AT_COMPILE:
+            value = os.environ.pop(name, None)
+            if value is not None:
+                self._hidden[name] = value
+        return True
 
     # -- the pending graph -------------------------------------------------------------------
 

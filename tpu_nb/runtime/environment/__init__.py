@@ -10,6 +10,7 @@ from tpu_nb.runtime.environment._configure import (
     chosen_device,
     ensure_setup,
     setup,
+    undo_debug_settings,
 )
 from tpu_nb.runtime.environment._defaults import default_device
 from tpu_nb.runtime.environment._detect import (
@@ -41,6 +42,7 @@ __all__ = [
     "install_pair",
     "setup",
     "sync",
+    "undo_debug_settings",
     "uninstall_legacy_names",
     "wait_device_ops",
 ]

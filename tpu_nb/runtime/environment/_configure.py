@@ -223,6 +223,7 @@ def setup(
 
     imported = backend().is_loaded()
     started = runtime_initialized()
+    in_effect = backend().settings()  # PT_XLA_DEBUG_* too, once hidden from child processes
     compiled = _compiled_yet()
     wanted: list[tuple[str, str, str | None]] = []  # (variable, value, why it is latched)
     started_why = (
@@ -246,10 +247,10 @@ def setup(
             if compiled
             else None
         )
-        current = os.environ.get("PT_XLA_DEBUG_LEVEL", "")
+        current = in_effect.get("PT_XLA_DEBUG_LEVEL", "")
         if current.strip() in ("", "0"):
             wanted.append(("PT_XLA_DEBUG_LEVEL", "1", compiled_why))
-        inherited = os.environ.get("PT_XLA_DEBUG_FILE")
+        inherited = in_effect.get("PT_XLA_DEBUG_FILE")
         if private_files.inherited_from_another_process(inherited):
             inherited = None  # a parent process's held log: not this process's to use
         chosen = os.path.expanduser(os.fspath(debug_file)) if debug_file else None
@@ -273,10 +274,10 @@ def setup(
 
     applied, not_applied, changes = [], [], {}
     for name, value, latched_why in wanted:
-        if os.environ.get(name) == value:
+        if in_effect.get(name) == value:
             continue
         if latched_why:
-            now = os.environ.get(name)
+            now = in_effect.get(name)
             not_applied.append(
                 f"{name}={value} (now {now if now is not None else 'unset'}): {latched_why}."
             )
@@ -302,6 +303,9 @@ def setup(
         _make_cache_dir(changes["XLA_PERSISTENT_CACHE_PATH"])
         changes["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
     global _configured, _chosen
+    for name in DEBUG_SETTINGS:
+        if name in changes and name not in _debug_before:
+            _debug_before[name] = os.environ.get(name)
     os.environ.update(changes)  # everything validated above: all or nothing
     _configured = True
     _chosen = target if device.strip().lower() != "auto" else None
@@ -312,6 +316,9 @@ def setup(
 
 
 _configured = False
+# What PT_XLA_DEBUG_* were before setup() set them (None: unset), for `undo_debug_settings`.
+DEBUG_SETTINGS = ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE")
+_debug_before: dict[str, str | None] = {}
 _chosen: str | None = None  # the device named to setup() ("cpu"/"tpu"); None for "auto"
 
 
@@ -319,6 +326,30 @@ def chosen_device() -> str | None:
     """The device this process's `setup()` was told by name ("cpu" or "tpu"), else None:
     what a pod launch passes to its hosts, whose own "auto" would look at their machine."""
     return _chosen
+
+
+def undo_debug_settings() -> str:
+    """Put PT_XLA_DEBUG_* back as they were before `setup()` (what `%unload_ext tpu_nb`
+    does). '' when done; once a graph has compiled torch_xla keeps them for the life of the
+    process, and the one line returned says so and what to do."""
+    if not _debug_before:
+        return ""
+    if _compiled_yet():
+        log = backend().compile_log_path()
+        if not log:
+            return ""
+        return (
+            "torch_xla keeps writing compile analysis to "
+            f"{private_files.log_name(log)} for the rest of this process (PT_XLA_DEBUG_* are "
+            "read at its first compile). Fix: restart the kernel to stop it"
+        )
+    for name, value in _debug_before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _debug_before.clear()
+    return ""
 
 
 def ensure_setup() -> None:

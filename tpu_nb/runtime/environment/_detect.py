@@ -391,7 +391,7 @@ def detect(*, check_import: bool = False) -> Environment:
     Never imports torch_xla. With `check_import=True`, also tries `import torch_xla` in a
     subprocess (a few seconds) and reports a failure with its explanation.
     """
-    env = os.environ
+    env = backend().settings()  # with PT_XLA_DEBUG_* kept from child processes
     versions = _versions()
     accelerator = detect_accelerator(env)
     problems = _problems(versions, accelerator, env)

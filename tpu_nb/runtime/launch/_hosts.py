@@ -441,6 +441,27 @@ def _work(fn, args) -> tuple:
     return fn, args, source, filename
 
 
+def _check_sendable(fn, args, dumps) -> None:
+    """Refuse, in one line naming it, a value the hosts cannot receive (a lock, a generator,
+    an open file), before any host starts: Ray's own error is a page of its serializer's
+    trace without the variable's name."""
+    if isinstance(fn, CellFunction):
+        named = [(f"`{name}`", value) for name, value in sorted(fn.variables.items())]
+    else:
+        named = [("the function", fn)]
+    named += [(f"argument {i}", value) for i, value in enumerate(args, 1)]
+    for name, value in named:
+        try:
+            dumps(value)
+        except Exception as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+            raise TpuNbUsageError(
+                f"{name} ({type(value).__name__}) cannot be sent to the hosts: {reason}. Fix: "
+                "create it inside the cell (or the function), or send plain data (numbers, "
+                "strings, lists, dicts, CPU tensors)"
+            ) from None
+
+
 def launch_hosts(
     fn: Callable,
     *args,
@@ -476,6 +497,7 @@ def launch_hosts(
             f"{type(stream).__name__}. Fix: stream=print (the default), or stream=None"
         )
     ray = _import_ray()
+    _check_sendable(fn, args, ray.cloudpickle.dumps)
     start, started_at = time.perf_counter(), time.time()
     try:
         work_ref = ray.put(_work(fn, args))

@@ -428,8 +428,9 @@ class _Run:
         _active_runs[self.rundir] = os.getpid()
         self.n, self.stream = n, stream
         env = {"PJRT_DEVICE": device_type}
-        if os.environ.get("PT_XLA_DEBUG_LEVEL"):  # the replicas' compile log, not ours
-            env["PT_XLA_DEBUG_LEVEL"] = os.environ["PT_XLA_DEBUG_LEVEL"]
+        level = backend().settings().get("PT_XLA_DEBUG_LEVEL")
+        if level:  # the replicas' compile log, not ours
+            env["PT_XLA_DEBUG_LEVEL"] = level
             env["PT_XLA_DEBUG_FILE"] = os.path.join(self.rundir, "compile-analysis.log")
         if device_type == "CPU":
             env["CPU_NUM_DEVICES"] = str(n)

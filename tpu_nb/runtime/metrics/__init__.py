@@ -15,6 +15,8 @@ from tpu_nb.runtime.metrics._counters import (
     on_reset,
     reset_metrics,
     snapshot,
+    stop_watching_counter_resets,
+    watch_counter_resets,
 )
 from tpu_nb.runtime.metrics._timing import MAX_NUMBER, MAX_REPEAT, DeviceTiming, time_device
 
@@ -32,5 +34,7 @@ __all__ = [
     "on_reset",
     "reset_metrics",
     "snapshot",
+    "stop_watching_counter_resets",
     "time_device",
+    "watch_counter_resets",
 ]

@@ -2,13 +2,15 @@
 
 Read straight from `torch_xla._XLAC`, never by parsing `metrics_report()` (~100 µs of text).
 Reading a metric copies its sample buffer (up to 1,024 samples: ~38 µs a read once full), so a
-snapshot reads only the handful of metrics a delta needs, skips a metric whose gating counter
-has not moved since it was last read, and `setup()` bounds the buffer (XLA_METRICS_SAMPLES).
+snapshot reads only the handful of metrics a delta needs, and `setup()` bounds the buffer
+(XLA_METRICS_SAMPLES: ~2 µs a read).
 
 Counters here only move forward, also across torch_xla's own resets: its Dynamo bridge clears
 every counter for each FX node it checks while `torch.compile(backend="openxla")` compiles
 (see _reset_watch.py). What was counted before such a reset is carried into every later
 snapshot, so a delta across it stays whole. `reset_metrics()` is the one reset that counts.
+Time metrics are never reset by those: a delta across a reset tpu_nb did not see takes
+executions and compiles from their samples and names what it cannot recover (`unknown`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.metrics import _reset_watch as reset_watch
 from tpu_nb.runtime.units import format_seconds
@@ -37,23 +38,25 @@ _COUNTERS = (
     _NAMES.persistent_cache_hits,
     _NAMES.persistent_cache_misses,
 )
-# Time metrics (nanoseconds) a delta needs, each with the counter that moves whenever the
-# metric gets a sample (None: no such counter, always read).
-_METRICS: dict[str, str | None] = {
-    _NAMES.compile_time: _NAMES.compiles,
-    # Read first: a compiled function's cached graph runs without moving `executions`, so
-    # the execute time metrics are re-read when either moved (see _read_metric).
-    **({_NAMES.cached_graph_runs: None} if _NAMES.cached_graph_runs else {}),
-    **dict(zip(_NAMES.execute_times, _NAMES.executions, strict=True)),
-    _NAMES.to_device_time: None,
-    _NAMES.from_device_time: None,
-}
+# Gone after any reset: its drop tells one tpu_nb did not see, until the first reset.
+_SENTINEL = (_NAMES.once_at_import,) if _NAMES.once_at_import else ()
+# Time metrics (nanoseconds) a delta needs.
+_METRICS = (
+    _NAMES.compile_time,
+    # runs of compiled functions' cached graphs: executions that move no execution counter
+    *((_NAMES.cached_graph_runs,) if _NAMES.cached_graph_runs else ()),
+    *_NAMES.execute_times,
+    _NAMES.to_device_time,
+    _NAMES.from_device_time,
+)
+# What a reset tpu_nb did not see loses for good (no time metric counts them).
+_UNRECOVERABLE = ("compile cache hits", "syncs", "scalar reads", "CPU fallbacks")
 _NO_COUNTERS: Mapping[str, int] = MappingProxyType({})
 _NO_METRICS: Mapping[str, tuple[int, float]] = MappingProxyType({})
-# name -> (gating counter value when read, (samples, accumulator)); see _read_metric.
-_metric_cache: dict[str, tuple[int, tuple[int, float]]] = {}
 # Counter names only grow (until a reset): the names a snapshot reads, computed once per list.
 _wanted_names: tuple[int, tuple[str, ...]] = (-1, ())
+# Whether the backend's compile-log settings are latched and kept from child processes.
+_settings_hidden = False
 # Bumped by reset_metrics(): a delta across a reset counts from zero (counters alone cannot
 # tell a reset that landed on the same value).
 _generation = 0
@@ -77,6 +80,7 @@ class MetricsSnapshot:
     metrics: Mapping[str, tuple[int, float]]  # name -> (samples, accumulated value)
     taken_at: float  # time.perf_counter()
     generation: int = 0  # reset_metrics() calls before this snapshot
+    unseen_resets: int = 0  # counter resets tpu_nb noticed only afterwards (_reset_watch)
 
     def counter(self, name: str) -> int:
         return self.counters.get(name, 0)
@@ -113,6 +117,10 @@ class MetricsDelta:
     persistent_cache_hits: int = 0
     wall_seconds: float = 0.0  # time between the two snapshots
     counters: dict[str, int] = field(default_factory=dict)  # every counter that moved
+    # Figures that may be short: the counters were reset where tpu_nb could not see it (a
+    # reference to torch_xla's reset taken before tpu_nb loaded). Compiles and executions are
+    # recovered from their time samples; these are not.
+    unknown: tuple[str, ...] = ()
 
     @property
     def did_xla_work(self) -> bool:
@@ -142,7 +150,19 @@ class MetricsDelta:
                 f"{sum(self.fallbacks.values())} CPU fallbacks "
                 f"({', '.join(sorted(self.fallbacks))})"
             )
+        if self.unknown:
+            parts.append(self.unknown_note())
         return ", ".join(parts)
+
+    def unknown_note(self) -> str:
+        """What a reset tpu_nb did not see left uncertain, in words ('' when nothing)."""
+        if not self.unknown:
+            return ""
+        return (
+            "XLA counters were reset where tpu_nb could not see it: "
+            f"{', '.join(self.unknown)} may be undercounted (compiles and executions are "
+            "recovered from their time samples)"
+        )
 
     def __str__(self) -> str:
         rows = [
@@ -170,33 +190,9 @@ class MetricsDelta:
         lines = [f"  {name:22}{count:>8}  {secs}".rstrip() for name, count, secs in rows]
         for op, n in sorted(self.fallbacks.items()):
             lines.append(f"  CPU fallback {op:22}{n:>8}")
+        if self.unknown:
+            lines.append(f"  {self.unknown_note()}")
         return "\n".join(lines)
-
-
-def _read_metric(runtime: Backend, name: str, gate: str | None, counters: Mapping[str, int]):
-    if gate is not None:
-        cached = _metric_cache.get(name)
-        value = _gate_value(gate, counters)
-        # Reuse the last read while the gating count has not moved and every event it
-        # counted already has its sample (ExecuteTime lands when an execution finishes).
-        if cached is not None and cached[0] == value and cached[1][0] >= value:
-            return cached[1]
-    result = runtime.metric(name)
-    if result is None:
-        return None
-    if gate is not None:
-        _metric_cache[name] = (_gate_value(gate, counters), result)
-    return result
-
-
-def _gate_value(gate: str, counters: Mapping[str, int]) -> int:
-    value = counters.get(gate, 0)
-    if gate in _NAMES.executions and _NAMES.cached_graph_runs:
-        value += _bridge_runs  # executions that move no execution counter
-    return value
-
-
-_bridge_runs = 0  # the cached-graph-run metric's sample count at the last snapshot
 
 
 def snapshot(*, full: bool = False) -> MetricsSnapshot:
@@ -205,8 +201,10 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     By default only what a `MetricsDelta` needs is read; `full=True` reads every counter and
     every metric's (samples, accumulator), for complete reports.
     """
-    global _wanted_names
+    global _wanted_names, _settings_hidden
     runtime = backend()
+    if not _settings_hidden:  # snapshots run at every cell's edges: soon after the latch
+        _settings_hidden = runtime.hide_latched_settings()
     with reset_watch.lock:
         reset_watch.ensure_installed()
         names = runtime.counter_names()
@@ -216,18 +214,19 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
             if _wanted_names[0] != len(names):
                 _wanted_names = (
                     len(names),
-                    tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS),
+                    tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS)
+                    + _SENTINEL,  # read also once gone: that is the point
                 )
             raw = runtime.read_counters(_wanted_names[1])
-        counters = reset_watch.carry(raw)
+        counters = reset_watch.carry(raw, len(names))
     metrics = {}
-    global _bridge_runs
-    for name, gate in _METRICS.items():
-        data = _read_metric(runtime, name, gate, counters)
+    # Read every time, never reused while a counter stands still: after a reset tpu_nb did
+    # not see, the counters can read as before while the samples moved on (and the samples
+    # are then the figure to trust).
+    for name in _METRICS:
+        data = runtime.metric(name)
         if data is not None:
             metrics[name] = data
-            if name == _NAMES.cached_graph_runs:
-                _bridge_runs = data[0]
     if full:
         for name in runtime.metric_names():
             if name not in metrics:
@@ -235,8 +234,24 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
                 if data is not None:
                     metrics[name] = data
     return MetricsSnapshot(
-        MappingProxyType(counters), MappingProxyType(metrics), time.perf_counter(), _generation
+        MappingProxyType(counters),
+        MappingProxyType(metrics),
+        time.perf_counter(),
+        _generation,
+        reset_watch.resets.unseen,
     )
+
+
+def watch_counter_resets() -> None:
+    """Carry counts across the backend's own counter resets from now on (the extension
+    calls it when it loads; the first snapshot does too)."""
+    with reset_watch.lock:
+        reset_watch.ensure_installed()
+
+
+def stop_watching_counter_resets() -> None:
+    """Give the backend its own counter resets back (`%unload_ext tpu_nb`)."""
+    reset_watch.uninstall()
 
 
 def reset_metrics() -> None:
@@ -248,7 +263,6 @@ def reset_metrics() -> None:
         runtime.clear_counters()
         reset_watch.forget()
     runtime.clear_metrics()
-    _metric_cache.clear()
     _wanted_names = (-1, ())
     _generation += 1
     for callback in list(_reset_callbacks):
@@ -281,17 +295,25 @@ def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
     cut = len(_FALLBACK)
     fallbacks = {n[cut:]: d for n, d in moved.items() if n.startswith(_FALLBACK) and n != HOST_READ}
     n_compile, compile_s = _metric_delta(earlier, later, _NAMES.compile_time)
-    exec_s = sum(_metric_delta(earlier, later, name)[1] for name in _NAMES.execute_times)
+    timed = [_metric_delta(earlier, later, name) for name in _NAMES.execute_times]
     bridge = _metric_delta(earlier, later, _NAMES.cached_graph_runs)[0]
     n_to, to_s = _metric_delta(earlier, later, _NAMES.to_device_time)
     n_from, from_s = _metric_delta(earlier, later, _NAMES.from_device_time)
+    executions = sum(moved.get(name, 0) for name in _NAMES.executions)
+    compiles = moved.get(_NAMES.compiles, 0)
+    # Time metrics survive counter resets: across one tpu_nb did not see, their samples are
+    # the better figure for executions and compiles.
+    unseen = later.unseen_resets != earlier.unseen_resets
+    if unseen:
+        executions = max(executions, sum(n for n, _ in timed))
+        compiles = max(compiles, n_compile)
     return MetricsDelta(
-        compiles=moved.get(_NAMES.compiles, 0),
+        compiles=compiles,
         cache_hits=moved.get(_NAMES.cache_hits, 0),
         compile_seconds=compile_s,
-        executions=sum(moved.get(name, 0) for name in _NAMES.executions) + bridge,
+        executions=executions + bridge,
         compiled_code_executions=bridge,
-        execute_seconds=exec_s,
+        execute_seconds=sum(seconds for _, seconds in timed),
         to_device_transfers=n_to,
         to_device_seconds=to_s,
         from_device_transfers=n_from,
@@ -302,4 +324,5 @@ def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
         persistent_cache_hits=moved.get(_NAMES.persistent_cache_hits, 0),
         wall_seconds=later.taken_at - earlier.taken_at,
         counters=moved,
+        unknown=_UNRECOVERABLE if unseen else (),
     )

@@ -7,13 +7,16 @@ Executions, cache hits, syncs, CPU fallbacks and host reads counted so far are w
 Time metrics are not touched (ExecuteTime keeps its samples).
 
 A reset is noticed in one of two ways:
-- seen: `clear_counters` is wrapped, once per process (by the backend:
-  `intercept_counter_clears`), so that the counters' values are carried just before it clears
-  them. The wrapper then calls the original: torch_xla's own readers
-  see exactly what they saw before.
-- unseen (a direct `torch_xla._XLAC._clear_xla_counters()`): a counter read smaller than at
-  the previous read. What was counted between that read and the reset is lost; what the
-  previous read saw is carried.
+- seen: the backend's reset itself is wrapped (`intercept_counter_clears`: torch_xla's
+  `_XLAC._clear_xla_counters`, which `torch_xla.debug.metrics.clear_counters` calls), so
+  that the counters' values are carried just before it clears them. The wrapper then calls
+  the original: torch_xla's own readers see exactly what they saw before. Installed when the
+  extension loads or at the first snapshot, removed by `uninstall()` (`%unload_ext`).
+- unseen (a reference to the reset taken before the wrapper was installed): a counter read
+  smaller than at the previous read, or fewer counter names listed (a reset drops them all).
+  What the previous read saw is carried; executions and compiles are recovered from their
+  time samples (see _counters.py); the other counts made between that read and the reset
+  are lost, and a delta across it names them (`MetricsDelta.unknown`).
 
 `carry(raw)` adds what was carried to a fresh read, so `snapshot()` counts only move forward.
 Everything here runs under `lock`: a snapshot on the live monitor's thread must not read
@@ -33,6 +36,7 @@ lock = threading.RLock()
 _carried: dict[str, int] = {}
 # The raw values of the previous read, to notice a reset nobody told us about.
 _last_raw: dict[str, int] = {}
+_last_names = 0  # how many counters the backend listed at the previous read
 _installed = False
 
 
@@ -54,6 +58,15 @@ def ensure_installed() -> None:
     backend().intercept_counter_clears(_on_clear)
 
 
+def uninstall() -> None:
+    """Give the backend its own counter resets back (what `%unload_ext tpu_nb` does)."""
+    global _installed
+    with lock:
+        if _installed:
+            backend().release_counter_clears()
+            _installed = False
+
+
 def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
     # The backend is about to clear its counters: carry their values first, under the lock,
     # then clear; its own readers see exactly what they saw before. `restored`: counters the
@@ -64,23 +77,29 @@ def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
 
 
 def _carry_now(restored: frozenset[str]) -> None:
-    global _last_raw
+    global _last_raw, _last_names
     runtime = backend()
     counts = runtime.read_counters(runtime.counter_names())
     for name, count in counts.items():
         if name not in restored and count:
             _carried[name] = _carried.get(name, 0) + count
-    _last_raw = {}
+    _last_raw, _last_names = {}, 0
     resets.seen += 1
 
 
-def carry(raw: dict[str, int]) -> dict[str, int]:
-    """`raw` (a fresh read of counters, under `lock`) plus what earlier resets cleared."""
-    global _last_raw
+def carry(raw: dict[str, int], n_names: int) -> dict[str, int]:
+    """`raw` (a fresh read of counters, under `lock`) plus what earlier resets cleared.
+    `n_names`: how many counters the backend lists now."""
+    global _last_raw, _last_names
     last = _last_raw
-    previous, cleared = last.get, False
+    previous = last.get
+    # Counter names only accumulate until a reset drops them all, and some never count
+    # again (torch_xla's RegisterXLAFunctions counts once, at import): fewer names than at
+    # the previous read is a reset even when every counter read has climbed back as high.
+    cleared = n_names < _last_names
+    _last_names = n_names
     for name, count in raw.items():  # a plain loop: ~2x cheaper than any() over a generator
-        if count < previous(name, 0):
+        if cleared or count < previous(name, 0):
             cleared = True
             break
     if cleared:
@@ -89,7 +108,8 @@ def carry(raw: dict[str, int]) -> dict[str, int]:
         _last_raw = dict(raw)
         resets.unseen += 1
         logging.getLogger("tpu_nb").debug(
-            "XLA counters were cleared outside tpu_nb; counts since the previous read are lost"
+            "XLA counters were reset where tpu_nb could not see it; counts since the previous "
+            "read are lost"
         )
     else:
         last.update(raw)
@@ -103,6 +123,6 @@ def carry(raw: dict[str, int]) -> dict[str, int]:
 
 def forget() -> None:
     """reset_metrics() cleared the counters on purpose: nothing is carried (under `lock`)."""
-    global _last_raw
+    global _last_raw, _last_names
     _carried.clear()
-    _last_raw = {}
+    _last_raw, _last_names = {}, 0

@@ -28,6 +28,7 @@ import logging
 import re
 import sys
 from dataclasses import dataclass, field, replace
+from types import CodeType
 from typing import Any
 
 from tpu_nb.runtime.frame import frame_variables
@@ -118,6 +119,12 @@ class DynamoCompile:
     # argument -> the variable the calling line passed for it, when that is known exactly
     # and named otherwise (see `passed_as`)
     passed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def gave_up(self) -> bool:
+        """Dynamo stopped compiling this frame (its recompile limit): it runs eagerly from
+        then on, and the XLA compiles that follow are its eager code's."""
+        return "recompile_limit" in self.failed or "cache_size_limit" in self.failed
 
     @property
     def recompile(self) -> bool:
@@ -296,10 +303,20 @@ def recompiles() -> int:
 
 
 class _Pending:
-    __slots__ = ("site", "start_compiles", "start_log", "reasons", "breaks", "started", "passed")
+    __slots__ = (
+        "site",
+        "start_compiles",
+        "start_log",
+        "reasons",
+        "breaks",
+        "started",
+        "passed",
+        "code",
+    )
 
     def __init__(self) -> None:
         self.site = None
+        self.code: CodeType | None = None  # the frame's code, as Dynamo's _compile got it
         self.passed: tuple[tuple[str, str], ...] = ()
         self.start_compiles = 0
         self.start_log = 0
@@ -341,6 +358,11 @@ class Watch(logging.Handler):
             self._logger = None
         if self in _active:
             _active.remove(self)
+        return self.so_far()
+
+    def so_far(self) -> tuple[DynamoCompile, ...]:
+        """The frames compiled until now, each with the XLA compiles that followed it (what
+        `stop()` returns, while the run goes on: `max_graphs` counts with it)."""
         if not self.compiles:
             return ()
         # torch_xla compiles a Dynamo graph to HLO when it first runs, just after Dynamo is
@@ -394,6 +416,7 @@ class Watch(logging.Handler):
         entry.started = True
         for callback in list(on_frame_compile):
             callback(True)
+        entry.code = _code_being_compiled(sys._getframe(3))
         if self._recorder is not None:
             here = sys._getframe(3)
             site = entry.site = self._recorder.site_of(here)
@@ -431,8 +454,20 @@ class Watch(logging.Handler):
         m = meta["compilation_metrics"]
         shapes = _shapes(m.get("graph_node_shapes"))
         changed = changed_inputs(entry.reasons[0]) if entry.reasons else ()
-        function = str(m.get("co_name") or "?")
-        file, first_line = str(m.get("co_filename") or "?"), int(m.get("co_firstlineno") or 0)
+        code = entry.code
+        if not m.get("co_name"):
+            # A frame past Dynamo's recompile limit: no start event, and metrics without its
+            # names; Dynamo's _compile still holds its code, and the tracked line called it.
+            here = sys._getframe(3)
+            code = code or _code_being_compiled(here)
+            if entry.site is None and self._recorder is not None:
+                entry.site = self._recorder.site_of(here)
+            if not entry.started:  # its span of the log starts now, not at the run's start
+                entry.start_compiles = snapshot().counter("UncachedCompile")
+                entry.start_log = self._log.size() if self._log is not None else 0
+        function = str(m.get("co_name") or (code.co_name if code else "?"))
+        file = str(m.get("co_filename") or (code.co_filename if code else "?"))
+        first_line = int(m.get("co_firstlineno") or (code.co_firstlineno if code else 0))
         site = entry.site
         if site is not None and site.line is not None:
             # The compiled function is where its graphs belong (not Dynamo's own frames).
@@ -457,6 +492,19 @@ class Watch(logging.Handler):
                 passed=entry.passed,
             )
         )
+
+
+def _code_being_compiled(frame) -> CodeType | None:
+    """The code object Dynamo's `_compile(code, ...)` is compiling, from its frame above
+    `frame` (the trace handler runs inside it); None when not found."""
+    depth = 0
+    while frame is not None and depth < 30:
+        if frame.f_code.co_name == "_compile":
+            code = frame.f_locals.get("code")
+            if isinstance(code, CodeType):
+                return code
+        frame, depth = frame.f_back, depth + 1
+    return None
 
 
 def _graph_break_locals():

@@ -1,9 +1,11 @@
 """`max_graphs(n)`: fail at the step that makes one line compile more than n distinct graphs.
 
-Counted the way the report counts: per line of user code (the innermost user frame of the
-sync), every distinct graph the compile-cause log records for it inside the block, the first
-step's included. The check runs right after each sync (`torch_xla.sync`, which `xm.mark_step`
-and the device loaders call: a subscriber of the probe, _probe.py), so the step that compiled
+Counted the way the report counts: per line of the tracked code, as the run's report places
+each compile on a line (`track.compile_events_so_far`; a compiled function's graphs on the line
+that calls it, its inputs' pending work apart), every distinct graph of the line inside the
+block, the first step's included; outside a tracked run, per innermost user frame of the sync.
+The check runs right after each sync (`torch_xla.sync`, which `xm.mark_step` and the device
+loaders call: a subscriber of the probe, _probe.py), so the step that compiled
 graph n+1 has run when RecompilationError is raised; the error says what differs from the line's
 previous graph (the op and shape when `%%on_tpu`'s recorder captured both graphs — lines at
 their limit are captured at every sync while the guard is on — else the log's counts).
@@ -32,6 +34,7 @@ from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import cut_at_user_code, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._probe import Subscription, own_sync, probe
 from tpu_nb.runtime.units import format_place
@@ -135,6 +138,10 @@ class max_graphs:
             return None
         self._read = log.size()
         self._graphs: dict[tuple[str, int], list] = {}
+        # The tracked run around the block (%%on_tpu's): its report places each compile on a
+        # line, and the limit counts the graphs of that same line.
+        runs = probe().local.runs
+        self._run = runs[-1] if runs and hasattr(runs[-1], "compile_events_so_far") else None
         try:
             self._subscription = probe().subscribe(self, ("sync",))
         except BaseException:
@@ -178,6 +185,11 @@ class max_graphs:
         log = self._log
         if log is None:
             return
+        if self._run is not None:
+            if log.size() != self._read:  # something compiled since the last check
+                self._read = log.size()
+                self._check_run()
+            return
         events = log.events_since(self._read)
         self._read = log.size()
         found = user_frame(frame)
@@ -196,6 +208,30 @@ class max_graphs:
                 provenance.force_capture.add(key)
             if len(graphs) > self.limit:
                 raise RecompilationError.at_line(self.limit, where, graphs)
+
+    def _check_run(self) -> None:
+        # The run's compiles, placed as its report places them: per line (policy.line_key),
+        # the distinct graphs of the line's own code (a compiled function's graphs counted on
+        # the line that calls it, its inputs' pending work apart), tpu_nb's own syncs left out.
+        __tracebackhide__ = True  # noqa: F841
+        graphs: dict[tuple[str, int], list] = {}
+        assert self._run is not None
+        for event in self._run.compile_events_so_far():
+            key = policy.line_key(event)
+            own = (event.site is not None and event.site.own) or event.trigger == "end"
+            if key is None or own or dynamo.inputs_sync(event):
+                continue
+            line = graphs.setdefault(key, [])
+            if all(g.graph_hash != event.graph_hash for g in line):
+                line.append(event)
+        for key, line in graphs.items():
+            if len(line) >= self.limit - 1:  # capture the last allowed graph and the next
+                provenance.force_capture.add(key)
+                self._graphs[key] = line
+            if len(line) > self.limit:
+                site = line[-1].site
+                where = site.line if site is not None and site.line else line[-1].user_frame
+                raise RecompilationError.at_line(self.limit, where, line)
 
 
 def _in_dynamo_bridge() -> bool:

@@ -423,6 +423,23 @@ class track:
             logging.getLogger("tpu_nb").debug("finding the work left pending", exc_info=True)
         return None
 
+    def compile_events_so_far(self) -> list[CompileEvent]:
+        """The run's compile events until now, placed on lines as its report will place
+        them: `max_graphs` counts a line's graphs with them, so the error and the report
+        name the same line and the same count."""
+        if self._log is None:
+            return []
+        recording = self._recorder.recording if self._recorder is not None else None
+        return self._placed(recording, self._dynamo.so_far() if self._dynamo else ())
+
+    def _placed(self, recording, compiled) -> list[CompileEvent]:
+        assert self._log is not None
+        events = self._log.events_since(self._offset)
+        if recording is not None:
+            events = _place(events, recording.anchors, self._offset)
+            events = _mark_own_end(events, recording.own_end)
+        return dynamo.place(events, compiled)
+
     def _complete(self, report: RunReport) -> None:
         self._frame = None  # no reference to the caller's frame outlives the block
         global _last
@@ -436,11 +453,7 @@ class track:
             report.compile_log_problem = (
                 self._log.problem_since(self._offset, report.metrics.compiles) or ""
             )
-            events = self._log.events_since(self._offset)
-            if recording is not None:
-                events = _place(events, recording.anchors, self._offset)
-                events = _mark_own_end(events, recording.own_end)
-            events = dynamo.place(events, report.compiled)
+            events = self._placed(recording, report.compiled)
             report.compile_events = events
             report.recompilations = _note_recompilations(dynamo.functions_graphs(events))
             report.recompilations.update(dynamo.recompilations(events, report.compiled))

@@ -1,0 +1,135 @@
+"""In a real kernel: counter resets tpu_nb did not ask for, child processes that import
+torch_xla, and `%unload_ext tpu_nb` giving torch_xla back what loading changed.
+
+Marked `stack`: runs on the current stack and on Colab's (ipykernel 6.17, IPython 7.34).
+"""
+
+import re
+
+import pytest
+from test_kernel import _notebook, _texts, execute
+
+pytestmark = [pytest.mark.stack, pytest.mark.kernel, pytest.mark.timeout(240)]
+
+# Five syncs, a counter reset, five more: ten executions in all.
+RESET_CELL = """\
+%%on_tpu
+x = torch.ones(3)
+for i in range(5):
+    x = x * 2
+    torch_xla.sync()
+reset()
+for i in range(5):
+    x = x * 2
+    torch_xla.sync()
+"""
+
+
+def _report(cell) -> str:
+    return next(t for k, t in _texts(cell) if k == "display_data")
+
+
+def test_every_way_of_resetting_the_counters_keeps_the_cells_count():
+    # The reset imported by name and the raw entry point saved before the extension loaded
+    # are taken first; the saved one is out of tpu_nb's reach, and the report says so.
+    paths = {
+        "saved": "saved_clear",
+        "metrics": "torch_xla.debug.metrics.clear_counters",
+        "xlac": "torch_xla._XLAC._clear_xla_counters",
+        "by name": "clear_counters",
+    }
+    cells = [
+        "import torch, torch_xla\nfrom torch_xla.debug.metrics import clear_counters\n"
+        "saved_clear = torch_xla._XLAC._clear_xla_counters\n"
+        "%load_ext tpu_nb\n%tpu_setup --device cpu",
+    ]
+    for reset in paths.values():
+        cells += [f"import torch_xla.debug.metrics\nreset = {reset}", RESET_CELL]
+    nb = execute(_notebook(*cells))
+    reports = dict(zip(paths, (_report(c) for c in nb.cells[2::2]), strict=True))
+    for path, report in reports.items():
+        assert re.search(r"\| 10 executed \|", report), (path, report)
+        assert re.search(r"executions: 10 \([^0]", report), (path, report)
+    for path in ("metrics", "xlac", "by name"):
+        assert "could not see" not in reports[path], reports[path]
+        found = re.search(r"(\d+) compiled \| 10 executed \| (\d+) cache", reports[path])
+        compiled, hits = found.groups()
+        assert int(compiled) + int(hits) == 10  # every sync's graph: none lost
+    saved = reports["saved"]
+    assert "reset where tpu_nb could not see it: compile cache hits, syncs" in saved, saved
+
+
+CHILD = """\
+import subprocess, sys, os
+child_code = '''
+import torch, torch_xla
+def child_compiles_{n}(x):
+    return (x * 3 + {n}).sum()
+print(child_compiles_{n}(torch.ones({n}, device=torch_xla.device())).item())
+'''
+"""
+
+
+def test_a_child_process_never_writes_into_the_kernels_compile_log():
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
+        "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())",
+        # A child started by a tracked cell, while the cell compiles graphs of its own.
+        CHILD.format(n=7) + "child = subprocess.Popen([sys.executable, '-c', child_code])\n",
+        "%%on_tpu\ndef kernel_compiles(n):\n    return (torch.ones(n) * 5).sum().item()\n"
+        "for n in range(2, 12):\n    kernel_compiles(n)\nchild.wait()",
+        CHILD.format(n=9)
+        + "out = subprocess.run([sys.executable, '-c', child_code], capture_output=True, "
+        "text=True)\nprint(out.returncode, out.stdout.strip())",
+        "from tpu_nb.runtime.backend import current\nprint(open(current().compile_log_path())"
+        ".read().count('kernel_compiles'), sorted(k for k in os.environ if "
+        "k.startswith('PT_XLA_DEBUG')))\n"
+        # a child's frames are in `python -c`'s file, <string>; the kernel's are its cells'
+        "print('(<str' + 'ing>:' in open(current().compile_log_path()).read())\n"
+        "import tpu_nb\nprint(len(tpu_nb.last_report().compile_events))",
+    )
+    execute(nb)
+    assert re.search(r"\| 10 compiled \|", _report(nb.cells[3]))
+    assert _texts(nb.cells[4]) == [("stdout", "0 108.0\n")]
+    text = "".join(t for k, t in _texts(nb.cells[5]) if k == "stdout")
+    counts, child_in_log, cell_events = text.splitlines()
+    assert cell_events == "10"  # the tracked cell's compile events: its own, no child's
+    in_log, env = counts.split(" ", 1)
+    assert child_in_log == "False"  # no child's compile in the kernel's log
+    assert int(in_log) >= 5  # the kernel's log works...
+    assert env == "[]"  # ...and children are not handed it
+
+
+def test_unload_gives_torch_xla_its_counter_reset_back_and_says_what_stays():
+    nb = _notebook(
+        "import torch, torch_xla\nraw = torch_xla._XLAC._clear_xla_counters\n"
+        "%load_ext tpu_nb\n%tpu_setup --device cpu",
+        "print(torch_xla._XLAC._clear_xla_counters is raw)\n"
+        "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())",
+        "%unload_ext tpu_nb",
+        "print(torch_xla._XLAC._clear_xla_counters is raw)\n"
+        "import torch_xla.debug.metrics as met\nmet.clear_counters()\n"
+        "assert met.clear_counters.__module__ == 'torch_xla.debug.metrics'\n"
+        "assert not hasattr(met.clear_counters, '__wrapped__')\n"
+        "v = (torch.ones(2, device=torch_xla.device()) * 3).sum().item()",
+    )
+    execute(nb)
+    assert _texts(nb.cells[1])[0][1].startswith("False\n4.0\n")  # wrapped while loaded
+    ((kind, line),) = _texts(nb.cells[2])
+    assert kind == "stdout" and len(line.strip().splitlines()) == 1
+    assert "keeps writing compile analysis" in line and "Fix: restart the kernel" in line
+    assert _texts(nb.cells[3]) == [("stdout", "True\n")]  # no XLA line: nothing is watching
+
+
+def test_unload_before_any_compile_takes_the_debug_settings_back():
+    nb = _notebook(
+        "import os\nbefore = {k: v for k, v in os.environ.items() if k.startswith('PT_XLA')}\n"
+        "%load_ext tpu_nb\n%tpu_setup --device cpu\n"
+        "print(sorted(k for k in os.environ if k.startswith('PT_XLA_DEBUG')))",
+        "%unload_ext tpu_nb\n"
+        "print({k: v for k, v in os.environ.items() if k.startswith('PT_XLA')} == before)",
+    )
+    execute(nb)
+    first = _texts(nb.cells[0])[-1][1]
+    assert "PT_XLA_DEBUG_FILE" in first and "PT_XLA_DEBUG_LEVEL" in first
+    assert _texts(nb.cells[1]) == [("stdout", "True\n")]
