@@ -141,7 +141,7 @@ def _conv_flops(lhs: list[int], rhs: list[int], out: list[int], line: str) -> in
     m = _DIM_LABELS.search(line)
     if m is None or not (len(m.group(1)) == len(lhs) and len(m.group(2)) == len(rhs)):
         return 0
-    lhs_labels, rhs_labels, out_labels = m.group(1), m.group(2), m.group(3)
+    rhs_labels, out_labels = m.group(2), m.group(3)
     if len(out_labels) != len(out):
         return 0
     if not out_labels.startswith("b"):  # weight gradient: rhs is dy, out is the kernel

@@ -30,9 +30,10 @@ from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
-from tpu_nb.runtime.units import format_place
+from tpu_nb.runtime.units import format_place, format_seconds
 
 MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
 _SETTLED_CALLS = 2  # calls of a line without a compile, after its last one: settled
@@ -104,6 +105,7 @@ class Judgement:
     # the host sampler's lines over the steady steps alone (what the verdict names); () when
     # the verdict is about every step, or there is none
     steady_lines: tuple = ()
+    cost: Any = None  # cost.StepCost of a steady step, with its times
 
     @property
     def recompiled(self) -> bool:
@@ -411,7 +413,10 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
     growing = [p for p in judgement.lines.values() if p.kind == "growing"]
     if growing:
-        return replace(judgement, verdict=_growing_verdict(growing[0], report))
+        grown = getattr(report, "cost", None)
+        if grown is not None:
+            grown = replace(grown, notes=(*grown.notes, cost.SPANS_STEPS))
+        return replace(judgement, verdict=_growing_verdict(growing[0], report), cost=grown)
     a = report.anatomy
     steps = getattr(a, "steps", ())
     if not isinstance(a, anatomy.Anatomy) or not steps:
@@ -459,7 +464,38 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         if not events and not getattr(report, "compile_analysis", True):
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
-    return replace(judgement, verdict=verdict, steady_lines=kept)
+    verdict, timed = _for_target(verdict, getattr(report, "cost", None), steady)
+    return replace(judgement, verdict=verdict, steady_lines=kept, cost=timed)
+
+
+def _for_target(verdict, step_cost, steady):
+    """Off a TPU, a host- or CPU-bound verdict judged for the target chip: the host's
+    tracing, syncs and input measured here against the target's projected device time."""
+    if step_cost is None:
+        return verdict, None
+    timed = cost.timed(step_cost, steady)
+    if verdict is None or timed.on_chip or verdict.kind not in ("host-bound", "cpu-bound"):
+        return verdict, timed
+    if timed.device_seconds is None or timed.host_seconds is None:
+        return verdict, timed
+    chip = timed.chip.name
+    host, device = format_seconds(timed.host_seconds), format_seconds(timed.device_seconds)
+    cpu = f"; XLA:CPU ran it in {format_seconds(timed.measured_device_seconds)}, the CPU's time"
+    if timed.host_seconds >= timed.device_seconds:
+        fix = anatomy.FIXES["host-bound"]
+        lines = verdict.lines if verdict.kind == "host-bound" else ()
+        reason = f"on a {chip} this step would be host-bound: tracing {host}, device work >= "
+        return replace(
+            verdict, kind="host-bound", reason=reason + device + cpu, fix=fix, lines=lines
+        ), timed
+    reason = f"on a {chip} this step would be device-bound: device work >= {device}, tracing "
+    return replace(
+        verdict,
+        kind="device-bound",
+        reason=reason + host + cpu,
+        fix=anatomy.FIXES["device-bound"],
+        lines=(),
+    ), timed
 
 
 def _steady_lines(a, steady, steps) -> tuple:

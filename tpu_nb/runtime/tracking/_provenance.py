@@ -42,6 +42,7 @@ from typing import Any
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
 from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
+from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.units import format_place
@@ -137,6 +138,9 @@ class Recording:
     line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
     # Compile-log spans (start, end) of the run's own end-of-run sync (track(sync=True)).
     own_end: list[tuple[int, int]] = field(default_factory=list)
+    # (file, line) of the tracked code -> the hash of the last graph captured there (the
+    # graph a loop's line runs in its steady state: what a step costs)
+    line_graphs: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 class Recorder:
@@ -350,6 +354,7 @@ class Recorder:
             events = self._log.events_since(self._log_read)
             self._log_read = log_end
             if events:
+                cost.note_compiled(graph.hash, events[-1])
                 graphs_by_hash[events[-1].graph_hash] = graph
                 graphs_by_hash.move_to_end(events[-1].graph_hash)
                 while len(graphs_by_hash) > _MAX_BY_HASH:
@@ -463,6 +468,8 @@ class Recorder:
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
             line_graphs.note(key, graph)
+            if graph is not None and graph.hash:
+                self.recording.line_graphs[key] = graph.hash
             return graph, self.site_of(frame)
         except Exception:
             self._failed()
@@ -513,6 +520,7 @@ class LineGraphs:
     def clear(self) -> None:
         self._lines.clear()
         graphs_by_hash.clear()
+        cost.costs.clear()
 
     def graph_for(self, where, event):
         """The pending graph captured just before `event` compiled, if it was captured."""
@@ -551,7 +559,7 @@ def _capture_pending(frame, names: tuple = ()):
         for t in walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
             if id(t) not in found and is_pending(t):
                 found[id(t)] = t
-    return _graph_once(list(found.values()))
+    return _graph_once(list(found.values()), spaces)
 
 
 def _capture_tensor(tensor):
@@ -560,12 +568,13 @@ def _capture_tensor(tensor):
     return _graph_once([tensor]) if is_pending(tensor) else None
 
 
-def _graph_once(tensors: list):
+def _graph_once(tensors: list, spaces: list | None = None):
     from tpu_nb.runtime.graph._capture import graph
 
     if not tensors:
         return None
     own_hash = current_backend().graph_hash(tensors)
+    cost.count_new_graph(own_hash, tensors, spaces)  # once per new graph
     known = _by_own_hash.get(own_hash)
     if known is None:
         known = _by_own_hash[own_hash] = graph(*tensors, hlo=False, frames=False)
