@@ -393,7 +393,12 @@ def judge_run(report) -> Judgement:
         if occ.kind == "read"
     }
     judgement = Judgement(tuple(kinds), lines, reads)
-    return _with_verdict(judgement, report, events)
+    judged = _with_verdict(judgement, report, events)
+    step_cost = getattr(report, "cost", None)
+    if judged.cost is None and step_cost is not None:  # no steady state: the steps that
+        quiet = [s for s in getattr(report.anatomy, "steps", ()) if not s.compiles]
+        judged = replace(judged, cost=cost.timed(step_cost, quiet))  # did not compile
+    return judged
 
 
 def _guard_failed(event: CompileEvent) -> bool:
