@@ -8,7 +8,6 @@ Fast tests on constructed facts first; then runs on XLA:CPU.
 from __future__ import annotations
 
 import textwrap
-import warnings
 
 import pytest
 import torch
