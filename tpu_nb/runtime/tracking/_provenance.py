@@ -169,6 +169,7 @@ class Recorder:
         self._fallback_names: tuple[str, ...] = ()
         self._started = 0.0
         self._capture_next: set[tuple[str, int]] = set()
+        self._tried: set[tuple[str, int]] = set()  # lines captured (or tried) in this run
         self._captured_here: dict[tuple[str, int], int] = {}
         # Lines that compiled more than one graph are watched: the shapes of the tensors the
         # tracked code names (~2 us for a cell's 20 names) are compared at each of their
@@ -445,7 +446,14 @@ class Recorder:
             calls = self.recording.line_calls
             calls[key] = calls.get(key, 0) + 1
             forced = key in force_capture
-            due = forced or key in self._capture_next or line_graphs.get(key) is None
+            # A line's first sync in each run is captured (a step's cost is that of the
+            # graph its lines run), and any line whose graph is not known yet.
+            due = (
+                forced
+                or key in self._capture_next
+                or key not in self._tried
+                or line_graphs.get(key) is None
+            )
             if not due and self._compiled_at.get(key, 0) >= 2:
                 due = self._shapes_changed(root, key)
             if not due:
@@ -458,12 +466,13 @@ class Recorder:
             if (not forced and taken >= 16) or not (after_compile or self._within_budget()):
                 return None, None
             self._capture_next.discard(key)
+            self._tried.add(key)
             self._captured_here[key] = taken + 1
             start = time.perf_counter()
             graph = (
                 _capture_tensor(tensor)
                 if tensor is not None
-                else _capture_pending(root, self._names)
+                else _capture_pending(root, self._names, frame)
             )
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
@@ -541,10 +550,12 @@ force_capture: set[tuple[str, int]] = set()
 _by_own_hash: OrderedDict[str, Any] = OrderedDict()
 
 
-def _capture_pending(frame, names: tuple = ()):
+def _capture_pending(frame, names: tuple = (), caller=None):
     """The pending graph of the XLA tensors the frame's variables reach (bounded walk): the
     variables the tracked code names first (a notebook's namespace holds much else, which
-    could use up the walk's budget before reaching them), then the rest, newest first."""
+    could use up the walk's budget before reaching them), then the rest, newest first; and
+    the locals of the function that synced (`caller`, when not the tracked frame: a step
+    function's tensors)."""
     import torch
 
     from tpu_nb.runtime.graph._capture import is_pending, walk_limited
@@ -553,6 +564,8 @@ def _capture_pending(frame, names: tuple = ()):
     budget = [20_000]
     variables = frame_variables(frame)
     spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
+    if caller is not None and caller is not frame and caller.f_globals is not caller.f_locals:
+        spaces.insert(0, caller.f_locals)
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
     for namespace in (named, *rest):
