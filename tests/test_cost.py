@@ -370,3 +370,14 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
     assert "warned before running: True True" in out
     assert "report: False True" in out
     assert "does not fit: needs " in out
+
+
+def test_the_card_and_the_cost_are_escaped_in_html(shell):
+    from tpu_nb.display.reports import RunView
+
+    hostile = COMPILE_OOM.replace('source_file="train.py"', 'source_file="<b>x</b>.py"')
+    shell.run_cell(f"HOSTILE = {hostile!r}")
+    shell.run_cell("%%on_tpu --quiet\nraise ValueError(HOSTILE)")
+    html = RunView(tpu_nb.last_report())._repr_html_()
+    assert "&lt;b&gt;x&lt;/b&gt;.py:42" in html and "<b>x</b>" not in html
+    assert "tpunb-oom" in html
