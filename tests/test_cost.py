@@ -261,7 +261,6 @@ def test_gpt2_training_step_flops_equal_flop_counter_mode():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=32)
-    config.loss_type = "ForCausalLM"
 
     def batch(dev):
         ids = torch.randint(0, 500, (2, 16), device=dev)
