@@ -380,3 +380,15 @@ def test_the_card_and_the_cost_are_escaped_in_html(shell):
     html = RunView(tpu_nb.last_report())._repr_html_()
     assert "&lt;b&gt;x&lt;/b&gt;.py:42" in html and "<b>x</b>" not in html
     assert "tpunb-oom" in html
+
+
+def test_tpu_setup_target_sets_the_chip_and_a_wrong_one_is_a_usage_error(shell):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="unknown target chip 'v9'.*Fix: one of"):
+        shell.run_line_magic("tpu_setup", "--target v9")
+    try:
+        shell.run_line_magic("tpu_setup", "--device cpu --target v6e")
+        assert target_chip("CPU") == (CHIPS["v6e"], False)
+    finally:
+        set_target(None)
