@@ -392,3 +392,29 @@ def test_tpu_setup_target_sets_the_chip_and_a_wrong_one_is_a_usage_error(shell):
         assert target_chip("CPU") == (CHIPS["v6e"], False)
     finally:
         set_target(None)
+
+
+def test_host_time_leaves_out_what_the_syncs_waited_for_the_device():
+    from tpu_nb.runtime.tracking import StepCost, StepRecord
+    from tpu_nb.runtime.tracking._cost import timed
+
+    # Each step: 1 ms of tracing, then a 3 ms sync of which 2.5 ms waited for the
+    # previous step's execution (the device busy then), 0.5 ms the host's own.
+    steps = [
+        StepRecord(
+            index=i,
+            start=10.0 * i,
+            end=10.0 * i + 0.004,
+            trace=0.001,
+            sync=0.003,
+            host_spans=(("sync", 10.0 * i + 0.001, 10.0 * i + 0.004),),
+            device_spans=((10.0 * i + 0.001, 10.0 * i + 0.0035),),
+            device=0.0025,
+        )
+        for i in range(3)
+    ]
+    cost = timed(StepCost(CHIPS["v5e"], False, flops=197 * 10**9, moved_bytes=0.0), steps)
+    assert cost.host_seconds == pytest.approx(0.0015)
+    assert cost.device_seconds == pytest.approx(1e-3)  # 197 GFLOP at 197 TFLOP/s
+    assert cost.measured_device_seconds == pytest.approx(0.0025)
+    assert cost.mfu is None  # not on the chip: no MFU

@@ -158,7 +158,9 @@ class StepCost:
     left_out: str = ""
     memory: MemoryFit | None = None
     device_seconds: float | None = None  # the target's roofline lower bound per step
-    host_seconds: float | None = None  # tracing, syncs and input per step, measured here
+    # the host's tracing, input and own sync time per step, measured here (not the time its
+    # syncs waited for the device)
+    host_seconds: float | None = None
     step_seconds: float | None = None  # measured step median
     measured_device_seconds: float | None = None  # execution per step here (the CPU's)
     mfu: float | None = None  # on a TPU
@@ -362,7 +364,8 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
     if not steps:
         return cost
     walls = sorted(s.wall for s in steps)
-    host = sorted(s.trace + s.sync + s.input for s in steps)
+    busy = [span for s in steps for span in s.device_spans]
+    host = sorted(s.trace + s.input + _own_sync(s, busy) for s in steps)
     device = sorted(s.device for s in steps)
     step = percentile(walls, 0.5)
     timed_cost = replace(
@@ -376,6 +379,16 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
         peak = cost.chip.per_device().peak_flops
         timed_cost = replace(timed_cost, mfu=cost.flops / step / peak, hbm_used=_hbm_used())
     return timed_cost
+
+
+def _own_sync(step, busy: list[tuple[float, float]]) -> float:
+    """The host's own time in the step's syncs: less the time they waited while the device
+    ran (the runtime holds the host a step behind a busy device; on XLA:CPU, the CPU's)."""
+    waited = 0.0
+    for kind, start, end in step.host_spans:
+        if kind == "sync":
+            waited += sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy)
+    return max(0.0, step.sync - waited)
 
 
 def _hbm_used() -> int | None:
