@@ -19,7 +19,9 @@ summary line's verdict and the live dashboard all ask it.
   (`xm.add_step_closure`) is a fact without advice.
 - **The verdict** describes the steady state: the steps after the warm-up, without the
   one-time compiles. With fewer than `MIN_STEADY_STEPS` such steps there is no verdict, and
-  the report says why.
+  the report says why. It is about the chip the run is judged for: off a TPU, XLA:CPU's
+  execution is the CPU's, so a host- or CPU-bound step is judged by the host time measured
+  here against the target chip's projected device time (tracking._cost).
 """
 
 from __future__ import annotations
@@ -479,6 +481,8 @@ def _for_target(verdict, step_cost, steady):
     if step_cost is None:
         return verdict, None
     timed = cost.timed(step_cost, steady)
+    if verdict is not None and timed.on_chip and timed.mfu is not None:
+        return replace(verdict, reason=f"{verdict.reason}; MFU {timed.mfu:.0%}"), timed
     if verdict is None or timed.on_chip or verdict.kind not in ("host-bound", "cpu-bound"):
         return verdict, timed
     if timed.device_seconds is None or timed.host_seconds is None:
