@@ -418,3 +418,36 @@ def test_host_time_leaves_out_what_the_syncs_waited_for_the_device():
     assert cost.device_seconds == pytest.approx(1e-3)  # 197 GFLOP at 197 TFLOP/s
     assert cost.measured_device_seconds == pytest.approx(0.0025)
     assert cost.mfu is None  # not on the chip: no MFU
+
+
+def test_a_loop_that_keeps_a_tensor_per_step_is_named():
+    from tpu_nb.runtime.tracking._cost import kept_step_over_step
+
+    # constructed: (syncs made, live device tensors) at captures and at the end
+    assert kept_step_over_step([(2, 6), (14, 17)]).startswith(
+        "device memory grows step over step: 11 more live device tensors"
+    )
+    assert kept_step_over_step([(2, 6), (14, 8)]) == ""
+    assert kept_step_over_step([(2, 6), (8, 14)]) == ""  # too few steps to say
+
+    dev = torch_xla.device()
+    with torch.device(dev):
+        model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8, device=dev)
+    notes = {}
+    for keep in (True, False):
+        losses = []
+        with tpu_nb.track("keep") as report:
+            for _ in range(14):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                torch_xla.sync()
+                if keep:
+                    losses.append(loss)
+        notes[keep] = report.cost.notes
+    assert any("device memory grows step over step" in n for n in notes[True]), notes
+    assert "device memory grows" in str(report) or not notes[False]
+    assert not any("grows step over step" in n for n in notes[False]), notes

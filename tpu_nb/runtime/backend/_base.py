@@ -56,6 +56,7 @@ class CounterNames:
     to_device_time: str
     from_device_time: str
     tensors_created: str  # a device tensor created (every op traced on the device makes one)
+    tensors_destroyed: str  # a device tensor freed (created - destroyed: the live ones)
 
 
 class Backend(ABC):

@@ -66,6 +66,7 @@ class TorchXlaBackend(Backend):
         to_device_time="TransferToDeviceTime",
         from_device_time="TransferFromDeviceTime",
         tensors_created="CreateXlaTensor",
+        tensors_destroyed="DestroyXlaTensor",
     )
     # torch_xla.core.xla_model functions that communicate between replicas.
     collectives = (

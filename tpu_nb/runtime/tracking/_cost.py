@@ -324,7 +324,12 @@ SPANS_STEPS = (
 )
 
 
-def step_cost(line_graphs: dict[tuple[str, int], str], line_calls: dict, steps: int) -> StepCost:
+def step_cost(
+    line_graphs: dict[tuple[str, int], str],
+    line_calls: dict,
+    steps: int,
+    live_tensors: Sequence[tuple[int, int]] = (),
+) -> StepCost:
     """The cost of a steady step: the last graph captured at each line that synced or read
     in at least half the run's steps (a loop's lines, not a read after it)."""
     chip, on_chip = judged_chip()
@@ -343,6 +348,31 @@ def step_cost(line_graphs: dict[tuple[str, int], str], line_calls: dict, steps: 
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
         memory=_fit(graphs, chip),
+        notes=tuple(n for n in (kept_step_over_step(live_tensors),) if n),
+    )
+
+
+_GROWTH_STEPS = 10  # steps a growth is read over, at least
+
+
+def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
+    """From (syncs made, live device tensors) at captures and at the end: a loop whose
+    live device tensors grow by about one per step or more, in words ("" when not)."""
+    if len(samples) < 2:
+        return ""
+    end_step, end_live = samples[-1]
+    starts = [(s, n) for s, n in samples[:-1] if end_step - s >= _GROWTH_STEPS]
+    if not starts:
+        return ""
+    step, live = starts[-1]
+    grown, steps = end_live - live, end_step - step
+    if grown < 0.8 * steps:  # one kept per step, give or take the variables holding one
+        return ""
+    return (
+        f"device memory grows step over step: {grown} more live device tensors at the end "
+        f"than {steps} steps before (about {grown / steps:.1g} kept per step: a list of "
+        "losses or outputs holding device tensors? accumulate them into one tensor, "
+        "total += loss.detach(), and read it after the loop)"
     )
 
 

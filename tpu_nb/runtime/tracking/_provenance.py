@@ -141,6 +141,9 @@ class Recording:
     # (file, line) of the tracked code -> the hash of the last graph captured there (the
     # graph a loop's line runs in its steady state: what a step costs)
     line_graphs: dict[tuple[str, int], str] = field(default_factory=dict)
+    # (syncs made, live device tensors) at each capture and at the run's end: a loop that
+    # keeps tensors step over step (read only then, never on a cached step)
+    live_tensors: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Recorder:
@@ -203,6 +206,8 @@ class Recorder:
         return self
 
     def stop(self) -> Recording:
+        if self.active:
+            self._note_live_tensors()
         self.active = False
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
@@ -479,10 +484,18 @@ class Recorder:
             line_graphs.note(key, graph)
             if graph is not None and graph.hash:
                 self.recording.line_graphs[key] = graph.hash
+            self._note_live_tensors()
             return graph, self.site_of(frame)
         except Exception:
             self._failed()
             return None, None
+
+    def _note_live_tensors(self) -> None:
+        names = current_backend().counter_names_of
+        live = (self._counter(names.tensors_created) or 0) - (
+            self._counter(names.tensors_destroyed) or 0
+        )
+        self.recording.live_tensors.append((self.recording.syncs, live))
 
     def _shapes_changed(self, root, key) -> bool:
         values: Any = frame_variables(root)

@@ -469,7 +469,9 @@ class track:
 
 def _step_cost(recording) -> StepCost | None:
     try:
-        return cost.step_cost(recording.line_graphs, recording.line_calls, recording.syncs)
+        return cost.step_cost(
+            recording.line_graphs, recording.line_calls, recording.syncs, recording.live_tensors
+        )
     except Exception:  # a bug in the cost must not cost the user the run's report
         logging.getLogger("tpu_nb").debug("tpu_nb: the step's cost failed", exc_info=True)
         return None
