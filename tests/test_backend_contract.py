@@ -435,6 +435,29 @@ def test_tensors_created_moves_with_each_op_and_only_then(b):
 
 
 @BACKENDS
+def test_live_tensors_are_created_less_destroyed(b):
+    # A step that keeps one more device tensor each time (a list of losses) is named by how
+    # the live count grows: created - destroyed.
+    n = b.counter_names_of
+    read = b.counter_reader()
+
+    def live():
+        return (read(n.tensors_created) or 0) - (read(n.tensors_destroyed) or 0)
+
+    y = new_graph(b)
+    b.sync()
+    before, kept = live(), []
+    for _ in range(5):
+        y = y * 2
+        b.sync()
+        kept.append(y)
+    assert live() - before == 4  # five kept; the first y is no longer held
+    del kept[:]
+    assert live() - before == 0  # only y, the last one, is held
+    del y
+
+
+@BACKENDS
 def test_every_sync_goes_through_an_entry_point(b):
     # The probe wraps each entry point once per tracked run; the user's syncs, the backend's
     # own and tpu_nb's (`sync_function()`) must each pass through one of them.

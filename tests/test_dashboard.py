@@ -111,6 +111,20 @@ def test_memory_host_everywhere_and_the_device_says_it_does_not_report():
     assert "does not report memory (XLA:CPU)" in html and "host RSS" in html
 
 
+def test_the_final_memory_panel_shows_the_tracked_run_s_cost_per_step():
+    monitor = LiveMonitor()
+    w = torch.randn(32, 32, device=tpu_nb.device())
+    with tpu_nb.track("panel") as report:
+        for _ in range(4):
+            w = torch.tanh(w @ w)
+            torch_xla.sync()
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert state.run_cost is report.cost and report.cost.flops == 2 * 32**3
+    html = D.memory_html(state)
+    assert "Memory; cost per step" in html and "on a v5e: device work &gt;=" in html
+
+
 # -- compiles and the recompilation alert -----------------------------------------------------
 
 

@@ -285,7 +285,7 @@ for step in range(6):
     assert "torch.histc has no XLA lowering" in fallback.advice
 
 
-def test_big_matmuls_are_device_bound(cell):
+def test_big_matmuls_on_xla_cpu_are_judged_for_the_target(cell):
     big = cell(
         """
 a = torch.randn(768, 768); b = torch.randn(768, 768) / 768
@@ -295,7 +295,10 @@ for step in range(8):
     torch_xla.sync()
 """
     )
-    assert big.verdict is not None and big.verdict.kind == "device-bound", big.text
+    # XLA:CPU is busy: the CPU's time. On a v5e the step's 5.4 GFLOP take ~27 us.
+    assert big.verdict is not None and big.verdict.kind == "host-bound", big.text
+    assert big.verdict.reason.startswith("on a v5e this step would be host-bound"), big.text
+    assert "judged for a v5e (this machine has no TPU)" in big.text
     assert not big.advice
 
 

@@ -141,7 +141,7 @@ def test_mp_device_loader_wait_is_input():
 def test_thousands_of_tiny_ops_are_host_bound():
     report, a = _tracked(_host_loop)
     assert a.verdict.kind == "host-bound", str(a)
-    assert "torch_xla.compile" in a.verdict.fix
+    assert "torch.compile(step_fn, backend='openxla')" in a.verdict.fix
     assert a.share("trace") + a.share("sync") > 0.7
     assert a.parts["trace"].median > 5 * a.parts["device"].median
     for step in a.steps:
@@ -149,9 +149,14 @@ def test_thousands_of_tiny_ops_are_host_bound():
         assert step.executions >= 1, [s.executions for s in a.steps]
 
 
-def test_large_matmuls_are_device_bound():
+def test_large_matmuls_keep_xla_cpu_busy_and_are_judged_for_the_target():
     report, a = _tracked(_device_loop)
-    assert a.verdict.kind == "device-bound" and a.verdict.good, str(a)
+    # XLA:CPU is busy, but that is the CPU's time: on a v5e the 3 GFLOP of a step take
+    # ~16 us, far less than the host's tracing measured here.
+    assert a.verdict.kind == "host-bound", str(a)
+    assert a.verdict.reason.startswith("on a v5e this step would be host-bound: tracing ")
+    assert "the CPU's time" in a.verdict.reason
+    assert report.cost.flops == 6 * 2 * 640**3
     assert a.device_share > 0.8
     # Each step launched one execution; their device time is most of the run, never more
     # than the runtime's own ExecuteTime (which counts queueing too) or the wall time.

@@ -22,6 +22,7 @@ from tpu_nb._version import __version__
 from tpu_nb.runtime import (  # noqa: F401  (the graph's parts: attributes, not in __all__)
     Accelerator,
     Anatomy,
+    Chip,
     CollectiveRefused,
     CompileEvent,
     DeviceTiming,
@@ -45,6 +46,7 @@ from tpu_nb.runtime import (  # noqa: F401  (the graph's parts: attributes, not 
     MetricsSnapshot,
     Node,
     NodeChange,
+    OutOfMemory,
     PodResult,
     Problem,
     RecompilationError,
@@ -53,6 +55,7 @@ from tpu_nb.runtime import (  # noqa: F401  (the graph's parts: attributes, not 
     ReplicaResult,
     RunReport,
     RuntimeStateError,
+    StepCost,
     StepRecord,
     TpuNbError,
     TpuNbUsageError,
@@ -91,6 +94,7 @@ __all__ = [
     "Environment",
     "Accelerator",
     "Problem",
+    "Chip",
     # Track a run: what compiled and why, from which line; what ran; what it cost
     "track",
     "on_tpu",
@@ -103,6 +107,8 @@ __all__ = [
     "Anatomy",
     "StepRecord",
     "Verdict",
+    "StepCost",
+    "OutOfMemory",
     # Measure: the runtime's counters, a function's device time
     "snapshot",
     "reset_metrics",

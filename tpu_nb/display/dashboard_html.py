@@ -294,7 +294,10 @@ def memory_html(state: LiveState | None) -> str:
             f" · peak {_bytes(mem.device_peak)}" if mem.device_peak is not None else ""
         )
     host = f"host RSS <b>{_bytes(mem.host_rss)}</b> · peak {_bytes(mem.host_peak)}"
-    return _panel("Memory", f"{device}<br>{host}", height=_BOTTOM_HEIGHT)
+    cost = state.run_cost
+    lines = "".join(f"<br>{escape(line)}" for line in (cost.lines() if cost else ()))
+    title = "Memory; cost per step" if cost else "Memory"
+    return _panel(title, f"{device}<br>{host}{lines}", height=_BOTTOM_HEIGHT)
 
 
 def caption_html(text: str) -> str:

@@ -403,8 +403,28 @@ class RunView:
             lines += [f"  {words} ({', '.join(places)}): {hint}" for words, places, hint in hints]
         lines += [f"  {note}" for note in self._notes()]
         lines += [f"  {line}" for line in host_lines_text(self.report.anatomy, self._scope())]
+        cost = self._cost_lines()
+        if cost:
+            lines.append(self._cost_title() + ":")
+            lines += [f"  {line}" for line in cost]
+        oom = self.report.out_of_memory
+        if oom is not None:
+            lines += oom.lines()
         lines += self._listing_text()
         return "\n".join(lines)
+
+    def _cost_lines(self) -> list[str]:
+        """The steady step's cost, when the run had steps (a loop)."""
+        cost = self.report.cost
+        if cost is None or not self.report.steps:
+            return []
+        return cost.lines()
+
+    def _cost_title(self) -> str:
+        cost = self.report.cost
+        if cost is None or cost.on_chip:
+            return "cost per step"
+        return f"cost per step, judged for a {cost.chip.name} (this machine has no TPU)"
 
     def _listing_text(self) -> list[str]:
         marks = self._marks()
@@ -455,6 +475,21 @@ class RunView:
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
         parts.append(host_lines_html(self.report.anatomy, self._scope()))
+        cost = self._cost_lines()
+        if cost:
+            items = "".join(f"<li style='margin:0;padding:0'>{e(line)}</li>" for line in cost)
+            parts.append(
+                f"<div class='tpunb-cost' style='margin:4px 0 0'><b>{e(self._cost_title())}</b>"
+                f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
+            )
+        oom = self.report.out_of_memory
+        if oom is not None:
+            head, *rest = oom.lines()
+            body = "".join(f"<div>{e(line)}</div>" for line in rest)
+            parts.append(
+                f"<div class='tpunb-oom' style='margin:4px 0;padding:4px 8px;"
+                f"border-left:3px solid {RED}'>{span(e(head), RED, bold=True)}{body}</div>"
+            )
         listing = self._listing_html()
         if listing:
             parts.append(

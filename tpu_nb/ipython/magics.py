@@ -349,11 +349,19 @@ class TpuMagics(Magics):
         help="pip-install the matching torch/torch_xla pair (with [tpu] on TPU hosts)",
     )
     @argument("--dry-run", action="store_true", help="with --install: show what pip would do")
+    @argument(
+        "--target",
+        default=None,
+        metavar="CHIP",
+        help="the TPU to judge runs for when this machine has none: v4, v5e (the default), "
+        "v5p, v6e or TPU7x",
+    )
     @line_magic
     def tpu_setup(self, line=""):
         """Check the environment, choose the XLA device, switch on compile-cause analysis.
 
         Run it before the first XLA work of the kernel: torch_xla reads its settings once.
+        `%tpu_setup --target v6e` judges runs for a v6e when this machine has no TPU.
         """
         args = _parse(self.tpu_setup, line)
         if args is None:
@@ -383,7 +391,11 @@ class TpuMagics(Magics):
             return display(detect(check_import=True))
         with _user_mistake():
             env = setup(
-                args.device, num_devices=args.devices, ir_debug=args.ir_debug, cache_dir=args.cache
+                args.device,
+                num_devices=args.devices,
+                ir_debug=args.ir_debug,
+                cache_dir=args.cache,
+                target=args.target,
             )
         display(env)
 

@@ -16,6 +16,7 @@ This package never imports IPython, ipywidgets or matplotlib, and imports torch_
 
 from tpu_nb.runtime.environment import (
     Accelerator,
+    Chip,
     Environment,
     Problem,
     default_device,
@@ -64,8 +65,10 @@ from tpu_nb.runtime.metrics import (
 from tpu_nb.runtime.tracking import (
     Anatomy,
     LineFinding,
+    OutOfMemory,
     RecompilationError,
     RunReport,
+    StepCost,
     StepRecord,
     Verdict,
     last_report,
@@ -78,6 +81,9 @@ from tpu_nb.runtime.tracking import (
 # exactly these (tests/test_public_api.py).
 __all__ = [
     "Accelerator",
+    "Chip",
+    "OutOfMemory",
+    "StepCost",
     "CollectiveRefused",
     "CompileEvent",
     "DeviceTiming",

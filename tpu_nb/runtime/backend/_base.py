@@ -56,6 +56,7 @@ class CounterNames:
     to_device_time: str
     from_device_time: str
     tensors_created: str  # a device tensor created (every op traced on the device makes one)
+    tensors_destroyed: str  # a device tensor freed (created - destroyed: the live ones)
     # A time metric sampled once per run of a compiled function's cached graph: executions
     # that move none of `executions` (torch_xla's Dynamo bridge runs them itself).
     cached_graph_runs: str = ""

@@ -71,6 +71,7 @@ class TorchXlaBackend(Backend):
         tensors_created="CreateXlaTensor",
         cached_graph_runs="RunCachedGraphOutputData",
         once_at_import="RegisterXLAFunctions",
+        tensors_destroyed="DestroyXlaTensor",
     )
     # torch_xla.core.xla_model functions that communicate between replicas.
     collectives = (

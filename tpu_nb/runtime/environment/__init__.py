@@ -5,6 +5,7 @@ cell-scoped default device, the pair install, and old tutorials' torch_xla names
 Above errors/units/sources/frame and the backend (the one place torch_xla is imported).
 """
 
+from tpu_nb.runtime.environment._chips import CHIPS, Chip, chip, set_target, target_chip
 from tpu_nb.runtime.environment._configure import (
     MAX_CPU_DEVICES,
     chosen_device,
@@ -20,6 +21,7 @@ from tpu_nb.runtime.environment._detect import (
     Problem,
     chip_generation,
     detect,
+    detect_accelerator,
 )
 from tpu_nb.runtime.environment._device import device, sync, wait_device_ops
 from tpu_nb.runtime.environment._install import install_pair
@@ -27,6 +29,12 @@ from tpu_nb.runtime.environment._legacy import install as install_legacy_names
 from tpu_nb.runtime.environment._legacy import uninstall as uninstall_legacy_names
 
 __all__ = [
+    "CHIPS",
+    "Chip",
+    "chip",
+    "detect_accelerator",
+    "set_target",
+    "target_chip",
     "MAX_CPU_DEVICES",
     "TORCH_PAIR",
     "Accelerator",

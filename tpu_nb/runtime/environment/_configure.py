@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
+from tpu_nb.runtime.environment._chips import Chip, check_target, set_target
 from tpu_nb.runtime.environment._detect import (
     Environment,
     detect,
@@ -194,6 +195,7 @@ def setup(
     cache_dir: str | os.PathLike | None = None,
     compile_analysis: bool = True,
     debug_file: str | None = None,
+    target: str | Chip | None = None,
 ) -> Environment:
     """Choose the XLA device and switch on compile-cause analysis before the first compile.
 
@@ -204,14 +206,16 @@ def setup(
     cache_dir: the persistent compile cache (speeds up restarts on TPU; none on CPU).
     compile_analysis: why each graph compiled (PT_XLA_DEBUG_LEVEL=1) into `debug_file`
         (default: a per-process file under the temp dir), so cell output stays clean.
+    target: the TPU runs are judged for when this machine has none ("v4", "v5e", "v5p",
+        "v6e", "TPU7x" or a `Chip`); v5e when not given. On a TPU, its own chip.
 
     Returns the Environment, with what was applied and what could not be, and why.
     """
     accelerator = detect_accelerator()
-    target = _check_device(device, accelerator)
-    n_devices = _check_num_devices(num_devices, target)
+    platform = _check_device(device, accelerator)
+    n_devices = _check_num_devices(num_devices, platform)
     if n_devices is None:
-        _check_inherited_devices(target, runtime_initialized())
+        _check_inherited_devices(platform, runtime_initialized())
     cache_path = _check_cache_dir(cache_dir)
     _check_options(
         ir_debug=ir_debug,
@@ -220,6 +224,7 @@ def setup(
         debug_file=debug_file,
     )
     hlo_debug = ir_debug if hlo_debug is None else hlo_debug
+    chip = check_target(target) if target is not None else None
 
     imported = backend().is_loaded()
     started = runtime_initialized()
@@ -234,7 +239,7 @@ def setup(
         if started
         else None
     )
-    wanted.append(("PJRT_DEVICE", target.upper(), started_why))
+    wanted.append(("PJRT_DEVICE", platform.upper(), started_why))
     if n_devices is not None:
         wanted.append(("CPU_NUM_DEVICES", str(n_devices), started_why))
     if compile_analysis:
@@ -285,7 +290,7 @@ def setup(
             changes[name] = value
             applied.append(f"{name}={value}")
     notes = []
-    if cache_dir is not None and target == "cpu" and not started:
+    if cache_dir is not None and platform == "cpu" and not started:
         notes.append(
             "compile cache on XLA:CPU: executables are written but cannot be loaded "
             "back on CPU, so it gives no speed-up there (it does on TPU)"
@@ -308,7 +313,10 @@ def setup(
             _debug_before[name] = os.environ.get(name)
     os.environ.update(changes)  # everything validated above: all or nothing
     _configured = True
-    _chosen = target if device.strip().lower() != "auto" else None
+    _chosen = platform if device.strip().lower() != "auto" else None
+    if chip is not None:
+        set_target(chip)
+        notes.append(f"runs are judged for a {chip.name} when this machine has no TPU")
     if ir_debug and imported:
         backend().set_ir_debug(True)
     env = detect()

@@ -29,6 +29,7 @@ from tpu_nb.runtime.graph._capture import (
     record_locations,
     walk_limited,
 )
+from tpu_nb.runtime.graph._cost import HloFlops, hlo_flops
 from tpu_nb.runtime.graph._diff import GraphDiff, NodeChange
 from tpu_nb.runtime.graph._graph import Graph
 from tpu_nb.runtime.graph._groups import Group, GroupEdge, GroupedGraph, group_graph, shown_location
@@ -43,11 +44,13 @@ __all__ = [
     "Group",
     "GroupEdge",
     "GroupedGraph",
+    "HloFlops",
     "Node",
     "NodeChange",
     "gc_paused",
     "graph",
     "group_graph",
+    "hlo_flops",
     "is_pending",
     "pending_graph",
     "record_locations",

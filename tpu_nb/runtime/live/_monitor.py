@@ -53,6 +53,7 @@ from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
 from tpu_nb.runtime.sources import place_text, user_frame
 from tpu_nb.runtime.tracking import (
     Anatomy,
+    StepCost,
     anatomy_in_progress,
     captured_graph,
     graph_facts,
@@ -451,6 +452,8 @@ class LiveState:
     # The wall time of a tracked run (an %%on_tpu cell) that completed while the monitor ran:
     # its report's figure, so that the report and the dashboard show one.
     run_wall_seconds: float | None = None
+    # What a steady step of that run cost on the chip it is judged for (its report's)
+    run_cost: StepCost | None = None
     # Of metrics.host_reads, those made in step closures (after the step's graph ran).
     closure_reads: int = 0
     # Of `steps`, syncs a data loader made with nothing to run (no step of the user's).
@@ -552,6 +555,7 @@ class LiveMonitor:
             anatomy=self._anatomy,
             anatomy_version=self._anatomy_version,
             run_wall_seconds=report.wall_seconds if report is not None else None,
+            run_cost=report.cost if report is not None and report.steps else None,
             closure_reads=self._closure_reads.count,
             loader_syncs=self._loader_syncs(),
         )

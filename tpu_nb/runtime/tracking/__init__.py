@@ -1,7 +1,9 @@
 """What one tracked run did and why: `track()` and its `RunReport`; the recorder of syncs,
 reads and fallbacks with their lines (provenance); findings per line (attribution); the
 recompilation guard (`max_graphs`); the step anatomy and its verdict; a profiler trace of a few
-steps; and `on_tpu()`, which composes them the way `%%on_tpu` does.
+steps; what a steady step costs on the chip it is judged for (FLOPs, bytes, memory); an
+out-of-memory error read into facts; and `on_tpu()`, which composes them the way `%%on_tpu`
+does.
 Above runtime.graph, runtime.metrics and runtime.environment."""
 
 from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
@@ -12,7 +14,9 @@ from tpu_nb.runtime.tracking._attribution import (
     fallback_hint,
     graph_facts,
 )
+from tpu_nb.runtime.tracking._cost import GraphCost, MemoryFit, Residency, StepCost
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
+from tpu_nb.runtime.tracking._oom import Allocation, OutOfMemory, out_of_memory
 from tpu_nb.runtime.tracking._pending import EarlierWork, assigned_lines
 from tpu_nb.runtime.tracking._policy import (
     Judgement,
@@ -27,6 +31,13 @@ from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_repo
 from tpu_nb.runtime.tracking._session import on_tpu
 
 __all__ = [
+    "Allocation",
+    "GraphCost",
+    "MemoryFit",
+    "OutOfMemory",
+    "Residency",
+    "StepCost",
+    "out_of_memory",
     "HOST_PARTS",
     "HOST_READ_HINT",
     "Anatomy",

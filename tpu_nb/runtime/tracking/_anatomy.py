@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.tracking._cost import judged_chip
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
@@ -131,7 +132,8 @@ class Part:
 class Verdict:
     """What bounds the loop, why (with figures) and what to do about it."""
 
-    kind: str  # device-bound, host-bound, input-bound, compile-bound, read-bound
+    kind: str  # device-bound, host-bound, input-bound, compile-bound, read-bound, cpu-bound
+    # (XLA:CPU busy: the CPU's time; off a TPU, host- and device-bound are about the target)
     reason: str
     fix: str
     # host-bound or input-bound: the lines that took the time, largest first (HostLine:
@@ -158,14 +160,20 @@ class Verdict:
         return f"{self.kind}: {self.reason}{where}. Fix: {self.fix}"
 
 
-_FIXES = {
+FIXES = {
     "device-bound": "nothing on the host side: the device is busy. To go faster, do less device "
-    "work per step (bf16, a smaller model) or use a bigger device",
-    "host-bound": "the host's Python tracing takes longer than the device's work: use a larger "
-    "batch, fewer and larger ops (no Python loops over tensor elements), or cache "
-    "tracing with torch_xla.compile(step_fn) or torch.compile(backend='openxla')",
-    "input-bound": "the device waits for data: raise the DataLoader's num_workers, use "
-    "pin_memory and persistent_workers, wrap it in "
+    "work per step (bf16 weights and activations, a smaller model) or shard the step over "
+    "more chips",
+    # XLA:CPU busy: the CPU's own speed, which says nothing about a TPU
+    "cpu-bound": "nothing to fix for a TPU from this: XLA:CPU's execution time is the CPU's. "
+    "tpu_nb judges the step for the target chip when it has counted the step's FLOPs "
+    "(track the loop from its first step)",
+    "host-bound": "the host's Python tracing takes longer than the device's work: do more "
+    "work per trace (a larger batch, fewer and larger ops, no Python loops over tensor "
+    "elements), or skip tracing with torch.compile(step_fn, backend='openxla') "
+    "(torch_xla.compile still traces every call)",
+    "input-bound": "the device waits for data: raise the DataLoader's num_workers (with "
+    "persistent_workers), wrap it in "
     "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
     "to the device), or prepare the data ahead of time",
     # input-bound, the wait not in a DataLoader: the loop's own iterator makes the batches
@@ -858,7 +866,7 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
             return replace(
                 verdict,
                 reason=f"waiting for the loop's iterator took {a.share('input'):.0%} of the time",
-                fix=_FIXES["input-iterator"],
+                fix=FIXES["input-iterator"],
                 lines=named,
             )
     return replace(verdict, lines=named)
@@ -872,7 +880,19 @@ class _NoLoss:
 
 def judge(a: Anatomy) -> Verdict | None:
     """What bounds the loop, from the shares of its wall time (None: not a loop of at least
-    three steps)."""
+    three steps). Off a TPU the device is XLA:CPU: its busy time is "cpu-bound", the CPU's
+    (the policy then judges the step for the target chip)."""
+    verdict = _judge_shares(a)
+    if verdict is None or verdict.kind != "device-bound" or judged_chip()[1]:
+        return verdict
+    return Verdict(
+        "cpu-bound",
+        f"XLA:CPU ran the graphs {a.device_share:.0%} of the time (the CPU's speed, not a TPU's)",
+        FIXES["cpu-bound"],
+    )
+
+
+def _judge_shares(a: Anatomy) -> Verdict | None:
     if len(a.steps) < _MIN_STEPS or a.wall_seconds <= 0:
         return None
     share = a.share
@@ -884,19 +904,19 @@ def judge(a: Anatomy) -> Verdict | None:
             "compile-bound",
             f"compiling took {pct(share('compile'))} of the time "
             f"({sum(s.compiles for s in a.steps)} compiles)",
-            _FIXES["compile-bound"],
+            FIXES["compile-bound"],
         )
     if share("input") >= _BOUND:
         return Verdict(
             "input-bound",
             f"waiting for the data loader took {pct(share('input'))} of the time",
-            _FIXES["input-bound"],
+            FIXES["input-bound"],
         )
     if a.device_share >= _DEVICE_BUSY:
         return Verdict(
             "device-bound",
             f"the device was busy {pct(a.device_share)} of the time",
-            _FIXES["device-bound"],
+            FIXES["device-bound"],
         )
     if share("read") >= _BOUND * 0.8 and reads_per_step >= 0.5:
         return Verdict(
@@ -904,7 +924,7 @@ def judge(a: Anatomy) -> Verdict | None:
             f"value reads took {pct(share('read'))} of the time, "
             f"{reads_per_step:.1f} per step; the device was idle "
             f"{pct(1 - a.device_share)}",
-            _FIXES["read-bound"],
+            FIXES["read-bound"],
         )
     candidates = {
         "host-bound": host,
@@ -922,4 +942,4 @@ def judge(a: Anatomy) -> Verdict | None:
         "read-bound": f"value reads took {pct(share('read'))} of the time",
         "device-bound": f"the device was busy {pct(a.device_share)} of the time",
     }
-    return Verdict(kind, reasons[kind], _FIXES[kind])
+    return Verdict(kind, reasons[kind], FIXES[kind])

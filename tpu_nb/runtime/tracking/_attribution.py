@@ -32,7 +32,9 @@ END_SYNC = "tpu_nb's end-of-cell sync (--sync)"
 RECOMPILE_HINT = policy.RECOMPILE_FIX
 GROWING_HINT = policy.GROWING_FIX
 _FALLBACK_HINTS = {
-    "torch.nonzero": "its output size depends on the data; use torch.where with a mask instead",
+    "torch.nonzero": "its output size depends on the data, so it has no static-shape lowering: "
+    "keep the shape fixed with a masked reduction, e.g. (x * mask).sum() or "
+    "torch.where(mask, x, 0).sum() (one-argument torch.where is nonzero itself)",
     "torch.masked_select": "its output size depends on the data; multiply by the mask instead",
     "torch.unique": "its output size depends on the data; compute it once on the CPU before "
     "training, or count with one-hot sums",

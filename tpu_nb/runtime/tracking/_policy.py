@@ -19,7 +19,9 @@ summary line's verdict and the live dashboard all ask it.
   (`xm.add_step_closure`) is a fact without advice.
 - **The verdict** describes the steady state: the steps after the warm-up, without the
   one-time compiles. With fewer than `MIN_STEADY_STEPS` such steps there is no verdict, and
-  the report says why.
+  the report says why. It is about the chip the run is judged for: off a TPU, XLA:CPU's
+  execution is the CPU's, so a host- or CPU-bound step is judged by the host time measured
+  here against the target chip's projected device time (tracking._cost).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _provenance as provenance
-from tpu_nb.runtime.units import format_place
+from tpu_nb.runtime.units import format_place, format_seconds
 
 MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
 _SETTLED_CALLS = 2  # calls of a line without a compile, after its last one: settled
@@ -106,6 +109,7 @@ class Judgement:
     # the host sampler's lines over the steady steps alone (what the verdict names); () when
     # the verdict is about every step, or there is none
     steady_lines: tuple = ()
+    cost: Any = None  # cost.StepCost of a steady step, with its times
 
     @property
     def recompiled(self) -> bool:
@@ -396,7 +400,12 @@ def judge_run(report) -> Judgement:
         if occ.kind == "read"
     }
     judgement = Judgement(tuple(kinds), lines, reads)
-    return _with_verdict(judgement, report, events)
+    judged = _with_verdict(judgement, report, events)
+    step_cost = getattr(report, "cost", None)
+    if judged.cost is None and step_cost is not None:  # no steady state: the steps that
+        quiet = [s for s in getattr(report.anatomy, "steps", ()) if not s.compiles]
+        judged = replace(judged, cost=cost.timed(step_cost, quiet))  # did not compile
+    return judged
 
 
 def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
@@ -428,7 +437,10 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
     growing = [p for p in judgement.lines.values() if p.kind == "growing"]
     if growing:
-        return replace(judgement, verdict=_growing_verdict(growing[0], report))
+        grown = getattr(report, "cost", None)
+        if grown is not None:
+            grown = replace(grown, notes=(*grown.notes, cost.SPANS_STEPS))
+        return replace(judgement, verdict=_growing_verdict(growing[0], report), cost=grown)
     a = report.anatomy
     steps = getattr(a, "steps", ())
     if not isinstance(a, anatomy.Anatomy) or not steps:
@@ -476,7 +488,40 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         if not events and not getattr(report, "compile_analysis", True):
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
-    return replace(judgement, verdict=verdict, steady_lines=kept)
+    verdict, timed = _for_target(verdict, getattr(report, "cost", None), steady)
+    return replace(judgement, verdict=verdict, steady_lines=kept, cost=timed)
+
+
+def _for_target(verdict, step_cost, steady):
+    """Off a TPU, a host- or CPU-bound verdict judged for the target chip: the host's
+    tracing, syncs and input measured here against the target's projected device time."""
+    if step_cost is None:
+        return verdict, None
+    timed = cost.timed(step_cost, steady)
+    if verdict is not None and timed.on_chip and timed.mfu is not None:
+        return replace(verdict, reason=f"{verdict.reason}; MFU {timed.mfu:.0%}"), timed
+    if verdict is None or timed.on_chip or verdict.kind not in ("host-bound", "cpu-bound"):
+        return verdict, timed
+    if timed.device_seconds is None or timed.host_seconds is None:
+        return verdict, timed
+    chip = timed.chip.name
+    host, device = format_seconds(timed.host_seconds), format_seconds(timed.device_seconds)
+    cpu = f"; XLA:CPU ran it in {format_seconds(timed.measured_device_seconds)}, the CPU's time"
+    if timed.host_seconds >= timed.device_seconds:
+        fix = anatomy.FIXES["host-bound"]
+        lines = verdict.lines if verdict.kind == "host-bound" else ()
+        reason = f"on a {chip} this step would be host-bound: tracing {host}, device work >= "
+        return replace(
+            verdict, kind="host-bound", reason=reason + device + cpu, fix=fix, lines=lines
+        ), timed
+    reason = f"on a {chip} this step would be device-bound: device work >= {device}, tracing "
+    return replace(
+        verdict,
+        kind="device-bound",
+        reason=reason + host + cpu,
+        fix=anatomy.FIXES["device-bound"],
+        lines=(),
+    ), timed
 
 
 def _steady_lines(a, steady, steps) -> tuple:

@@ -42,6 +42,7 @@ from typing import Any
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
 from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
+from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.units import format_place
@@ -137,6 +138,12 @@ class Recording:
     line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
     # Compile-log spans (start, end) of the run's own end-of-run sync (track(sync=True)).
     own_end: list[tuple[int, int]] = field(default_factory=list)
+    # (file, line) of the tracked code -> the hash of the last graph captured there (the
+    # graph a loop's line runs in its steady state: what a step costs)
+    line_graphs: dict[tuple[str, int], str] = field(default_factory=dict)
+    # (syncs made, live device tensors) at each capture and at the run's end: a loop that
+    # keeps tensors step over step (read only then, never on a cached step)
+    live_tensors: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Recorder:
@@ -165,6 +172,7 @@ class Recorder:
         self._fallback_names: tuple[str, ...] = ()
         self._started = 0.0
         self._capture_next: set[tuple[str, int]] = set()
+        self._tried: set[tuple[str, int]] = set()  # lines captured (or tried) in this run
         self._captured_here: dict[tuple[str, int], int] = {}
         # Lines that compiled more than one graph are watched: the shapes of the tensors the
         # tracked code names (~2 us for a cell's 20 names) are compared at each of their
@@ -198,6 +206,8 @@ class Recorder:
         return self
 
     def stop(self) -> Recording:
+        if self.active:
+            self._note_live_tensors()
         self.active = False
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
@@ -350,6 +360,7 @@ class Recorder:
             events = self._log.events_since(self._log_read)
             self._log_read = log_end
             if events:
+                cost.note_compiled(graph.hash, events[-1])
                 graphs_by_hash[events[-1].graph_hash] = graph
                 graphs_by_hash.move_to_end(events[-1].graph_hash)
                 while len(graphs_by_hash) > _MAX_BY_HASH:
@@ -440,7 +451,14 @@ class Recorder:
             calls = self.recording.line_calls
             calls[key] = calls.get(key, 0) + 1
             forced = key in force_capture
-            due = forced or key in self._capture_next or line_graphs.get(key) is None
+            # A line's first sync in each run is captured (a step's cost is that of the
+            # graph its lines run), and any line whose graph is not known yet.
+            due = (
+                forced
+                or key in self._capture_next
+                or key not in self._tried
+                or line_graphs.get(key) is None
+            )
             if not due and key in self._compiled_at:  # a new shape: capture, to name it
                 due = self._shapes_changed(root, key)
             if not due:
@@ -453,20 +471,31 @@ class Recorder:
             if (not forced and taken >= 16) or not (after_compile or self._within_budget()):
                 return None, None
             self._capture_next.discard(key)
+            self._tried.add(key)
             self._captured_here[key] = taken + 1
             start = time.perf_counter()
             graph = (
                 _capture_tensor(tensor)
                 if tensor is not None
-                else _capture_pending(root, self._names)
+                else _capture_pending(root, self._names, frame)
             )
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
             line_graphs.note(key, graph)
+            if graph is not None and graph.hash:
+                self.recording.line_graphs[key] = graph.hash
+            self._note_live_tensors()
             return graph, self.site_of(frame)
         except Exception:
             self._failed()
             return None, None
+
+    def _note_live_tensors(self) -> None:
+        names = current_backend().counter_names_of
+        live = (self._counter(names.tensors_created) or 0) - (
+            self._counter(names.tensors_destroyed) or 0
+        )
+        self.recording.live_tensors.append((self.recording.syncs, live))
 
     def _shapes_changed(self, root, key) -> bool:
         values: Any = frame_variables(root)
@@ -513,6 +542,7 @@ class LineGraphs:
     def clear(self) -> None:
         self._lines.clear()
         graphs_by_hash.clear()
+        cost.costs.clear()
 
     def graph_for(self, where, event):
         """The pending graph captured just before `event` compiled, if it was captured."""
@@ -533,10 +563,12 @@ force_capture: set[tuple[str, int]] = set()
 _by_own_hash: OrderedDict[str, Any] = OrderedDict()
 
 
-def _capture_pending(frame, names: tuple = ()):
+def _capture_pending(frame, names: tuple = (), caller=None):
     """The pending graph of the XLA tensors the frame's variables reach (bounded walk): the
     variables the tracked code names first (a notebook's namespace holds much else, which
-    could use up the walk's budget before reaching them), then the rest, newest first."""
+    could use up the walk's budget before reaching them), then the rest, newest first; and
+    the locals of the function that synced (`caller`, when not the tracked frame: a step
+    function's tensors)."""
     import torch
 
     from tpu_nb.runtime.graph._capture import is_pending, walk_limited
@@ -545,13 +577,15 @@ def _capture_pending(frame, names: tuple = ()):
     budget = [20_000]
     variables = frame_variables(frame)
     spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
+    if caller is not None and caller is not frame and caller.f_globals is not caller.f_locals:
+        spaces.insert(0, caller.f_locals)
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
     for namespace in (named, *rest):
         for t in walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
             if id(t) not in found and is_pending(t):
                 found[id(t)] = t
-    return _graph_once(list(found.values()))
+    return _graph_once(list(found.values()), spaces)
 
 
 def _capture_tensor(tensor):
@@ -560,12 +594,13 @@ def _capture_tensor(tensor):
     return _graph_once([tensor]) if is_pending(tensor) else None
 
 
-def _graph_once(tensors: list):
+def _graph_once(tensors: list, spaces: list | None = None):
     from tpu_nb.runtime.graph._capture import graph
 
     if not tensors:
         return None
     own_hash = current_backend().graph_hash(tensors)
+    cost.count_new_graph(own_hash, tensors, spaces)  # once per new graph
     known = _by_own_hash.get(own_hash)
     if known is None:
         known = _by_own_hash[own_hash] = graph(*tensors, hlo=False, frames=False)

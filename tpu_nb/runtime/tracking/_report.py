@@ -16,11 +16,14 @@ from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import MetricsDelta, on_reset, snapshot
 from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._anatomy import Anatomy
+from tpu_nb.runtime.tracking._cost import StepCost
 from tpu_nb.runtime.tracking._dynamo import DynamoCompile
+from tpu_nb.runtime.tracking._oom import OutOfMemory, out_of_memory
 from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork, find_earlier, find_pending
 from tpu_nb.runtime.tracking._policy import Judgement, describe_pattern
 from tpu_nb.runtime.tracking._probe import own_sync
@@ -120,6 +123,11 @@ class RunReport:
     judgement: Judgement | None = None
     # What Dynamo compiled (torch.compile): tracking._dynamo.DynamoCompile, in order.
     compiled: tuple[DynamoCompile, ...] = ()
+    # What a steady step costs on the chip the run is judged for (a TPU, or the target
+    # elsewhere): FLOPs, bytes, memory fit, and MFU or the projected device time
+    cost: StepCost | None = None
+    # A RESOURCE_EXHAUSTED the run failed with, read into its facts (the out-of-memory card)
+    out_of_memory: OutOfMemory | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_sealed"):
@@ -193,6 +201,11 @@ class RunReport:
             lines.append(f"  verdict: {verdict}")
         elif judgement is not None and judgement.note:
             lines.append(f"  no verdict: {judgement.note}")
+        if self.cost is not None and self.steps:
+            lines.append("  cost per step:")
+            lines += [f"    {line}" for line in self.cost.lines()]
+        if self.out_of_memory is not None:
+            lines += [f"  {line}" for line in self.out_of_memory.lines()]
         return "\n".join(lines)
 
 
@@ -464,6 +477,9 @@ class track:
             report.capture_seconds = recording.capture_seconds
             report.record_errors = recording.hook_errors
             report.syncs, report.line_calls = recording.syncs, dict(recording.line_calls)
+            report.cost = _step_cost(recording)
+        if report.error is not None:
+            report.out_of_memory = out_of_memory(report.error)
         _judge(report)
         report.complete = True
         _last = report
@@ -474,6 +490,16 @@ class track:
             report._seal()
 
 
+def _step_cost(recording) -> StepCost | None:
+    try:
+        return cost.step_cost(
+            recording.line_graphs, recording.line_calls, recording.syncs, recording.live_tensors
+        )
+    except Exception:  # a bug in the cost must not cost the user the run's report
+        logging.getLogger("tpu_nb").debug("tpu_nb: the step's cost failed", exc_info=True)
+        return None
+
+
 def _judge(report: RunReport) -> None:
     """The policy's judgement; the anatomy's verdict becomes the steady state's."""
     try:
@@ -481,6 +507,8 @@ def _judge(report: RunReport) -> None:
     except Exception:  # a bug in the policy must not cost the user the run's report
         logging.getLogger("tpu_nb").debug("tpu_nb: judging the run failed", exc_info=True)
         return
+    if report.judgement.cost is not None:
+        report.cost = report.judgement.cost
     if isinstance(report.anatomy, anatomy.Anatomy):
         judged = report.judgement
         # the host lines shown are those of the steps the verdict is about

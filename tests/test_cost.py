@@ -1,0 +1,453 @@
+"""The cost of a step judged for a TPU: FLOPs from the HLO (against analytic counts and
+FlopCounterMode on the same step), bytes from the compile log, the target chip's roofline
+time, the memory fit, the verdict judged for the target, and the out-of-memory card.
+
+Fast tests on constructed facts first; then runs on XLA:CPU.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import torch_xla
+from torch.utils.flop_counter import FlopCounterMode
+
+import tpu_nb
+from tpu_nb.runtime.environment import CHIPS, Chip, chip, set_target, target_chip
+from tpu_nb.runtime.graph import hlo_flops
+from tpu_nb.runtime.tracking import MemoryFit, Residency, out_of_memory
+from tpu_nb.runtime.tracking._cost import roofline_seconds
+
+# -- the chip table and the target -------------------------------------------------------
+
+
+def test_the_table_holds_the_cloud_tpu_figures_and_names_its_sources():
+    v5e = CHIPS["v5e"]
+    assert (v5e.peak_flops, v5e.hbm_bytes, v5e.hbm_bandwidth) == (197e12, 16e9, 819e9)
+    assert CHIPS["v4"].hbm_bytes == 32 * 2**30 and CHIPS["v5p"].hbm_bytes == 95 * 2**30
+    assert set(CHIPS) == {"v4", "v5e", "v5p", "v6e", "TPU7x"}
+    assert all(c.source.startswith("https://cloud.google.com/tpu/docs/") for c in CHIPS.values())
+    # TPU7x shows two devices per chip: one device has half of everything
+    x = CHIPS["TPU7x"]
+    assert x.devices == 2
+    assert x.per_device().peak_flops == x.peak_flops / 2
+    assert x.per_device().hbm_bytes == x.hbm_bytes / 2
+
+
+def test_chip_names_as_accelerator_types_and_tools_spell_them():
+    assert chip("v5litepod-8") is CHIPS["v5e"]
+    assert chip("TPU v6e") is CHIPS["v6e"]
+    assert chip("7x") is CHIPS["TPU7x"] and chip("tpu7x") is CHIPS["TPU7x"]
+    assert chip("v4-32") is CHIPS["v4"]
+    assert chip("v9z") is None
+
+
+def test_the_target_is_v5e_by_default_and_the_device_s_own_chip_on_a_tpu():
+    set_target(None)
+    assert target_chip("CPU") == (CHIPS["v5e"], False)
+    assert target_chip("TPU", "v6e-8") == (CHIPS["v6e"], True)
+    try:
+        set_target("v5p")
+        assert target_chip("CPU") == (CHIPS["v5p"], False)
+        assert target_chip("TPU", "v4-8") == (CHIPS["v4"], True)  # a TPU is its own target
+    finally:
+        set_target(None)
+
+
+def test_a_wrong_target_or_chip_is_one_line_with_the_fix():
+    with pytest.raises(tpu_nb.TpuNbUsageError, match=r"unknown target chip 'v9'.*Fix: one of v4"):
+        set_target("v9")
+    with pytest.raises(tpu_nb.TpuNbUsageError, match="hbm_bytes=0 is not a positive number"):
+        Chip("mine", peak_flops=1e12, hbm_bytes=0, hbm_bandwidth=1e9)
+    with pytest.raises(tpu_nb.TpuNbUsageError) as raised:
+        tpu_nb.setup(target="v9")
+    assert "\n" not in str(raised.value) and "Fix:" in str(raised.value)
+
+
+def test_the_roofline_is_the_slower_of_compute_and_memory():
+    for c in CHIPS.values():
+        d = c.per_device()
+        assert roofline_seconds(1e12, 1e6, c) == 1e12 / d.peak_flops  # compute-bound
+        assert roofline_seconds(1e6, 1e12, c) == 1e12 / d.hbm_bandwidth  # memory-bound
+    assert roofline_seconds(None, 1e9, CHIPS["v5e"]) is None
+
+
+# -- FLOPs from constructed HLO ----------------------------------------------------------
+
+HLO = """\
+HloModule IrToHlo.9, entry_computation_layout={(f32[8,16]{1,0})->(f32[8,4]{1,0})}
+
+%AddComputation.1 (x.2: f32[], y.3: f32[]) -> f32[] {
+  ROOT %add.4 = f32[] add(f32[] %x.2, f32[] %y.3)
+}
+
+ENTRY %IrToHlo.9 (p0.1: f32[8,16], p1.2: f32[16,32], p2.3: f32[32,4]) -> (f32[8,4]) {
+  %p0.1 = f32[8,16]{1,0} parameter(0)
+  %p1.2 = f32[16,32]{1,0} parameter(1)
+  %p2.3 = f32[32,4]{1,0} parameter(2)
+  %dot.5 = f32[8,32]{1,0} dot(f32[8,16]{1,0} %p0.1, f32[16,32]{1,0} %p1.2), \
+lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %dot.6 = f32[8,4]{1,0} dot(f32[8,32]{1,0} %dot.5, f32[32,4]{1,0} %p2.3), \
+lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %dead.7 = f32[8,8]{1,0} dot(f32[8,16]{1,0} %p0.1, f32[16,8]{1,0} %p1.2), \
+lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %conv.8 = f32[2,8,6,6]{3,2,1,0} convolution(f32[2,3,8,8]{3,2,1,0} %p0.1, \
+f32[8,3,3,3]{3,2,1,0} %p1.2), window={size=3x3}, dim_labels=bf01_oi01->bf01
+  %cc.9 = f32[8,4]{1,0} custom-call(f32[8,4]{1,0} %dot.6), custom_call_target="tpu_kernel"
+  ROOT %tuple.10 = (f32[8,4]{1,0}, /*index=1*/f32[2,8,6,6]{3,2,1,0}) tuple(\
+f32[8,4]{1,0} %cc.9, f32[2,8,6,6]{3,2,1,0} %conv.8)
+}
+"""
+
+
+def test_flops_of_constructed_hlo_count_live_matmuls_and_convolutions():
+    counted = hlo_flops(HLO)
+    matmuls = 2 * 8 * 16 * 32 + 2 * 8 * 32 * 4  # the dead dot left out
+    conv = 2 * (2 * 8 * 6 * 6) * (3 * 3 * 3)
+    assert counted.flops == matmuls + conv
+    assert (counted.dots, counted.convolutions, counted.custom_calls) == (2, 1, 1)
+    assert "custom call" in counted.left_out and "elementwise" in counted.left_out
+
+
+# -- memory and the out-of-memory card, from constructed facts ---------------------------
+
+
+def test_a_step_that_does_not_fit_says_how_much_and_what_is_biggest():
+    resident = Residency(
+        params=8 * 10**9, grads=8 * 10**9, optimizer=0, largest=(("model.h", 15 * 10**9),)
+    )
+    fit = MemoryFit(CHIPS["v5e"], 21.9e9, resident, 5.9e9)
+    assert not fit.fits
+    text = fit.describe()
+    assert text.startswith("does not fit: needs 21.9 GB, a v5e has 16 GB: the biggest are model.h")
+    assert MemoryFit(CHIPS["v6e"], 21.9e9, resident, 5.9e9).fits
+
+
+COMPILE_OOM = """\
+RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. \
+Used 21.95G of 15.48G hbm. Exceeded hbm capacity by 6.47G.
+
+Total hbm usage >= 22.47G:
+    reserved        530.00M
+    program          21.95G
+    arguments            0B
+
+Output size 0B; shares 0B with arguments.
+
+  Largest program allocations in hbm:
+
+  1. Size: 2.00G
+     Operator: op_name="aten__mm" source_file="train.py" source_line=42
+     Shape: f32[16384,32768]{1,0:T(8,128)}
+     Unpadded size: 2.00G
+     Allocation type: HLO temp
+     ==========================
+
+  2. Size: 512.00M
+     Operator: op_name="aten__gelu" source_file="train.py" source_line=43
+     Shape: f32[4096,32768]{1,0:T(8,128)}
+     Allocation type: HLO temp
+     ==========================
+"""
+RUN_OOM = (
+    "Bad StatusOr access: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to "
+    "allocate 196.00M. That was not possible. There are 134.44M free.; (1x0x0_HBM0): while "
+    "running replica 0 and partition 0 of a replicated computation"
+)
+
+
+def test_the_recorded_compile_time_oom_becomes_a_card_naming_the_largest_allocation():
+    oom = out_of_memory(ValueError(COMPILE_OOM))
+    assert oom is not None and oom.when == "compile"
+    assert oom.used == pytest.approx(21.95 * 2**30) and oom.capacity == pytest.approx(15.48 * 2**30)
+    first = oom.allocations[0]
+    assert (first.op, first.file, first.line, first.shape) == (
+        "aten__mm",
+        "train.py",
+        42,
+        "f32[16384,32768]",
+    )
+    card = str(oom)
+    assert "needs 21.95 GiB of HBM, the device has 15.48 GiB" in card
+    assert "1. 2.00 GiB aten__mm f32[16384,32768] at train.py:42" in card
+    assert "torch_xla.utils.checkpoint" in card and "bf16 weights" in card
+
+
+def test_the_recorded_run_time_oom_and_other_errors():
+    oom = out_of_memory(RuntimeError(RUN_OOM))
+    assert oom is not None and oom.when == "run"
+    assert oom.requested == 196 * 2**20 and oom.free == pytest.approx(134.44 * 2**20)
+    assert "a buffer of 196.00 MiB did not fit in the 134.44 MiB of HBM still free" in str(oom)
+    assert out_of_memory(RuntimeError("shape mismatch")) is None
+    assert out_of_memory(KeyError("RESOURCE_EXHAUSTED")) is None
+
+
+# -- on XLA:CPU ------------------------------------------------------------------------------
+
+
+def _steady_report(step, steps: int = 3) -> tpu_nb.RunReport:
+    """Track `steps` calls of `step` (which syncs), from this frame."""
+    with tpu_nb.track("cost") as report:
+        for _ in range(steps):
+            out = step()  # noqa: F841  (a variable of the tracked frame: captured)
+            torch_xla.sync()
+    return report
+
+
+def test_a_matmul_chain_costs_its_analytic_flops_and_the_v5e_roofline():
+    set_target(None)
+    dev = torch_xla.device()
+    x = torch.randn(16, 64, device=dev)
+    ws = [torch.randn(64, 64, device=dev) for _ in range(3)]
+
+    def chain():
+        y = x
+        for w in ws:
+            y = torch.relu(y @ w)
+        return y
+
+    with tpu_nb.track("cost") as report:
+        for _ in range(4):
+            out = chain()
+            torch_xla.sync()
+    del out
+    cost = report.cost
+    assert cost is not None and not cost.on_chip and cost.chip is CHIPS["v5e"]
+    assert cost.flops == 3 * 2 * 16 * 64 * 64
+    assert cost.device_seconds == roofline_seconds(cost.flops, cost.moved_bytes, CHIPS["v5e"])
+    text = str(report)
+    assert "cost per step:" in text and "on a v5e: device work >=" in text
+
+
+def _model_step(model, batch, opt):
+    loss = model(**batch).loss if isinstance(batch, dict) else model(batch).float().sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def _flops_of_steady_step(make_model, make_batch) -> tuple[int | None, int]:
+    dev = torch_xla.device()
+    with torch.device(dev):
+        model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = make_batch(dev)
+    with tpu_nb.track("model") as report:
+        for _ in range(2):
+            loss = _model_step(model, batch, opt)
+            torch_xla.sync()
+    with FlopCounterMode(display=False) as counter:
+        loss = _model_step(model, batch, opt)
+    torch_xla.sync()
+    del loss
+    assert report.cost is not None
+    return report.cost.flops, counter.get_total_flops()
+
+
+def test_resnet18_training_step_flops_equal_flop_counter_mode():
+    import torchvision
+
+    counted, expected = _flops_of_steady_step(
+        lambda: torchvision.models.resnet18(num_classes=10),
+        lambda dev: torch.randn(2, 3, 32, 32, device=dev),
+    )
+    assert counted == expected
+
+
+def test_gpt2_training_step_flops_equal_flop_counter_mode():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=32)
+
+    def batch(dev):
+        ids = torch.randint(0, 500, (2, 16), device=dev)
+        return {"input_ids": ids, "labels": ids}
+
+    counted, expected = _flops_of_steady_step(lambda: GPT2LMHeadModel(config), batch)
+    assert counted == expected
+
+
+def test_xla_cpu_work_is_never_called_device_bound_nor_given_fixes_false_on_a_tpu():
+    set_target(None)
+    dev = torch_xla.device()
+    a = torch.randn(512, 512, device=dev)
+    b = torch.randn(512, 512, device=dev) / 512
+    with tpu_nb.track("big") as report:
+        for _ in range(6):
+            for _ in range(4):
+                a = torch.tanh(a @ b)
+            torch_xla.sync()
+    verdict = report.anatomy.verdict
+    assert verdict is not None
+    assert verdict.kind != "device-bound" or verdict.reason.startswith("on a v5e"), verdict
+    if verdict.kind in ("host-bound", "device-bound"):
+        assert verdict.reason.startswith(f"on a v5e this step would be {verdict.kind}"), verdict
+        assert "the CPU's time" in verdict.reason
+    text = str(report)
+    for false_on_a_tpu in ("bigger device", "pin_memory", "torch_xla.compile(step_fn)"):
+        assert false_on_a_tpu not in text
+
+
+def test_a_slow_target_makes_the_same_step_device_bound_there():
+    # The same loop, judged for a chip 10^6 times slower than a v5e: its projected device
+    # time dwarfs the host's tracing, so on that chip the step would be device-bound.
+    slow = Chip("slow", peak_flops=1e8, hbm_bytes=16e9, hbm_bandwidth=1e9)
+    set_target(slow)
+    try:
+        dev = torch_xla.device()
+        a = torch.randn(256, 256, device=dev)
+        b = torch.randn(256, 256, device=dev) / 256
+        with tpu_nb.track("slow") as report:
+            for _ in range(6):
+                a = torch.tanh(a @ b)
+                torch_xla.sync()
+    finally:
+        set_target(None)
+    verdict = report.anatomy.verdict
+    assert verdict is not None and verdict.kind == "device-bound", verdict
+    assert verdict.reason.startswith("on a slow this step would be device-bound")
+    assert report.cost.device_seconds == pytest.approx(2 * 256**3 / 1e8)
+    assert "shard the step over more chips" in verdict.fix
+
+
+def test_an_xla_cpu_allocation_failure_in_a_tracked_run_becomes_the_card():
+    dev = torch_xla.device()
+    with pytest.raises(RuntimeError), tpu_nb.track("oom") as report:
+        huge = torch.zeros(2**46, dtype=torch.uint8, device=dev)
+        torch_xla.sync()
+        del huge
+    oom = report.out_of_memory
+    assert oom is not None and oom.requested == 2**46
+    assert str(report).count("Fix: a smaller batch") == 1
+
+
+def test_a_compile_time_oom_in_a_cell_shows_the_card_with_its_line(shell, tmp_path, capsys):
+    shell.run_cell(f"OOM_TEXT = {COMPILE_OOM!r}")
+    result = shell.run_cell("%%on_tpu\nraise ValueError(OOM_TEXT)")
+    assert isinstance(result.error_in_exec, ValueError)
+    shown = capsys.readouterr().out
+    assert "out of memory compiling: the program needs 21.95 GiB of HBM" in shown
+    assert "1. 2.00 GiB aten__mm f32[16384,32768] at train.py:42" in shown
+    assert tpu_nb.last_report().out_of_memory.allocations[0].line == 42
+
+
+def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(py):
+    out = py(
+        textwrap.dedent(
+            """
+            import warnings, torch, torch_xla, tpu_nb
+            tiny = tpu_nb.Chip("tiny", peak_flops=1e12, hbm_bytes=50_000, hbm_bandwidth=1e9)
+            env = tpu_nb.setup(target=tiny)
+            print("judged for tiny:", any("judged for a tiny" in a for a in env.applied))
+            dev = tpu_nb.device()
+            def counter():
+                return torch_xla._XLAC._xla_counter_value("ExecuteComputation") or 0
+            seen = []
+            def keep(message, *args, **kwargs):
+                seen.append((str(message), counter()))
+            warnings.showwarning = keep
+            with tpu_nb.track("fit") as report:
+                with torch.device(dev):
+                    model = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.Linear(128, 8))
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                x = torch.randn(16, 128, device=dev)
+                before = counter()
+                for _ in range(3):
+                    model(x).sum().backward(); opt.step(); opt.zero_grad()
+                    torch_xla.sync()
+            message, executed = seen[0]
+            print("warned before running:", executed == before, "does not fit" in message)
+            print("report:", report.cost.memory.fits, report.cost.memory.temporaries > 0)
+            print(str(report).split("memory on a tiny: ")[1].splitlines()[0][:40])
+            """
+        )
+    ).stdout
+    assert "judged for tiny: True" in out
+    assert "warned before running: True True" in out
+    assert "report: False True" in out
+    assert "does not fit: needs " in out
+
+
+def test_the_card_and_the_cost_are_escaped_in_html(shell):
+    from tpu_nb.display.reports import RunView
+
+    hostile = COMPILE_OOM.replace('source_file="train.py"', 'source_file="<b>x</b>.py"')
+    shell.run_cell(f"HOSTILE = {hostile!r}")
+    shell.run_cell("%%on_tpu --quiet\nraise ValueError(HOSTILE)")
+    html = RunView(tpu_nb.last_report())._repr_html_()
+    assert "&lt;b&gt;x&lt;/b&gt;.py:42" in html and "<b>x</b>" not in html
+    assert "tpunb-oom" in html
+
+
+def test_tpu_setup_target_sets_the_chip_and_a_wrong_one_is_a_usage_error(shell):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="unknown target chip 'v9'.*Fix: one of"):
+        shell.run_line_magic("tpu_setup", "--target v9")
+    try:
+        shell.run_line_magic("tpu_setup", "--device cpu --target v6e")
+        assert target_chip("CPU") == (CHIPS["v6e"], False)
+    finally:
+        set_target(None)
+
+
+def test_host_time_leaves_out_what_the_syncs_waited_for_the_device():
+    from tpu_nb.runtime.tracking import StepCost, StepRecord
+    from tpu_nb.runtime.tracking._cost import timed
+
+    # Each step: 1 ms of tracing, then a 3 ms sync of which 2.5 ms waited for the
+    # previous step's execution (the device busy then), 0.5 ms the host's own.
+    steps = [
+        StepRecord(
+            index=i,
+            start=10.0 * i,
+            end=10.0 * i + 0.004,
+            trace=0.001,
+            sync=0.003,
+            host_spans=(("sync", 10.0 * i + 0.001, 10.0 * i + 0.004),),
+            device_spans=((10.0 * i + 0.001, 10.0 * i + 0.0035),),
+            device=0.0025,
+        )
+        for i in range(3)
+    ]
+    cost = timed(StepCost(CHIPS["v5e"], False, flops=197 * 10**9, moved_bytes=0.0), steps)
+    assert cost.host_seconds == pytest.approx(0.0015)
+    assert cost.device_seconds == pytest.approx(1e-3)  # 197 GFLOP at 197 TFLOP/s
+    assert cost.measured_device_seconds == pytest.approx(0.0025)
+    assert cost.mfu is None  # not on the chip: no MFU
+
+
+def test_a_loop_that_keeps_a_tensor_per_step_is_named():
+    from tpu_nb.runtime.tracking._cost import kept_step_over_step
+
+    # constructed: (syncs made, live device tensors) at captures and at the end
+    assert kept_step_over_step([(2, 6), (14, 17)]).startswith(
+        "device memory grows step over step: 11 more live device tensors"
+    )
+    assert kept_step_over_step([(2, 6), (14, 8)]) == ""
+    assert kept_step_over_step([(2, 6), (8, 14)]) == ""  # too few steps to say
+
+    dev = torch_xla.device()
+    with torch.device(dev):
+        model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8, device=dev)
+    notes = {}
+    for keep in (True, False):
+        losses = []
+        with tpu_nb.track("keep") as report:
+            for _ in range(14):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                torch_xla.sync()
+                if keep:
+                    losses.append(loss)
+        notes[keep] = report.cost.notes
+    assert any("device memory grows step over step" in n for n in notes[True]), notes
+    assert "device memory grows" in str(report) or not notes[False]
+    assert not any("grows step over step" in n for n in notes[False]), notes

@@ -1,0 +1,430 @@
+"""What a step costs on the TPU a run is judged for: FLOPs, bytes, memory, and time.
+
+Facts, gathered once per new graph (never on a cached step):
+- model FLOPs, counted from the HLO of the pending graph when tpu_nb captures a graph it has
+  not seen (graph.hlo_flops: matmuls and convolutions);
+- bytes, from the compile log's "Post Compilation Analysis" of that graph: inputs, outputs,
+  aliased inputs (updated in place), temporaries and the program;
+- resident tensors (parameters, gradients, optimizer state, by module) when a new graph is
+  captured: with the graph's temporaries, what the step needs of the chip's HBM.
+
+Per step (`RunReport.cost`, a `StepCost`): the FLOPs and bytes of the graph each syncing line
+ran last; on a TPU the MFU (model FLOPs per step / step time / peak) and HBM in use;
+elsewhere the target chip's device time as a roofline lower bound, max(FLOPs / peak, bytes /
+bandwidth), beside the host time measured here. XLA:CPU's execution time is the CPU's: it
+says nothing about a TPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.environment._chips import Chip, target_chip
+from tpu_nb.runtime.environment._detect import detect_accelerator
+from tpu_nb.runtime.graph._cost import HloFlops, hlo_flops
+from tpu_nb.runtime.units import format_seconds, percentile
+
+log = logging.getLogger("tpu_nb")
+
+_SIZE_KEYS = {
+    "graph input": "input_bytes",
+    "graph output": "output_bytes",
+    "aliased input": "aliased_bytes",
+    "intermediate tensor": "temp_bytes",
+    "compiled program": "program_bytes",
+}
+
+
+def format_bytes(n: float | None) -> str:
+    """Bytes in B, KB, MB or GB (powers of 1000, as the Cloud TPU pages give HBM)."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_flops(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} FLOP"
+
+
+@dataclass(frozen=True)
+class Residency:
+    """XLA tensors the tracked code holds: parameters, their gradients, optimizer state;
+    `largest`: (module or variable, bytes) by the top-level module they belong to."""
+
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    largest: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
+class GraphCost:
+    """One compiled graph's model FLOPs and bytes (None where not known)."""
+
+    flops: int | None = None
+    left_out: str = ""
+    graph_hash: str = ""  # the compile log's
+    input_bytes: float | None = None
+    output_bytes: float | None = None
+    aliased_bytes: float | None = None
+    temp_bytes: float | None = None
+    program_bytes: float | None = None
+    resident: Residency | None = None  # what the tracked code held when it was captured
+
+    @property
+    def moved_bytes(self) -> float | None:
+        """HBM traffic at least: every input read once and every output written once."""
+        if self.input_bytes is None or self.output_bytes is None:
+            return None
+        return self.input_bytes + self.output_bytes
+
+    def with_sizes(self, sizes_gb: dict[str, float], graph_hash: str) -> GraphCost:
+        found: dict[str, Any] = {
+            _SIZE_KEYS[k]: v * 1e9 for k, v in sizes_gb.items() if k in _SIZE_KEYS
+        }
+        return replace(self, graph_hash=graph_hash, **found)
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Whether a step fits the chip's HBM: resident tensors plus the graph's temporaries
+    and the outputs it does not write in place."""
+
+    chip: Chip
+    needed: float
+    resident: Residency | None
+    temporaries: float
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.chip.per_device().hbm_bytes
+
+    def describe(self) -> str:
+        capacity = self.chip.per_device().hbm_bytes
+        have = f"a {self.chip.name} has {format_bytes(capacity)}"
+        if self.chip.devices > 1:
+            have = f"a {self.chip.name} device has {format_bytes(capacity)}"
+        parts = []
+        if self.resident is not None and self.resident.total:
+            r = self.resident
+            parts.append(
+                f"resident {format_bytes(r.total)} (parameters {format_bytes(r.params)}, "
+                f"gradients {format_bytes(r.grads)}, optimizer state {format_bytes(r.optimizer)})"
+            )
+        parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
+        head = f"needs {format_bytes(self.needed)}, {have}"
+        if self.fits:
+            return f"fits: {head} ({'; '.join(parts)})"
+        biggest = ", ".join(f"{n} {format_bytes(b)}" for n, b in (self.resident or _NONE).largest)
+        return (
+            f"does not fit: {head}: "
+            + (f"the biggest are {biggest}; " if biggest else "")
+            + "; ".join(parts)
+        )
+
+
+_NONE = Residency()
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one steady step costs, judged for `chip` (`RunReport.cost`).
+
+    `on_chip`: measured on that chip (a TPU); False: projected for the target from here."""
+
+    chip: Chip
+    on_chip: bool
+    flops: int | None = None
+    moved_bytes: float | None = None
+    graphs: tuple[GraphCost, ...] = ()
+    left_out: str = ""
+    memory: MemoryFit | None = None
+    device_seconds: float | None = None  # the target's roofline lower bound per step
+    # the host's tracing, input and own sync time per step, measured here (not the time its
+    # syncs waited for the device)
+    host_seconds: float | None = None
+    step_seconds: float | None = None  # measured step median
+    measured_device_seconds: float | None = None  # execution per step here (the CPU's)
+    mfu: float | None = None  # on a TPU
+    hbm_used: int | None = None  # on a TPU
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        """The cost in a few sentences (the report's "cost per step")."""
+        chip = self.chip.name
+        out = []
+        if self.flops is not None:
+            bytes_ = f", {format_bytes(self.moved_bytes)} in and out" if self.moved_bytes else ""
+            out.append(
+                f"{format_flops(self.flops)} per step{bytes_} (matmuls and convolutions; "
+                f"{self.left_out})"
+            )
+        else:
+            out.append("FLOPs per step not counted: tpu_nb did not capture the step's graph")
+        if self.on_chip:
+            if self.mfu is not None:
+                out.append(f"MFU {self.mfu:.1%} of a {chip}'s bf16 peak")
+            if self.hbm_used is not None:
+                out.append(f"HBM in use {format_bytes(self.hbm_used)}")
+        elif self.device_seconds is not None:
+            here = (
+                f"; XLA:CPU ran it in {format_seconds(self.measured_device_seconds)} (the "
+                "CPU's time)"
+                if self.measured_device_seconds
+                else ""
+            )
+            out.append(
+                f"on a {chip}: device work >= {format_seconds(self.device_seconds)} per step "
+                f"(roofline), host time here {format_seconds(self.host_seconds)}{here}"
+            )
+        if self.memory is not None:
+            out.append(f"memory on a {chip}: {self.memory.describe()}")
+        out += list(self.notes)
+        return out
+
+
+def roofline_seconds(flops: float | None, moved: float | None, chip: Chip) -> float | None:
+    """The least device time for the work: max(FLOPs / peak, bytes / HBM bandwidth)."""
+    if flops is None:
+        return None
+    device = chip.per_device()
+    return max(flops / device.peak_flops, (moved or 0.0) / device.hbm_bandwidth)
+
+
+# -- gathered at a capture and a compile (see the module docstring) -------------------------
+
+# The captured graph's own hash (torch_xla's hash of the captured tensors) -> its cost.
+costs: OrderedDict[str, GraphCost] = OrderedDict()
+_MAX_COSTS = 512
+_device_kind: list[str] = []  # the runtime's device kind, once it has started
+
+
+def judged_chip() -> tuple[Chip, bool]:
+    """(the chip runs are judged for, whether this process runs on it)."""
+    if not _device_kind:
+        runtime = current_backend()
+        if not runtime.runtime_started():
+            return target_chip()
+        _device_kind.append(runtime.device_kind().upper())
+    kind = _device_kind[0]
+    accelerator = detect_accelerator().tpu_type if kind == "TPU" else None
+    return target_chip(kind, accelerator)
+
+
+def count_new_graph(own_hash: str, tensors: Sequence[Any], spaces: list | None = None) -> None:
+    """A graph tpu_nb had not captured: count its FLOPs from its HLO (the HLO of a GPT-2
+    step: ~20 ms, against seconds of compiling) and what the tracked code holds."""
+    if own_hash in costs:
+        return
+    try:
+        counted: HloFlops | None = hlo_flops(current_backend().graph_hlo(list(tensors)))
+    except Exception:
+        log.debug("tpu_nb: counting a graph's FLOPs failed", exc_info=True)
+        counted = None
+    resident = residency(spaces) if spaces else None
+    costs[own_hash] = GraphCost(
+        flops=counted.flops if counted else None,
+        left_out=counted.left_out if counted else "",
+        resident=resident,
+    )
+    while len(costs) > _MAX_COSTS:
+        costs.popitem(last=False)
+    if resident is not None:
+        _warn_if_it_cannot_fit(resident)
+
+
+def note_compiled(own_hash: str, event) -> None:
+    """The captured graph compiled as `event`: its sizes from the compile log."""
+    known = costs.get(own_hash)
+    if known is not None and event.sizes_gb:
+        costs[own_hash] = known.with_sizes(event.sizes_gb, event.graph_hash)
+
+
+def _warn_if_it_cannot_fit(resident: Residency) -> None:
+    """Said before the graph runs: what the tracked code holds already exceeds the chip."""
+    chip, _ = judged_chip()
+    fit = MemoryFit(chip, float(resident.total), resident, 0.0)
+    if not fit.fits:
+        warnings.warn(
+            f"tpu_nb: this step {fit.describe()}. Fix: a smaller model or batch, bf16 "
+            "weights, or sharding over more chips.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
+def residency(spaces: Sequence[dict]) -> Residency:
+    """Parameters, gradients and optimizer state of the modules and optimizers the
+    variables of `spaces` (locals, then globals) hold, by top-level module."""
+    import torch
+
+    device_type = current_backend().device_type
+    named: dict[int, tuple[str, Any]] = {}
+    for space in spaces:
+        for n, v in space.items():
+            # type(), not isinstance(): isinstance reads __class__, which some objects of a
+            # big namespace answer with a warning
+            if issubclass(type(v), (torch.nn.Module, torch.optim.Optimizer)):
+                named.setdefault(id(v), (n, v))
+    modules = [(n, v) for n, v in named.values() if isinstance(v, torch.nn.Module)]
+    optimizers = [v for _, v in named.values() if isinstance(v, torch.optim.Optimizer)]
+    seen: set[int] = set()
+    owner: dict[int, str] = {}
+    by_part: dict[str, int] = {}
+    params = grads = state = 0
+
+    def size(t) -> int:
+        if not isinstance(t, torch.Tensor) or t.device.type != device_type or id(t) in seen:
+            return 0
+        seen.add(id(t))
+        return t.numel() * t.element_size()
+
+    for name, module in modules:
+        for path, p in module.named_parameters():
+            part = f"{name}.{path.split('.')[0]}" if "." in path else name
+            owner[id(p)] = part
+            got, grad = size(p), size(p.grad)
+            params, grads = params + got, grads + grad
+            by_part[part] = by_part.get(part, 0) + got + grad
+    for opt in optimizers:
+        for param, values in opt.state.items():
+            part = owner.get(id(param), "optimizer")
+            for value in values.values() if isinstance(values, dict) else ():
+                got = size(value)
+                state += got
+                by_part[part] = by_part.get(part, 0) + got
+    largest = tuple(sorted(by_part.items(), key=lambda kv: -kv[1])[:3])
+    return Residency(params, grads, state, largest)
+
+
+# -- per step, when the run ends ------------------------------------------------------------
+
+
+SPANS_STEPS = (
+    "the step's graph spans several steps (no torch_xla.sync() cuts it): its temporaries "
+    "and compile time grow with every step"
+)
+
+
+def step_cost(
+    line_graphs: dict[tuple[str, int], str],
+    line_calls: dict,
+    steps: int,
+    live_tensors: Sequence[tuple[int, int]] = (),
+) -> StepCost:
+    """The cost of a steady step: the last graph captured at each line that synced or read
+    in at least half the run's steps (a loop's lines, not a read after it)."""
+    chip, on_chip = judged_chip()
+    loop_lines = [
+        key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= max(steps, 1)
+    ]
+    graphs = tuple(costs[line_graphs[k]] for k in loop_lines if line_graphs[k] in costs)
+    counted = [g for g in graphs if g.flops is not None]
+    flops = sum(g.flops or 0 for g in counted) if counted else None
+    moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]
+    return StepCost(
+        chip=chip,
+        on_chip=on_chip,
+        flops=flops,
+        moved_bytes=sum(moved) if moved else None,
+        graphs=graphs,
+        left_out=next((g.left_out for g in counted), ""),
+        memory=_fit(graphs, chip),
+        notes=tuple(n for n in (kept_step_over_step(live_tensors),) if n),
+    )
+
+
+_GROWTH_STEPS = 10  # steps a growth is read over, at least
+
+
+def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
+    """From (syncs made, live device tensors) at captures and at the end: a loop whose
+    live device tensors grow by about one per step or more, in words ("" when not)."""
+    if len(samples) < 2:
+        return ""
+    end_step, end_live = samples[-1]
+    starts = [(s, n) for s, n in samples[:-1] if end_step - s >= _GROWTH_STEPS]
+    if not starts:
+        return ""
+    step, live = starts[-1]
+    grown, steps = end_live - live, end_step - step
+    if grown < 0.8 * steps:  # one kept per step, give or take the variables holding one
+        return ""
+    return (
+        f"device memory grows step over step: {grown} more live device tensors at the end "
+        f"than {steps} steps before (about {grown / steps:.1g} kept per step: a list of "
+        "losses or outputs holding device tensors? accumulate them into one tensor, "
+        "total += loss.detach(), and read it after the loop)"
+    )
+
+
+def _fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
+    sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
+    if not sized:
+        return None
+    worst = max(sized, key=lambda g: g.temp_bytes or 0.0)
+    resident = max((g.resident for g in graphs if g.resident), key=lambda r: r.total, default=None)
+    extra = (worst.temp_bytes or 0.0) + max(
+        0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0)
+    )
+    held = float(resident.total) if resident is not None else (worst.input_bytes or 0.0)
+    return MemoryFit(chip, held + extra, resident, worst.temp_bytes or 0.0)
+
+
+def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
+    """The cost with the steady steps' times: measured here, and projected or MFU."""
+    if not steps:
+        return cost
+    walls = sorted(s.wall for s in steps)
+    busy = [span for s in steps for span in s.device_spans]
+    host = sorted(s.trace + s.input + _own_sync(s, busy) for s in steps)
+    device = sorted(s.device for s in steps)
+    step = percentile(walls, 0.5)
+    timed_cost = replace(
+        cost,
+        step_seconds=step,
+        host_seconds=percentile(host, 0.5),
+        measured_device_seconds=percentile(device, 0.5),
+        device_seconds=roofline_seconds(cost.flops, cost.moved_bytes, cost.chip),
+    )
+    if cost.on_chip and cost.flops is not None and step > 0:
+        peak = cost.chip.per_device().peak_flops
+        timed_cost = replace(timed_cost, mfu=cost.flops / step / peak, hbm_used=_hbm_used())
+    return timed_cost
+
+
+def _own_sync(step, busy: list[tuple[float, float]]) -> float:
+    """The host's own time in the step's syncs: less the time they waited while the device
+    ran (the runtime holds the host a step behind a busy device; on XLA:CPU, the CPU's)."""
+    waited = 0.0
+    for kind, start, end in step.host_spans:
+        if kind == "sync":
+            waited += sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy)
+    return max(0.0, step.sync - waited)
+
+
+def _hbm_used() -> int | None:
+    try:
+        runtime = current_backend()
+        return runtime.memory(str(runtime.device())).used
+    except Exception:
+        log.debug("tpu_nb: reading HBM in use failed", exc_info=True)
+        return None
