@@ -445,7 +445,7 @@ def summary_text(
         return f"{title} ({status})"
     m = state.metrics
     lines = [
-        f"{title} ({status}): {state.steps} steps, {m.executions} executions, "
+        f"{title} ({status}): {state.steps - state.loader_syncs} steps, {m.executions} executions, "
         f"{m.compiles} graphs compiled, {m.cache_hits} cache hits, "
         f"{sum(m.fallbacks.values())} CPU fallbacks, {m.host_reads} scalar reads"
     ]

@@ -365,7 +365,8 @@ def judge_run(report) -> Judgement:
     """The policy's decisions about a complete RunReport (compile events placed, the
     recorder's occurrences and counts, the anatomy without its verdict)."""
     events = list(report.compile_events)
-    syncs = getattr(report, "syncs", 0)
+    # the user's steps: a data loader's syncs with nothing to run are none
+    syncs = getattr(report, "syncs", 0) - getattr(report.anatomy, "loader_syncs", 0)
     line_calls = getattr(report, "line_calls", {}) or {}
     by_line: dict[tuple[str, int], list[int]] = {}
     joined = _joined_by_earlier(report, events)
