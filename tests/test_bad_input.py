@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import textwrap
 from pathlib import Path
@@ -346,26 +347,29 @@ def test_cache_path_with_quotes_spaces_and_tilde_is_what_the_user_meant(py, tmp_
 
 def test_cache_dir_not_writable_by_this_user(py, other_user):  # noqa: F811 (fixture import)
     """Root may write anywhere: the check runs as a second local uid."""
-    tmp_path = Path(tempfile.mkdtemp(prefix="tpu_nb_not_yours_"))
+    tmp_path = Path(tempfile.mkdtemp(prefix="tpu_nb_not_yours_", dir=enterable_tmp()))
     os.chmod(tmp_path, 0o755)  # ours: the other user can enter it, not write in it
     uid, gid = other_user
-    out = py(f"""
-        import os
-        import tpu_nb
-        from tpu_nb.runtime.environment import setup
-        os.setgid({gid}); os.setuid({uid})
-        try:
-            setup("cpu", cache_dir={str(tmp_path / "cache")!r})
-        except tpu_nb.TpuNbError as exc:
-            print("RESULT", exc)
-    """).stdout
+    try:
+        out = py(f"""
+            import os
+            import tpu_nb
+            from tpu_nb.runtime.environment import setup
+            os.setgid({gid}); os.setuid({uid})
+            try:
+                setup("cpu", cache_dir={str(tmp_path / "cache")!r})
+            except tpu_nb.TpuNbError as exc:
+                print("RESULT", exc)
+        """).stdout
+    finally:
+        made = (tmp_path / "cache").exists()
+        shutil.rmtree(tmp_path, ignore_errors=True)
     message = out.split("RESULT ", 1)[1].strip()
     assert message.startswith(
         f"the compile cache {tmp_path / 'cache'} cannot be created: "
         f"{tmp_path} is not writable by you. Fix: "
     )
-    assert not (tmp_path / "cache").exists()
-    tmp_path.rmdir()
+    assert not made  # nothing half-applied
 
 
 @pytest.mark.stack
@@ -392,7 +396,7 @@ def test_replica_traceback_from_a_fresh_worker_shows_the_source_line(py):
     )
 
 
-from test_files import other_user  # noqa: E402,F401  (the second-uid fixture)
+from test_files import enterable_tmp, other_user  # noqa: E402,F401  (the second uid)
 
 
 def test_unknown_users_home_creates_no_folder(shell):

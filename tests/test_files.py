@@ -68,6 +68,21 @@ def other_user():
     return entry.pw_uid, entry.pw_gid
 
 
+def enterable_tmp() -> str:
+    """The temp folder, when a second user can reach into it (every folder on its path open
+    to others, as /tmp is); else /tmp: a private TMPDIR (mode 0700) would stop that user at
+    its door, not at the check under test. Tests remove what they make there."""
+    folder = tempfile.gettempdir()
+    path = folder
+    while True:
+        if not os.stat(path).st_mode & 0o001:
+            return "/tmp"
+        parent = os.path.dirname(path)
+        if parent == path:
+            return folder
+        path = parent
+
+
 def as_other(user, *command: str) -> subprocess.CompletedProcess:
     uid, gid = user
     return subprocess.run(
@@ -81,7 +96,7 @@ def as_other(user, *command: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def shared_tmp():
     """A stand-in for /tmp: world-writable with the sticky bit."""
-    path = tempfile.mkdtemp(prefix="tpu_nb_shared_tmp_")
+    path = tempfile.mkdtemp(prefix="tpu_nb_shared_tmp_", dir=enterable_tmp())
     os.chmod(path, 0o1777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
