@@ -32,7 +32,7 @@ import ray
 import tpu_nb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fake_slice import fake_slice  # noqa: E402  (Ray on the loopback, its files in $TMPDIR)
+from fake_slice import fake_slice  # noqa: E402  (Ray on 127.0.0.1, its files in $TMPDIR)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = 2

@@ -3,7 +3,8 @@
 As Ray's own TPU tests do, the slice is a `ray.cluster_utils.Cluster` whose nodes carry the
 resources and labels of TPU VMs (`{"TPU": 4, "TPU-v4-32-head": 1}` on worker 0, the slice's
 name, pod type and topology as labels); each host's actor runs on XLA:CPU. One cluster for the
-module (a few seconds to start); each launch starts one new process per host (importing
+module (a few seconds to start; tests/fake_slice.py keeps every Ray process on 127.0.0.1
+and its files in the run's temp folder); each launch starts one new process per host (importing
 torch_xla), so the tests use two hosts where two show the point.
 """
 
