@@ -4,6 +4,7 @@ whatever is waiting, and `record_locations()` to have new IR nodes carry their P
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -170,10 +171,11 @@ def walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterat
     elif isinstance(obj, torch.optim.Optimizer):
         children = [g["params"] for g in obj.param_groups] + list(obj.state.values())
     elif isinstance(obj, dict):
-        children = list(obj.values())
+        children = obj.values()
     else:
-        children = list(obj)
-    for child in children:
+        children = obj
+    # no copy of a big container: at most what the budget still allows is looked at
+    for child in itertools.islice(children, max(budget[0], 0) + 1):
         yield from walk_limited(child, torch, depth - 1, seen, budget)
 
 

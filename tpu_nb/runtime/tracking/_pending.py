@@ -74,13 +74,27 @@ class EarlierWork:
 
 
 _NOT_VARIABLES = frozenset(("In", "Out", "exit", "quit", "get_ipython"))
+_PER_NAME = 500  # objects looked at from one notebook variable, at most
+
+
+def _walk_order(value) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return 0
+    if isinstance(value, torch.nn.Module | torch.optim.Optimizer):
+        return 1
+    return 2
 
 
 def find_earlier(namespace: dict, assigned_in=None) -> EarlierWork | None:
     """The pending work held by `namespace`'s variables as a block starts (None: none).
     `assigned_in(name)` names where a variable was last assigned (a notebook's cell)."""
     names = tuple(n for n in list(namespace) if not n.startswith("_") and n not in _NOT_VARIABLES)
-    found = find_pending([namespace], names)
+    # Tensors, modules and optimizers first, each name with a share of the walk: a dataset
+    # of a million examples costs its share, and hides nothing behind it.
+    names = tuple(sorted(names, key=lambda n: _walk_order(namespace[n])))
+    found = find_pending([namespace], names, per_name=_PER_NAME)
     if found is None:
         return None
     cells = []
@@ -92,9 +106,13 @@ def find_earlier(namespace: dict, assigned_in=None) -> EarlierWork | None:
     return EarlierWork(found.holders, tuple(cells), found)
 
 
-def find_pending(namespaces: list[dict], names: tuple[str, ...]) -> PendingWork | None:
+def find_pending(
+    namespaces: list[dict], names: tuple[str, ...], per_name: int = _WALK_BUDGET
+) -> PendingWork | None:
     """The pending work reachable from `names` in `namespaces` (first match per name wins);
-    None when none of them holds any. Never runs anything; never raises."""
+    None when none of them holds any. `per_name`: objects looked at, at most, from one name
+    (a big dataset list must not use up what the other names need). Never runs anything;
+    never raises."""
     start = time.perf_counter()
     try:
         import torch
@@ -109,10 +127,12 @@ def find_pending(namespaces: list[dict], names: tuple[str, ...]) -> PendingWork 
             if space is None or name.startswith("__"):
                 continue
             held = False
-            for t in walk_limited(space[name], torch, depth=4, seen=set(), budget=budget):
+            mine = [min(per_name, budget[0])]
+            for t in walk_limited(space[name], torch, depth=4, seen=set(), budget=mine):
                 if is_pending(t):
                     held = True
                     found.setdefault(id(t), t)
+            budget[0] -= min(per_name, budget[0]) - max(mine[0], 0)
             if held and len(holders) < _MAX_HOLDERS:
                 holders.append(name)
         if not found:
