@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -166,6 +166,7 @@ def walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterat
     if depth == 0 or not _is_container(obj, torch):
         return
     seen.add(id(obj))
+    children: Iterable[Any]
     if isinstance(obj, torch.nn.Module):
         children = list(obj.parameters()) + list(obj.buffers())
     elif isinstance(obj, torch.optim.Optimizer):
