@@ -8,10 +8,10 @@ the node is told `PJRT_DEVICE=CPU`, as a notebook that ran `%tpu_setup --device 
 
 Two things a fresh machine needs that a machine with earlier runs' files hides:
 
-- Every file Ray writes goes into one new folder under this run's temp folder, removed at the
-  end: Ray's session (logs, sockets) and the address file `Cluster` writes into Ray's default
-  temp folder whatever the node's `temp_dir` (`RAY_TMPDIR` points it here, and the folder is
-  created).
+- Every file Ray writes goes into one new folder under this run's temp folder (or /tmp where
+  that path is too long for Ray's Unix sockets), removed at the end: Ray's session (logs,
+  sockets) and the address file `Cluster` writes into Ray's default temp folder whatever the
+  node's `temp_dir` (`RAY_TMPDIR` points it here, and the folder is created).
 - Every node, and the driver, use the loopback: Ray swaps 127.0.0.1 for the machine's network
   address unless it runs as on a laptop (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read by the
   nodes' processes at start and by this process's `ray_constants`), and each node is given
@@ -53,7 +53,7 @@ def fake_slice(
     # Ray reads a multi-host slice's name from TPU_NAME (GKE) in the node's processes. A short
     # session path: Unix socket paths are limited to about 100 characters.
     os.environ["TPU_NAME"] = name
-    session = tempfile.mkdtemp(prefix="tpu_nb-ray-")
+    session = tempfile.mkdtemp(prefix="tpu_nb-ray-", dir=_short_enough(tempfile.gettempdir()))
     os.environ["RAY_TMPDIR"] = session
     os.makedirs(os.path.join(session, "ray"), exist_ok=True)  # Cluster's address file
     cluster = Cluster()
@@ -98,6 +98,18 @@ def fake_slice(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# What Ray puts under its folder before its longest socket's name:
+# "/session_2026-11-26_19-12-42_941400_30766/sockets/plasma_store" and the folder's own name.
+_RAY_SOCKET_TAIL = 64 + len("/tpu_nb-ray-xxxxxxxx")
+_SOCKET_PATH_MAX = 107  # AF_UNIX paths on Linux
+
+
+def _short_enough(folder: str) -> str:
+    """`folder` if Ray's socket paths under it fit AF_UNIX's limit, else /tmp (a run's own
+    temp folder nested in another can be too long; the slice's folder is removed anyway)."""
+    return folder if len(folder) + _RAY_SOCKET_TAIL <= _SOCKET_PATH_MAX else "/tmp"
 
 
 def _socket_inodes(pid: int) -> set[str]:
