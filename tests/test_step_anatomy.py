@@ -306,7 +306,13 @@ def test_figures_agree_with_the_torch_xla_profiler(py):
             # the whole call (its Python, step closures, releasing the traced graph).
             assert sync >= syncs[i] * 0.9 - 1e-4, (name, i, sync, syncs[i])
             if walls[i] is not None:
-                assert end - start == pytest.approx(walls[i], rel=0.1, abs=3e-4), (name, i)
+                # A step runs from one sync's return to the next's: each boundary sits after the
+                # profiler's StepMarker by that sync's Python part, which varies under load.
+                slack = (sync - syncs[i]) + (steps[i - 1][2] - syncs[i - 1])
+                assert end - start == pytest.approx(walls[i], rel=0.1, abs=3e-4 + slack), (
+                    name,
+                    i,
+                )
         if name == "device":
             ours = [dev for *_, dev in steps]
             assert len(device) == len(ours), (device, ours)
