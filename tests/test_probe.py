@@ -14,7 +14,7 @@ import torch_xla
 
 import tpu_nb
 from tpu_nb.runtime import sources
-from tpu_nb.runtime.tracking import _anatomy, _attribution, _policy, _provenance, _report
+from tpu_nb.runtime.tracking import _anatomy, _attribution, _policy, _provenance, _run, _store
 from tpu_nb.runtime.tracking import _probe as probe_module
 from tpu_nb.runtime.tracking._probe import READ_METHODS, probe
 
@@ -33,7 +33,7 @@ def assert_originals() -> None:
         assert getattr(torch.Tensor, name) is original, name
     assert torch.unique is ORIGINAL_UNIQUE
     assert probe().installed() == {}
-    assert _anatomy.current() is None  # no run's collector is left as the live one
+    assert _run.current_run() is None and probe().active_runs == ()  # no run left live
 
 
 @pytest.fixture(autouse=True)
@@ -88,11 +88,11 @@ END_STAGES = [
     (_anatomy.Collector, "finish"),
     (_anatomy, "build"),
     (_provenance.Recorder, "stop"),
-    (_report, "snapshot"),
-    (_report, "_place"),
-    (_report, "_note_recompilations"),
-    (_policy, "judge_run"),
-    (_attribution, "attribute"),
+    (_run, "snapshot"),
+    (_run, "_place"),
+    (_store.GraphStore, "note_compiles"),
+    (_policy, "judge"),
+    (_attribution, "findings"),
     (probe_module.Subscription, "close"),
     (probe_module.Probe, "_uninstall"),
 ]
@@ -181,7 +181,7 @@ def test_after_an_interrupted_end_a_long_loop_runs_on_the_originals(monkeypatch)
         steps(1)
     assert fired
     assert_originals()
-    recording = tracker._recorder.recording
+    recording = tracker.run.recorder.recording
     syncs, reads = recording.syncs, sum(o.calls for o in recording.occurrences.values())
     dev = tpu_nb.device()
     t = torch.zeros((), device=dev)
@@ -195,16 +195,23 @@ def test_after_an_interrupted_end_a_long_loop_runs_on_the_originals(monkeypatch)
     assert_originals()
 
 
-def test_the_report_is_live_during_the_run_and_frozen_after():
-    with tpu_nb.on_tpu() as report:
-        assert isinstance(report.anatomy, _anatomy.Collector)
-        report.name = "renamed while running"  # still the run's to fill in
+def test_the_report_is_empty_during_the_run_and_complete_and_frozen_after():
+    with tpu_nb.on_tpu("cell") as report:
+        run = _run.current_run()  # what a live view follows
+        assert run is not None and run.report is report and not report.complete
+        assert report.anatomy is None and isinstance(run.collector, _anatomy.Collector)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            report.name = "renamed while running"
         steps(2)
-    assert report.complete and report.name == "renamed while running"
-    assert isinstance(report.anatomy, tpu_nb.Anatomy)
+    assert _run.current_run() is None
+    assert report.complete and report.name == "cell"
+    assert isinstance(report.anatomy, tpu_nb.Anatomy) and len(report.steps) == 2
     assert isinstance(report.findings, tuple) and isinstance(report.occurrences, tuple)
     assert all(isinstance(o, _provenance.Occurrence) for o in report.occurrences)
-    with pytest.raises(dataclasses.FrozenInstanceError, match="Fix: dataclasses.replace"):
+    assert isinstance(report.compile_events, tuple) and report.line_calls
+    with pytest.raises(TypeError):  # read-only mappings, not dicts behind a guard
+        report.line_calls[("x", 1)] = 2  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
         report.wall_seconds = 0.0
     copy = dataclasses.replace(report, name="copy")
     assert copy.name == "copy" and copy.metrics == report.metrics

@@ -99,9 +99,7 @@ def run(shell, monkeypatch, cell: str, *counters: str) -> Ran:
     value = result.result
     if not views and hasattr(value, "findings"):
         # `-o`: the returned report is the cell's Out, shown through the RunView formatter
-        views = [
-            RunView(value, value.findings, allowed_graphs=value.allowed_graphs, source=value.source)
-        ]
+        views = [RunView(value)]
     return Ran(cell, value, {k: after[k] - before[k] for k in after}, views[-1] if views else None)
 
 

@@ -27,13 +27,15 @@ HINT = "keep shapes and Python values in the step fixed (pad or bucket the batch
 READ_HINT = "read once after the loop"
 
 
-def _report(**metrics) -> RunReport:
+def _report(findings=(), source=SOURCE, wall_seconds=1.1, **metrics) -> RunReport:
     return RunReport(
         name="In[5]",
-        wall_seconds=1.1,
+        wall_seconds=wall_seconds,
         waited=True,
         compile_analysis=True,
         metrics=MetricsDelta(**metrics),
+        findings=tuple(findings),
+        source=source,
         complete=True,
     )
 
@@ -88,9 +90,7 @@ def test_findings_are_grouped_by_line_and_kind_in_time_order():
 
 
 def test_text_report_one_hint_per_kind_and_an_annotated_listing():
-    text = repr(
-        RunView(_report(compiles=5, host_reads=64), _findings(), label="In[5]", source=SOURCE)
-    )
+    text = repr(RunView(_report(_findings(), compiles=5, host_reads=64), label="In[5]"))
     lines = text.splitlines()
     assert lines[0].startswith("In[5]: 1.10 s") and "RECOMPILED" in lines[0]
     assert text.count(HINT) == 1 and text.count(READ_HINT) == 1  # not once per finding
@@ -111,13 +111,12 @@ def test_text_report_one_hint_per_kind_and_an_annotated_listing():
 def test_text_report_is_deterministic_apart_from_what_the_sanitizer_masks():
     """nbval compares the text: the same work at other speeds gives the same masked text."""
     sanitize = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|us|µs|ns)\b")
-    fast = repr(RunView(_report(compiles=5), _findings(), source=SOURCE))
+    fast = repr(RunView(_report(_findings(), compiles=5)))
     slow_findings = [
         LineFinding(**{**f.__dict__, "seconds": (f.seconds or 0) * 937 or None})
         for f in _findings()
     ]
-    slow = RunView(_report(compiles=5), slow_findings, source=SOURCE)
-    slow.report.wall_seconds = 123.4
+    slow = RunView(_report(slow_findings, wall_seconds=123.4, compiles=5))
     assert sanitize.sub("T", fast) == sanitize.sub("T", repr(slow))
 
 
@@ -125,13 +124,14 @@ def test_long_cells_list_only_the_marked_lines_and_their_context():
     source = "".join(f"a{n} = {n}\n" for n in range(1, 101))
     text = repr(
         RunView(
-            _report(),
-            [
-                LineFinding(
-                    50, "fallback", "aten::nonzero ran on the CPU", "use torch.where", count=3
-                )
-            ],
-            source=source,
+            _report(
+                [
+                    LineFinding(
+                        50, "fallback", "aten::nonzero ran on the CPU", "use torch.where", count=3
+                    )
+                ],
+                source=source,
+            )
         )
     )
     listing = text.split("the cell, annotated:\n")[1].splitlines()
@@ -171,7 +171,7 @@ def test_html_report_lays_out_with_inline_styles_and_escapes_user_text():
     findings = _findings() + [
         LineFinding(3, "fallback", "aten::<script>alert(1)</script>", "use <b>x</b>", order=5)
     ]
-    html = RunView(_report(), findings, source=SOURCE + "y = '<img src=x>'\n")._repr_html_()
+    html = RunView(_report(findings, source=SOURCE + "y = '<img src=x>'\n"))._repr_html_()
     assert "<script>" not in html and "<img src=x>" not in html and "&lt;script&gt;" in html
     cells = _cells(html)
     text_cells = [style for style, text in cells if not text.strip().isdigit()]

@@ -17,7 +17,7 @@ import torch_xla.debug.metrics as met
 from conftest import line_of, wait_until
 
 import tpu_nb
-from tpu_nb.runtime.tracking import Anatomy
+from tpu_nb.runtime.tracking import Anatomy, current_run
 from tpu_nb.runtime.tracking._anatomy import Collector
 from tpu_nb.runtime.tracking._sampler import HostLine, Sampler
 
@@ -235,7 +235,7 @@ def test_an_iterator_that_runs_the_steps_is_not_input():
 def test_the_sampler_thread_lives_only_while_the_run_does():
     assert not _samplers()
     with tpu_nb.track() as report:
-        sampler = report.anatomy.sampler
+        sampler = current_run().collector.sampler
         wait_until(lambda: sampler.samples >= 5, what="five samples")  # not a fixed sleep
         assert sampler.alive and len(_samplers()) == 1
     assert not _samplers() and not sampler.alive
@@ -252,7 +252,7 @@ def test_the_sampler_thread_lives_only_while_the_run_does():
 def test_no_sampler_when_switched_off(monkeypatch):
     monkeypatch.setattr(Collector, "sample_interval", None)
     with tpu_nb.track() as report:
-        assert report.anatomy.sampler is None and not _samplers()
+        assert current_run().collector.sampler is None and not _samplers()
         generator_loop(steps=3)
     assert report.anatomy.host_lines == ()
 
@@ -264,7 +264,7 @@ def test_a_failing_sampler_stops_quietly_and_the_run_reports(monkeypatch, capsys
     monkeypatch.setattr(Sampler, "_classify", broken)
     capsys.readouterr()
     with tpu_nb.track() as report:
-        sampler = report.anatomy.sampler
+        sampler = current_run().collector.sampler
         w = generator_loop(steps=4)
     assert torch.isfinite(w.cpu()).all()
     assert sampler.failed and not _samplers()
@@ -371,7 +371,7 @@ def test_on_tpu_cell_report_shows_the_host_lines(shell, capsys):
     assert f"most of it at {top.where} (" in text, text
     from tpu_nb.display.reports import RunView
 
-    html = RunView(report, report.findings, source=report.source)._repr_html_()
+    html = RunView(report)._repr_html_()
     assert "tpunb-host-lines" in html and escape(top.where) in html
 
 

@@ -220,17 +220,16 @@ def test_the_warm_up_and_a_bounded_set_of_shapes_are_not_a_recompilation():
 
 def test_reset_metrics_forgets_tpu_nb_history_too():
     from tpu_nb.runtime.metrics import reset_metrics
-    from tpu_nb.runtime.tracking import _provenance as provenance
-    from tpu_nb.runtime.tracking import _report as tracking
+    from tpu_nb.runtime.tracking import store
 
     dev = tpu_nb.device()
     with tpu_nb.track():
         for n in (3, 4):
             (torch.ones(n, 5, device=dev) * 2).sum()
             torch_xla.sync()
-    assert tracking._graphs_by_line and tpu_nb.last_report() is not None
+    assert store.line_events and store.captured and tpu_nb.last_report() is not None
     reset_metrics()
-    assert not tracking._graphs_by_line and not provenance.graphs_by_hash
+    assert not store.line_events and not store.captured and not store.costs
     assert tpu_nb.last_report() is None
 
 

@@ -62,14 +62,13 @@ def _report_view():
 
     import tpu_nb
     from tpu_nb.display.reports import RunView
-    from tpu_nb.runtime.tracking._attribution import attribute
 
     filename = str(ROOT / "tests" / "artifacts" / "views_cell.py")  # the "cell"'s file
     scope = {"torch_xla": torch_xla, "dev": tpu_nb.device()}
     code = compile(CELL, filename, "exec")  # the cell's own code, as %%on_tpu passes it
-    with tpu_nb.track("In[7]", code=(code,)) as report:
+    with tpu_nb.track("In[7]", code=(code,), source=CELL, filename=filename) as report:
         exec(code, scope)
-    return RunView(report, attribute(report, CELL, filename), label="In[7]", source=CELL)
+    return RunView(report, label="In[7]")
 
 
 def _dashboard_view():

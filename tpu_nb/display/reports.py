@@ -148,8 +148,8 @@ class FindingGroup:
         return sum(known) if known else None
 
     @property
-    def order(self) -> int:
-        return min(f.order for f in self.findings)
+    def order(self) -> tuple[int, int, int]:
+        return min(f.sort_key for f in self.findings)
 
     def _distinct(self, values) -> list[str]:
         return list(dict.fromkeys(v for v in values if v))
@@ -168,7 +168,7 @@ class FindingGroup:
         captured graphs first (a compile whose graphs were not both captured adds nothing
         when another says more); a dimension moving through the line's graphs is said once,
         by the line's pattern."""
-        facts = [f.changed for f in sorted(self.findings, key=lambda f: f.order) if f.changed]
+        facts = [f.changed for f in sorted(self.findings, key=lambda f: f.sort_key) if f.changed]
         captured = [c for c in facts if not c[-1].startswith(_NOT_CAPTURED)]
         chosen = captured or facts[-1:]
         return self._distinct(c for changed in chosen[-2:] for c in changed)
@@ -245,21 +245,14 @@ class RunView:
     order, with one hint per kind of problem; the cell's source annotated line by line (as
     `%lprun` annotates a listing); all figures on demand."""
 
-    def __init__(
-        self,
-        report: RunReport,
-        findings: list[LineFinding] | None = None,
-        label: str = "XLA",
-        allowed_graphs: int = 1,
-        source: str = "",
-    ):
+    def __init__(self, report: RunReport, label: str = "XLA"):
         self.report = report
-        self.source = source  # the cell's code, for the annotated listing
-        self.findings = findings or []
+        self.source = report.source  # the cell's code, for the annotated listing
+        self.findings = list(report.findings)
         self.label = label
-        self.allowed_graphs = allowed_graphs  # the cell's --max-graphs: not flagged
+        self.allowed_graphs = report.allowed_graphs  # the cell's --max-graphs: not flagged
         self.groups = group_findings(self.findings)
-        self.recompiled = bool(report.recompiled_lines(allowed_graphs)) or any(
+        self.recompiled = bool(report.recompiled_lines(self.allowed_graphs)) or any(
             g.kind == "recompile" for g in self.groups
         )
 

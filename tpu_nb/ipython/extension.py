@@ -162,9 +162,7 @@ def _register_formatters(shell, state: _Loaded) -> None:
     plain = shell.display_formatter.formatters["text/plain"]
 
     def run_view(report):
-        return RunView(
-            report, report.findings, allowed_graphs=report.allowed_graphs, source=report.source
-        )
+        return RunView(report)
 
     views = {Environment: EnvironmentView, RunReport: run_view, DeviceTiming: TimingView}
     for typ, view in views.items():

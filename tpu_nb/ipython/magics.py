@@ -642,11 +642,7 @@ class TpuMagics(Magics):
             return  # -o: the returned report shows itself as Out[n], once
         from tpu_nb.display.reports import RunView
 
-        display(
-            RunView(
-                report, report.findings, allowed_graphs=report.allowed_graphs, source=report.source
-            )
-        )
+        display(RunView(report))
 
     # -- %tpu_dashboard ----------------------------------------------------------------------
 

@@ -307,7 +307,7 @@ def _report_facts(report, filename: str, result: dict) -> None:
     """What the launch compares across hosts, as plain data: counters, the verdict, and each
     compiled graph with its line and the pending graph captured before it."""
     from tpu_nb.runtime.launch._pod import GraphRecord
-    from tpu_nb.runtime.tracking import captured_graph
+    from tpu_nb.runtime.tracking import store
 
     result["metrics"] = report.metrics
     result["compile_analysis"] = report.compile_analysis
@@ -327,7 +327,7 @@ def _report_facts(report, filename: str, result: dict) -> None:
                 event.cause,
                 event.inputs,
                 event.outputs,
-                captured_graph(event),
+                store.captured_graph(event),
             )
         )
     result["graphs"] = tuple(graphs)

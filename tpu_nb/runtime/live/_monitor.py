@@ -54,13 +54,13 @@ from tpu_nb.runtime.sources import place_text, user_frame
 from tpu_nb.runtime.tracking import (
     Anatomy,
     StepCost,
-    anatomy_in_progress,
-    captured_graph,
+    current_run,
     graph_facts,
     last_report,
     line_growth,
     probe,
     progression,
+    store,
 )
 from tpu_nb.runtime.tracking._dynamo import (
     frame_graph,
@@ -508,6 +508,7 @@ class LiveMonitor:
         self._rate = 0.0
         self._counts: deque[tuple[float, int]] = deque([(self._start.taken_at, 0)])
         self._report_at_start = last_report()
+        self._run = None  # the tracked run this monitor follows, once it has seen it run
         self._anatomy: Anatomy | None = None
         self._anatomy_key: tuple | None = None
         self._anatomy_version = 0
@@ -561,8 +562,8 @@ class LiveMonitor:
         )
 
     def _loader_syncs(self) -> int:
-        collector = anatomy_in_progress()
-        if collector is not None and collector.started >= self._start_wall - 1.0:
+        collector = self._collecting()
+        if collector is not None:
             return collector.loader_syncs
         anatomy = self._anatomy
         return anatomy.loader_syncs if anatomy is not None else 0
@@ -584,16 +585,27 @@ class LiveMonitor:
 
     # -- the tracked run's report and step anatomy --
 
+    def _collecting(self):
+        """The step collector of the tracked run now running, when it began after the monitor
+        (the run is then the one this monitor follows); else None."""
+        run = current_run()
+        collector = run.collector if run is not None else None
+        if collector is None or collector.ended or collector.started < self._start_wall - 1.0:
+            return None
+        self._run = run
+        return collector
+
     def _finished_report(self):
-        """The report of a tracked run that completed since the monitor started, if any."""
-        report = last_report()
+        """The report of the tracked run the monitor followed, once complete; else of a run
+        that completed since the monitor started (one that began and ended between polls)."""
+        report = self._run.report if self._run is not None else last_report()
         if report is None or report is self._report_at_start or not report.complete:
             return None
         return report
 
     def _refresh_anatomy(self, report, final: bool) -> None:
-        collector = anatomy_in_progress()
-        if collector is not None and collector.started >= self._start_wall - 1.0:
+        collector = self._collecting()
+        if collector is not None:
             syncs = collector.syncs
             key: tuple = (id(collector), len(syncs), syncs[-1] if syncs else None)
             if key == self._anatomy_key:
@@ -723,7 +735,7 @@ class LiveMonitor:
         """The line's last two graphs as captured, and by whom: "recorded" when a tracked run
         (as %%on_tpu) read the pending graph just before each of these two compiles (keyed by
         the compile log's hash: exactly the pair the alert names); else the probe's."""
-        before, after = (captured_graph(e) for e in events[-2:])
+        before, after = (store.captured_graph(e) for e in events[-2:])
         if before is not None and after is not None:
             return [before, after], "recorded"
         return (self._probe.graphs(site) if self._probe is not None else []), "graphs"
@@ -743,7 +755,7 @@ class LiveMonitor:
                 and old.settled == settled
             ):
                 continue
-            recorded = [captured_graph(e) for e in events]
+            recorded = [store.captured_graph(e) for e in events]
             growth = line_growth(recorded)
             differs: tuple[str, ...] = ()
             source = "compile log"

@@ -1,5 +1,5 @@
-"""What one tracked run did and why: `track()` and its `RunReport`; the recorder of syncs,
-reads and fallbacks with their lines (provenance); findings per line (attribution); the
+"""What one tracked run did and why: `track()`, its `Run` and its `RunReport`; the recorder of
+syncs, reads and fallbacks with their lines (provenance); findings per line (attribution); the
 recompilation guard (`max_graphs`); the step anatomy and its verdict; a profiler trace of a few
 steps; what a steady step costs on the chip it is judged for (FLOPs, bytes, memory); an
 out-of-memory error read into facts; and `on_tpu()`, which composes them the way `%%on_tpu`
@@ -7,7 +7,6 @@ does.
 Above runtime.graph, runtime.metrics and runtime.environment."""
 
 from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
-from tpu_nb.runtime.tracking._anatomy import current as anatomy_in_progress
 from tpu_nb.runtime.tracking._attribution import (
     HOST_READ_HINT,
     LineFinding,
@@ -27,8 +26,10 @@ from tpu_nb.runtime.tracking._policy import (
 )
 from tpu_nb.runtime.tracking._probe import probe
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
-from tpu_nb.runtime.tracking._report import RunReport, captured_graph, last_report, track
+from tpu_nb.runtime.tracking._report import RunReport
+from tpu_nb.runtime.tracking._run import Run, current_run, last_report, track
 from tpu_nb.runtime.tracking._session import on_tpu
+from tpu_nb.runtime.tracking._store import GraphStore, store
 
 __all__ = [
     "Allocation",
@@ -50,9 +51,11 @@ __all__ = [
     "RunReport",
     "StepRecord",
     "Verdict",
-    "anatomy_in_progress",
+    "current_run",
+    "GraphStore",
+    "Run",
+    "store",
     "assigned_lines",
-    "captured_graph",
     "fallback_hint",
     "graph_facts",
     "last_report",

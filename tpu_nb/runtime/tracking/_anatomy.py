@@ -270,13 +270,6 @@ class Anatomy:
 
 # -- collection while a run is tracked ---------------------------------------------------------
 
-_active: Collector | None = None
-
-
-def current() -> Collector | None:
-    """The collector of the run being tracked now (for a live view), if any."""
-    return _active
-
 
 class Collector:
     """Timestamps of one tracked run's syncs, reads and loader calls, and the runtime's samples.
@@ -307,9 +300,8 @@ class Collector:
         self._thread = threading.get_ident()
         self._depth = 0
         self._subscription: Subscription | None = None
-        self._ended = False
+        self.ended = False
         self._recorder: Recorder | None = None
-        self._outer: Collector | None = None
         self._backend: Backend = current_backend()
         self.sampler: Sampler | None = None
 
@@ -324,7 +316,6 @@ class Collector:
             return self
 
     def _start(self, recorder) -> Collector:
-        global _active
         self._harvest()  # samples before the run are not the run's
         self.samples = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._base = {name: total for name, (total, _) in self._seen.items()}
@@ -340,7 +331,6 @@ class Collector:
                 interval=self.sample_interval,
                 clock=_clock,
             ).start()
-        self._outer, _active = _active, self
         return self
 
     def finish(self) -> Anatomy | None:
@@ -471,14 +461,8 @@ class Collector:
             self._seen[name] = (total, samples[-1][0] if samples else last_ts)
 
     def _unhook(self) -> None:
-        global _active
         subscription, self._subscription = self._subscription, None
-        self._ended = True
-        if _active is self:  # a run tracked inside another: the outer again, unless it ended
-            outer = self._outer
-            while outer is not None and outer._ended:
-                outer = outer._outer
-            _active = outer
+        self.ended = True
         try:
             if subscription is not None:
                 subscription.close()

@@ -17,9 +17,11 @@ from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
-from tpu_nb.runtime.tracking import _report as tracking
+from tpu_nb.runtime.tracking._pending import assigned_lines
+from tpu_nb.runtime.tracking._policy import Judgement
 from tpu_nb.runtime.tracking._provenance import user_op
-from tpu_nb.runtime.tracking._report import LineFinding, RunReport
+from tpu_nb.runtime.tracking._report import FindingKind, LineFinding, RunReport
+from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
 HOST_READ_HINT = (
@@ -197,10 +199,10 @@ def what_changed(event: CompileEvent) -> tuple[str, ...]:
     told = dynamo.what_changed(event)  # Dynamo's guard failure, for torch.compile'd code
     if told:
         return told
-    earlier = tracking.earlier_graph(event)
+    earlier = store.earlier_graph(event)
     if earlier is None:
         return ()
-    a, b = tracking.captured_graph(earlier), tracking.captured_graph(event)
+    a, b = store.captured_graph(earlier), store.captured_graph(event)
     if a is not None and b is not None:
         facts = graph_facts(a, b)
         if facts:
@@ -208,21 +210,30 @@ def what_changed(event: CompileEvent) -> tuple[str, ...]:
     return _log_facts(earlier, event)
 
 
-def attribute(report: RunReport, source: str, filename: str, allowed: int = 1) -> list[LineFinding]:
-    """Findings of `report` placed on lines of `source` (compiled under `filename`).
+def findings(
+    facts: RunReport,
+    judgement: Judgement | None,
+    source: str,
+    filename: str,
+    allowed: int = 1,
+) -> tuple[LineFinding, ...]:
+    """What the run's facts, as judged, say about the lines of `source` (compiled under
+    `filename`), in the order they happened.
 
     allowed: distinct graphs a line may compile (the cell's --max-graphs: deliberate
     bucketing is not flagged); a line's second graph after a first step that differed in
     its inputs or ops is its warm-up, said with what differed."""
-    findings = _compile_findings(report, filename, allowed)
-    findings += _read_findings(report, filename)
-    findings += _fallback_findings(report, filename)
-    return sorted(findings, key=lambda f: (f.order, f.line))
+    found = _compile_findings(facts, judgement, filename, allowed)
+    found += _read_findings(facts, judgement, filename)
+    found += _fallback_findings(facts, filename)
+    found += _pending_findings(facts, source, filename)
+    return tuple(sorted(found, key=lambda f: f.sort_key))
 
 
-def _compile_findings(report: RunReport, filename: str, allowed: int) -> list[LineFinding]:
+def _compile_findings(
+    report: RunReport, judgement: Judgement | None, filename: str, allowed: int
+) -> list[LineFinding]:
     out = []
-    judgement = report.judgement
     kinds = judgement.compile_kinds if judgement is not None else ()
     for order, event in enumerate(report.compile_events):
         guard_start = _flushes_before_guard(event)  # at the block's `with` line, if any
@@ -280,7 +291,7 @@ def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> Lin
     )
 
 
-def _compile_kind(kind: str, pattern, allowed: int) -> tuple[str, str]:
+def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
     """The finding kind of a compile the policy classified, and its hint ("" : a fact)."""
     if kind == policy.WARM_UP:
         return "warm-up", ""
@@ -316,7 +327,9 @@ def _unplaced_compile(event: CompileEvent, what: str, guard_start: bool, order: 
 _NOT_PER_STEP = policy.ReadPattern(False, "")
 
 
-def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
+def _read_findings(
+    report: RunReport, judgement: Judgement | None, filename: str
+) -> list[LineFinding]:
     out, placed = [], 0
     base = len(report.compile_events)
     for occ in report.occurrences:
@@ -330,8 +343,8 @@ def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
             else "a copy of device data to the host"
         )
         pattern = (
-            report.judgement.reads.get(occ.order, _NOT_PER_STEP)
-            if report.judgement is not None
+            judgement.reads.get(occ.order, _NOT_PER_STEP)
+            if judgement is not None
             else policy.ReadPattern(True, "")
         )
         what = f"{occ.what} read a device value ({occ.calls}\u00d7: {reads}"
@@ -360,7 +373,8 @@ def _read_findings(report: RunReport, filename: str) -> list[LineFinding]:
                 "",
                 place="line not recorded",
                 count=unplaced,
-                order=base + 10**6,
+                order=base,
+                phase="unplaced",
             )
         )
     return out
@@ -400,7 +414,55 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
                     place="line not recorded (the first calls of an op tpu_nb "
                     "had not seen fall back yet, or a call from C++)",
                     count=left,
-                    order=base + 10**6,
+                    order=base,
+                    phase="unplaced",
                 )
             )
+    return out
+
+
+def _pending_findings(report: RunReport, source: str, filename: str) -> list[LineFinding]:
+    """Findings for the work the block left pending (report.pending): one per variable that
+    holds it (on the line of the block that assigns it, when that is one line), and one for
+    the pending graph (with the lines that traced it when IR locations were recorded). No
+    advice: leaving work for the next sync is what the same code does without tpu_nb."""
+    pending = report.pending
+    if pending is None:
+        return []
+    out = []
+    for i, name in enumerate(pending.holders):
+        lines = assigned_lines(source, name)
+        if len(lines) == 1:
+            out.append(
+                LineFinding(
+                    lines[0], "pending", f"{name} holds work not run yet", order=i, phase="left"
+                )
+            )
+            continue
+        where = (
+            f"assigned on lines {', '.join(map(str, lines))}"
+            if lines
+            else "not assigned in this code"
+        )
+        out.append(
+            LineFinding(
+                0,
+                "pending",
+                f"{name} ({where}) holds work not run yet",
+                place="end of cell",
+                order=i,
+                phase="left",
+            )
+        )
+    graph = f"{pending.tensors} tensor{'s' if pending.tensors != 1 else ''} left pending"
+    if pending.nodes:
+        graph += f": a graph of {pending.nodes} IR nodes ({pending.describe_ops()})"
+    traced = sorted({line for file, line in pending.lines if file == filename})
+    if traced:
+        graph += f", traced on line{'s' if len(traced) > 1 else ''} " + ", ".join(map(str, traced))
+    graph += (
+        "; not run in this cell (as without tpu_nb): the next sync or value read runs it "
+        "and is counted with it"
+    )
+    out.append(LineFinding(0, "pending", graph, place="end of cell", order=len(out), phase="left"))
     return out

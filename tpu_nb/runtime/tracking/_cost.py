@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,6 +27,7 @@ from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.environment._chips import Chip, target_chip
 from tpu_nb.runtime.environment._detect import detect_accelerator
 from tpu_nb.runtime.graph._cost import HloFlops, hlo_flops
+from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_seconds, percentile
 
 log = logging.getLogger("tpu_nb")
@@ -212,8 +212,6 @@ def roofline_seconds(flops: float | None, moved: float | None, chip: Chip) -> fl
 # -- gathered at a capture and a compile (see the module docstring) -------------------------
 
 # The captured graph's own hash (torch_xla's hash of the captured tensors) -> its cost.
-costs: OrderedDict[str, GraphCost] = OrderedDict()
-_MAX_COSTS = 512
 _device_kind: list[str] = []  # the runtime's device kind, once it has started
 
 
@@ -232,7 +230,7 @@ def judged_chip() -> tuple[Chip, bool]:
 def count_new_graph(own_hash: str, tensors: Sequence[Any], spaces: list | None = None) -> None:
     """A graph tpu_nb had not captured: count its FLOPs from its HLO (the HLO of a GPT-2
     step: ~20 ms, against seconds of compiling) and what the tracked code holds."""
-    if own_hash in costs:
+    if own_hash in store.costs:
         return
     try:
         counted: HloFlops | None = hlo_flops(current_backend().graph_hlo(list(tensors)))
@@ -240,22 +238,23 @@ def count_new_graph(own_hash: str, tensors: Sequence[Any], spaces: list | None =
         log.debug("tpu_nb: counting a graph's FLOPs failed", exc_info=True)
         counted = None
     resident = residency(spaces) if spaces else None
-    costs[own_hash] = GraphCost(
-        flops=counted.flops if counted else None,
-        left_out=counted.left_out if counted else "",
-        resident=resident,
+    store.keep_cost(
+        own_hash,
+        GraphCost(
+            flops=counted.flops if counted else None,
+            left_out=counted.left_out if counted else "",
+            resident=resident,
+        ),
     )
-    while len(costs) > _MAX_COSTS:
-        costs.popitem(last=False)
     if resident is not None:
         _warn_if_it_cannot_fit(resident)
 
 
 def note_compiled(own_hash: str, event) -> None:
     """The captured graph compiled as `event`: its sizes from the compile log."""
-    known = costs.get(own_hash)
+    known = store.costs.get(own_hash)
     if known is not None and event.sizes_gb:
-        costs[own_hash] = known.with_sizes(event.sizes_gb, event.graph_hash)
+        store.keep_cost(own_hash, known.with_sizes(event.sizes_gb, event.graph_hash))
 
 
 def _warn_if_it_cannot_fit(resident: Residency) -> None:
@@ -336,6 +335,7 @@ def step_cost(
     loop_lines = [
         key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= max(steps, 1)
     ]
+    costs = store.costs
     graphs = tuple(costs[line_graphs[k]] for k in loop_lines if line_graphs[k] in costs)
     counted = [g for g in graphs if g.flops is not None]
     flops = sum(g.flops or 0 for g in counted) if counted else None

@@ -35,6 +35,7 @@ from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
 from tpu_nb.runtime.metrics._counters import snapshot
 from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_seconds
 
 _TRACE_LOGGER = "torch.__trace"
@@ -249,7 +250,14 @@ def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
     return ()
 
 
-_active: list[Watch] = []  # the watches of the tracked runs now running
+def _watches() -> list[Watch]:
+    """The watches of the tracked runs now running, in the order the runs began."""
+    from tpu_nb.runtime.tracking._probe import probe
+
+    watches = (getattr(run, "dynamo", None) for run in probe().active_runs)
+    return [w for w in watches if w is not None and w.watching]
+
+
 # Called with True when Dynamo starts compiling a frame in a tracked run, False when done:
 # max_graphs pauses torch_xla's shape detector meanwhile (Dynamo's tracing of a graph is not
 # a step's graph, and the bridge traces each FX node on its own).
@@ -259,7 +267,7 @@ on_frame_compile: list = []
 def latest_recompile() -> DynamoCompile | None:
     """The frame Dynamo most recently compiled again in a tracked run now running (for
     max_graphs, which checks after each sync), or None."""
-    for watch in reversed(_active):
+    for watch in reversed(_watches()):
         for frame in reversed(watch.compiles):
             if frame.recompile:
                 return frame
@@ -270,7 +278,7 @@ def _latest_frame(offset: int):
     """The Dynamo frame (finished, of a tracked run now running) that started last at or
     before compile-log `offset`: (its start, the frame), or (-1, None)."""
     best: tuple[int, Any] = (-1, None)
-    for watch in _active:
+    for watch in _watches():
         for (start, _), frame in zip(watch._starts, watch.compiles, strict=False):
             if best[0] < start <= offset:
                 best = (start, frame)
@@ -299,7 +307,7 @@ def function_of(event: CompileEvent) -> Frame | None:
 
 def recompiles() -> int:
     """How many frames Dynamo compiled again in the tracked runs now running."""
-    return sum(c.recompile for watch in _active for c in watch.compiles)
+    return sum(c.recompile for watch in _watches() for c in watch.compiles)
 
 
 class _Pending:
@@ -340,9 +348,10 @@ class Watch(logging.Handler):
         self._starts: list[tuple[int, int]] = []  # per compile: (log offset, XLA compiles)
         self.errors = 0
         self._logger: logging.Logger | None = None
+        self.watching = False  # started and not stopped
 
     def start(self) -> Watch:
-        _active.append(self)
+        self.watching = True
         # Only once torch is imported (it creates the logger and its level); a run that
         # imports torch itself has no Dynamo compile before that import finishes anyway.
         if "torch._logging" in sys.modules:
@@ -353,11 +362,10 @@ class Watch(logging.Handler):
     def stop(self) -> tuple[DynamoCompile, ...]:
         """Remove the handler; the frames compiled, each with the XLA compiles that followed
         it until the next frame started compiling (or the run ended)."""
+        self.watching = False
         if self._logger is not None:
             self._logger.removeHandler(self)
             self._logger = None
-        if self in _active:
-            _active.remove(self)
         return self.so_far()
 
     def so_far(self) -> tuple[DynamoCompile, ...]:
@@ -559,8 +567,6 @@ def _is_int(value) -> bool:
 
 # graph hash -> what Dynamo said changed, for the XLA graphs of frames it compiled again
 # (bounded: the latest graphs); read by what_changed().
-_changes: dict[str, tuple[str, ...]] = {}
-_MAX_CHANGES = 512
 _INPUT_SYNC = "dynamo processing input graphs"
 
 
@@ -665,16 +671,14 @@ def note_changed(graph_hash: str, facts: tuple[str, ...]) -> None:
     """Record what changed for the graph `graph_hash` compiled (read by `what_changed`): a
     guard Dynamo saw fail, or the input torch_xla.compile'd function got in a new shape."""
     if graph_hash:
-        _changes[graph_hash] = facts
-        while len(_changes) > _MAX_CHANGES:
-            del _changes[next(iter(_changes))]
+        store.keep_dynamo_change(graph_hash, facts)
 
 
 def what_changed(event: CompileEvent) -> tuple[str, ...]:
     """What the compiler in front of XLA said about `event`'s graph: the guard that failed
     when Dynamo compiled the frame again, that the graph is the sync of the frame's inputs,
     or the input a torch_xla.compile'd function got in a new shape; () otherwise."""
-    return _changes.get(event.graph_hash, ())
+    return store.dynamo_changes.get(event.graph_hash, ())
 
 
 _kept_out = False

@@ -35,8 +35,8 @@ from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.sources import cut_at_user_code, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
-from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._probe import Subscription, own_sync, probe
+from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
@@ -53,7 +53,7 @@ class RecompilationError(TpuNbError):
         from tpu_nb.runtime.tracking import _attribution as attribution
 
         before, after = graphs[-2], graphs[-1]
-        a, b = (provenance.line_graphs.graph_for(where, g) for g in (before, after))
+        a, b = (store.captured_graph(g) for g in (before, after))
         facts = attribution.graph_facts(a, b) if a is not None and b is not None else ()
         facts = facts or dynamo.guard_facts(after) or attribution._log_facts(before, after)
         place = format_place(short_path(where.file), where.line)
@@ -142,6 +142,7 @@ class max_graphs:
         # line, and the limit counts the graphs of that same line.
         runs = probe().local.runs
         self._run = runs[-1] if runs and hasattr(runs[-1], "compile_events_so_far") else None
+        self._recorder = getattr(self._run, "recorder", None)
         try:
             self._subscription = probe().subscribe(self, ("sync",))
         except BaseException:
@@ -164,8 +165,9 @@ class max_graphs:
             if self._subscription is not None:
                 self._subscription.close()
         finally:  # an interrupt in the close still ends the detector's session
+            forced: set = getattr(getattr(self, "_recorder", None), "force_capture", set())
             for key in getattr(self, "_graphs", {}):
-                provenance.force_capture.discard(key)
+                forced.discard(key)
             suppressed = self._exit_detector(exc_type, exc, tb)
         return suppressed
 
@@ -204,8 +206,6 @@ class max_graphs:
             graphs = self._graphs.setdefault(key, [])
             if all(g.graph_hash != event.graph_hash for g in graphs):
                 graphs.append(event)
-            if len(graphs) >= self.limit - 1:  # capture the last allowed graph and the next
-                provenance.force_capture.add(key)
             if len(graphs) > self.limit:
                 raise RecompilationError.at_line(self.limit, where, graphs)
 
@@ -226,7 +226,8 @@ class max_graphs:
                 line.append(event)
         for key, line in graphs.items():
             if len(line) >= self.limit - 1:  # capture the last allowed graph and the next
-                provenance.force_capture.add(key)
+                if self._recorder is not None:
+                    self._recorder.force_capture.add(key)
                 self._graphs[key] = line
             if len(line) > self.limit:
                 site = line[-1].site

@@ -34,7 +34,7 @@ from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
-from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place, format_seconds
 
 MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
@@ -141,7 +141,7 @@ def classify_line(
     calls: int,
     *,
     by_call: bool,
-    graph_of=provenance.graphs_by_hash.get,
+    graph_of=store.captured.get,
 ) -> LinePattern:
     """The pattern of one line's compiles (`events`, in order) over `calls` calls."""
     moments = [_moment(e, by_call) for e in events]
@@ -361,9 +361,9 @@ def classify_read(occ, run_steps: int) -> ReadPattern:
 # -- the run -------------------------------------------------------------------------------
 
 
-def judge_run(report) -> Judgement:
-    """The policy's decisions about a complete RunReport (compile events placed, the
-    recorder's occurrences and counts, the anatomy without its verdict)."""
+def judge(report) -> Judgement:
+    """The policy's decisions about a run's facts (a RunReport not judged yet: compile events
+    placed, the recorder's occurrences and counts, the anatomy without its verdict)."""
     events = list(report.compile_events)
     # the user's steps: a data loader's syncs with nothing to run are none
     syncs = getattr(report, "syncs", 0) - getattr(report.anatomy, "loader_syncs", 0)

@@ -235,6 +235,10 @@ class Probe:
         self.afters: dict[str, tuple] = {k: () for k in KINDS}
         self._hooks: dict[str, list[_Hook]] = {k: [] for k in KINDS}
         self.local = _Local()
+        # The tracked runs now running, in the order they began (any thread), and the last
+        # that ended: a live view and max_graphs follow a run through them.
+        self.active_runs: tuple = ()
+        self.last_run: Any = None
         self._counter: Any = None
         self._compiling: Any = None
 
@@ -273,6 +277,8 @@ class Probe:
         if local.runs is None:
             local.runs = []
         local.runs.append(run)
+        with self._lock:
+            self.active_runs = (*self.active_runs, run)
 
     def end_run(self, run: object) -> None:
         """Close whatever `run` still holds: each subscriber closes its own as the run ends,
@@ -281,6 +287,10 @@ class Probe:
         runs = self.local.runs or []
         if run in runs:
             runs.remove(run)
+        with self._lock:
+            if run in self.active_runs:
+                self.active_runs = tuple(r for r in self.active_runs if r is not run)
+                self.last_run = run
         interrupted: BaseException | None = None
         with _sigint_held(), self._lock:
             left = {s for subs in self._subs.values() for s in subs if s.run is run}

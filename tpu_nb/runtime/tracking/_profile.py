@@ -126,17 +126,17 @@ class profile:
         self._subscription: Subscription | None = None
 
     def __enter__(self) -> profile:
-        from tpu_nb.runtime.tracking import _anatomy as anatomy
+        from tpu_nb.runtime.tracking._run import current_run
 
         if self.steps is not None:
-            collector = anatomy.current()
-            if collector is None or collector._recorder is None:
+            run = current_run()
+            if run is None or run.recorder is None:
                 raise TpuNbUsageError(
                     "profile(steps=N) counts the syncs of a tracked run. Fix: "
                     "use it inside %%on_tpu or `with tpu_nb.track():`, or drop "
                     "steps= to trace the whole block."
                 )
-            self._recorder = collector._recorder
+            self._recorder = run.recorder
             self._subscription = probe().subscribe(self, ("sync",))
         try:
             current_backend().start_trace(self.logdir)

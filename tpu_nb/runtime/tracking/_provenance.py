@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +44,7 @@ from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
+from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
 log = logging.getLogger("tpu_nb")
@@ -172,6 +172,9 @@ class Recorder:
         self._fallback_names: tuple[str, ...] = ()
         self._started = 0.0
         self._capture_next: set[tuple[str, int]] = set()
+        # Lines captured at every sync, whatever the budget (max_graphs: lines at their
+        # limit, whose next graph is an error that should name what changed).
+        self.force_capture: set[tuple[str, int]] = set()
         self._tried: set[tuple[str, int]] = set()  # lines captured (or tried) in this run
         self._captured_here: dict[tuple[str, int], int] = {}
         # Lines that compiled more than one graph are watched: the shapes of the tensors the
@@ -361,10 +364,7 @@ class Recorder:
             self._log_read = log_end
             if events:
                 cost.note_compiled(graph.hash, events[-1])
-                graphs_by_hash[events[-1].graph_hash] = graph
-                graphs_by_hash.move_to_end(events[-1].graph_hash)
-                while len(graphs_by_hash) > _MAX_BY_HASH:
-                    graphs_by_hash.popitem(last=False)
+                store.keep_capture(events[-1].graph_hash, graph)
 
     def _next(self) -> int:
         self._order += 1
@@ -418,10 +418,7 @@ class Recorder:
         if found is None:
             return
         key, inputs, function = found
-        before = _inputs_at_compile.get(key)
-        _inputs_at_compile[key] = inputs
-        while len(_inputs_at_compile) > 64:
-            _inputs_at_compile.popitem(last=False)
+        before = store.swap_inputs(key, inputs)
         if before is None or self._log is None:
             return
         if len(before) != len(inputs):
@@ -450,14 +447,14 @@ class Recorder:
             key = (root.f_code.co_filename, root.f_lineno)
             calls = self.recording.line_calls
             calls[key] = calls.get(key, 0) + 1
-            forced = key in force_capture
+            forced = key in self.force_capture
             # A line's first sync in each run is captured (a step's cost is that of the
             # graph its lines run), and any line whose graph is not known yet.
             due = (
                 forced
                 or key in self._capture_next
                 or key not in self._tried
-                or line_graphs.get(key) is None
+                or store.line_captures.get(key) is None
             )
             if not due and key in self._compiled_at:  # a new shape: capture, to name it
                 due = self._shapes_changed(root, key)
@@ -481,7 +478,7 @@ class Recorder:
             )
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
-            line_graphs.note(key, graph)
+            store.note_line_capture(key, graph)
             if graph is not None and graph.hash:
                 self.recording.line_graphs[key] = graph.hash
             self._note_live_tensors()
@@ -518,49 +515,6 @@ class Recorder:
         spent = self.recording.capture_seconds
         elapsed = time.perf_counter() - self._started
         return spent < max(0.5, 0.05 * elapsed)
-
-
-class LineGraphs:
-    """Graphs captured per line over the process (bounded: recent lines, few graphs each)."""
-
-    def __init__(self, lines: int = 64, per_line: int = 4):
-        self._lines: OrderedDict[tuple[str, int], list] = OrderedDict()
-        self._max_lines, self._per_line = lines, per_line
-
-    def get(self, key):
-        return self._lines.get(key)
-
-    def note(self, key, graph) -> None:
-        kept = self._lines.setdefault(key, [])
-        self._lines.move_to_end(key)
-        if graph is not None and not any(g.hash == graph.hash for g in kept):
-            kept.append(graph)
-            del kept[: -self._per_line]
-        while len(self._lines) > self._max_lines:
-            self._lines.popitem(last=False)
-
-    def clear(self) -> None:
-        self._lines.clear()
-        graphs_by_hash.clear()
-        cost.costs.clear()
-
-    def graph_for(self, where, event):
-        """The pending graph captured just before `event` compiled, if it was captured."""
-        return graphs_by_hash.get(event.graph_hash)
-
-
-line_graphs = LineGraphs()
-# Compile-log graph hash -> the pending graph captured just before that graph compiled.
-graphs_by_hash: OrderedDict[str, Any] = OrderedDict()
-_MAX_BY_HASH = 48
-# Lines captured at every sync, whatever the budget (max_graphs: lines at their limit, whose
-# next graph is an error that should name what changed).
-force_capture: set[tuple[str, int]] = set()
-
-
-# Graphs captured, by torch_xla's hash of the captured tensors' graph: the same pending graph
-# is read once (reading the IR text of a GPT-2 step costs ~0.5 s; its hash ~2 ms).
-_by_own_hash: OrderedDict[str, Any] = OrderedDict()
 
 
 def _capture_pending(frame, names: tuple = (), caller=None):
@@ -601,12 +555,10 @@ def _graph_once(tensors: list, spaces: list | None = None):
         return None
     own_hash = current_backend().graph_hash(tensors)
     cost.count_new_graph(own_hash, tensors, spaces)  # once per new graph
-    known = _by_own_hash.get(own_hash)
+    known = store.by_own_hash.get(own_hash)
     if known is None:
-        known = _by_own_hash[own_hash] = graph(*tensors, hlo=False, frames=False)
-        while len(_by_own_hash) > _MAX_BY_HASH:
-            _by_own_hash.popitem(last=False)
-    _by_own_hash.move_to_end(own_hash)
+        known = graph(*tensors, hlo=False, frames=False)
+    store.keep_own(own_hash, known)
     return known
 
 
@@ -614,9 +566,6 @@ def _graph_once(tensors: list, spaces: list | None = None):
 _BACKWARD_CALLS = frozenset({"backward", "grad", "_engine_run_backward"})
 _AUTOGRAD_FILES = ("torch/autograd/__init__.py", "torch/_tensor.py", "torch/autograd/graph.py")
 
-# torch_xla.compile'd function -> its inputs (name, shape, dtype) at the call that last
-# compiled its graph (bounded: the latest functions).
-_inputs_at_compile: OrderedDict[tuple, tuple] = OrderedDict()
 _CONTEXTLIB = "contextlib.py"
 
 

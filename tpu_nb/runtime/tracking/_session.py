@@ -7,16 +7,18 @@
 It composes, in this order: `track()` (metrics, compile events, the recorded sites of syncs,
 reads and CPU fallbacks), `default_device()` (the block's own factories and the modules it
 builds on the XLA device), `max_graphs(n)` when asked, and IR source locations when asked.
-On exit the report carries `findings`: what each line of the block did (see attribution.py).
+On exit the report carries `findings`: what each line of the block did (see _attribution.py).
 The `%%on_tpu` magic is this plus the live dashboard and the display.
 """
 
 from __future__ import annotations
 
+import linecache
 import sys
 from contextlib import ExitStack
 
-from tpu_nb.runtime.tracking._report import RunReport, track
+from tpu_nb.runtime.tracking._report import RunReport
+from tpu_nb.runtime.tracking._run import track
 
 
 class on_tpu:
@@ -69,6 +71,9 @@ class on_tpu:
             self.filename = code[0].co_filename
         dev = self.device if self.device is not None else xla_device()
         guard = max_graphs(self.max_graphs) if self.max_graphs is not None else None
+        source = self.source
+        if source is None:
+            source = "".join(linecache.getlines(self.filename))
         stack = ExitStack()
         try:
             where = self.namespace if self.namespace is not None else caller
@@ -78,8 +83,10 @@ class on_tpu:
                     sync=self.sync,
                     code=code,
                     namespace=where,
-                    then=self._attribute,
                     assigned_in=self.assigned_in,
+                    source=source,
+                    filename=self.filename,
+                    allowed_graphs=self.max_graphs or 1,
                 )
             )
             stack.enter_context(default_device(dev, code=code))
@@ -100,66 +107,3 @@ class on_tpu:
         stack, self._stack = self._stack, None
         suppressed = stack.__exit__(exc_type, exc, tb) if stack is not None else False
         return bool(suppressed)
-
-    def _attribute(self, report: RunReport) -> None:
-        """Called by track() with the complete report, before it is frozen."""
-        from tpu_nb.runtime.tracking._attribution import attribute
-
-        source = self.source
-        if source is None:
-            import linecache
-
-            source = "".join(linecache.getlines(self.filename or ""))
-        allowed = self.max_graphs or 1
-        findings = attribute(report, source, self.filename or "", allowed=allowed)
-        findings += pending_findings(report, source, self.filename or "")
-        report.findings = tuple(findings)
-        report.source, report.allowed_graphs = source, allowed
-
-
-def pending_findings(report: RunReport, source: str, filename: str) -> list:
-    """Findings for the work the block left pending (report.pending): one per variable that
-    holds it (on the line of the block that assigns it, when that is one line), and one for
-    the pending graph (with the lines that traced it when IR locations were recorded). No
-    advice: leaving work for the next sync is what the same code does without tpu_nb."""
-    from tpu_nb.runtime.tracking._attribution import LineFinding
-    from tpu_nb.runtime.tracking._pending import assigned_lines
-
-    pending = report.pending
-    if pending is None:
-        return []
-    order = 10**7  # after everything the run did
-    out = []
-    for i, name in enumerate(pending.holders):
-        lines = assigned_lines(source, name)
-        if len(lines) == 1:
-            out.append(
-                LineFinding(lines[0], "pending", f"{name} holds work not run yet", order=order + i)
-            )
-            continue
-        where = (
-            f"assigned on lines {', '.join(map(str, lines))}"
-            if lines
-            else "not assigned in this code"
-        )
-        out.append(
-            LineFinding(
-                0,
-                "pending",
-                f"{name} ({where}) holds work not run yet",
-                place="end of cell",
-                order=order + i,
-            )
-        )
-    graph = f"{pending.tensors} tensor{'s' if pending.tensors != 1 else ''} left pending"
-    if pending.nodes:
-        graph += f": a graph of {pending.nodes} IR nodes ({pending.describe_ops()})"
-    traced = sorted({line for file, line in pending.lines if file == filename})
-    if traced:
-        graph += f", traced on line{'s' if len(traced) > 1 else ''} " + ", ".join(map(str, traced))
-    graph += (
-        "; not run in this cell (as without tpu_nb): the next sync or value read runs it "
-        "and is counted with it"
-    )
-    out.append(LineFinding(0, "pending", graph, place="end of cell", order=order + 1000))
-    return out

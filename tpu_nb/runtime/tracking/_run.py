@@ -1,0 +1,469 @@
+"""`track()` and its `Run`: one tracked run, recorded, judged and reported in one direction.
+
+    with tpu_nb.track("epoch") as report:
+        train_one_epoch()
+    print(report)
+
+A `Run` holds everything one tracked run installs and records: the recorder of syncs, reads
+and fallbacks (tracking._provenance), the step anatomy's collector (tracking._anatomy), the
+Dynamo watch (tracking._dynamo), the sync watch that tells whether work is left pending, and
+the graph store the process keeps across runs (tracking._store). `max_graphs` and the live
+monitor follow the run they are in through `current_run()`. When the block exits, the report
+is built once, in one direction:
+
+    facts (metrics, compile events placed on lines, recordings, steps)
+      -> policy.judge(facts)                          (tracking._policy)
+      -> findings(facts, judgement, source)           (tracking._attribution)
+      -> the frozen RunReport the block was given, now complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import fields, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from tpu_nb.runtime.backend import Backend, wait_device_ops
+from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.frame import frame_variables
+from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
+from tpu_nb.runtime.metrics._counters import on_reset, snapshot
+from tpu_nb.runtime.tracking import _anatomy as anatomy
+from tpu_nb.runtime.tracking import _attribution as attribution
+from tpu_nb.runtime.tracking import _cost as cost
+from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.tracking import _policy as policy
+from tpu_nb.runtime.tracking import _provenance as provenance
+from tpu_nb.runtime.tracking._cost import StepCost
+from tpu_nb.runtime.tracking._oom import out_of_memory
+from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork, find_earlier, find_pending
+from tpu_nb.runtime.tracking._policy import Judgement
+from tpu_nb.runtime.tracking._probe import own_sync
+from tpu_nb.runtime.tracking._probe import probe as run_probe
+from tpu_nb.runtime.tracking._report import RunReport
+from tpu_nb.runtime.tracking._store import store
+
+log = logging.getLogger("tpu_nb")
+
+
+@on_reset
+def _forget_last() -> None:
+    """reset_metrics(): the last report goes with the runtime's counters."""
+    run_probe().last_run = None
+
+
+def current_run() -> Run | None:
+    """The tracked run now running (the innermost, when one runs inside another), if any."""
+    runs = run_probe().active_runs
+    return runs[-1] if runs else None
+
+
+def last_report() -> RunReport | None:
+    """The most recently completed tracked run's report (the last `%%on_tpu` cell's)."""
+    run = run_probe().last_run
+    return run.report if run is not None and run.report.complete else None
+
+
+class _SyncWatch:
+    """Tells whether XLA work is pending at the end of a block, without a sync.
+
+    Any sync — even one with nothing to run — waits for the execution in flight, which on a
+    training loop ends the overlap of device work with the next step's tracing (~40 % of a
+    1.3 ms step). Every lazy op creates an XLA tensor (CreateXlaTensor, in-place ops too); a
+    step closure, renewed at each sync while the block runs, records that counter at the sync.
+    Nothing pending means no tensor was created since the last sync.
+    """
+
+    def __init__(self, runtime: Backend):
+        self._runtime = runtime
+        self._value = runtime.counter_reader()
+        self._created = runtime.counter_names_of.tensors_created
+        self.active = True
+        self.at_last_sync = self._value(self._created)  # entry: as if just synced
+        self._arm()
+
+    def _arm(self) -> None:
+        self._runtime.after_next_sync(self._on_sync)
+
+    def _on_sync(self) -> None:
+        if self.active:
+            self.at_last_sync = self._value(self._created)
+            self._arm()
+
+    def pending(self) -> bool:
+        """Whether the block created XLA work after its last sync (or at all, if none)."""
+        self.active = False
+        return self._value(self._created) != self.at_last_sync
+
+
+class Run:
+    """One tracked run (see the module docstring); `track()` makes one per block.
+
+    report: the RunReport the block was given; empty until the run ends, then complete.
+    recorder, collector, dynamo: what records the run (None when not recording).
+    """
+
+    def __init__(
+        self,
+        name: str | None,
+        *,
+        sync: bool,
+        wait: bool,
+        record: bool,
+        code: tuple,
+        namespace: Any,
+        assigned_in,
+        source: str | None,
+        filename: str | None,
+        allowed_graphs: int,
+    ):
+        self.report = RunReport(name=name)
+        self.sync, self.wait, self.record, self.code = sync, wait, record, tuple(code)
+        self.namespace, self.assigned_in = namespace, assigned_in
+        self.source, self.filename, self.allowed_graphs = source, filename, allowed_graphs
+        self.store = store
+        self.recorder: provenance.Recorder | None = None
+        self.collector: anatomy.Collector | None = None
+        self.dynamo: dynamo.Watch | None = None
+        self.started = time.time()
+        self._frame: Any = None
+        self._log: Any = None
+        self._offset = 0
+        self._watch: _SyncWatch | None = None
+        self._before: Any = None
+        self._start = 0.0
+        self._earlier: EarlierWork | None = None
+
+    # -- begin and end -------------------------------------------------------------------------
+
+    def begin(self, caller) -> None:
+        if isinstance(self.namespace, dict):  # a notebook's: what earlier cells left pending
+            self._earlier = find_earlier(self.namespace, self.assigned_in)
+        self._log = compile_log()
+        self._offset = self._log.size() if self._log is not None else 0
+        self._watch = _SyncWatch(current_backend())
+        self._frame = caller if self.namespace is None else None
+        run_probe().begin_run(self)
+        try:
+            if self.record:
+                recorder = self.recorder = provenance.Recorder(
+                    root_codes=self.code, root_frame=caller, log=self._log
+                )
+                recorder.start()
+                self.collector = anatomy.Collector().start(recorder)
+            self.dynamo = dynamo.Watch(self.recorder, self._log).start()
+            self._before = snapshot()
+        except BaseException:  # never leave the hooks installed
+            self.release()
+            raise
+        self._start = time.perf_counter()
+
+    def end(self, exc: BaseException | None) -> None:
+        """The block ended (with `exc`, or None): finish its work as asked, and complete the
+        report. Re-raises a failure of tpu_nb's own end sync or wait (the run failed)."""
+        error, synced, pending, waited = exc, False, None, False
+        try:
+            try:
+                if exc is None:
+                    synced, pending, waited = self._finish_work()
+            except BaseException as failure:  # the end sync or wait failed: the run failed
+                self._complete(failure, synced, pending, waited)
+                raise
+            if exc is not None:
+                if self._watch is not None:
+                    self._watch.active = False
+                if self.wait and not isinstance(exc, KeyboardInterrupt):
+                    waited = _quiet_wait()
+            self._complete(error, synced, pending, waited)
+        finally:
+            # Whatever happened above (an interrupt while the report was built), the hooks go.
+            self.release()
+
+    def release(self) -> None:
+        """Remove everything the run installed; safe to call at any point, and again."""
+        try:
+            if self.collector is not None:
+                self.collector._unhook()
+        finally:
+            try:
+                if self.recorder is not None:
+                    self.recorder.stop()
+            finally:
+                try:
+                    if self.dynamo is not None:
+                        self.dynamo.stop()
+                finally:
+                    run_probe().end_run(self)
+
+    def _finish_work(self) -> tuple[bool, PendingWork | None, bool]:
+        synced, pending = False, None
+        if self._watch is not None and self._watch.pending():
+            if self.sync:
+                synced = True
+                # tpu_nb's own sync: not a step of the user's
+                with own_sync("end", self.recorder):
+                    current_backend().sync_function()()
+            else:
+                pending = self._left_pending()
+        if self.wait:
+            wait_device_ops()
+        return synced, pending, self.wait
+
+    def _left_pending(self) -> PendingWork | None:
+        """What the block left pending, named by the variables of its code that hold it."""
+        frame, self._frame = self._frame, None
+        try:
+            codes = self.code or ((frame.f_code,) if frame is not None else ())
+            names = tuple(sorted(provenance.names_in(c for c in codes if c is not None)))
+            where = self.namespace if self.namespace is not None else frame
+            if isinstance(where, dict):
+                return find_pending([where], names)
+            if where is not None:  # a frame
+                return find_pending([frame_variables(where), where.f_globals], names)
+        except Exception:  # describing it must never fail the run
+            log.debug("finding the work left pending", exc_info=True)
+        return None
+
+    # -- while it runs ---------------------------------------------------------------------------
+
+    def compile_events_so_far(self) -> list[CompileEvent]:
+        """The run's compile events until now, placed on lines as its report will place
+        them: `max_graphs` counts a line's graphs with them, so the error and the report
+        name the same line and the same count."""
+        if self._log is None:
+            return []
+        recording = self.recorder.recording if self.recorder is not None else None
+        return self._placed(recording, self.dynamo.so_far() if self.dynamo else ())
+
+    def _placed(self, recording, compiled) -> list[CompileEvent]:
+        assert self._log is not None
+        events = self._log.events_since(self._offset)
+        if recording is not None:
+            events = _place(events, recording.anchors, self._offset)
+            events = _mark_own_end(events, recording.own_end)
+        return dynamo.place(events, compiled)
+
+    # -- the report, in one direction --------------------------------------------------------------
+
+    def _complete(self, error, synced: bool, pending, waited: bool) -> None:
+        self._frame = None  # no reference to the caller's frame outlives the block
+        facts = self._facts(error, synced, pending, waited)
+        judgement = _judge(facts)
+        report = _judged(facts, judgement)
+        if self.source is not None:
+            found = attribution.findings(
+                report, judgement, self.source, self.filename or "", self.allowed_graphs
+            )
+            report = replace(
+                report, findings=found, source=self.source, allowed_graphs=self.allowed_graphs
+            )
+        _become(self.report, replace(report, complete=True))
+
+    def _facts(self, error, synced: bool, pending, waited: bool) -> RunReport:
+        """What the run did, as recorded: no judgement yet."""
+        wall = time.perf_counter() - self._start
+        steps = self.collector.finish() if self.collector is not None else None
+        recording = self.recorder.stop() if self.recorder is not None else None
+        compiled = self.dynamo.stop() if self.dynamo is not None else ()
+        metrics = snapshot().since(self._before)
+        facts = RunReport(
+            name=self.report.name,
+            wall_seconds=wall,
+            metrics=metrics,
+            error=error,
+            waited=waited,
+            synced_at_end=synced,
+            pending=pending,
+            earlier=self._earlier,
+            compile_analysis=self._log is not None,
+            compiled=compiled,
+            anatomy=steps,
+            out_of_memory=out_of_memory(error) if error is not None else None,
+        )
+        if self._log is not None and metrics.compiles:
+            events = self._placed(recording, compiled)
+            lines = store.note_compiles(dynamo.functions_graphs(events))
+            lines.update(dynamo.recompilations(events, compiled))
+            facts = replace(
+                facts,
+                compile_events=tuple(events),
+                recompilations=MappingProxyType(lines),
+                compile_log_problem=self._log.problem_since(self._offset, metrics.compiles) or "",
+            )
+        if recording is not None:
+            facts = replace(
+                facts,
+                occurrences=tuple(sorted(recording.occurrences.values(), key=lambda o: o.order)),
+                capture_seconds=recording.capture_seconds,
+                record_errors=recording.hook_errors,
+                syncs=recording.syncs,
+                line_calls=MappingProxyType(dict(recording.line_calls)),
+                cost=_step_cost(recording),
+            )
+        return facts
+
+
+class track:
+    """Measure what the block does on XLA; the yielded RunReport is complete on exit.
+
+        with tpu_nb.track("epoch") as report:
+            ...
+        print(report)
+
+    sync: False (the default) leaves work the block did not run pending, as the same code
+        without tpu_nb does: the report says what is left (`report.pending`) and the next
+        sync or value read runs it and counts it. True runs it at the end with a sync of
+        tpu_nb's own (skipped when the block's own last sync left nothing pending), counted
+        in this report and named as tpu_nb's.
+    wait: wait for the device to finish, so wall and execute times are complete. Waiting
+        ends the overlap of device execution with the next step's tracing; around every step
+        of a loop use wait=False (executions still in flight are counted by the next report).
+    record: record where each compile, value read and CPU fallback came from (the block's own
+        line, and the library function in between; see tpu_nb.runtime.tracking._provenance).
+        Costs one or two counter reads per sync and per read; off, findings fall back to
+        torch_xla's compile log (8 frames).
+    code: code objects that are the tracked code (a notebook cell's compiled code); by
+        default the code of the function that entered the block.
+    namespace: where the tracked code's variables live, to name what is left pending: a
+        dict (a notebook's user namespace) or a frame (its locals, then its globals); by
+        default the frame of the function that entered the block.
+    assigned_in: names where a variable was last assigned ("In [12]"), for the work earlier
+        cells left pending (found when `namespace` is a dict).
+    source, filename: the tracked code's source and the file it was compiled as: the report
+        then places its findings on the source's lines (`report.findings`).
+    allowed_graphs: distinct graphs a line may compile without being flagged (--max-graphs).
+    """
+
+    __slots__ = ("run",)
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        sync: bool = False,
+        wait: bool = True,
+        record: bool = True,
+        code: tuple = (),
+        namespace: Any = None,
+        assigned_in=None,
+        source: str | None = None,
+        filename: str | None = None,
+        allowed_graphs: int = 1,
+    ):
+        self.run = Run(
+            name,
+            sync=sync,
+            wait=wait,
+            record=record,
+            code=code,
+            namespace=namespace,
+            assigned_in=assigned_in,
+            source=source,
+            filename=filename,
+            allowed_graphs=allowed_graphs,
+        )
+
+    def __enter__(self) -> RunReport:
+        run = self.run
+        run.begin(None if run.code else sys._getframe(1))
+        return run.report
+
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        self.run.end(exc)
+        return False
+
+
+def _become(report: RunReport, complete: RunReport) -> None:
+    """The report the block was given becomes the complete one: the one place a RunReport's
+    fields are set after it was made (it was empty and incomplete until now)."""
+    for f in fields(RunReport):
+        object.__setattr__(report, f.name, getattr(complete, f.name))
+
+
+def _step_cost(recording) -> StepCost | None:
+    try:
+        return cost.step_cost(
+            recording.line_graphs, recording.line_calls, recording.syncs, recording.live_tensors
+        )
+    except Exception:  # a bug in the cost must not cost the user the run's report
+        log.debug("tpu_nb: the step's cost failed", exc_info=True)
+        return None
+
+
+def _judge(facts: RunReport) -> Judgement | None:
+    try:
+        return policy.judge(facts)
+    except Exception:  # a bug in the policy must not cost the user the run's report
+        log.debug("tpu_nb: judging the run failed", exc_info=True)
+        return None
+
+
+def _judged(facts: RunReport, judgement: Judgement | None) -> RunReport:
+    """The facts with the policy's judgement: the steady state's verdict on the anatomy (the
+    one verdict a report has), the host lines of the steps it is about, the step's cost."""
+    if judgement is None:
+        return facts
+    a = facts.anatomy
+    judged = replace(facts, judgement=judgement, cost=judgement.cost or facts.cost)
+    if a is None:
+        return judged
+    # the host lines shown are those of the steps the verdict is about (when the verdict
+    # left the warm-up out, never the whole run's: too few samples of the steady steps name
+    # no line)
+    left_out = 0 < judgement.steady_steps < len(a.steps)
+    lines = judgement.steady_lines if left_out else a.host_lines
+    return replace(judged, anatomy=replace(a, verdict=judgement.verdict, host_lines=lines))
+
+
+def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEvent]:
+    """Give each compile event the site of the sync or read it happened in.
+
+    An anchor's blocks are those written between the previous anchor and it; of those, the
+    last `compiles` of a matching cause (a sync's compiles, or a value read's) are its own.
+    A compile with no anchor (torch_xla.compile, dynamo, a thread) keeps the log's frames.
+    """
+    placed = list(events)
+    start = offset
+    for anchor in anchors:
+        window = [
+            i
+            for i, e in enumerate(placed)
+            if start <= e.offset < anchor.log_end
+            and e.site is None
+            and (e.kind == "value-access") == (anchor.kind != "sync")
+        ]
+        for i in window[-anchor.compiles :]:
+            placed[i] = replace(
+                placed[i],
+                site=anchor.site,
+                trigger=anchor.kind,
+                step=anchor.step,
+                call=anchor.call,
+            )
+        start = max(start, anchor.log_end)
+    return placed
+
+
+def _mark_own_end(events: list[CompileEvent], spans) -> list[CompileEvent]:
+    """Compiles of the run's own end-of-run sync (the probe marked it tpu_nb's): trigger
+    "end", so the findings name it as tpu_nb's, not the user's."""
+    if not spans:
+        return events
+    return [
+        replace(e, trigger="end")
+        if e.site is None and any(start <= e.offset < end for start, end in spans)
+        else e
+        for e in events
+    ]
+
+
+def _quiet_wait() -> bool:
+    try:
+        wait_device_ops()
+        return True
+    except Exception:  # the run already failed; its own error is the one to show
+        log.debug("waiting for the device after a failed run", exc_info=True)
+        return False

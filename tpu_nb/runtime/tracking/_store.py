@@ -1,0 +1,118 @@
+"""The graph store: what the process learned about its graphs, across tracked runs.
+
+One bounded store (`store`), the only history tracking keeps between runs: a line's graph in
+a later cell is compared with the one it compiled before, a graph captured once is not read
+again, and a graph's cost is computed once per new graph. Everything else a run records
+lives in its `Run` and goes with it. `reset_metrics()` empties the store with the runtime's
+counters. Every table keeps its most recently used entries.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from tpu_nb.runtime.metrics._compile_log import CompileEvent
+from tpu_nb.runtime.metrics._counters import on_reset
+
+
+def _keep(table: OrderedDict, key, value, limit: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > limit:
+        table.popitem(last=False)
+
+
+class GraphStore:
+    """Graphs by the process's lines and hashes (bounded; see the module docstring)."""
+
+    def __init__(self) -> None:
+        # compile log's graph hash -> the pending graph captured just before it compiled
+        self.captured: OrderedDict[str, Any] = OrderedDict()
+        # torch_xla's hash of a captured tensors' graph -> that Graph: the same pending graph
+        # is read once (reading the IR text of a GPT-2 step costs ~0.5 s; its hash ~2 ms)
+        self.by_own_hash: OrderedDict[str, Any] = OrderedDict()
+        # (file, line) -> the graphs captured at its syncs (a few, the latest)
+        self.line_captures: OrderedDict[tuple[str, int], list] = OrderedDict()
+        # (file, line) -> the compile event of each distinct graph the line compiled, in
+        # order (the first two and the latest)
+        self.line_events: OrderedDict[tuple[str, int], list[CompileEvent]] = OrderedDict()
+        # torch_xla.compile'd function -> its inputs at the call that last compiled its graph
+        self.inputs_at_compile: OrderedDict[tuple, tuple] = OrderedDict()
+        # torch_xla's hash of a captured graph -> its cost (tracking._cost.GraphCost)
+        self.costs: OrderedDict[str, Any] = OrderedDict()
+        # compile log's graph hash -> what Dynamo said changed before it compiled it
+        self.dynamo_changes: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+
+    def clear(self) -> None:
+        for table in vars(self).values():
+            table.clear()
+
+    # -- captures ---------------------------------------------------------------------------
+
+    def keep_capture(self, graph_hash: str, graph) -> None:
+        _keep(self.captured, graph_hash, graph, 48)
+
+    def keep_own(self, own_hash: str, graph) -> None:
+        _keep(self.by_own_hash, own_hash, graph, 48)
+
+    def note_line_capture(self, key: tuple[str, int], graph) -> None:
+        kept = self.line_captures.setdefault(key, [])
+        self.line_captures.move_to_end(key)
+        if graph is not None and not any(g.hash == graph.hash for g in kept):
+            kept.append(graph)
+            del kept[:-4]
+        while len(self.line_captures) > 64:
+            self.line_captures.popitem(last=False)
+
+    def captured_graph(self, event: CompileEvent):
+        """The pending graph captured just before `event`'s graph compiled, if captured."""
+        return self.captured.get(event.graph_hash)
+
+    # -- a line's graphs over the process ---------------------------------------------------
+
+    def note_compiles(self, events) -> dict[tuple[str, int], tuple[str, ...]]:
+        """Keep the graphs of `events` by line; return the lines with more than one graph
+        (in this run or before), with their hashes."""
+        out = {}
+        for event in events:
+            frame = event.user_frame
+            if frame is None or not event.graph_hash:
+                continue
+            key = (frame.file, frame.line)
+            graphs = self.line_events.setdefault(key, [])
+            self.line_events.move_to_end(key)
+            if all(event.graph_hash != g.graph_hash for g in graphs):
+                graphs.append(event)
+                if len(graphs) > 32:  # keep the first two and the latest
+                    del graphs[2]
+            while len(self.line_events) > 256:
+                self.line_events.popitem(last=False)
+            if len(graphs) > 1:
+                out[key] = tuple(g.graph_hash for g in graphs)
+        return out
+
+    def earlier_graph(self, event: CompileEvent) -> CompileEvent | None:
+        """The compile event of the graph the same line compiled before `event`'s, if any."""
+        frame = event.user_frame
+        graphs = self.line_events.get((frame.file, frame.line), []) if frame else []
+        hashes = [g.graph_hash for g in graphs]
+        if event.graph_hash in hashes and hashes.index(event.graph_hash) > 0:
+            return graphs[hashes.index(event.graph_hash) - 1]
+        return None
+
+    def swap_inputs(self, key: tuple, inputs: tuple) -> tuple | None:
+        """Keep a compiled function's inputs; return those kept before, if any."""
+        before = self.inputs_at_compile.get(key)
+        _keep(self.inputs_at_compile, key, inputs, 64)
+        return before
+
+    def keep_cost(self, own_hash: str, graph_cost) -> None:
+        _keep(self.costs, own_hash, graph_cost, 512)
+
+    def keep_dynamo_change(self, graph_hash: str, facts: tuple[str, ...]) -> None:
+        _keep(self.dynamo_changes, graph_hash, facts, 512)
+
+
+store = GraphStore()
+on_reset(store.clear)
