@@ -1,0 +1,183 @@
+"""The policy on constructed facts: what each line's compiles, each read site and the steady
+steps are judged to be, without a runtime (milliseconds each).
+
+The same decisions are tested end to end on real loops in test_judgement.py; here each rule
+gets the facts that must trigger it and the nearest facts that must not.
+"""
+
+from __future__ import annotations
+
+from tpu_nb.runtime.metrics import CompileEvent, Frame, MetricsDelta
+from tpu_nb.runtime.tracking import RunReport, _policy
+from tpu_nb.runtime.tracking._anatomy import Anatomy, StepRecord
+from tpu_nb.runtime.tracking._provenance import Occurrence, Site
+
+CELL = "<cell>"
+LOOP_LINE = Frame(CELL, 5, "<module>")
+READ_LINE = Frame(CELL, 7, "<module>")
+
+
+def _compile(n: int, step: int, call: int, line: Frame = LOOP_LINE) -> CompileEvent:
+    return CompileEvent(
+        cause="user torch_xla.sync",
+        graph_hash=f"{n:032x}",
+        frames=(line,),
+        site=Site(line),
+        trigger="sync",
+        step=step,
+        call=call,
+    )
+
+
+def _steps(n: int, compiled: set[int], *, host: float, device: float) -> Anatomy:
+    steps, t = [], 100.0
+    for i in range(n):
+        compile_s = 0.5 if i in compiled else 0.0
+        wall = host + compile_s + device
+        steps.append(
+            StepRecord(
+                i,
+                t,
+                t + wall,
+                trace=host,
+                compile=compile_s,
+                device=device,
+                sync=device,
+                executions=1,
+                compiles=int(i in compiled),
+            )
+        )
+        t += wall
+    wall = sum(s.wall for s in steps)
+    return Anatomy(tuple(steps), None, {}, wall, device * n, None)
+
+
+def _facts(events, steps: int, *, line_calls=None, occurrences=(), anatomy=None) -> RunReport:
+    return RunReport(
+        name="cell",
+        metrics=MetricsDelta(compiles=len(events), syncs=steps),
+        compile_events=tuple(events),
+        compile_analysis=True,
+        syncs=steps,
+        line_calls=line_calls or {(CELL, LOOP_LINE.line): steps},
+        occurrences=tuple(occurrences),
+        anatomy=anatomy,
+    )
+
+
+def _kind(judgement, line: Frame = LOOP_LINE) -> str:
+    return judgement.lines[(line.file, line.line)].kind
+
+
+# -- compiles per line ---------------------------------------------------------------------
+
+
+def test_a_line_compiling_a_new_graph_at_every_step_to_the_last_is_recompiling():
+    events = [_compile(i, step=i, call=i) for i in range(12)]
+    judgement = _policy.judge(_facts(events, 12))
+    assert _kind(judgement) == "recompiling" and judgement.recompiled
+    assert judgement.compile_kinds[0] == _policy.FIRST
+    assert set(judgement.compile_kinds[3:]) == {_policy.RECOMPILE}
+
+
+def test_a_few_graphs_then_calls_without_a_compile_are_a_bounded_set_not_a_recompile():
+    # three bucket sizes, each compiled once, then ten steps that reuse them
+    events = [_compile(i, step=i, call=i) for i in range(3)]
+    judgement = _policy.judge(_facts(events, 13))
+    assert _kind(judgement) in ("warm-up", "variants") and not judgement.recompiled
+
+
+def test_one_graph_compiled_once_is_judged_once():
+    judgement = _policy.judge(_facts([_compile(0, step=0, call=0)], 10))
+    assert _kind(judgement) == "once" and not judgement.recompiled
+
+
+def test_compiles_of_one_step_are_that_steps_graphs_never_a_recompile():
+    # a forward and a backward graph in the first step: one moment, both "first"
+    events = [_compile(0, step=0, call=0), _compile(1, step=0, call=0)]
+    judgement = _policy.judge(_facts(events, 10))
+    assert judgement.compile_kinds == (_policy.FIRST, _policy.FIRST)
+    assert not judgement.recompiled
+
+
+def test_the_first_sync_that_also_ran_earlier_work_is_not_the_lines_graph():
+    from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork
+
+    events = [_compile(0, step=0, call=0), _compile(1, step=1, call=1)]
+    earlier = EarlierWork(("w",), ("In [3]",), PendingWork(("w",), 1))
+    facts = _replace(_facts(events, 10), earlier=earlier)
+    judgement = _policy.judge(facts)
+    assert judgement.compile_kinds[0] == _policy.EARLIER
+    assert _kind(judgement) == "once"  # the line's own graph is the second
+
+
+# -- reads -----------------------------------------------------------------------------------
+
+
+def _read(steps: int, *, first_step: int = 0, in_sync: bool = False, order: int = 1) -> Occurrence:
+    return Occurrence(
+        "read",
+        ".item()",
+        Site(READ_LINE),
+        calls=steps,
+        count=steps,
+        order=order,
+        in_sync=in_sync,
+        steps=steps,
+        first_step=first_step,
+        last_step=first_step + steps - 1,
+    )
+
+
+def test_a_read_in_every_step_is_per_step_and_a_read_after_the_loop_is_not():
+    every = _read(10)
+    after = _read(1, first_step=10, order=2)
+    judgement = _policy.judge(_facts([], 10, occurrences=(every, after)))
+    assert judgement.reads[every.order].per_step
+    assert judgement.reads[every.order].why == "in 10 of 10 steps"
+    assert not judgement.reads[after.order].per_step
+    assert judgement.reads[after.order].why == "after the loop's last sync"
+
+
+def test_a_read_in_a_step_closure_or_every_tenth_step_is_a_fact_without_advice():
+    assert _policy.classify_read(_read(10, in_sync=True), 10).per_step is False
+    assert _policy.classify_read(_read(3), 100).per_step is False  # logging every 30 steps
+    assert _policy.classify_read(_read(30), 100).per_step is True
+
+
+def test_reads_of_a_loop_without_syncs_count_per_call():
+    pattern = _policy.classify_read(_read(10), 0)
+    assert pattern.per_step and pattern.why == "with no sync in between"
+
+
+# -- the verdict -------------------------------------------------------------------------------
+
+
+def test_no_verdict_with_too_few_steady_steps_and_the_note_says_how_many_more():
+    events = [_compile(0, step=0, call=0)]
+    judgement = _policy.judge(_facts(events, 3, anatomy=_steps(3, {0}, host=0.01, device=0.1)))
+    assert judgement.verdict is None
+    assert "too few steps" in judgement.note and "run at least" in judgement.note
+
+
+def test_the_verdict_leaves_the_warm_up_out():
+    # a slow first step (its compile) and nine steady steps: the verdict is about the nine
+    events = [_compile(0, step=0, call=0)]
+    anatomy = _steps(10, {0}, host=0.001, device=0.1)
+    judgement = _policy.judge(_facts(events, 10, anatomy=anatomy))
+    assert judgement.steady_steps == 9 and judgement.one_time_compiles == 1
+    assert judgement.verdict is not None and judgement.verdict.kind != "compile-bound"
+
+
+def test_a_loop_still_compiling_in_its_steady_steps_is_compile_bound_with_the_pad_advice():
+    events = [_compile(i, step=i, call=i) for i in range(10)]
+    anatomy = _steps(10, set(range(10)), host=0.001, device=0.01)
+    judgement = _policy.judge(_facts(events, 10, anatomy=anatomy))
+    assert judgement.verdict is not None and judgement.verdict.kind == "compile-bound"
+    assert "pad or bucket" in judgement.verdict.fix and "recompiling at" in judgement.verdict.reason
+
+
+def _replace(report: RunReport, **changes) -> RunReport:
+    import dataclasses
+
+    return dataclasses.replace(report, **changes)
