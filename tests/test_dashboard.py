@@ -325,6 +325,40 @@ def test_reads_in_step_closures_get_no_read_advice():
     assert "read once after the loop" not in D.summary_text(state, "finished")
 
 
+def test_a_finished_runs_reads_are_judged_as_its_report_judges_them():
+    """An eval loop reads the loss of each batch with no sync in between: the report gives
+    the read advice, and the dashboard's final view says the same (one judgement)."""
+    monitor = LiveMonitor()
+    monitor.poll()
+    w = torch.ones(8, device=tpu_nb.device())
+    with tpu_nb.track() as report:
+        for _ in range(10):
+            monitor.poll()
+            float((w * 1.5).sum().item())
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert report.syncs == 0 and report.metrics.host_reads == 10
+    (read,) = report.judgement.reads.values()
+    assert read.per_step and read.why == "with no sync in between"
+    assert state.per_step_reads == 10
+    text = D.summary_text(state, "finished")
+    assert "10 with no sync in between" in text and "read once after the loop" in text
+
+    # and a read once after a loop of syncs: neither advises
+    monitor = LiveMonitor()
+    with tpu_nb.track() as report:
+        for _ in range(5):
+            w = w * 1.5
+            torch_xla.sync()
+            monitor.poll()
+        float(w.sum().item())
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert not any(p.per_step for p in report.judgement.reads.values())
+    assert state.per_step_reads == 0
+    assert "read once after the loop" not in D.summary_text(state, "finished")
+
+
 HOSTILE = "<img src=x onerror=alert(1)>&$x$.py"
 
 

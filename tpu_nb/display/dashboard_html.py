@@ -273,14 +273,18 @@ def _per_step_reads(state: LiveState) -> int:
     """The scalar reads that earn the read advice (0: none do): those that repeat with the
     steps (a read after the loop, a few values printed or reads in step closures need no
     change). The dashboard sees counts, not which step made each read, so a count that keeps
-    pace with the steps stands for "per step"."""
+    pace with the steps stands for "per step" while the run goes; once a tracked run ended,
+    its report's judgement (which knows each read's site and steps) decides."""
+    if state.per_step_reads is not None:
+        return state.per_step_reads
     in_loop = state.metrics.host_reads - state.closure_reads  # a step closure's read is the fix
     return in_loop if state.steps >= 3 and reads_repeat(in_loop, state.steps) else 0
 
 
 def _in_the_loop(reads: int, state: LiveState) -> str:
     closures = f", {state.closure_reads} more in step closures" if state.closure_reads else ""
-    return f"{reads} in {state.steps} steps{closures}"
+    steps = f"in {state.steps} steps" if state.steps else "with no sync in between"
+    return f"{reads} {steps}{closures}"
 
 
 def memory_html(state: LiveState | None) -> str:

@@ -458,6 +458,9 @@ class LiveState:
     closure_reads: int = 0
     # Of `steps`, syncs a data loader made with nothing to run (no step of the user's).
     loader_syncs: int = 0
+    # Scalar reads the finished run's judgement calls per step (tracking._policy); None while
+    # the run is still going (the dashboard's own count stands in)
+    per_step_reads: int | None = None
 
     @property
     def recompiling(self) -> bool:
@@ -559,6 +562,7 @@ class LiveMonitor:
             run_cost=report.cost if report is not None and report.steps else None,
             closure_reads=self._closure_reads.count,
             loader_syncs=self._loader_syncs(),
+            per_step_reads=_per_step_reads(report),
         )
 
     def _loader_syncs(self) -> int:
@@ -808,3 +812,15 @@ def _merge_pairs(points: list[StepPoint]) -> list[StepPoint]:
     if len(points) % 2:
         merged.append(points[-1])
     return merged
+
+
+def _per_step_reads(report) -> int | None:
+    """The scalar reads of a finished run that its judgement calls per step; None without one."""
+    judgement = getattr(report, "judgement", None)
+    if judgement is None:
+        return None
+    return sum(
+        occ.count
+        for occ in report.occurrences
+        if occ.kind == "read" and getattr(judgement.reads.get(occ.order), "per_step", False)
+    )
