@@ -348,13 +348,13 @@ def test_view_draws_host_and_device_spans_and_escapes_every_string():
 
 
 def test_dashboard_shows_the_running_steps_and_keeps_the_last_run():
-    from tpu_nb.runtime.tracking import _anatomy as anatomy
+    from tpu_nb.runtime.tracking import current_run
 
     seen = []
     with tpu_nb.Dashboard(widgets=False, refresh=0.2) as dash, tpu_nb.track():
         for _ in range(6):
             _host_loop(steps=1, ops=300)
-            if anatomy.current() is not None:
+            if current_run() is not None:
                 seen.append(dash._repr_html_())
     assert any("<svg" in html for html in seen[2:]), "no live timeline while the run ran"
     final = dash._repr_html_()
@@ -456,17 +456,18 @@ def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
 
 
 def test_a_run_tracked_inside_another_leaves_the_outer_one_whole():
-    from tpu_nb.runtime.tracking import _anatomy as anatomy
+    from tpu_nb.runtime.tracking import current_run
 
     x = torch.ones(4, device=torch_xla.device())
     with tpu_nb.track() as outer:
-        outer_collector = anatomy.current()
+        outer_run = current_run()
         x = x * 2
         torch_xla.sync()
         with tpu_nb.track() as inner:
+            assert current_run() is not outer_run  # the inner run, while it runs
             x = x * 2
             torch_xla.sync()
-        assert anatomy.current() is outer_collector  # the live view follows the outer
+        assert current_run() is outer_run  # the live view follows the outer again
         x = x * 2
         torch_xla.sync()
     assert len(outer.steps) == 3 and inner.anatomy.verdict is None
