@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import torch_xla
 
 import tpu_nb
@@ -245,6 +246,28 @@ def test_track_in_a_script_makes_no_sync_and_the_same_work(py):
         }
     )
     assert tpu_nb  # imported for the conftest's setup
+
+
+def test_a_sync_tpu_nb_did_not_see_ran_everything_and_sync_true_adds_none():
+    """`sync = torch_xla.sync` bound before the run holds the function tpu_nb does not hook:
+    the counters then cannot tell whether work is left, the block's tensors can. --sync adds
+    no sync when everything ran, and one when work is really left."""
+    unhooked = torch_xla.sync
+    x = torch.ones(4, device=tpu_nb.device())
+    with tpu_nb.track(sync=True) as ran_all:
+        y = x * 2
+        unhooked()
+    assert not ran_all.synced_at_end and ran_all.metrics.syncs == 1, ran_all.summary()
+    with tpu_nb.track(sync=True) as left:
+        y = x * 3
+        unhooked()
+        z = y + 1  # noqa: F841 - work left after the sync
+    assert left.synced_at_end and left.metrics.syncs == 2, left.summary()
+    with tpu_nb.track() as named:
+        y = x * 4
+        unhooked()
+        w = y + 1  # noqa: F841
+    assert named.pending is not None and named.pending.holders == ("w",)
 
 
 @pytest.mark.stack

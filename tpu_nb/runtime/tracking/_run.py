@@ -41,7 +41,7 @@ from tpu_nb.runtime.tracking._cost import StepCost
 from tpu_nb.runtime.tracking._oom import out_of_memory
 from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork, find_earlier, find_pending
 from tpu_nb.runtime.tracking._policy import Judgement
-from tpu_nb.runtime.tracking._probe import own_sync
+from tpu_nb.runtime.tracking._probe import Subscription, own_sync
 from tpu_nb.runtime.tracking._probe import probe as run_probe
 from tpu_nb.runtime.tracking._report import RunReport
 from tpu_nb.runtime.tracking._store import store
@@ -72,31 +72,45 @@ class _SyncWatch:
 
     Any sync — even one with nothing to run — waits for the execution in flight, which on a
     training loop ends the overlap of device work with the next step's tracing (~40 % of a
-    1.3 ms step). Every lazy op creates an XLA tensor (CreateXlaTensor, in-place ops too); a
-    step closure, renewed at each sync while the block runs, records that counter at the sync.
-    Nothing pending means no tensor was created since the last sync.
+    1.3 ms step). Every lazy op creates an XLA tensor (CreateXlaTensor, in-place ops too); the
+    probe's sync event records that counter as each sync of the run returns (two counter reads,
+    where a step closure renewed at each sync cost ~0.2 ms). Nothing pending means no tensor
+    was created since the last sync. A sync the probe did not see (the step-marker counter
+    moved: a reference to the unhooked function) leaves it unknown, counted as pending.
     """
 
+    priority = 3  # after max_graphs' check: a sync it stopped never returned
+    before = None
+
     def __init__(self, runtime: Backend):
-        self._runtime = runtime
         self._value = runtime.counter_reader()
-        self._created = runtime.counter_names_of.tensors_created
+        names = runtime.counter_names_of
+        self._created, self._syncs = names.tensors_created, names.syncs
         self.active = True
-        self.at_last_sync = self._value(self._created)  # entry: as if just synced
-        self._arm()
+        self.seen = self._now()  # entry: as if just synced
+        self._subscription: Subscription | None = run_probe().subscribe(self, ("sync",))
 
-    def _arm(self) -> None:
-        self._runtime.after_next_sync(self._on_sync)
+    def _now(self) -> tuple:
+        return self._value(self._created), self._value(self._syncs)
 
-    def _on_sync(self) -> None:
+    def after(self, event, state) -> None:
         if self.active:
-            self.at_last_sync = self._value(self._created)
-            self._arm()
+            self.seen = self._now()
 
-    def pending(self) -> bool:
-        """Whether the block created XLA work after its last sync (or at all, if none)."""
+    def close(self) -> None:
         self.active = False
-        return self._value(self._created) != self.at_last_sync
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            subscription.close()
+
+    def pending(self) -> bool | None:
+        """Whether the block created XLA work after its last sync (or at all, if none); None
+        when a sync the probe did not see ran since (then the tensors themselves tell)."""
+        self.close()
+        created, syncs = self._now()
+        if syncs != self.seen[1]:
+            return None
+        return created != self.seen[0]
 
 
 class Run:
@@ -144,10 +158,10 @@ class Run:
             self._earlier = find_earlier(self.namespace, self.assigned_in)
         self._log = compile_log()
         self._offset = self._log.size() if self._log is not None else 0
-        self._watch = _SyncWatch(current_backend())
         self._frame = caller if self.namespace is None else None
         run_probe().begin_run(self)
         try:
+            self._watch = _SyncWatch(current_backend())
             if self.record:
                 recorder = self.recorder = provenance.Recorder(
                     root_codes=self.code, root_frame=caller, log=self._log
@@ -174,7 +188,7 @@ class Run:
                 raise
             if exc is not None:
                 if self._watch is not None:
-                    self._watch.active = False
+                    self._watch.close()
                 if self.wait and not isinstance(exc, KeyboardInterrupt):
                     waited = _quiet_wait()
             self._complete(error, synced, pending, waited)
@@ -185,6 +199,8 @@ class Run:
     def release(self) -> None:
         """Remove everything the run installed; safe to call at any point, and again."""
         try:
+            if self._watch is not None:
+                self._watch.close()
             if self.collector is not None:
                 self.collector._unhook()
         finally:
@@ -200,13 +216,17 @@ class Run:
 
     def _finish_work(self) -> tuple[bool, PendingWork | None, bool]:
         synced, pending = False, None
-        if self._watch is not None and self._watch.pending():
+        left = self._watch.pending() if self._watch is not None else False
+        if left is None:  # the counters cannot tell: the block's variables can
+            pending = self._left_pending()
+            left = pending is not None
+        if left:
             if self.sync:
-                synced = True
+                synced, pending = True, None
                 # tpu_nb's own sync: not a step of the user's
                 with own_sync("end", self.recorder):
                     current_backend().sync_function()()
-            else:
+            elif pending is None:
                 pending = self._left_pending()
         if self.wait:
             wait_device_ops()
