@@ -258,12 +258,6 @@ def _watches() -> list[Watch]:
     return [w for w in watches if w is not None and w.watching]
 
 
-# Called with True when Dynamo starts compiling a frame in a tracked run, False when done:
-# max_graphs pauses torch_xla's shape detector meanwhile (Dynamo's tracing of a graph is not
-# a step's graph, and the bridge traces each FX node on its own).
-on_frame_compile: list = []
-
-
 def latest_recompile() -> DynamoCompile | None:
     """The frame Dynamo most recently compiled again in a tracked run now running (for
     max_graphs, which checks after each sync), or None."""
@@ -349,6 +343,10 @@ class Watch(logging.Handler):
         self.errors = 0
         self._logger: logging.Logger | None = None
         self.watching = False  # started and not stopped
+        # Called with True when Dynamo starts compiling a frame in this run, False when done:
+        # max_graphs pauses torch_xla's shape detector meanwhile (Dynamo's tracing of a graph
+        # is not a step's graph, and the bridge traces each FX node on its own).
+        self.on_frame_compile: list = []
 
     def start(self) -> Watch:
         self.watching = True
@@ -422,7 +420,7 @@ class Watch(logging.Handler):
         if entry.started:  # a restart of the same frame (after a graph break): same compile
             return
         entry.started = True
-        for callback in list(on_frame_compile):
+        for callback in list(self.on_frame_compile):
             callback(True)
         entry.code = _code_being_compiled(sys._getframe(3))
         if self._recorder is not None:
@@ -453,7 +451,7 @@ class Watch(logging.Handler):
             entry.breaks.append(brk)
 
     def _finished(self, meta) -> None:
-        for callback in list(on_frame_compile):
+        for callback in list(self.on_frame_compile):
             callback(False)
         entry = (
             self._pending.pop((meta.get("frame_id"), meta.get("frame_compile_id")), None)

@@ -129,20 +129,21 @@ class max_graphs:
     def __enter__(self) -> None:
         from tpu_nb.runtime.metrics._compile_log import compile_log
 
+        # The tracked run around the block (%%on_tpu's): its report places each compile on a
+        # line, and the limit counts the graphs of that same line.
+        runs = probe().local.runs
+        self._run = runs[-1] if runs and hasattr(runs[-1], "compile_events_so_far") else None
+        self._recorder = getattr(self._run, "recorder", None)
         # torch_xla's detector sees every traced graph, cached or not (a line re-run in a
         # later cell); the compile log's count sees the first step's graph too.
-        detector = self._fallback = _detector_guard(self.limit)
+        watch = getattr(self._run, "dynamo", None)
+        detector = self._fallback = _detector_guard(self.limit, watch)
         detector.__enter__()
         log = self._log = compile_log()
         if log is None:
             return None
         self._read = log.size()
         self._graphs: dict[tuple[str, int], list] = {}
-        # The tracked run around the block (%%on_tpu's): its report places each compile on a
-        # line, and the limit counts the graphs of that same line.
-        runs = probe().local.runs
-        self._run = runs[-1] if runs and hasattr(runs[-1], "compile_events_so_far") else None
-        self._recorder = getattr(self._run, "recorder", None)
         try:
             self._subscription = probe().subscribe(self, ("sync",))
         except BaseException:
@@ -247,7 +248,7 @@ def _in_dynamo_bridge() -> bool:
 
 
 @contextmanager
-def _detector_guard(limit: int) -> Iterator[None]:
+def _detector_guard(limit: int, watch=None) -> Iterator[None]:
     runtime = current_backend()
     prefix = f"tpu_nb-{next(_ids)}"
     sessions = {f"{prefix}:start"}
@@ -282,7 +283,8 @@ def _detector_guard(limit: int) -> Iterator[None]:
     runtime.set_graph_limit(limit)
     runtime.start_graph_session(f"{prefix}:start")
     runtime.after_next_sync(renew)
-    dynamo.on_frame_compile.append(pause)
+    pauses = watch.on_frame_compile if watch is not None else []  # (the run's Dynamo watch)
+    pauses.append(pause)
     try:
         yield
     except RuntimeError as exc:
@@ -299,7 +301,7 @@ def _detector_guard(limit: int) -> Iterator[None]:
         raise readable.with_traceback(exc.__traceback__) from None
     finally:
         state["active"] = False
-        dynamo.on_frame_compile.remove(pause)
+        pauses.remove(pause)
         if not state["paused"]:
             runtime.end_graph_session()
         for session in sessions:
