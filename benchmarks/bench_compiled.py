@@ -1,5 +1,6 @@
-"""What tpu_nb costs around compiled code, measured side by side in one run.
+"""What tpu_nb's observer costs around a training step, eager and compiled, side by side.
 
+0. the eager step (forward, backward, SGD, torch_xla.sync()): plain, track(), on_tpu().
 1. a ~1 ms training step compiled with torch.compile(backend="openxla") (forward and loss
    compiled; backward and the optimizer step eager, ending in torch_xla.sync()): plain, in
    track() (the recorder, and the handler on torch's structured trace that keeps Dynamo's
@@ -43,6 +44,16 @@ def _steps(dev, compiled: str):
 
     def loss_of(x, y):
         return torch.nn.functional.cross_entropy(model(x), y)
+
+    if compiled == "eager":
+
+        def eager():
+            opt.zero_grad()
+            loss_of(x, y).backward()
+            opt.step()
+            torch_xla.sync()
+
+        return eager
 
     if compiled == "torch.compile":
         forward = torch.compile(loss_of, backend="openxla")
@@ -155,6 +166,7 @@ def main() -> None:
 
     tpu_nb.setup("cpu")
     dev = tpu_nb.device()
+    _compare(_steps(dev, "eager"), "eager step")
     step = _steps(dev, "torch.compile")
     _compare(step, 'torch.compile(backend="openxla") forward')
     _events_per_call(step)

@@ -270,6 +270,44 @@ def test_gpt2_training_step_flops_equal_flop_counter_mode():
     assert counted == expected
 
 
+def test_a_loader_driven_loop_costs_its_step_also_when_every_graph_is_cached():
+    """MpDeviceLoader syncs before it yields each batch: its first sync of a run runs only
+    what the loop set up (a zeros), not a step. A second epoch, all cached, costs the step's
+    analytic FLOPs as the first did, never "0 FLOP"."""
+    import torch_xla.distributed.parallel_loader as pl
+
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)
+    ).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(128, 32), torch.randint(0, 4, (128,)))
+    loader = pl.MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=16), dev)
+
+    def epoch():
+        total = torch.zeros((), device=dev)
+        for x, y in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            total += loss
+        return total.item()
+
+    # forward 2*b*(32*64 + 64*4); backward: both weight gradients, and the hidden layer's
+    # input gradient (the first layer's input needs none)
+    b = 16
+    expected = 2 * b * (32 * 64 + 64 * 4) + 2 * b * (32 * 64 + 64 * 4) + 2 * b * 64 * 4
+    flops = []
+    for _ in range(2):
+        with tpu_nb.on_tpu(code=(epoch.__code__,)) as report:
+            epoch()
+        flops.append(report.cost.flops)
+    assert report.metrics.compiles == 0  # the second epoch: every graph cached
+    assert flops == [expected, expected], flops
+
+
 def test_xla_cpu_work_is_never_called_device_bound_nor_given_fixes_false_on_a_tpu():
     set_target(None)
     dev = torch_xla.device()

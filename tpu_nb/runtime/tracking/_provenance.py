@@ -50,6 +50,7 @@ from tpu_nb.runtime.units import format_place
 log = logging.getLogger("tpu_nb")
 
 HOST_READ = "aten::_local_scalar_dense"
+_STEADY_CALL = 3  # a line's call captured again for the step's cost (see _maybe_capture)
 _TENSOR_TYPES: tuple = ()  # torch.Tensor and Parameter, set by Recorder.start()
 # Library frames that only pass a call along: a finding names the function behind them.
 _PLUMBING_FILES = (
@@ -448,12 +449,14 @@ class Recorder:
             calls = self.recording.line_calls
             calls[key] = calls.get(key, 0) + 1
             forced = key in self.force_capture
-            # A line's first sync in each run is captured (a step's cost is that of the
-            # graph its lines run), and any line whose graph is not known yet.
+            # A line's first sync in each run is captured, and any line whose graph is not
+            # known yet; and its third, a steady step's (a step's cost is that of the graph its
+            # lines run: a loader's first sync runs only what the loop set up before it).
             due = (
                 forced
                 or key in self._capture_next
                 or key not in self._tried
+                or calls[key] == _STEADY_CALL
                 or store.line_captures.get(key) is None
             )
             if not due and key in self._compiled_at:  # a new shape: capture, to name it
