@@ -249,3 +249,21 @@ def test_max_graphs_flush_of_earlier_work_is_placed_at_the_start_not_on_a_line()
     assert [f.line for f in compiles if f.line] == [line_of("# BLOCK-SYNC", here)]
     assert not any("not recorded" in f.place for f in report.findings)
     assert left_pending.cpu()[0, 0].item() == 7.0 and total.item() == 95.0
+
+
+def test_a_compile_torch_xla_logs_no_cause_for_is_not_called_a_disk_problem():
+    """A CPU fallback inside autograd's backward makes torch_xla compile the fallback's
+    inputs with no cause in its log: the log is intact, and the report says so."""
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 2, 4, 4, device=tpu_nb.device(), requires_grad=True)
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        y = F.interpolate(x * 2, scale_factor=2, mode="nearest")
+        y.sum().backward()
+        torch_xla.sync()
+    assert report.metrics.fallbacks.get("upsample_nearest2d_backward") == 1
+    assert report.metrics.compiles > len(report.compile_events)
+    problem = report.compile_log_problem
+    assert "the log is intact and torch_xla wrote no cause" in problem, problem
+    assert "disk" not in problem and "removed" not in problem

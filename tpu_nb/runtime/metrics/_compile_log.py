@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -267,10 +268,11 @@ class CompileLog:
                 f"only the causes of the last {MAX_EVENTS} compiles are kept; "
                 f"{compiles - logged} of this run's are not"
             )
+        missing = compiles - logged
         return (
             f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
             f"compile log {self.name} holds the causes of {logged}: "
-            f"{_write_failure(self.name)}"
+            f"{_why_missing(self.name, missing)}"
         )
 
     def forget(self) -> None:
@@ -388,14 +390,26 @@ def _cut_short(kind: str, opened_by: str, prefix: str, block: list[str]) -> bool
     return kind in ("compile", "post") and not (block and block[-1].startswith("-----"))
 
 
-def _write_failure(path: str) -> str:
+def _why_missing(path: str, missing: int) -> str:
+    """Why compiles have no cause in the log: the disk or the file, when they say so; else the
+    log is intact and torch_xla wrote none for them."""
     try:
         fs = os.statvfs(os.path.dirname(path) or ".")
         if fs.f_bavail * fs.f_frsize < 64 * 1024:
             return "its disk is full"
     except OSError:
         return "its directory is gone"
-    return "writing it failed (a full disk, or the file or its directory removed?)"
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return "the file was removed"
+    if not regular:  # a device or a pipe: whether writes reach it is not known
+        return "writing to it failed, or torch_xla wrote no cause for them"
+    return (
+        f"the log is intact and torch_xla wrote no cause for {missing} of them (a compile it "
+        "starts outside Python code, such as a CPU fallback's inputs inside autograd's "
+        "backward, can come without one)"
+    )
 
 
 def _kind_of(prefix: str) -> str:
