@@ -267,3 +267,56 @@ def test_a_compile_torch_xla_logs_no_cause_for_is_not_called_a_disk_problem():
     problem = report.compile_log_problem
     assert "the log is intact and torch_xla wrote no cause" in problem, problem
     assert "disk" not in problem and "removed" not in problem
+
+
+def _fallbacks(report) -> list:
+    found = [f for f in report.findings if f.kind == "fallback"]
+    # every fallback counted once: the findings add up to torch_xla's counters
+    assert sum(f.count for f in found) == sum(report.metrics.fallbacks.values()), found
+    return found
+
+
+def test_an_op_seen_falling_back_once_is_placed_in_every_later_run_with_or_without_a_sync():
+    dev = tpu_nb.device()
+    a, b = torch.arange(10, device=dev), torch.tensor([1, 3, 5], device=dev)
+
+    def loop():
+        for _ in range(3):
+            torch.isin(a, b)  # the isin line
+            torch_xla.sync()
+
+    def no_sync():
+        for _ in range(3):
+            torch.isin(a, b)  # the isin line
+
+    for code in (loop, loop, no_sync):
+        with tpu_nb.on_tpu(code=(code.__code__,)) as report:
+            code()
+    with tpu_nb.on_tpu(code=(loop.__code__,)) as again:
+        loop()
+    for ran, fn in ((report, no_sync), (again, loop)):
+        (placed,) = _fallbacks(ran)
+        assert placed.line == line_of("# the isin line", fn) and placed.count == 3
+        assert placed.what.startswith("torch.isin ran on the CPU")
+        assert "(x[..., None] == values).any(-1)" in placed.hint
+
+
+def test_a_fallback_autograd_runs_inside_backward_is_placed_on_the_backward_line():
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 2, 4, 4, device=tpu_nb.device(), requires_grad=True)
+    torch_xla.sync()
+
+    def step():
+        for _ in range(3):
+            y = F.interpolate(x * 2, scale_factor=2, mode="nearest")
+            y.sum().backward()  # the backward line
+            torch_xla.sync()
+
+    for _ in range(2):
+        with tpu_nb.on_tpu(code=(step.__code__,)) as report:
+            step()
+    (placed,) = _fallbacks(report)
+    assert placed.line == line_of("# the backward line", step) and placed.count == 3
+    assert placed.what.startswith("the backward of F.interpolate ran on the CPU")
+    assert "repeat_interleave" in placed.hint

@@ -46,6 +46,10 @@ _FALLBACK_HINTS = {
     "torch.searchsorted": "compare against the sorted values and sum the mask",
     "F.grid_sample": "no XLA lowering for its backward/forward here: sample with gather on "
     "computed indices, or move it out of the step",
+    "the backward of F.interpolate": "autograd runs it inside backward() every step: for an "
+    "integer scale factor s, nearest upsampling is "
+    "x.repeat_interleave(s, -1).repeat_interleave(s, -2), whose backward runs on the device",
+    "torch.isin": "compare against the values and reduce: (x[..., None] == values).any(-1)",
 }
 
 

@@ -161,14 +161,16 @@ class ReadEvent:
 
 
 class FallbackEvent:
-    """A call of a CPU-fallback entry point (torch.unique, F.grid_sample, ...)."""
+    """A call of a CPU-fallback entry point (torch.unique, F.grid_sample, ...; `backward`,
+    once an op's backward fell back: autograd runs it from C++, inside that call)."""
 
-    __slots__ = ("frame", "args", "compiles_before")
+    __slots__ = ("frame", "args", "compiles_before", "backward")
 
-    def __init__(self, frame, args, compiles_before):
+    def __init__(self, frame, args, compiles_before, backward=False):
         self.frame: FrameType = frame
         self.args: tuple = args
         self.compiles_before: int = compiles_before
+        self.backward: bool = backward
 
 
 class InputEvent:
@@ -219,6 +221,7 @@ class _Local(threading.local):
     in_sync = False  # inside a sync: reads are its step closures
     depth = 0  # inside a read hook: nested reads are its own
     in_next = False  # inside a loader's __next__ (MpDeviceLoader's nests another)
+    in_fallback = False  # inside a fallback hook (Tensor.backward calls autograd.backward)
     runs: list | None = None  # tracked runs open on this thread, innermost last
 
 
@@ -363,13 +366,16 @@ class Probe:
                     self._patch("input", cls, "__next__", self._input_hook)
 
     def watch_fallback(self, namespace: str, name: str) -> None:
-        """Hook one more CPU-fallback entry point ("torch", "Tensor" or "functional"), until
-        the fallback subscribers leave."""
+        """Hook one more CPU-fallback entry point ("torch", "Tensor", "functional" or
+        "autograd"), until the fallback subscribers leave."""
         import torch
 
-        owner = {"torch": torch, "Tensor": torch.Tensor, "functional": torch.nn.functional}.get(
-            namespace
-        )
+        owner = {
+            "torch": torch,
+            "Tensor": torch.Tensor,
+            "functional": torch.nn.functional,
+            "autograd": torch.autograd,
+        }.get(namespace)
         if owner is not None and callable(getattr(owner, name, None)):
             self._patch("fallback", owner, name, self._fallback_hook)
 
@@ -488,17 +494,24 @@ class Probe:
 
     def _fallback_hook(self, original):
         probe = self
+        backward = getattr(original, "__name__", "") == "backward"
 
         @functools.wraps(original)
         def op(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
-            if not probe.listeners["fallback"] or probe._compiling():
+            local = probe.local
+            if not probe.listeners["fallback"] or local.in_fallback or probe._compiling():
                 return as_caller(sys._getframe(1))(original, args, kwargs)
-            event = FallbackEvent(sys._getframe(1), args, probe._counter("UncachedCompile"))
+            compiles = probe._counter("UncachedCompile")
+            event = FallbackEvent(sys._getframe(1), args, compiles, backward)
             states = {}
             for subscriber, before in probe.befores["fallback"]:
                 states[subscriber] = before(event)
-            result = as_caller(sys._getframe(1))(original, args, kwargs)
+            local.in_fallback = True
+            try:
+                result = as_caller(sys._getframe(1))(original, args, kwargs)
+            finally:
+                local.in_fallback = False
             for subscriber, after in probe.afters["fallback"]:
                 after(event, states.get(subscriber))
             return result

@@ -201,12 +201,13 @@ class Recorder:
         _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
         self._started = time.perf_counter()
         self._thread = threading.get_ident()
-        self._fallback_names = tuple(self._fallback_ops())
+        self._fallback_names = ()
         self._log_read = self._log.size() if self._log is not None else 0
         self._log_at_start = self._log_read
         dynamo.keep_out_of_dynamo()
         self._subscription = probe().subscribe(self, ("sync", "read", "fallback"))
         self.active = True
+        self._notice_new_fallbacks()  # ops earlier code saw fall back: placed from the start
         return self
 
     def stop(self) -> Recording:
@@ -235,7 +236,7 @@ class Recorder:
             return self._maybe_capture(event.frame, event.tensor) if self._capture else None
         before = self._fallback_counts()
         tensor = next((a for a in event.args if getattr(a, "is_xla", False)), None)
-        if tensor is not None:  # running on the CPU materialises its input
+        if tensor is not None and not event.backward:  # on the CPU, its input is materialised
             return before, *self._maybe_capture(event.frame, tensor)
         return before, None, None
 
@@ -290,6 +291,7 @@ class Recorder:
             site = site or self.site_of(event.frame)
             before, after = event.counters_before, event.counters_after
             self._occur("read", event.label, site, max(0, after[0] - before[0]), event.in_sync)
+            self._notice_new_fallbacks()
             compiled = (self._counter("UncachedCompile") or 0) - (event.compiles_before or 0)
             if compiled > 0:
                 self._anchor("read", site, compiled, graph)
@@ -309,6 +311,7 @@ class Recorder:
             if compiled > 0:
                 self._anchor("fallback", site, compiled, graph)
                 self._note_compiled(site)
+            self._notice_new_fallbacks()
         except Exception:
             self._failed()
 
@@ -649,6 +652,8 @@ def _entry_points_for(counter: str) -> list[tuple[str, str]]:
     """Python callables a fallback counter's op may come from: "aten::_unique2" ->
     torch.unique; "aten::median.dim_values" -> torch.median and Tensor.median."""
     base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
+    if base.endswith("_backward"):  # autograd calls it from C++, inside backward()
+        return [("Tensor", "backward"), ("autograd", "backward")]
     base = USER_OPS.get(base, base).split(".")[-1]
     return [("torch", base), ("Tensor", base), ("functional", base)]
 
@@ -671,10 +676,16 @@ USER_OPS = {
     "kthvalue": "torch.kthvalue",
     "mode": "torch.mode",
     "bincount": "torch.bincount",
+    "upsample_nearest1d": "F.interpolate",
+    "upsample_nearest2d": "F.interpolate",
+    "upsample_nearest3d": "F.interpolate",
+    "isin": "torch.isin",
 }
 
 
 def user_op(counter: str) -> str:
     """The op the user wrote for a fallback counter: "aten::_unique2" -> "torch.unique"."""
     base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
+    if base.endswith("_backward") and base[: -len("_backward")] in USER_OPS:
+        return f"the backward of {USER_OPS[base[: -len('_backward')]]}"
     return USER_OPS.get(base, f"aten::{counter.split('::', 1)[-1]}")
