@@ -154,8 +154,8 @@ def get_state(shell) -> _Loaded:
 def _register_formatters(shell, state: _Loaded) -> None:
     from tpu_nb.display.reports import EnvironmentView, RunView, TimingView
     from tpu_nb.runtime.environment import Environment
-    from tpu_nb.runtime.launch import LaunchResult
     from tpu_nb.runtime.metrics import DeviceTiming
+    from tpu_nb.runtime.parallel import LaunchResult
     from tpu_nb.runtime.tracking import RunReport
 
     html = shell.display_formatter.formatters["text/html"]

@@ -166,7 +166,7 @@ def _check_hosts_options(args) -> None:
 
 def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
     """--spmd's value as (devices, mesh) for spmd_context: "all", or a shape like 4 or 2x2."""
-    from tpu_nb.runtime.launch import parse_mesh
+    from tpu_nb.runtime.parallel import parse_mesh
 
     if mesh in ("all", None, ""):
         return "all", None
@@ -180,7 +180,7 @@ def _spmd_request(mesh: str) -> tuple[int | str, str | None]:
 
 
 def _check_spmd(mesh: str) -> None:
-    from tpu_nb.runtime.launch import check_spmd
+    from tpu_nb.runtime.parallel import check_spmd
 
     with _user_mistake():
         check_spmd(*_spmd_request(mesh))
@@ -524,7 +524,7 @@ class TpuMagics(Magics):
 
     def _run_replicas(self, code: _CellCode, args):
         __tracebackhide__ = True  # noqa: F841
-        from tpu_nb.runtime.launch import CellFunction, ReplicaError, launch
+        from tpu_nb.runtime.parallel import CellFunction, ReplicaError, launch
 
         devices = args.replicas if args.replicas == "all" else _whole_number(args.replicas)
         cell = CellFunction.from_namespace(
@@ -546,14 +546,14 @@ class TpuMagics(Magics):
     def _run_hosts(self, code: _CellCode, args):
         __tracebackhide__ = True  # noqa: F841
         from tpu_nb.display.pod_view import PodView
-        from tpu_nb.runtime.launch import CellFunction, HostError, launch
+        from tpu_nb.runtime.parallel import CellFunction, HostError, launch_hosts
 
         cell = CellFunction.from_namespace(
             code.source, code.filename, self.shell.user_ns, code.codes
         )
         self.state.watcher.reported_by_magic = True
         try:
-            result = launch(cell, hosts=_host_count(args.hosts))
+            result = launch_hosts(cell, hosts=_host_count(args.hosts))
         except HostError as exc:
             print(f"--- host {exc.host} of {exc.hosts}: traceback ---")
             print(exc.traceback.rstrip())
@@ -565,7 +565,7 @@ class TpuMagics(Magics):
         return result if args.output else None
 
     def _enter_spmd(self, mesh: str) -> None:
-        from tpu_nb.runtime.launch import spmd_context
+        from tpu_nb.runtime.parallel import spmd_context
 
         with _user_mistake():
             spmd = spmd_context(*_spmd_request(mesh))
