@@ -387,7 +387,7 @@ def test_without_a_cluster_or_without_ray_one_line_and_no_hang(py):
     assert float(out.split("seconds")[1].split()[0]) < 10
     assert "magic: UsageError" in out and "magic live: UsageError" in out
     sync = out.split("magic sync: ")[1].splitlines()[0]
-    assert sync.startswith("UsageError --sync works on this kernel's device")
+    assert sync.startswith("UsageError %on_tpu: --sync works on this kernel's device")
     assert sync.endswith("Fix: drop --sync (each host reports to the view of every host)")
 
 

@@ -8,6 +8,7 @@ variables `%tpu_setup` set), or says in one line what cannot be undone in this p
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -206,9 +207,10 @@ def load_ipython_extension(shell) -> None:
     magics = TpuMagics(shell, state)
     shell.register_magics(magics)
     state.magics = magics
+    from tpu_nb.ipython._cell import cell_name
     from tpu_nb.runtime.sources import add_file_namer
 
-    state.namer = magics._cell_name  # findings name cells "In [n]", not temp files
+    state.namer = functools.partial(cell_name, shell, watcher)  # "In [n]", not temp files
     add_file_namer(state.namer)
     from tpu_nb.runtime.environment import install_legacy_names
 
