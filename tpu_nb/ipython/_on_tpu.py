@@ -33,10 +33,10 @@ def launch_cell(shell, state, code: CellCode, plan: Plan, args):
             return pod if args.output else None
         result = launch(cell, devices=plan.replicas or "all", timeout=plan.timeout)
     except (ReplicaError, HostError) as exc:
-        where = (
-            f"replica {exc.ordinal} of {exc.world}"
-            if isinstance(exc, ReplicaError)
-            else f"host {exc.host} of {exc.hosts}"
+        where = (  # a HostError is a ReplicaError too
+            f"host {exc.host} of {exc.hosts}"
+            if isinstance(exc, HostError)
+            else f"replica {exc.ordinal} of {exc.world}"
         )
         print(f"--- {where}: traceback ---")
         print(exc.traceback.rstrip())

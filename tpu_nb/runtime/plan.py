@@ -12,12 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from tpu_nb.runtime.errors import TpuNbUsageError, check_given, check_seconds, check_whole_number
+from tpu_nb.runtime.errors import (
+    WEEK,
+    TpuNbUsageError,
+    check_given,
+    check_seconds,
+    check_whole_number,
+)
 from tpu_nb.runtime.parallel import Spmd, check_spmd, parse_mesh, spmd_context
 from tpu_nb.runtime.tracking._guard import MAX_GRAPHS
 
 MAX_PROFILE_STEPS = 1000  # profile=N: a trace of more steps is too large to draw
-WEEK = 7 * 24 * 3600
 # What acts on this kernel's own runtime: --hosts runs the cell on other machines instead.
 THIS_KERNEL = ("replicas", "spmd", "live", "profile", "graph", "max_graphs", "sync", "no_sync")
 Mode = Literal["process", "spmd", "replicas", "hosts"]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_nb.runtime.errors import (
+    WEEK,
     EnvironmentProblem,
     TpuNbUsageError,
     check_seconds,
@@ -47,8 +48,6 @@ from tpu_nb.runtime.parallel._pod import (
     host_list,
     sync_divergences,
 )
-
-WEEK = 7 * 24 * 3600  # the longest wait a timeout may ask for
 
 NO_RAY = (
     "launching on a slice's hosts needs Ray, which is not installed here. "

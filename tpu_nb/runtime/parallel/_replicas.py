@@ -42,6 +42,7 @@ from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
 from tpu_nb.runtime.environment._detect import detect_accelerator, runtime_initialized
 from tpu_nb.runtime.errors import (
+    WEEK,
     EnvironmentProblem,
     RuntimeStateError,
     TpuNbUsageError,
@@ -816,7 +817,7 @@ def _check_timeout(timeout) -> None:
         "timeout",
         low=0,
         above_low=True,
-        high=7 * 24 * 3600,
+        high=WEEK,
         alternative="None",
         fix="e.g. timeout=600 (at most a week)",
     )
