@@ -106,7 +106,7 @@ def bench_bare_launch() -> float:
 SPMD = textwrap.dedent("""
     import json, statistics, sys, time
     import tpu_nb, torch, torch_xla
-    from tpu_nb.runtime.launch import launch
+    from tpu_nb.runtime.parallel import launch
     tpu_nb.setup("cpu", num_devices=int(sys.argv[1]))
     def train(spmd):
         torch.manual_seed(0)
@@ -149,7 +149,7 @@ def bench_spmd() -> dict[int, float]:
 FIRST_USE = textwrap.dedent("""
     import importlib, statistics, sys, time
     import tpu_nb
-    launching = importlib.import_module("tpu_nb.runtime.launch")   # the module, not launch()
+    launching = importlib.import_module("tpu_nb.runtime.parallel")   # the module, not launch()
     tpu_nb.setup("cpu", num_devices=4)
     def replica(index):
         import torch, torch_xla

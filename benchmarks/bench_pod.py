@@ -115,7 +115,7 @@ def _measure():
     pod_steps: dict[int, list] = {1: [], HOSTS: []}
     for _ in range(ROUNDS):
         for n in (1, HOSTS):
-            result = tpu_nb.launch(train, hosts=n, stream=lambda line: None)
+            result = tpu_nb.launch_hosts(train, hosts=n, stream=lambda line: None)
             started[n].append(
                 (result.reserved_seconds, result.ready_seconds, result.started_seconds)
             )

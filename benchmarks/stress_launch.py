@@ -34,7 +34,7 @@ from pathlib import Path
 
 import tpu_nb
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.launch import launch
+from tpu_nb.runtime.parallel import launch
 
 
 def replica(index):
@@ -67,7 +67,7 @@ TOGETHER_CELL = "together.wait()\n" + KERNEL_CELL
 KERNEL_LOOP = """
 import json as _json
 from tpu_nb.runtime.errors import TpuNbError as _TpuNbError
-from tpu_nb.runtime.launch import CellFunction as _Cell, ReplicaCrash as _Crash, launch as _launch
+from tpu_nb.runtime.parallel import CellFunction as _Cell, ReplicaCrash as _Crash, launch as _launch
 _counts = {{"ok": 0, "crash": 0, "other": 0}}
 _expected = sorted(f"replica {{i}} 40.0 xla" for i in range(4))
 for _i in range({count}):

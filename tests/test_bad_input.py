@@ -131,11 +131,11 @@ LIBRARY = [
         "devices must be 'all' or a whole number of at least 1; got 0. Fix: e.g. devices=4.",
     ),
     (
-        lambda: tpu_nb.launch(_step, hosts=0),
+        lambda: tpu_nb.launch_hosts(_step, hosts=0),
         "hosts must be 'all' or a whole number of at least 1; got 0",
     ),
     (
-        lambda: tpu_nb.launch(_step, hosts=2, start_timeout=math.nan),
+        lambda: tpu_nb.launch_hosts(_step, hosts=2, start_timeout=math.nan),
         "start_timeout must be a number of seconds above 0 and at most 604800; got nan",
     ),
     (

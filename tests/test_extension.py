@@ -327,7 +327,7 @@ def test_shuffling_dataloader_inside_on_tpu(shell):
 
 def test_on_tpu_graph_shows_the_graph_the_cell_leaves_pending(shell, monkeypatch):
     from tpu_nb.display.graph_view import GraphView
-    from tpu_nb.ipython import magics
+    from tpu_nb.ipython import _on_tpu as magics  # where %%on_tpu shows its views
 
     shown = []
     monkeypatch.setattr(magics, "display", shown.append)

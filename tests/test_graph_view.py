@@ -178,7 +178,7 @@ def test_hovering_a_box_lights_its_edges_and_neighbours_and_hints_name_magic_fla
 
 
 def test_on_tpu_graph_labels_name_the_cell_not_its_temporary_file(shell, monkeypatch):
-    from tpu_nb.ipython import magics
+    from tpu_nb.ipython import _on_tpu as magics  # where %%on_tpu shows its views
 
     shown = []
     monkeypatch.setattr(magics, "display", shown.append)

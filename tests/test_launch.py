@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(180)
 PRELUDE = """
 import json, os, sys, time
 import tpu_nb
-from tpu_nb.runtime.launch import launch, ReplicaError, CollectiveRefused
+from tpu_nb.runtime.parallel import launch, ReplicaError, CollectiveRefused
 tpu_nb.setup("cpu", num_devices=4)
 """
 
@@ -107,7 +107,7 @@ def test_exception_in_replica_two_stops_the_others(py):
     ).stdout
     ordinal, message, trace, ran_on = json.loads(out.split("RESULT")[1])
     assert ordinal == 2 and message.startswith("replica 2 of 4 failed: ValueError: bad shard")
-    assert "REPLICA-LINE" in trace and "tpu_nb/runtime/launch.py" not in trace
+    assert "REPLICA-LINE" in trace and "tpu_nb/runtime/parallel.py" not in trace
     # The launch raised while the others slept (none finished its sleep), not after them.
     assert ran_on == []
 

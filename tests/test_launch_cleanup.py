@@ -19,7 +19,7 @@ import pytest
 
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
-from tpu_nb.runtime.launch import launch
+from tpu_nb.runtime.parallel import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(240)
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 PRELUDE = """
 import glob, json, os, sys, tempfile, time
 import tpu_nb
-from tpu_nb.runtime.launch import launch, ReplicaError, ReplicaCrash
+from tpu_nb.runtime.parallel import launch, ReplicaError, ReplicaCrash
 tpu_nb.setup("cpu", num_devices=4)
 def runs():
     return sorted(glob.glob(os.path.join(tempfile.gettempdir(), "tpu_nb-launch-*")))

@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray")
 
 import tpu_nb  # noqa: E402
 from tpu_nb.display.pod_view import PodView  # noqa: E402
-from tpu_nb.runtime.launch import HostError, PodResult  # noqa: E402
+from tpu_nb.runtime.parallel import HostError, PodResult  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,7 +90,7 @@ def _steps(host, hosts, pause=0.1, n=5):
 
 def test_function_runs_once_per_host_lined_up_in_one_view(fake_slice):
     lines = []
-    result = tpu_nb.launch(_steps, 2, hosts=2, stream=lines.append)
+    result = tpu_nb.launch_hosts(_steps, 2, hosts=2, stream=lines.append)
     assert isinstance(result, PodResult)
     assert [h.host for h in result.hosts] == [0, 1]
     assert sorted(lines) == ["[host 0] done 0 of 2", "[host 1] done 1 of 2"]
@@ -134,7 +134,7 @@ def test_hosts_of_a_tpu_vm_told_pjrt_device_cpu_run_on_the_cpu(fake_slice):
 
         return os.environ["TPU_ACCELERATOR_TYPE"], os.environ["TPU_WORKER_ID"], xr.device_type()
 
-    result = tpu_nb.launch(where, hosts=2, device="auto", stream=None)
+    result = tpu_nb.launch_hosts(where, hosts=2, device="auto", stream=None)
     assert result.values == [("v4-32", "0", "CPU"), ("v4-32", "1", "CPU")]
 
 
@@ -193,7 +193,7 @@ def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, s
 
 
 def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice):
-    from tpu_nb.runtime.launch import HostLost
+    from tpu_nb.runtime.parallel import HostLost
 
     def dies(host):
         import os
@@ -214,7 +214,7 @@ def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice):
     lines = []
     started = time.monotonic()
     with pytest.raises(HostLost) as caught:
-        tpu_nb.launch(dies, hosts=2, stream=lines.append)
+        tpu_nb.launch_hosts(dies, hosts=2, stream=lines.append)
     assert time.monotonic() - started < 100
     assert caught.value.host == 1 and str(caught.value).startswith("host 1's process died")
     pids = [int(x.split()[-1]) for x in lines if " pid " in x]
@@ -246,7 +246,7 @@ def test_hosts_that_all_stop_syncing_are_said_and_an_interrupt_stops_every_host(
 
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        tpu_nb.launch(stuck, hosts=2, stream=stream, stall_seconds=1)
+        tpu_nb.launch_hosts(stuck, hosts=2, stream=stream, stall_seconds=1)
     assert time.monotonic() - started < 100
     said = [x for x in lines if x.startswith("[tpu_nb] no host has synced")]
     assert len(said) == 1 and "host 0 at line" in said[0] and "host 1 at line" in said[0]
@@ -269,7 +269,7 @@ def test_host_with_another_batch_shape_is_named_with_the_shape(fake_slice):
         return float(loss.cpu())
 
     lines = []
-    result = tpu_nb.launch(train, hosts=3, stream=lines.append)
+    result = tpu_nb.launch_hosts(train, hosts=3, stream=lines.append)
     line = line_of("the line whose graph differs", train)
     # Said while the hosts ran, from their compile logs: on a real slice the run would hang.
     live = [x for x in lines if x.startswith("[tpu_nb] host 2 compiled a different graph")]
@@ -308,7 +308,7 @@ def test_straggler_and_host_that_stops_syncing_are_named(fake_slice):
             time.sleep(0.2 if host == 1 else 0.04)  # host 1: slower steps
         return step
 
-    result = tpu_nb.launch(loop, hosts=2, stream=lines.append, stall_seconds=1.5)
+    result = tpu_nb.launch_hosts(loop, hosts=2, stream=lines.append, stall_seconds=1.5)
     live = [line for line in lines if line.startswith("[tpu_nb] host 1 has not synced")]
     assert live and "while host 0 went on syncing" in live[0], lines
     assert not [line for line in lines if "no host has synced" in line]  # host 0 went on
@@ -325,7 +325,7 @@ def test_nodes_without_tpu_labels_get_one_bundle_per_host(fake_slice, monkeypatc
     a placement group with one bundle per host, the head resource on the first."""
     from ray.util.placement_group import placement_group_table
 
-    from tpu_nb.runtime.launch import _hosts
+    from tpu_nb.runtime.parallel import _hosts
 
     real = ray.nodes
     monkeypatch.setattr(ray, "nodes", lambda: [dict(n, Labels={}) for n in real()])
@@ -345,11 +345,9 @@ def test_nodes_without_tpu_labels_get_one_bundle_per_host(fake_slice, monkeypatc
 
 def test_more_hosts_than_the_slice_has_is_one_line_with_the_fix(fake_slice):
     with pytest.raises(tpu_nb.TpuNbError, match=r"hosts=9, .* has 4 hosts\. Fix: hosts='all'"):
-        tpu_nb.launch(_steps, hosts=9)
+        tpu_nb.launch_hosts(_steps, hosts=9)
     with pytest.raises(tpu_nb.TpuNbError, match="Fix: hosts='all'"):
-        tpu_nb.launch(_steps, hosts=0)
-    with pytest.raises(tpu_nb.TpuNbError, match="Fix: drop devices="):
-        tpu_nb.launch(_steps, hosts=2, devices=2)
+        tpu_nb.launch_hosts(_steps, hosts=0)
 
 
 @pytest.mark.stack
@@ -361,12 +359,12 @@ def test_without_a_cluster_or_without_ray_one_line_and_no_hang(py):
         print("imported ray:", "ray" in sys.modules)
         start = time.monotonic()
         try:
-            tpu_nb.launch(lambda host: host, hosts="all")
+            tpu_nb.launch_hosts(lambda host: host, hosts="all")
         except tpu_nb.TpuNbError as exc:
             print("no cluster:", exc)
         sys.modules["ray"] = None  # as if not installed
         try:
-            tpu_nb.launch(lambda host: host, hosts=2)
+            tpu_nb.launch_hosts(lambda host: host, hosts=2)
         except tpu_nb.TpuNbError as exc:
             print("no ray:", exc)
         print("seconds", time.monotonic() - start)
@@ -389,12 +387,12 @@ def test_without_a_cluster_or_without_ray_one_line_and_no_hang(py):
     assert float(out.split("seconds")[1].split()[0]) < 10
     assert "magic: UsageError" in out and "magic live: UsageError" in out
     sync = out.split("magic sync: ")[1].splitlines()[0]
-    assert sync.startswith("UsageError --sync works on this kernel's device")
+    assert sync.startswith("UsageError %on_tpu: --sync works on this kernel's device")
     assert sync.endswith("Fix: drop --sync (each host reports to the view of every host)")
 
 
 def test_view_escapes_what_comes_from_user_code():
-    from tpu_nb.runtime.launch import Divergence, HostResult
+    from tpu_nb.runtime.parallel import Divergence, HostResult
 
     result = PodResult(
         hosts=(HostResult(host=0, address="<a>"), HostResult(host=1)),
@@ -413,7 +411,7 @@ def test_view_escapes_what_comes_from_user_code():
 
 
 def test_view_groups_the_hosts_verdicts_by_kind():
-    from tpu_nb.runtime.launch import HostResult
+    from tpu_nb.runtime.parallel import HostResult
 
     def host(k, kind, share):
         return HostResult(host=k, verdict=f"{kind}: x took {share}%", verdict_kind=kind)

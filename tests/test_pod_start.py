@@ -19,7 +19,7 @@ from fake_slice import fake_slice
 ray = pytest.importorskip("ray")
 
 import tpu_nb  # noqa: E402
-from tpu_nb.runtime.launch import HostError  # noqa: E402
+from tpu_nb.runtime.parallel import HostError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -44,14 +44,14 @@ def _left_behind() -> set[str]:
 def test_hosts_run_on_the_device_the_kernel_chose(tpu_vm_slice):
     # This process ran tpu_nb.setup("cpu") (conftest), as %tpu_setup --device cpu does.
     assert tpu_nb.runtime.environment.chosen_device() == "cpu"
-    result = tpu_nb.launch(_device, hosts="all", stream=None)
+    result = tpu_nb.launch_hosts(_device, hosts="all", stream=None)
     assert result.values == ["CPU", "CPU"]
 
 
 def test_a_host_that_cannot_start_its_device_is_one_host_error(tpu_vm_slice, capsys):
     started = time.monotonic()
     with pytest.raises(HostError) as caught:
-        tpu_nb.launch(_device, hosts="all", device="auto", stream=print)
+        tpu_nb.launch_hosts(_device, hosts="all", device="auto", stream=print)
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("host 0 of 2 failed: could not start: OSError: libtpu not found")
@@ -63,7 +63,7 @@ def test_a_host_that_cannot_start_its_device_is_one_host_error(tpu_vm_slice, cap
     # Everything released: the slice's bundles free again, no host folder left.
     time.sleep(1)
     assert _left_behind() == set()
-    assert tpu_nb.launch(_device, hosts="all", stream=None).values == ["CPU", "CPU"]
+    assert tpu_nb.launch_hosts(_device, hosts="all", stream=None).values == ["CPU", "CPU"]
 
 
 def test_a_host_whose_set_up_raises_is_one_host_error(tpu_vm_slice):
@@ -72,10 +72,10 @@ def test_a_host_whose_set_up_raises_is_one_host_error(tpu_vm_slice):
         return host
 
     with pytest.raises(HostError, match=r"^host 0 of 2 failed: could not start: ") as caught:
-        tpu_nb.launch(work, hosts="all", device="tpu", stream=None)
+        tpu_nb.launch_hosts(work, hosts="all", device="tpu", stream=None)
     assert "Fix: " in str(caught.value)
 
 
 def test_an_unknown_device_is_refused_before_any_host_starts(tpu_vm_slice):
     with pytest.raises(tpu_nb.TpuNbUsageError, match="device must be 'auto', 'cpu' or 'tpu'"):
-        tpu_nb.launch(_device, hosts="all", device="gpu", stream=None)
+        tpu_nb.launch_hosts(_device, hosts="all", device="gpu", stream=None)

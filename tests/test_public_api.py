@@ -68,6 +68,7 @@ def test_public_names_are_pinned():
             "graph",
             "last_report",
             "launch",
+            "launch_hosts",
             "max_graphs",
             "on_tpu",
             "pending_graph",
@@ -87,13 +88,34 @@ def test_public_names_are_pinned():
 
 def test_the_package_lists_the_user_concepts_and_keeps_every_runtime_name():
     # tpu_nb.__all__ is the runtime's list without the graph's parts, plus the display layer's
-    # names: a name added to runtime.__all__ must be given a group in tpu_nb/__init__.py.
+    # names and graph() (tpu_nb.runtime.graph is its package): a name added to runtime.__all__
+    # must be given a group in tpu_nb/__init__.py.
     runtime = set(tpu_nb.runtime.__all__)
-    assert set(tpu_nb.__all__) - runtime == DISPLAY_NAMES | {"__version__"}
+    assert set(tpu_nb.__all__) - runtime == DISPLAY_NAMES | {"__version__", "graph"}
     assert runtime - set(tpu_nb.__all__) == GRAPH_PARTS
     for name in runtime:  # the graph's parts too: tpu_nb.Node still works
         assert getattr(tpu_nb, name) is getattr(tpu_nb.runtime, name), name
     assert set(dir(tpu_nb)) >= DISPLAY_NAMES
+
+
+def test_no_runtime_attribute_hides_its_subpackage():
+    # `import tpu_nb.runtime.graph as g` and `tpu_nb.runtime.graph` are the same package.
+    import tpu_nb.runtime.graph as graph_package
+
+    for name in ("backend", "environment", "metrics", "graph", "tracking", "live", "parallel"):
+        assert inspect.ismodule(getattr(tpu_nb.runtime, name)), name
+    assert tpu_nb.runtime.graph is graph_package
+    assert tpu_nb.graph is graph_package.graph and callable(tpu_nb.runtime.launch)
+
+
+def test_launch_and_launch_hosts_name_their_options_and_return_one_type():
+    for fn, returns in ((tpu_nb.launch, "LaunchResult"), (tpu_nb.launch_hosts, "PodResult")):
+        signature = inspect.signature(fn)
+        assert signature.return_annotation == returns
+        kinds = {p.kind for p in signature.parameters.values()}
+        assert inspect.Parameter.VAR_KEYWORD not in kinds
+    assert "hosts" not in inspect.signature(tpu_nb.launch).parameters
+    assert "devices" not in inspect.signature(tpu_nb.launch_hosts).parameters
 
 
 def test_import_alone_leaves_the_display_layer_unloaded(py):

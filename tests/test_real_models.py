@@ -28,7 +28,7 @@ import pytest
 import torch_xla.debug.metrics as met
 
 from tpu_nb.display.reports import RunView
-from tpu_nb.ipython import magics
+from tpu_nb.ipython import _on_tpu as magics  # where %%on_tpu shows its views
 from tpu_nb.runtime.tracking import LineFinding
 
 pytestmark = pytest.mark.timeout(300)

@@ -84,7 +84,7 @@ def test_invalid_spmd_requests_leave_the_process_as_it_was_then_a_valid_one_work
         + """
 errors = [magic_error(line) for line in ("--spmd 0", "--spmd abc", "--spmd 2x2x2",
                                          "--spmd 512")]
-from tpu_nb.runtime.launch import spmd_context
+from tpu_nb.runtime.parallel import spmd_context
 api = []
 for devices, mesh in (("all", "3"), (0, None), (True, None), (4, "2x3")):
     try:

@@ -63,9 +63,9 @@ from tpu_nb.runtime import (  # noqa: F401  (the graph's parts: attributes, not 
     default_device,
     detect,
     device,
-    graph,
     last_report,
     launch,
+    launch_hosts,
     max_graphs,
     on_tpu,
     pending_graph,
@@ -76,6 +76,7 @@ from tpu_nb.runtime import (  # noqa: F401  (the graph's parts: attributes, not 
     time_device,
     track,
 )
+from tpu_nb.runtime.graph import graph
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use (_LAZY)
     from tpu_nb.display.dashboard import Dashboard, dashboard
@@ -128,6 +129,7 @@ __all__ = [
     "LiveState",
     # Run on several devices, or on the hosts of a pod slice
     "launch",
+    "launch_hosts",
     "LaunchResult",
     "ReplicaResult",
     "PodResult",

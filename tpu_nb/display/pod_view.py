@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 
 from tpu_nb.display.style import MUTED, PRE, RED, WARN, root, span, table
-from tpu_nb.runtime.launch import HostResult, PodResult
+from tpu_nb.runtime.parallel import HostResult, PodResult
 from tpu_nb.runtime.units import format_seconds
 
 HEADER = (

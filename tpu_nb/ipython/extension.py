@@ -8,6 +8,7 @@ variables `%tpu_setup` set), or says in one line what cannot be undone in this p
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -154,8 +155,8 @@ def get_state(shell) -> _Loaded:
 def _register_formatters(shell, state: _Loaded) -> None:
     from tpu_nb.display.reports import EnvironmentView, RunView, TimingView
     from tpu_nb.runtime.environment import Environment
-    from tpu_nb.runtime.launch import LaunchResult
     from tpu_nb.runtime.metrics import DeviceTiming
+    from tpu_nb.runtime.parallel import LaunchResult
     from tpu_nb.runtime.tracking import RunReport
 
     html = shell.display_formatter.formatters["text/html"]
@@ -204,9 +205,10 @@ def load_ipython_extension(shell) -> None:
     magics = TpuMagics(shell, state)
     shell.register_magics(magics)
     state.magics = magics
+    from tpu_nb.ipython._cell import cell_name
     from tpu_nb.runtime.sources import add_file_namer
 
-    state.namer = magics._cell_name  # findings name cells "In [n]", not temp files
+    state.namer = functools.partial(cell_name, shell, watcher)  # "In [n]", not temp files
     add_file_namer(state.namer)
     from tpu_nb.runtime.environment import install_legacy_names
 

@@ -7,8 +7,10 @@ imports in a cycle): errors, units, frame and sources (foundations); backend (ev
 of torch_xla, the one package importing it); environment (what is installed,
 setup, the device); metrics (counters, timings, the compile log); graph (the lazy graph as
 data); tracking (track, provenance, findings, anatomy, on_tpu); live (the dashboard's
-monitor); launch (multi-device runs). Each sub-package's modules are private (`_name.py`); its
-`__init__` names what the other packages and layers use.
+monitor); parallel (multi-device runs: launch, launch_hosts); plan (an %%on_tpu cell's options,
+checked). Each sub-package's modules are private (`_name.py`); its `__init__` names what the
+other packages and layers use. No attribute here hides a sub-package: `graph()` is
+`tpu_nb.graph`, and `tpu_nb.runtime.graph` is the package.
 This package never imports IPython, ipywidgets or matplotlib, and imports torch_xla lazily
 (inside the functions that need it), so it works the same in a plain script and
 `import tpu_nb` stays cheap. It hands plain frozen dataclasses to the layers above.
@@ -35,21 +37,7 @@ from tpu_nb.runtime.graph import (
     GroupedGraph,
     Node,
     NodeChange,
-    graph,
     pending_graph,
-)
-from tpu_nb.runtime.launch import (
-    CollectiveRefused,
-    Divergence,
-    HostError,
-    HostLost,
-    HostResult,
-    LaunchResult,
-    PodResult,
-    ReplicaCrash,
-    ReplicaError,
-    ReplicaResult,
-    launch,
 )
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import (
@@ -61,6 +49,20 @@ from tpu_nb.runtime.metrics import (
     reset_metrics,
     snapshot,
     time_device,
+)
+from tpu_nb.runtime.parallel import (
+    CollectiveRefused,
+    Divergence,
+    HostError,
+    HostLost,
+    HostResult,
+    LaunchResult,
+    PodResult,
+    ReplicaCrash,
+    ReplicaError,
+    ReplicaResult,
+    launch,
+    launch_hosts,
 )
 from tpu_nb.runtime.tracking import (
     Anatomy,
@@ -113,9 +115,9 @@ __all__ = [
     "default_device",
     "detect",
     "device",
-    "graph",
     "last_report",
     "launch",
+    "launch_hosts",
     "max_graphs",
     "pending_graph",
     "reset_metrics",

@@ -97,3 +97,18 @@ def check_seconds(
 
 def _either(alternative: str | None) -> str:
     return f"{alternative} or " if alternative else ""
+
+
+WEEK = 7 * 24 * 3600  # the longest wait a timeout may ask for, in seconds
+
+
+def check_given(value, name: str, check, **bounds):
+    """`check(value, name, **bounds)` for a number given as a number or as a command line's
+    text ("4", "0.5"): text is read as the number it spells, and a mistake quotes it as typed."""
+    if not isinstance(value, str):
+        return check(value, name, **bounds)
+    try:
+        number: int | float | str = int(value) if check is check_whole_number else float(value)
+    except ValueError:
+        number = value
+    return check(number, name, shown=repr(value), **bounds)

@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpu_nb.runtime.launch._results import ReplicaCrash, ReplicaError
 from tpu_nb.runtime.metrics import MetricsDelta
+from tpu_nb.runtime.parallel._results import ReplicaCrash, ReplicaError
 from tpu_nb.runtime.tracking import graph_facts
 from tpu_nb.runtime.units import format_seconds
 

@@ -1,5 +1,5 @@
-"""`launch(fn, hosts=...)`: run a function (or a notebook cell) once on every host of a TPU pod
-slice, through Ray, from a notebook on one of them.
+"""`launch_hosts(fn, hosts=...)`: run a function (or a notebook cell) once on every host of a
+TPU pod slice, through Ray, from a notebook on one of them.
 
 A multi-host slice (v4-16, v5e-16, ...) runs one process per host, each over its own chips; a
 notebook on host 0 sees host 0 only. The launch needs the notebook connected to a Ray cluster
@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_nb.runtime.errors import (
+    WEEK,
     EnvironmentProblem,
     TpuNbUsageError,
     check_seconds,
     check_whole_number,
 )
-from tpu_nb.runtime.launch import _replicas as replicas
-from tpu_nb.runtime.launch._cell import CellFunction
-from tpu_nb.runtime.launch._pod import (
+from tpu_nb.runtime.parallel._cell import CellFunction
+from tpu_nb.runtime.parallel._pod import (
     GraphRecord,
     HostError,
     HostLost,
@@ -48,8 +48,6 @@ from tpu_nb.runtime.launch._pod import (
     host_list,
     sync_divergences,
 )
-
-WEEK = 7 * 24 * 3600  # the longest wait a timeout may ask for
 
 NO_RAY = (
     "launching on a slice's hosts needs Ray, which is not installed here. "
@@ -227,7 +225,7 @@ class _Hosts:
     def start_actors(self, timeout: float, device: str) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from tpu_nb.runtime.launch._host import HostWorker
+        from tpu_nb.runtime.parallel._host import HostWorker
 
         remote = self.ray.remote(HostWorker)
         n = len(self.slice.placements)
@@ -416,7 +414,7 @@ class _Hosts:
             return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from tpu_nb.runtime.launch._host import sweep_dead_runs
+        from tpu_nb.runtime.parallel._host import sweep_dead_runs
 
         sweep = self.ray.remote(num_cpus=0)(sweep_dead_runs)
         nodes = {node for host, _, node in self.slice.placements if host in self.lost}
@@ -473,7 +471,21 @@ def launch_hosts(
     poll_timeout: float = 60.0,
     stall_seconds: float = 60.0,
 ) -> PodResult:
-    """Run `fn(host, *args)` once on each host of the slice (see launch())."""
+    """Run `fn(host, *args)` once on each of the first `hosts` hosts (by TPU worker id, 'all':
+    every host) of the slice of the Ray cluster this process is connected to
+    (`ray.init(address=...)`; `pip install "tpu_nb[pod]"`), each in a new process under
+    tpu_nb's tracking.
+
+    Prints come back prefixed `[host k]` through `stream` (None: not shown); an exception on
+    one host stops the others (HostError, with its traceback); an interrupt stops every host;
+    the hosts' processes and the slice's reservation are released at the end. `device`: what
+    each host sets up (default: the device this process's setup() was told, else "auto":
+    each host's PJRT_DEVICE if set, else its TPU, else its CPU). Each wait has a timeout;
+    `stall_seconds` is how long a host may go without a sync, while others sync, before
+    tpu_nb says so. Returns a PodResult: each host's value, counters, steps and verdict, and
+    what tpu_nb judged from all of them (a host that compiled a different graph at a line, a
+    host that synced a different number of times, the straggler).
+    """
     __tracebackhide__ = True  # noqa: F841
     _check_hosts(hosts)
     for name, seconds in (
@@ -485,8 +497,8 @@ def launch_hosts(
         check_seconds(seconds, name, low=0, above_low=True, high=WEEK, fix=f"e.g. {name}=60")
     if not callable(fn):
         raise TpuNbUsageError(
-            f"launch needs a function to run; got {type(fn).__name__} {fn!r:.40}. Fix: "
-            "launch(train, hosts='all'), with train(host) defined first."
+            f"launch_hosts needs a function to run; got {type(fn).__name__} {fn!r:.40}. Fix: "
+            "launch_hosts(train, hosts='all'), with train(host) defined first."
         )
     device = _host_device(device)
     if stream is None:  # the hosts' output is not shown
@@ -594,35 +606,3 @@ def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float) -> PodResult:
         straggler_reason=why,
         notes=tuple(notes),
     )
-
-
-def launch(fn: Callable, *args, hosts: int | str | None = None, **options):
-    """Run `fn` on every XLA device of this host, or once on every host of a TPU pod slice.
-
-    Without `hosts`: `launch(fn, *args, devices="all", mode="replicas", stream=print)` runs
-    on this host's devices (replicas or SPMD; see tpu_nb.runtime.launch._replicas) and
-    returns a LaunchResult.
-
-    hosts='all' or N: `fn(host, *args)` runs once on each of the first N hosts (by TPU
-    worker id) of the slice of the Ray cluster this process is connected to
-    (`ray.init(address=...)`; `pip install "tpu_nb[pod]"`), each in a new process under
-    tpu_nb's tracking. Prints come back prefixed `[host k]`; an exception on one host
-    stops the others (HostError, with its traceback); an interrupt stops every host; the
-    hosts' processes and the slice's reservation are released at the end. Returns a
-    PodResult: each host's value, counters, steps and verdict, and what tpu_nb judged from
-    all of them (a host that compiled a different graph at a line, a host that synced a
-    different number of times, the straggler). Options: stream, device (default: the
-    device this process's setup() was told, else "auto": each host's PJRT_DEVICE if set,
-    else its TPU, else its CPU), reserve_timeout, start_timeout, poll_timeout and
-    stall_seconds (seconds without a sync, while others sync, before tpu_nb says so).
-    """
-    __tracebackhide__ = True  # noqa: F841
-    if hosts is None:
-        return replicas.launch(fn, *args, **options)
-    for name in ("devices", "mode"):
-        if name in options:
-            raise TpuNbUsageError(
-                f"{name}= chooses the devices of one host; hosts= runs the function once "
-                f"per host of a slice. Fix: drop {name}= (or hosts=)"
-            )
-    return launch_hosts(fn, *args, hosts=hosts, **options)

@@ -13,7 +13,7 @@ from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES
 from tpu_nb.runtime.environment._detect import runtime_initialized
 from tpu_nb.runtime.errors import RuntimeStateError, TpuNbUsageError, check_whole_number
-from tpu_nb.runtime.launch._results import LaunchResult, ReplicaResult
+from tpu_nb.runtime.parallel._results import LaunchResult, ReplicaResult
 from tpu_nb.runtime.tracking._run import track
 
 

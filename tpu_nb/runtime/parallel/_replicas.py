@@ -42,20 +42,21 @@ from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
 from tpu_nb.runtime.environment._detect import detect_accelerator, runtime_initialized
 from tpu_nb.runtime.errors import (
+    WEEK,
     EnvironmentProblem,
     RuntimeStateError,
     TpuNbUsageError,
     check_seconds,
     check_whole_number,
 )
-from tpu_nb.runtime.launch._results import (
+from tpu_nb.runtime.parallel._results import (
     CollectiveRefused,
     LaunchResult,
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
 )
-from tpu_nb.runtime.launch._spmd import run_spmd
+from tpu_nb.runtime.parallel._spmd import run_spmd
 
 MODES = ("replicas", "spmd")
 # The backend's functions that communicate between replicas (torch_xla: xla_model's).
@@ -319,7 +320,7 @@ def _forked_launcher(rundir, fn, args, env, refuse, parent) -> None:
 
 
 def worker_main(rundir: str) -> None:
-    """Entry of a fresh worker process (`python -m tpu_nb.runtime.launch RUNDIR`)."""
+    """Entry of a fresh worker process (`python -m tpu_nb.runtime.parallel RUNDIR`)."""
     import cloudpickle
 
     payload = os.path.join(rundir, "payload.pkl")
@@ -617,7 +618,7 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
     )
     with open(os.path.join(rundir, "launcher.err"), "w") as err:  # the child keeps its copy
         return subprocess.Popen(
-            [sys.executable, "-m", "tpu_nb.runtime.launch", rundir],
+            [sys.executable, "-m", "tpu_nb.runtime.parallel", rundir],
             stdout=err,
             stderr=err,
             env=child_env,
@@ -816,7 +817,7 @@ def _check_timeout(timeout) -> None:
         "timeout",
         low=0,
         above_low=True,
-        high=7 * 24 * 3600,
+        high=WEEK,
         alternative="None",
         fix="e.g. timeout=600 (at most a week)",
     )

@@ -209,7 +209,7 @@ class HostWorker:
 
     def _tracked(self, fn, args, source, filename, result: dict) -> None:
         from tpu_nb.runtime.environment import default_device
-        from tpu_nb.runtime.launch._cell import CellFunction
+        from tpu_nb.runtime.parallel._cell import CellFunction
         from tpu_nb.runtime.tracking import track
 
         runtime = backend()
@@ -306,7 +306,7 @@ def _user_traceback(exc: BaseException) -> str:
 def _report_facts(report, filename: str, result: dict) -> None:
     """What the launch compares across hosts, as plain data: counters, the verdict, and each
     compiled graph with its line and the pending graph captured before it."""
-    from tpu_nb.runtime.launch._pod import GraphRecord
+    from tpu_nb.runtime.parallel._pod import GraphRecord
     from tpu_nb.runtime.tracking import store
 
     result["metrics"] = report.metrics

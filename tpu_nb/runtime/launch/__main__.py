@@ -1,7 +1,0 @@
-"""A fresh worker process of `launch()`: `python -m tpu_nb.runtime.launch RUNDIR`."""
-
-import sys
-
-from tpu_nb.runtime.launch._replicas import worker_main
-
-worker_main(sys.argv[1])
