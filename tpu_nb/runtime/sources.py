@@ -136,26 +136,60 @@ def user_frame(frame):
     return frame if depth < MAX_DEPTH else None
 
 
-def innermost_frame(frame, test):
+def innermost_frame(frame, test, depth: int = MAX_DEPTH):
     """The innermost frame at or outside `frame` that passes `test(frame)`, looking at most
-    MAX_DEPTH frames out (None: no such frame). For walks off the hot path; the hooks'
-    walks below inline the same loop."""
-    depth = 0
-    while frame is not None and depth < MAX_DEPTH:
+    `depth` frames out (None: no such frame). Every walk of tpu_nb's goes through this
+    module; the hooks' walks below inline the same loop."""
+    seen = 0
+    while frame is not None and seen < depth:
         if test(frame):
             return frame
+        frame = frame.f_back
+        seen += 1
+    return None
+
+
+def outermost_frame(frame, test, depth: int = MAX_DEPTH):
+    """The outermost frame at or outside `frame` that passes `test(frame)` (None: none)."""
+    found, seen = None, 0
+    while frame is not None and seen < depth:
+        if test(frame):
+            found = frame
+        frame = frame.f_back
+        seen += 1
+    return found
+
+
+def is_tracked(frame, code_ids: frozenset, root) -> bool:
+    """The one rule for "is this the tracked code?": a frame running one of the tracked code
+    objects (compared by id: hashing a code object costs ~1-2 us), or the frame that entered
+    the block. The walks below inline it."""
+    return id(frame.f_code) in code_ids or frame is root
+
+
+def tracked_frame(frame, code_ids: frozenset = frozenset(), root=None, through=None):
+    """The tracked code's frame at or outside `frame`: one running a code object whose id is
+    in `code_ids`, or `root` itself; None when the stack does not reach it, or when a frame
+    on the way fails `through(frame)` (a walk that must stay inside given code)."""
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        if id(frame.f_code) in code_ids or frame is root:
+            return frame
+        if through is not None and not through(frame):
+            return None
         frame = frame.f_back
         depth += 1
     return None
 
 
-def tracked_frame(frame, code_ids: frozenset = frozenset(), root=None):
-    """The tracked code's frame at or outside `frame`: one running a code object whose id is
-    in `code_ids`, or `root` itself; None when the stack does not reach it."""
-    depth = 0
+def frames_to_tracked(frame, code_ids: frozenset = frozenset(), root=None) -> list | None:
+    """The frames from `frame` out to the tracked code's, innermost first (the tracked frame
+    last); None when the stack does not reach it."""
+    path, depth = [], 0
     while frame is not None and depth < MAX_DEPTH:
+        path.append(frame)
         if id(frame.f_code) in code_ids or frame is root:
-            return frame
+            return path
         frame = frame.f_back
         depth += 1
     return None

@@ -39,7 +39,7 @@ from contextlib import contextmanager, suppress
 
 from tpu_nb.runtime import frame as frames
 from tpu_nb.runtime.errors import TpuNbUsageError
-from tpu_nb.runtime.sources import MAX_DEPTH, as_caller
+from tpu_nb.runtime.sources import as_caller, frames_to_tracked, tracked_frame
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
 # and tensor methods follow their input's device already). torch.from_numpy shares memory
@@ -90,33 +90,21 @@ class _Scope:
     def own(self, frame) -> bool:
         """Whether `frame` is the block's own code: the block's frame, reached through frames
         of the block's files only, none of them a module's `__init__` (a module is moved
-        whole once built). The walk of sources.tracked_frame, inlined: a factory call
-        without device= pays for it."""
-        depth = 0
-        while frame is not None and depth < MAX_DEPTH:
-            code = frame.f_code
-            if id(code) in self.code_ids or frame is self.root:
-                return True
-            if code.co_filename not in self.files or (
-                code.co_name == "__init__" and _is_module(_self_of(frame))
-            ):
-                return False
-            frame = frame.f_back
-            depth += 1
-        return False
+        whole once built)."""
+        return tracked_frame(frame, self.code_ids, self.root, self._inside) is not None
+
+    def _inside(self, frame) -> bool:
+        code = frame.f_code
+        return code.co_filename in self.files and not (
+            code.co_name == "__init__" and _is_module(_self_of(frame))
+        )
 
     def outermost_init(self, frame):
         """The frame of the outermost `nn.Module.__init__` between `frame` and the block, if
         the block is reached (None otherwise): the construction the block asked for."""
-        outer, depth = None, 0
-        while frame is not None and depth < MAX_DEPTH:
-            if id(frame.f_code) in self.code_ids or frame is self.root:
-                return outer
-            if frame.f_code.co_name == "__init__" and _is_module(_self_of(frame)):
-                outer = frame
-            frame = frame.f_back
-            depth += 1
-        return None
+        path = frames_to_tracked(frame, self.code_ids, self.root) or [None]
+        inits = [f for f in path[:-1] if f.f_code.co_name == "__init__" and _is_module(_self_of(f))]
+        return inits[-1] if inits else None
 
 
 def _self_of(frame):

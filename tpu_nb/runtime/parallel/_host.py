@@ -179,12 +179,10 @@ class HostWorker:
         filename = self.filename
 
         def outermost(frame) -> int:
-            line = 0
-            while frame is not None:
-                if frame.f_code.co_filename == filename:
-                    line = frame.f_lineno  # the outermost frame of the cell wins
-                frame = frame.f_back
-            return line
+            from tpu_nb.runtime.sources import outermost_frame
+
+            cell = outermost_frame(frame, lambda f: f.f_code.co_filename == filename)
+            return cell.f_lineno if cell is not None else 0  # the outermost frame of the cell
 
         try:
             return walk_stack(thread.ident, outermost, 0)

@@ -34,7 +34,7 @@ from typing import Any
 from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
 from tpu_nb.runtime.metrics._counters import snapshot
-from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.sources import innermost_frame, short_path
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_seconds
 
@@ -203,19 +203,20 @@ _MISSING = object()
 def _function_arguments(frame) -> dict[str, Any]:
     """The arguments of the function Dynamo is compiling, from its convert_frame callback's
     `frame` (on the stack above the handler); {} when not found."""
-    depth = 0
-    while frame is not None and depth < 40:
-        if frame.f_code.co_name == "__call__" and frame.f_code.co_filename.endswith(_CONVERT_FRAME):
-            compiled = frame.f_locals.get("frame")
-            code = getattr(compiled, "f_code", None)
-            values = getattr(compiled, "f_locals", None)
-            if code is None or not isinstance(values, dict):
-                return {}
-            names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-            return {n: values[n] for n in names if n in values and _is_tensor(values[n])}
-        frame = frame.f_back
-        depth += 1
-    return {}
+    found = innermost_frame(
+        frame,
+        lambda f: f.f_code.co_name == "__call__" and f.f_code.co_filename.endswith(_CONVERT_FRAME),
+        40,
+    )
+    if found is None:
+        return {}
+    compiled = found.f_locals.get("frame")
+    code = getattr(compiled, "f_code", None)
+    values = getattr(compiled, "f_locals", None)
+    if code is None or not isinstance(values, dict):
+        return {}
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return {n: values[n] for n in names if n in values and _is_tensor(values[n])}
 
 
 _CONVERT_FRAME = "torch/_dynamo/convert_frame.py"
@@ -503,30 +504,22 @@ class Watch(logging.Handler):
 def _code_being_compiled(frame) -> CodeType | None:
     """The code object Dynamo's `_compile(code, ...)` is compiling, from its frame above
     `frame` (the trace handler runs inside it); None when not found."""
-    depth = 0
-    while frame is not None and depth < 30:
-        if frame.f_code.co_name == "_compile":
-            code = frame.f_locals.get("code")
-            if isinstance(code, CodeType):
-                return code
-        frame, depth = frame.f_back, depth + 1
-    return None
+    found = innermost_frame(
+        frame,
+        lambda f: f.f_code.co_name == "_compile" and isinstance(f.f_locals.get("code"), CodeType),
+        30,
+    )
+    return found.f_locals["code"] if found is not None else None
 
 
 def _graph_break_locals():
     """Dynamo's own reason and (file, line), from its `log_graph_break` frame (the handler
     runs inside it); (None, None) when not found."""
-    frame = sys._getframe(2)
-    for _ in range(12):
-        if frame is None:
-            break
-        if frame.f_code.co_name == "log_graph_break":
-            values = frame.f_locals
-            where = values.get("frame_loc")
-            if where is not None and "reason" in values:
-                return values["reason"], where
-            break
-        frame = frame.f_back
+    frame = innermost_frame(sys._getframe(2), lambda f: f.f_code.co_name == "log_graph_break", 12)
+    values = frame.f_locals if frame is not None else {}
+    where = values.get("frame_loc")
+    if where is not None and "reason" in values:
+        return values["reason"], where
     return None, None
 
 

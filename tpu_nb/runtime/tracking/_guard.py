@@ -26,13 +26,12 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from types import FrameType
 from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.metrics._compile_log import Frame
-from tpu_nb.runtime.sources import cut_at_user_code, user_frame
+from tpu_nb.runtime.sources import cut_at_user_code, innermost_frame, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking._probe import Subscription, own_sync, probe
@@ -238,13 +237,12 @@ class max_graphs:
 
 def _in_dynamo_bridge() -> bool:
     bridge = current_backend().compiler_paths
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
+
+    def in_bridge(frame) -> bool:
         path = frame.f_code.co_filename.replace(os.sep, "/")
-        if any(fragment in path for fragment in bridge):
-            return True
-        frame = frame.f_back
-    return False
+        return any(fragment in path for fragment in bridge)
+
+    return innermost_frame(sys._getframe(2), in_bridge) is not None
 
 
 @contextmanager

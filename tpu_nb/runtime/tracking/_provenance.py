@@ -40,7 +40,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
-from tpu_nb.runtime.sources import call_site, short_path, tracked_frame
+from tpu_nb.runtime.sources import call_site, innermost_frame, short_path, tracked_frame
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
@@ -398,16 +398,14 @@ class Recorder:
         function's backward graph compiles), for the line that called backward."""
         code_ids, root = self._code_ids, self._root_frame
 
+        def in_backward(frame) -> bool:
+            code = frame.f_code
+            return code.co_name in _BACKWARD_CALLS and code.co_filename.endswith(_AUTOGRAD_FILES)
+
         def line_of_backward(frame):
-            depth = 0
-            while frame is not None and depth < 400:
-                code = frame.f_code
-                if code.co_name in _BACKWARD_CALLS and code.co_filename.endswith(_AUTOGRAD_FILES):
-                    line = call_site(frame, code_ids, root)[0]
-                    return _frame(line) if line is not None else None
-                frame = frame.f_back
-                depth += 1
-            return None
+            called = innermost_frame(frame, in_backward)
+            line = call_site(called, code_ids, root)[0] if called is not None else None
+            return _frame(line) if line is not None else None
 
         try:
             return walk_stack(self._thread, line_of_backward, None)
@@ -579,13 +577,12 @@ def _call_inputs(frame, caller):
     """From torch_xla.compile's sync after the function (`frame`, its `_compile`): (a key for
     the function, its tensor inputs as (name, shape, dtype, shown), its name), where `shown`
     is the variable the calling line passed (see dynamo.passed_as); None when not found."""
-    outer, depth = frame.f_back, 0
-    while outer is not None and depth < 4:
-        code = outer.f_code
-        if code.co_name == "inner" and code.co_filename.endswith(_CONTEXTLIB):
-            break
-        outer, depth = outer.f_back, depth + 1
-    else:
+    outer = innermost_frame(
+        frame,
+        lambda f: f.f_code.co_name == "inner" and f.f_code.co_filename.endswith(_CONTEXTLIB),
+        5,  # the frame and the 4 outside it
+    )
+    if outer is None:
         return None
     values = outer.f_locals
     func, args, kwds = values.get("func"), values.get("args"), values.get("kwds")

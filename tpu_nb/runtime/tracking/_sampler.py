@@ -47,7 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tpu_nb.runtime.frame import Frame, walk_stack
-from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.sources import frames_to_tracked, short_path
 from tpu_nb.runtime.units import format_place, format_seconds
 
 log = logging.getLogger("tpu_nb")
@@ -55,7 +55,6 @@ log = logging.getLogger("tpu_nb")
 INTERVAL = 0.005  # seconds between two samples (200 Hz asked)
 MIN_SAMPLED = 10  # intervals' worth of sampled time before lines are named
 _GAP = 0.0005  # at least this long asleep between two samples (the GIL let go)
-_MAX_DEPTH = 400  # frames walked at most from the top of the stack to the tracked code
 _MAX_SPANS = 65_536  # input spans kept (merged: one per stretch of input samples)
 _MAX_KEYS = 4096  # distinct (kind, line, via) kept; beyond, new ones count as "other"
 # Frames that only pass a call along: `via` names the function behind them.
@@ -250,23 +249,10 @@ class Sampler:
         return walk_stack(self._tid, self._classify, False)
 
     def _classify(self, top) -> tuple | None:
-        ids, root, infos = self._ids, self._root, self._infos
-        chain: list = []  # innermost first: (frame, info)
-        frame = top
-        depth = 0
-        while frame is not None and depth < _MAX_DEPTH:
-            code = frame.f_code
-            info = infos.get(id(code))
-            if info is None or info[0] is not code:
-                info = self._info(code)
-            chain.append((frame, info))
-            if id(code) in ids or frame is root:
-                break
-            frame = frame.f_back
-            depth += 1
-        else:
-            chain.clear()
+        path = frames_to_tracked(top, self._ids, self._root)
+        if path is None:
             return None  # not under the tracked code
+        chain = [(frame, self._info_of(frame.f_code)) for frame in path]  # innermost first
         try:
             # The tracked code's frames, outermost first (the root, then functions it defines)
             ours = [i for i in range(len(chain) - 1, -1, -1) if chain[i][1][1]]
@@ -300,6 +286,7 @@ class Sampler:
             return (kind, code.co_filename, line.f_lineno or 0, code.co_name, via)
         finally:
             chain.clear()
+            path.clear()
 
     def check_at_sync(self, frame) -> None:
         """On the tracked thread, in a sync (when `check` is set): a `for` of the tracked code
@@ -308,26 +295,21 @@ class Sampler:
         under it (MpDeviceLoader syncs in its `__next__`) is a data loader."""
         self.check = False
         seen = list(self.loops)
-        ids, root, infos = self._ids, self._root, self._infos
         loader = False
-        depth = 0
-        while frame is not None and depth < _MAX_DEPTH:
-            code = frame.f_code
-            info = infos.get(id(code))
-            if info is None or info[0] is not code:
-                info = self._info(code)
+        for outer in frames_to_tracked(frame, self._ids, self._root) or ():
+            info = self._info_of(outer.f_code)
             if info[2] == "input":
                 loader = True
             elif info[1]:
                 loops = info[5] if info[5] is not None else self._loops(info)
-                if frame.f_lasti in loops and not loader:
-                    self.stepping.add((code.co_filename, frame.f_lineno or 0))
+                if outer.f_lasti in loops and not loader:
+                    self.stepping.add((info[0].co_filename, outer.f_lineno or 0))
                 loader = False
-            if id(code) in ids or frame is root:
-                break
-            frame = frame.f_back
-            depth += 1
         self.checked.update(seen)
+
+    def _info_of(self, code) -> list:
+        info = self._infos.get(id(code))
+        return info if info is not None and info[0] is code else self._info(code)
 
     def _info(self, code) -> list:
         """What a frame of `code` is, once per code object: [code, the tracked code's,
