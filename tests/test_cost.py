@@ -320,9 +320,10 @@ def test_xla_cpu_work_is_never_called_device_bound_nor_given_fixes_false_on_a_tp
             torch_xla.sync()
     verdict = report.anatomy.verdict
     assert verdict is not None
-    assert verdict.kind != "device-bound" or verdict.reason.startswith("on a v5e"), verdict
+    assert verdict.kind != "device-bound" or verdict.reason.startswith("judged for a v5e"), verdict
     if verdict.kind in ("host-bound", "device-bound"):
-        assert verdict.reason.startswith(f"on a v5e this step would be {verdict.kind}"), verdict
+        first = "tracing" if verdict.kind == "host-bound" else "device work"
+        assert verdict.reason.startswith(f"judged for a v5e: {first} "), verdict
         assert "the CPU's time" in verdict.reason
     text = str(report)
     for false_on_a_tpu in ("bigger device", "pin_memory", "torch_xla.compile(step_fn)"):
@@ -346,7 +347,7 @@ def test_a_slow_target_makes_the_same_step_device_bound_there():
         set_target(None)
     verdict = report.anatomy.verdict
     assert verdict is not None and verdict.kind == "device-bound", verdict
-    assert verdict.reason.startswith("on a slow this step would be device-bound")
+    assert verdict.reason.startswith("judged for a slow: device work >= ")
     assert report.cost.device_seconds == pytest.approx(2 * 256**3 / 1e8)
     assert "shard the step over more chips" in verdict.fix
 

@@ -154,7 +154,7 @@ def test_large_matmuls_keep_xla_cpu_busy_and_are_judged_for_the_target():
     # XLA:CPU is busy, but that is the CPU's time: on a v5e the 3 GFLOP of a step take
     # ~16 us, far less than the host's tracing measured here.
     assert a.verdict.kind == "host-bound", str(a)
-    assert a.verdict.reason.startswith("on a v5e this step would be host-bound: tracing ")
+    assert a.verdict.reason.startswith("judged for a v5e: tracing ")
     assert "the CPU's time" in a.verdict.reason
     assert report.cost.flops == 6 * 2 * 640**3
     assert a.device_share > 0.8

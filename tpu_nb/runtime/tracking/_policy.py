@@ -511,11 +511,11 @@ def _for_target(verdict, step_cost, steady):
     if timed.host_seconds >= timed.device_seconds:
         fix = anatomy.FIXES["host-bound"]
         lines = verdict.lines if verdict.kind == "host-bound" else ()
-        reason = f"on a {chip} this step would be host-bound: tracing {host}, device work >= "
+        reason = f"judged for a {chip}: tracing {host} per step, device work >= "
         return replace(
             verdict, kind="host-bound", reason=reason + device + cpu, fix=fix, lines=lines
         ), timed
-    reason = f"on a {chip} this step would be device-bound: device work >= {device}, tracing "
+    reason = f"judged for a {chip}: device work >= {device} per step, tracing "
     return replace(
         verdict,
         kind="device-bound",
