@@ -16,6 +16,7 @@ from collections import Counter
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking._pending import assigned_lines
 from tpu_nb.runtime.tracking._policy import Judgement
@@ -251,7 +252,7 @@ def _compile_findings(
         if kind == policy.EARLIER and report.earlier is not None:
             out.append(_earlier_compile(report.earlier, line, event, order))
             continue
-        key = policy.line_key(event)
+        key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed)
         changed = what_changed(event) if kind != policy.FIRST else ()
@@ -304,7 +305,8 @@ def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
             return "compile", ""
         if pattern is not None and pattern.last_call_only:
             return "recompile", policy.LAST_CALL_FIX
-        return "recompile", RECOMPILE_HINT
+        site = pattern.site if pattern is not None else None
+        return "recompile", libraries.recompile_fix(site) or RECOMPILE_HINT
     return "compile", ""
 
 
@@ -356,7 +358,7 @@ def _read_findings(
                 line or 0,
                 "host-read",
                 what,
-                HOST_READ_HINT if pattern.per_step else "",
+                (libraries.read_fix(occ.site) or HOST_READ_HINT) if pattern.per_step else "",
                 place="" if line else "outside this cell's code",
                 count=occ.calls,
                 via=occ.site.via,
