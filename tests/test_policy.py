@@ -282,6 +282,20 @@ def test_a_trainer_loop_that_recompiles_gets_trainers_padding_knob():
     assert hints == {judgement.verdict.fix}
 
 
+def test_generate_recompiling_per_token_gets_the_static_cache_and_an_unknown_library_its_line():
+    generate = Frame(f"{PURELIB}/transformers/generation/utils.py", 2400, "generate")
+    other = Frame(f"{PURELIB}/somelib/sampler.py", 31, "sample")
+    for site, expected in (
+        (Site(LOOP_LINE, library=MASK, entry=generate), 'cache_implementation="static"'),
+        (Site(LOOP_LINE, library=other, entry=other), "somelib/sampler.py:31 sample"),
+        (Site(LOOP_LINE), "pad or bucket"),  # the cell's own loop: the general advice
+    ):
+        events = [_at(site, i, step=i) for i in range(10)]
+        anatomy = _steps(10, set(range(10)), host=0.001, device=0.01)
+        judgement = _policy.judge(_facts(events, 10, site_calls={site.key: 10}, anatomy=anatomy))
+        assert expected in judgement.verdict.fix, (site, judgement.verdict)
+
+
 def test_a_per_step_read_in_a_library_names_its_knob_and_the_users_own_read_keeps_its_hint():
     from tpu_nb.runtime.tracking import _attribution
 

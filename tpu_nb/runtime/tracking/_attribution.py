@@ -272,11 +272,19 @@ def _compile_findings(
                 via=_via(event),
                 order=order,
                 changed=changed,
-                pattern=policy.describe_pattern(pattern) if pattern is not None else "",
+                pattern=_site_pattern(pattern) if pattern is not None else "",
                 progression=pattern.progression if pattern is not None else "",
             )
         )
     return out
+
+
+def _site_pattern(pattern) -> str:
+    """A site's pattern as the report says it, with the frame below the line that compiled
+    when the site is not the line itself ("at transformers/…/parallel_loader.py:35 …: …")."""
+    text = policy.describe_pattern(pattern)
+    via = pattern.site.via if pattern.site is not None and len(pattern.key) > 2 else ""
+    return f"at {via}: {text}" if via else text
 
 
 def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:

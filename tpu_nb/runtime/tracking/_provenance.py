@@ -17,17 +17,20 @@ moments that matter:
   wrapped; a call that moved a fallback counter records its stack.
 
 A stack becomes a `Site`: the outermost line of the tracked code (the cell's line), the
-innermost user frame below it (a helper in another cell) and the innermost library function
-that did it. A sync on another thread is placed on the tracked code's line only when the
-tracked thread is waiting in an autograd backward call (autograd runs a compiled function's
-backward on a thread of its own). At a sync of torch_xla.compile that compiled, the
-function's tensor inputs are compared with those of its previous compile, so that a
-recompile names the input and dimension that changed. Each wrapper costs one or two counter
+innermost user frame below it (a helper in another cell), the innermost library function
+that did it, and the function the line called (`trainer.train`). Each sync and read is
+counted per site (`Site.key`: the line and the frame below it that did it), so a loop inside
+one call of the cell is judged as a loop written in the cell. A sync on another thread is
+placed on the tracked code's line only when the tracked thread is waiting in an autograd
+backward call (autograd runs a compiled function's backward on a thread of its own). At a
+sync of torch_xla.compile that compiled, the function's tensor inputs are compared with
+those of its previous compile, so that a recompile names the input and dimension that
+changed. Each wrapper costs one or two counter
 reads (~0.2 us each) and does nothing else unless the counters moved; everything is
 restored when the run ends. Graphs: the pending graph is captured just before the first sync
-of each line and before the sync after each compile at a line, so recompile findings can say
-which op and shape changed (bounded: a few graphs per line; captures that do not follow a
-compile at their line also by a time budget).
+at each site and before the sync after each compile at a site, so recompile findings can say
+which op and shape changed (bounded: a few graphs per site; captures that do not follow a
+compile at their site also by a time budget).
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class CompileAnchor:
     order: int
     graph: Any = None  # the pending graph captured just before it (a runtime Graph)
     step: int = 0  # syncs the run had made before it
-    call: int = 0  # calls (syncs and reads) its line had made before it
+    call: int = 0  # calls (syncs and reads) its site had made before it
 
 
 @dataclass
@@ -555,8 +558,9 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     """The pending graph of the XLA tensors the frame's variables reach (bounded walk): the
     variables the tracked code names first (a notebook's namespace holds much else, which
     could use up the walk's budget before reaching them), then the rest, newest first; and
-    the locals of the function that synced (`caller`, when not the tracked frame: a step
-    function's tensors)."""
+    the locals of the functions between the tracked frame and the one that synced (`caller`:
+    a step function's tensors; a library's loop, such as Trainer's model and loss, which the
+    cell's line does not name)."""
     import torch
 
     from tpu_nb.runtime.graph._capture import is_pending, walk_limited
@@ -565,8 +569,13 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     budget = [20_000]
     variables = frame_variables(frame)
     spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
-    if caller is not None and caller is not frame and caller.f_globals is not caller.f_locals:
-        spaces.insert(0, caller.f_locals)
+    between: list[dict] = []
+    outer = caller
+    while outer is not None and outer is not frame and len(between) < _CAPTURE_FRAMES:
+        if outer.f_globals is not outer.f_locals:
+            between.append(outer.f_locals)
+        outer = outer.f_back
+    spaces[:0] = between  # innermost first
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
     for namespace in (named, *rest):
@@ -574,6 +583,9 @@ def _capture_pending(frame, names: tuple = (), caller=None):
             if id(t) not in found and is_pending(t):
                 found[id(t)] = t
     return _graph_once(list(found.values()), spaces)
+
+
+_CAPTURE_FRAMES = 16  # functions below the tracked code whose locals a capture looks in
 
 
 def _capture_tensor(tensor):
