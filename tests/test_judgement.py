@@ -171,6 +171,51 @@ for step in range(7):
     assert shapes.text.count("changed:") <= 2  # the warm-up's facts; not one pair per step
 
 
+FIT_MODULE = """
+import torch, torch_xla
+import torch.nn.functional as F
+
+def fit(model, opt, steps, width, grow):
+    for step in range(steps):
+        n = 8 + step if grow else 8
+        x = torch.randn(n, width, device=torch_xla.device())
+        y = torch.randint(0, 10, (n,), device=torch_xla.device())
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        torch_xla.sync()
+    first = loss.item()  # two reads after the loop, as a library's summary does
+    again = float(loss.detach())
+    return first, again
+"""
+
+
+def test_a_loop_inside_one_call_is_judged_as_the_same_loop_in_the_cell(cell, tmp_path):
+    # A loop in a module of the user's, called from one cell line: its reads after the loop
+    # must not make its sync site look settled.
+    (tmp_path / "fitting_loops.py").write_text(FIT_MODULE)
+    cell(f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import fitting_loops")
+    growing = cell(
+        """
+model = make_mlp(52).to(torch_xla.device()); opt = torch.optim.SGD(model.parameters(), 0.1)
+fitting_loops.fit(model, opt, 7, 52, grow=True)
+"""
+    )
+    assert "RECOMPILED" in growing.summary and growing.verdict.kind == "compile-bound"
+    assert PAD_ADVICE in growing.advice, growing.text
+    sync_line = FIT_MODULE.splitlines().index("        torch_xla.sync()") + 1
+    assert f"fitting_loops.py:{sync_line} fit" in growing.verdict.reason, growing.verdict
+    (pattern,) = [p for p in growing.report.judgement.lines.values() if p.flagged]
+    assert "dim 0: " in pattern.progression, pattern  # the site's own graphs compared
+    fixed = cell(
+        """
+model = make_mlp(53).to(torch_xla.device()); opt = torch.optim.SGD(model.parameters(), 0.1)
+fitting_loops.fit(model, opt, 7, 53, grow=False)
+"""
+    )
+    assert "RECOMPILED" not in fixed.summary and PAD_ADVICE not in fixed.text, fixed.text
+    assert fixed.verdict is None or fixed.verdict.kind != "compile-bound", fixed.text
+
+
 def test_buckets_in_rotation_are_the_fix_not_a_recompilation(cell):
     buckets = cell(
         """

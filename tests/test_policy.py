@@ -7,6 +7,8 @@ gets the facts that must trigger it and the nearest facts that must not.
 
 from __future__ import annotations
 
+import sysconfig
+
 from tpu_nb.runtime.metrics import CompileEvent, Frame, MetricsDelta
 from tpu_nb.runtime.tracking import RunReport, _policy
 from tpu_nb.runtime.tracking._anatomy import Anatomy, StepRecord
@@ -52,7 +54,9 @@ def _steps(n: int, compiled: set[int], *, host: float, device: float) -> Anatomy
     return Anatomy(tuple(steps), None, {}, wall, device * n, None)
 
 
-def _facts(events, steps: int, *, line_calls=None, occurrences=(), anatomy=None) -> RunReport:
+def _facts(
+    events, steps: int, *, line_calls=None, site_calls=None, occurrences=(), anatomy=None
+) -> RunReport:
     return RunReport(
         name="cell",
         metrics=MetricsDelta(compiles=len(events), syncs=steps),
@@ -60,6 +64,7 @@ def _facts(events, steps: int, *, line_calls=None, occurrences=(), anatomy=None)
         compile_analysis=True,
         syncs=steps,
         line_calls=line_calls or {(CELL, LOOP_LINE.line): steps},
+        site_calls=site_calls or {},
         occurrences=tuple(occurrences),
         anatomy=anatomy,
     )
@@ -175,6 +180,139 @@ def test_a_loop_still_compiling_in_its_steady_steps_is_compile_bound_with_the_pa
     judgement = _policy.judge(_facts(events, 10, anatomy=anatomy))
     assert judgement.verdict is not None and judgement.verdict.kind == "compile-bound"
     assert "pad or bucket" in judgement.verdict.fix and "recompiling at" in judgement.verdict.reason
+
+
+# -- sites: a loop inside one call of the cell ---------------------------------------------------
+
+PURELIB = sysconfig.get_paths()["purelib"]
+HELPER = Frame("/work/project/fitting.py", 10, "fit")  # a module of the user's, not installed
+TRAIN = Frame(f"{PURELIB}/transformers/trainer.py", 2213, "train")
+LOADER = Frame(f"{PURELIB}/torch_xla/distributed/parallel_loader.py", 35, "__next__")
+MASK = Frame(f"{PURELIB}/transformers/modeling_attn_mask_utils.py", 250, "_ignore_causal_mask_sdpa")
+
+
+def _at(site: Site, n: int, step: int) -> CompileEvent:
+    return CompileEvent(
+        cause="user torch_xla.sync",
+        graph_hash=f"{n:032x}",
+        frames=(LOOP_LINE,),
+        site=site,
+        trigger="sync",
+        step=step,
+        call=step,
+    )
+
+
+def _library_loop(compiles: int, steps: int = 12):
+    """One cell line calling a function whose loop syncs `steps` times (compiling at the
+    first `compiles`), then reads two values at two other lines of that function."""
+    loop = Site(LOOP_LINE, user=HELPER)
+    events = [_at(loop, i, step=i) for i in range(compiles)]
+    reads = [
+        Occurrence(
+            "read",
+            ".item()",
+            Site(LOOP_LINE, user=Frame(HELPER.file, HELPER.line + k, "fit")),
+            calls=1,
+            count=1,
+            order=k,
+            steps=1,
+            first_step=steps,
+            last_step=steps,
+        )
+        for k in (1, 2)
+    ]
+    site_calls = {loop.key: steps, **{r.site.key: 1 for r in reads}}
+    anatomy = _steps(steps, set(range(compiles)), host=0.001, device=0.01)
+    facts = _facts(
+        events,
+        steps,
+        line_calls={(CELL, LOOP_LINE.line): steps + 2},  # the line's calls, reads included
+        site_calls=site_calls,
+        occurrences=reads,
+        anatomy=anatomy,
+    )
+    return facts, loop
+
+
+def test_a_loop_inside_one_call_recompiling_every_step_is_not_settled_by_its_later_reads():
+    facts, loop = _library_loop(compiles=12)
+    judgement = _policy.judge(facts)
+    pattern = judgement.lines[loop.key]
+    assert pattern.kind == "recompiling" and judgement.recompiled, pattern
+    assert judgement.verdict is not None and judgement.verdict.kind == "compile-bound"
+    # the verdict names the cell's line and the function below it that compiled
+    assert ":5 \u2192 fitting.py:10 fit" in judgement.verdict.reason, judgement.verdict
+    assert "pad or bucket" in judgement.verdict.fix
+    assert facts.recompiled_lines() == {} and _replace(facts, judgement=judgement).recompiled
+
+
+def test_a_fixed_shape_loop_inside_one_call_is_not_flagged():
+    facts, loop = _library_loop(compiles=1)
+    judgement = _policy.judge(facts)
+    assert judgement.lines[loop.key].kind == "once" and not judgement.recompiled
+    assert judgement.verdict is not None and judgement.verdict.kind != "compile-bound"
+
+
+def test_two_sites_of_one_line_are_judged_apart():
+    # trainer.train(): the loader's sync compiles a new graph every step; the mask check's
+    # read compiled its graph once and reused it
+    sync = Site(LOOP_LINE, library=LOADER, entry=TRAIN)
+    check = Site(LOOP_LINE, library=MASK, entry=TRAIN)
+    events = [_at(sync, i, step=i) for i in range(10)] + [_at(check, 99, step=0)]
+    facts = _facts(events, 10, site_calls={sync.key: 10, check.key: 10})
+    judgement = _policy.judge(facts)
+    assert judgement.lines[sync.key].kind == "recompiling"
+    assert judgement.lines[check.key].kind == "once"
+    assert len(judgement.lines[sync.key].kinds) == 10
+
+
+def test_a_trainer_loop_that_recompiles_gets_trainers_padding_knob():
+    from tpu_nb.runtime.tracking import _attribution
+
+    sync = Site(LOOP_LINE, library=LOADER, entry=TRAIN)
+    events = [_at(sync, i, step=i) for i in range(10)]
+    anatomy = _steps(10, set(range(10)), host=0.001, device=0.01)
+    facts = _facts(events, 10, site_calls={sync.key: 10}, anatomy=anatomy)
+    judgement = _policy.judge(facts)
+    assert "pad_to_multiple_of" in judgement.verdict.fix, judgement.verdict
+    assert "dataloader_drop_last" in judgement.verdict.fix
+    found = _attribution.findings(facts, judgement, "trainer.train()\n" * 6, CELL)
+    hints = {f.hint for f in found if f.kind == "recompile"}
+    assert hints == {judgement.verdict.fix}
+
+
+def test_generate_recompiling_per_token_gets_the_static_cache_and_an_unknown_library_its_line():
+    generate = Frame(f"{PURELIB}/transformers/generation/utils.py", 2400, "generate")
+    other = Frame(f"{PURELIB}/somelib/sampler.py", 31, "sample")
+    for site, expected in (
+        (Site(LOOP_LINE, library=MASK, entry=generate), 'cache_implementation="static"'),
+        (Site(LOOP_LINE, library=other, entry=other), "somelib/sampler.py:31 sample"),
+        (Site(LOOP_LINE), "pad or bucket"),  # the cell's own loop: the general advice
+    ):
+        events = [_at(site, i, step=i) for i in range(10)]
+        anatomy = _steps(10, set(range(10)), host=0.001, device=0.01)
+        judgement = _policy.judge(_facts(events, 10, site_calls={site.key: 10}, anatomy=anatomy))
+        assert expected in judgement.verdict.fix, (site, judgement.verdict)
+
+
+def test_a_per_step_read_in_a_library_names_its_knob_and_the_users_own_read_keeps_its_hint():
+    from tpu_nb.runtime.tracking import _attribution
+
+    def read(site: Site, order: int) -> Occurrence:
+        return Occurrence("read", "bool(tensor)", site, 10, 10, order, steps=10, last_step=9)
+
+    mask = read(Site(LOOP_LINE, library=MASK, entry=TRAIN), 1)
+    other = Frame(f"{PURELIB}/somelib/loop.py", 77, "run")
+    unknown = read(Site(LOOP_LINE, library=other), 2)
+    own = read(Site(READ_LINE), 3)
+    facts = _facts([], 10, occurrences=(mask, unknown, own))
+    judgement = _policy.judge(facts)
+    found = _attribution.findings(facts, judgement, "x\n" * 8, CELL)
+    hint = {f.order: f.hint for f in found if f.kind == "host-read"}
+    assert 'attn_implementation="eager"' in hint[1]
+    assert "somelib/loop.py:77 run" in hint[2] and "library's" in hint[2]
+    assert hint[3] == _attribution.HOST_READ_HINT
 
 
 def _replace(report: RunReport, **changes) -> RunReport:

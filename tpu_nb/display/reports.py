@@ -178,6 +178,11 @@ class FindingGroup:
         return next((f.pattern for f in self.findings if f.pattern), "")
 
     @property
+    def patterns(self) -> list[str]:
+        """Each site's pattern once (a library's loop on one line has several sites)."""
+        return self._distinct(f.pattern for f in self.findings)
+
+    @property
     def hints(self) -> list[str]:
         return self._distinct(f.hint for f in self.findings)
 
@@ -389,7 +394,7 @@ class RunView:
                 if g.changed:
                     lines.append(f"      changed: {'; '.join(g.changed)}")
                 if self._describes_line(g):
-                    lines.append(f"      this line: {g.pattern}")
+                    lines += [f"      this line: {pattern}" for pattern in g.patterns]
         hints = _hints(self.groups)
         if hints:
             lines.append("what to do:")
@@ -512,7 +517,10 @@ class RunView:
                     "; ".join(g.changed)
                 )
             if self._describes_line(g):
-                details += f"<br><span style='color:{MUTED}'>this line:</span> " + e(g.pattern)
+                details += "".join(
+                    f"<br><span style='color:{MUTED}'>this line:</span> " + e(pattern)
+                    for pattern in g.patterns
+                )
             secs = g.seconds
             rows.append(
                 (

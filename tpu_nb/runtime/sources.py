@@ -196,26 +196,49 @@ def frames_to_tracked(frame, code_ids: frozenset = frozenset(), root=None) -> li
 
 
 def call_site(frame, code_ids: frozenset = frozenset(), root=None, passes=None):
-    """(line, user, library) frames for an event raised in `frame`: the tracked code's frame
-    (None when not reached), the innermost user frame below it, the innermost library frame
-    below that which does not only pass the call along (`passes(path, function)`)."""
-    user = library = None
+    """(line, user, library, entry) frames for an event raised in `frame`: the tracked code's
+    frame (None when not reached), the innermost user frame below it, the innermost library
+    frame below that which does not only pass the call along (`passes(path, function)`), and
+    the outermost frame below the line that does not only pass the call along (the function
+    the line called: `trainer.train`)."""
+    user = library = entry = None
     depth = 0
     while frame is not None and depth < MAX_DEPTH:
         code = frame.f_code
         if id(code) in code_ids or frame is root:
-            return frame, user, library
+            return frame, user, library, entry
         path = code.co_filename
         if is_library(path):
+            passing = passes is not None and passes(path, code.co_name)
             # The library function that did it: inside the innermost user frame, if any (a
             # library frame outside it, like Module._call_impl, only called the user's code).
-            if library is None and user is None and not (passes and passes(path, code.co_name)):
+            if library is None and user is None and not passing:
                 library = frame
-        elif user is None:
-            user = frame
+            if not passing:  # generate() under torch.no_grad's wrapper: generate
+                entry = frame
+        else:
+            user = user or frame
+            entry = frame
         frame = frame.f_back
         depth += 1
-    return None, user, library
+    return None, user, library, None
+
+
+def inner_frame(frame, code_ids: frozenset = frozenset(), root=None, passes=None):
+    """The frame `call_site` would name as the one that did it, found without walking to the
+    tracked code: the first frame outwards that is the tracked code's, user code, or a library
+    function that does not only pass the call along. Cheap enough for every sync and read."""
+    depth = 0
+    while frame is not None and depth < MAX_DEPTH:
+        code = frame.f_code
+        if id(code) in code_ids or frame is root:
+            return frame
+        path = code.co_filename
+        if not (passes and passes(path, code.co_name)) or not is_library(path):
+            return frame
+        frame = frame.f_back
+        depth += 1
+    return None
 
 
 def cut_at_user_code(tb) -> None:

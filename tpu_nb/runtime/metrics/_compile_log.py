@@ -61,7 +61,7 @@ class CompileEvent:
     site: Any = field(default=None, compare=False)
     # Also from the tracked run: what the runtime was doing ("sync", "read", or "fallback":
     # a CPU fallback materialising its inputs), the step (syncs the run had made before it)
-    # and how many calls its line had made before it. None/"" outside a tracked run.
+    # and how many calls its site had made before it. None/"" outside a tracked run.
     trigger: str = field(default="", compare=False)
     step: int | None = field(default=None, compare=False)
     call: int | None = field(default=None, compare=False)

@@ -16,6 +16,7 @@ from collections import Counter
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking._pending import assigned_lines
 from tpu_nb.runtime.tracking._policy import Judgement
@@ -255,7 +256,7 @@ def _compile_findings(
         if kind == policy.EARLIER and report.earlier is not None:
             out.append(_earlier_compile(report.earlier, line, event, order))
             continue
-        key = policy.line_key(event)
+        key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed)
         changed = what_changed(event) if kind != policy.FIRST else ()
@@ -275,11 +276,19 @@ def _compile_findings(
                 via=_via(event),
                 order=order,
                 changed=changed,
-                pattern=policy.describe_pattern(pattern) if pattern is not None else "",
+                pattern=_site_pattern(pattern) if pattern is not None else "",
                 progression=pattern.progression if pattern is not None else "",
             )
         )
     return out
+
+
+def _site_pattern(pattern) -> str:
+    """A site's pattern as the report says it, with the frame below the line that compiled
+    when the site is not the line itself ("at transformers/…/parallel_loader.py:35 …: …")."""
+    text = policy.describe_pattern(pattern)
+    via = pattern.site.via if pattern.site is not None and len(pattern.key) > 2 else ""
+    return f"at {via}: {text}" if via else text
 
 
 def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:
@@ -308,7 +317,8 @@ def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
             return "compile", ""
         if pattern is not None and pattern.last_call_only:
             return "recompile", policy.LAST_CALL_FIX
-        return "recompile", RECOMPILE_HINT
+        site = pattern.site if pattern is not None else None
+        return "recompile", libraries.recompile_fix(site) or RECOMPILE_HINT
     return "compile", ""
 
 
@@ -360,7 +370,7 @@ def _read_findings(
                 line or 0,
                 "host-read",
                 what,
-                HOST_READ_HINT if pattern.per_step else "",
+                (libraries.read_fix(occ.site) or HOST_READ_HINT) if pattern.per_step else "",
                 place="" if line else "outside this cell's code",
                 count=occ.calls,
                 via=occ.site.via,

@@ -4,14 +4,19 @@ Facts are always shown; this module decides which of them call for advice, the w
 engineer reading the report over the user's shoulder would. The report's findings, the
 summary line's verdict and the live dashboard all ask it.
 
-- **Compiles.** Each line's compiles are read in the order the line ran (its syncs and value
-  reads, counted by the recorder). The line's first graph, and the graphs of its next steps
-  while state appears (gradients, optimizer state: more graph inputs, or ops only the first
-  step ran) are its *warm-up*, a one-time cost. A line that then ran at least twice without
-  compiling has *settled*: the other graphs it compiled are a bounded set, each compiled once
-  then cached (buckets, both sides of a branch, each tensor of a checkpoint) — facts, no
-  advice. A line still compiling at its latest calls *recompiles* (advice: fixed shapes); a
-  line whose successive graphs each add the same ops again has a *growing* graph (advice: a
+- **Compiles.** Compiles are judged per site: the tracked code's line plus the frame below it
+  that synced, read or compiled (a library's loop inside `trainer.train()` syncs at its data
+  loader and reads at its mask check, two sites of one cell line, as a loop written in the cell
+  would on two lines; its reads after the loop are other sites again, so they cannot make the
+  loop's site look settled). Each site's compiles are read in the order it ran (its syncs
+  and value reads, counted by the recorder). The site's first graph, and the graphs of its
+  next steps while state appears (gradients, optimizer state: more graph inputs, or ops
+  only the first step ran) are its *warm-up*, a one-time cost. A site that then ran at least
+  twice without compiling has *settled*: the other graphs it compiled are a bounded set,
+  each compiled once then cached (buckets, both sides of a branch, each tensor of a
+  checkpoint) — facts, no advice. A site still compiling at its latest calls *recompiles*
+  (advice: fixed shapes, or the library's setting that fixes them); a site whose
+  successive graphs each add the same ops again has a *growing* graph (advice: a
   sync at the end of the step). Graphs compiled in one step (or one call, when the run has no
   syncs) are that step's, never a recompilation.
 - **Reads.** A device→host read is worth fixing only when it repeats per step inside the
@@ -34,6 +39,7 @@ from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place, format_seconds
 
@@ -61,7 +67,8 @@ ONE_TIME = frozenset((FIRST, WARM_UP, VARIANT, EARLIER))
 class LinePattern:
     """How one line's compiles behaved over the run."""
 
-    key: tuple[str, int]  # (file, line) of the tracked code
+    key: tuple  # the site (provenance.Site.key): (file, line) of the tracked code, then
+    # (file, line) of the library or helper frame below it that did it, when not the line
     kind: str  # "once", "warm-up", "variants", "recompiling", "growing", "unsettled"
     graphs: int  # graphs it compiled in the run
     calls: int  # syncs and value reads it made (0: not counted)
@@ -70,6 +77,7 @@ class LinePattern:
     progression: str = ""  # one dimension changing: "dim 0: 9 → 10 → … → 19 (11 shapes)"
     growth: str = ""  # growing: the ops each graph added, "aten::mm ×1, aten::tanh ×1"
     grower: Any = None  # growing: the Frame whose ops accumulate, when the graph says
+    site: Any = None  # the provenance.Site of its latest compile (naming the site)
 
     @property
     def flagged(self) -> bool:
@@ -99,7 +107,7 @@ class Judgement:
     """The policy's decisions about one run (`RunReport.judgement`)."""
 
     compile_kinds: tuple[str, ...] = ()  # per RunReport.compile_events entry ("" : not a line's)
-    lines: dict = field(default_factory=dict)  # (file, line) -> LinePattern
+    lines: dict = field(default_factory=dict)  # site key (LinePattern.key) -> LinePattern
     reads: dict = field(default_factory=dict)  # Occurrence.order -> ReadPattern
     verdict: Any = None  # anatomy.Verdict of the steady state, or None
     note: str = ""  # why there is no verdict, or what the verdict leaves out
@@ -119,6 +127,15 @@ class Judgement:
 # -- compiles per line ---------------------------------------------------------------------
 
 
+def site_key(event: CompileEvent) -> tuple | None:
+    """The site a compile belongs to (its recorded Site.key: the tracked code's line and the
+    frame below it that did it), else the log's innermost user frame."""
+    site = event.site
+    if site is not None and site.line is not None:
+        return site.key
+    return line_key(event)
+
+
 def line_key(event: CompileEvent) -> tuple[str, int] | None:
     """The tracked code's line a compile belongs to (its recorded site), else the log's
     innermost user frame."""
@@ -136,7 +153,7 @@ def _moment(event: CompileEvent, by_call: bool) -> int:
 
 
 def classify_line(
-    key: tuple[str, int],
+    key: tuple,
     events: list[CompileEvent],
     calls: int,
     *,
@@ -368,10 +385,11 @@ def judge(report) -> Judgement:
     # the user's steps: a data loader's syncs with nothing to run are none
     syncs = getattr(report, "syncs", 0) - getattr(report.anatomy, "loader_syncs", 0)
     line_calls = getattr(report, "line_calls", {}) or {}
-    by_line: dict[tuple[str, int], list[int]] = {}
+    site_calls = getattr(report, "site_calls", {}) or {}
+    by_line: dict[tuple, list[int]] = {}
     joined = _joined_by_earlier(report, events)
     for i, e in enumerate(events):
-        key = line_key(e)
+        key = site_key(e)
         if i in joined:
             continue
         if key is not None and e.kind != "dynamo" and not dynamo.inputs_sync(e):
@@ -386,13 +404,9 @@ def judge(report) -> Judgement:
     ]
     lines = {}
     for key, indexes in by_line.items():
-        pattern = classify_line(
-            key,
-            [events[i] for i in indexes],
-            line_calls.get(key, 0),
-            by_call=syncs == 0,
-        )
-        lines[key] = pattern
+        calls = site_calls.get(key, line_calls.get(key, 0) if len(key) == 2 else 0)
+        pattern = classify_line(key, [events[i] for i in indexes], calls, by_call=syncs == 0)
+        lines[key] = replace(pattern, site=events[indexes[-1]].site)
         for i, kind in zip(indexes, pattern.kinds, strict=True):
             kinds[i] = kind
     reads = {
@@ -490,7 +504,17 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
     verdict, timed = _for_target(verdict, getattr(report, "cost", None), steady)
+    if verdict is not None and verdict.kind == "host-bound" and _in_trainer(report):
+        # torch_xla.compile(step_fn) is no fix a Trainer user can apply: Trainer's own is
+        verdict = replace(verdict, fix=libraries.TRAINER_HOST_FIX)
     return replace(judgement, verdict=verdict, steady_lines=kept, cost=timed)
+
+
+def _in_trainer(report) -> bool:
+    """Whether the run's steps are transformers Trainer's (its syncs, reads or compiles)."""
+    sites = [e.site for e in report.compile_events]
+    sites += [o.site for o in getattr(report, "occurrences", ()) or ()]
+    return any(libraries.in_trainer(site) for site in sites if site is not None)
 
 
 def _for_target(verdict, step_cost, steady):
@@ -549,7 +573,7 @@ def _recompile_verdict(verdict, judgement: Judgement):
     return replace(
         verdict,
         reason=f"{verdict.reason}; recompiling at {where}",
-        fix=RECOMPILE_FIX,
+        fix=libraries.recompile_fix(flagged[0].site) or RECOMPILE_FIX,
     )
 
 
@@ -567,10 +591,13 @@ def _growing_verdict(pattern: LinePattern, report):
 
 
 def _line_name(pattern: LinePattern) -> str:
+    """The site's name: "In [3], line 2", then "→ transformers/trainer.py:2213 train" for a
+    site below the line."""
     from tpu_nb.runtime.sources import short_path
 
-    file, line = pattern.key
-    return format_place(short_path(file), line)
+    file, line = pattern.key[:2]
+    via = pattern.site.via if pattern.site is not None and len(pattern.key) > 2 else ""
+    return format_place(short_path(file), line) + (f" \u2192 {via}" if via else "")
 
 
 def _frame_name(frame) -> str:

@@ -17,17 +17,20 @@ moments that matter:
   wrapped; a call that moved a fallback counter records its stack.
 
 A stack becomes a `Site`: the outermost line of the tracked code (the cell's line), the
-innermost user frame below it (a helper in another cell) and the innermost library function
-that did it. A sync on another thread is placed on the tracked code's line only when the
-tracked thread is waiting in an autograd backward call (autograd runs a compiled function's
-backward on a thread of its own). At a sync of torch_xla.compile that compiled, the
-function's tensor inputs are compared with those of its previous compile, so that a
-recompile names the input and dimension that changed. Each wrapper costs one or two counter
+innermost user frame below it (a helper in another cell), the innermost library function
+that did it, and the function the line called (`trainer.train`). Each sync and read is
+counted per site (`Site.key`: the line and the frame below it that did it), so a loop inside
+one call of the cell is judged as a loop written in the cell. A sync on another thread is
+placed on the tracked code's line only when the tracked thread is waiting in an autograd
+backward call (autograd runs a compiled function's backward on a thread of its own). At a
+sync of torch_xla.compile that compiled, the function's tensor inputs are compared with
+those of its previous compile, so that a recompile names the input and dimension that
+changed. Each wrapper costs one or two counter
 reads (~0.2 us each) and does nothing else unless the counters moved; everything is
 restored when the run ends. Graphs: the pending graph is captured just before the first sync
-of each line and before the sync after each compile at a line, so recompile findings can say
-which op and shape changed (bounded: a few graphs per line; captures that do not follow a
-compile at their line also by a time budget).
+at each site and before the sync after each compile at a site, so recompile findings can say
+which op and shape changed (bounded: a few graphs per site; captures that do not follow a
+compile at their site also by a time budget).
 """
 
 from __future__ import annotations
@@ -40,7 +43,13 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
-from tpu_nb.runtime.sources import call_site, innermost_frame, short_path, tracked_frame
+from tpu_nb.runtime.sources import (
+    call_site,
+    inner_frame,
+    innermost_frame,
+    short_path,
+    tracked_frame,
+)
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
@@ -78,6 +87,23 @@ class Site:
     user: Frame | None = None  # the innermost user-code frame below `line` (a helper)
     library: Frame | None = None  # the innermost library function that did it
     own: str = ""  # tpu_nb's own sync ("end": track()'s last, "guard-start": max_graphs')
+    # the function the line called (`transformers/trainer.py train`): which library's loop
+    # this is, when the site is inside one
+    entry: Frame | None = field(default=None, compare=False)
+
+    @property
+    def inner(self) -> Frame | None:
+        """The frame below the line that did it (the library function, else the helper);
+        None when the line did it itself."""
+        return self.library or self.user
+
+    @property
+    def key(self) -> tuple:
+        """What a site is judged as one of: (file, line) of the tracked code's line, then
+        (file, line) of the frame below it that did it, when not the line itself. A loop inside
+        `trainer.train()` syncs at one site and reads the mask at another, as a loop in the
+        cell would on two lines."""
+        return site_key(self.line, self.inner)
 
     @property
     def via(self) -> str:
@@ -89,6 +115,12 @@ class Site:
                 where = format_place(short_path(frame.file), frame.line)
                 hops.append(f"{where} {frame.function}")
         return " \u2192 ".join(hops)
+
+
+def site_key(line: Frame | None, inner: Frame | None) -> tuple:
+    """Site.key from its two frames (None for `line`: not reached from the tracked code)."""
+    head = (line.file, line.line) if line is not None else ("", 0)
+    return head + ((inner.file, inner.line) if inner is not None else ())
 
 
 @dataclass
@@ -121,7 +153,7 @@ class CompileAnchor:
     order: int
     graph: Any = None  # the pending graph captured just before it (a runtime Graph)
     step: int = 0  # syncs the run had made before it
-    call: int = 0  # calls (syncs and reads) its line had made before it
+    call: int = 0  # calls (syncs and reads) its site had made before it
 
 
 @dataclass
@@ -137,6 +169,8 @@ class Recording:
     # (file, line) of the tracked code -> syncs and device reads it made (the steps a line
     # took part in: whether it compiled again after its last compile)
     line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Site.key -> the syncs and device reads made there (a line's calls, per site below it)
+    site_calls: dict[tuple, int] = field(default_factory=dict)
     # Compile-log spans (start, end) of the run's own end-of-run sync (track(sync=True)).
     own_end: list[tuple[int, int]] = field(default_factory=list)
     # (file, line) of the tracked code -> the hash of the last graph captured there (the
@@ -172,12 +206,12 @@ class Recorder:
         self._subscription: Subscription | None = None
         self._fallback_names: tuple[str, ...] = ()
         self._started = 0.0
-        self._capture_next: set[tuple[str, int]] = set()
+        self._capture_next: set[tuple] = set()
         # Lines captured at every sync, whatever the budget (max_graphs: lines at their
         # limit, whose next graph is an error that should name what changed).
         self.force_capture: set[tuple[str, int]] = set()
-        self._tried: set[tuple[str, int]] = set()  # lines captured (or tried) in this run
-        self._captured_here: dict[tuple[str, int], int] = {}
+        self._tried: set[tuple] = set()  # sites captured (or tried) in this run
+        self._captured_here: dict[tuple, int] = {}
         # Lines that compiled more than one graph are watched: the shapes of the tensors the
         # tracked code names (~2 us for a cell's 20 names) are compared at each of their
         # syncs, and a change (a ragged last batch) captures the graph about to compile.
@@ -355,7 +389,7 @@ class Recorder:
             recording = self.recording
             # The call was counted as it began (_maybe_capture) and a sync is counted once
             # its anchor is made: `step` is the step it ends or happened in.
-            call = recording.line_calls.get(_key(site.line), 1) - 1 if site.line else 0
+            call = recording.site_calls.get(site.key, 1) - 1 if site.line else 0
             anchors.append(
                 CompileAnchor(
                     kind, site, log_end, compiles, self._next(), graph, recording.syncs, call
@@ -382,7 +416,7 @@ class Recorder:
 
     def site_of(self, frame) -> Site:
         """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
-        line, user, library = call_site(frame, self._code_ids, self._root_frame, _plumbing)
+        line, user, library, entry = call_site(frame, self._code_ids, self._root_frame, _plumbing)
         placed = _frame(line) if line is not None else None
         if placed is None and threading.get_ident() != getattr(self, "_thread", None):
             placed = self._waiting_in_backward()
@@ -390,6 +424,7 @@ class Recorder:
             placed,
             _frame(user) if user is not None else None,
             _frame(library) if library is not None else None,
+            entry=_frame(entry) if entry is not None and line is not None else None,
         )
 
     def _waiting_in_backward(self) -> Frame | None:
@@ -449,31 +484,39 @@ class Recorder:
             key = (root.f_code.co_filename, root.f_lineno)
             calls = self.recording.line_calls
             calls[key] = calls.get(key, 0) + 1
+            inner = inner_frame(frame, self._code_ids, self._root_frame, _plumbing)
+            site = key
+            if inner is not None and inner is not root:
+                site = (*key, inner.f_code.co_filename, inner.f_lineno)
+            by_site = self.recording.site_calls
+            by_site[site] = by_site.get(site, 0) + 1
             forced = key in self.force_capture
-            # A line's first sync in each run is captured, and any line whose graph is not
+            # A site's first sync in each run is captured, and any line whose graph is not
             # known yet; and its third, a steady step's (a step's cost is that of the graph its
             # lines run: a loader's first sync runs only what the loop set up before it).
             due = (
                 forced
-                or key in self._capture_next
-                or key not in self._tried
-                or calls[key] == _STEADY_CALL
+                or site in self._capture_next
+                or site not in self._tried
+                or by_site[site] == _STEADY_CALL
                 or store.line_captures.get(key) is None
             )
             if not due and key in self._compiled_at:  # a new shape: capture, to name it
                 due = self._shapes_changed(root, key)
             if not due:
                 return None, None
-            taken = self._captured_here.get(key, 0)
-            # A capture after a compile at this line is what names the next recompile's
+            taken = self._captured_here.get(site, 0)
+            # A capture after a compile at this site is what names the next recompile's
             # change; each follows a compile (far costlier), so only the others are held to
             # the time budget (under load, the first capture alone could use it all up).
-            after_compile = key in self._capture_next
+            # Per site: a library's loop syncs at one site and reads at others, each of
+            # which compiles graphs of its own.
+            after_compile = site in self._capture_next
             if (not forced and taken >= 16) or not (after_compile or self._within_budget()):
                 return None, None
-            self._capture_next.discard(key)
-            self._tried.add(key)
-            self._captured_here[key] = taken + 1
+            self._capture_next.discard(site)
+            self._tried.add(site)
+            self._captured_here[site] = taken + 1
             start = time.perf_counter()
             graph = (
                 _capture_tensor(tensor)
@@ -512,7 +555,7 @@ class Recorder:
     def _note_compiled(self, site: Site) -> None:
         if site.line is not None:
             key = _key(site.line)
-            self._capture_next.add(key)
+            self._capture_next.add(site.key)
             self._compiled_at[key] = self._compiled_at.get(key, 0) + 1
 
     def _within_budget(self) -> bool:
@@ -525,8 +568,9 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     """The pending graph of the XLA tensors the frame's variables reach (bounded walk): the
     variables the tracked code names first (a notebook's namespace holds much else, which
     could use up the walk's budget before reaching them), then the rest, newest first; and
-    the locals of the function that synced (`caller`, when not the tracked frame: a step
-    function's tensors)."""
+    the locals of the functions between the tracked frame and the one that synced (`caller`:
+    a step function's tensors; a library's loop, such as Trainer's model and loss, which the
+    cell's line does not name)."""
     import torch
 
     from tpu_nb.runtime.graph._capture import is_pending, walk_limited
@@ -535,8 +579,13 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     budget = [20_000]
     variables = frame_variables(frame)
     spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
-    if caller is not None and caller is not frame and caller.f_globals is not caller.f_locals:
-        spaces.insert(0, caller.f_locals)
+    between: list[dict] = []
+    outer = caller
+    while outer is not None and outer is not frame and len(between) < _CAPTURE_FRAMES:
+        if outer.f_globals is not outer.f_locals:
+            between.append(outer.f_locals)
+        outer = outer.f_back
+    spaces[:0] = between  # innermost first
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
     for namespace in (named, *rest):
@@ -544,6 +593,9 @@ def _capture_pending(frame, names: tuple = (), caller=None):
             if id(t) not in found and is_pending(t):
                 found[id(t)] = t
     return _graph_once(list(found.values()), spaces)
+
+
+_CAPTURE_FRAMES = 16  # functions below the tracked code whose locals a capture looks in
 
 
 def _capture_tensor(tensor):

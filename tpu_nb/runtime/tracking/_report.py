@@ -113,6 +113,8 @@ class RunReport:
     syncs: int = 0  # torch_xla.sync calls the tracked code made (recorded runs)
     # (file, line) of the tracked code -> the syncs and device reads it made (recorded runs)
     line_calls: Mapping[tuple[str, int], int] = field(default_factory=_empty)
+    # provenance.Site.key -> the syncs and device reads made at that site (recorded runs)
+    site_calls: Mapping[tuple, int] = field(default_factory=_empty)
     # What the facts call for: each compile's kind, each line's pattern, which reads repeat
     # per step, the steady state's verdict (tracking._policy.Judgement).
     judgement: Judgement | None = None
@@ -141,11 +143,11 @@ class RunReport:
         judgement = self.judgement
         if judgement is None:
             return {}
-        return {
-            key: p.graphs
-            for key, p in judgement.lines.items()
-            if p.flagged and (p.kind == "growing" or p.graphs > allowed)
-        }
+        lines: dict[tuple[str, int], int] = {}
+        for key, p in judgement.lines.items():  # per site: a line's sites are summed
+            if p.flagged and (p.kind == "growing" or p.graphs > allowed):
+                lines[key[:2]] = lines.get(key[:2], 0) + p.graphs
+        return lines
 
     def summary(self) -> str:
         """One line: wall time and the XLA figures that matter."""
@@ -175,9 +177,11 @@ class RunReport:
         if self.pending is not None:
             lines.append(f"  {self.pending.summary()}")
         judgement = self.judgement
-        for (file, line), pattern in judgement.lines.items() if judgement else ():
+        for key, pattern in judgement.lines.items() if judgement else ():
             if pattern.graphs > 1 or pattern.flagged:
-                lines.append(f"  {file}:{line}: {describe_pattern(pattern)}")
+                site = pattern.site.via if pattern.site is not None and len(key) > 2 else ""
+                where = f"{key[0]}:{key[1]}" + (f" \u2192 {site}" if site else "")
+                lines.append(f"  {where}: {describe_pattern(pattern)}")
         verdict = getattr(self.anatomy, "verdict", None)
         if verdict is not None:
             if judgement is not None and judgement.note:  # what the verdict leaves out

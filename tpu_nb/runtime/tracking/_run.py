@@ -321,6 +321,7 @@ class Run:
                 record_errors=recording.hook_errors,
                 syncs=recording.syncs,
                 line_calls=MappingProxyType(dict(recording.line_calls)),
+                site_calls=MappingProxyType(dict(recording.site_calls)),
                 cost=_step_cost(recording),
             )
         return facts

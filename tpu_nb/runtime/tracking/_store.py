@@ -76,10 +76,9 @@ class GraphStore:
         (in this run or before), with their hashes."""
         out = {}
         for event in events:
-            frame = event.user_frame
-            if frame is None or not event.graph_hash:
+            key = _history_key(event)
+            if key is None or not event.graph_hash:
                 continue
-            key = (frame.file, frame.line)
             graphs = self.line_events.setdefault(key, [])
             self.line_events.move_to_end(key)
             if all(event.graph_hash != g.graph_hash for g in graphs):
@@ -94,8 +93,8 @@ class GraphStore:
 
     def earlier_graph(self, event: CompileEvent) -> CompileEvent | None:
         """The compile event of the graph the same line compiled before `event`'s, if any."""
-        frame = event.user_frame
-        graphs = self.line_events.get((frame.file, frame.line), []) if frame else []
+        key = _history_key(event)
+        graphs = self.line_events.get(key, []) if key else []
         hashes = [g.graph_hash for g in graphs]
         if event.graph_hash in hashes and hashes.index(event.graph_hash) > 0:
             return graphs[hashes.index(event.graph_hash) - 1]
@@ -112,6 +111,17 @@ class GraphStore:
 
     def keep_dynamo_change(self, graph_hash: str, facts: tuple[str, ...]) -> None:
         _keep(self.dynamo_changes, graph_hash, facts, 512)
+
+
+def _history_key(event: CompileEvent) -> tuple[str, int] | None:
+    """The code whose graphs are compared with each other, in a run and across runs: the
+    library function or helper that synced, read or compiled (a Trainer's data loader, the
+    mask check of a transformers model), else the tracked code's line; never the cell line
+    alone when a library did it, so a loader's step graph is not compared with the mask
+    check's graph."""
+    site = event.site
+    frame = site.library if site is not None and site.library is not None else event.user_frame
+    return (frame.file, frame.line) if frame is not None else None
 
 
 store = GraphStore()

@@ -1,0 +1,114 @@
+"""Advice for a site inside a library: the knob that library offers, by its setting's name.
+
+A loop inside `trainer.train()` or `model.generate()` is not the user's to edit: "accumulate
+losses in a tensor" or "pad the batch" names nothing a Trainer user can change. When a site
+(provenance.Site: the cell's line, the function it called, the library frame that did it) is
+inside a library tpu_nb knows, the fix is that library's setting; inside one it does not know,
+the advice names the library's line and says the read or recompile is the library's. Sites
+are matched by their frames' files, so nothing here imports a library.
+"""
+
+from __future__ import annotations
+
+from tpu_nb.runtime.sources import is_library, short_path
+from tpu_nb.runtime.units import format_place
+
+TRAINER_PAD_FIX = (
+    "Trainer's batches change shape from step to step (the data collator pads each batch to "
+    "its longest sequence), so each step compiles a new graph: pad to a few fixed sizes, "
+    "e.g. DataCollatorWithPadding(tokenizer, pad_to_multiple_of=64), or to one fixed length "
+    '(the tokenizer\'s padding="max_length", max_length=...); a shorter last batch: '
+    "TrainingArguments(dataloader_drop_last=True)"
+)
+TRAINER_HOST_FIX = (
+    "the host's Python tracing of Trainer's step takes longer than the device's work: trace "
+    "it once with Dynamo, TrainingArguments(torch_compile=True, "
+    'torch_compile_backend="openxla"), or do more work per step (a larger '
+    "per_device_train_batch_size)"
+)
+TRAINER_LOG_FIX = (
+    "Trainer reads the loss on the host to log it: a larger "
+    "TrainingArguments(logging_steps=...) reads it less often"
+)
+GENERATE_FIX = (
+    "generate() grows its key/value cache by one token per step, a new shape (a new graph) "
+    'per token: use a static cache, model.generate(..., cache_implementation="static") '
+    "with a fixed max_new_tokens"
+)
+MASK_CHECK_FIX = (
+    "transformers' SDPA attention checks the attention mask on the host every forward "
+    "(torch.all(mask == 1)), which waits for the step's work: load the model with "
+    'attn_implementation="eager", or pass no attention_mask when nothing is padded'
+)
+
+# (file of the site's own frame, functions or "" for any) -> the knob, for reads
+_READS = (
+    ("transformers/modeling_attn_mask_utils.py", "", MASK_CHECK_FIX),
+    ("transformers/masking_utils.py", "", MASK_CHECK_FIX),
+    ("transformers/trainer.py", "_maybe_log_save_evaluate", TRAINER_LOG_FIX),
+)
+# file of the function the line called (or of a frame below it) -> the knob, for recompiles
+_RECOMPILES = (
+    ("transformers/generation/utils.py", GENERATE_FIX),
+    ("transformers/trainer.py", TRAINER_PAD_FIX),
+)
+
+
+def _path(frame) -> str:
+    return frame.file.replace("\\", "/") if frame is not None else ""
+
+
+def _library_frame(site):
+    """The library frame that did it, when no user code is between it and the line."""
+    if site is None or site.user is not None or site.library is None:
+        return None
+    return site.library
+
+
+def in_trainer(site) -> bool:
+    """Whether the site is inside transformers' Trainer (the line called trainer.train())."""
+    entry = getattr(site, "entry", None)
+    return _path(entry).endswith(("transformers/trainer.py", "transformers/trainer_seq2seq.py"))
+
+
+def read_fix(site) -> str:
+    """The fix for a per-step read at `site` when a library made it: its knob, else a sentence
+    naming the library's line; "" for the user's own reads."""
+    frame = _library_frame(site)
+    if frame is None:
+        return ""
+    path = _path(frame)
+    for file, function, fix in _READS:
+        if path.endswith(file) and (not function or frame.function == function):
+            return fix
+    return _not_known("read", frame)
+
+
+def recompile_fix(site) -> str:
+    """The fix for a site that keeps compiling, when it is inside a library: its knob, else
+    a sentence naming the library's line; "" for the user's own code."""
+    entry = getattr(site, "entry", None)
+    for frame in (entry, getattr(site, "library", None)):
+        if frame is None or not is_library(frame.file):
+            continue
+        for file, fix in _RECOMPILES:
+            if _path(frame).endswith(file):
+                return fix
+    frame = _library_frame(site)
+    if frame is None:
+        return ""
+    return _not_known("recompile", frame)
+
+
+def _not_known(what: str, frame) -> str:
+    where = f"{format_place(short_path(frame.file), frame.line)} {frame.function}"
+    if what == "read":
+        return (
+            f"this read is the library's ({where}), made every step of its loop: tpu_nb knows "
+            "no setting of it that removes the read; look for one in its documentation"
+        )
+    return (
+        f"the recompiles are the library's ({where}): the inputs it traces change shape "
+        "every step; give it inputs of fixed shapes (pad what you pass it), or look for a "
+        "setting of it that does"
+    )
