@@ -1,9 +1,11 @@
 """The backend seam: everything tpu_nb asks of the library that runs PyTorch on the device.
 
-`Backend` (in _base) states each fact and action tpu_nb needs; `TorchXlaBackend` (in
-_torch_xla) is the one implementation, and the only module of tpu_nb that imports torch_xla.
-`current()` is the backend in use. docs/backends.md maps each method to torch_xla and to
-TorchTPU; tests/test_backend_contract.py asserts what every registered backend must deliver.
+A `Backend` (in _base) is a few small protocols, one object each, named by what tpu_nb does
+with them: `current().process`, `.counters`, `.graphs`, `.syncs`, `.devices`, `.launch`,
+`.profiler`. `TORCH_XLA` (in _torch_xla) is the one implementation, and _torch_xla the only
+module of tpu_nb that imports torch_xla. `current()` is the backend in use. docs/backends.md
+maps each method to torch_xla and to TorchTPU; tests/test_backend_contract.py asserts what
+every registered backend must deliver, protocol by protocol.
 
 Lowest runtime package above the foundations (errors, units, sources, frame): imports nothing
 else of tpu_nb.
@@ -12,15 +14,22 @@ else of tpu_nb.
 from tpu_nb.runtime.backend._base import (
     Backend,
     CounterNames,
+    Counters,
     DeviceMemory,
+    Devices,
+    Graphs,
+    Launch,
     MetricSamples,
+    Process,
+    Profiler,
+    Syncs,
     backends,
     current,
     register,
 )
 from tpu_nb.runtime.backend._torch_xla import (
     TORCH_PAIR,
-    TorchXlaBackend,
+    TORCH_XLA,
     hash_hex,
     installed_version,
     normal_hash,
@@ -29,11 +38,18 @@ from tpu_nb.runtime.backend._torch_xla import (
 
 __all__ = [
     "TORCH_PAIR",
+    "TORCH_XLA",
     "Backend",
     "CounterNames",
+    "Counters",
     "DeviceMemory",
+    "Devices",
+    "Graphs",
+    "Launch",
     "MetricSamples",
-    "TorchXlaBackend",
+    "Process",
+    "Profiler",
+    "Syncs",
     "backends",
     "current",
     "hash_hex",

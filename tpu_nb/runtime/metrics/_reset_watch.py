@@ -55,7 +55,7 @@ def ensure_installed() -> None:
     if _installed:
         return
     _installed = True
-    backend().intercept_counter_clears(_on_clear)
+    backend().counters.watch_clears(_on_clear)
 
 
 def uninstall() -> None:
@@ -63,7 +63,7 @@ def uninstall() -> None:
     global _installed
     with lock:
         if _installed:
-            backend().release_counter_clears()
+            backend().counters.unwatch_clears()
             _installed = False
 
 
@@ -79,7 +79,7 @@ def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
 def _carry_now(restored: frozenset[str]) -> None:
     global _last_raw, _last_names
     runtime = backend()
-    counts = runtime.read_counters(runtime.counter_names())
+    counts = runtime.counters.read(runtime.counters.names())
     for name, count in counts.items():
         if name not in restored and count:
             _carried[name] = _carried.get(name, 0) + count

@@ -253,14 +253,14 @@ class _SyncWatch:
 
     def __init__(self, runtime: Backend):
         self._runtime = runtime
-        self._value = runtime.counter_reader()
-        self._created = runtime.counter_names_of.tensors_created
+        self._value = runtime.counters.reader()
+        self._created = runtime.counters.facts.tensors_created
         self.active = True
         self.at_last_sync = self._value(self._created)  # entry: as if just synced
         self._arm()
 
     def _arm(self) -> None:
-        self._runtime.after_next_sync(self._on_sync)
+        self._runtime.syncs.after_next(self._on_sync)
 
     def _on_sync(self) -> None:
         if self.active:
@@ -414,7 +414,7 @@ class track:
                 report.synced_at_end = True
                 # tpu_nb's own sync: not a step of the user's
                 with own_sync("end", self._recorder):
-                    current_backend().sync_function()()
+                    current_backend().syncs.function()()
             else:
                 report.pending = self._left_pending()
         if self._wait:
