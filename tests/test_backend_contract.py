@@ -112,7 +112,7 @@ def test_facts_before_the_backend_loads_never_load_it(b, py):
         before = [b.process.is_loaded(), b.process.started(), b.process.compiled_yet(),
                   b.launch.spmd_active(), b.launch.spmd_locked(),
                   any(p in sys.modules for p in b.packages[:1])]
-        b.process.module()
+        b.process.load()
         imported = [b.process.is_loaded(), b.process.started()]
         import torch
         x = torch.ones(2, device=b.devices.device()) + 1
@@ -577,7 +577,7 @@ def test_loader_iterators_are_looked_up_never_imported(b, py):
         PICK.format(name=b.name)
         + """
         import json, sys
-        b.process.module()
+        b.process.load()
         before = set(sys.modules)
         found = b.syncs.loader_iterators()
         print(json.dumps([sorted(set(sys.modules) - before),
@@ -591,7 +591,7 @@ def test_loader_iterators_are_looked_up_never_imported(b, py):
 def test_the_backends_own_code_is_where_it_says(b):
     # Syncs from these callers are plumbing, frames under these paths are compiling, time in
     # these files is input: a release that moved them would count its plumbing as steps.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(b.process.module().__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(b.process.load().__file__)))
     for suffix, function in b.syncs.plumbing_callers:
         path = os.path.join(root, *suffix.split("/"))
         assert os.path.isfile(path), path

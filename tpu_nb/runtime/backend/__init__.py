@@ -2,7 +2,7 @@
 
 A `Backend` (in _base) is a few small protocols, one object each, named by what tpu_nb does
 with them: `current().process`, `.counters`, `.graphs`, `.syncs`, `.devices`, `.launch`,
-`.profiler`. `TORCH_XLA` (in _torch_xla) is the one implementation, and _torch_xla the only
+`.profiler`. _torch_xla registers the one implementation, torch_xla 2.9's, and is the only
 module of tpu_nb that imports torch_xla. `current()` is the backend in use. docs/backends.md
 maps each method to torch_xla and to TorchTPU; tests/test_backend_contract.py asserts what
 every registered backend must deliver, protocol by protocol.
@@ -29,16 +29,13 @@ from tpu_nb.runtime.backend._base import (
 )
 from tpu_nb.runtime.backend._torch_xla import (
     TORCH_PAIR,
-    TORCH_XLA,
     hash_hex,
     installed_version,
     normal_hash,
-    wait_device_ops,
 )
 
 __all__ = [
     "TORCH_PAIR",
-    "TORCH_XLA",
     "Backend",
     "CounterNames",
     "Counters",
@@ -56,5 +53,4 @@ __all__ = [
     "normal_hash",
     "installed_version",
     "register",
-    "wait_device_ops",
 ]

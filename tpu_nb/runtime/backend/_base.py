@@ -81,9 +81,9 @@ class Process(ABC):
         torch_xla: `_XLAC._xla_runtime_is_initialized()`."""
 
     @abstractmethod
-    def module(self) -> Any:
-        """The backend's Python module, imported on first use; a broken install raises a
-        TpuNbError naming the fix."""
+    def load(self) -> Any:
+        """Import the backend's library (once) and return its module; a broken install
+        raises a TpuNbError naming the fix."""
 
     @abstractmethod
     def compiled_yet(self) -> bool:
@@ -356,7 +356,7 @@ class Profiler(ABC):
 class Backend:
     """The device runtime under tpu_nb: who it is, and one object per protocol, e.g.
     `current().counters.read(names)`. Methods never import the backend's library unless
-    their docstring says they start it (`module`, and everything that touches a device)."""
+    their docstring says they do (`process.load`, and everything that touches a device)."""
 
     #: Short name, e.g. "torch_xla".
     name: str

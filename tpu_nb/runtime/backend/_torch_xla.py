@@ -1,4 +1,4 @@
-"""`TORCH_XLA`: the Backend on torch_xla 2.9, and the one place tpu_nb imports it.
+"""The Backend on torch_xla 2.9, and the one place tpu_nb imports it.
 
 torch_xla is imported lazily, at the first method that needs it, and an import that fails is
 explained (a torch that does not match fails inside the import with an undefined `_XLAC`
@@ -114,7 +114,7 @@ class _Process(Process):
             log.debug("torch_xla's runtime probe failed: %r", exc)
             return False
 
-    def module(self) -> Any:
+    def load(self) -> Any:
         return _import_torch_xla()
 
     def compiled_yet(self) -> bool:
@@ -235,7 +235,7 @@ class _Counters(Counters):
                 # still running (an earlier step) would count after the hook's read and be
                 # cleared with the rest. Waiting for launched work first makes the carry
                 # exact; it adds no sync or execution, and the bridge is compiling meanwhile.
-                wait_device_ops()
+                _SYNCS.wait()
             hook(_RESTORED_BY_BRIDGE if bridge else frozenset(), original)
 
         _clear_xla_counters._carries_counts = True  # type: ignore[attr-defined]
@@ -387,8 +387,7 @@ class _Launch(Launch):
         xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
         if xlac is None:
             return False
-        locked = getattr(xlac, "_xla_get_spmd_config_is_locked", None)
-        return bool(locked()) if locked else _PROCESS.started()
+        return bool(xlac._xla_get_spmd_config_is_locked())
 
     def use_spmd(self) -> None:
         _xr().use_spmd()
@@ -473,14 +472,13 @@ def _explain_import_error(exc: ImportError) -> str:
     return f"import torch_xla failed ({text}). Fix: reinstall the pair: {pair}"
 
 
-_PROCESS = _Process()
 _SYNCS = _Syncs()
-TORCH_XLA = register(
+register(
     Backend(
         name="torch_xla",
         device_type="xla",
         packages=("torch_xla", "torch"),
-        process=_PROCESS,
+        process=_Process(),
         counters=_Counters(),
         graphs=_Graphs(),
         syncs=_SYNCS,
@@ -489,8 +487,3 @@ TORCH_XLA = register(
         profiler=_Profiler(),
     )
 )
-
-
-def wait_device_ops() -> None:
-    """Block until every launched execution has finished (so ExecuteTime is recorded)."""
-    _SYNCS.wait()

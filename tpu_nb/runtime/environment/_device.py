@@ -19,7 +19,7 @@ def device(index: int | None = None):
         )
     ensure_setup()
     runtime = backend()
-    runtime.process.module()  # a broken install is explained before anything else
+    runtime.process.load()  # a broken install is explained before anything else
     if index is not None:
         _check_index(index)
     return runtime.devices.device(index)

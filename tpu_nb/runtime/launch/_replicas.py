@@ -294,7 +294,7 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
     sys.stdout = _ReplicaStreams(sys.__stdout__)
     sys.stderr = _ReplicaStreams(sys.__stderr__)
     runtime = backend()
-    runtime.process.module()
+    runtime.process.load()
     if refuse:
         _refuse_collectives()
     _work[rundir] = (fn, args)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, replace
 from typing import Any, Literal
 
-from tpu_nb.runtime.backend import Backend, wait_device_ops
+from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
@@ -418,7 +418,7 @@ class track:
             else:
                 report.pending = self._left_pending()
         if self._wait:
-            wait_device_ops()
+            current_backend().syncs.wait()
             report.waited = True
 
     def _left_pending(self) -> PendingWork | None:
@@ -563,7 +563,7 @@ def _mark_own_end(events: list[CompileEvent], spans) -> list[CompileEvent]:
 
 def _quiet_wait(report: RunReport) -> None:
     try:
-        wait_device_ops()
+        current_backend().syncs.wait()
         report.waited = True
     except Exception:  # the run already failed; its own error is the one to show
         logging.getLogger("tpu_nb").debug(
