@@ -546,7 +546,7 @@ def test_wait_waits_for_every_execution(b):
 @BACKENDS
 def test_every_sync_goes_through_an_entry_point(b):
     # The probe wraps each entry point once per tracked run; the user's syncs, the backend's
-    # own and tpu_nb's (`sync_function()`) must each pass through one of them.
+    # own and tpu_nb's (`syncs.function()`) must each pass through one of them.
     seen: list[bool] = []
     entries = b.syncs.entry_points()
     originals = [getattr(owner, name) for owner, name, _ in entries]

@@ -7,7 +7,7 @@ Executions, cache hits, syncs, CPU fallbacks and host reads counted so far are w
 Time metrics are not touched (ExecuteTime keeps its samples).
 
 A reset is noticed in one of two ways:
-- seen: the backend's reset itself is wrapped (`intercept_counter_clears`: torch_xla's
+- seen: the backend's reset itself is wrapped (`counters.watch_clears`: torch_xla's
   `_XLAC._clear_xla_counters`, which `torch_xla.debug.metrics.clear_counters` calls), so
   that the counters' values are carried just before it clears them. The wrapper then calls
   the original: torch_xla's own readers see exactly what they saw before. Installed when the
