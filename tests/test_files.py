@@ -313,7 +313,7 @@ def test_log_by_name_where_there_is_no_proc(py, shared_tmp):
         with tpu_nb.track() as report:
             torch.ones(3, device=torch_xla.device()).sum().item()
         from tpu_nb.runtime.backend import current  # in effect, kept from children
-        print("RESULT", current().settings()["PT_XLA_DEBUG_FILE"] == env.debug_file,
+        print("RESULT", current().process.settings()["PT_XLA_DEBUG_FILE"] == env.debug_file,
               len(report.compile_events), report.metrics.compiles)
         """,
         env={"TMPDIR": shared_tmp},

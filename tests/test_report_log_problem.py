@@ -19,7 +19,7 @@ def test_truncated_compile_log_is_said_in_the_report(py, tmp_path):
         with tpu_nb.track() as second:
             b = (torch.ones(5, device=dev) * 3).sum()
             torch_xla.sync()
-            open(current().compile_log_path(), "w").close()     # truncated, mid-cell
+            open(current().process.compile_log_path(), "w").close()     # truncated, mid-cell
             c = (torch.ones(7, device=dev) * 4).sum()
             torch_xla.sync()
         print("FIRST", first.metrics.compiles, len(first.compile_events),

@@ -81,11 +81,11 @@ def test_a_child_process_never_writes_into_the_kernels_compile_log():
         CHILD.format(n=9)
         + "out = subprocess.run([sys.executable, '-c', child_code], capture_output=True, "
         "text=True)\nprint(out.returncode, out.stdout.strip())",
-        "from tpu_nb.runtime.backend import current\nprint(open(current().compile_log_path())"
-        ".read().count('kernel_compiles'), sorted(k for k in os.environ if "
-        "k.startswith('PT_XLA_DEBUG')))\n"
+        "from tpu_nb.runtime.backend import current\n"
+        "print(open(current().process.compile_log_path()).read().count('kernel_compiles'), "
+        "sorted(k for k in os.environ if k.startswith('PT_XLA_DEBUG')))\n"
         # a child's frames are in `python -c`'s file, <string>; the kernel's are its cells'
-        "print('(<str' + 'ing>:' in open(current().compile_log_path()).read())\n"
+        "print('(<str' + 'ing>:' in open(current().process.compile_log_path()).read())\n"
         "import tpu_nb\nprint(len(tpu_nb.last_report().compile_events))",
     )
     execute(nb)

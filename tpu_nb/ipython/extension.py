@@ -120,7 +120,7 @@ class CellWatcher:
 
 
 def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
-    if not backend().is_loaded():
+    if not backend().process.is_loaded():
         return None
     from tpu_nb.runtime.environment import wait_device_ops
     from tpu_nb.runtime.metrics import snapshot
@@ -213,7 +213,7 @@ def load_ipython_extension(shell) -> None:
     from tpu_nb.runtime.environment import install_legacy_names
 
     install_legacy_names()  # old tutorials' names say their replacement
-    if backend().is_loaded():  # else at the first snapshot, once torch_xla is imported
+    if backend().process.is_loaded():  # else at the first snapshot, once torch_xla is imported
         from tpu_nb.runtime.metrics import watch_counter_resets
 
         watch_counter_resets()
@@ -244,7 +244,7 @@ def unload_ipython_extension(shell) -> None:
     uninstall_legacy_names()
     from tpu_nb.runtime.metrics import stop_watching_counter_resets
 
-    if backend().is_loaded():
+    if backend().process.is_loaded():
         stop_watching_counter_resets()  # torch_xla's reset is its own again
     from tpu_nb.runtime.environment import undo_debug_settings
 

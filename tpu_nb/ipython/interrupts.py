@@ -41,7 +41,7 @@ class InterruptNotice:
         self._watch: _Watch | None = None
 
     def pre_run_cell(self, info=None) -> None:
-        if self._watch is None and backend().is_loaded():
+        if self._watch is None and backend().process.is_loaded():
             self._watch = _Watch.start(sys.stdout)
 
     def post_run_cell(self, result=None) -> None:

@@ -329,7 +329,7 @@ class TpuMagics(Magics):
                 print("the previous cell did no XLA work")
                 return
             return display(MetricsView("XLA work of the previous cell", delta=delta))
-        if not backend().is_loaded():
+        if not backend().process.is_loaded():
             print("no XLA work in this kernel yet")
             return
         from tpu_nb.runtime.metrics import MetricsSnapshot, reset_metrics, snapshot

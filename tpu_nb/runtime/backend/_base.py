@@ -1,11 +1,13 @@
 """`Backend`: everything tpu_nb asks of the library that runs PyTorch on the device.
 
 tpu_nb reads facts (counters, compile causes, the pending graph, device and memory figures)
-and asks for a few actions (sync, wait, launch replicas, switch to SPMD). Each is one method
-here, typed and documented by what a user of tpu_nb relies on; tests/test_backend_contract.py
-asserts each of them against every registered backend on the real runtime. The one
-implementation today is `TorchXlaBackend` (torch_xla 2.9); docs/backends.md maps each method
-to TorchTPU's published surface.
+and asks for a few actions (sync, wait, launch replicas, switch to SPMD). They come in small
+protocols named by what tpu_nb does with them: `Process`, `Counters`, `Graphs`, `Syncs`,
+`Devices`, `Launch`, `Profiler`; a `Backend` holds one object of each. Every method is typed
+and documented by what a user of tpu_nb relies on (with the torch_xla fact behind it where the
+name alone does not say); tests/test_backend_contract.py asserts each protocol against every
+registered backend on the real runtime. The one implementation today is torch_xla 2.9's
+(_torch_xla); docs/backends.md maps each method to TorchTPU's published surface.
 
 Nothing here imports the backend's library: a backend imports it when a method first needs
 it, so `import tpu_nb` stays cheap and `detect()` works when the library is broken.
@@ -16,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -65,99 +67,34 @@ class CounterNames:
     once_at_import: str = ""
 
 
-class Backend(ABC):
-    """The device runtime under tpu_nb. Methods never import the backend's library unless
-    their docstring says they start it (`module`, and everything that touches a device)."""
-
-    #: Short name, e.g. "torch_xla".
-    name: str
-    #: `torch.device(...).type` of the backend's tensors, e.g. "xla".
-    device_type: str
-    #: Top-level Python packages whose frames are the backend working (not the user's code).
-    packages: tuple[str, ...]
-    #: Counter and metric names of the facts a MetricsDelta reports.
-    counter_names_of: CounterNames
-    #: Functions of the backend that communicate between replicas (launch may refuse them).
-    collectives: tuple[str, ...]
-    #: Callers whose syncs are the backend's plumbing around a compiled function (syncing its
-    #: inputs, running the work pending before it), not a step of the user's: (path suffix of
-    #: the caller's file, the caller's function name, "" for any function of that file).
-    plumbing_sync_callers: tuple[tuple[str, str], ...]
-    #: Path fragments ("/"-separated) of the backend's torch.compile bridge: a frame there is
-    #: the backend tracing or compiling a function's graph.
-    compiler_paths: tuple[str, ...]
-    #: Path fragments of the backend's device data loaders: time in them is waiting for input.
-    loader_paths: tuple[str, ...]
-
-    # -- loading -----------------------------------------------------------------------------
+class Process(ABC):
+    """The backend in this process: is it imported, has it started, which settings it reads
+    (and latches), where it logs why each graph compiled."""
 
     @abstractmethod
     def is_loaded(self) -> bool:
         """Whether this process has imported the backend's library (never imports it)."""
 
     @abstractmethod
-    def runtime_started(self) -> bool:
-        """Whether the backend's runtime has started in this process (never starts it)."""
+    def started(self) -> bool:
+        """Whether the backend's runtime has started in this process (never starts it).
+        torch_xla: `_XLAC._xla_runtime_is_initialized()`."""
 
     @abstractmethod
-    def module(self) -> Any:
-        """The backend's Python module, imported on first use; a broken install raises a
-        TpuNbError naming the fix."""
-
-    # -- counters and metrics ----------------------------------------------------------------
-
-    @abstractmethod
-    def counter_names(self) -> Sequence[str]:
-        """Names of every counter that has counted at least once (the list only grows until
-        `clear_counters`)."""
-
-    @abstractmethod
-    def read_counters(self, names: Iterable[str]) -> dict[str, int]:
-        """The current value of each named counter; 0 for one that never counted."""
-
-    @abstractmethod
-    def metric_names(self) -> Sequence[str]:
-        """Names of every metric that has a sample."""
-
-    @abstractmethod
-    def metric(self, name: str) -> tuple[int, float] | None:
-        """(samples recorded in all, their total) of one metric; None before its first."""
-
-    @abstractmethod
-    def metric_samples(self, name: str) -> MetricSamples | None:
-        """One metric with the recent samples the backend keeps; None before its first."""
-
-    @abstractmethod
-    def clear_counters(self) -> None:
-        """Set every counter back to zero."""
-
-    @abstractmethod
-    def clear_metrics(self) -> None:
-        """Drop every metric's samples."""
-
-    @abstractmethod
-    def intercept_counter_clears(
-        self, hook: Callable[[frozenset[str], Callable[[], None]], None]
-    ) -> bool:
-        """Route the backend's own counter resets through `hook(restored, clear)`: `restored`
-        names counters the backend puts back after clearing, `clear()` does the reset. Once
-        per process; False when the backend's resets cannot be intercepted."""
-
-    @abstractmethod
-    def release_counter_clears(self) -> None:
-        """Undo `intercept_counter_clears`: the backend's resets are its own again."""
-
-    # -- compile events ----------------------------------------------------------------------
-
-    @abstractmethod
-    def compile_log_path(self) -> str | None:
-        """The file the backend appends one compile-cause block to per uncached compile, or
-        None when compile-cause analysis is off in this process."""
+    def load(self) -> Any:
+        """Import the backend's library (once) and return its module; a broken install
+        raises a TpuNbError naming the fix."""
 
     @abstractmethod
     def compiled_yet(self) -> bool:
         """Whether this process has compiled (or found in a cache) any graph yet; never
         starts the runtime."""
+
+    @abstractmethod
+    def compile_log_path(self) -> str | None:
+        """The file the backend appends one compile-cause block to per uncached compile, or
+        None when compile-cause analysis is off in this process.
+        torch_xla: PT_XLA_DEBUG_LEVEL=1 with PT_XLA_DEBUG_FILE."""
 
     @abstractmethod
     def settings(self) -> dict[str, str]:
@@ -166,26 +103,95 @@ class Backend(ABC):
 
     @abstractmethod
     def hide_latched_settings(self) -> bool:
-        """Once the backend has latched its compile-log settings (at the first compile),
-        take them out of `os.environ`, so that child processes do not inherit this process's
-        log. True once they are latched (out of `os.environ` from then on), False before."""
-
-    # -- the pending graph -------------------------------------------------------------------
+        """Once the backend has latched its compile-log settings, take them out of
+        `os.environ`, so that child processes do not append to this process's log. True once
+        they are latched (out of `os.environ` from then on), False before.
+        torch_xla: PT_XLA_DEBUG_LEVEL/_FILE are read at the process's first compile."""
 
     @abstractmethod
-    def graph_text(self, tensors: Sequence[Any]) -> str:
+    def source_lines(self) -> bool:
+        """Whether new graph nodes record the Python line that made them.
+        torch_xla: `_XLAC._get_ir_debug()` (XLA_IR_DEBUG)."""
+
+    @abstractmethod
+    def set_source_lines(self, enabled: bool) -> None:
+        """Switch recording graph nodes' Python lines on or off for nodes traced from now on.
+        torch_xla: `_XLAC._set_ir_debug`."""
+
+
+class Counters(ABC):
+    """Event counters and time metrics: what a `MetricsDelta` is made of."""
+
+    #: Which counter or metric stands for each fact a MetricsDelta reports.
+    facts: CounterNames
+
+    @abstractmethod
+    def names(self) -> Sequence[str]:
+        """Names of every counter that has counted at least once (the list only grows until
+        `clear`)."""
+
+    @abstractmethod
+    def read(self, names: Iterable[str]) -> dict[str, int]:
+        """The current value of each named counter; 0 for one that never counted."""
+
+    @abstractmethod
+    def reader(self) -> Callable[[str], int | None]:
+        """A function reading one counter (0 or None before it first counted), cheap enough
+        for a hook that runs at every sync and device read; imports the backend.
+        torch_xla: `_XLAC._xla_counter_value` itself."""
+
+    @abstractmethod
+    def metric_names(self) -> Sequence[str]:
+        """Names of every time metric that has a sample."""
+
+    @abstractmethod
+    def metric(self, name: str) -> MetricSamples | None:
+        """One time metric with the recent samples the backend keeps; None before its
+        first. torch_xla: `_XLAC._xla_metric_data`."""
+
+    @abstractmethod
+    def fallbacks(self) -> list[str]:
+        """Ops this process has run on the CPU instead of the device so far.
+        torch_xla: `_XLAC._get_executed_fallback_ops()`."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Set every counter back to zero (not routed to a `watch_clears` hook)."""
+
+    @abstractmethod
+    def clear_metrics(self) -> None:
+        """Drop every time metric's samples."""
+
+    @abstractmethod
+    def watch_clears(self, hook: Callable[[frozenset[str], Callable[[], None]], None]) -> bool:
+        """Route the backend's own counter resets through `hook(restored, clear)`: `restored`
+        names counters the backend puts back after clearing, `clear()` does the reset. Once
+        per process; False when the backend's resets cannot be intercepted.
+        torch_xla: its Dynamo bridge calls `debug.metrics.clear_counters()` mid-compile."""
+
+    @abstractmethod
+    def unwatch_clears(self) -> None:
+        """Undo `watch_clears`: the backend's resets are its own again."""
+
+
+class Graphs(ABC):
+    """The pending graph (what the next sync compiles and runs), and the backend's own count
+    of distinct graphs per step (what `max_graphs` falls back on)."""
+
+    @abstractmethod
+    def text(self, tensors: Sequence[Any]) -> str:
         """The IR text of the graph that computes `tensors` at the next sync."""
 
     @abstractmethod
-    def graph_hash(self, tensors: Sequence[Any]) -> str:
-        """A hash of that graph, hex: the same graph gives the same hash."""
+    def hash(self, tensors: Sequence[Any]) -> str:
+        """A hash of that graph, 32 hex digits: the same graph gives the same hash."""
 
     @abstractmethod
-    def graph_hlo(self, tensors: Sequence[Any]) -> str:
+    def hlo(self, tensors: Sequence[Any]) -> str:
         """That graph lowered to HLO module text."""
 
     @abstractmethod
-    def graph_hlo_proto(self, tensors: Sequence[Any]) -> bytes:
+    def hlo_proto(self, tensors: Sequence[Any]) -> bytes:
         """That graph lowered to a serialized HloModuleProto (with its stack-frame index)."""
 
     @abstractmethod
@@ -193,112 +199,108 @@ class Backend(ABC):
         """Whether the tensor has operations waiting for a sync (not only device data)."""
 
     @abstractmethod
-    def fallback_ops(self) -> list[str]:
-        """Ops this process has run on the CPU instead of the device so far."""
+    def limit(self) -> int:
+        """How many different graphs may be counted under one name before the next one
+        raises (RuntimeError at that trace). Imports the backend.
+        torch_xla: the dynamic-shape detector behind `compile(max_different_graphs=)`."""
 
     @abstractmethod
-    def ir_debug(self) -> bool:
-        """Whether new IR nodes record the Python line that made them."""
+    def set_limit(self, limit: int) -> None:
+        """Set `limit` (1 to 10 000)."""
 
     @abstractmethod
-    def set_ir_debug(self, enabled: bool) -> None:
-        """Switch recording IR nodes' Python lines on or off for nodes traced from now on."""
-
-    # -- device, memory, sync ----------------------------------------------------------------
-
-    @abstractmethod
-    def device(self, index: int | None = None) -> Any:
-        """The torch.device of the default device, or of device `index`; starts the runtime."""
+    def start_counting(self, name: str) -> None:
+        """Count the graphs traced from now on under `name`: one traced under a name that
+        already counted `limit` different graphs raises. torch_xla: a detector session."""
 
     @abstractmethod
-    def addressable_device_count(self) -> int:
-        """Devices this process can address (under SPMD: one virtual device)."""
+    def stop_counting(self) -> None:
+        """Stop counting under the open name (the name keeps its graphs)."""
 
     @abstractmethod
-    def supported_devices(self) -> list[str]:
-        """Names of this process's devices, e.g. ['xla:0', 'xla:1']."""
+    def forget_counted(self, name: str) -> None:
+        """Drop the graphs counted under `name`."""
 
-    @abstractmethod
-    def device_kind(self) -> str:
-        """The hardware kind of the devices: "CPU", "TPU"."""
 
-    @abstractmethod
-    def memory(self, device: str) -> DeviceMemory:
-        """Device memory figures; raises where the device does not report them (XLA:CPU)."""
+class Syncs(ABC):
+    """Syncs, and where tpu_nb's interception layer (tracking's probe) sees them."""
+
+    #: Callers whose syncs are the backend's plumbing around a compiled function (syncing its
+    #: inputs, running the work pending before it), not a step of the user's: (path suffix of
+    #: the caller's file, the caller's function name, "" for any function of that file).
+    plumbing_callers: tuple[tuple[str, str], ...]
+    #: Path fragments ("/"-separated) of the backend's torch.compile bridge: a frame there is
+    #: the backend tracing or compiling a function's graph.
+    compiler_paths: tuple[str, ...]
+    #: Path fragments of the backend's device data loaders: time in them is waiting for input.
+    loader_paths: tuple[str, ...]
 
     @abstractmethod
     def sync(self) -> None:
         """Compile (or find in the cache) and launch the pending graph."""
 
     @abstractmethod
-    def wait_device_ops(self) -> None:
-        """Block until every launched execution has finished (its times are then recorded)."""
+    def wait(self) -> None:
+        """Block until every launched execution has finished (its times are then recorded).
+        torch_xla: `xm.wait_device_ops()`."""
 
     @abstractmethod
-    def after_next_sync(self, callback: Callable[[], None]) -> None:
-        """Run `callback()` once, after the next sync launches its graph."""
-
-    # -- where tpu_nb's interception layer (tracking's probe) looks ---------------------------
-
-    @abstractmethod
-    def counter_reader(self) -> Callable[[str], int | None]:
-        """A function reading one counter (0 or None before it first counted), cheap enough
-        for a hook that runs at every sync and device read; imports the backend."""
+    def after_next(self, callback: Callable[[], None]) -> None:
+        """Run `callback()` once, after the next sync launches its graph.
+        torch_xla: `xm.add_step_closure`."""
 
     @abstractmethod
-    def sync_entry_points(self) -> tuple[tuple[Any, str, bool], ...]:
-        """Every function that syncs, as (namespace, attribute name, inner) for a hook to
-        wrap; `inner`: the one the backend's compiled-function wrapper calls (its syncs run
-        the function's graph, or the work pending before it). Imports the backend."""
-
-    @abstractmethod
-    def sync_function(self) -> Callable[[], None]:
+    def function(self) -> Callable[[], None]:
         """The function `sync()` calls, as it is now (wrapped while syncs are hooked): tpu_nb's
         own syncs call it themselves, so a hook sees their caller's frame. Imports the
         backend."""
+
+    @abstractmethod
+    def entry_points(self) -> tuple[tuple[Any, str, bool], ...]:
+        """Every function that syncs, as (namespace, attribute name, inner) for a hook to
+        wrap; `inner`: the one the backend's compiled-function wrapper calls (its syncs run
+        the function's graph, or the work pending before it). Imports the backend.
+        torch_xla: `torch_xla.sync` and `torch_xla.torch_xla`'s global `sync`."""
 
     @abstractmethod
     def loader_iterators(self) -> tuple[type, ...]:
         """Iterator classes of the backend's device data loaders, among the modules already
         imported (never imports one): each `__next__` call hands out one batch."""
 
-    # -- the backend's own check of distinct graphs per step (each imports the backend) -------
+
+class Devices(ABC):
+    """The devices of this process and their memory."""
 
     @abstractmethod
-    def graph_limit(self) -> int:
-        """How many different graphs one graph session may trace before the next one raises
-        (RuntimeError at that trace)."""
+    def device(self, index: int | None = None) -> Any:
+        """The torch.device of the default device, or of device `index`; starts the runtime."""
 
     @abstractmethod
-    def set_graph_limit(self, limit: int) -> None:
-        """Set `graph_limit` (1 to 10 000)."""
+    def count(self) -> int:
+        """Devices this process can address (under SPMD: one virtual device)."""
 
     @abstractmethod
-    def start_graph_session(self, name: str) -> None:
-        """Count the graphs traced from now on under `name`: one traced under a name that
-        already saw `graph_limit` different graphs raises."""
+    def global_count(self) -> int:
+        """Devices across every host of the runtime; starts the runtime."""
 
     @abstractmethod
-    def end_graph_session(self) -> None:
-        """Stop counting graphs under the open session's name (it keeps its graphs)."""
+    def names(self) -> list[str]:
+        """Names of this process's devices, e.g. ['xla:0', 'xla:1']."""
 
     @abstractmethod
-    def forget_graph_session(self, name: str) -> None:
-        """Drop the graphs remembered under `name`."""
-
-    # -- profiler ----------------------------------------------------------------------------
+    def kind(self) -> str:
+        """The hardware kind of the devices: "CPU", "TPU"."""
 
     @abstractmethod
-    def start_trace(self, logdir: str) -> None:
-        """Start the backend's profiler, writing into `logdir` (imports the backend); raises
-        when it cannot (one already tracing)."""
+    def memory(self, device: str) -> DeviceMemory:
+        """Device memory figures; raises where the device does not report them (XLA:CPU)."""
 
-    @abstractmethod
-    def stop_trace(self) -> None:
-        """Stop the profiler: its trace (`*.trace.json.gz`, Chrome trace events) is then
-        under the logdir."""
 
-    # -- multi-device ------------------------------------------------------------------------
+class Launch(ABC):
+    """More than one device: replicas forked from this process, or one SPMD program."""
+
+    #: Functions of the backend that communicate between replicas (launch may refuse them).
+    collectives: tuple[str, ...]
 
     @abstractmethod
     def spawn(self, fn: Callable[..., None], args: tuple) -> None:
@@ -306,12 +308,8 @@ class Backend(ABC):
         work); returns when every replica has ended."""
 
     @abstractmethod
-    def global_ordinal(self) -> int:
+    def ordinal(self) -> int:
         """This replica's rank among all replicas (0 outside a launch)."""
-
-    @abstractmethod
-    def world_size(self) -> int:
-        """How many replicas take part (1 outside a launch)."""
 
     @abstractmethod
     def block_collectives(self, refusal: Callable[[str], Callable[..., Any]]) -> None:
@@ -332,10 +330,6 @@ class Backend(ABC):
         """Switch this process to SPMD; call before the first device work."""
 
     @abstractmethod
-    def global_device_count(self) -> int:
-        """Devices across every host of the runtime; starts the runtime."""
-
-    @abstractmethod
     def mesh(self, devices: int, shape: tuple[int, int], axes: tuple[str, str]) -> Any:
         """A logical mesh of `devices` devices in `shape`, axes named `axes` (SPMD)."""
 
@@ -344,11 +338,45 @@ class Backend(ABC):
         """Annotate `tensor` to be sharded over `mesh` by `spec`; returns it."""
 
 
+class Profiler(ABC):
+    """The backend's profiler, drawn by `tpu_nb.profile`."""
+
+    @abstractmethod
+    def start(self, logdir: str) -> None:
+        """Start tracing into `logdir` (imports the backend); raises when it cannot (one
+        already tracing)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop tracing: its trace (`*.trace.json.gz`, Chrome trace events) is then under
+        the logdir."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The device runtime under tpu_nb: who it is, and one object per protocol, e.g.
+    `current().counters.read(names)`. Methods never import the backend's library unless
+    their docstring says they do (`process.load`, and everything that touches a device)."""
+
+    #: Short name, e.g. "torch_xla".
+    name: str
+    #: `torch.device(...).type` of the backend's tensors, e.g. "xla".
+    device_type: str
+    #: Top-level Python packages whose frames are the backend working (not the user's code).
+    packages: tuple[str, ...]
+    process: Process
+    counters: Counters
+    graphs: Graphs
+    syncs: Syncs
+    devices: Devices
+    launch: Launch
+    profiler: Profiler
+
+
 _registered: list[Backend] = []
-_B = TypeVar("_B", bound=Backend)
 
 
-def register(backend: _B) -> _B:
+def register(backend: Backend) -> Backend:
     """Add a backend; the first registered is the one tpu_nb uses (`current()`)."""
     if all(b.name != backend.name for b in _registered):
         _registered.append(backend)

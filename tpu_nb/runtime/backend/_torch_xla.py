@@ -1,10 +1,10 @@
-"""`TorchXlaBackend`: the Backend on torch_xla 2.9, and the one place tpu_nb imports it.
+"""The Backend on torch_xla 2.9, and the one place tpu_nb imports it.
 
 torch_xla is imported lazily, at the first method that needs it, and an import that fails is
 explained (a torch that does not match fails inside the import with an undefined `_XLAC`
 symbol; XLA:GPU requests fail later with a PJRT plugin error): both become a TpuNbError that
-names the fix. Methods that must answer without importing it (`is_loaded`,
-`runtime_started`, `compiled_yet`, `spmd_locked`) look only at `sys.modules`.
+names the fix. Methods that must answer without importing it (`is_loaded`, `started`,
+`compiled_yet`, `spmd_active`, `spmd_locked`) look only at `sys.modules`.
 
 Counters and metrics are read straight from `torch_xla._XLAC` (what `torch_xla.debug.metrics`
 wraps): all of them cost ~13 µs, while `metrics_report()` text costs ~100 µs.
@@ -23,8 +23,15 @@ from typing import Any
 from tpu_nb.runtime.backend._base import (
     Backend,
     CounterNames,
+    Counters,
     DeviceMemory,
+    Devices,
+    Graphs,
+    Launch,
     MetricSamples,
+    Process,
+    Profiler,
+    Syncs,
     register,
 )
 from tpu_nb.runtime.errors import EnvironmentProblem
@@ -51,11 +58,112 @@ def installed_version(dist: str) -> str | None:
         return None
 
 
-class TorchXlaBackend(Backend):
-    name = "torch_xla"
-    device_type = "xla"
-    packages = ("torch_xla", "torch")
-    counter_names_of = CounterNames(
+def _import_torch_xla() -> Any:
+    """torch_xla, imported on first use; a failed import is explained (EnvironmentProblem)."""
+    module = sys.modules.get("torch_xla")
+    if module is not None and hasattr(module, "_XLAC"):
+        return module
+    _refuse_gpu()
+    try:
+        import torch_xla
+    except ImportError as exc:  # undefined symbol, missing package, broken install
+        raise EnvironmentProblem(_explain_import_error(exc)) from None
+    return torch_xla
+
+
+_xlac: Any = None  # torch_xla._XLAC once imported: hooks reach it at every sync
+
+
+def _extension() -> Any:
+    """`torch_xla._XLAC`, the C++ extension (counters, metrics, graph dumps)."""
+    global _xlac
+    if _xlac is None:
+        _xlac = _import_torch_xla()._XLAC
+    return _xlac
+
+
+def _xla_model() -> Any:
+    _import_torch_xla()
+    from torch_xla.core import xla_model
+
+    return xla_model
+
+
+def _xr() -> Any:
+    _import_torch_xla()
+    import torch_xla.runtime as xr
+
+    return xr
+
+
+class _Process(Process):
+    def __init__(self) -> None:
+        self._logging_to: set[str] = set()  # compile-cause files answered so far
+        # PT_XLA_DEBUG_* taken out of os.environ after torch_xla latched them (still in effect).
+        self._hidden: dict[str, str] = {}
+
+    def is_loaded(self) -> bool:
+        return "torch_xla" in sys.modules
+
+    def started(self) -> bool:
+        xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
+        probe = getattr(xlac, "_xla_runtime_is_initialized", None)
+        try:
+            return bool(probe()) if probe else False
+        except Exception as exc:  # a half-imported torch_xla: "not started", leave a trace
+            log.debug("torch_xla's runtime probe failed: %r", exc)
+            return False
+
+    def load(self) -> Any:
+        return _import_torch_xla()
+
+    def compiled_yet(self) -> bool:
+        if not self.started():
+            return False
+        value = sys.modules["torch_xla"]._XLAC._xla_counter_value
+        return bool(value("UncachedCompile") or value("CachedCompile"))
+
+    def compile_log_path(self) -> str | None:
+        # A file once answered stays the answer while PT_XLA_DEBUG_FILE names it: torch_xla
+        # latched the level at its first compile. Once hidden from child processes, the
+        # latched values are the ones in effect.
+        hidden = self._hidden
+        path = hidden.get("PT_XLA_DEBUG_FILE") or os.environ.get("PT_XLA_DEBUG_FILE")
+        if not path:
+            return None
+        if path not in self._logging_to:
+            level = hidden.get("PT_XLA_DEBUG_LEVEL") or os.environ.get("PT_XLA_DEBUG_LEVEL")
+            if (level or "0").strip() in ("", "0"):
+                return None
+            self._logging_to.add(path)
+        return path
+
+    def settings(self) -> dict[str, str]:
+        return {**os.environ, **self._hidden} if self._hidden else dict(os.environ)
+
+    def hide_latched_settings(self) -> bool:
+        # Until the first compile they must stay in the environment. A child process
+        # (subprocess.run of a script that imports torch_xla) inherits the environment: with
+        # the variables still there, it would append its own compile analysis to this
+        # process's log (it can open /proc/<our pid>/fd/N: same user), and into a tracked
+        # cell's report.
+        if not self.compiled_yet():
+            return False
+        for name in _LATCHED_AT_COMPILE:
+            value = os.environ.pop(name, None)
+            if value is not None:
+                self._hidden[name] = value
+        return True
+
+    def source_lines(self) -> bool:
+        return bool(_extension()._get_ir_debug())
+
+    def set_source_lines(self, enabled: bool) -> None:
+        _extension()._set_ir_debug(enabled)
+
+
+class _Counters(Counters):
+    facts = CounterNames(
         compiles="UncachedCompile",
         cache_hits="CachedCompile",
         executions=("ExecuteComputation", "ExecuteReplicated"),
@@ -73,6 +181,174 @@ class TorchXlaBackend(Backend):
         once_at_import="RegisterXLAFunctions",
         tensors_destroyed="DestroyXlaTensor",
     )
+
+    def names(self) -> Sequence[str]:
+        return _extension()._xla_counter_names()
+
+    def read(self, names: Iterable[str]) -> dict[str, int]:
+        value = _extension()._xla_counter_value
+        return {n: value(n) or 0 for n in names}
+
+    def reader(self) -> Callable[[str], int | None]:
+        return _extension()._xla_counter_value
+
+    def metric_names(self) -> Sequence[str]:
+        return _extension()._xla_metric_names()
+
+    def metric(self, name: str) -> MetricSamples | None:
+        data = _extension()._xla_metric_data(name)
+        if data is None:
+            return None
+        # torch_xla hands out a tuple of (timestamp, value) float pairs: kept as they are (the
+        # step anatomy reads the buffers every 48 syncs)
+        samples = data[2] if type(data[2]) is tuple else tuple(map(tuple, data[2]))
+        return MetricSamples(int(data[0]), float(data[1]), samples)
+
+    def fallbacks(self) -> list[str]:
+        return _extension()._get_executed_fallback_ops()  # a new list at each call
+
+    def clear(self) -> None:
+        clear = _extension()._clear_xla_counters
+        getattr(clear, "__wrapped__", clear)()  # tpu_nb's own reset: not routed to the hook
+
+    def clear_metrics(self) -> None:
+        _extension()._clear_xla_metrics()
+
+    def watch_clears(self, hook: Callable[[frozenset[str], Callable[[], None]], None]) -> bool:
+        # The C++ entry point itself is wrapped, not `torch_xla.debug.metrics.clear_counters`:
+        # that function looks `_XLAC._clear_xla_counters` up at each call, so a reset through
+        # it (also one imported by name before tpu_nb loaded) or straight through `_XLAC`
+        # reaches the hook either way.
+        xlac = _extension()
+        original = xlac._clear_xla_counters
+        if getattr(original, "_carries_counts", False):
+            return True
+
+        @functools.wraps(original)
+        def _clear_xla_counters():
+            caller = sys._getframe(1)
+            if caller.f_globals.get("__name__") == _METRICS_MODULE and caller.f_back:
+                caller = caller.f_back  # through torch_xla.debug.metrics.clear_counters
+            bridge = caller.f_globals.get("__name__") == _BRIDGE
+            if bridge:
+                # torch_xla counts an execution on its execution thread once it has run: one
+                # still running (an earlier step) would count after the hook's read and be
+                # cleared with the rest. Waiting for launched work first makes the carry
+                # exact; it adds no sync or execution, and the bridge is compiling meanwhile.
+                _SYNCS.wait()
+            hook(_RESTORED_BY_BRIDGE if bridge else frozenset(), original)
+
+        _clear_xla_counters._carries_counts = True  # type: ignore[attr-defined]
+        xlac._clear_xla_counters = _clear_xla_counters
+        return True
+
+    def unwatch_clears(self) -> None:
+        xlac = _extension()
+        wrapped = getattr(xlac._clear_xla_counters, "__wrapped__", None)
+        if wrapped is not None:
+            xlac._clear_xla_counters = wrapped
+
+
+class _Graphs(Graphs):
+    def text(self, tensors: Sequence[Any]) -> str:
+        return _extension()._get_xla_tensors_text(list(tensors))
+
+    def hash(self, tensors: Sequence[Any]) -> str:
+        return hash_hex(_extension()._get_graph_hash(list(tensors)))
+
+    def hlo(self, tensors: Sequence[Any]) -> str:
+        return _extension()._get_xla_tensors_hlo(list(tensors))
+
+    def hlo_proto(self, tensors: Sequence[Any]) -> bytes:
+        return _extension()._get_xla_tensors_hlo_proto(list(tensors))
+
+    def is_pending(self, tensor: Any) -> bool:
+        # ~2 µs: torch_xla's debug line for the tensor's IR value.
+        info = _extension()._get_xla_tensor_debug_info(tensor)
+        ir = next((line[4:] for line in info.splitlines() if line.startswith("IR: ")), "None")
+        return ir != "None" and "xla::device_data" not in ir
+
+    # The dynamic-shape detector (torch_xla.compile(max_different_graphs=)): a session per name.
+
+    def limit(self) -> int:
+        return int(_extension()._dynamic_shape_detector_get_max_different_graphs())
+
+    def set_limit(self, limit: int) -> None:
+        _extension()._dynamic_shape_detector_set_max_different_graphs(limit)
+
+    def start_counting(self, name: str) -> None:
+        _extension()._dynamic_shape_detector_start_session(name)
+
+    def stop_counting(self) -> None:
+        _extension()._dynamic_shape_detector_end_session()
+
+    def forget_counted(self, name: str) -> None:
+        _extension()._dynamic_shape_detector_remove_session(name)
+
+
+class _Syncs(Syncs):
+    # torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the
+    # work pending before the function.
+    plumbing_callers = (
+        ("torch_xla/_dynamo/dynamo_bridge.py", ""),
+        ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile"),
+    )
+    compiler_paths = ("torch_xla/_dynamo/",)
+    loader_paths = ("torch_xla/distributed/parallel_loader",)
+
+    def __init__(self) -> None:
+        self._add_step_closure: Any = None  # looked up once: hooks call it at every sync
+
+    def sync(self) -> None:
+        _import_torch_xla().sync()
+
+    def wait(self) -> None:
+        _xla_model().wait_device_ops()
+
+    def after_next(self, callback: Callable[[], None]) -> None:
+        add = self._add_step_closure
+        if add is None:
+            add = self._add_step_closure = _xla_model().add_step_closure
+        add(callback)
+
+    def function(self) -> Callable[[], None]:
+        return _import_torch_xla().sync
+
+    def entry_points(self) -> tuple[tuple[Any, str, bool], ...]:
+        torch_xla = _import_torch_xla()
+        # torch_xla.compile(fn) syncs through its own module's global (before fn: the inputs'
+        # pending work; after: fn's graph), the same function as torch_xla.sync.
+        inner = sys.modules["torch_xla.torch_xla"]
+        return ((torch_xla, "sync", False), (inner, "sync", True))
+
+    def loader_iterators(self) -> tuple[type, ...]:
+        parallel = sys.modules.get("torch_xla.distributed.parallel_loader")  # never imports it
+        found = getattr(parallel, "PerDeviceLoader", None)
+        return (found,) if isinstance(found, type) else ()
+
+
+class _Devices(Devices):
+    def device(self, index: int | None = None) -> Any:
+        return _import_torch_xla().device(index)
+
+    def count(self) -> int:
+        xr = _xr()
+        return 1 if xr.is_spmd() else xr.addressable_runtime_device_count()
+
+    def global_count(self) -> int:
+        return int(_xr().global_runtime_device_count())
+
+    def names(self) -> list[str]:
+        return list(_xla_model().get_xla_supported_devices())
+
+    def kind(self) -> str:
+        return str(_xr().device_type())
+
+    def memory(self, device: str) -> DeviceMemory:
+        return memory_from_info(_extension()._xla_memory_info(device))
+
+
+class _Launch(Launch):
     # torch_xla.core.xla_model functions that communicate between replicas.
     collectives = (
         "all_reduce",
@@ -89,308 +365,15 @@ class TorchXlaBackend(Backend):
         "xla_rendezvous",
     )
 
-    # torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the
-    # work pending before the function.
-    plumbing_sync_callers = (
-        ("torch_xla/_dynamo/dynamo_bridge.py", ""),
-        ("torch_xla/torch_xla.py", "_clear_pending_ops_before_compile"),
-    )
-    compiler_paths = ("torch_xla/_dynamo/",)
-    loader_paths = ("torch_xla/distributed/parallel_loader",)
-
-    def __init__(self) -> None:
-        self._logging_to: set[str] = set()  # compile-cause files answered so far
-        # Looked up once torch_xla is imported: hooks call these at every sync.
-        self._xlac: Any = None
-        self._add_step_closure: Any = None
-        # PT_XLA_DEBUG_* taken out of os.environ after torch_xla latched them (still in effect).
-        self._hidden: dict[str, str] = {}
-
-    # -- loading -----------------------------------------------------------------------------
-
-    def is_loaded(self) -> bool:
-        return "torch_xla" in sys.modules
-
-    def runtime_started(self) -> bool:
-        xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
-        probe = getattr(xlac, "_xla_runtime_is_initialized", None)
-        try:
-            return bool(probe()) if probe else False
-        except Exception as exc:  # a half-imported torch_xla: "not started", leave a trace
-            log.debug("torch_xla's runtime probe failed: %r", exc)
-            return False
-
-    def module(self) -> Any:
-        module = sys.modules.get("torch_xla")
-        if module is not None and hasattr(module, "_XLAC"):
-            return module
-        _refuse_gpu()
-        try:
-            import torch_xla
-        except ImportError as exc:  # undefined symbol, missing package, broken install
-            raise EnvironmentProblem(_explain_import_error(exc)) from None
-        return torch_xla
-
-    def extension(self) -> Any:
-        """`torch_xla._XLAC`, the C++ extension (counters, metrics, graph dumps)."""
-        xlac = self._xlac
-        if xlac is None:
-            xlac = self._xlac = self.module()._XLAC
-        return xlac
-
-    # -- counters and metrics ----------------------------------------------------------------
-
-    def counter_names(self) -> Sequence[str]:
-        return self.extension()._xla_counter_names()
-
-    def read_counters(self, names: Iterable[str]) -> dict[str, int]:
-        value = self.extension()._xla_counter_value
-        return {n: value(n) or 0 for n in names}
-
-    def metric_names(self) -> Sequence[str]:
-        return self.extension()._xla_metric_names()
-
-    def metric(self, name: str) -> tuple[int, float] | None:
-        data = self.extension()._xla_metric_data(name)
-        return None if data is None else (int(data[0]), float(data[1]))
-
-    def metric_samples(self, name: str) -> MetricSamples | None:
-        data = self.extension()._xla_metric_data(name)
-        if data is None:
-            return None
-        # torch_xla hands out a tuple of (timestamp, value) float pairs: kept as they are (the
-        # step anatomy reads the buffers every 48 syncs)
-        samples = data[2] if type(data[2]) is tuple else tuple(map(tuple, data[2]))
-        return MetricSamples(int(data[0]), float(data[1]), samples)
-
-    def clear_counters(self) -> None:
-        clear = self.extension()._clear_xla_counters
-        getattr(clear, "__wrapped__", clear)()  # tpu_nb's own reset: not routed to the hook
-
-    def clear_metrics(self) -> None:
-        self.extension()._clear_xla_metrics()
-
-    def intercept_counter_clears(
-        self, hook: Callable[[frozenset[str], Callable[[], None]], None]
-    ) -> bool:
-        # The C++ entry point itself is wrapped, not `torch_xla.debug.metrics.clear_counters`:
-        # that function looks `_XLAC._clear_xla_counters` up at each call, so a reset through
-        # it (also one imported by name before tpu_nb loaded) or straight through `_XLAC`
-        # reaches the hook either way.
-        xlac = self.extension()
-        original = xlac._clear_xla_counters
-        if getattr(original, "_carries_counts", False):
-            return True
-
-        @functools.wraps(original)
-        def _clear_xla_counters():
-            caller = sys._getframe(1)
-            if caller.f_globals.get("__name__") == _METRICS_MODULE and caller.f_back:
-                caller = caller.f_back  # through torch_xla.debug.metrics.clear_counters
-            bridge = caller.f_globals.get("__name__") == _BRIDGE
-            if bridge:
-                # torch_xla counts an execution on its execution thread once it has run: one
-                # still running (an earlier step) would count after the hook's read and be
-                # cleared with the rest. Waiting for launched work first makes the carry
-                # exact; it adds no sync or execution, and the bridge is compiling meanwhile.
-                self.wait_device_ops()
-            hook(_RESTORED_BY_BRIDGE if bridge else frozenset(), original)
-
-        _clear_xla_counters._carries_counts = True  # type: ignore[attr-defined]
-        xlac._clear_xla_counters = _clear_xla_counters
-        return True
-
-    def release_counter_clears(self) -> None:
-        xlac = self.extension()
-        wrapped = getattr(xlac._clear_xla_counters, "__wrapped__", None)
-        if wrapped is not None:
-            xlac._clear_xla_counters = wrapped
-
-    # -- compile events ----------------------------------------------------------------------
-
-    def compile_log_path(self) -> str | None:
-        # PT_XLA_DEBUG_LEVEL=1 and PT_XLA_DEBUG_FILE. A file once answered stays the answer
-        # while PT_XLA_DEBUG_FILE names it: torch_xla latched the level at its first compile.
-        # Once hidden from child processes, the latched values are the ones in effect.
-        hidden = self._hidden
-        path = hidden.get("PT_XLA_DEBUG_FILE") or os.environ.get("PT_XLA_DEBUG_FILE")
-        if not path:
-            return None
-        if path not in self._logging_to:
-            level = hidden.get("PT_XLA_DEBUG_LEVEL") or os.environ.get("PT_XLA_DEBUG_LEVEL")
-            if (level or "0").strip() in ("", "0"):
-                return None
-            self._logging_to.add(path)
-        return path
-
-    def compiled_yet(self) -> bool:
-        if not self.runtime_started():
-            return False
-        value = sys.modules["torch_xla"]._XLAC._xla_counter_value
-        return bool(value("UncachedCompile") or value("CachedCompile"))
-
-    def settings(self) -> dict[str, str]:
-        return {**os.environ, **self._hidden} if self._hidden else dict(os.environ)
-
-    def hide_latched_settings(self) -> bool:
-        # torch_xla reads PT_XLA_DEBUG_LEVEL/_FILE once, at its first compile; until then they
-        # must stay in the environment. A child process (subprocess.run of a script that
-        # imports torch_xla) inherits the environment: with the variables still there, it
-        # would append its own compile analysis to this process's log (it can open
-        # /proc/<our pid>/fd/N: same user), and into a tracked cell's report.
-        if not self.compiled_yet():
-            return False
-        for name in _LATCHED_AT_COMPILE:
-            value = os.environ.pop(name, None)
-            if value is not None:
-                self._hidden[name] = value
-        return True
-
-    # -- the pending graph -------------------------------------------------------------------
-
-    def graph_text(self, tensors: Sequence[Any]) -> str:
-        return self.extension()._get_xla_tensors_text(list(tensors))
-
-    def graph_hash(self, tensors: Sequence[Any]) -> str:
-        return hash_hex(self.extension()._get_graph_hash(list(tensors)))
-
-    def graph_hlo(self, tensors: Sequence[Any]) -> str:
-        return self.extension()._get_xla_tensors_hlo(list(tensors))
-
-    def graph_hlo_proto(self, tensors: Sequence[Any]) -> bytes:
-        return self.extension()._get_xla_tensors_hlo_proto(list(tensors))
-
-    def is_pending(self, tensor: Any) -> bool:
-        # ~2 µs: torch_xla's debug line for the tensor's IR value.
-        info = self.extension()._get_xla_tensor_debug_info(tensor)
-        ir = next((line[4:] for line in info.splitlines() if line.startswith("IR: ")), "None")
-        return ir != "None" and "xla::device_data" not in ir
-
-    def fallback_ops(self) -> list[str]:
-        return self.extension()._get_executed_fallback_ops()  # a new list at each call
-
-    def ir_debug(self) -> bool:
-        return bool(self.extension()._get_ir_debug())
-
-    def set_ir_debug(self, enabled: bool) -> None:
-        self.extension()._set_ir_debug(enabled)
-
-    # -- device, memory, sync ----------------------------------------------------------------
-
-    def device(self, index: int | None = None) -> Any:
-        return self.module().device(index)
-
-    def addressable_device_count(self) -> int:
-        import torch_xla.runtime as xr
-
-        return 1 if xr.is_spmd() else xr.addressable_runtime_device_count()
-
-    def supported_devices(self) -> list[str]:
-        self.module()
-        from torch_xla.core import xla_model
-
-        return list(xla_model.get_xla_supported_devices())
-
-    def device_kind(self) -> str:
-        self.module()
-        import torch_xla.runtime as xr
-
-        return str(xr.device_type())
-
-    def memory(self, device: str) -> DeviceMemory:
-        return memory_from_info(self.extension()._xla_memory_info(device))
-
-    def sync(self) -> None:
-        self.module().sync()
-
-    def wait_device_ops(self) -> None:
-        self.module()
-        import torch_xla.core.xla_model as xm
-
-        xm.wait_device_ops()
-
-    def after_next_sync(self, callback: Callable[[], None]) -> None:
-        add = self._add_step_closure
-        if add is None:
-            self.module()
-            from torch_xla.core import xla_model
-
-            add = self._add_step_closure = xla_model.add_step_closure
-        add(callback)
-
-    # -- where tpu_nb's interception layer looks ---------------------------------------------
-
-    def counter_reader(self) -> Callable[[str], int | None]:
-        return self.extension()._xla_counter_value
-
-    def sync_entry_points(self) -> tuple[tuple[Any, str, bool], ...]:
-        torch_xla = self.module()
-        # torch_xla.compile(fn) syncs through its own module's global (before fn: the inputs'
-        # pending work; after: fn's graph), the same function as torch_xla.sync.
-        inner = sys.modules["torch_xla.torch_xla"]
-        return ((torch_xla, "sync", False), (inner, "sync", True))
-
-    def sync_function(self) -> Callable[[], None]:
-        return self.module().sync
-
-    def loader_iterators(self) -> tuple[type, ...]:
-        parallel = sys.modules.get("torch_xla.distributed.parallel_loader")  # never imports it
-        found = getattr(parallel, "PerDeviceLoader", None)
-        return (found,) if isinstance(found, type) else ()
-
-    # -- the dynamic-shape detector (torch_xla.compile(max_different_graphs=)) ---------------
-
-    def graph_limit(self) -> int:
-        return int(self.extension()._dynamic_shape_detector_get_max_different_graphs())
-
-    def set_graph_limit(self, limit: int) -> None:
-        self.extension()._dynamic_shape_detector_set_max_different_graphs(limit)
-
-    def start_graph_session(self, name: str) -> None:
-        self.extension()._dynamic_shape_detector_start_session(name)
-
-    def end_graph_session(self) -> None:
-        self.extension()._dynamic_shape_detector_end_session()
-
-    def forget_graph_session(self, name: str) -> None:
-        self.extension()._dynamic_shape_detector_remove_session(name)
-
-    # -- profiler ----------------------------------------------------------------------------
-
-    def start_trace(self, logdir: str) -> None:
-        self.module()
-        import torch_xla.debug.profiler as xp
-
-        xp.start_trace(logdir)
-
-    def stop_trace(self) -> None:
-        self.module()
-        import torch_xla.debug.profiler as xp
-
-        xp.stop_trace()
-
-    # -- multi-device ------------------------------------------------------------------------
-
     def spawn(self, fn: Callable[..., None], args: tuple) -> None:
         # spawn cannot re-import a notebook's __main__: fork.
-        self.module().launch(fn, args=args, start_method="fork")
+        _import_torch_xla().launch(fn, args=args, start_method="fork")
 
-    def global_ordinal(self) -> int:
-        self.module()
-        import torch_xla.runtime as xr
-
-        return int(xr.global_ordinal())
-
-    def world_size(self) -> int:
-        self.module()
-        import torch_xla.runtime as xr
-
-        return int(xr.world_size())
+    def ordinal(self) -> int:
+        return int(_xr().global_ordinal())
 
     def block_collectives(self, refusal: Callable[[str], Callable[..., Any]]) -> None:
-        self.module()
-        from torch_xla.core import xla_model
-
+        xla_model = _xla_model()
         for name in self.collectives:
             if hasattr(xla_model, name):
                 setattr(xla_model, name, refusal(name))
@@ -398,33 +381,21 @@ class TorchXlaBackend(Backend):
     def spmd_active(self) -> bool:
         if not hasattr(sys.modules.get("torch_xla"), "_XLAC"):  # never imports it
             return False
-        import torch_xla.runtime as xr
-
-        return bool(xr.is_spmd())
+        return bool(_xr().is_spmd())
 
     def spmd_locked(self) -> bool:
         xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
         if xlac is None:
             return False
-        locked = getattr(xlac, "_xla_get_spmd_config_is_locked", None)
-        return bool(locked()) if locked else self.runtime_started()
+        return bool(xlac._xla_get_spmd_config_is_locked())
 
     def use_spmd(self) -> None:
-        self.module()
-        import torch_xla.runtime as xr
-
-        xr.use_spmd()
-
-    def global_device_count(self) -> int:
-        self.module()
-        import torch_xla.runtime as xr
-
-        return int(xr.global_runtime_device_count())
+        _xr().use_spmd()
 
     def mesh(self, devices: int, shape: tuple[int, int], axes: tuple[str, str]) -> Any:
         import numpy as np
 
-        self.module()
+        _import_torch_xla()
         import torch_xla.distributed.spmd as xs
 
         return xs.Mesh(np.arange(devices), shape, axes)
@@ -434,6 +405,20 @@ class TorchXlaBackend(Backend):
 
         xs.mark_sharding(tensor, mesh, spec)
         return tensor
+
+
+class _Profiler(Profiler):
+    def start(self, logdir: str) -> None:
+        _import_torch_xla()
+        import torch_xla.debug.profiler as xp
+
+        xp.start_trace(logdir)
+
+    def stop(self) -> None:
+        _import_torch_xla()
+        import torch_xla.debug.profiler as xp
+
+        xp.stop_trace()
 
 
 def memory_from_info(info: dict) -> DeviceMemory:
@@ -487,9 +472,18 @@ def _explain_import_error(exc: ImportError) -> str:
     return f"import torch_xla failed ({text}). Fix: reinstall the pair: {pair}"
 
 
-_BACKEND = register(TorchXlaBackend())
-
-
-def wait_device_ops() -> None:
-    """Block until every launched execution has finished (so ExecuteTime is recorded)."""
-    _BACKEND.wait_device_ops()
+_SYNCS = _Syncs()
+register(
+    Backend(
+        name="torch_xla",
+        device_type="xla",
+        packages=("torch_xla", "torch"),
+        process=_Process(),
+        counters=_Counters(),
+        graphs=_Graphs(),
+        syncs=_SYNCS,
+        devices=_Devices(),
+        launch=_Launch(),
+        profiler=_Profiler(),
+    )
+)

@@ -183,7 +183,7 @@ def _make_cache_dir(path: str) -> None:
 
 def _compiled_yet() -> bool:
     """Whether this process has compiled a graph (PT_XLA_DEBUG_* are latched then)."""
-    return backend().compiled_yet()
+    return backend().process.compiled_yet()
 
 
 def setup(
@@ -226,9 +226,10 @@ def setup(
     hlo_debug = ir_debug if hlo_debug is None else hlo_debug
     chip = check_target(target) if target is not None else None
 
-    imported = backend().is_loaded()
+    imported = backend().process.is_loaded()
     started = runtime_initialized()
-    in_effect = backend().settings()  # PT_XLA_DEBUG_* too, once hidden from child processes
+    # PT_XLA_DEBUG_* too, once hidden from child processes
+    in_effect = backend().process.settings()
     compiled = _compiled_yet()
     wanted: list[tuple[str, str, str | None]] = []  # (variable, value, why it is latched)
     started_why = (
@@ -318,7 +319,7 @@ def setup(
         set_target(chip)
         notes.append(f"runs are judged for a {chip.name} when this machine has no TPU")
     if ir_debug and imported:
-        backend().set_ir_debug(True)
+        backend().process.set_source_lines(True)
     env = detect()
     return replace(env, applied=tuple(applied + notes), not_applied=tuple(not_applied))
 
@@ -343,7 +344,7 @@ def undo_debug_settings() -> str:
     if not _debug_before:
         return ""
     if _compiled_yet():
-        log = backend().compile_log_path()
+        log = backend().process.compile_log_path()
         if not log:
             return ""
         return (

@@ -267,7 +267,7 @@ def _pip_text(release: str, tpu: bool) -> str:
 
 def runtime_initialized() -> bool:
     """Whether this process has started the XLA runtime (never starts it, never imports it)."""
-    return backend().runtime_started()
+    return backend().process.started()
 
 
 def _problems(versions, accelerator, env) -> list[Problem]:
@@ -391,7 +391,7 @@ def detect(*, check_import: bool = False) -> Environment:
     Never imports torch_xla. With `check_import=True`, also tries `import torch_xla` in a
     subprocess (a few seconds) and reports a failure with its explanation.
     """
-    env = backend().settings()  # with PT_XLA_DEBUG_* kept from child processes
+    env = backend().process.settings()  # with PT_XLA_DEBUG_* kept from child processes
     versions = _versions()
     accelerator = detect_accelerator(env)
     problems = _problems(versions, accelerator, env)
@@ -416,7 +416,7 @@ def detect(*, check_import: bool = False) -> Environment:
         versions=versions,
         pjrt_device=env.get("PJRT_DEVICE"),
         cpu_num_devices=cpu_devices,
-        torch_xla_imported=backend().is_loaded(),
+        torch_xla_imported=backend().process.is_loaded(),
         runtime_initialized=runtime_initialized(),
         debug_file=debug_file,
         problems=tuple(problems),

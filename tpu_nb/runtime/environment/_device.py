@@ -19,15 +19,15 @@ def device(index: int | None = None):
         )
     ensure_setup()
     runtime = backend()
-    runtime.module()  # a broken install is explained before anything else
+    runtime.process.load()  # a broken install is explained before anything else
     if index is not None:
         _check_index(index)
-    return runtime.device(index)
+    return runtime.devices.device(index)
 
 
 def _check_index(index: int) -> None:
     # Under SPMD one virtual device (xla:0) stands for all of them.
-    count = backend().addressable_device_count()
+    count = backend().devices.count()
     if index >= count:
         raise TpuNbUsageError(
             f"there is no XLA device {index}: this process has {count} "
@@ -40,11 +40,11 @@ def sync(wait: bool = False) -> None:
     """Compile and run the pending graph (`torch_xla.sync()`); `wait=True` also waits for it
     to finish on the device, so timings and ExecuteTime are complete."""
     runtime = backend()
-    runtime.sync()
+    runtime.syncs.sync()
     if wait:
-        runtime.wait_device_ops()
+        runtime.syncs.wait()
 
 
 def wait_device_ops() -> None:
     """Block until every launched execution has finished (so ExecuteTime is recorded)."""
-    backend().wait_device_ops()
+    backend().syncs.wait()

@@ -31,18 +31,18 @@ def graph(*tensors: Any, hlo: bool = True, frames: bool | None = None) -> Graph:
     """
     found = xla_tensors(tensors)
     runtime = backend()
-    text = runtime.graph_text(found)
+    text = runtime.graphs.text(found)
     g = Graph.from_ir_text(
         text,
-        hash=runtime.graph_hash(found),
-        hlo_text=runtime.graph_hlo(found) if hlo else None,
-        ir_debug=None if not runtime.ir_debug() else True,
+        hash=runtime.graphs.hash(found),
+        hlo_text=runtime.graphs.hlo(found) if hlo else None,
+        ir_debug=None if not runtime.process.source_lines() else True,
         fallback_ops=_fallback_counts(),
     )
     located = any(n.location for n in g.nodes)
     if frames or (frames is None and located and len(g.nodes) <= 50_000):
         with record_locations():  # lowering writes source metadata only in IR debug
-            proto = runtime.graph_hlo_proto(found)
+            proto = runtime.graphs.hlo_proto(found)
         g = with_frames(g, proto)
     return g
 
@@ -50,9 +50,9 @@ def graph(*tensors: Any, hlo: bool = True, frames: bool | None = None) -> Graph:
 def _fallback_counts() -> tuple[tuple[str, int], ...]:
     """CPU fallback ops run so far (`.item()`/print reads excluded: those are host reads)."""
     runtime = backend()
-    host_read = runtime.counter_names_of.host_read
-    names = sorted(n for n in runtime.fallback_ops() if n != host_read)
-    counts = runtime.read_counters(names)
+    host_read = runtime.counters.facts.host_read
+    names = sorted(n for n in runtime.counters.fallbacks() if n != host_read)
+    counts = runtime.counters.read(names)
     return tuple((n, counts[n]) for n in names)
 
 
@@ -114,7 +114,7 @@ def _walk(obj: Any, torch) -> Iterator:
 def is_pending(tensor: Any) -> bool:
     """Whether an XLA tensor has operations waiting for a sync (not just device data).
     ~2 us: reads torch_xla's debug line for the tensor's IR value."""
-    return backend().is_pending(tensor)
+    return backend().graphs.is_pending(tensor)
 
 
 def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> Graph | None:
@@ -189,9 +189,9 @@ def record_locations(enabled: bool = True) -> Iterator[None]:
     traced before the block keep having no location.
     """
     runtime = backend()
-    before = runtime.ir_debug()
-    runtime.set_ir_debug(enabled)
+    before = runtime.process.source_lines()
+    runtime.process.set_source_lines(enabled)
     try:
         yield
     finally:
-        runtime.set_ir_debug(before)
+        runtime.process.set_source_lines(before)

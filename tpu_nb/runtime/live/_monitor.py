@@ -138,7 +138,7 @@ class DeviceMemory:
         self._read_at = now
         if not self._via_tpu_info:
             try:
-                memory = current_backend().memory(self.device)
+                memory = current_backend().devices.memory(self.device)
                 self._last = (memory.used, memory.limit, memory.peak)
                 return (*self._last, "")
             except Exception as exc:  # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
@@ -205,7 +205,7 @@ class StepClock:
 
     def new_intervals(self, per_step: int) -> list[float]:
         """Intervals (seconds) between step completions recorded since the last call."""
-        metric = current_backend().metric_samples
+        metric = current_backend().counters.metric
         readings = {}
         for name in _EXECUTE_METRICS:
             data = metric(name)
@@ -676,7 +676,7 @@ class LiveMonitor:
                 self._record(self._events_seen)[0] = event
                 self._note_line(event)
                 changed = True
-        data = current_backend().metric_samples("CompileTime")
+        data = current_backend().counters.metric("CompileTime")
         for ts, ns in data.samples if data is not None else ():
             if ts > self._compile_samples_after:
                 self._compile_samples_after = ts

@@ -431,7 +431,7 @@ def _forget_events() -> None:
 
 def compile_log() -> CompileLog | None:
     """The reader of this process's compile-cause file, or None when analysis is off."""
-    path = backend().compile_log_path()
+    path = backend().process.compile_log_path()
     if path is None:
         return None
     log = _logs.get(path)

@@ -25,7 +25,7 @@ from tpu_nb.runtime.metrics import _reset_watch as reset_watch
 from tpu_nb.runtime.units import format_seconds
 
 # The backend's names for what a delta reports (torch_xla: UncachedCompile, MarkStep, ...).
-_NAMES = backend().counter_names_of
+_NAMES = backend().counters.facts
 HOST_READ = _NAMES.host_read  # .item(), printing, bool(tensor): a device->host read
 _FALLBACK = _NAMES.fallback_prefix  # torch_xla: aten::<op>, one counter per CPU fallback op
 
@@ -204,12 +204,12 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     global _wanted_names, _settings_hidden
     runtime = backend()
     if not _settings_hidden:  # snapshots run at every cell's edges: soon after the latch
-        _settings_hidden = runtime.hide_latched_settings()
+        _settings_hidden = runtime.process.hide_latched_settings()
     with reset_watch.lock:
         reset_watch.ensure_installed()
-        names = runtime.counter_names()
+        names = runtime.counters.names()
         if full:
-            raw = runtime.read_counters(names)
+            raw = runtime.counters.read(names)
         else:
             if _wanted_names[0] != len(names):
                 _wanted_names = (
@@ -217,22 +217,22 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
                     tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS)
                     + _SENTINEL,  # read also once gone: that is the point
                 )
-            raw = runtime.read_counters(_wanted_names[1])
+            raw = runtime.counters.read(_wanted_names[1])
         counters = reset_watch.carry(raw, len(names))
-    metrics = {}
+    metrics, metric = {}, runtime.counters.metric
     # Read every time, never reused while a counter stands still: after a reset tpu_nb did
     # not see, the counters can read as before while the samples moved on (and the samples
     # are then the figure to trust).
     for name in _METRICS:
-        data = runtime.metric(name)
+        data = metric(name)
         if data is not None:
-            metrics[name] = data
+            metrics[name] = (data.count, data.total)
     if full:
-        for name in runtime.metric_names():
+        for name in runtime.counters.metric_names():
             if name not in metrics:
-                data = runtime.metric(name)
+                data = metric(name)
                 if data is not None:
-                    metrics[name] = data
+                    metrics[name] = (data.count, data.total)
     return MetricsSnapshot(
         MappingProxyType(counters),
         MappingProxyType(metrics),
@@ -260,9 +260,9 @@ def reset_metrics() -> None:
     global _generation, _wanted_names
     runtime = backend()
     with reset_watch.lock:
-        runtime.clear_counters()
+        runtime.counters.clear()
         reset_watch.forget()
-    runtime.clear_metrics()
+    runtime.counters.clear_metrics()
     _wanted_names = (-1, ())
     _generation += 1
     for callback in list(_reset_callbacks):

@@ -7,7 +7,7 @@ Executions, cache hits, syncs, CPU fallbacks and host reads counted so far are w
 Time metrics are not touched (ExecuteTime keeps its samples).
 
 A reset is noticed in one of two ways:
-- seen: the backend's reset itself is wrapped (`intercept_counter_clears`: torch_xla's
+- seen: the backend's reset itself is wrapped (`counters.watch_clears`: torch_xla's
   `_XLAC._clear_xla_counters`, which `torch_xla.debug.metrics.clear_counters` calls), so
   that the counters' values are carried just before it clears them. The wrapper then calls
   the original: torch_xla's own readers see exactly what they saw before. Installed when the
@@ -55,7 +55,7 @@ def ensure_installed() -> None:
     if _installed:
         return
     _installed = True
-    backend().intercept_counter_clears(_on_clear)
+    backend().counters.watch_clears(_on_clear)
 
 
 def uninstall() -> None:
@@ -63,7 +63,7 @@ def uninstall() -> None:
     global _installed
     with lock:
         if _installed:
-            backend().release_counter_clears()
+            backend().counters.unwatch_clears()
             _installed = False
 
 
@@ -79,7 +79,7 @@ def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
 def _carry_now(restored: frozenset[str]) -> None:
     global _last_raw, _last_names
     runtime = backend()
-    counts = runtime.read_counters(runtime.counter_names())
+    counts = runtime.counters.read(runtime.counters.names())
     for name, count in counts.items():
         if name not in restored and count:
             _carried[name] = _carried.get(name, 0) + count

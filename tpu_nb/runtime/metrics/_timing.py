@@ -89,8 +89,8 @@ def _graphs(n: int) -> str:
 def _run_once(fn, runtime) -> float:
     start = time.perf_counter()
     result = fn()  # kept alive over the sync, so a returned tensor is computed too
-    runtime.sync()
-    runtime.wait_device_ops()
+    runtime.syncs.sync()
+    runtime.syncs.wait()
     del result
     return time.perf_counter() - start
 
@@ -128,8 +128,8 @@ def time_device(
     """
     _check_arguments(fn, number, repeat)
     runtime = backend()
-    runtime.sync()  # work pending from before is not part of the timing
-    runtime.wait_device_ops()
+    runtime.syncs.sync()  # work pending from before is not part of the timing
+    runtime.syncs.wait()
     before = snapshot()
     first = _run_once(fn, runtime)
     after = snapshot()

@@ -111,7 +111,7 @@ class HostWorker:
             chosen = env.pjrt_device or ""
             # Starting the device here, not in the work's thread: a device that cannot start
             # (no libtpu, a broken install) is one clear error before any host runs the work.
-            backend().device()
+            backend().devices.device()
         except Exception as exc:
             return {"pid": os.getpid(), "device": chosen, **_start_failure(exc, device, chosen)}
         return {"pid": os.getpid(), "device": chosen}
@@ -218,9 +218,9 @@ class HostWorker:
             if counting[0]:
                 syncs.append(time.perf_counter())
                 self.syncs, self.last_sync = len(syncs), time.monotonic()
-                runtime.after_next_sync(on_sync)
+                runtime.syncs.after_next(on_sync)
 
-        runtime.after_next_sync(on_sync)
+        runtime.syncs.after_next(on_sync)
         if isinstance(fn, CellFunction):
             statements, expression = fn.compiled()
             codes: tuple = (statements, expression)

@@ -60,7 +60,7 @@ from tpu_nb.runtime.parallel._spmd import run_spmd
 
 MODES = ("replicas", "spmd")
 # The backend's functions that communicate between replicas (torch_xla: xla_model's).
-COLLECTIVES = backend().collectives
+COLLECTIVES = backend().launch.collectives
 
 MODES_BY_DEVICE = {
     "TPU": "replicas (a process per chip; collectives work) and spmd",
@@ -105,7 +105,7 @@ def _refuse_collectives() -> None:
 
         return collective
 
-    backend().block_collectives(refuse)
+    backend().launch.block_collectives(refuse)
 
 
 # The function and arguments the launcher process runs. torch_xla's launcher pickles what it
@@ -135,7 +135,7 @@ def _first_use_alone() -> None:
         if _first_use_done:
             return
         runtime = backend()
-        if len(runtime.supported_devices()) > 1:  # replica threads share it
+        if len(runtime.devices.names()) > 1:  # replica threads share it
             _warm_up(runtime)
         _first_use_done = True
 
@@ -147,9 +147,9 @@ def _warm_up(runtime: Backend) -> None:
     import torch
 
     _snapshot()
-    warm = torch.ones(1, device=runtime.device()) + 1
-    runtime.sync()
-    runtime.wait_device_ops()
+    warm = torch.ones(1, device=runtime.devices.device()) + 1
+    runtime.syncs.sync()
+    runtime.syncs.wait()
     warm.cpu()
     warm.item()
     _snapshot()
@@ -169,7 +169,7 @@ def _replica(index: int, rundir: str) -> None:
     with open(announce, "a"):  # the launcher watches how this process ends
         pass
     _first_use_alone()
-    ordinal = runtime.global_ordinal()
+    ordinal = runtime.launch.ordinal()
     with open(announce, "a") as f:
         f.write(f"{ordinal}\n")
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
@@ -186,16 +186,16 @@ def _run_replica(index: int, rundir: str, ordinal: int, runtime: Backend) -> dic
 
     def on_sync():
         syncs.append(time.perf_counter())
-        runtime.after_next_sync(on_sync)
+        runtime.syncs.after_next(on_sync)
 
-    runtime.after_next_sync(on_sync)
+    runtime.syncs.after_next(on_sync)
     before, start = _snapshot(), time.perf_counter()
     result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
     fn, args = _work[rundir]
     try:
         value = fn(index, *args)
-        runtime.sync()
-        runtime.wait_device_ops()
+        runtime.syncs.sync()
+        runtime.syncs.wait()
         result["value"] = value
     except BaseException as exc:  # the replica's own error: reported, then the group ends
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -295,13 +295,13 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
     sys.stdout = _ReplicaStreams(sys.__stdout__)
     sys.stderr = _ReplicaStreams(sys.__stderr__)
     runtime = backend()
-    runtime.module()
+    runtime.process.load()
     if refuse:
         _refuse_collectives()
     _work[rundir] = (fn, args)
     processes = _record_processes()
     try:
-        runtime.spawn(_replica, (rundir,))
+        runtime.launch.spawn(_replica, (rundir,))
     except BaseException:
         _write_ends(rundir, processes)
         raise
@@ -429,7 +429,7 @@ class _Run:
         _active_runs[self.rundir] = os.getpid()
         self.n, self.stream = n, stream
         env = {"PJRT_DEVICE": device_type}
-        level = backend().settings().get("PT_XLA_DEBUG_LEVEL")
+        level = backend().process.settings().get("PT_XLA_DEBUG_LEVEL")
         if level:  # the replicas' compile log, not ours
             env["PT_XLA_DEBUG_LEVEL"] = level
             env["PT_XLA_DEBUG_FILE"] = os.path.join(self.rundir, "compile-analysis.log")

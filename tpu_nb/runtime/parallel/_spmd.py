@@ -27,7 +27,7 @@ class Spmd:
     def shard_batch(self, tensor):
         """Shard `tensor` along its first (batch) dimension across all devices; returns it."""
         spec = ("data",) + (None,) * (tensor.dim() - 1)
-        return backend().shard(tensor, self.mesh, spec)
+        return backend().launch.shard(tensor, self.mesh, spec)
 
 
 def parse_mesh(mesh: str | None) -> tuple[int, int] | None:
@@ -68,9 +68,9 @@ def _switch_refused() -> str | None:
     whatever is freed.
     """
     runtime = backend()
-    if runtime.spmd_active():
+    if runtime.launch.spmd_active():
         return None
-    if runtime.spmd_locked():
+    if runtime.launch.spmd_locked():
         return (
             "this process already used the XLA device without it, and torch_xla 2.9 "
             "crashes the process (SIGSEGV) at the next XLA work when SPMD is switched on "
@@ -85,7 +85,7 @@ def _expected_devices() -> int | None:
     """The device count the runtime will start with, when it can be known without starting
     it (XLA:CPU: CPU_NUM_DEVICES); None otherwise."""
     if runtime_initialized():
-        return backend().global_device_count()
+        return backend().devices.global_count()
     if os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU":
         try:
             return int(os.environ.get("CPU_NUM_DEVICES") or 1)
@@ -135,8 +135,8 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
     if cpu and wanted is not None and not runtime_initialized():
         setup("cpu", num_devices=wanted)
     runtime = backend()
-    runtime.use_spmd()
-    n = runtime.global_device_count()
+    runtime.launch.use_spmd()
+    n = runtime.devices.global_count()
     if wanted is not None and wanted != n:  # only where the count was not knowable before
         raise RuntimeStateError(
             f"SPMD over {wanted} devices, but the runtime started with {n}. Fix: restart the "
@@ -149,7 +149,7 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
             f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
             f"this runtime has {n}. Fix: --spmd {n}."
         )
-    return Spmd(runtime.mesh(n, shape, ("data", "model")), n)
+    return Spmd(runtime.launch.mesh(n, shape, ("data", "model")), n)
 
 
 def run_spmd(fn: Callable, args: tuple, devices: int | str = "all", mesh: str | None = None):

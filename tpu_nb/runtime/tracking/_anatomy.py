@@ -433,7 +433,7 @@ class Collector:
         """Read the runtime's sample buffers; keep what is new since the last read."""
         self._until_harvest = _HARVEST_EVERY
         runtime = self._backend
-        data, counter = runtime.metric_samples, runtime.counter_reader()
+        data, counter = runtime.counters.metric, runtime.counters.reader()
         for name in _SAMPLED:
             gate = _GATES.get(name)
             if gate is not None:
@@ -844,7 +844,7 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
         return verdict
     if verdict.kind == "input-bound":
         sampled = sum(h.seconds for h in lines)
-        files = (*_LOADER_FILES, *current_backend().loader_paths)
+        files = (*_LOADER_FILES, *current_backend().syncs.loader_paths)
         loader = sum(h.seconds for h in lines if any(f in h.via for f in files))
         if loader < 0.5 * sampled:
             return replace(

@@ -219,9 +219,9 @@ def judged_chip() -> tuple[Chip, bool]:
     """(the chip runs are judged for, whether this process runs on it)."""
     if not _device_kind:
         runtime = current_backend()
-        if not runtime.runtime_started():
+        if not runtime.process.started():
             return target_chip()
-        _device_kind.append(runtime.device_kind().upper())
+        _device_kind.append(runtime.devices.kind().upper())
     kind = _device_kind[0]
     accelerator = detect_accelerator().tpu_type if kind == "TPU" else None
     return target_chip(kind, accelerator)
@@ -233,7 +233,7 @@ def count_new_graph(own_hash: str, tensors: Sequence[Any], spaces: list | None =
     if own_hash in store.costs:
         return
     try:
-        counted: HloFlops | None = hlo_flops(current_backend().graph_hlo(list(tensors)))
+        counted: HloFlops | None = hlo_flops(current_backend().graphs.hlo(list(tensors)))
     except Exception:
         log.debug("tpu_nb: counting a graph's FLOPs failed", exc_info=True)
         counted = None
@@ -424,7 +424,7 @@ def _own_sync(step, busy: list[tuple[float, float]]) -> float:
 def _hbm_used() -> int | None:
     try:
         runtime = current_backend()
-        return runtime.memory(str(runtime.device())).used
+        return runtime.devices.memory(str(runtime.devices.device())).used
     except Exception:
         log.debug("tpu_nb: reading HBM in use failed", exc_info=True)
         return None

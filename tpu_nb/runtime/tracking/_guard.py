@@ -236,7 +236,7 @@ class max_graphs:
 
 
 def _in_dynamo_bridge() -> bool:
-    bridge = current_backend().compiler_paths
+    bridge = current_backend().syncs.compiler_paths
 
     def in_bridge(frame) -> bool:
         path = frame.f_code.co_filename.replace(os.sep, "/")
@@ -256,16 +256,16 @@ def _detector_guard(limit: int, watch=None) -> Iterator[None]:
 
     def renew():
         if state["active"] and state["paused"] and _in_dynamo_bridge():
-            runtime.after_next_sync(renew)  # the bridge's own sync: still compiling
+            runtime.syncs.after_next(renew)  # the bridge's own sync: still compiling
         elif state["active"]:
             session = current["session"] = f"{prefix}:{_sync_site()}"
             current["recompiles"] = dynamo.recompiles()
             sessions.add(session)
             if not state["paused"]:
-                runtime.end_graph_session()
+                runtime.graphs.stop_counting()
             state["paused"] = False
-            runtime.start_graph_session(session)
-            runtime.after_next_sync(renew)
+            runtime.graphs.start_counting(session)
+            runtime.syncs.after_next(renew)
 
     def pause(compiling: bool) -> None:
         # Dynamo started compiling a frame (see _dynamo.py): torch_xla's bridge traces the
@@ -273,14 +273,14 @@ def _detector_guard(limit: int, watch=None) -> Iterator[None]:
         # at the next sync; the compile log still counts the function's graphs.
         if state["active"] and compiling and not state["paused"]:
             state["paused"] = True
-            runtime.end_graph_session()
+            runtime.graphs.stop_counting()
 
     with own_sync("guard-start"):
-        runtime.sync_function()()  # work pending from before is not this block's
-    saved = runtime.graph_limit()
-    runtime.set_graph_limit(limit)
-    runtime.start_graph_session(f"{prefix}:start")
-    runtime.after_next_sync(renew)
+        runtime.syncs.function()()  # work pending from before is not this block's
+    saved = runtime.graphs.limit()
+    runtime.graphs.set_limit(limit)
+    runtime.graphs.start_counting(f"{prefix}:start")
+    runtime.syncs.after_next(renew)
     pauses = watch.on_frame_compile if watch is not None else []  # (the run's Dynamo watch)
     pauses.append(pause)
     try:
@@ -301,7 +301,7 @@ def _detector_guard(limit: int, watch=None) -> Iterator[None]:
         state["active"] = False
         pauses.remove(pause)
         if not state["paused"]:
-            runtime.end_graph_session()
+            runtime.graphs.stop_counting()
         for session in sessions:
-            runtime.forget_graph_session(session)
-        runtime.set_graph_limit(saved)
+            runtime.graphs.forget_counted(session)
+        runtime.graphs.set_limit(saved)

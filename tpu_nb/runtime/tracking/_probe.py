@@ -345,10 +345,10 @@ class Probe:
 
         runtime = current_backend()
         if self._counter is None:
-            self._counter = runtime.counter_reader()
+            self._counter = runtime.counters.reader()
             self._compiling = torch.compiler.is_compiling
         if kind == "sync":
-            for owner, name, inner in runtime.sync_entry_points():
+            for owner, name, inner in runtime.syncs.entry_points():
                 self._patch("sync", owner, name, lambda o, i=inner: self._sync_hook(o, inner=i))
         elif kind == "read":
             for name, label in READ_METHODS.items():
@@ -360,7 +360,7 @@ class Probe:
             dataloader = sys.modules.get("torch.utils.data.dataloader")
             for cls in (
                 getattr(dataloader, "_BaseDataLoaderIter", None),
-                *runtime.loader_iterators(),
+                *runtime.syncs.loader_iterators(),
             ):
                 if cls is not None:
                     self._patch("input", cls, "__next__", self._input_hook)
@@ -557,9 +557,9 @@ def _sync_kind(frame) -> tuple:
     backend = current_backend()
     plumbing = any(
         path.endswith(suffix) and (not function or name == function)
-        for suffix, function in backend.plumbing_sync_callers
+        for suffix, function in backend.syncs.plumbing_callers
     )
-    loader = any(part in path.replace("\\", "/") for part in backend.loader_paths)
+    loader = any(part in path.replace("\\", "/") for part in backend.syncs.loader_paths)
     if len(_plumbing_codes) >= 1024:  # bounded: one per function that syncs
         _plumbing_codes.clear()
     known = _plumbing_codes[id(code)] = (code, plumbing, loader)

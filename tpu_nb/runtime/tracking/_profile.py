@@ -139,7 +139,7 @@ class profile:
             self._recorder = run.recorder
             self._subscription = probe().subscribe(self, ("sync",))
         try:
-            current_backend().start_trace(self.logdir)
+            current_backend().profiler.start(self.logdir)
         except Exception as exc:  # a trace already running, a profiler that cannot start
             self._unhook()
             raise RuntimeStateError(
@@ -165,7 +165,7 @@ class profile:
         if not self._tracing:
             return
         self._tracing = False
-        current_backend().stop_trace()
+        current_backend().profiler.stop()
         self.trace = read_trace(self.logdir)
         if self._own_dir:
             shutil.rmtree(self.logdir, ignore_errors=True)

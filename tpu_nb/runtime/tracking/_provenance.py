@@ -229,8 +229,8 @@ class Recorder:
         import torch
 
         runtime = current_backend()
-        self._counter = runtime.counter_reader()
-        self._fallback_ops = runtime.fallback_ops
+        self._counter = runtime.counters.reader()
+        self._fallback_ops = runtime.counters.fallbacks
         global _TENSOR_TYPES
         _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
         self._started = time.perf_counter()
@@ -535,7 +535,7 @@ class Recorder:
             return None, None
 
     def _note_live_tensors(self) -> None:
-        names = current_backend().counter_names_of
+        names = current_backend().counters.facts
         live = (self._counter(names.tensors_created) or 0) - (
             self._counter(names.tensors_destroyed) or 0
         )
@@ -609,7 +609,7 @@ def _graph_once(tensors: list, spaces: list | None = None):
 
     if not tensors:
         return None
-    own_hash = current_backend().graph_hash(tensors)
+    own_hash = current_backend().graphs.hash(tensors)
     cost.count_new_graph(own_hash, tensors, spaces)  # once per new graph
     known = store.by_own_hash.get(own_hash)
     if known is None:

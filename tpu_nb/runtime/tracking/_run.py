@@ -26,7 +26,7 @@ from dataclasses import fields, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from tpu_nb.runtime.backend import Backend, wait_device_ops
+from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
@@ -83,8 +83,8 @@ class _SyncWatch:
     before = None
 
     def __init__(self, runtime: Backend):
-        self._value = runtime.counter_reader()
-        names = runtime.counter_names_of
+        self._value = runtime.counters.reader()
+        names = runtime.counters.facts
         self._created, self._syncs = names.tensors_created, names.syncs
         self.active = True
         self.seen = self._now()  # entry: as if just synced
@@ -225,11 +225,11 @@ class Run:
                 synced, pending = True, None
                 # tpu_nb's own sync: not a step of the user's
                 with own_sync("end", self.recorder):
-                    current_backend().sync_function()()
+                    current_backend().syncs.function()()
             elif pending is None:
                 pending = self._left_pending()
         if self.wait:
-            wait_device_ops()
+            current_backend().syncs.wait()
         return synced, pending, self.wait
 
     def _left_pending(self) -> PendingWork | None:
@@ -483,7 +483,7 @@ def _mark_own_end(events: list[CompileEvent], spans) -> list[CompileEvent]:
 
 def _quiet_wait() -> bool:
     try:
-        wait_device_ops()
+        current_backend().syncs.wait()
         return True
     except Exception:  # the run already failed; its own error is the one to show
         log.debug("waiting for the device after a failed run", exc_info=True)
