@@ -76,6 +76,7 @@ def _raw() -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def run(shell, tmp_path_factory):
+    here = os.getcwd()  # Trainer writes its output_dir there: a folder of the test's own
     shell.run_cell(f"import os; os.chdir({str(tmp_path_factory.mktemp('trainer'))!r})")
     assert shell.run_cell(SETUP).success
 
@@ -91,7 +92,8 @@ def run(shell, tmp_path_factory):
         assert result.success, result.error_in_exec
         return text[text.index("XLA: ") :] if "XLA: " in text else text, raw
 
-    return run_cell
+    yield run_cell
+    os.chdir(here)
 
 
 def _figures(report) -> dict[str, int]:
