@@ -125,12 +125,6 @@ class RefreshStats:
         return self.chart_seconds / self.chart_draws if self.chart_draws else 0.0
 
     @property
-    def update_cost(self) -> float:
-        """Mean seconds of a chart update that only added data (the usual case)."""
-        updates = self.chart_draws - self.chart_full_draws
-        return (self.chart_seconds - self.chart_full_seconds) / updates if updates else 0.0
-
-    @property
     def anatomy_cost(self) -> float:
         """Mean seconds to build one live step anatomy."""
         return self.anatomy_seconds / self.anatomy_builds if self.anatomy_builds else 0.0

@@ -122,7 +122,9 @@ def is_library(path: str) -> bool:
 # called into torch: the first frame of user code (`is_library` False) is the user's line;
 # within a tracked run, the tracked code's own frame (a cell's code, or the frame that entered
 # the block) is "the line", the innermost user frame below it a helper, and the innermost
-# library frame below that the function that did it.
+# library frame below that the function that did it. "The tracked code" has one rule: a frame
+# running one of its code objects (compared by id: hashing a code object costs ~1-2 us), or
+# the frame that entered the block; the walks below inline it.
 
 MAX_DEPTH = 400  # frames walked at most from a hook outwards
 
@@ -158,13 +160,6 @@ def outermost_frame(frame, test, depth: int = MAX_DEPTH):
         frame = frame.f_back
         seen += 1
     return found
-
-
-def is_tracked(frame, code_ids: frozenset, root) -> bool:
-    """The one rule for "is this the tracked code?": a frame running one of the tracked code
-    objects (compared by id: hashing a code object costs ~1-2 us), or the frame that entered
-    the block. The walks below inline it."""
-    return id(frame.f_code) in code_ids or frame is root
 
 
 def tracked_frame(frame, code_ids: frozenset = frozenset(), root=None, through=None):
