@@ -657,6 +657,14 @@ def test_max_graphs_stops_where_the_reports_count_for_the_line_passes_it(shell, 
     assert len(graphs) == 2 + (how != "torch_xla.compile")  # its detector stops the trace
     if how != "torch_xla.compile":
         assert "line 4 compiled graph 3 (max_graphs=2)" in str(error)
+    # and the report's rows for line 4 say that count: the inputs' graphs are a row apart
+    from tpu_nb.display.reports import group_findings
+
+    rows = [g for g in group_findings(list(report.findings)) if g.line == 4]
+    own = ("compile", "warm-up", "variant", "recompile", "growing")
+    assert sum(g.count for g in rows if g.kind in own) == len(graphs), rows
+    inputs = [e for e in report.compile_events if inputs_sync(e) and e.site is not None]
+    assert sum(g.count for g in rows if g.kind == "inputs") == len(inputs), rows
 
 
 def test_a_function_past_dynamos_recompile_limit_is_named_and_its_eager_compiles_counted(shell):

@@ -93,6 +93,7 @@ KIND_WORDS = {
     "fallback": "fell back to the CPU",
     "host-read": "read from the device",
     "pending": "left pending",
+    "inputs": "compiled its inputs' pending work",
 }
 _KIND_COLOURS = {
     "compile": ACCENT,
@@ -104,6 +105,7 @@ _KIND_COLOURS = {
     "fallback": WARN,
     "host-read": WARN,
     "pending": MUTED,
+    "inputs": MUTED,
 }
 _FLAGGED = ("recompile", "growing", "fallback", "host-read")
 _SHOWN_WHATS = 3  # distinct descriptions listed per group before "and N more"

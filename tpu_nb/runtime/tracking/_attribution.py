@@ -256,6 +256,14 @@ def _compile_findings(
         if kind == policy.EARLIER and report.earlier is not None:
             out.append(_earlier_compile(report.earlier, line, event, order))
             continue
+        if dynamo.inputs_sync(event):  # not the function's graph: counted apart, as the
+            # policy and --max-graphs count a line's graphs
+            what = (
+                f"graph {event.graph_hash[:8]} compiled: the pending work of a compiled "
+                "function's inputs, run before its graph"
+            )
+            out.append(LineFinding(line, "inputs", what, via=_via(event), order=order))
+            continue
         key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed)

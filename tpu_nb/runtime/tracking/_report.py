@@ -29,6 +29,7 @@ FindingKind = Literal[
     "fallback",
     "host-read",
     "pending",
+    "inputs",
 ]
 # When a finding happened: during the run (in time order), not placed on a moment (totals
 # tpu_nb could not place on a line), or left at the end (work left pending).
