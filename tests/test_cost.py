@@ -385,8 +385,8 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
             def counter():
                 return torch_xla._XLAC._xla_counter_value("ExecuteComputation") or 0
             seen = []
-            def keep(message, *args, **kwargs):
-                seen.append((str(message), counter()))
+            def keep(message, category, filename, *args, **kwargs):
+                seen.append((str(message), counter(), filename))
             warnings.showwarning = keep
             with tpu_nb.track("fit") as report:
                 with torch.device(dev):
@@ -397,8 +397,9 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
                 for _ in range(3):
                     model(x).sum().backward(); opt.step(); opt.zero_grad()
                     torch_xla.sync()
-            message, executed = seen[0]
+            message, executed, filename = seen[0]
             print("warned before running:", executed == before, "does not fit" in message)
+            print("at the user's line:", filename == __file__)
             print("report:", report.cost.memory.fits, report.cost.memory.temporaries > 0)
             print(str(report).split("memory on a tiny: ")[1].splitlines()[0][:40])
             """
@@ -406,6 +407,7 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
     ).stdout
     assert "judged for tiny: True" in out
     assert "warned before running: True True" in out
+    assert "at the user's line: True" in out
     assert "report: False True" in out
     assert "does not fit: needs " in out
 

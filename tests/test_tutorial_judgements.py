@@ -64,6 +64,13 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
         ("compile-bound", True, {"recompile"}),
         ("", False, set()),
     ],
+    # the same step judged for a v5e, then for a 5 MB chip (the memory verdict is not a
+    # bound); the out-of-memory cell is no loop
+    "08_memory": [
+        ("host-bound", False, set()),
+        ("host-bound", False, set()),
+        ("", False, set()),
+    ],
 }
 
 
