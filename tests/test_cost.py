@@ -492,3 +492,28 @@ def test_a_loop_that_keeps_a_tensor_per_step_is_named():
     assert any("device memory grows step over step" in n for n in notes[True]), notes
     assert "device memory grows" in str(report) or not notes[False]
     assert not any("grows step over step" in n for n in notes[False]), notes
+
+
+def test_a_step_running_torch_compiled_graphs_says_its_flops_leave_them_out():
+    """The Dynamo bridge runs a compiled function's graphs itself: tpu_nb captures the rest
+    of the step, and the cost says its figure is that, not the step's."""
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 16, device=dev)
+    forward = torch.compile(lambda x: model(x).square().mean(), backend="openxla")
+
+    def steps(loss_of):
+        for _ in range(4):
+            opt.zero_grad()
+            loss_of(x).backward()
+            opt.step()
+            torch_xla.sync()
+
+    for loss_of, partial in ((forward, True), (lambda x: model(x).square().mean(), False)):
+        with tpu_nb.track() as report:
+            steps(loss_of)
+        assert report.cost is not None and report.cost.partial is partial, report.cost
+        said = "\n".join(report.cost.lines())
+        assert ("outside torch.compile'd functions" in said) is partial, said

@@ -169,6 +169,9 @@ class StepCost:
     mfu: float | None = None  # on a TPU
     hbm_used: int | None = None  # on a TPU
     notes: tuple[str, ...] = ()
+    # torch.compile'd functions ran graphs of their own, which tpu_nb does not capture: the
+    # figures are those of the rest of the step, a lower bound
+    partial: bool = False
 
     def lines(self) -> list[str]:
         """The cost in a few sentences (the report's "cost per step")."""
@@ -176,10 +179,16 @@ class StepCost:
         out = []
         if self.flops is not None:
             bytes_ = f", {format_bytes(self.moved_bytes)} in and out" if self.moved_bytes else ""
+            where = " outside torch.compile'd functions" if self.partial else ""
             out.append(
-                f"{format_flops(self.flops)} per step{bytes_} (matmuls and convolutions; "
+                f"{format_flops(self.flops)} per step{where}{bytes_} (matmuls and convolutions; "
                 f"{self.left_out})"
             )
+            if self.partial:
+                out.append(
+                    "the graphs torch.compile'd functions ran are not counted: the step does "
+                    "more than this"
+                )
         else:
             out.append("FLOPs per step not counted: tpu_nb did not capture the step's graph")
         if self.on_chip:

@@ -322,7 +322,7 @@ class Run:
                 syncs=recording.syncs,
                 line_calls=MappingProxyType(dict(recording.line_calls)),
                 site_calls=MappingProxyType(dict(recording.site_calls)),
-                cost=_step_cost(recording),
+                cost=_step_cost(recording, metrics),
             )
         return facts
 
@@ -404,11 +404,13 @@ def _become(report: RunReport, complete: RunReport) -> None:
         object.__setattr__(report, f.name, getattr(complete, f.name))
 
 
-def _step_cost(recording) -> StepCost | None:
+def _step_cost(recording, metrics) -> StepCost | None:
     try:
-        return cost.step_cost(
+        counted = cost.step_cost(
             recording.line_graphs, recording.line_calls, recording.syncs, recording.live_tensors
         )
+        # the Dynamo bridge ran compiled functions' graphs: tpu_nb captured the rest
+        return replace(counted, partial=metrics.compiled_code_executions > 0)
     except Exception:  # a bug in the cost must not cost the user the run's report
         log.debug("tpu_nb: the step's cost failed", exc_info=True)
         return None
