@@ -241,7 +241,7 @@ def test_the_call_site_rule_is_one_for_every_hook():
     # seen from inside json, within a run tracked from this test: the line is this test's,
     # the helper is the user frame under it, json's function the library frame that did it
     here = sys._getframe(0)
-    line, user, lib = sources.call_site(library, root=here)
+    line, user, lib, _ = sources.call_site(library, root=here)
     assert line is here and user.f_code.co_name == "helper" and lib is library
     assert sources.tracked_frame(library, root=here) is here
     assert sources.tracked_frame(library, root=None) is None
