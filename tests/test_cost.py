@@ -517,3 +517,18 @@ def test_a_step_running_torch_compiled_graphs_says_its_flops_leave_them_out():
         assert report.cost is not None and report.cost.partial is partial, report.cost
         said = "\n".join(report.cost.lines())
         assert ("outside torch.compile'd functions" in said) is partial, said
+
+
+def test_a_step_holding_no_module_needs_at_least_its_inputs():
+    """A loop over plain tensors holds no module or optimizer: its memory need is at least the
+    device data its graph reads, never "needs 0 B"."""
+    dev = torch_xla.device()
+    w = torch.randn(256, 256, device=dev)
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        for _ in range(4):
+            w = (w @ w).tanh()
+            torch_xla.sync()
+    memory = report.cost.memory
+    assert memory is not None and memory.needed >= 256 * 256 * 4, memory
+    assert "needs 0 B" not in "\n".join(report.cost.lines())

@@ -407,7 +407,9 @@ def _fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
     extra = (worst.temp_bytes or 0.0) + max(
         0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0)
     )
-    held = float(resident.total) if resident is not None else (worst.input_bytes or 0.0)
+    # what the tracked code holds; when it holds no module or optimizer, the graph's inputs
+    # (device data it reads: at least that much is resident)
+    held = float(resident.total) if resident and resident.total else (worst.input_bytes or 0.0)
     return MemoryFit(chip, held + extra, resident, worst.temp_bytes or 0.0)
 
 
