@@ -168,7 +168,10 @@ def test_large_matmuls_keep_xla_cpu_busy_and_are_judged_for_the_target():
     assert device <= report.metrics.execute_seconds * 1.01
     # Tracing is cheap; the host's time goes to waiting (in the sync when the runtime holds
     # it a step behind, else at the end), not to the user's Python.
-    assert a.parts["device"].median > 10 * a.parts["trace"].median
+    # (Medians, not totals: a loaded machine slows tracing and the device alike, so only a
+    # wide margin is asserted: ~130x on a quiet machine, 8x seen under a loaded CI.)
+    assert a.share("trace") < 0.3, str(a)
+    assert a.parts["device"].median > 3 * a.parts["trace"].median, str(a)
 
 
 def test_changing_shapes_are_compile_bound():
