@@ -2,7 +2,7 @@
 
 While a run is tracked, tpu_nb.runtime.tracking._anatomy.Collector records three timestamps per
 sync and per value read and times the data loaders' __next__ (events of the probe,
-tracking/_probe.py), reads the runtime's sample buffers every 48 syncs and reads, and builds
+runtime/probe.py), reads the runtime's sample buffers every 48 syncs and reads, and builds
 the per-step records when the run ends. Target: <= 1 % of a ~1 ms step, <= 10 us per sync.
 
 1. a ~1.3 ms MLP training step inside track(): the recorder alone (anatomy unhooked right

@@ -1,7 +1,7 @@
 """What recording provenance costs (issue 10), measured side by side in one run.
 
 While a tracked run is active, `tpu_nb.track()` runs a provenance.Recorder, a subscriber of the
-probe (tracking/_probe.py) that wraps torch_xla.sync, the Tensor read methods and
+probe (runtime/probe.py) that wraps torch_xla.sync, the Tensor read methods and
 CPU-fallback-prone ops; it captures pending graphs at lines that compile. `%%on_tpu` also
 swaps torch's factories for default_device()'s wrappers.
 Target: the recorder costs <= 1 % of a ~1 ms training step and <= 10 us per sync.

@@ -68,6 +68,21 @@ def test_reload_and_unload_leave_no_duplicates(shell):
     assert count() == loaded
 
 
+def test_a_reload_before_the_first_compile_keeps_the_compile_analysis(py):
+    # Unloading before anything compiled puts PT_XLA_DEBUG_* back; the reloaded extension's
+    # first cell must set them again, or its compiles have no line.
+    out = py("""
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        ip.run_line_magic("load_ext", "tpu_nb")
+        ip.run_line_magic("tpu_setup", "--device cpu")
+        ip.run_line_magic("reload_ext", "tpu_nb")
+        ip.run_cell("import torch")
+        ip.run_cell("%%on_tpu\\nx = torch.linspace(0, 1, 64)\\ns = (x * 2).sum()\\nprint(s.item())")
+    """).stdout
+    assert "line 4: compiled ×1" in out, out
+
+
 def test_on_tpu_defaults_the_device_and_returns_the_last_value(shell, capsys):
     r = run(
         shell,
@@ -493,6 +508,10 @@ def test_load_unload_cycles_leave_no_magics_behind(shell):
     assert listed == 1 and alive() == (1, before)
     shell.run_line_magic("unload_ext", "tpu_nb")
     assert alive()[0] == 0 and alive()[1] <= before - 1
+    # and every hook it put into torch and torch_xla is gone with it
+    from tpu_nb.runtime.probe import probe
+
+    assert probe().installed() == {}
     shell.run_line_magic("load_ext", "tpu_nb")
 
 

@@ -170,7 +170,17 @@ def test_no_module_imports_in_a_cycle_at_run_time():
 
 def test_runtime_packages_import_each_other_in_one_order():
     """Above the foundations, each runtime package imports only packages listed before it."""
-    order = ["backend", "environment", "metrics", "graph", "tracking", "live", "parallel", "plan"]
+    order = [
+        "backend",
+        "probe",
+        "environment",
+        "metrics",
+        "graph",
+        "tracking",
+        "live",
+        "parallel",
+        "plan",
+    ]
     base = (
         "tpu_nb.runtime.errors",
         "tpu_nb.runtime.units",

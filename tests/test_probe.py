@@ -13,10 +13,10 @@ import torch
 import torch_xla
 
 import tpu_nb
+from tpu_nb.runtime import probe as probe_module
 from tpu_nb.runtime import sources
+from tpu_nb.runtime.probe import READ_METHODS, probe
 from tpu_nb.runtime.tracking import _anatomy, _attribution, _policy, _provenance, _run, _store
-from tpu_nb.runtime.tracking import _probe as probe_module
-from tpu_nb.runtime.tracking._probe import READ_METHODS, probe
 
 INNER = __import__("sys").modules["torch_xla.torch_xla"]
 # What torch and torch_xla hold before any run: the hooks must give these back.
@@ -32,7 +32,8 @@ def assert_originals() -> None:
     for name, original in ORIGINAL_READS.items():
         assert getattr(torch.Tensor, name) is original, name
     assert torch.unique is ORIGINAL_UNIQUE
-    assert probe().installed() == {}
+    # (the defined kinds a loaded extension holds, such as the counter-reset watch, may stay)
+    assert not probe().installed().keys() & {*probe_module.KINDS, "factories", "dynamo-trace"}
     assert _run.current_run() is None and probe().active_runs == ()  # no run left live
 
 
@@ -69,6 +70,36 @@ def test_one_hook_per_entry_point_however_many_listen():
     # each subscriber saw every sync once: max_graphs' own as it starts, then the loop's two
     assert outer.syncs == inner.syncs == 3
     assert len(outer.steps) == len(inner.steps) == 3
+
+
+def test_the_other_hooks_are_kinds_of_the_probe_and_leave_with_their_holder():
+    import logging
+    import sys
+
+    from tpu_nb.runtime.environment import _defaults, _legacy
+
+    original_randn = torch.randn
+    assert "factories" not in probe().installed()
+    with tpu_nb.default_device("cpu"), tpu_nb.default_device("cpu"):
+        # one set of wrappers however many blocks are open
+        assert probe().installed()["factories"] == len(_defaults.FACTORIES) + 2
+        assert torch.randn is not original_randn and torch.randn.__wrapped__ is original_randn
+    assert "factories" not in probe().installed() and torch.randn is original_randn
+
+    trace = logging.getLogger("torch.__trace")
+    handlers = list(trace.handlers)
+    with tpu_nb.track(), tpu_nb.track():
+        assert probe().installed()["dynamo-trace"] == 1
+        assert len(trace.handlers) == len(handlers) + 1  # one handler for both runs' watches
+    assert "dynamo-trace" not in probe().installed() and trace.handlers == handlers
+
+    held = "legacy-names" in probe().installed()  # the extension, loaded by an earlier test
+    _legacy.install()
+    assert probe().installed()["legacy-names"] == 1 and _legacy._finder in sys.meta_path
+    if not held:
+        _legacy.uninstall()
+        assert "legacy-names" not in probe().installed()
+        assert _legacy._finder not in sys.meta_path
 
 
 def _raising_once(original, error_factory):
@@ -191,7 +222,7 @@ def test_after_an_interrupted_end_a_long_loop_runs_on_the_originals(monkeypatch)
     # no hook of the ended run saw the loop: nothing recorded, nothing kept
     assert recording.syncs == syncs
     assert sum(o.calls for o in recording.occurrences.values()) == reads
-    assert probe().listeners == {kind: () for kind in probe_module.KINDS}
+    assert all(probe().listeners[kind] == () for kind in probe_module.KINDS)
     assert_originals()
 
 

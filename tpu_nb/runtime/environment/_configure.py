@@ -358,6 +358,10 @@ def undo_debug_settings() -> str:
         else:
             os.environ[name] = value
     _debug_before.clear()
+    # Nothing compiled with them: the next device() sets up again (a reloaded extension's
+    # first %%on_tpu would otherwise compile with no compile analysis to read).
+    global _configured
+    _configured = False
     return ""
 
 

@@ -39,6 +39,7 @@ from contextlib import contextmanager, suppress
 
 from tpu_nb.runtime import frame as frames
 from tpu_nb.runtime.errors import TpuNbUsageError
+from tpu_nb.runtime.probe import Hooks, close_surely, probe
 from tpu_nb.runtime.sources import as_caller, frames_to_tracked, tracked_frame
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
@@ -71,8 +72,6 @@ FACTORIES = (
     "hann_window",
     "kaiser_window",
 )
-
-_lock = threading.Lock()
 
 
 class _Scope:
@@ -120,12 +119,9 @@ def _is_module(obj) -> bool:
 
 
 # Blocks open in each thread, innermost last: (scope, device). Replicas on XLA:CPU are
-# threads of one process, each with its own device, so the wrappers (installed once while any
-# block is open) look up the calling thread's block.
+# threads of one process, each with its own device, so the wrappers (the probe's "factories"
+# hooks, in place while any block is open) look up the calling thread's block.
 _open = threading.local()
-_users = 0
-_originals: dict[str, object] = {}
-_hooks: list = []  # torch's registration hooks, removed with the wrappers
 
 
 def _wrap(fn):
@@ -144,7 +140,6 @@ def _wrap(fn):
         # warnings (torch.tensor(a_tensor)'s) name the caller's line, not this wrapper
         return as_caller(caller)(fn, args, kwargs)
 
-    factory.__tpu_nb_original__ = fn
     return factory
 
 
@@ -243,7 +238,7 @@ def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
     else:
         device = _as_device(torch, device)
     scope = _Scope(code, None if code else sys._getframe(2))
-    _install(torch)
+    subscription = probe().subscribe(scope, ("factories",), of_run=False)
     blocks = _open.__dict__.setdefault("blocks", [])
     blocks.append((scope, device))
     try:
@@ -254,38 +249,25 @@ def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
             _open.pending.clear()
             sys.setprofile(_open.previous)
             frames.tracing(-1)
-        _uninstall(torch)
+        close_surely(subscription)
 
 
-def _install(torch) -> None:
-    global _users
-    with _lock:
-        if _users == 0:
-            for name in FACTORIES:
-                fn = getattr(torch, name, None)
-                if fn is not None:
-                    original = getattr(fn, "__tpu_nb_original__", fn)
-                    _originals[name] = original
-                    setattr(torch, name, _wrap(original))
-            modules = torch.nn.modules.module
-            _hooks.append(modules.register_module_parameter_registration_hook(_registered))
-            _hooks.append(modules.register_module_buffer_registration_hook(_registered))
-        _users += 1
+def _install(hooks: Hooks) -> None:
+    """The probe's "factories" kind: the torch namespace's factories, and torch's global
+    parameter and buffer registration hooks."""
+    import torch
+
+    for name in FACTORIES:
+        hooks.patch(torch, name, _wrap)
+    modules = torch.nn.modules.module
+    for register in (
+        modules.register_module_parameter_registration_hook,
+        modules.register_module_buffer_registration_hook,
+    ):
+        hooks.undo(register(_registered).remove, register.__name__)
 
 
-def _uninstall(torch) -> None:
-    global _users
-    with _lock:
-        _users -= 1
-        if _users == 0:
-            for name, original in _originals.items():
-                current = getattr(torch, name, None)
-                if getattr(current, "__tpu_nb_original__", None) is original:
-                    setattr(torch, name, original)  # unless something replaced ours since
-            _originals.clear()
-            for handle in _hooks:
-                handle.remove()
-            _hooks.clear()
+probe().define("factories", _install)
 
 
 def _as_device(torch, device):

@@ -16,6 +16,8 @@ import importlib.abc
 import sys
 from typing import Any
 
+from tpu_nb.runtime.probe import Hooks, Subscription, probe
+
 XM = "torch_xla.core.xla_model"
 XMP = "torch_xla.distributed.xla_multiprocessing"
 
@@ -132,17 +134,33 @@ class _Loader(importlib.abc.Loader):
 _finder = _Finder()
 
 
-def install() -> None:
-    """Notes on removed names and on xmp.spawn failures (see the module docstring)."""
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
+def _install(hooks: Hooks) -> None:
+    """The probe's "legacy-names" kind: the finder, and the two modules if already imported
+    (one imported later is patched by the finder's loader; both undone together)."""
+    sys.meta_path.insert(0, _finder)
+    hooks.undo(_remove, "legacy-names finder")
     for name in (XM, XMP):
         if name in sys.modules:
             _patch(sys.modules[name])
 
 
-def uninstall() -> None:
+def _remove() -> None:
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     for name in (XM, XMP):
         _unpatch(sys.modules.get(name))
+
+
+probe().define("legacy-names", _install)
+_held: list[Subscription] = []  # the extension's, while it is loaded
+
+
+def install() -> None:
+    """Notes on removed names and on xmp.spawn failures (see the module docstring)."""
+    if not _held:
+        _held.append(probe().subscribe(_finder, ("legacy-names",), of_run=False))
+
+
+def uninstall() -> None:
+    while _held:
+        _held.pop().close()

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable
 
 from tpu_nb.runtime.backend import current as backend
+from tpu_nb.runtime.probe import Hooks, Subscription, probe
 
 lock = threading.RLock()
 # Counts torch_xla cleared outside reset_metrics(), per counter, to add back to every read.
@@ -37,7 +38,6 @@ _carried: dict[str, int] = {}
 # The raw values of the previous read, to notice a reset nobody told us about.
 _last_raw: dict[str, int] = {}
 _last_names = 0  # how many counters the backend listed at the previous read
-_installed = False
 
 
 class _Resets:
@@ -48,23 +48,32 @@ class _Resets:
 resets = _Resets()
 
 
+def _install(hooks: Hooks) -> None:
+    """The probe's "counter-resets" kind."""
+    counters = backend().counters
+    counters.watch_clears(_on_clear)
+    hooks.undo(counters.unwatch_clears, "counter reset watch")
+
+
+probe().define("counter-resets", _install)
+_held: list[Subscription] = []  # held from the first snapshot until uninstall()
+
+
 def ensure_installed() -> None:
     """Have the backend's own counter resets pass through `_on_clear` (once per process;
     cheap to call again). Without it, resets are noticed as unseen ones."""
-    global _installed
-    if _installed:
+    if _held:
         return
-    _installed = True
-    backend().counters.watch_clears(_on_clear)
+    with lock:
+        if not _held:
+            _held.append(probe().subscribe(resets, ("counter-resets",), of_run=False))
 
 
 def uninstall() -> None:
     """Give the backend its own counter resets back (what `%unload_ext tpu_nb` does)."""
-    global _installed
     with lock:
-        if _installed:
-            backend().counters.unwatch_clears()
-            _installed = False
+        while _held:
+            _held.pop().close()
 
 
 def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:

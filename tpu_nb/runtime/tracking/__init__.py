@@ -6,6 +6,7 @@ out-of-memory error read into facts; and `on_tpu()`, which composes them the way
 does.
 Above runtime.graph, runtime.metrics and runtime.environment."""
 
+from tpu_nb.runtime.probe import probe
 from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
 from tpu_nb.runtime.tracking._attribution import (
     HOST_READ_HINT,
@@ -24,7 +25,6 @@ from tpu_nb.runtime.tracking._policy import (
     progression,
     reads_repeat,
 )
-from tpu_nb.runtime.tracking._probe import probe
 from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
 from tpu_nb.runtime.tracking._report import RunReport
 from tpu_nb.runtime.tracking._run import Run, current_run, last_report, track

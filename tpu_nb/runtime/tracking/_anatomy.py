@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._cost import judged_chip
-from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
 
@@ -356,7 +356,7 @@ class Collector:
                 self._lock.release()
         return build(self, None, last=last)
 
-    # the probe's events (_probe.py): the hot path (a deque append, a decrement)
+    # the probe's events (runtime/probe.py): the hot path (a deque append, a decrement)
     priority = 0  # first: the recorder's anchors and max_graphs' check come after
 
     before = None

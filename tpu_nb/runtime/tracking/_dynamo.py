@@ -34,6 +34,7 @@ from typing import Any
 from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
 from tpu_nb.runtime.metrics._counters import snapshot
+from tpu_nb.runtime.probe import Hooks, Subscription, probe
 from tpu_nb.runtime.sources import innermost_frame, short_path
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_seconds
@@ -251,10 +252,26 @@ def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
     return ()
 
 
+class _Dispatch(logging.Handler):
+    """The one handler on Dynamo's structured trace: hands each record to the watches that
+    subscribed (the probe's "dynamo-trace" kind)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for watch in probe().listeners["dynamo-trace"]:
+            watch.handle(record)
+
+
+def _install(hooks: Hooks) -> None:
+    logger, dispatch = logging.getLogger(_TRACE_LOGGER), _Dispatch(logging.DEBUG)
+    logger.addHandler(dispatch)
+    hooks.undo(lambda: logger.removeHandler(dispatch), "Dynamo's structured trace handler")
+
+
+probe().define("dynamo-trace", _install)
+
+
 def _watches() -> list[Watch]:
     """The watches of the tracked runs now running, in the order the runs began."""
-    from tpu_nb.runtime.tracking._probe import probe
-
     watches = (getattr(run, "dynamo", None) for run in probe().active_runs)
     return [w for w in watches if w is not None and w.watching]
 
@@ -342,7 +359,7 @@ class Watch(logging.Handler):
         self.compiles: list[DynamoCompile] = []
         self._starts: list[tuple[int, int]] = []  # per compile: (log offset, XLA compiles)
         self.errors = 0
-        self._logger: logging.Logger | None = None
+        self._subscription: Subscription | None = None
         self.watching = False  # started and not stopped
         # Called with True when Dynamo starts compiling a frame in this run, False when done:
         # max_graphs pauses torch_xla's shape detector meanwhile (Dynamo's tracing of a graph
@@ -354,17 +371,16 @@ class Watch(logging.Handler):
         # Only once torch is imported (it creates the logger and its level); a run that
         # imports torch itself has no Dynamo compile before that import finishes anyway.
         if "torch._logging" in sys.modules:
-            self._logger = logging.getLogger(_TRACE_LOGGER)
-            self._logger.addHandler(self)
+            self._subscription = probe().subscribe(self, ("dynamo-trace",))
         return self
 
     def stop(self) -> tuple[DynamoCompile, ...]:
-        """Remove the handler; the frames compiled, each with the XLA compiles that followed
-        it until the next frame started compiling (or the run ended)."""
+        """Leave the structured trace; the frames compiled, each with the XLA compiles that
+        followed it until the next frame started compiling (or the run ended)."""
         self.watching = False
-        if self._logger is not None:
-            self._logger.removeHandler(self)
-            self._logger = None
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
         return self.so_far()
 
     def so_far(self) -> tuple[DynamoCompile, ...]:

@@ -5,7 +5,7 @@ each compile on a line (`track.compile_events_so_far`; a compiled function's gra
 that calls it, its inputs' pending work apart), every distinct graph of the line inside the
 block, the first step's included; outside a tracked run, per innermost user frame of the sync.
 The check runs right after each sync (`torch_xla.sync`, which `xm.mark_step` and the device
-loaders call: a subscriber of the probe, _probe.py), so the step that compiled
+loaders call: a subscriber of the probe, runtime/probe.py), so the step that compiled
 graph n+1 has run when RecompilationError is raised; the error says what differs from the line's
 previous graph (the op and shape when `%%on_tpu`'s recorder captured both graphs — lines at
 their limit are captured at every sync while the guard is on — else the log's counts).
@@ -31,10 +31,10 @@ from typing import Any
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.probe import Subscription, own_sync, probe
 from tpu_nb.runtime.sources import cut_at_user_code, innermost_frame, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
-from tpu_nb.runtime.tracking._probe import Subscription, own_sync, probe
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
@@ -150,7 +150,7 @@ class max_graphs:
             raise
         return None
 
-    # the probe's sync events (_probe.py): checked after the recorder placed the sync
+    # the probe's sync events (runtime/probe.py): checked after the recorder placed the sync
     priority = 2
 
     before = None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import RuntimeStateError, TpuNbUsageError, check_whole_number
-from tpu_nb.runtime.tracking._probe import Subscription, probe
+from tpu_nb.runtime.probe import Subscription, probe
 
 if TYPE_CHECKING:
     from tpu_nb.runtime.tracking._provenance import Recorder

@@ -43,6 +43,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
+from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.sources import (
     call_site,
     inner_frame,
@@ -52,7 +53,6 @@ from tpu_nb.runtime.sources import (
 )
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
-from tpu_nb.runtime.tracking._probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
@@ -183,7 +183,7 @@ class Recording:
 
 class Recorder:
     """Records one tracked run from the probe's sync, read and fallback events (see the module
-    docstring and _probe.py).
+    docstring and runtime/probe.py).
 
     root: what counts as the tracked code's own frames — code objects (a cell's compiled
     code) or one frame (the frame that entered `track()`). A site's `line` is the line that
@@ -253,7 +253,7 @@ class Recorder:
             subscription.close()
         return self.recording
 
-    # -- events (see _probe.py) ----------------------------------------------------------------
+    # -- events (see runtime/probe.py) -------------------------------------------------------
 
     def before(self, event):
         """The probe's call as a sync, read or fallback starts: a graph capture when the

@@ -31,6 +31,8 @@ from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import on_reset, snapshot
+from tpu_nb.runtime.probe import Subscription, own_sync
+from tpu_nb.runtime.probe import probe as run_probe
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _attribution as attribution
 from tpu_nb.runtime.tracking import _cost as cost
@@ -41,8 +43,6 @@ from tpu_nb.runtime.tracking._cost import StepCost
 from tpu_nb.runtime.tracking._oom import out_of_memory
 from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork, find_earlier, find_pending
 from tpu_nb.runtime.tracking._policy import Judgement
-from tpu_nb.runtime.tracking._probe import Subscription, own_sync
-from tpu_nb.runtime.tracking._probe import probe as run_probe
 from tpu_nb.runtime.tracking._report import RunReport
 from tpu_nb.runtime.tracking._store import store
 

@@ -25,6 +25,16 @@ the middle of it (and SIGINT is held off while it runs in the main thread), then
 
 tpu_nb's own syncs (track()'s end-of-run sync, max_graphs' sync as it starts) are made inside
 `own_sync(kind)`: their event carries `own`, an explicit marker subscribers test.
+
+The other hooks are kinds their owners define (`define(kind, install)`), installed and removed
+the same way while anyone subscribes to them: "factories" (default_device's torch factories
+and module registration hooks, while a block is open), "legacy-names" (the finder and notes
+for XRT-era names, while the extension is loaded), "counter-resets" (the backend's counter
+reset carrying the counts, from the first snapshot until unload) and "dynamo-trace" (one
+handler on Dynamo's structured trace, handing its records to the runs' Dynamo watches).
+`installed()` lists them all. Two registrations with Dynamo have no removal in torch and are
+not hooks: tpu_nb's files and call trampolines are on Dynamo's skip lists, so that Dynamo
+never compiles tpu_nb's code as the user's.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -46,7 +56,7 @@ from tpu_nb.runtime.sources import as_caller
 
 log = logging.getLogger("tpu_nb")
 
-KINDS = ("sync", "read", "fallback", "input")
+KINDS = ("sync", "read", "fallback", "input")  # the event kinds; others are define()d
 # Counters that move when device data reaches the host: a scalar read, a copy to the CPU.
 READ_COUNTERS = ("aten::_local_scalar_dense", "xla::_to_cpu", "xla::_to_copy")
 # Tensor methods that read device values, and how a finding names them.
@@ -211,6 +221,40 @@ class _Hook:
         self.owner, self.name, self.original = owner, name, original
         self.had_own, self.wrapper = had_own, wrapper
 
+    def restore(self) -> None:
+        if getattr(self.owner, self.name, None) is self.wrapper:  # unless replaced since
+            if self.had_own:
+                setattr(self.owner, self.name, self.original)
+            else:
+                delattr(self.owner, self.name)
+
+
+class _Undo:
+    __slots__ = ("step", "name")
+
+    def __init__(self, step: Callable[[], object], name: str):
+        self.step, self.name = step, name
+
+    def restore(self) -> None:
+        self.step()
+
+
+class Hooks:
+    """What a defined kind's `install` is given: `patch` replaces `owner.name` with
+    `make(original)`, `undo` registers a step for anything else (a handle to remove); the probe
+    reverses them, last first, when the kind's last subscriber leaves."""
+
+    __slots__ = ("_probe", "_kind")
+
+    def __init__(self, probe: Probe, kind: str):
+        self._probe, self._kind = probe, kind
+
+    def patch(self, owner, name: str, make: Callable[[Any], Any]) -> None:
+        self._probe._patch(self._kind, owner, name, make)
+
+    def undo(self, step: Callable[[], object], name: str = "") -> None:
+        self._probe._hooks[self._kind].append(_Undo(step, name or getattr(step, "__name__", "")))
+
 
 class _Local(threading.local):
     """Per-thread state of the hooks. Class-level defaults: `getattr(local, name, default)`
@@ -236,7 +280,8 @@ class Probe:
         self.listeners: dict[str, tuple] = {k: () for k in KINDS}
         self.befores: dict[str, tuple] = {k: () for k in KINDS}
         self.afters: dict[str, tuple] = {k: () for k in KINDS}
-        self._hooks: dict[str, list[_Hook]] = {k: [] for k in KINDS}
+        self._hooks: dict[str, list[_Hook | _Undo]] = {k: [] for k in KINDS}
+        self._defined: dict[str, Callable[[Hooks], None]] = {}
         self.local = _Local()
         # The tracked runs now running, in the order they began (any thread), and the last
         # that ended: a live view and max_graphs follow a run through them.
@@ -247,19 +292,38 @@ class Probe:
 
     # -- subscribing ---------------------------------------------------------------------------
 
-    def subscribe(self, subscriber, kinds: tuple[str, ...]) -> Subscription:
-        """Deliver the events of `kinds` to `subscriber` until the subscription is closed."""
-        unknown = set(kinds) - set(KINDS)
+    def define(self, kind: str, install: Callable[[Hooks], None]) -> None:
+        """A kind of hook besides the event kinds: `install(hooks)` puts it in place when the
+        kind's first subscriber comes (see `Hooks`), and the probe takes it out when the last
+        leaves. Its subscribers are listed in `listeners[kind]`."""
+        if kind in KINDS:
+            raise ValueError(f"{kind!r} is one of the probe's event kinds")
+        with self._lock:
+            self._defined[kind] = install
+            self._subs.setdefault(kind, set())
+            self._hooks.setdefault(kind, [])
+            self.listeners.setdefault(kind, ())
+
+    def subscribe(self, subscriber, kinds: tuple[str, ...], *, of_run: bool = True) -> Subscription:
+        """Deliver the events of `kinds` to `subscriber` (or, for a defined kind, keep its
+        hooks in place) until the subscription is closed. `of_run`: it belongs to the tracked
+        run open on this thread, if any, whose end closes it if its owner could not; False
+        for one that outlives runs (a default_device block, the loaded extension)."""
+        unknown = set(kinds) - set(KINDS) - self._defined.keys()
         if unknown:
             raise ValueError(f"unknown probe event kinds {sorted(unknown)}")
         runs = self.local.runs
-        subscription = Subscription(subscriber, tuple(kinds), runs[-1] if runs else None)
+        run = runs[-1] if runs and of_run else None
+        subscription = Subscription(subscriber, tuple(kinds), run)
         with self._lock:
             try:
                 for kind in kinds:
+                    first = not self._subs[kind]
                     # a set's add is one step: an interrupt leaves it in or out, never half
                     self._subs[kind].add(subscription)
-                    if not self._hooks[kind]:
+                    # (an event kind's hooks can be missing after a failed install; a defined
+                    # kind's install may have found nothing to hook yet)
+                    if first if kind in self._defined else not self._hooks[kind]:
                         self._install(kind)
             except BaseException:
                 self._leave(subscription)
@@ -325,14 +389,16 @@ class Probe:
 
     def _relist(self) -> None:
         befores, afters = {}, {}
-        for kind, subs in self._subs.items():
+        listeners = {kind: tuple(s.subscriber for s in self._subs[kind]) for kind in self._defined}
+        for kind in KINDS:
+            subs = self._subs[kind]
             ordered = sorted((s.subscriber for s in subs), key=lambda s: getattr(s, "priority", 0))
             # bound methods, looked up once; a subscriber sets `before = None` (or `after`)
             # when it has nothing to do there
             befores[kind] = tuple((s, s.before) for s in ordered if s.before is not None)
             afters[kind] = tuple((s, s.after) for s in ordered if s.after is not None)
         self.befores, self.afters = befores, afters
-        self.listeners = {kind: befores[kind] or afters[kind] for kind in KINDS}
+        self.listeners = {**listeners, **{kind: befores[kind] or afters[kind] for kind in KINDS}}
 
     def installed(self) -> dict[str, int]:
         """Hooks installed now, per kind (for tests and diagnostics)."""
@@ -341,6 +407,10 @@ class Probe:
     # -- install / remove ----------------------------------------------------------------------
 
     def _install(self, kind: str) -> None:
+        defined = self._defined.get(kind)
+        if defined is not None:
+            defined(Hooks(self, kind))
+            return
         import torch
 
         runtime = current_backend()
@@ -382,7 +452,9 @@ class Probe:
     def _patch(self, kind: str, owner, name: str, make) -> None:
         original = getattr(owner, name, None)
         if original is None or any(
-            h.owner is owner and h.name == name for k in KINDS for h in self._hooks[k]
+            isinstance(h, _Hook) and h.owner is owner and h.name == name
+            for hooks in self._hooks.values()
+            for h in hooks
         ):
             return
         wrapper = make(original)
@@ -396,12 +468,8 @@ class Probe:
         while hooks:
             hook = hooks[-1]
             try:
-                if getattr(hook.owner, hook.name, None) is hook.wrapper:
-                    if hook.had_own:
-                        setattr(hook.owner, hook.name, hook.original)
-                    else:
-                        delattr(hook.owner, hook.name)
-            except (AttributeError, TypeError):
+                hook.restore()
+            except Exception:  # one that cannot be undone must not keep the rest in place
                 log.debug("tpu_nb: could not restore %s", hook.name, exc_info=True)
             hooks.pop()
 
@@ -596,6 +664,19 @@ _probe = Probe()
 def probe() -> Probe:
     """The process's interception layer."""
     return _probe
+
+
+def close_surely(subscription: Subscription) -> None:
+    """Close `subscription` even when KeyboardInterrupt lands in the middle (re-raised after):
+    for one no run's end would close (`of_run=False`)."""
+    interrupted: BaseException | None = None
+    while not subscription.closed:
+        try:
+            subscription.close()
+        except KeyboardInterrupt as error:
+            interrupted = error
+    if interrupted is not None:
+        raise interrupted
 
 
 @contextmanager
