@@ -138,6 +138,24 @@ def user_frame(frame):
     return frame if depth < MAX_DEPTH else None
 
 
+def user_stacklevel(frame) -> int:
+    """The `stacklevel` for warnings.warn called in `frame` that names the innermost user
+    line outside it (2, the caller, when only library code calls it)."""
+    level = 1
+    while frame is not None and is_library(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
+def frames_between(inner, outer, limit: int) -> list:
+    """The frames from `inner` outwards up to (not including) `outer`, at most `limit`."""
+    found: list = []
+    while inner is not None and inner is not outer and len(found) < limit:
+        found.append(inner)
+        inner = inner.f_back
+    return found
+
+
 def innermost_frame(frame, test, depth: int = MAX_DEPTH):
     """The innermost frame at or outside `frame` that passes `test(frame)`, looking at most
     `depth` frames out (None: no such frame). Every walk of tpu_nb's goes through this

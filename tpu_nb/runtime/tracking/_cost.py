@@ -22,14 +22,13 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from types import FrameType
 from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.environment._chips import Chip, target_chip
 from tpu_nb.runtime.environment._detect import detect_accelerator
 from tpu_nb.runtime.graph._cost import HloFlops, hlo_flops
-from tpu_nb.runtime.sources import is_library
+from tpu_nb.runtime.sources import user_stacklevel
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_seconds, percentile
 
@@ -278,18 +277,8 @@ def _warn_if_it_cannot_fit(resident: Residency) -> None:
             f"tpu_nb: this step {fit.describe()}. Fix: a smaller model or batch, bf16 "
             "weights, or sharding over more chips.",
             UserWarning,
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(sys._getframe()),
         )
-
-
-def _user_stacklevel() -> int:
-    """The `stacklevel` that attributes a warning of our caller to the user's line (the
-    sync or read that captured the graph), not to tpu_nb's or torch_xla's frames."""
-    frame: FrameType | None = sys._getframe(1)  # the function that calls warnings.warn
-    level = 1
-    while frame is not None and is_library(frame.f_code.co_filename):
-        frame, level = frame.f_back, level + 1
-    return level if frame is not None else 2
 
 
 def residency(spaces: Sequence[dict]) -> Residency:

@@ -46,6 +46,7 @@ from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_st
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.sources import (
     call_site,
+    frames_between,
     inner_frame,
     innermost_frame,
     short_path,
@@ -579,12 +580,11 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     budget = [20_000]
     variables = frame_variables(frame)
     spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
-    between: list[dict] = []
-    outer = caller
-    while outer is not None and outer is not frame and len(between) < _CAPTURE_FRAMES:
-        if outer.f_globals is not outer.f_locals:
-            between.append(outer.f_locals)
-        outer = outer.f_back
+    between = [
+        f.f_locals
+        for f in frames_between(caller, frame, _CAPTURE_FRAMES)
+        if f.f_globals is not f.f_locals
+    ]
     spaces[:0] = between  # innermost first
     named = {n: space[n] for space in spaces for n in names if n in space}
     rest = [dict(reversed(list(space.items()))) for space in spaces]
