@@ -93,7 +93,7 @@ def compiled_functions(compiled) -> list[CompiledFunction]:
             group.recompiles.append(c.why())
         group.dynamic += [d for d in c.dynamic if d not in group.dynamic]
         for b in c.graph_breaks:
-            words = f"graph break at {place_text(_frame(b))}: {b.reason}"
+            words = f"graph break at {place_text(_frame(b))}: {_plain_reason(b.reason)}"
             if b.explanation:
                 words += f" ({b.explanation})"
             if words not in group.breaks:
@@ -148,3 +148,11 @@ def _colour(line: str) -> str:
     if line.startswith("graph break"):
         return WARN
     return MUTED
+
+
+_KWARGS_FLAG = re.compile(r" \(has_kwargs (?:True|False)\)")
+
+
+def _plain_reason(reason: str) -> str:
+    """Dynamo's reason for a graph break without its internal flags ("(has_kwargs False)")."""
+    return _KWARGS_FLAG.sub("", reason)
