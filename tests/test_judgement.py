@@ -81,7 +81,7 @@ def test_a_short_healthy_run_gets_facts_and_no_advice(cell):
     short = cell(TRAIN.format(width=40, steps=3, optimizer="torch.optim.AdamW(model.parameters())"))
     assert "RECOMPILED" not in short.summary and "compile-bound" not in short.text
     assert short.verdict is None and "no verdict yet" in short.summary
-    assert "too few steps to judge the steady state" in short.text
+    assert "too few steady steps to judge" in short.text and "(run 1 more)" in short.text
     assert not short.advice, short.text
     healthy = cell(
         TRAIN.format(width=41, steps=12, optimizer="torch.optim.AdamW(model.parameters())")
@@ -114,7 +114,7 @@ for step in range(40):
     assert slow.verdict is not None and slow.verdict.kind == "host-bound", slow.text
     steady = slow.report.judgement.steady_steps
     assert steady == 38, slow.text  # the first step's and the warm-up's graphs left out
-    header = f"host time by line (sampled, the {steady} steps after the warm-up):"
+    header = f"host time by line (sampled, the {steady} steady steps):"
     assert header in slow.text, slow.text
     table = slow.text.split(header, 1)[1].split("the cell, annotated:")[0]
     # the helper's line: its sleep is the largest host time of the steady steps
