@@ -81,7 +81,7 @@ def test_a_short_healthy_run_gets_facts_and_no_advice(cell):
     short = cell(TRAIN.format(width=40, steps=3, optimizer="torch.optim.AdamW(model.parameters())"))
     assert "RECOMPILED" not in short.summary and "compile-bound" not in short.text
     assert short.verdict is None and "no verdict yet" in short.summary
-    assert "too few steady steps to judge" in short.text and "(run 1 more)" in short.text
+    assert "too few steady steps to judge" in short.text and "(run 2 more)" in short.text
     assert not short.advice, short.text
     healthy = cell(
         TRAIN.format(width=41, steps=12, optimizer="torch.optim.AdamW(model.parameters())")
@@ -437,7 +437,9 @@ def test_without_the_compile_log_a_warm_up_is_not_assumed(py):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     warm, grows = out["warm"], out["grows"]
     assert not warm["log"] and warm["compiles"] == 2
-    assert "whether that was a warm-up or recompilation is not known" in warm["note"]
+    assert (
+        "whether those were the first steps' graphs or recompilation is not known" in warm["note"]
+    )
     assert warm["steady"] == 10 and warm["kind"] != "compile-bound", warm
     assert warm["note"] in warm["text"] and "verdict:" in warm["text"]
     assert grows["compiles"] == 12 and grows["kind"] == "compile-bound", grows

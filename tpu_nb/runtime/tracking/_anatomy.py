@@ -151,6 +151,10 @@ class Verdict:
             return ""
         input_ = all(h.kind == "input" for h in self.lines)
         head = "in the iterator of " if input_ else "most of it at "
+        if len(self.lines) == 1:  # the reason's share already says how much (measured, not
+            # sampled: a second figure for the same wait would not match it)
+            h = self.lines[0]
+            return head + h.where + (f" (in {h.via})" if h.via else "")
         return head + ", ".join(
             f"{h.where} ({h.share:.0%}{', in ' + h.via if h.via else ''})" for h in self.lines
         )
