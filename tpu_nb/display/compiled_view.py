@@ -93,9 +93,10 @@ def compiled_functions(compiled) -> list[CompiledFunction]:
             group.recompiles.append(c.why())
         group.dynamic += [d for d in c.dynamic if d not in group.dynamic]
         for b in c.graph_breaks:
-            words = f"graph break at {place_text(_frame(b))}: {_plain_reason(b.reason)}"
+            words = f"graph break at {place_text(_frame(b))}: {b.reason}"
             if b.explanation:
                 words += f" ({b.explanation})"
+            words = _plain_reason(words)
             if words not in group.breaks:
                 group.breaks.append(words)
         if c.failed:
