@@ -507,8 +507,8 @@ def test_reads_and_fallbacks_in_every_step_make_the_loop_read_bound_naming_them(
     assert stalled.verdict is not None and stalled.verdict.kind == "read-bound", stalled.text
     verdict = str(stalled.verdict)
     assert "torch.nonzero on the CPU at" in verdict and ".item() read at" in verdict, verdict
-    assert "line 9 (in 10 of 10 steps)" in verdict, verdict  # the nonzero's line
-    assert "line 10 (in 10 of 10 steps)" in verdict, verdict  # the .item()'s
+    assert "line 9 (in 10 of" in verdict, verdict  # the nonzero's line
+    assert "line 10 (in 10 of" in verdict, verdict  # the .item()'s
 
 
 def test_a_loop_without_per_step_reads_or_fallbacks_is_not_read_bound(cell):
