@@ -280,7 +280,7 @@ def test_torch_xla_compile_one_recompile_names_the_shape(shell, capsys):
         "the cached graph was built for 8"
     ) in out
     assert "did not capture both" not in out
-    assert "compiled its warm-up graph" not in out
+    assert "compiled the steady step's graph" not in out
 
 
 @pytest.mark.stack

@@ -81,7 +81,7 @@ def test_a_short_healthy_run_gets_facts_and_no_advice(cell):
     short = cell(TRAIN.format(width=40, steps=3, optimizer="torch.optim.AdamW(model.parameters())"))
     assert "RECOMPILED" not in short.summary and "compile-bound" not in short.text
     assert short.verdict is None and "no verdict yet" in short.summary
-    assert "too few steps to judge the steady state" in short.text
+    assert "too few steady steps to judge" in short.text and "(run 2 more)" in short.text
     assert not short.advice, short.text
     healthy = cell(
         TRAIN.format(width=41, steps=12, optimizer="torch.optim.AdamW(model.parameters())")
@@ -114,7 +114,7 @@ for step in range(40):
     assert slow.verdict is not None and slow.verdict.kind == "host-bound", slow.text
     steady = slow.report.judgement.steady_steps
     assert steady == 38, slow.text  # the first step's and the warm-up's graphs left out
-    header = f"host time by line (sampled, the {steady} steps after the warm-up):"
+    header = f"host time by line (sampled, the {steady} steady steps):"
     assert header in slow.text, slow.text
     table = slow.text.split(header, 1)[1].split("the cell, annotated:")[0]
     # the helper's line: its sleep is the largest host time of the steady steps
@@ -437,9 +437,83 @@ def test_without_the_compile_log_a_warm_up_is_not_assumed(py):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     warm, grows = out["warm"], out["grows"]
     assert not warm["log"] and warm["compiles"] == 2
-    assert "whether that was a warm-up or recompilation is not known" in warm["note"]
+    assert (
+        "whether those were the first steps' graphs or recompilation is not known" in warm["note"]
+    )
     assert warm["steady"] == 10 and warm["kind"] != "compile-bound", warm
     assert warm["note"] in warm["text"] and "verdict:" in warm["text"]
     assert grows["compiles"] == 12 and grows["kind"] == "compile-bound", grows
     assert "run %tpu_setup before the first compile" in grows["fix"]
     assert "see the compile findings" not in grows["text"]
+
+
+# -- the first step's graph, and loops stopped by reads and fallbacks ---------------------------
+
+
+def test_the_first_steps_graph_gets_the_cause_its_graphs_show(cell):
+    """A target computed before the loop runs with the first step: the report names its op,
+    not optimizer state. SGD with momentum creates state the second step reads: that is said
+    only there."""
+    pending = cell(
+        """
+model = make_mlp(43); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(32, 43); target = x.sum(dim=1, keepdim=True).expand(32, 10) * 0.5
+for step in range(6):
+    loss = F.mse_loss(model(x), target)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    line = next(t for t in pending.text.splitlines() if "this line:" in t)
+    assert "the first step's and the steady step's" in line, pending.text
+    assert "aten::sum" in line and "created state" not in line, line
+    momentum = cell(
+        """
+model = make_mlp(44); opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x = torch.randn(32, 44); y = torch.randint(0, 10, (32,))
+torch_xla.sync()
+for step in range(6):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    line = next(t for t in momentum.text.splitlines() if "this line:" in t)
+    assert "created state" in line and "pending when the loop" not in line, momentum.text
+    for report in (pending, momentum):
+        assert "warm-up" not in report.text and "state created on the way" not in report.text
+
+
+STALLED = """
+model = make_mlp(45); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(32, 45); y = torch.randint(0, 10, (32,))
+torch_xla.sync()
+for step in range(10):
+    logits = model(x)
+    loss = F.cross_entropy(logits, y)
+    loss.backward(); opt.step(); opt.zero_grad()
+{body}
+    torch_xla.sync()
+"""
+
+
+def test_reads_and_fallbacks_in_every_step_make_the_loop_read_bound_naming_them(cell):
+    stalled = cell(
+        STALLED.format(
+            body="    hits = len(torch.nonzero(logits.argmax(dim=1) == y))\n"
+            "    if loss.item() < 0.01:\n        print('done')"
+        )
+    )
+    assert stalled.verdict is not None and stalled.verdict.kind == "read-bound", stalled.text
+    verdict = str(stalled.verdict)
+    assert "torch.nonzero on the CPU at" in verdict and ".item() read at" in verdict, verdict
+    assert "line 9 (in 10 of" in verdict, verdict  # the nonzero's line
+    assert "line 10 (in 10 of" in verdict, verdict  # the .item()'s
+
+
+def test_a_loop_without_per_step_reads_or_fallbacks_is_not_read_bound(cell):
+    fixed = cell(STALLED.format(body="    hits = (logits.argmax(dim=1) == y).sum()"))
+    assert fixed.verdict is not None and fixed.verdict.kind != "read-bound", fixed.text
+    # a read every fifth step is logging, not a stall of every step
+    logged = cell(STALLED.format(body="    if step % 5 == 4:\n        print(loss.item())"))
+    assert logged.verdict is None or logged.verdict.kind != "read-bound", logged.text

@@ -100,7 +100,7 @@ def test_next_cell_runs_normally_after_a_failure_and_outputs_are_clean():
     assert kind == "stdout"
     printed, xla_line = text.splitlines()
     assert printed == "4.0" and xla_line.startswith("XLA: 1 compiled")
-    assert xla_line.endswith("1 host reads")
+    assert xla_line.endswith("1 host read")
     for cell in nb.cells:
         assert not [t for k, t in _texts(cell) if k == "stderr"], _texts(cell)
 

@@ -162,7 +162,7 @@ def test_no_verdict_with_too_few_steady_steps_and_the_note_says_how_many_more():
     events = [_compile(0, step=0, call=0)]
     judgement = _policy.judge(_facts(events, 3, anatomy=_steps(3, {0}, host=0.01, device=0.1)))
     assert judgement.verdict is None
-    assert "too few steps" in judgement.note and "run at least" in judgement.note
+    assert "too few steady steps" in judgement.note and "(run 1 more)" in judgement.note
 
 
 def test_the_verdict_leaves_the_warm_up_out():

@@ -682,8 +682,8 @@ def _summary_figures(text: str) -> dict[str, int]:
     for key, words in (
         ("compiles", "compiled"),
         ("executions", "executed"),
-        ("cache_hits", "cache hits"),
-        ("host_reads", "host reads"),
+        ("cache_hits", "cache hits?"),
+        ("host_reads", "host reads?"),
     ):
         match = re.search(rf"(\d+) {words}", text)
         found[key] = int(match.group(1)) if match else 0

@@ -243,7 +243,11 @@ def test_max_graphs_flush_of_earlier_work_is_placed_at_the_start_not_on_a_line()
         torch_xla.sync()  # BLOCK-SYNC
     compiles = [f for f in report.findings if f.kind == "compile"]
     assert [(f.place, f.what.split(" compiled ")[-1]) for f in compiles if not f.line] == [
-        ("start of cell: work pending from before it", "by --max-graphs's sync")
+        (
+            "start of cell: work pending from before it",
+            "by the sync --max-graphs makes before the cell runs, so that earlier work is not "
+            "counted as the cell's",
+        )
     ]  # tpu_nb's sync, not torch_xla's "user torch_xla.sync"
     here = test_max_graphs_flush_of_earlier_work_is_placed_at_the_start_not_on_a_line
     assert [f.line for f in compiles if f.line] == [line_of("# BLOCK-SYNC", here)]

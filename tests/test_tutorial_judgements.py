@@ -56,8 +56,10 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
     "06_saving_and_loading": [
         ("", False, set()),
     ],
+    # the first loop stops every step for a read and a CPU fallback: read-bound, naming
+    # them; the fixed loop is one graph per step, host-bound for a v5e (a tiny model)
     "07_performance": [
-        ("host-bound", False, {"fallback", "host-read"}),
+        ("read-bound", False, {"fallback", "host-read"}),
         ("host-bound", False, set()),
         ("input-bound", False, set()),
         ("no verdict yet", False, set()),
@@ -119,3 +121,61 @@ def test_every_tutorial_report_is_pinned():
     for path in sorted(NOTEBOOKS.glob("*.ipynb")):
         if reports(path):
             assert path.stem in EXPECTED, f"{path.stem}: add its reports to EXPECTED"
+
+
+# notebook -> (index of its %%on_tpu report, a figure of the summary line its lesson states)
+STATED_COUNTS: dict[str, list[tuple[int, str]]] = {
+    "01_modules_and_autograd": [(0, "2 compiled"), (0, "18 cache hits"), (1, "0 compiled")],
+    "02_training": [(1, "2 compiled"), (1, "30 cache hits"), (1, "1 host read |")],
+    "03_lazy_tensors": [(3, "4 compiled"), (4, "2 compiled"), (6, "2 compiled")],
+    "07_performance": [
+        (0, "15 host reads"),
+        (0, "15 CPU fallbacks"),
+        (1, "1 host read |"),
+        (2, "1 compiled"),
+    ],
+}
+# notebook -> (report, words its lesson relies on, in the report's details)
+STATED_FACTS: dict[str, list[tuple[int, str]]] = {
+    # the first step's graph also computed the pending targets
+    "01_modules_and_autograd": [(0, "aten::sum")],
+    # the fixed loop's first graph also ran the pending split of the data
+    "07_performance": [(1, "aten::split"), (1, "the first step's and the steady step's")],
+    # the bucketed loop under --max-graphs 2 compiles its two graphs once each
+    "03_lazy_tensors": [(6, "2 graphs, each compiled once")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATED_COUNTS))
+def test_reports_show_the_counts_their_lessons_state(name):
+    got = reports(NOTEBOOKS / f"{name}.ipynb")
+    for index, figure in STATED_COUNTS[name]:
+        head = got[index].splitlines()[0] + " |"
+        assert f"| {figure}" in head or head.startswith(f"XLA: {figure}"), (figure, head)
+    for index, words in STATED_FACTS.get(name, []):
+        assert words in got[index], (words, got[index])
+
+
+# torch_xla's own words for a compile's cause, and tpu_nb's internal names
+_RAW = (
+    "user torch_xla.sync",
+    "access tensor value",
+    "dynamo is compiling",
+    "parallel loader at step end",
+    "dynamo processing input graphs",
+    "has_kwargs",
+    "torch_dynamo_resume_in",
+)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_report_sentences_hold_no_ids_raw_causes_or_two_meanings_of_warm_up(name):
+    import re
+
+    for text in reports(NOTEBOOKS / f"{name}.ipynb"):
+        sentences = text.split("\nthe cell, annotated:")[0]  # not the cell's own code
+        for line in sentences.splitlines():
+            assert not re.search(r"\bgraph [0-9a-f]{8}\b", line), line
+            assert not any(raw in line for raw in _RAW), line
+            assert "warm-up" not in line and "state created on the way" not in line, line
+            assert not re.search(r"\b1 (host reads|cache hits|CPU fallbacks)\b", line), line

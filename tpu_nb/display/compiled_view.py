@@ -96,6 +96,7 @@ def compiled_functions(compiled) -> list[CompiledFunction]:
             words = f"graph break at {place_text(_frame(b))}: {b.reason}"
             if b.explanation:
                 words += f" ({b.explanation})"
+            words = _plain_reason(words)
             if words not in group.breaks:
                 group.breaks.append(words)
         if c.failed:
@@ -148,3 +149,11 @@ def _colour(line: str) -> str:
     if line.startswith("graph break"):
         return WARN
     return MUTED
+
+
+_KWARGS_FLAG = re.compile(r" \(has_kwargs (?:True|False)\)")
+
+
+def _plain_reason(reason: str) -> str:
+    """Dynamo's reason for a graph break without its internal flags ("(has_kwargs False)")."""
+    return _KWARGS_FLAG.sub("", reason)

@@ -7,6 +7,7 @@ tools/nbval-sanitize.cfg masks. Every string from user code or the runtime is es
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from html import escape
 
@@ -85,7 +86,7 @@ class EnvironmentView:
 # What each kind of finding did, as the report says it.
 KIND_WORDS = {
     "compile": "compiled",
-    "warm-up": "compiled its warm-up graph",
+    "warm-up": "compiled the steady step's graph",
     "variant": "compiled another graph",
     "earlier": "compiled, with earlier cells' work",
     "recompile": "recompiled",
@@ -125,6 +126,19 @@ def _wall_parts(r: RunReport) -> str:
     return f" ({text})"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+_RESUME = re.compile(r"\btorch_dynamo_resume_in_(\w+?)_at_(\d+)\b")
+
+
+def plain_via(via: str) -> str:
+    """A frame's function as a learner knows it: Dynamo's resume function after a graph
+    break ("torch_dynamo_resume_in_f_at_3") is the rest of `f`, after line 3."""
+    return _RESUME.sub(r"\1 (the part after its graph break at line \2)", via)
+
+
 def _where(finding: LineFinding) -> str:
     if finding.line:
         return f"line {finding.line}"
@@ -162,7 +176,12 @@ class FindingGroup:
 
     @property
     def vias(self) -> list[str]:
-        return self._distinct(f.via for f in self.findings)
+        return self._distinct(plain_via(f.via) for f in self.findings)
+
+    @property
+    def details(self) -> list[str]:
+        """The graphs' hashes and torch_xla's own words: for the curious, not the sentence."""
+        return self._distinct(f.detail for f in self.findings)
 
     @property
     def changed(self) -> list[str]:
@@ -275,11 +294,11 @@ class RunView:
             f"{m.executions} executed",
         ]
         if m.cache_hits:
-            bits.append(f"{m.cache_hits} cache hits")
+            bits.append(_count(m.cache_hits, "cache hit"))
         if m.host_reads:
-            bits.append(f"{m.host_reads} host reads")
+            bits.append(_count(m.host_reads, "host read"))
         if m.fallbacks:
-            bits.append(f"{sum(m.fallbacks.values())} CPU fallbacks")
+            bits.append(_count(sum(m.fallbacks.values()), "CPU fallback"))
         if self.recompiled:
             bits.append("RECOMPILED")
         if r.error is not None:
@@ -337,9 +356,9 @@ class RunView:
             return ""
         if not 0 < judgement.steady_steps < len(steps):
             return ""
-        if not self.report.compile_analysis:  # no compile log: a warm-up is not known
+        if not self.report.compile_analysis:  # no compile log: first steps are not known
             return f"the {judgement.steady_steps} steps after the last one that compiled"
-        return f"the {judgement.steady_steps} steps after the warm-up"
+        return f"the {judgement.steady_steps} steady steps"
 
     def _notes(self) -> list[str]:
         notes = [self.report.metrics.unknown_note()] if self.report.metrics.unknown else []
@@ -349,17 +368,8 @@ class RunView:
         if problem:
             notes.append(f"compile causes unknown for this cell: {problem}")
         judgement = getattr(self.report, "judgement", None)
-        if judgement is not None and judgement.one_time_compiles:
-            n = judgement.one_time_compiles
-            notes.append(
-                f"one-time cost: {n} compile{'s' if n != 1 else ''} of first-step, warm-up "
-                f"or once-each graphs ({format_seconds(judgement.one_time_seconds)})"
-                + (
-                    f"; the verdict is about the {judgement.steady_steps} steps without them"
-                    if judgement.verdict is not None and judgement.steady_steps
-                    else ""
-                )
-            )
+        if judgement is not None and judgement.one_time_compiles and self._is_loop():
+            notes.append(self._one_time(judgement))
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
             if judgement is not None and judgement.note:  # what the verdict leaves out
@@ -374,6 +384,38 @@ class RunView:
                 "here"
             )
         return notes
+
+    def _is_loop(self) -> bool:
+        """Whether the run was a loop whose steady steps the report judges (or says it cannot
+        yet): only then are its first steps' compiles a one-time cost worth a line."""
+        judgement = self.report.judgement
+        return judgement is not None and (
+            judgement.verdict is not None or judgement.note.startswith("too few steady")
+        )
+
+    def _one_time(self, judgement) -> str:
+        """ "one-time cost: 2 compiles (444 ms), the first step's graph and the steady
+        step's; the verdict is about the 18 steady steps"."""
+        kinds = [k for k in judgement.compile_kinds if k]
+        named = []
+        for kind, words in (
+            ("first", "the first step's graph"),
+            ("warm-up", "the steady step's"),
+            ("variant", "other graphs, each compiled once"),
+            ("earlier", "work earlier cells left pending"),
+        ):
+            n = kinds.count(kind)
+            if n:
+                named.append(words if n == 1 or kind == "variant" else f"{words} ({n})")
+        n = judgement.one_time_compiles
+        text = (
+            f"one-time cost: {_count(n, 'compile')} ({format_seconds(judgement.one_time_seconds)})"
+        )
+        if named:
+            text += ": " + ", ".join(named)
+        if judgement.verdict is not None and judgement.steady_steps:
+            text += f"; the verdict is about the {judgement.steady_steps} steady steps"
+        return text
 
     def _marks(self) -> dict[int, list[FindingGroup]]:
         marks: dict[int, list[FindingGroup]] = {}
@@ -401,7 +443,7 @@ class RunView:
         if hints:
             lines.append("what to do:")
             lines += [f"  {words} ({', '.join(places)}): {hint}" for words, places, hint in hints]
-        lines += [f"  {note}" for note in self._notes()]
+        lines += self._notes()
         lines += [f"  {line}" for line in host_lines_text(self.report.anatomy, self._scope())]
         cost = self._cost_lines()
         if cost:
@@ -522,6 +564,13 @@ class RunView:
                 details += "".join(
                     f"<br><span style='color:{MUTED}'>this line:</span> " + e(pattern)
                     for pattern in g.patterns
+                )
+            if g.details:
+                details += (
+                    f"<details style='color:{MUTED}'><summary style='cursor:pointer'>"
+                    "graphs and torch_xla's words</summary>"
+                    + "<br>".join(e(d) for d in g.details)
+                    + "</details>"
                 )
             secs = g.seconds
             rows.append(

@@ -85,6 +85,14 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
             value = code.run(shell)
             if plan.graph:  # before --sync runs it
                 _show_pending_graph(shell, state, value, plan.sync)
+    except Exception as exc:
+        # An error raised in the cell's code (a RecompilationError at the step that traced
+        # one graph too many) travels out through tpu_nb's context managers: the traceback
+        # starts at the cell's own frame, as it would without %%on_tpu.
+        cut = _from_cell(exc.__traceback__, code.filename)
+        if cut is None:
+            raise
+        raise exc.with_traceback(cut)  # noqa: B904 (the same error, its context kept)
     finally:
         if report is not None and report.complete:
             _show_report(state, report, args)
@@ -94,6 +102,16 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
 
             display(TraceView(capture.trace, title=f"profile of In [{code.number}]"))
     return report if args.output else value
+
+
+def _from_cell(tb, filename: str):
+    """The part of traceback `tb` from the cell's first frame on; None when the cell's code
+    is not in it (an error of tpu_nb's own, which keeps its whole traceback)."""
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            return tb
+        tb = tb.tb_next
+    return None
 
 
 def start_dashboard(**options):

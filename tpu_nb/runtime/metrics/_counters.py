@@ -136,18 +136,25 @@ class MetricsDelta:
 
     def summary(self) -> str:
         """One line: the figures a user checks first."""
-        parts = [
-            f"{self.compiles} compiled ({format_seconds(self.compile_seconds)})",
-            f"{self.executions} executed ({format_seconds(self.execute_seconds)})",
-        ]
+
+        def count(n: int, noun: str) -> str:
+            return f"{n} {noun}{'' if n == 1 else 's'}"
+
+        parts = []
+        if self.compiles:
+            parts.append(f"{self.compiles} compiled ({format_seconds(self.compile_seconds)})")
+        if self.executions:
+            parts.append(f"{self.executions} executed ({format_seconds(self.execute_seconds)})")
+        if not parts:
+            parts.append("nothing compiled or executed")
         if self.cache_hits:
-            parts.append(f"{self.cache_hits} cache hits")
+            parts.append(count(self.cache_hits, "cache hit"))
         parts.append(f"{self.to_device_transfers}\u2192dev {self.from_device_transfers}\u2192host")
         if self.host_reads:
-            parts.append(f"{self.host_reads} host reads")
+            parts.append(count(self.host_reads, "host read"))
         if self.fallbacks:
             parts.append(
-                f"{sum(self.fallbacks.values())} CPU fallbacks "
+                f"{count(sum(self.fallbacks.values()), 'CPU fallback')} "
                 f"({', '.join(sorted(self.fallbacks))})"
             )
         if self.unknown:

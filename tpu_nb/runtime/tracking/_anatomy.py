@@ -151,6 +151,10 @@ class Verdict:
             return ""
         input_ = all(h.kind == "input" for h in self.lines)
         head = "in the iterator of " if input_ else "most of it at "
+        if len(self.lines) == 1:  # the reason's share already says how much (measured, not
+            # sampled: a second figure for the same wait would not match it)
+            h = self.lines[0]
+            return head + h.where + (f" (in {h.via})" if h.via else "")
         return head + ", ".join(
             f"{h.where} ({h.share:.0%}{', in ' + h.via if h.via else ''})" for h in self.lines
         )
@@ -182,12 +186,14 @@ FIXES = {
     "with num_workers over the data), and wrap the loader in "
     "torch_xla.distributed.parallel_loader.MpDeviceLoader to prefetch them to the "
     "device",
-    "compile-bound": "the steps after the warm-up still compile: see the compile findings "
+    "compile-bound": "the steady steps still compile: see the compile findings "
     "for the lines that do, and what changed between their graphs",
-    "read-bound": "value reads (.item(), print(tensor), bool(tensor)) make the host wait for "
-    "the device every step, so tracing and execution no longer overlap: read "
-    "values every N steps, accumulate them on the device, or read them in a "
-    "step closure (xm.add_step_closure)",
+    "read-bound": "value reads (.item(), print(tensor), bool(tensor)) and CPU fallbacks make "
+    "the host wait for the device every step, so tracing and execution no longer overlap: "
+    "accumulate values on the device and read them after the loop, every N steps or in a "
+    "step closure (xm.add_step_closure), and replace ops that fall back to the CPU with ones "
+    "XLA lowers (what to do, above, names them); then each step is one graph the host "
+    "does not wait for",
 }
 
 

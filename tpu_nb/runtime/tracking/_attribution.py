@@ -243,14 +243,10 @@ def _compile_findings(
     for order, event in enumerate(report.compile_events):
         guard_start = _flushes_before_guard(event)  # at the block's `with` line, if any
         line = None if guard_start else _event_line(event, filename)
-        what = f"graph {event.graph_hash[:8]} compiled ({event.cause})"
-        if event.trigger == "fallback":
-            what = (
-                f"graph {event.graph_hash[:8]} compiled: a CPU fallback on this line needed "
-                "the values of its inputs, so their pending graph ran first"
-            )
+        what = plain_cause(event)
+        detail = raw_detail(event)
         if line is None:
-            out.append(_unplaced_compile(event, what, guard_start, order))
+            out.append(_unplaced_compile(event, guard_start, order, detail))
             continue
         kind = kinds[order] if order < len(kinds) else ""
         if kind == policy.EARLIER and report.earlier is not None:
@@ -258,11 +254,10 @@ def _compile_findings(
             continue
         if dynamo.inputs_sync(event):  # not the function's graph: counted apart, as the
             # policy and --max-graphs count a line's graphs
-            what = (
-                f"graph {event.graph_hash[:8]} compiled: the pending work of a compiled "
-                "function's inputs, run before its graph"
+            what = "the pending work of a compiled function's inputs, run before its graph"
+            out.append(
+                LineFinding(line, "inputs", what, via=_via(event), order=order, detail=detail)
             )
-            out.append(LineFinding(line, "inputs", what, via=_via(event), order=order))
             continue
         key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
@@ -274,7 +269,7 @@ def _compile_findings(
             # compiler itself said changed, Dynamo or torch_xla.compile, is still said here)
             changed = dynamo.what_changed(event)
         if finding_kind == "compile" and kind == policy.RECOMPILE:  # within --max-graphs
-            what += f"; another graph of this line, within the {allowed} allowed (--max-graphs)"
+            what += f"; another graph of this line, within the {allowed} --max-graphs allows"
         out.append(
             LineFinding(
                 line,
@@ -286,9 +281,55 @@ def _compile_findings(
                 changed=changed,
                 pattern=_site_pattern(pattern) if pattern is not None else "",
                 progression=pattern.progression if pattern is not None else "",
+                detail=detail,
             )
         )
     return out
+
+
+# torch_xla's words for why a graph compiled, and the same in words a learner can use.
+_PLAIN_CAUSES = (
+    ("dynamo processing input graphs", "the pending work of a compiled function's inputs"),
+    (
+        "parallel loader",
+        "at the device loader's own torch_xla.sync() (MpDeviceLoader syncs as "
+        "it hands out batches)",
+    ),
+    (
+        "access tensor value",
+        "a value read needed results not computed yet, so the pending work compiled and ran first",
+    ),
+    (
+        "dynamo is compiling",
+        "the graph torch.compile captured from the function, compiled by torch_xla",
+    ),
+    ("torch_xla.sync", "at torch_xla.sync(), the end of the step"),
+    ("mark_step", "at xm.mark_step(), the end of the step"),
+)
+
+
+def plain_cause(event: CompileEvent) -> str:
+    """Why `event`'s graph compiled, in plain words (torch_xla's own are in `raw_detail`)."""
+    if event.trigger == "fallback":
+        return (
+            "a CPU fallback on this line needed the values of its inputs, so their pending "
+            "work compiled and ran first"
+        )
+    low = event.cause.lower()
+    for needle, words in _PLAIN_CAUSES:
+        if needle in low:
+            return words
+    return (
+        "why is not known (torch_xla's words are in the details)"
+        if event.cause
+        else ("why is not known")
+    )
+
+
+def raw_detail(event: CompileEvent) -> str:
+    """The graph's hash and torch_xla's own words for its cause: for a details part."""
+    cause = f": torch_xla says \u201c{event.cause}\u201d" if event.cause else ""
+    return f"graph {event.graph_hash[:8]}{cause}"
 
 
 def _site_pattern(pattern) -> str:
@@ -330,20 +371,32 @@ def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
     return "compile", ""
 
 
-def _unplaced_compile(event: CompileEvent, what: str, guard_start: bool, order: int):
+def _unplaced_compile(event: CompileEvent, guard_start: bool, order: int, detail: str):
     # tpu_nb's own syncs (the final one; the guard's at the start): no code in between to name
     own = True
     if _ends_run(event):
         # torch_xla's log calls every torch_xla.sync() "user torch_xla.sync": this one is
         # tpu_nb's, asked for with --sync / sync=True
         place = "end of cell"
-        what = f"graph {event.graph_hash[:8]} compiled by {END_SYNC}"
+        what = f"by {END_SYNC}"
     elif guard_start:
         place = "start of cell: work pending from before it"
-        what = f"graph {event.graph_hash[:8]} compiled by --max-graphs's sync"
+        what = (
+            "by the sync --max-graphs makes before the cell runs, so that earlier work "
+            "is not counted as the cell's"
+        )
     else:
         place, own = "code this cell called (line not recorded)", False
-    return LineFinding(0, "compile", what, place=place, via="" if own else _via(event), order=order)
+        what = plain_cause(event)
+    return LineFinding(
+        0,
+        "compile",
+        what,
+        place=place,
+        via="" if own else _via(event),
+        order=order,
+        detail=detail,
+    )
 
 
 _NOT_PER_STEP = policy.ReadPattern(False, "")

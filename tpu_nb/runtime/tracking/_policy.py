@@ -78,6 +78,9 @@ class LinePattern:
     growth: str = ""  # growing: the ops each graph added, "aten::mm ×1, aten::tanh ×1"
     grower: Any = None  # growing: the Frame whose ops accumulate, when the graph says
     site: Any = None  # the provenance.Site of its latest compile (naming the site)
+    # a first step's graph unlike the steady step's: why, as its graphs show it ("" : not
+    # known, or no such pair)
+    first_why: str = ""
 
     @property
     def flagged(self) -> bool:
@@ -197,9 +200,54 @@ def classify_line(
         kind = "warm-up"
     else:
         kind = "once"
+    why = ""
+    if WARM_UP in kinds:
+        second = kinds.index(WARM_UP)
+        why = first_step_why(events[0], events[second], graphs[0], graphs[second])
     return LinePattern(
-        key, kind, len(events), calls, calls_after, kinds, progression(graphs), "", None
+        key,
+        kind,
+        len(events),
+        calls,
+        calls_after,
+        kinds,
+        progression(graphs),
+        "",
+        None,
+        first_why=why,
     )
+
+
+def first_step_why(first: CompileEvent, second: CompileEvent, a, b) -> str:
+    """Why a line's first step compiled a graph unlike its next step's, in the words the
+    graphs' facts allow: ops only the first graph ran (work that was pending when the loop
+    started, or code only the first step runs), state the first step created (more inputs
+    and ops that use them), values the first graph computed that later steps read as data
+    (more inputs, the same ops); "" when the graphs do not say."""
+    if a is None or b is None:
+        return ""
+    only_first, only_later = _ops(a) - _ops(b), _ops(b) - _ops(a)
+    data = lambda g: sum(1 for n in g.nodes if n.kind == "data")  # noqa: E731
+    more_inputs = data(b) - data(a)
+    if only_first:
+        ops = ", ".join(f"{op} \u00d7{n}" for op, n in only_first.most_common(3))
+        return (
+            f"the first step's graph also ran {ops}, which later steps do not: work still "
+            "pending when the loop started, or code only the first step runs"
+        )
+    if more_inputs > 0 and only_later:
+        return (
+            "the first step created state that later steps read and update (more graph "
+            "inputs, and ops only they run: optimizer state such as momentum buffers)"
+        )
+    if more_inputs > 0:
+        n = more_inputs
+        return (
+            f"{n} tensor{'s' if n != 1 else ''} the first step's graph computed "
+            f"{'are' if n != 1 else 'is'} device data for the later steps (a value made "
+            "before the loop and still pending when it started, such as a torch.zeros)"
+        )
+    return ""
 
 
 def _warm_up_moments(events, moments, graphs) -> set[int]:
@@ -474,8 +522,8 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             after = tuple(s for s in steady if s.index > max(compiled))
             unknown = (
                 f"{len(compiled)} of the {len(steady)} steps compiled, and without the compile "
-                "log (%tpu_setup before the first compile) whether that was a warm-up or "
-                "recompilation is not known"
+                "log (%tpu_setup before the first compile) whether those were the first "
+                "steps' graphs or recompilation is not known"
             )
             if len(after) < MIN_STEADY_STEPS:
                 return replace(judgement, steady_steps=len(after), note=unknown)
@@ -488,12 +536,14 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     judgement = replace(judgement, steady_steps=len(steady))
     if len(steady) < MIN_STEADY_STEPS:
         first = len(steps) - len(steady)
+        more = MIN_STEADY_STEPS - len(steady)
         return replace(
             judgement,
             note=(
-                f"too few steps to judge the steady state: {len(steps)} steps, "
-                f"{len(steady)} after the first {first} that compiled the warm-up graphs "
-                f"(run at least {MIN_STEADY_STEPS} more to get a verdict)"
+                f"too few steady steps to judge: {len(steps)} steps, of which the first "
+                f"{first} compiled their graphs and {len(steady)} ran from the cache; a "
+                f"verdict needs "
+                f"{MIN_STEADY_STEPS} steady steps (run {more} more)"
             ),
         )
     lines = _steady_lines(a, steady, steps)
@@ -504,10 +554,70 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
     verdict, timed = _for_target(verdict, getattr(report, "cost", None), steady)
+    stalled = _stall_verdict(report, judgement, lines, steady, syncs=len(steps))
+    if stalled is not None and (verdict is None or verdict.kind != "compile-bound"):
+        verdict, kept = stalled, ()
     if verdict is not None and verdict.kind == "host-bound" and _in_trainer(report):
         # torch_xla.compile(step_fn) is no fix a Trainer user can apply: Trainer's own is
         verdict = replace(verdict, fix=libraries.TRAINER_HOST_FIX)
     return replace(judgement, verdict=verdict, steady_lines=kept, cost=timed)
+
+
+_STALL_SHARE = 0.25  # per-step reads and fallbacks taking this share of the steady time
+
+
+def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
+    """read-bound when value reads or CPU fallbacks made in (nearly) every step stop the
+    steady steps mid-way: each makes the host wait for the device's pending work, so a step
+    runs as several graphs and tracing cannot overlap the device (on any chip; on a TPU each
+    wait is also a round trip to the chip). It takes either the facts that the steady steps
+    ran as several graphs each, or a measured share of their time (_STALL_SHARE: the host
+    time sampled on the stalling lines, else the time inside reads)."""
+    stalls = []
+    for occ in getattr(report, "occurrences", ()) or ():
+        if occ.in_sync or occ.site is None or occ.site.line is None:
+            continue
+        if occ.kind == "read":
+            per_step = judgement.reads.get(occ.order, _NOT_PER_STEP).per_step
+        elif occ.kind == "fallback":
+            per_step = reads_repeat(occ.steps, syncs)
+        else:
+            continue
+        if per_step:
+            stalls.append(occ)
+    if not stalls or not steady:
+        return None
+    places = {(o.site.line.file, o.site.line.line) for o in stalls}
+    if lines:
+        share = sum(h.share for h in lines if (h.line.file, h.line.line) in places)
+    else:
+        wall = sum(s.wall for s in steady)
+        share = sum(s.read for s in steady) / wall if wall > 0 else 0.0
+    graphs = sorted(s.executions for s in steady)[len(steady) // 2]
+    if share < _STALL_SHARE and graphs < 2:
+        return None
+    named = "; ".join(_stall_name(o, syncs) for o in stalls[:3])
+    m = report.metrics
+    split = f"each steady step ran as {graphs} graphs and " if graphs >= 2 else ""
+    reason = (
+        f"value reads or CPU fallbacks stop every step: {named}. The host waits for the "
+        f"device at each, so {split}tracing cannot overlap the device's work "
+        f"({m.executions} executions and {m.from_device_transfers} transfers to the host in "
+        f"{syncs} steps); on a TPU each wait is also a round trip to the chip"
+    )
+    return anatomy.Verdict("read-bound", reason, anatomy.FIXES["read-bound"])
+
+
+_NOT_PER_STEP = ReadPattern(False, "")
+
+
+def _stall_name(occ, syncs: int) -> str:
+    from tpu_nb.runtime.sources import short_path
+    from tpu_nb.runtime.tracking._provenance import user_op
+
+    where = format_place(short_path(occ.site.line.file), occ.site.line.line)
+    what = f"{occ.what} read" if occ.kind == "read" else f"{user_op(occ.what)} on the CPU"
+    return f"{what} at {where} (in {occ.steps} of {syncs} steps)"
 
 
 def _in_trainer(report) -> bool:
@@ -608,7 +718,8 @@ def _frame_name(frame) -> str:
 
 RECOMPILE_FIX = (
     "keep shapes and Python values in the step fixed (pad or bucket the batch to a few "
-    "fixed sizes), or allow the graphs with --max-graphs"
+    "fixed sizes); when a few graphs are what you expect, state how many with "
+    "--max-graphs N, which accepts N per line and stops the cell at one more"
 )
 BLIND_COMPILE_FIX = (
     "the steps keep compiling; which lines compile and what changes between their graphs is "
@@ -640,7 +751,7 @@ def describe_pattern(p: LinePattern) -> str:
     if p.kind == "recompiling":
         new = sum(1 for k in p.kinds if k == RECOMPILE)
         return (
-            f"{graphs}, {new} of them after its warm-up, still compiling at its latest "
+            f"{graphs}, {new} of them after its first steps, still compiling at its latest "
             f"calls{shapes}"
         )
     if p.kind == "unsettled":
@@ -652,5 +763,6 @@ def describe_pattern(p: LinePattern) -> str:
     if p.kind == "variants":
         return f"{graphs}, each compiled once{cached}{shapes}"
     if p.kind == "warm-up":
-        return f"{graphs}: the first step's and the warm-up's (state created on the way){cached}"
+        why = f" ({p.first_why})" if p.first_why else " (why they differ is not known)"
+        return f"{graphs}: the first step's and the steady step's{why}{cached}"
     return f"{graphs}{cached}"

@@ -43,7 +43,7 @@ class LineFinding:
 
     line: int  # 1-based line in the source; 0 when not on a line of it
     kind: FindingKind
-    what: str  # e.g. "aten::histc ran on the CPU", "graph 3a4b... compiled: ..."
+    what: str  # in plain words: "aten::histc ran on the CPU", "a graph compiled at ..."
     hint: str = ""  # what to do; findings of one kind on one topic share the same text
     place: str = ""  # where, when not a line: "end of cell" (--sync, work left pending)
     count: int = 1  # how many times it happened (host reads, fallbacks, graphs)
@@ -55,6 +55,9 @@ class LineFinding:
     pattern: str = ""  # compiles: the line's compiles over the run, in one sentence
     progression: str = ""  # compiles: one dimension changing across the line's graphs
     phase: Phase = "run"
+    # for the curious, never in the sentence: the graph's hash and torch_xla's own words for
+    # why it compiled ("graph 3a4b5c6d: user torch_xla.sync")
+    detail: str = ""
 
     @property
     def sort_key(self) -> tuple[int, int, int]:
