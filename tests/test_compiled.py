@@ -133,7 +133,9 @@ def _xla_line(out: str) -> dict[str, int]:
     """The plain cell's XLA line as figures: {"compiled": 2, "executed": 5, ...}."""
     lines = [ln for ln in out.splitlines() if ln.startswith("XLA: ")]
     assert len(lines) == 1, out
-    return {what: int(n) for n, what in re.findall(r"(\d+) (compiled|executed)", lines[0])}
+    # (a figure of 0 is left out of the line: "nothing compiled or executed" when both are)
+    found = {what: int(n) for n, what in re.findall(r"(\d+) (compiled|executed)", lines[0])}
+    return {"compiled": 0, "executed": 0, **found}
 
 
 @pytest.mark.stack
