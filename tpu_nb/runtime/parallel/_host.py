@@ -20,13 +20,13 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.frame import StackWalkError, walk_stack
+from tpu_nb.runtime.parallel._results import user_traceback
 
 RUN_PREFIX = "tpu_nb-host-"
 
@@ -200,7 +200,7 @@ class HostWorker:
         except BaseException as exc:  # tracking itself failed: still one result, never a
             # traceback printed from this thread and a launch missing the host's figures
             result.setdefault("error", f"{type(exc).__name__}: {exc}")
-            result.setdefault("traceback", _user_traceback(exc))
+            result.setdefault("traceback", user_traceback(exc, __file__))
         finally:
             sys.stdout, sys.stderr = stdout, stderr
             self.result = result
@@ -254,7 +254,7 @@ class HostWorker:
         except BaseException as exc:  # the host's own error: reported, the launch stops all
             counting[0] = False
             result["error"] = f"{type(exc).__name__}: {exc}"
-            result["traceback"] = _user_traceback(exc)
+            result["traceback"] = user_traceback(exc, __file__)
         result["wall_seconds"] = time.perf_counter() - start
         result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
         result["syncs"] = len(syncs)
@@ -291,14 +291,6 @@ def _sendable(value, result: dict):
         result["value_error"] = f"{type(exc).__name__}: {exc}"
         return None
     return value
-
-
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback from the first frame outside this module (the user's code)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def _report_facts(report, filename: str, result: dict) -> None:

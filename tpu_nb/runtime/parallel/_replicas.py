@@ -55,6 +55,7 @@ from tpu_nb.runtime.parallel._results import (
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
+    user_traceback,
 )
 from tpu_nb.runtime.parallel._spmd import run_spmd
 
@@ -199,20 +200,12 @@ def _run_replica(index: int, rundir: str, ordinal: int, runtime: Backend) -> dic
         result["value"] = value
     except BaseException as exc:  # the replica's own error: reported, then the group ends
         result["error"] = f"{type(exc).__name__}: {exc}"
-        result["traceback"] = _user_traceback(exc)
+        result["traceback"] = user_traceback(exc, __file__)
     result["wall_seconds"] = time.perf_counter() - start
     result["metrics"] = _snapshot().since(before)
     result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
     _write_result(rundir, ordinal, result)
     return result
-
-
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback from the first frame outside this module (the user's code)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def _write_result(rundir: str, ordinal: int, result: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +114,12 @@ def _median(steps) -> str:
         return "-"
     ordered = sorted(steps)
     return format_seconds(ordered[len(ordered) // 2])
+
+
+def user_traceback(exc: BaseException, module_file: str) -> str:
+    """`exc`'s traceback from the first frame outside `module_file` (the module that ran the
+    user's code) on: the user's code, as the notebook shows it."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == module_file and tb.tb_next:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
