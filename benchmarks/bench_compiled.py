@@ -7,7 +7,10 @@
    facts) and in on_tpu() (what %%on_tpu does). Dynamo's cache is warm: no frame compiles.
 2. the same step with torch_xla.compile(step): plain, track(), on_tpu().
 3. Dynamo's structured trace events a warm compiled call emits (what the handler sees per call);
-4. snapshot(): a read of the counters, with the reset watch (carrying counts across
+4. per step and per run, apart: the slope between short and long rounds is what tpu_nb adds
+   to each step, what is left of a short round what it adds once per run (its start and
+   end: hooks, captures, the report);
+5. snapshot(): a read of the counters, with the reset watch (carrying counts across
    torch_xla's clear_counters) against the raw reads it is made of.
 
 Variants alternate within each round (the order rotates); medians over rounds, spread = the
@@ -118,6 +121,32 @@ def _compare(step, label: str) -> None:
         )
 
 
+def _split(step, label: str, short: int = 5, long: int = 105) -> None:
+    """What tpu_nb adds per step and per run, apart: rounds of `short` and `long` steps of
+    each variant, alternating; the per-step cost is the slope between the two lengths (the
+    run's start and end cancel out), the per-run cost what is left of a short round."""
+    hows = ("plain", "on_tpu")
+    runs: dict[tuple[str, int], list[float]] = {(h, n): [] for h in hows for n in (short, long)}
+    for r in range(ROUNDS):
+        for how in hows[r % 2 :] + hows[: r % 2]:
+            for n in (short, long):
+                runs[(how, n)].append(_run(step, how, n) * n)  # ms for the whole round
+
+    def fit(how: str, pick) -> tuple[float, float]:
+        a, b = pick(runs[(how, short)]), pick(runs[(how, long)])
+        per_step = (b - a) / (long - short)
+        return per_step, a - short * per_step
+
+    print(f"\n{label}: per step and per run, {ROUNDS} rounds of {short} and {long} steps")
+    for name, pick in (("median", statistics.median), ("best", min)):
+        base_step, base_run = fit("plain", pick)
+        step_ms, run_ms = fit("on_tpu", pick)
+        print(
+            f"  {name:6} plain {base_step:.3f} ms/step; on_tpu {step_ms:.3f} ms/step "
+            f"(ratio {step_ms / base_step:.3f}), plus {run_ms - base_run:.2f} ms per run"
+        )
+
+
 def _events_per_call(step) -> None:
     import logging
 
@@ -166,11 +195,16 @@ def main() -> None:
 
     tpu_nb.setup("cpu")
     dev = tpu_nb.device()
-    _compare(_steps(dev, "eager"), "eager step")
+    eager = _steps(dev, "eager")
+    _compare(eager, "eager step")
+    _split(eager, "eager step")
     step = _steps(dev, "torch.compile")
     _compare(step, 'torch.compile(backend="openxla") forward')
+    _split(step, 'torch.compile(backend="openxla") forward')
     _events_per_call(step)
-    _compare(_steps(dev, "torch_xla.compile"), "torch_xla.compile(step)")
+    xla_compiled = _steps(dev, "torch_xla.compile")
+    _compare(xla_compiled, "torch_xla.compile(step)")
+    _split(xla_compiled, "torch_xla.compile(step)")
     _snapshot_cost()
 
 
