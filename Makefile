@@ -31,7 +31,7 @@ demo:
 test: test-current test-colab test-notebooks
 
 test-current:
-	$(FRESH) $(RUN) -m pytest tests -q --ignore=tests/browser
+	$(FRESH) $(RUN) -m pytest tests -q --ignore=tests/browser --durations=15
 
 test-colab:
 	$(FRESH) $(COLAB) -m pytest tests -q -m stack --ignore=tests/browser
