@@ -79,6 +79,13 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
         ("host-bound", False, set()),
         ("host-bound", False, set()),
     ],
+    # data parallel, weights sharded by hand, FSDPv2: five steps each over 4 virtual
+    # devices; host and device time are close on XLA:CPU, as in 04
+    "11_scaling": [
+        ("device-bound|host-bound", False, set()),
+        ("device-bound|host-bound", False, set()),
+        ("device-bound|host-bound", False, set()),
+    ],
 }
 
 
@@ -147,6 +154,7 @@ STATED_COUNTS: dict[str, list[tuple[int, str]]] = {
         (1, "4 executed"),
         (1, "3 cache hits"),
     ],
+    "11_scaling": [(i, "5 executed") for i in range(3)],
 }
 # notebook -> (report, words its lesson relies on, in the report's details)
 STATED_FACTS: dict[str, list[tuple[int, str]]] = {
@@ -156,6 +164,13 @@ STATED_FACTS: dict[str, list[tuple[int, str]]] = {
     "07_performance": [(1, "aten::split"), (1, "the first step's and the steady step's")],
     # the bucketed loop under --max-graphs 2 compiles its two graphs once each
     "03_lazy_tensors": [(6, "2 graphs, each compiled once")],
+    # the lesson reads the memory line as 16 bytes per parameter (300,040 of them) and says
+    # the report counts a sharded model at its full, global size
+    "11_scaling": [
+        (0, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
+        (1, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
+        (2, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
+    ],
 }
 
 
