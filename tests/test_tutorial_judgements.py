@@ -73,6 +73,19 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
         ("host-bound", False, set()),
         ("", False, set()),
     ],
+    # the same small step twice, the second under --profile 3 with StepTrace annotations:
+    # a tiny model, host-bound for a v5e; the first step's graph is the one compile
+    "10_profiling": [
+        ("host-bound", False, set()),
+        ("host-bound", False, set()),
+    ],
+    # data parallel, weights sharded by hand, FSDPv2: five steps each over 4 virtual
+    # devices; host and device time are close on XLA:CPU, as in 04
+    "11_scaling": [
+        ("device-bound|host-bound", False, set()),
+        ("device-bound|host-bound", False, set()),
+        ("device-bound|host-bound", False, set()),
+    ],
 }
 
 
@@ -134,6 +147,14 @@ STATED_COUNTS: dict[str, list[tuple[int, str]]] = {
         (1, "1 host read |"),
         (2, "1 compiled"),
     ],
+    "10_profiling": [
+        (0, "1 compiled"),
+        (0, "7 cache hits"),
+        (1, "1 compiled"),
+        (1, "4 executed"),
+        (1, "3 cache hits"),
+    ],
+    "11_scaling": [(i, "5 executed") for i in range(3)],
 }
 # notebook -> (report, words its lesson relies on, in the report's details)
 STATED_FACTS: dict[str, list[tuple[int, str]]] = {
@@ -143,6 +164,13 @@ STATED_FACTS: dict[str, list[tuple[int, str]]] = {
     "07_performance": [(1, "aten::split"), (1, "the first step's and the steady step's")],
     # the bucketed loop under --max-graphs 2 compiles its two graphs once each
     "03_lazy_tensors": [(6, "2 graphs, each compiled once")],
+    # the lesson reads the memory line as 16 bytes per parameter (300,040 of them) and says
+    # the report counts a sharded model at its full, global size
+    "11_scaling": [
+        (0, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
+        (1, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
+        (2, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
+    ],
 }
 
 
@@ -179,3 +207,20 @@ def test_report_sentences_hold_no_ids_raw_causes_or_two_meanings_of_warm_up(name
             assert not any(raw in line for raw in _RAW), line
             assert "warm-up" not in line and "state created on the way" not in line, line
             assert not re.search(r"\b1 (host reads|cache hits|CPU fallbacks)\b", line), line
+
+
+# notebook -> the steps each `%%on_tpu --profile N` timeline covers, as its lesson states
+PROFILED_STEPS: dict[str, list[int]] = {"10_profiling": [3]}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILED_STEPS))
+def test_profile_timelines_cover_the_steps_their_lessons_state(name):
+    cells = json.loads((NOTEBOOKS / f"{name}.ipynb").read_text())["cells"]
+    heads = [
+        "".join(o.get("data", {}).get("text/plain", ""))
+        for c in cells
+        if c["cell_type"] == "code" and "".join(c["source"]).startswith("%%on_tpu --profile")
+        for o in c.get("outputs", [])
+        if "".join(o.get("data", {}).get("text/plain", "")).startswith("profile of ")
+    ]
+    assert [int(h.split(": ", 1)[1].split(" steps", 1)[0]) for h in heads] == PROFILED_STEPS[name]

@@ -25,7 +25,7 @@ from tpu_nb.runtime.tracking._policy import (
     progression,
     reads_repeat,
 )
-from tpu_nb.runtime.tracking._profile import ProfileTrace, profile
+from tpu_nb.runtime.tracking._profile import ProfileTrace, TraceEvent, profile, read_trace
 from tpu_nb.runtime.tracking._report import RunReport
 from tpu_nb.runtime.tracking._run import Run, current_run, last_report, track
 from tpu_nb.runtime.tracking._session import on_tpu
@@ -50,6 +50,7 @@ __all__ = [
     "RecompilationError",
     "RunReport",
     "StepRecord",
+    "TraceEvent",
     "Verdict",
     "current_run",
     "GraphStore",
@@ -65,6 +66,7 @@ __all__ = [
     "probe",
     "profile",
     "progression",
+    "read_trace",
     "reads_repeat",
     "track",
 ]
