@@ -532,3 +532,27 @@ def test_a_step_holding_no_module_needs_at_least_its_inputs():
     memory = report.cost.memory
     assert memory is not None and memory.needed >= 256 * 256 * 4, memory
     assert "needs 0 B" not in "\n".join(report.cost.lines())
+
+
+def test_a_sharded_model_counts_one_devices_part(py):
+    # SPMD over 4 CPU devices: a weight sharded 4 ways is a quarter on each device, one
+    # sharded 2 ways (replicated on the other mesh axis) a half, a replicated one whole.
+    out = py(
+        """
+        import numpy as np, torch, torch_xla
+        import torch_xla.runtime as xr
+        import torch_xla.distributed.spmd as xs
+        from tpu_nb.runtime.tracking._cost import residency
+        xr.use_spmd()
+        mesh = xs.Mesh(np.arange(4), (2, 2), ("a", "b"))
+        dev = torch_xla.device()
+        four, two, whole = (torch.nn.Linear(64, 64, bias=False).to(dev) for _ in range(3))
+        xs.mark_sharding(four.weight, mesh, ("a", "b"))
+        xs.mark_sharding(two.weight, mesh, ("a", None))
+        print("RESULT", [residency([{"m": m}]).params for m in (four, two, whole)])
+        """,
+        env={"CPU_NUM_DEVICES": "4"},
+        timeout=120,
+    ).stdout
+    full = 64 * 64 * 4
+    assert out.split("RESULT")[-1].strip() == str([full // 4, full // 2, full])

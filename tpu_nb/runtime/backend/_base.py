@@ -295,6 +295,11 @@ class Devices(ABC):
     def memory(self, device: str) -> DeviceMemory:
         """Device memory figures; raises where the device does not report them (XLA:CPU)."""
 
+    @abstractmethod
+    def shards(self, tensor: Any) -> int:
+        """Into how many parts `tensor` is split across the devices (SPMD sharding): each
+        device holds 1/shards of it; 1 for a tensor each device holds whole."""
+
 
 class Launch(ABC):
     """More than one device: replicas forked from this process, or one SPMD program."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
@@ -346,6 +348,21 @@ class _Devices(Devices):
 
     def memory(self, device: str) -> DeviceMemory:
         return memory_from_info(_extension()._xla_memory_info(device))
+
+    def shards(self, tensor: Any) -> int:
+        # "{devices=[2,2]0,1,2,3}": tiles per dimension; "last_tile_dim_replicate": the last
+        # is copies, not parts; "{replicated}" or "" (no sharding): whole on every device.
+        try:
+            spec = _extension()._get_xla_sharding_spec(tensor)
+        except Exception:
+            return 1
+        tiles = re.search(r"devices=\[([\d,]+)\]", spec or "")
+        if tiles is None:
+            return 1
+        dims = [int(d) for d in tiles.group(1).split(",")]
+        if "last_tile_dim_replicate" in spec:
+            dims = dims[:-1]
+        return max(1, math.prod(dims))
 
 
 class _Launch(Launch):

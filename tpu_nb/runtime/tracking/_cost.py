@@ -283,10 +283,12 @@ def _warn_if_it_cannot_fit(resident: Residency) -> None:
 
 def residency(spaces: Sequence[dict]) -> Residency:
     """Parameters, gradients and optimizer state of the modules and optimizers the
-    variables of `spaces` (locals, then globals) hold, by top-level module."""
+    variables of `spaces` (locals, then globals) hold, by top-level module: what one device
+    holds (a tensor sharded across N devices counts 1/N)."""
     import torch
 
-    device_type = current_backend().device_type
+    backend = current_backend()
+    device_type = backend.device_type
     named: dict[int, tuple[str, Any]] = {}
     for space in spaces:
         for n, v in space.items():
@@ -305,7 +307,8 @@ def residency(spaces: Sequence[dict]) -> Residency:
         if not isinstance(t, torch.Tensor) or t.device.type != device_type or id(t) in seen:
             return 0
         seen.add(id(t))
-        return t.numel() * t.element_size()
+        # one device's part of a tensor sharded across the devices (SPMD)
+        return t.numel() * t.element_size() // backend.devices.shards(t)
 
     for name, module in modules:
         for path, p in module.named_parameters():
