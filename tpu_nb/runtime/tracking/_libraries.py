@@ -47,8 +47,7 @@ GENERATE_FIX = (
 )
 GENERATE_SYNC_FIX = (
     "generate() calls no torch_xla.sync() between tokens, so each token's graph also holds "
-    "the ones before it (the static cache fixes the cache's shape, not that): "
-    + _SYNC_PER_TOKEN
+    "the ones before it (the static cache fixes the cache's shape, not that): " + _SYNC_PER_TOKEN
 )
 MASK_CHECK_FIX = (
     "transformers' SDPA attention checks the attention mask on the host every forward "
