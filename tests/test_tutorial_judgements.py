@@ -71,6 +71,12 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
         ("host-bound", False, set()),
         ("", False, set()),
     ],
+    # trainer.train() with dynamic padding: recompiling, told Trainer's padding setting and
+    # the SDPA mask check's; padded to a multiple (one shape) with eager attention: neither
+    "09_hugging_face": [
+        ("compile-bound", True, {"recompile", "host-read"}),
+        ("host-bound", False, set()),
+    ],
 }
 
 
