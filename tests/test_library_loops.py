@@ -1,11 +1,12 @@
-"""Loops that live in libraries: transformers' `Trainer` under `%%on_tpu`, judged as the same
-loop written in the cell would be, with the advice a Trainer user can apply.
+"""Loops that live in libraries, judged as the same loop written in the cell would be, with
+the advice a user of that library can apply: transformers' `Trainer` (dynamic, bucketed and
+fixed padding, logging through `xm.mesh_reduce`), `generate()` with the dynamic and the
+static cache, an `accelerate` loop beside the same loop written in the cell, a peft LoRA step.
 
-A tiny BERT from its config (nothing downloaded), an in-memory dataset of token ids of
-random lengths, and a collator that pads each batch to its longest sequence (dynamic) or to
-one fixed length. Each run is a `%%on_tpu` cell in a real InteractiveShell; torch_xla's raw
-counters around the cell are the oracle for its figures, and the same training in a plain
-cell afterwards does the same work. Few steps: the judgement, not the training, is tested.
+Models from their configs (nothing downloaded), tiny, for few steps: the judgement, not the
+training, is tested. Each run is a `%%on_tpu` cell in a real InteractiveShell; torch_xla's
+raw counters around the cell are the oracle for its figures, and the same code in a plain
+cell afterwards does the same work.
 """
 
 from __future__ import annotations
