@@ -1,16 +1,18 @@
-"""Loops that live in libraries: transformers' `Trainer` under `%%on_tpu`, judged as the same
-loop written in the cell would be, with the advice a Trainer user can apply.
+"""Loops that live in libraries, judged as the same loop written in the cell would be, with
+the advice a user of that library can apply: transformers' `Trainer` (dynamic, bucketed and
+fixed padding, logging through `xm.mesh_reduce`), `generate()` with the dynamic and the
+static cache, an `accelerate` loop beside the same loop written in the cell, a peft LoRA step.
 
-A tiny BERT from its config (nothing downloaded), an in-memory dataset of token ids of
-random lengths, and a collator that pads each batch to its longest sequence (dynamic) or to
-one fixed length. Each run is a `%%on_tpu` cell in a real InteractiveShell; torch_xla's raw
-counters around the cell are the oracle for its figures, and the same training in a plain
-cell afterwards does the same work. Few steps: the judgement, not the training, is tested.
+Models from their configs (nothing downloaded), tiny, for few steps: the judgement, not the
+training, is tested. Each run is a `%%on_tpu` cell in a real InteractiveShell; torch_xla's
+raw counters around the cell are the oracle for its figures, and the same code in a plain
+cell afterwards does the same work.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from io import StringIO
 
@@ -26,9 +28,19 @@ pytestmark = pytest.mark.timeout(420)
 
 SETUP = """
 import torch
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+from tokenizers import Tokenizer, models
+from transformers import (
+    BertConfig, BertForSequenceClassification, DataCollatorWithPadding,
+    PreTrainedTokenizerFast, Trainer, TrainingArguments,
+)
 
-def make_trainer(padding, steps=6):
+# a tokenizer made in memory: its pad() is all the collator uses of it
+tokenizer = PreTrainedTokenizerFast(
+    tokenizer_object=Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]")),
+    pad_token="[PAD]",
+)
+
+def make_trainer(padding, steps=6, logging_steps=100):
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -38,24 +50,18 @@ def make_trainer(padding, steps=6):
     g = torch.Generator().manual_seed(1)
     lengths = [int(n) for n in torch.randint(5, 40, (4 * steps,), generator=g)]
     data = [
-        {"input_ids": torch.randint(1, 64, (n,), generator=g), "labels": n % 2}
+        {"input_ids": torch.randint(2, 64, (n,), generator=g).tolist(), "labels": n % 2}
         for n in lengths
     ]
 
-    def collate(batch):
-        longest = max(len(b["input_ids"]) for b in batch)
-        size = longest if padding == "dynamic" else 48
-        ids = torch.zeros(len(batch), size, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, b in enumerate(batch):
-            ids[i, : len(b["input_ids"])] = b["input_ids"]
-            mask[i, : len(b["input_ids"])] = 1
-        labels = torch.tensor([b["labels"] for b in batch])
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
+    collate = {  # each batch to its longest sequence, to a multiple of 32, to 48
+        "dynamic": DataCollatorWithPadding(tokenizer),
+        "bucketed": DataCollatorWithPadding(tokenizer, pad_to_multiple_of=32),
+        "fixed": DataCollatorWithPadding(tokenizer, padding="max_length", max_length=48),
+    }[padding]
     args = TrainingArguments(
         output_dir="trainer-out", per_device_train_batch_size=4, max_steps=steps,
-        logging_steps=100, report_to=[], save_strategy="no", optim="adamw_torch",
+        logging_steps=logging_steps, report_to=[], save_strategy="no", optim="adamw_torch",
         disable_tqdm=True, dataloader_pin_memory=False,
     )
     return Trainer(model=model, args=args, train_dataset=data, data_collator=collate)
@@ -101,7 +107,10 @@ def _figures(report) -> dict[str, int]:
 
 
 def _advice(text: str) -> str:
-    return text.split("what to do:\n", 1)[1] if "what to do:\n" in text else ""
+    """The report's "what to do" part (not the cell's source quoted after it)."""
+    if "what to do:\n" not in text:
+        return ""
+    return text.split("what to do:\n", 1)[1].split("\nthe cell, annotated:", 1)[0]
 
 
 def _same_work(tracked: dict, plain: dict) -> None:
@@ -134,9 +143,17 @@ def test_trainer_with_dynamic_padding_is_recompiled_and_told_to_pad(run):
 
 
 def test_trainer_with_fixed_padding_is_not_recompiled(run):
-    text, raw = run('make_trainer("fixed").train()', tracked=True)
+    # logging every other step: Trainer logs through xm.mesh_reduce, whose sync, compile and
+    # copy to the host run in C++, frames below the cell's line that torch_xla's log drops
+    text, raw = run('make_trainer("fixed", logging_steps=2).train()', tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    assert "not recorded" not in text, text  # every compile and read placed on the line
+    logged = [o for o in report.occurrences if o.site.via.endswith("mesh_reduce")]
+    assert logged and all(o.site.line is not None for o in logged), report.occurrences
+    # each copy to the host is one a line made: .item(), .cpu() and mesh_reduce's
+    copies = sum(o.calls for o in report.occurrences if o.kind == "read")
+    assert copies == report.metrics.from_device_transfers, report.occurrences
     assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
     assert "pad_to_multiple_of" not in text and "pad or bucket" not in text, text
     # judged for a TPU, tracing a tiny BERT's step takes longer than its device work: the
@@ -148,5 +165,169 @@ def test_trainer_with_fixed_padding_is_not_recompiled(run):
     assert "torch_xla.compile" not in verdict.fix, verdict
     # the loader's step graph: compiled in the first steps, then cached
     assert report.metrics.cache_hits > 0
-    _, plain = run('make_trainer("fixed").train()', tracked=False)
+    _, plain = run('make_trainer("fixed", logging_steps=2).train()', tracked=False)
+    _same_work(raw, plain)
+
+
+def test_trainer_with_bucketed_padding_compiles_each_bucket_once(run):
+    steps = 10
+    text, raw = run(f'make_trainer("bucketed", steps={steps}).train()', tracked=True)
+    report = tpu_nb.last_report()
+    assert _figures(report) == raw
+    assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
+    assert "pad_to_multiple_of" not in _advice(text), text
+    # a few graphs, fewer than the steps: each bucket's compiled once, then cached
+    assert report.metrics.compiles < steps and report.metrics.cache_hits > 0, text
+    buckets = [p for p in report.judgement.lines.values() if p.kind == "variants"]
+    assert buckets and "each compiled once, then cached" in text, text
+    _, plain = run(f'make_trainer("bucketed", steps={steps}).train()', tracked=False)
+    _same_work(raw, plain)
+
+
+GENERATE_SETUP = """
+import torch_xla
+from transformers import GPT2Config, GPT2LMHeadModel
+
+torch.manual_seed(0)
+gpt2_config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=64)
+gpt2 = GPT2LMHeadModel(gpt2_config).to(torch_xla.device()).eval()
+prompt = torch.randint(1, 64, (1, 6)).to(torch_xla.device())
+"""
+# generate() keeps a static cache on the model for its next call, which then does other work
+# (it resets the cache): each cell starts without one, so the plain cell repeats the tracked one
+GENERATE = (
+    'gpt2.__dict__.pop("_cache", None)\n'
+    "out = gpt2.generate(prompt, max_new_tokens=4, do_sample=False, pad_token_id=0{})"
+)
+
+
+@pytest.fixture(scope="module")
+def gpt2(run, shell):
+    assert shell.run_cell(GENERATE_SETUP).success
+    return run
+
+
+def test_generate_with_the_dynamic_cache_is_told_to_use_a_static_one(gpt2):
+    text, raw = gpt2(GENERATE.format(""), tracked=True)
+    report = tpu_nb.last_report()
+    assert _figures(report) == raw
+    summary = text.splitlines()[0]
+    assert "RECOMPILED" in summary and "compile-bound" in summary, text
+    verdict = report.anatomy.verdict
+    assert 'cache_implementation="static"' in verdict.fix, verdict
+    # each token's graph: a new one, per token, at generate()'s own lines
+    assert any(p.flagged and p.graphs >= 3 for p in report.judgement.lines.values()), text
+    advice = _advice(text)
+    assert 'cache_implementation="static"' in advice, text
+    # the sync goes where generate() lets the user put code, not "at the end of each step"
+    assert "at the end of each step" not in advice and "LogitsProcessor" in advice, text
+    _, plain = gpt2(GENERATE.format(""), tracked=False)
+    _same_work(raw, plain)
+
+
+def test_generate_with_a_static_cache_is_not_told_to_use_one(gpt2):
+    text, raw = gpt2(GENERATE.format(', cache_implementation="static"'), tracked=True)
+    report = tpu_nb.last_report()
+    assert _figures(report) == raw
+    # it still compiles per token (generate() syncs nowhere between tokens), and the fix
+    # says so, not "use a static cache" nor a sync "at the end of each step" of its loop
+    advice = _advice(text)
+    assert "cache_implementation" not in advice and "LogitsProcessor" in advice, text
+    assert "at the end of each step" not in advice, text
+    _, plain = gpt2(GENERATE.format(', cache_implementation="static"'), tracked=False)
+    _same_work(raw, plain)
+
+
+# The model and data are made in an earlier cell, as a dataset loaded from files would be:
+# `%%on_tpu` puts what the cell's own code creates on the device. 60 samples in batches of 8:
+# the last batch is shorter, a graph of its own at the loop's last step.
+LOOP_PARTS = """
+import torch.nn.functional as F
+
+def make_parts():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(60, 16), torch.randint(0, 2, (60,)))
+    return net, opt, torch.utils.data.DataLoader(data, batch_size=8)
+
+torch_xla.sync()  # nothing an earlier cell left pending runs in the loops' cells
+"""
+ACCELERATE_LOOP = """
+from accelerate import Accelerator
+accelerator = Accelerator()
+net, opt, loader = accelerator.prepare(*make_parts())
+for x, y in loader:
+    loss = F.cross_entropy(net(x), y)
+    accelerator.backward(loss)
+    opt.step()
+    opt.zero_grad()
+"""
+CELL_LOOP = """
+dev = torch_xla.device()
+net, opt, loader = make_parts()
+net.to(dev)
+for x, y in loader:
+    loss = F.cross_entropy(net(x.to(dev)), y.to(dev))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    torch_xla.sync()
+"""
+
+
+def _judged(report, text: str) -> tuple:
+    """What a user reads of a run's judgement: the summary's flags and the advice."""
+    verdict = report.anatomy.verdict
+    return (
+        "RECOMPILED" in text.splitlines()[0],
+        verdict.kind if verdict is not None else None,
+        verdict.fix if verdict is not None else None,
+        sorted(m[1] for m in re.finditer(r"^  [a-z ]+ \(line \d+\): (.*)$", _advice(text), re.M)),
+    )
+
+
+def test_an_accelerate_loop_is_judged_as_the_same_loop_in_the_cell(run, shell):
+    assert shell.run_cell(LOOP_PARTS).success
+    text, raw = run(ACCELERATE_LOOP, tracked=True)
+    report = tpu_nb.last_report()
+    assert _figures(report) == raw
+    # the shorter last batch: its graph is the loop's last, and the fix is the loader's
+    assert "drop_last=True" in _advice(text), text
+    assert "the recompiles are the library's" not in text, text
+    accelerate = _judged(report, text)
+    cell_text, _ = run(CELL_LOOP, tracked=True)
+    assert accelerate == _judged(tpu_nb.last_report(), cell_text), (text, cell_text)
+    _, plain = run(ACCELERATE_LOOP, tracked=False)
+    _same_work(raw, plain)
+
+
+PEFT_LOOP = """
+from peft import LoraConfig, get_peft_model
+
+torch.manual_seed(0)
+base = GPT2LMHeadModel(gpt2_config)
+lora = LoraConfig(r=4, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM")
+peft_model = get_peft_model(base, lora).to(torch_xla.device())
+opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-3)
+batch = torch.randint(1, 64, (4, 16))
+for step in range(6):
+    ids = batch.to(torch_xla.device())
+    loss = peft_model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    torch_xla.sync()
+"""
+
+
+def test_a_peft_lora_training_step(gpt2):
+    text, raw = gpt2(PEFT_LOOP, tracked=True)
+    report = tpu_nb.last_report()
+    assert _figures(report) == raw
+    # the frozen base and its adapters: one step's graph and the warm-up's, then cached
+    assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
+    assert report.judgement.one_time_compiles == report.metrics.compiles, text
+    assert report.anatomy.verdict is not None, text
+    _, plain = gpt2(PEFT_LOOP, tracked=False)
     _same_work(raw, plain)

@@ -73,6 +73,12 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
         ("host-bound", False, set()),
         ("", False, set()),
     ],
+    # trainer.train() with dynamic padding: recompiling, told Trainer's padding setting and
+    # the SDPA mask check's; padded to a multiple (one shape) with eager attention: neither
+    "09_hugging_face": [
+        ("compile-bound", True, {"recompile", "host-read"}),
+        ("host-bound", False, set()),
+    ],
     # the same small step twice, the second under --profile 3 with StepTrace annotations:
     # a tiny model, host-bound for a v5e; the first step's graph is the one compile
     "10_profiling": [

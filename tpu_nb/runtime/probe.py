@@ -4,7 +4,8 @@ The probe wraps, while some subscriber listens for that kind of event:
 
 - "sync": `torch_xla.sync` (which `xm.mark_step`, ParallelLoader and MpDeviceLoader call) and
   the same function as `torch_xla.torch_xla`'s global (which `torch_xla.compile(fn)` calls);
-- "read": the Tensor methods that read device values (`item`, `tolist`, `cpu`, `bool()`, ...);
+- "read": the Tensor methods that read device values (`item`, `tolist`, `cpu`, `bool()`, ...)
+  and the library functions that copy device data to the host from C++ (`xm.mesh_reduce`'s);
 - "fallback": the Python entry points of ops torch_xla runs on the CPU (and any op seen
   falling back, added by `watch_fallback`);
 - "input": the data loaders' `__next__` (DataLoader's and ParallelLoader's iterators).
@@ -143,7 +144,8 @@ class SyncEvent:
 
 class ReadEvent:
     """A value read of an XLA tensor (one of READ_METHODS): `label` names it (".item()");
-    READ_COUNTERS before and after it; `in_sync`: inside a sync (a step closure)."""
+    READ_COUNTERS before and after it; `in_sync`: inside a sync (a step closure). `copied`:
+    a host copy that moves none of READ_COUNTERS copied XLA tensors (`tensor`: the first)."""
 
     __slots__ = (
         "frame",
@@ -156,6 +158,7 @@ class ReadEvent:
         "start",
         "end",
         "counters_after",
+        "copied",
     )
 
     def __init__(self, frame, label, tensor, entry, counters_before, compiles_before, in_sync):
@@ -168,6 +171,7 @@ class ReadEvent:
         self.in_sync: bool = in_sync
         self.start = self.end = 0.0
         self.counters_after: list[int] = counters_before
+        self.copied = False
 
 
 class FallbackEvent:
@@ -423,6 +427,8 @@ class Probe:
         elif kind == "read":
             for name, label in READ_METHODS.items():
                 self._patch("read", torch.Tensor, name, lambda o, lb=label: self._read_hook(o, lb))
+            for owner, name, label in runtime.syncs.host_copies():
+                self._patch("read", owner, name, lambda o, lb=label: self._copy_hook(o, lb))
         elif kind == "fallback":
             for namespace, name in FALLBACK_ENTRY_POINTS:
                 self.watch_fallback(namespace, name)
@@ -560,6 +566,47 @@ class Probe:
 
         return read
 
+    def _copy_hook(self, original, label: str):
+        """A library function copying device data to the host: a read of its first XLA
+        tensor (its arguments, or one level inside a list, tuple or dict of them)."""
+        probe = self
+
+        @functools.wraps(original)
+        def copy(*args, **kwargs):
+            __tracebackhide__ = True  # noqa: F841
+            local = probe.local
+            tensor = None
+            if probe.listeners["read"] and not local.depth and not probe._compiling():
+                tensor = _first_xla_tensor(args)
+            if tensor is None:
+                return as_caller(sys._getframe(1))(original, args, kwargs)
+            counter = probe._counter
+            event = ReadEvent(
+                sys._getframe(1),
+                label,
+                tensor,
+                time.time(),
+                [counter(n) or 0 for n in READ_COUNTERS],
+                counter("UncachedCompile"),
+                local.in_sync,
+            )
+            event.copied = True
+            local.depth = 1
+            states: dict = {}
+            try:
+                for subscriber, before in probe.befores["read"]:
+                    states[subscriber] = before(event)
+                event.start = time.time()
+                return as_caller(sys._getframe(1))(original, args, kwargs)
+            finally:
+                event.end = time.time()
+                local.depth = 0
+                event.counters_after = [counter(n) or 0 for n in READ_COUNTERS]
+                for subscriber, after in probe.afters["read"]:
+                    after(event, states.get(subscriber))
+
+        return copy
+
     def _fallback_hook(self, original):
         probe = self
         backward = getattr(original, "__name__", "") == "backward"
@@ -606,6 +653,19 @@ class Probe:
 
         __next__.__wrapped__ = original
         return __next__
+
+
+def _first_xla_tensor(args: tuple) -> Any:
+    for arg in args:
+        values: tuple | list
+        if isinstance(arg, dict):
+            values = tuple(arg.values())
+        else:
+            values = arg if isinstance(arg, (list, tuple)) else (arg,)
+        for value in values:
+            if getattr(value, "is_xla", False):
+                return value
+    return None
 
 
 # Whether a code object's syncs are plumbing, by id: (code, answer), the code kept so that its

@@ -262,6 +262,12 @@ class Syncs(ABC):
         the function's graph, or the work pending before it). Imports the backend.
         torch_xla: `torch_xla.sync` and `torch_xla.torch_xla`'s global `sync`."""
 
+    def host_copies(self) -> tuple[tuple[Any, str, str], ...]:
+        """Library functions that copy device data to the host from C++ (no Tensor method a
+        read hook sees), as (namespace, attribute name, how a finding names the copy), among
+        the modules already imported. None by default."""
+        return ()
+
     @abstractmethod
     def loader_iterators(self) -> tuple[type, ...]:
         """Iterator classes of the backend's device data loaders, among the modules already

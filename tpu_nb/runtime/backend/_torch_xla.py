@@ -323,6 +323,16 @@ class _Syncs(Syncs):
         inner = sys.modules["torch_xla.torch_xla"]
         return ((torch_xla, "sync", False), (inner, "sync", True))
 
+    def host_copies(self) -> tuple[tuple[Any, str, str], ...]:
+        # xm.mesh_reduce (Trainer's logging, evaluation metrics) syncs its tensors and copies
+        # them to the host through _XLAC, moving no read counter: a module global it looks up
+        # at each call, so wrapping the attribute reaches it
+        xla_model = sys.modules.get("torch_xla.core.xla_model")  # never imports it
+        name = "_maybe_convert_to_cpu"
+        if callable(getattr(xla_model, name, None)):
+            return ((xla_model, name, "xm.mesh_reduce's copy to the host"),)
+        return ()
+
     def loader_iterators(self) -> tuple[type, ...]:
         parallel = sys.modules.get("torch_xla.distributed.parallel_loader")  # never imports it
         found = getattr(parallel, "PerDeviceLoader", None)

@@ -360,14 +360,16 @@ def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
     if kind in (policy.VARIANT, policy.UNSETTLED):
         return "variant", ""
     if kind == policy.GROWING:
-        return "growing", GROWING_HINT
+        site, ops = (pattern.site, pattern.ops) if pattern is not None else (None, frozenset())
+        return "growing", libraries.growing_fix(site, ops) or GROWING_HINT
     if kind == policy.RECOMPILE:
         if pattern is not None and pattern.graphs <= allowed:
             return "compile", ""
-        if pattern is not None and pattern.last_call_only:
-            return "recompile", policy.LAST_CALL_FIX
         site = pattern.site if pattern is not None else None
-        return "recompile", libraries.recompile_fix(site) or RECOMPILE_HINT
+        if pattern is not None and pattern.last_call_only:
+            return "recompile", libraries.last_call_fix(site) or policy.LAST_CALL_FIX
+        ops = pattern.ops if pattern is not None else frozenset()
+        return "recompile", libraries.recompile_fix(site, ops) or RECOMPILE_HINT
     return "compile", ""
 
 

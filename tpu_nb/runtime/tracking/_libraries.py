@@ -20,6 +20,10 @@ TRAINER_PAD_FIX = (
     '(the tokenizer\'s padding="max_length", max_length=...); a shorter last batch: '
     "TrainingArguments(dataloader_drop_last=True)"
 )
+TRAINER_LAST_BATCH_FIX = (
+    "only the last step compiled a new graph: when that is Trainer's shorter last batch, "
+    "TrainingArguments(dataloader_drop_last=True) drops it"
+)
 TRAINER_HOST_FIX = (
     "the host's Python tracing of Trainer's step takes longer than the device's work: trace "
     "it once with Dynamo, TrainingArguments(torch_compile=True, "
@@ -30,10 +34,20 @@ TRAINER_LOG_FIX = (
     "Trainer reads the loss on the host to log it: a larger "
     "TrainingArguments(logging_steps=...) reads it less often"
 )
+_SYNC_PER_TOKEN = (
+    "sync once per token, e.g. with a LogitsProcessor whose __call__ runs torch_xla.sync() "
+    "and returns the scores (model.generate(..., logits_processor=LogitsProcessorList([...])))"
+)
 GENERATE_FIX = (
-    "generate() grows its key/value cache by one token per step, a new shape (a new graph) "
-    'per token: use a static cache, model.generate(..., cache_implementation="static") '
-    "with a fixed max_new_tokens"
+    "generate()'s default dynamic cache grows the key/value tensors by one token per step, a "
+    "new shape (a new graph) per token, and generate() calls no torch_xla.sync() between "
+    "tokens, so each token's graph also holds the ones before it: use a static cache, "
+    'model.generate(..., cache_implementation="static") with a fixed max_new_tokens, and '
+    + _SYNC_PER_TOKEN
+)
+GENERATE_SYNC_FIX = (
+    "generate() calls no torch_xla.sync() between tokens, so each token's graph also holds "
+    "the ones before it (the static cache fixes the cache's shape, not that): " + _SYNC_PER_TOKEN
 )
 MASK_CHECK_FIX = (
     "transformers' SDPA attention checks the attention mask on the host every forward "
@@ -47,11 +61,18 @@ _READS = (
     ("transformers/masking_utils.py", "", MASK_CHECK_FIX),
     ("transformers/trainer.py", "_maybe_log_save_evaluate", TRAINER_LOG_FIX),
 )
+_GENERATE = "transformers/generation/utils.py"
 # file of the function the line called (or of a frame below it) -> the knob, for recompiles
 _RECOMPILES = (
-    ("transformers/generation/utils.py", GENERATE_FIX),
+    (_GENERATE, GENERATE_FIX),
     ("transformers/trainer.py", TRAINER_PAD_FIX),
 )
+# The step boundary of a loop the user wrote: torch_xla's device loaders sync there, so a
+# recompile at it is the user's step changing shape, not a library's doing.
+_STEP_BOUNDARIES = ("torch_xla/distributed/parallel_loader.py",)
+# A static cache writes each token's keys and values into its fixed tensors in place
+# (StaticLayer.update's index_copy_); the dynamic cache concatenates them.
+_STATIC_CACHE_OP = "aten::index_copy"
 
 
 def _path(frame) -> str:
@@ -84,20 +105,49 @@ def read_fix(site) -> str:
     return _not_known("read", frame)
 
 
-def recompile_fix(site) -> str:
-    """The fix for a site that keeps compiling, when it is inside a library: its knob, else
-    a sentence naming the library's line; "" for the user's own code."""
+def _known_loop(site) -> str:
+    """The file of the known library loop the site is inside ("" : none)."""
     entry = getattr(site, "entry", None)
     for frame in (entry, getattr(site, "library", None)):
         if frame is None or not is_library(frame.file):
             continue
-        for file, fix in _RECOMPILES:
+        for file, _ in _RECOMPILES:
             if _path(frame).endswith(file):
-                return fix
+                return file
+    return ""
+
+
+def _generate_fix(ops) -> str:
+    return GENERATE_SYNC_FIX if _STATIC_CACHE_OP in ops else GENERATE_FIX
+
+
+def recompile_fix(site, ops=frozenset()) -> str:
+    """The fix for a site that keeps compiling, when it is inside a library: its knob, else
+    a sentence naming the library's line; "" for the user's own code. `ops`: those of the
+    site's graphs (a static cache needs no advice to use one)."""
+    loop = _known_loop(site)
+    if loop == _GENERATE:
+        return _generate_fix(ops)
+    if loop:
+        return dict(_RECOMPILES)[loop]
     frame = _library_frame(site)
-    if frame is None:
+    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
         return ""
     return _not_known("recompile", frame)
+
+
+def last_call_fix(site) -> str:
+    """The fix for a site whose last call alone compiled again (a shorter last batch), when
+    a library's loop draws the batches; "" for the user's own loop."""
+    return TRAINER_LAST_BATCH_FIX if _known_loop(site) == "transformers/trainer.py" else ""
+
+
+def growing_fix(site, ops=frozenset()) -> str:
+    """The fix for a site whose graph grows step after step, when a library's loop runs the
+    steps: "call torch_xla.sync() at the end of each step" names code the user did not
+    write. "" elsewhere: a graph that grows across a loop the user wrote (the library frame
+    below its line a read such as print's) takes the user's sync."""
+    return _generate_fix(ops) if _known_loop(site) == _GENERATE else ""
 
 
 def _not_known(what: str, frame) -> str:

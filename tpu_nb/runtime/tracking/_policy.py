@@ -47,6 +47,7 @@ MIN_STEADY_STEPS = anatomy.MIN_STEADY_STEPS
 _SETTLED_CALLS = 2  # calls of a line without a compile, after its last one: settled
 _MAX_WARM_UP = 3  # graphs (the first included) that state appearing can explain
 _MIN_GROWING = 3  # graphs in a row, each adding the same ops: a growing graph
+_GROWTH_TOLERANCE = 20  # additions differing in one op in 20 or fewer are the same work
 _PER_STEP_READS = 3  # a read in at least this many steps (and a quarter of them) is per step
 
 # What a compile of a line is, as the policy sees it.
@@ -81,6 +82,9 @@ class LinePattern:
     # a first step's graph unlike the steady step's: why, as its graphs show it ("" : not
     # known, or no such pair)
     first_why: str = ""
+    # the ops its captured graphs ran: what a library's advice tells apart (a static cache's
+    # in-place update in generate()'s graphs)
+    ops: frozenset = frozenset()
 
     @property
     def flagged(self) -> bool:
@@ -282,6 +286,16 @@ def _state_appeared(first: CompileEvent, second: CompileEvent, a, b) -> bool:
     return bool(_ops(a) - _ops(b))
 
 
+def _site_ops(events, graph_of=store.captured.get) -> frozenset:
+    """The ops of a site's captured graphs (those tpu_nb kept)."""
+    ops: set[str] = set()
+    for event in events:
+        graph = graph_of(event.graph_hash)
+        if graph is not None:
+            ops.update(n.op for n in graph.nodes)
+    return frozenset(ops)
+
+
 def _ops(graph) -> Counter:
     return Counter(n.op for n in graph.nodes if n.kind not in ("data", "constant"))
 
@@ -307,10 +321,21 @@ def _growth(graphs: list, events: list[CompileEvent]) -> tuple[str, Any]:
         if ops_a - ops_b or not ops_b - ops_a:
             return "", None
         deltas.append(ops_b - ops_a)
-    if any(d != deltas[0] for d in deltas):
+    if any(not _about_the_same(d, deltas[0]) for d in deltas):
         return "", None
-    added = ", ".join(f"{op} \u00d7{n}" for op, n in deltas[0].most_common(4))
-    return added, _maker(tail[-1], deltas[0])
+    common = deltas[0]
+    for d in deltas[1:]:
+        common &= d
+    added = ", ".join(f"{op} \u00d7{n}" for op, n in common.most_common(4))
+    return added, _maker(tail[-1], common)
+
+
+def _about_the_same(a: Counter, b: Counter) -> bool:
+    """Whether two graphs' additions are the same step's work: equal, or for a step of many
+    ops, all but a few (generate()'s last token pads its attention mask no more, one op of
+    a forward's 150)."""
+    differ = sum(((a - b) + (b - a)).values())
+    return differ * _GROWTH_TOLERANCE <= min(sum(a.values()), sum(b.values()))
 
 
 def _maker(graph, ops: Counter):
@@ -454,7 +479,8 @@ def judge(report) -> Judgement:
     for key, indexes in by_line.items():
         calls = site_calls.get(key, line_calls.get(key, 0) if len(key) == 2 else 0)
         pattern = classify_line(key, [events[i] for i in indexes], calls, by_call=syncs == 0)
-        lines[key] = replace(pattern, site=events[indexes[-1]].site)
+        ops = _site_ops(events[i] for i in indexes)
+        lines[key] = replace(pattern, site=events[indexes[-1]].site, ops=ops)
         for i, kind in zip(indexes, pattern.kinds, strict=True):
             kinds[i] = kind
     reads = {
@@ -680,11 +706,12 @@ def _recompile_verdict(verdict, judgement: Judgement):
     if not flagged:
         return verdict
     where = ", ".join(_line_name(p) for p in flagged[:3])
-    return replace(
-        verdict,
-        reason=f"{verdict.reason}; recompiling at {where}",
-        fix=libraries.recompile_fix(flagged[0].site) or RECOMPILE_FIX,
-    )
+    first = flagged[0]
+    if all(p.last_call_only for p in flagged):  # the hint's own fix: a shorter last batch
+        fix = libraries.last_call_fix(first.site) or LAST_CALL_FIX
+    else:
+        fix = libraries.recompile_fix(first.site, first.ops) or RECOMPILE_FIX
+    return replace(verdict, reason=f"{verdict.reason}; recompiling at {where}", fix=fix)
 
 
 def _growing_verdict(pattern: LinePattern, report):
@@ -696,7 +723,7 @@ def _growing_verdict(pattern: LinePattern, report):
         "compile-bound",
         f"the graph grows every step: no torch_xla.sync() cuts it, so {where} compiled "
         f"{pattern.graphs} graphs, each adding {pattern.growth}{made} to the last",
-        GROWING_FIX,
+        libraries.growing_fix(pattern.site, pattern.ops) or GROWING_FIX,
     )
 
 

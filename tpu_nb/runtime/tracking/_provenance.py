@@ -291,7 +291,7 @@ class Recorder:
                 graph, site = state if state is not None else (None, None)
                 self._after_sync(event, graph, site, counted=True)
         elif kind is ReadEvent:
-            if event.counters_after != event.counters_before:
+            if event.counters_after != event.counters_before or event.copied:
                 graph, site = state if state is not None else (None, None)
                 self._record_read(event, graph, site)
         else:
