@@ -183,6 +183,34 @@ def test_torch_compile_batch_sizes_in_on_tpu(shell, capsys):
     assert report.metrics.syncs >= warm.metrics.syncs
 
 
+def test_a_compiled_forward_counts_its_own_xla_compiles_not_the_step_ends(shell, capsys):
+    # A compiled forward, an eager backward and the step's sync on a later line: the sync's
+    # graphs (the gradients) are the step's, not the function's.
+    assert shell.run_cell(MODEL_CELL.format(name="fwd_own", width=12)).success
+    cell = (
+        "%%on_tpu -o\n"
+        "for n in (8, 9):\n"
+        "    xb = torch.randn(n, 4, device=dev)\n"
+        "    fwd_own_c(xb).backward()\n"
+        "    torch_xla.sync()\n"
+    )
+    report = shell.run_cell(cell).result
+    capsys.readouterr()
+    frames = [c for c in report.compiled if c.function == "fwd_own"]
+    assert len(frames) == 2 and {c.line.line for c in frames} == {4}
+    at_sync = [e for e in report.compile_events if e.site and e.site.line and e.site.line.line == 5]
+    assert at_sync, [(e.site, e.cause) for e in report.compile_events]
+    for frame in frames:
+        start, end = frame.log_span
+        own = [
+            e
+            for e in report.compile_events
+            if start <= e.offset < end and not (e.site and e.site.line and e.site.line.line == 5)
+        ]
+        assert frame.xla_compiles == len(own) >= 1, (frame, own)
+    assert sum(c.xla_compiles for c in frames) + len(at_sync) <= report.metrics.compiles
+
+
 @pytest.mark.stack
 def test_plain_cell_and_on_tpu_count_the_same_compiled_work(shell, capsys):
     assert shell.run_cell(MODEL_CELL.format(name="fwd_b", width=16)).success

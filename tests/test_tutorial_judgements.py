@@ -170,12 +170,13 @@ STATED_FACTS: dict[str, list[tuple[int, str]]] = {
     "07_performance": [(1, "aten::split"), (1, "the first step's and the steady step's")],
     # the bucketed loop under --max-graphs 2 compiles its two graphs once each
     "03_lazy_tensors": [(6, "2 graphs, each compiled once")],
-    # the lesson reads the memory line as 16 bytes per parameter (300,040 of them) and says
-    # the report counts a sharded model at its full, global size
+    # the lesson reads the memory line as 16 bytes per parameter (300,040 of them), then one
+    # device's quarter of the sharded parameters and AdamW state, the still pending
+    # gradients counted whole
     "11_scaling": [
         (0, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
-        (1, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
-        (2, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
+        (1, "parameters 300 KB, gradients 1.2 MB, optimizer state 600 KB"),
+        (2, "parameters 300 KB, gradients 1.2 MB, optimizer state 600 KB"),
     ],
 }
 

@@ -307,7 +307,8 @@ def residency(spaces: Sequence[dict]) -> Residency:
         if not isinstance(t, torch.Tensor) or t.device.type != device_type or id(t) in seen:
             return 0
         seen.add(id(t))
-        # one device's part of a tensor sharded across the devices (SPMD)
+        # One device's part of a tensor sharded across the devices (SPMD). A tensor still
+        # pending (a gradient seen before its step's sync) has no layout yet: counted whole.
         return t.numel() * t.element_size() // backend.devices.shards(t)
 
     for name, module in modules:

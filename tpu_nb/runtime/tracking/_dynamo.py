@@ -616,6 +616,32 @@ def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
     return placed
 
 
+def own_compiles(compiles, events: list[CompileEvent]) -> tuple:
+    """`compiles` with each frame's XLA compiles counted from the placed `events`: those in
+    its log span on the line that called the function, not the graph of a sync on a later
+    line that ran before the next frame compiled (the step's end after a compiled forward).
+    A frame Dynamo gave up on keeps its count: from then on its calls run eagerly."""
+    out = []
+    for frame in compiles:
+        line = frame.site.line if frame.site is not None else None
+        if line is None or frame.gave_up:
+            out.append(frame)
+            continue
+        start, end = frame.log_span
+        own = sum(
+            1
+            for e in events
+            if start <= e.offset < end
+            and (e.site is None or e.site.line is None or _same_line(e.site.line, line))
+        )
+        out.append(replace(frame, xla_compiles=min(frame.xla_compiles, own)))
+    return tuple(out)
+
+
+def _same_line(a, b) -> bool:
+    return (a.file, a.line) == (b.file, b.line)
+
+
 # torch_xla.compile(fn) runs the pending work of fn's inputs first, in a graph of its own.
 _PENDING_FIRST = "clear the pending graph prior calling the target function"
 

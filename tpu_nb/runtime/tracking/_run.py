@@ -309,6 +309,7 @@ class Run:
             lines.update(dynamo.recompilations(events, compiled))
             facts = replace(
                 facts,
+                compiled=dynamo.own_compiles(compiled, events),
                 compile_events=tuple(events),
                 recompilations=MappingProxyType(lines),
                 compile_log_problem=self._log.problem_since(self._offset, metrics.compiles) or "",
