@@ -133,10 +133,6 @@ class _Tracer:
 
 def _compiling() -> bool:
     import torch
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
 
     return bool(torch.compiler.is_compiling())
 
@@ -145,10 +141,6 @@ def _tensors(value: Any, depth: int = 3) -> Iterator[Any]:
     """The tensors in a module's arguments or output (tuples, lists, dicts, and
     transformers' ModelOutput, which is a dict)."""
     import torch
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
 
     if isinstance(value, torch.Tensor):
         yield value
