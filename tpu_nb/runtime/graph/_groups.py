@@ -29,7 +29,8 @@ from typing import Generic
 
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph._cost import node_flops, shape_bytes
-from tpu_nb.runtime.graph._modules import ModuleBoxes, has_modules, label
+from tpu_nb.runtime.graph._modules import ModuleBoxes, has_modules
+from tpu_nb.runtime.graph._modules import label as module_label
 from tpu_nb.runtime.graph._nodes import (
     NODE_BUDGET,
     Frame,
@@ -457,9 +458,7 @@ def _expand_one(
     return piece
 
 
-def _group_modules(
-    graph: G, budget: int, target: int, expand: tuple[str, ...]
-) -> GroupedGraph[G]:
+def _group_modules(graph: G, budget: int, target: int, expand: tuple[str, ...]) -> GroupedGraph[G]:
     """Boxes by phase and module (see _modules)."""
     boxes = ModuleBoxes(graph, target)
     for name in expand:
@@ -480,7 +479,7 @@ def _group_modules(
     for p in order:
         positions = members[p]
         if p in names:
-            g = _make_group(graph, names[p], label(names[p]), positions, keys)
+            g = _make_group(graph, names[p], module_label(names[p]), positions, keys)
         else:
             g = _make_group(graph, f"%{graph.nodes[p].id}", graph.nodes[p].name, positions, keys)
         groups.append(

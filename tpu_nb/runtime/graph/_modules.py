@@ -4,10 +4,11 @@ Every node gets a phase and a module path from its scope (see _scopes): forward 
 nodes the module that made them, the optimizer's nodes the optimizer. Nodes without a scope
 are "other", in the latest phase among their operands (a gradient autograd sums is backward
 work) or else their first consumer's; device data and constants belong where their first
-consumer does, and outputs nothing reads (a buffer passed in) to phase "other". Boxes start at the outermost module of each phase and the largest
-box opens into its submodules (plus one box for its own ops) while the picture stays within
-the target. Submodules numbered 0, 1, 2, ... of one parent (`h.0` ... `h.11`, a ModuleList or
-Sequential of three or more) stay one row, `h.0-11`, until that row is expanded.
+consumer does, and outputs nothing reads (a buffer passed in) to phase "other".
+Boxes start at the outermost module of each phase and open one level deeper, all at once,
+while the picture stays within the target. Submodules numbered 0, 1, 2, ... of one parent
+(`h.0` ... `h.11`, a ModuleList or Sequential of three or more) stay one row, `h.0-11`,
+until that row is expanded.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def module_keys(graph: NodeGraph) -> list[tuple[str, tuple[str, ...]]]:
     for i in range(len(graph.nodes) - 1, -1, -1):  # consumers come later: walk backward
         n = graph.nodes[i]
         if (leaf[i] or not keys[i][0]) and n.id in consumers:
-            phase, path = keys[pos[consumers[n.id][0]]]
-            keys[i] = (phase, path) if leaf[i] else (phase, ("other",))
+            used_by = keys[pos[consumers[n.id][0]]]
+            keys[i] = used_by if leaf[i] else (used_by[0], ("other",))
     return [k if k[0] else ("other", ("other",)) for k in keys]
 
 
@@ -78,7 +79,7 @@ class ModuleBoxes:
     def _add(self, phase, prefix, repeated, positions) -> None:
         self.boxes[self.name(phase, prefix, repeated)] = (phase, prefix, repeated, positions)
 
-    def _children(self, name: str) -> list[tuple]:
+    def _children(self, name: str) -> list:
         """What a box opens into: its submodules (numbered runs as one row), its own ops."""
         phase, prefix, repeated, positions = self.boxes[name]
         depth = len(prefix) + (1 if repeated else 0)
@@ -95,10 +96,8 @@ class ModuleBoxes:
                 by_child.setdefault(path[: depth + 1], []).append(i)
             else:
                 own.append(i)
-        numbered = sorted(
-            (p for p in by_child if p[-1].isdigit()), key=lambda p: int(p[-1])
-        )
-        out = []
+        numbered = sorted((p for p in by_child if p[-1].isdigit()), key=lambda p: int(p[-1]))
+        out: list[tuple[str, tuple[str, ...], tuple[str, ...] | None, list[int]]] = []
         if len(numbered) >= REPEAT_MIN:
             members = sorted(i for p in numbered for i in by_child.pop(p))
             out.append((phase, prefix, tuple(p[-1] for p in numbered), members))
@@ -116,9 +115,7 @@ class ModuleBoxes:
         """Open the boxes one level deeper, all of a level at once (every phase, every
         branch: the picture shows the model at one depth), while they fit the target."""
         while True:
-            openable = {
-                k: b for k, b in self.boxes.items() if b[2] is None and len(b[3]) > 1
-            }
+            openable = {k: b for k, b in self.boxes.items() if b[2] is None and len(b[3]) > 1}
             opened = {k: self._children(k) for k in openable}
             opened = {k: c for k, c in opened.items() if c and c != [self.boxes[k]]}
             if not opened:
