@@ -130,18 +130,27 @@ class ModuleBoxes:
 
     def expand(self, wanted: str, budget: int) -> bool:
         """Open the boxes `wanted` names (a box name; or a module path, relative to the model
-        or not, for its boxes in every phase). A box with nothing inside to open shows its
-        nodes one by one, when at most `budget`. False when nothing matched."""
-        hits = [k for k in self.boxes if _matches(k, wanted)]
-        if not hits:  # an opened module: open what it shows now, one level more
-            hits = [k for k in self.boxes if _matches(k, wanted, inside=True)]
-        for name in hits:
-            children = self._children(name)
-            if children:
-                self._open(name, children)
-            elif len(self.boxes[name][3]) <= budget:
-                self.singles += self.boxes.pop(name)[3]
-        return bool(hits)
+        or not, for its boxes in every phase; boxes holding it open first). A box with
+        nothing inside to open shows its nodes one by one, when at most `budget`. False when
+        nothing matched."""
+        for _ in range(64):  # deeper than any model: each round opens one level
+            hits = [k for k in self.boxes if _matches(k, wanted)]
+            if not hits:  # an opened module: open what it shows now, one level more
+                hits = [k for k in self.boxes if _matches(k, wanted, inside=True)]
+            if hits:
+                for name in hits:
+                    children = self._children(name)
+                    if children:
+                        self._open(name, children)
+                    elif len(self.boxes[name][3]) <= budget:
+                        self.singles += self.boxes.pop(name)[3]
+                return True
+            holders = [k for k, box in self.boxes.items() if _holds(box, wanted)]
+            if not holders:
+                return False
+            for name in holders:
+                self._open(name, self._children(name))
+        return False
 
     def pieces(self) -> tuple[list[int], dict[int, str]]:
         """A piece id per position (its box's first position, or its own for a single) and
@@ -170,6 +179,18 @@ def _matches(name: str, wanted: str, inside: bool = False) -> bool:
     if inside:
         return any(p.startswith(wanted + ".") for p in (path, relative, name))
     return wanted in (path, relative)
+
+
+def _holds(box: tuple, wanted: str) -> bool:
+    """Whether a box holds the module `wanted` names, deeper down (a row of blocks: in one of
+    its blocks)."""
+    _, prefix, repeated, _ = box
+    parts = tuple(wanted.split("."))
+    if parts[:1] != prefix[:1]:
+        parts = prefix[:1] + parts
+    if len(parts) <= len(prefix) or parts[: len(prefix)] != prefix:
+        return False
+    return repeated is None or parts[len(prefix)] in repeated
 
 
 def label(name: str) -> str:
