@@ -132,3 +132,37 @@ def test_module_boxes_add_up_to_the_graphs_flops_and_the_heaviest_stands_out(tra
     assert red and set(red) == heaviest and len(red) < len(grouped.groups) // 4
     # a step's backward holds twice the forward's matmuls
     assert all(gr.phase == "backward" for gr in grouped.groups if gr.flops == top)
+
+
+def test_the_model_explorer_export_nests_nodes_by_phase_and_module_with_their_cost(
+    traced, tmp_path
+):
+    import json
+
+    name, _, _, g, _ = traced
+    if name != "gpt2":
+        pytest.skip("one model is enough for the file format")
+    collection = g.to_model_explorer("train step")
+    (tmp_path / "step.json").write_text(json.dumps(collection))  # what a user saves
+    assert set(collection) == {"label", "graphs"} and collection["label"] == "train step"
+    (one,) = collection["graphs"]
+    nodes = one["nodes"]
+    assert set(one) == {"id", "nodes"} and len(nodes) == len(g.nodes)
+    ids = {n["id"] for n in nodes}
+    assert len(ids) == len(nodes)
+    keys = {"id", "label", "namespace", "attrs", "incomingEdges", "outputsMetadata"}
+    for n in nodes:  # Model Explorer's GraphNode fields, strings where it wants strings
+        assert set(n) == keys and all(isinstance(n[k], str) for k in ("id", "label"))
+        assert all(set(a) == {"key", "value"} and isinstance(a["value"], str) for a in n["attrs"])
+        for e in n["incomingEdges"]:
+            assert e["sourceNodeId"] in ids
+            assert e["sourceNodeOutputId"].isdigit() and e["targetNodeInputId"].isdigit()
+    c_fc = [n for n in nodes if n["namespace"].endswith("/h/1/mlp/c_fc") and n["label"] == "addmm"]
+    assert c_fc and c_fc[0]["namespace"] == "forward/GPT2LMHeadModel/transformer/h/1/mlp/c_fc"
+    data = g.model_explorer_data("flops")[one["id"]]
+    assert set(data["results"]) == ids
+    flops = sum(r["value"] for r in data["results"].values())
+    assert flops == hlo_flops(g.hlo()).flops
+    attrs = dict((a["key"], a["value"]) for a in c_fc[0]["attrs"])
+    assert int(attrs["flops"]) == data["results"][c_fc[0]["id"]]["value"] > 0
+    assert attrs["module"] == "GPT2LMHeadModel.transformer.h.1.mlp.c_fc"

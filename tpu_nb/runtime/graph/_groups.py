@@ -28,7 +28,7 @@ from itertools import pairwise
 from typing import Generic
 
 from tpu_nb.runtime.errors import TpuNbUsageError
-from tpu_nb.runtime.graph._cost import node_flops, shape_bytes
+from tpu_nb.runtime.graph._export import node_costs
 from tpu_nb.runtime.graph._modules import ModuleBoxes, has_modules
 from tpu_nb.runtime.graph._modules import label as module_label
 from tpu_nb.runtime.graph._nodes import (
@@ -469,7 +469,7 @@ def _group_modules(graph: G, budget: int, target: int, expand: tuple[str, ...]) 
                 f"[g.key for g in grouped.groups], e.g. {sample!r}, or a module path."
             )
     piece, names = boxes.pieces()
-    flops, sizes = _node_costs(graph)
+    flops, sizes = node_costs(graph)
     keys = [f"{phase}:{'.'.join(path)}" for phase, path in boxes.keys]
     members: dict[int, list[int]] = {}
     for i, p in enumerate(piece):
@@ -503,13 +503,3 @@ def _group_modules(graph: G, budget: int, target: int, expand: tuple[str, ...]) 
         budget=budget,
         target=target,
     )
-
-
-def _node_costs(graph: NodeGraph) -> tuple[list[int], list[int]]:
-    """FLOPs and output bytes of each node (graph.nodes order), from the IR's shapes."""
-    operands: dict[int, list[str]] = {}
-    for e in graph.edges:
-        operands.setdefault(e.dst, []).append(e.shape)
-    flops = [node_flops(n.op, n.shape, operands.get(n.id, [])) for n in graph.nodes]
-    sizes = [0 if n.kind in ("data", "constant") else shape_bytes(n.shape) for n in graph.nodes]
-    return flops, sizes
