@@ -278,9 +278,28 @@ def _scene(
         boxes = _boxes(graph, grouped, changed, rename)
         pairs = [(e.src, e.dst) for e in grouped.edges]
         layout = layered_layout(
-            [(b.width, _BOX_H) for b in boxes], pairs, node_gap=14, layer_gap=34
+            [(b.width, _BOX_H) for b in boxes],
+            pairs + _phase_order(grouped),
+            node_gap=14,
+            layer_gap=34,
         )
+        del layout.routes[len(pairs) :]  # the phase order only places boxes: not drawn
     return _Scene(grouped, boxes, layout, pairs)
+
+
+def _phase_order(grouped: GroupedGraph) -> list[tuple[int, int]]:
+    """Layout-only edges that put every forward box above the backward band and every
+    backward box above the optimizer's, so that the bands do not overlap: from each box of
+    one phase to the boxes of the next phase that nothing of that phase feeds."""
+    if grouped.by != "module":
+        return []
+    phase = [g.phase for g in grouped.groups]
+    fed = {e.dst for e in grouped.edges if phase[e.src] == phase[e.dst]}
+    extra = []
+    for before, after in (("forward", "backward"), ("backward", "optimizer")):
+        tops = [i for i, p in enumerate(phase) if p == after and i not in fed]
+        extra += [(i, j) for i, p in enumerate(phase) if p == before for j in tops]
+    return extra
 
 
 def layout(
