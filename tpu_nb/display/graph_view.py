@@ -277,14 +277,35 @@ def _scene(
         grouped = group_graph(graph, by=by, budget=budget, expand=expand)
         boxes = _boxes(graph, grouped, changed, rename)
         pairs = [(e.src, e.dst) for e in grouped.edges]
+        upward = _upward(grouped)
+        placed = [p for k, p in enumerate(pairs) if k not in upward]
         layout = layered_layout(
             [(b.width, _BOX_H) for b in boxes],
-            pairs + _phase_order(grouped),
+            placed + _phase_order(grouped),
             node_gap=14,
             layer_gap=34,
         )
-        del layout.routes[len(pairs) :]  # the phase order only places boxes: not drawn
+        routes = iter(layout.routes)
+        layout.routes = [  # an edge back to an earlier phase: straight, not placed by
+            [(layout.x[a], layout.y[a] + _BOX_H / 2), (layout.x[b], layout.y[b] - _BOX_H / 2)]
+            if k in upward
+            else next(routes)
+            for k, (a, b) in enumerate(pairs)
+        ]
     return _Scene(grouped, boxes, layout, pairs)
+
+
+_PHASE_RANK = {"forward": 0, "backward": 1, "optimizer": 2}
+
+
+def _upward(grouped: GroupedGraph) -> set[int]:
+    """Edges (by index) from a box of a later phase to one of an earlier phase (a value the
+    backward made that a forward box holds): left out of the layout so that the phases stay
+    in order, top to bottom."""
+    if grouped.by != "module":
+        return set()
+    rank = [_PHASE_RANK.get(g.phase, 0) for g in grouped.groups]
+    return {k for k, e in enumerate(grouped.edges) if rank[e.src] > rank[e.dst]}
 
 
 def _phase_order(grouped: GroupedGraph) -> list[tuple[int, int]]:

@@ -4,7 +4,9 @@ Every node gets a phase and a module path from its scope (see _scopes): forward 
 nodes the module that made them, the optimizer's nodes the optimizer. Nodes without a scope
 are "other", in the latest phase among their operands (a gradient autograd sums is backward
 work) or else their first consumer's; device data and constants belong where their first
-consumer does, and outputs nothing reads (a buffer passed in) to phase "other".
+consumer does, and outputs nothing reads (a buffer passed in) to phase "other". Forward
+work of no module before the first module ("input": the batch being made) and after it
+("other": a loss computed outside the model) are apart.
 Boxes start at the outermost module of each phase and open one level deeper, all at once,
 while the picture stays within the target. Submodules numbered 0, 1, 2, ... of one parent
 (`h.0` ... `h.11`, a ModuleList or Sequential of three or more) stay one row, `h.0-11`,
@@ -30,22 +32,30 @@ def module_keys(graph: NodeGraph) -> list[tuple[str, tuple[str, ...]]]:
     pos = graph._position
     leaf = [not n.inputs and n.kind in ("data", "constant") for n in graph.nodes]
     keys: list[tuple[str, tuple[str, ...]]] = [("", ())] * len(own)
+    after_model = [False] * len(own)  # some module's node comes before it
     for i, (phase, path) in enumerate(own):  # operands come first
+        operands = [pos[s] for s in graph.nodes[i].inputs if s in pos]
         if phase != "other":
             keys[i] = (phase, tuple(path.split(".")))
+            after_model[i] = True
         elif not leaf[i]:
             # made by no module: the latest phase among its operands (a gradient summed by
-            # autograd is backward work), else its consumer's (below)
-            phases = [keys[pos[s]][0] for s in graph.nodes[i].inputs if s in pos]
-            known = [p for p in phases if p in _ORDER]
+            # autograd is backward work), else its consumer's (below). Forward work before
+            # any module (the batch being made) and after (the loss) are two boxes: one
+            # would make the picture a cycle.
+            after_model[i] = any(after_model[k] for k in operands)
+            known = [keys[k][0] for k in operands if keys[k][0] in _ORDER]
             if known:
-                keys[i] = (max(known, key=_ORDER.__getitem__), ("other",))
+                phase = max(known, key=_ORDER.__getitem__)
+                before = phase == "forward" and not after_model[i]
+                keys[i] = (phase, ("input",) if before else ("other",))
     consumers = graph.consumers
     for i in range(len(graph.nodes) - 1, -1, -1):  # consumers come later: walk backward
         n = graph.nodes[i]
         if (leaf[i] or not keys[i][0]) and n.id in consumers:
             used_by = keys[pos[consumers[n.id][0]]]
-            keys[i] = used_by if leaf[i] else (used_by[0], ("other",))
+            before = used_by[0] == "forward" and not after_model[i]
+            keys[i] = used_by if leaf[i] else (used_by[0], ("input",) if before else ("other",))
     return [k if k[0] else ("other", ("other",)) for k in keys]
 
 
