@@ -318,7 +318,9 @@ def _phase_order(grouped: GroupedGraph) -> list[tuple[int, int]]:
     fed = {e.dst for e in grouped.edges if phase[e.src] == phase[e.dst]}
     extra = []
     for before, after in (("forward", "backward"), ("backward", "optimizer")):
-        tops = [i for i, p in enumerate(phase) if p == after and i not in fed]
+        later = [i for i, p in enumerate(phase) if p == after]
+        # a cycle inside the later phase leaves it no top: then every box of it
+        tops = [i for i in later if i not in fed] or later
         extra += [(i, j) for i, p in enumerate(phase) if p == before for j in tops]
     return extra
 
