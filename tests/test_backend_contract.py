@@ -452,6 +452,27 @@ def test_the_pending_graph_of_a_tensor_names_its_ops(b):
 
 
 @BACKENDS
+def test_an_open_scope_names_the_nodes_traced_in_it_and_leaves_the_hash(b):
+    x = torch.ones(fresh_size(), 4, device=b.devices.device())
+    b.syncs.sync()
+    plain = (x * 2).relu()
+    before = b.process.source_lines()
+    b.process.set_source_lines(True)
+    try:
+        scope = b.graphs.open_scope("encoder")
+        named = (x * 2).relu()
+        del scope  # closed: what follows is outside it
+        after = named.tanh()
+    finally:
+        b.process.set_source_lines(before)
+    text = b.graphs.text([after])
+    relu = next(line for line in text.splitlines() if "aten::relu" in line)
+    tanh = next(line for line in text.splitlines() if "aten::tanh" in line)
+    assert "scope=encoder" in relu and "scope=" not in tanh
+    assert b.graphs.hash([named]) == b.graphs.hash([plain])
+
+
+@BACKENDS
 def test_the_graph_hash_is_the_same_for_the_same_graph_only(b):
     size = fresh_size()
     x = torch.ones(size, 4, device=b.devices.device())

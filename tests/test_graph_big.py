@@ -84,7 +84,7 @@ def test_graphs_without_locations_group_by_id_ranges():
         box.label == f"%{box.members[0]}-%{box.members[-1]}" or box.size == 1
         for box in grouped.groups
     )
-    assert "No source lines recorded" in render_html(g)
+    assert "neither module nor line" in render_html(g)
     small = g.groups(target=4)
     opened = small.expand(small.groups[0].key)  # too big for one level: sub-ranges
     assert 1 < len(opened.groups) - len(small.groups) + 1 <= 4

@@ -94,18 +94,21 @@ def _graph_view():
 
     import tpu_nb
     from tpu_nb.display.graph_view import GraphView
-    from tpu_nb.runtime.graph import pending_graph
+    from tpu_nb.runtime.graph import pending_graph, record_locations
 
     torch.manual_seed(0)
     dev = tpu_nb.device()
     layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).to(dev)
     opt = torch.optim.AdamW(layer.parameters())
-    layer(torch.randn(8, 16, 64, device=dev)).pow(2).mean().backward()
-    opt.step()
+    with record_locations():  # module scopes: the view a step under %%on_tpu --graph gets
+        layer(torch.randn(8, 16, 64, device=dev)).pow(2).mean().backward()
+        opt.step()
     found = pending_graph(layer, opt)
     torch_xla.sync()
     assert len(found.nodes) >= 500
-    return GraphView(found, title="training step")
+    view = GraphView(found, title="training step")
+    assert view.grouped().by == "module"  # forward and backward bands of module boxes
+    return view
 
 
 @pytest.fixture(scope="module")

@@ -25,14 +25,17 @@ from tpu_nb.display.graph_layout import Layout, layered_layout
 from tpu_nb.runtime.graph import (
     KINDS,
     NODE_BUDGET,
+    PHASES,
     Graph,
     GraphDiff,
     Group,
     GroupedGraph,
     gc_paused,
     group_graph,
+    module_of,
     shown_location,
 )
+from tpu_nb.runtime.tracking import format_bytes, format_flops
 
 # fill, stroke per kind; CPU fallbacks and changed nodes stand out.
 COLOURS = {
@@ -56,6 +59,15 @@ KIND_NAMES = {
     "fallback": "CPU fallback",
 }
 CHANGED = "#ea580c"
+# fill, stroke of a module box per phase: the forward cool, the backward warm, the optimizer
+# apart; the box with the most FLOPs gets a red border and its FLOPs bar.
+PHASE_COLOURS = {
+    "forward": ("#e0f2fe", "#0284c7"),
+    "backward": ("#f3e8ff", "#9333ea"),
+    "optimizer": ("#ffedd5", "#ea580c"),
+    "other": ("#f1f5f9", "#64748b"),
+}
+HEAVIEST = "#dc2626"
 # Names source files for people: path -> e.g. "In [3]" for a notebook cell's file, or None.
 SourceNames = Callable[[str], "str | None"]
 MAX_TEXT = 200_000  # characters of IR / HLO text embedded in the HTML (at most)
@@ -87,6 +99,9 @@ class _Box:
     output: bool
     changed: bool
     group: bool
+    phase: str = ""  # set on module boxes: coloured by phase
+    share: float = 0.0  # its FLOPs over the heaviest box's (the bar under its text)
+    heaviest: bool = False
 
     @property
     def width(self) -> float:
@@ -111,7 +126,9 @@ def _node_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _B
         and (user.line, user.function) != (loc.line, loc.function)
     ):
         tip.append(f"called from {user.file}:{user.line} ({user.function})")
-    tip += [f"scope {n.scope}"] if n.scope else []
+    phase, module = module_of(n.scope)
+    tip += [f"module {module} ({phase})"] if module else []
+    tip += [f"scope {n.scope}"] if n.scope and not module else []
     tip += [f"output {n.root} of the graph"] if n.root is not None else []
     tip += [f"attrs {', '.join(f'{k}={v}' for k, v in n.attrs)}"] if n.attrs else []
     short = f"{loc.file}:{loc.line}" if loc else ""
@@ -168,6 +185,57 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _
     )
 
 
+def _module_box(graph: Graph, group: Group, changed: frozenset[int], rename, top: int) -> _Box:
+    """A module's (or a row of repeated blocks') nodes of one phase."""
+    ops = ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:4])
+    n_changed = sum(1 for m in group.members if m in changed)
+    module = group.key.partition(":")[2]
+    cost = f"{format_flops(group.flops)} · " if group.flops else ""
+    tip = [
+        f"{group.phase} of {module}" if module != "other" else f"{group.phase}: no module",
+        f"{group.size} nodes: {ops}{'…' if len(group.ops) > 4 else ''}",
+        f"{format_flops(group.flops)} (matmuls and convolutions), "
+        f"{format_bytes(group.bytes)} of outputs",
+    ]
+    lines = sorted(
+        {
+            f"{u.file}:{u.line}"
+            for u in (graph.node(m).user_frame for m in group.members)
+            if u is not None
+        }
+    )
+    tip += ["lines: " + ", ".join(lines[:4]) + (" …" if len(lines) > 4 else "")] if lines else []
+    tip += [f"{n_changed} changed nodes"] if n_changed else []
+    title = rename("\n".join(tip)) + f"\nexpand: %xla_graph --expand {_quoted(group.key)} ..."
+    return _Box(
+        title=title,
+        line1=_fit(group.label, 44),
+        line2=_fit(f"{group.phase} · {cost}×{group.size}", 40),
+        kind=group.kind,
+        output=False,
+        changed=n_changed > 0,
+        group=True,
+        phase=group.phase,
+        share=group.flops / top if top else 0.0,
+        heaviest=bool(top) and group.flops == top,
+    )
+
+
+def _boxes(graph: Graph, grouped: GroupedGraph, changed: frozenset[int], rename) -> list[_Box]:
+    if grouped.by != "module":
+        return [
+            (_group_box if g.size > 1 else _node_box)(graph, g, changed, rename)
+            for g in grouped.groups
+        ]
+    top = max((g.flops for g in grouped.groups if not g.key.startswith("%")), default=0)
+    return [
+        _node_box(graph, g, changed, rename)
+        if g.key.startswith("%")
+        else _module_box(graph, g, changed, rename, top)
+        for g in grouped.groups
+    ]
+
+
 @dataclass
 class _Scene:
     """A grouped graph, its boxes and their layout: what the SVG and the figure draw."""
@@ -207,15 +275,54 @@ def _scene(
     rename = _renamer(graph, source_names)
     with gc_paused():
         grouped = group_graph(graph, by=by, budget=budget, expand=expand)
-        boxes = [
-            (_group_box if g.size > 1 else _node_box)(graph, g, changed, rename)
-            for g in grouped.groups
-        ]
+        boxes = _boxes(graph, grouped, changed, rename)
         pairs = [(e.src, e.dst) for e in grouped.edges]
+        upward = _upward(grouped)
+        placed = [p for k, p in enumerate(pairs) if k not in upward]
         layout = layered_layout(
-            [(b.width, _BOX_H) for b in boxes], pairs, node_gap=14, layer_gap=34
+            [(b.width, _BOX_H) for b in boxes],
+            placed + _phase_order(grouped),
+            node_gap=14,
+            layer_gap=34,
         )
+        routes = iter(layout.routes)
+        layout.routes = [  # an edge back to an earlier phase: straight, not placed by
+            [(layout.x[a], layout.y[a] + _BOX_H / 2), (layout.x[b], layout.y[b] - _BOX_H / 2)]
+            if k in upward
+            else next(routes)
+            for k, (a, b) in enumerate(pairs)
+        ]
     return _Scene(grouped, boxes, layout, pairs)
+
+
+_PHASE_RANK = {"forward": 0, "backward": 1, "optimizer": 2}
+
+
+def _upward(grouped: GroupedGraph) -> set[int]:
+    """Edges (by index) from a box of a later phase to one of an earlier phase (a value the
+    backward made that a forward box holds): left out of the layout so that the phases stay
+    in order, top to bottom."""
+    if grouped.by != "module":
+        return set()
+    rank = [_PHASE_RANK.get(g.phase, 0) for g in grouped.groups]
+    return {k for k, e in enumerate(grouped.edges) if rank[e.src] > rank[e.dst]}
+
+
+def _phase_order(grouped: GroupedGraph) -> list[tuple[int, int]]:
+    """Layout-only edges that put every forward box above the backward band and every
+    backward box above the optimizer's, so that the bands do not overlap: from each box of
+    one phase to the boxes of the next phase that nothing of that phase feeds."""
+    if grouped.by != "module":
+        return []
+    phase = [g.phase for g in grouped.groups]
+    fed = {e.dst for e in grouped.edges if phase[e.src] == phase[e.dst]}
+    extra = []
+    for before, after in (("forward", "backward"), ("backward", "optimizer")):
+        later = [i for i, p in enumerate(phase) if p == after]
+        # a cycle inside the later phase leaves it no top: then every box of it
+        tops = [i for i in later if i not in fed] or later
+        extra += [(i, j) for i, p in enumerate(phase) if p == before for j in tops]
+    return extra
 
 
 def layout(
@@ -288,10 +395,14 @@ def _node_svg(scene: _Scene) -> list[str]:
     out = []
     lay = scene.layout
     for i, box in enumerate(scene.boxes):
-        fill, stroke = COLOURS.get(box.kind, COLOURS["compute"])
+        fill, stroke = (
+            PHASE_COLOURS[box.phase] if box.phase else COLOURS.get(box.kind, COLOURS["compute"])
+        )
         x, y = lay.x[i] - box.width / 2, lay.y[i] - _BOX_H / 2
         width = 2.6 if box.output or box.kind == "fallback" else 1.2
         extra = ""
+        if box.heaviest:
+            stroke, width = HEAVIEST, 3.0
         if box.changed:
             stroke, width, extra = CHANGED, 3.0, ' stroke-dasharray="5 2"'
         shadow = (
@@ -306,7 +417,47 @@ def _node_svg(scene: _Scene) -> list[str]:
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{box.width:.1f}" height="{_BOX_H}" rx="4" '
             f'fill="{fill}" stroke="{stroke}" stroke-width="{width}"{extra}/>'
             f'<text x="{lay.x[i]:.1f}" y="{y + 14:.1f}" class="o">{esc(box.line1)}</text>'
-            f'<text x="{lay.x[i]:.1f}" y="{y + 27:.1f}" class="d">{esc(box.line2)}</text></g>'
+            f'<text x="{lay.x[i]:.1f}" y="{y + 27:.1f}" class="d">{esc(box.line2)}</text>'
+            + _bar(box, x, y)
+            + "</g>"
+        )
+    return out
+
+
+def _bar(box: _Box, x: float, y: float) -> str:
+    """A module box's FLOPs as a bar along its bottom edge, full width for the heaviest."""
+    if box.share <= 0:
+        return ""
+    colour = HEAVIEST if box.heaviest else PHASE_COLOURS[box.phase][1]
+    return (
+        f'<rect x="{x + 2:.1f}" y="{y + _BOX_H - 5:.1f}" height="3" '
+        f'width="{max(box.share * (box.width - 4), 1.5):.1f}" fill="{colour}" class="bar"/>'
+    )
+
+
+def _bands(scene: _Scene) -> list[str]:
+    """Behind a module view, each phase's stretch of the picture, named at the left."""
+    if scene.grouped.by != "module":
+        return []
+    spans: dict[str, list[float]] = {}
+    for i, box in enumerate(scene.boxes):
+        phase = box.phase or scene.grouped.groups[i].phase
+        if phase in ("forward", "backward", "optimizer"):
+            y = scene.layout.y[i]
+            lo, hi = spans.setdefault(phase, [y, y])
+            spans[phase] = [min(lo, y), max(hi, y)]
+    out = []
+    width = max(scene.layout.width, 60)
+    for phase in PHASES:
+        if phase not in spans:
+            continue
+        lo, hi = spans[phase]
+        fill = PHASE_COLOURS[phase][0]
+        top, height = lo - _BOX_H / 2 - 8, hi - lo + _BOX_H + 16
+        out.append(
+            f'<rect x="2" y="{top:.0f}" width="{width - 4:.0f}" height="{height:.0f}" rx="6" '
+            f'fill="{fill}" opacity="0.45" class="band"/>'
+            f'<text x="8" y="{top + 12:.0f}" class="s band-label">{esc(phase)}</text>'
         )
     return out
 
@@ -355,6 +506,7 @@ def _svg(scene: _Scene) -> str:
         '<path d="M0,0L8,4L0,8z" fill="#64748b"/></marker></defs>',
         f'<rect width="{w:.0f}" height="{h:.0f}" fill="#ffffff"/>',
     ]
+    parts += _bands(scene)
     parts += _edge_svg(scene)
     parts += _node_svg(scene)
     parts.append("</svg>")
@@ -381,9 +533,24 @@ def _changed(diff: GraphDiff | None) -> frozenset[int]:
 # -- HTML ----------------------------------------------------------------------------------
 
 
+def _swatch(fill: str, border: str) -> str:
+    return (
+        f'<span style="display:inline-block;width:10px;height:10px;background:{fill};'
+        f'border:{border};margin:0 3px 0 10px;vertical-align:middle"></span>'
+    )
+
+
 def _legend(scene: _Scene) -> str:
-    present = Counter(b.kind for b in scene.boxes)
-    items = []
+    present = Counter(b.kind for b in scene.boxes if not b.phase)
+    items = [
+        _swatch(PHASE_COLOURS[p][0], f"1.5px solid {PHASE_COLOURS[p][1]}") + esc(p)
+        for p in PHASES
+        if any(b.phase == p for b in scene.boxes)
+    ]
+    if any(b.heaviest for b in scene.boxes):
+        items.append(
+            _swatch("#ffffff", f"3px solid {HEAVIEST}") + "most FLOPs (bar: a box's share)"
+        )
     for kind in KINDS:
         if present[kind]:
             fill, stroke = COLOURS[kind]
@@ -404,13 +571,13 @@ def _legend(scene: _Scene) -> str:
 
 def _notes(graph: Graph, scene: _Scene) -> list[str]:
     notes = []
-    if not any(n.location for n in graph.nodes) and graph.pending:
+    if scene.grouped.by != "module" and graph.pending and _compute(graph):
+        lines = any(n.location for n in graph.nodes)
         notes.append(
-            "No source lines recorded (torch_xla records none by default), so "
-            "groups are ranges of node ids. To see which line made each node, run "
-            "the cell as <code style='white-space:nowrap'>%%on_tpu --graph</code> "
-            "(or set XLA_IR_DEBUG=1 "
-            "before importing torch_xla)."
+            "This graph was traced before module scopes were on, so its nodes name "
+            + ("no module" if lines else "neither module nor line (groups: ranges of ids)")
+            + ". To see forward, backward and optimizer by module, run the step as "
+            "<code style='white-space:nowrap'>%%on_tpu --graph</code> and look again."
         )
     if graph.fallback_ops:
         ops = ", ".join(f"{esc(op)} ×{count}" for op, count in graph.fallback_ops)
@@ -429,11 +596,16 @@ def _notes(graph: Graph, scene: _Scene) -> list[str]:
     return notes
 
 
+def _compute(graph: Graph) -> bool:
+    return any(n.kind not in ("data", "constant", "view") for n in graph.nodes)
+
+
 def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
     grouped = scene.grouped
     shown = ""
     if grouped.collapsed:
         how = {
+            "module": "phase and module",
             "line": "source line",
             "scope": "scope",
             "function": "function",

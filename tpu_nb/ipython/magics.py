@@ -350,7 +350,7 @@ class TpuMagics(Magics):
     @flag("-h", "--help", help="show this help and exit")
     @argument(
         "--by",
-        choices=("auto", "line", "scope"),
+        choices=("auto", "module", "line", "scope"),
         default="auto",
         help="how to group nodes above the budget (default: auto)",
     )

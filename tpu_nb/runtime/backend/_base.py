@@ -199,6 +199,13 @@ class Graphs(ABC):
         """Whether the tensor has operations waiting for a sync (not only device data)."""
 
     @abstractmethod
+    def open_scope(self, name: str) -> Any:
+        """Name the IR nodes the calling thread traces from now on `name` (nested inside the
+        scopes already open on this thread), until the returned handle is dropped. The graph
+        and its hash stay the same; the names show in the IR text while source lines are
+        recorded. torch_xla: `profiler.scope_pusher`, which appends a counter (`name.3`)."""
+
+    @abstractmethod
     def limit(self) -> int:
         """How many different graphs may be counted under one name before the next one
         raises (RuntimeError at that trace). Imports the backend.

@@ -270,6 +270,10 @@ class _Graphs(Graphs):
         ir = next((line[4:] for line in info.splitlines() if line.startswith("IR: ")), "None")
         return ir != "None" and "xla::device_data" not in ir
 
+    def open_scope(self, name: str) -> Any:
+        # What torch_xla.debug.profiler.Trace holds: the scope closes when it is freed.
+        return _extension().profiler.scope_pusher(name)
+
     # The dynamic-shape detector (torch_xla.compile(max_different_graphs=)): a session per name.
 
     def limit(self) -> int:

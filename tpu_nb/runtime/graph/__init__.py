@@ -34,10 +34,12 @@ from tpu_nb.runtime.graph._diff import GraphDiff, NodeChange
 from tpu_nb.runtime.graph._graph import Graph
 from tpu_nb.runtime.graph._groups import Group, GroupEdge, GroupedGraph, group_graph, shown_location
 from tpu_nb.runtime.graph._nodes import KINDS, NODE_BUDGET, Edge, Node, gc_paused
+from tpu_nb.runtime.graph._scopes import PHASES, module_of, module_scopes
 
 __all__ = [
     "KINDS",
     "NODE_BUDGET",
+    "PHASES",
     "Edge",
     "Graph",
     "GraphDiff",
@@ -52,6 +54,8 @@ __all__ = [
     "group_graph",
     "hlo_flops",
     "is_pending",
+    "module_of",
+    "module_scopes",
     "pending_graph",
     "record_locations",
     "shown_location",

@@ -161,3 +161,48 @@ def _definitions(text: str) -> dict[str, str]:
         if m:
             found[m.group(1)] = m.group(2)
     return found
+
+
+# -- per node, from the IR's shapes (for the cost of each part of a graph) ---------------------
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "u16": 2}
+_DTYPE_BYTES |= {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8}
+_MATMULS = frozenset(("aten::mm", "aten::bmm", "aten::matmul", "aten::linear"))
+_BIASED_MATMULS = frozenset(("aten::addmm", "aten::baddbmm"))
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an IR shape's arrays: "f32[2,3]" -> 24; tuples add up."""
+    total = 0
+    for dtype, dims in _ARRAY_DIMS.findall(shape):
+        total += _DTYPE_BYTES.get(dtype, 4) * prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+_ARRAY_DIMS = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\]")
+
+
+def node_flops(op: str, out: str, operands: list[str]) -> int:
+    """The matmul and convolution FLOPs of one IR node, by the rule of `hlo_flops`, from
+    its output shape and its operands' shapes. Other ops count 0."""
+    if op in _MATMULS or op in _BIASED_MATMULS:
+        # the two matrices, whatever position the bias takes; the contracted size is the
+        # dimension they share (either may come transposed)
+        mats = [d for d in (_dims(_first_array(o)) for o in operands) if len(d) >= 2][:2]
+        if len(mats) < 2:
+            return 0
+        a, b = mats
+        k = a[-1] if a[-1] in (b[-2], b[-1]) else a[-2]
+        return 2 * prod(_dims(out)) * k
+    if op == "aten::convolution_overrideable" and len(operands) >= 2:
+        return 2 * prod(_dims(out)) * prod(_dims(operands[1])[1:])
+    if op == "aten::convolution_backward_overrideable" and len(operands) >= 3:
+        # the input and the weight gradient, each as much as the forward convolution
+        grad_out = _dims(_first_array(operands[0]))
+        return 2 * 2 * prod(grad_out) * prod(_dims(operands[2])[1:]) if grad_out else 0
+    return 0
+
+
+def _first_array(shape: str) -> str:
+    m = _ARRAY_DIMS.search(shape)
+    return m.group(0) if m else ""

@@ -12,6 +12,7 @@ from functools import cached_property
 
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph._diff import GraphDiff, diff_graphs
+from tpu_nb.runtime.graph._export import model_explorer_graph, model_explorer_node_data
 from tpu_nb.runtime.graph._groups import GroupedGraph, group_graph
 from tpu_nb.runtime.graph._nodes import (
     KINDS,
@@ -251,6 +252,19 @@ class Graph:
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
+
+    def to_model_explorer(self, label: str = "XLA graph") -> dict:
+        """The graph in Model Explorer's JSON graph format: layers by phase and module,
+        each node's op, shape, line, FLOPs and bytes (see _export). Save it with
+        `json.dump` and open it with `model-explorer FILE`."""
+        return model_explorer_graph(self, label)
+
+    def model_explorer_data(self, what: str = "flops") -> dict:
+        """A Model Explorer node-data file colouring each node by its "flops" or "bytes"
+        (`model-explorer FILE --node_data_paths=DATA`)."""
+        if what not in ("flops", "bytes"):
+            raise TpuNbUsageError(f"no node data {what!r}. Fix: use 'flops' or 'bytes'.")
+        return model_explorer_node_data(self, what)
 
     def to_dot(self) -> str:
         """Graphviz DOT text in torch_xla's own `_get_xla_tensors_dot` form."""

@@ -28,9 +28,20 @@ from itertools import pairwise
 from typing import Generic
 
 from tpu_nb.runtime.errors import TpuNbUsageError
-from tpu_nb.runtime.graph._nodes import NODE_BUDGET, Frame, G, Node, NodeGraph, gc_paused
+from tpu_nb.runtime.graph._export import node_costs
+from tpu_nb.runtime.graph._modules import ModuleBoxes, has_modules
+from tpu_nb.runtime.graph._modules import label as module_label
+from tpu_nb.runtime.graph._nodes import (
+    NODE_BUDGET,
+    Frame,
+    G,
+    Node,
+    NodeGraph,
+    gc_paused,
+    new_frozen,
+)
 
-GROUP_BY = ("auto", "line", "function", "file", "scope", "range")
+GROUP_BY = ("auto", "module", "line", "function", "file", "scope", "range")
 # Boxes in a big graph's overview: about what a reader takes in at once, at readable size.
 OVERVIEW_GROUPS = 40
 
@@ -46,6 +57,9 @@ class Group:
     ops: tuple[tuple[str, int], ...]  # op -> count, most frequent first
     sources: tuple[tuple[str, int], ...]  # source key -> count, most frequent first
     location: Frame | None = None
+    phase: str = ""  # by module: "forward", "backward", "optimizer"
+    flops: int = 0  # matmul and convolution FLOPs of its nodes (see _cost.node_flops)
+    bytes: int = 0  # bytes its nodes output
 
     @property
     def size(self) -> int:
@@ -136,6 +150,8 @@ def _group_graph(
     graph: G, by: str, budget: int, target: int, expand: tuple[str, ...]
 ) -> GroupedGraph[G]:
     level = _level(graph, by)
+    if level == "module" and len(graph.nodes) > budget:
+        return _group_modules(graph, budget, target, expand)
     if len(graph.nodes) <= budget:
         keys = [f"%{n.id}" for n in graph.nodes]
         piece, level = list(range(len(graph.nodes))), "node"
@@ -159,6 +175,8 @@ def _level(graph: NodeGraph, by: str) -> str:
         )
     if by != "auto":
         return by
+    if has_modules(graph):
+        return "module"
     if any(_user_scope(n) for n in graph.nodes):
         return "scope"
     return "line" if any(n.location for n in graph.nodes) else "range"
@@ -438,3 +456,50 @@ def _expand_one(
         for p, r in zip(range(lo, hi), sub, strict=True):
             piece[p] = fresh + r
     return piece
+
+
+def _group_modules(graph: G, budget: int, target: int, expand: tuple[str, ...]) -> GroupedGraph[G]:
+    """Boxes by phase and module (see _modules)."""
+    boxes = ModuleBoxes(graph, target)
+    for name in expand:
+        if not boxes.expand(name, budget):
+            sample = next(iter(boxes.boxes), "forward:Model.layer1")
+            raise TpuNbUsageError(
+                f"no group named {name!r} to expand. Fix: use a key from "
+                f"[g.key for g in grouped.groups], e.g. {sample!r}, or a module path."
+            )
+    piece, names = boxes.pieces()
+    flops, sizes = node_costs(graph)
+    keys = [f"{phase}:{'.'.join(path)}" for phase, path in boxes.keys]
+    members: dict[int, list[int]] = {}
+    for i, p in enumerate(piece):
+        members.setdefault(p, []).append(i)
+    order = sorted(members)  # by first member: post-order of the graph
+    groups = []
+    for p in order:
+        positions = members[p]
+        if p in names:
+            g = _make_group(graph, names[p], module_label(names[p]), positions, keys)
+        else:
+            g = _make_group(graph, f"%{graph.nodes[p].id}", graph.nodes[p].name, positions, keys)
+        groups.append(
+            new_frozen(
+                Group,
+                {
+                    **g.__dict__,
+                    "phase": boxes.keys[p][0],
+                    "flops": sum(flops[i] for i in positions),
+                    "bytes": sum(sizes[i] for i in positions),
+                },
+            )
+        )
+    index = {p: k for k, p in enumerate(order)}
+    return GroupedGraph(
+        graph=graph,
+        groups=tuple(groups),
+        edges=_group_edges(graph, [index[p] for p in piece]),
+        by="module",
+        expanded=expand,
+        budget=budget,
+        target=target,
+    )

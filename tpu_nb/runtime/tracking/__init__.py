@@ -14,7 +14,14 @@ from tpu_nb.runtime.tracking._attribution import (
     fallback_hint,
     graph_facts,
 )
-from tpu_nb.runtime.tracking._cost import GraphCost, MemoryFit, Residency, StepCost
+from tpu_nb.runtime.tracking._cost import (
+    GraphCost,
+    MemoryFit,
+    Residency,
+    StepCost,
+    format_bytes,
+    format_flops,
+)
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
 from tpu_nb.runtime.tracking._oom import Allocation, OutOfMemory, out_of_memory
 from tpu_nb.runtime.tracking._pending import EarlierWork, assigned_lines
@@ -38,6 +45,8 @@ __all__ = [
     "OutOfMemory",
     "Residency",
     "StepCost",
+    "format_bytes",
+    "format_flops",
     "out_of_memory",
     "HOST_PARTS",
     "HOST_READ_HINT",
