@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -411,8 +412,9 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
     if not steps:
         return cost
     walls = sorted(s.wall for s in steps)
-    busy = [span for s in steps for span in s.device_spans]
-    host = sorted(s.trace + s.input + _own_sync(s, busy) for s in steps)
+    busy = _union(span for s in steps for span in s.device_spans)
+    ends = [b for _, b in busy]
+    host = sorted(s.trace + s.input + _own_sync(s, busy, ends) for s in steps)
     device = sorted(s.device for s in steps)
     step = percentile(walls, 0.5)
     timed_cost = replace(
@@ -428,13 +430,30 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
     return timed_cost
 
 
-def _own_sync(step, busy: list[tuple[float, float]]) -> float:
+def _union(spans) -> list[tuple[float, float]]:
+    """Time spans as sorted, disjoint spans covering the same time."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _own_sync(step, busy: list[tuple[float, float]], ends: list[float]) -> float:
     """The host's own time in the step's syncs: less the time they waited while the device
-    ran (the runtime holds the host a step behind a busy device; on XLA:CPU, the CPU's)."""
+    ran (the runtime holds the host a step behind a busy device; on XLA:CPU, the CPU's).
+    `busy`: the device's spans, sorted and disjoint (`ends` their ends): each sync looks only
+    at those it overlaps, so a long run's end stays linear in its steps."""
     waited = 0.0
     for kind, start, end in step.host_spans:
-        if kind == "sync":
-            waited += sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy)
+        if kind != "sync":
+            continue
+        i = bisect_right(ends, start)
+        while i < len(busy) and busy[i][0] < end:
+            waited += max(0.0, min(end, busy[i][1]) - max(start, busy[i][0]))
+            i += 1
     return max(0.0, step.sync - waited)
 
 
