@@ -397,3 +397,31 @@ def test_shares_of_a_long_run_stay_within_the_whole():
     lines = sampler.lines(t / 2, without=warm_up)
     assert lines and all(0 < h.share <= 0.5 + 1e-9 for h in lines), lines
     assert sum(h.seconds for h in lines) == pytest.approx(t / 2)
+
+
+def device_loader_loop(steps: int = 12):
+    # MpDeviceLoader over ready data, each step heavy for XLA:CPU: the loader's __next__
+    # syncs (ending the previous step) before it hands the next batch, and that sync waits
+    # for the device, not for data.
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    w = torch.randn(384, 384, device=dev) / 384**0.5
+    data = torch.utils.data.TensorDataset(torch.randn(steps, 384))
+    for (x,) in MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=1), dev):
+        for _ in range(12):
+            x = torch.tanh(x.expand(384, 384) @ w)
+        w = w + x.mean() * 1e-4
+    return w
+
+
+def test_a_device_loaders_own_sync_is_the_steps_sync_not_input():
+    _, a = _tracked(device_loader_loop)
+    loader = [h for h in a.host_lines if "parallel_loader" in h.via]
+    assert loader, a.host_lines
+    # the time inside __next__ is its sync's, not a wait for data
+    assert sum(h.share for h in loader if h.kind == "sync") > sum(
+        h.share for h in loader if h.kind == "input"
+    ), a.host_lines
+    assert a.verdict is None or a.verdict.kind != "input-bound", str(a)

@@ -258,10 +258,14 @@ class Sampler:
             ours = [i for i in range(len(chain) - 1, -1, -1) if chain[i][1][1]]
             at = ours[-1]  # the innermost: the line
             kind = "host"
-            for i in range(at - 1, -1, -1):  # tpu_nb's sync, read or loader hook under it
-                if chain[i][1][2] is not None:
-                    kind = chain[i][1][2]
-                    break
+            hooks = [chain[i][1][2] for i in range(at - 1, -1, -1) if chain[i][1][2]]
+            if hooks:  # tpu_nb's sync, read or loader hook under it, the outermost
+                kind = hooks[0]
+            # A device loader's own sync inside its __next__ (MpDeviceLoader ends the previous
+            # step there) is that step's sync, not a wait for input.
+            loader_sync = kind == "input" and "sync" in hooks
+            if loader_sync:
+                kind = "sync"
             stepping = self.stepping
             for i in ours:  # the outermost `for` waiting for its iterator
                 if i == 0:
@@ -272,6 +276,8 @@ class Sampler:
                     loops = self._loops(info)
                 if frame.f_lasti in loops:
                     where = (info[0].co_filename, frame.f_lineno or 0)
+                    if loader_sync:  # a data loop (check_at_sync tells it apart)
+                        break
                     if kind in ("sync", "read"):  # its iterator runs the steps
                         stepping.add(where)
                     elif where not in stepping:
