@@ -88,6 +88,7 @@ FALLBACK_ENTRY_POINTS = (
     ("torch", "kthvalue"),
     ("torch", "mode"),
     ("torch", "bincount"),
+    ("torch", "isin"),
     ("Tensor", "nonzero"),
     ("Tensor", "masked_select"),
     ("Tensor", "histc"),
