@@ -53,7 +53,7 @@ def test_html_is_self_contained_with_ir_and_hlo_panels():
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")
     assert page.count("<details>") == 2  # IR text and HLO (no groups: small graph)
     assert "aten::softmax" in page and "HloModule" in page
-    assert "graph hash" in page
+    assert "graph hash" in page.split("<details>")[1]  # with the IR text, not in a sentence
     ET.fromstring(page)  # the whole fragment is well-formed XML too
 
 
@@ -196,3 +196,11 @@ def test_on_tpu_graph_labels_name_the_cell_not_its_temporary_file(shell, monkeyp
     assert re.search(r"In \[\d+\]:5\b", svg)  # the cell's line 5, by its name
     assert not re.search(r"\d+\.py:5\b", svg)  # not ipykernel's file for it
     assert "defaults.py" not in svg
+
+
+def test_a_small_graph_drawn_node_by_node_does_not_ask_for_module_scopes():
+    x = torch.ones(4, 4, device=torch_xla.device())
+    page = GraphView(tpu_nb.graph((x @ x).relu()))._repr_html_()
+    assert "module scopes" not in page and "%%on_tpu --graph" not in page
+    # a step big enough to be drawn in groups, traced without the scopes, does
+    assert "module scopes were on" in GraphView(_transformer_step(False))._repr_html_()

@@ -571,7 +571,8 @@ def _legend(scene: _Scene) -> str:
 
 def _notes(graph: Graph, scene: _Scene) -> list[str]:
     notes = []
-    if scene.grouped.by != "module" and graph.pending and _compute(graph):
+    # (a graph small enough to draw node by node reads without module boxes)
+    if scene.grouped.by not in ("module", "node") and graph.pending and _compute(graph):
         lines = any(n.location for n in graph.nodes)
         notes.append(
             "This graph was traced before module scopes were on, so its nodes name "
@@ -615,13 +616,8 @@ def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
         shown = (
             f" · shown as {len(grouped.groups)} groups by {how} (more than {grouped.budget} nodes)"
         )
-    digest = (
-        f' · <span class="tpu-nb-hash">graph hash {esc(graph.hash[:16])}</span>'
-        if graph.hash
-        else ""
-    )
     head = esc(title) if title else "XLA graph"
-    return f"<b>{head}</b>: {esc(graph.summary())}{shown}{digest}"
+    return f"<b>{head}</b>: {esc(graph.summary())}{shown}"
 
 
 def _text_panel(summary: str, text: str, limit: int) -> str:
@@ -690,7 +686,10 @@ def render_html(
     parts.append(_frame(scene, picture))
     parts.append(f'<div style="font-size:11px;margin-bottom:4px">{_legend(scene)}</div>')
     parts.append(_groups_panel(scene))
-    texts = [(f"IR text ({len(graph.nodes):,} nodes)", graph.ir_text())]
+    # the graph's hash (torch_xla's id for it, as compile logs name it) with the IR, not in
+    # the sentence above the picture
+    digest = f" · graph hash {graph.hash[:16]}" if graph.hash else ""
+    texts = [(f"IR text ({len(graph.nodes):,} nodes){digest}", graph.ir_text())]
     texts += [("HLO", graph.hlo_text)] if graph.hlo_text is not None else []
     room = (MAX_HTML - sum(len(p) for p in parts)) // len(texts)
     limit = max(2_000, min(max_text, room * 4 // 5))  # escaping can grow text by ~1/4
