@@ -530,3 +530,20 @@ def test_cell_history_is_bounded(shell, capsys):
     shell.run_line_magic("xla_metrics", "--cells")
     out = capsys.readouterr().out
     assert f"the last {MAX_HISTORY} of {watcher.cells_seen} cells that did XLA work" in out
+
+
+def test_xla_graph_diff_draws_the_latest_change_with_what_changed(shell, capsys):
+    run(
+        shell,
+        "%%on_tpu\nfor n in (5, 6):\n    dv = torch.ones(n, 3, device=torch_xla.device()) * 2\n"
+        "    torch_xla.sync()\n",
+    )
+    capsys.readouterr()
+    diff = shell.run_line_magic("xla_graph", "--diff -o")
+    assert diff.before.hash != diff.after.hash
+    assert any(c.status == "changed" and "5" in str(c) and "6" in str(c) for c in diff.changes), (
+        diff.changes
+    )
+    shell.run_line_magic("xla_graph", "--diff")
+    out = capsys.readouterr().out
+    assert re.search(r"the last two graphs of In \[\d+\], line 4", out), out

@@ -8,7 +8,8 @@ import re
 import sys
 from types import FrameType
 
-from tpu_nb.runtime.sources import innermost_frame
+from tpu_nb.runtime.sources import innermost_frame, short_path
+from tpu_nb.runtime.units import format_place
 
 
 def _running_cell_number(shell) -> int:
@@ -95,3 +96,37 @@ def cell_name(shell, watcher, path: str) -> str | None:
     if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):
         number = match.group(1)  # IPython 7
     return f"In [{number}]" if number is not None else None
+
+
+def show_last_change(args, names):
+    """`%xla_graph --diff`: the two latest graphs of the line that changed last, the later
+    drawn with its changed nodes outlined inside their groups (its modules, under --graph)."""
+    from IPython.display import display
+
+    from tpu_nb.display.graph_view import GraphView
+    from tpu_nb.runtime.graph import NODE_BUDGET
+    from tpu_nb.runtime.tracking import store
+
+    found = store.last_change()
+    if found is None:
+        print(
+            "nothing to compare: no line has captured two different graphs in a tracked run "
+            "(%%on_tpu) yet"
+        )
+        return None
+    (path, line), before, after = found
+    diff = after.diff(before)
+    if args.output:
+        return diff
+    print(f"the last two graphs of {format_place(short_path(path), line)}")
+    display(
+        GraphView(
+            after,
+            by=args.by,
+            budget=args.budget or NODE_BUDGET,
+            expand=args.expand,
+            diff=diff,
+            source_names=names,
+        )
+    )
+    return None

@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from tpu_nb.ipython._args import evaluate_tensors, parse, seconds, user_mistake, whole
-from tpu_nb.ipython._cell import CellCode
+from tpu_nb.ipython._cell import CellCode, show_last_change
 from tpu_nb.ipython._on_tpu import launch_cell, run_tracked, start_dashboard
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
@@ -367,7 +367,8 @@ class TpuMagics(Magics):
         metavar="GROUP",
         help="draw this group node by node (repeatable)",
     )
-    @flag("-o", dest="output", help="return the Graph")
+    @flag("--diff", help="the latest line's last two graphs, what changed outlined")
+    @flag("-o", dest="output", help="return the Graph (the GraphDiff with --diff)")
     @argument(
         "expression",
         nargs="*",
@@ -382,6 +383,8 @@ class TpuMagics(Magics):
         from tpu_nb.display.graph_view import GraphView
         from tpu_nb.runtime.graph import NODE_BUDGET, pending_graph
 
+        if args.diff:
+            return show_last_change(args, self.state.namer)
         source = " ".join(args.expression).strip()
         found = pending_graph(evaluate_tensors(self.shell, source)) if source else pending_graph()
         if found is None:

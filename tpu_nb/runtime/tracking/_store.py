@@ -65,6 +65,15 @@ class GraphStore:
         while len(self.line_captures) > 64:
             self.line_captures.popitem(last=False)
 
+    def last_change(self):
+        """The line that most recently captured a graph unlike its previous one:
+        ((file, line), earlier graph, later graph); None when no line has two."""
+        for key in reversed(self.line_captures):
+            kept = self.line_captures[key]
+            if len(kept) >= 2:
+                return key, kept[-2], kept[-1]
+        return None
+
     def captured_graph(self, event: CompileEvent):
         """The pending graph captured just before `event`'s graph compiled, if captured."""
         return self.captured.get(event.graph_hash)
