@@ -84,7 +84,7 @@ def test_sync_is_opt_in_and_named_as_tpu_nbs_own(shell, capsys):
     assert "tpu_nb's end-of-cell sync (--sync)" in text
     assert "user torch_xla.sync" not in text, text
     (end,) = [f for f in report.findings if f.place == "end of cell"]
-    assert "compiled by tpu_nb's end-of-cell sync" in end.what and end.kind == "compile"
+    assert "by tpu_nb's end-of-cell sync" in end.what and end.kind == "compile"
 
 
 @pytest.mark.stack

@@ -626,12 +626,15 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
     m = report.metrics
     split = f"each steady step ran as {graphs} graphs and " if graphs >= 2 else ""
     reason = (
-        f"value reads or CPU fallbacks stop every step: {named}. The host waits for the "
+        f"value reads or CPU fallbacks stop the steps: {named}. The host waits for the "
         f"device at each, so {split}tracing cannot overlap the device's work "
         f"({m.executions} executions and {m.from_device_transfers} transfers to the host in "
         f"{syncs} steps); on a TPU each wait is also a round trip to the chip"
     )
-    return anatomy.Verdict("read-bound", reason, anatomy.FIXES["read-bound"])
+    # a library's read (transformers' mask check) is fixed with the library's setting
+    fixes = [libraries.read_fix(o.site) for o in stalls if o.kind == "read"]
+    fix = next((f for f in fixes if f), anatomy.FIXES["read-bound"])
+    return anatomy.Verdict("read-bound", reason, fix)
 
 
 _NOT_PER_STEP = ReadPattern(False, "")
