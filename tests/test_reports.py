@@ -216,3 +216,24 @@ def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
     assert "    4      out = (torch.ones(rows, 8) @ wr).sum()" in listing
     read = listing.index(">   6      seen = out.item()")
     assert "read from the device" in listing[read + 1], listing
+
+
+def test_one_time_cost_counts_each_kind_only_when_the_counts_add_up():
+    from types import SimpleNamespace
+
+    def one_time(kinds, n):
+        judgement = SimpleNamespace(
+            compile_kinds=kinds,
+            one_time_compiles=n,
+            one_time_seconds=1.0,
+            verdict=None,
+            steady_steps=0,
+        )
+        return RunView._one_time(None, judgement)
+
+    assert one_time(["first", "first", "warm-up"], 3) == (
+        "one-time cost: 3 compiles (1.00 s): the first step's graph (2), the steady step's"
+    )
+    # a library's sites compiled such graphs after the first steps too: 5 named, 3 one-time
+    text = one_time(["first"] * 3 + ["warm-up"] * 2, 3)
+    assert text == "one-time cost: 3 compiles (1.00 s): the first step's graph, the steady step's"

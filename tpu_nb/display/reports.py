@@ -397,6 +397,11 @@ class RunView:
         """ "one-time cost: 2 compiles (444 ms), the first step's graph and the steady
         step's; the verdict is about the 18 steady steps"."""
         kinds = [k for k in judgement.compile_kinds if k]
+        n = judgement.one_time_compiles
+        counted = {kind: kinds.count(kind) for kind in ("first", "warm-up", "variant", "earlier")}
+        # counts per kind only when they add up to the one-time compiles (a library's sites
+        # also compile such graphs after the first steps: then the kinds alone are named)
+        exact = sum(counted.values()) == n
         named = []
         for kind, words in (
             ("first", "the first step's graph"),
@@ -404,10 +409,10 @@ class RunView:
             ("variant", "other graphs, each compiled once"),
             ("earlier", "work earlier cells left pending"),
         ):
-            n = kinds.count(kind)
-            if n:
-                named.append(words if n == 1 or kind == "variant" else f"{words} ({n})")
-        n = judgement.one_time_compiles
+            count = counted[kind]
+            if count:
+                plain = count == 1 or kind == "variant" or not exact
+                named.append(words if plain else f"{words} ({count})")
         text = (
             f"one-time cost: {_count(n, 'compile')} ({format_seconds(judgement.one_time_seconds)})"
         )
