@@ -53,6 +53,7 @@ def test_html_is_self_contained_with_ir_and_hlo_panels():
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")
     assert page.count("<details>") == 2  # IR text and HLO (no groups: small graph)
     assert "aten::softmax" in page and "HloModule" in page
+    assert "source_file=&quot;/" not in page  # sources as the report names them, no machine paths
     assert "graph hash" in page.split("<details>")[1]  # with the IR text, not in a sentence
     ET.fromstring(page)  # the whole fragment is well-formed XML too
 

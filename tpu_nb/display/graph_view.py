@@ -35,6 +35,7 @@ from tpu_nb.runtime.graph import (
     module_of,
     shown_location,
 )
+from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import format_bytes, format_flops
 
 # fill, stroke per kind; CPU fallbacks and changed nodes stand out.
@@ -620,6 +621,23 @@ def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
     return f"<b>{head}</b>: {esc(graph.summary())}{shown}"
 
 
+_SOURCE_FILE = re.compile(r'source_file="([^"]*)"')
+
+
+def _short_sources(hlo: str) -> str:
+    """The HLO's source files as the report names them (`torch/nn/modules/linear.py`, a
+    cell's "In [3]"), not as absolute paths of this machine."""
+    names: dict[str, str] = {}
+
+    def short(found: re.Match) -> str:
+        path = found.group(1)
+        if path not in names:
+            names[path] = short_path(path)
+        return f'source_file="{names[path]}"'
+
+    return _SOURCE_FILE.sub(short, hlo)
+
+
 def _text_panel(summary: str, text: str, limit: int) -> str:
     cut = ""
     if len(text) > limit:
@@ -690,7 +708,7 @@ def render_html(
     # the sentence above the picture
     digest = f" · graph hash {graph.hash[:16]}" if graph.hash else ""
     texts = [(f"IR text ({len(graph.nodes):,} nodes){digest}", graph.ir_text())]
-    texts += [("HLO", graph.hlo_text)] if graph.hlo_text is not None else []
+    texts += [("HLO", _short_sources(graph.hlo_text))] if graph.hlo_text is not None else []
     room = (MAX_HTML - sum(len(p) for p in parts)) // len(texts)
     limit = max(2_000, min(max_text, room * 4 // 5))  # escaping can grow text by ~1/4
     parts += [_text_panel(summary, text, limit) for summary, text in texts]
