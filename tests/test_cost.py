@@ -373,6 +373,23 @@ def test_a_compile_time_oom_in_a_cell_shows_the_card_with_its_line(shell, tmp_pa
     assert tpu_nb.last_report().out_of_memory.allocations[0].line == 42
 
 
+def test_a_run_time_oom_at_the_cells_end_shows_no_frame_of_tpu_nb(shell, capsys):
+    # XLA raises it when the work runs: at %%on_tpu's wait at the cell's end, below no line
+    # of the cell. Its traceback holds the cell's call and the error, not tpu_nb's frames.
+    shell.run_cell("import torch, torch_xla\ndev = torch_xla.device()")
+    capsys.readouterr()
+    result = shell.run_cell(
+        "%%on_tpu\nhuge = torch.zeros(2**46, dtype=torch.uint8, device=dev)\ntorch_xla.sync()"
+    )
+    assert isinstance(result.error_in_exec, RuntimeError)
+    shown = capsys.readouterr().out
+    assert tpu_nb.last_report().out_of_memory.requested == 2**46
+    error = shown[shown.rindex("RuntimeError: Out of memory allocating") :]
+    assert "Traceback" not in shown and "contextlib" not in shown, shown
+    assert "when %%on_tpu waited for it at the cell's end" in error
+    shell.run_cell("del huge")
+
+
 def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(py):
     out = py(
         textwrap.dedent(

@@ -290,6 +290,21 @@ def test_only_walk_stack_reads_another_threads_frames():
     assert readers == {"tpu_nb.runtime.frame"}
 
 
+def test_frames_are_taken_and_walked_in_two_modules():
+    """How tpu_nb finds a line is read in one place: every frame is taken (`caller`) or
+    walked (outwards, through a traceback, or on another thread) by `sources` and `frame`."""
+    walking = {"_getframe", "f_back", "tb_next", "_current_frames"}
+    walkers = {
+        name
+        for name, path in _modules().items()
+        if any(
+            isinstance(node, ast.Attribute) and node.attr in walking
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    }
+    assert walkers == {"tpu_nb.runtime.sources", "tpu_nb.runtime.frame"}
+
+
 def test_only_the_backend_package_reaches_torch_xla():
     reaching = {}
     for name, path in _modules().items():

@@ -163,6 +163,9 @@ def test_no_verdict_with_too_few_steady_steps_and_the_note_says_how_many_more():
     judgement = _policy.judge(_facts(events, 3, anatomy=_steps(3, {0}, host=0.01, device=0.1)))
     assert judgement.verdict is None
     assert "too few steady steps" in judgement.note and "(run 1 more)" in judgement.note
+    assert "3 steps: the first step compiled its graph, 2 ran from the cache" in judgement.note
+    one = _policy.judge(_facts(events, 1, anatomy=_steps(1, {0}, host=0.01, device=0.1)))
+    assert "judge: 1 step, which compiled its graph; a verdict needs 3" in one.note
 
 
 def test_the_verdict_leaves_the_warm_up_out():

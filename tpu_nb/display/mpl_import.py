@@ -87,6 +87,6 @@ def interrupt_after():
         signal.signal(signal.SIGINT, previous)
     if received:
         if callable(previous):
-            previous(signal.SIGINT, sys._getframe())
+            previous(signal.SIGINT, None)  # a handler's frame may be None
         elif previous == signal.SIG_DFL:
             signal.raise_signal(signal.SIGINT)

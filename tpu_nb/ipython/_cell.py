@@ -5,10 +5,9 @@ from __future__ import annotations
 import ast
 import os
 import re
-import sys
 from types import FrameType
 
-from tpu_nb.runtime.sources import innermost_frame, short_path
+from tpu_nb.runtime.sources import caller, innermost_frame, short_path
 from tpu_nb.runtime.units import format_place
 
 
@@ -26,7 +25,7 @@ def _running_cell_number(shell) -> int:
             return int(match.group(1))
         return None
 
-    cell = innermost_frame(sys._getframe(1), lambda frame: number(frame) is not None)
+    cell = innermost_frame(caller(), lambda frame: number(frame) is not None)
     found = number(cell) if cell is not None else None
     return found if found is not None else shell.execution_count
 

@@ -5,7 +5,7 @@ showing what it did."""
 from __future__ import annotations
 
 import functools
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 
 from IPython.core.error import UsageError
 from IPython.display import display
@@ -14,6 +14,7 @@ from tpu_nb.ipython._args import user_mistake
 from tpu_nb.ipython._cell import CellCode, assigned_in
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.plan import Plan
+from tpu_nb.runtime.sources import traceback_from
 
 
 def launch_cell(shell, state, code: CellCode, plan: Plan, args):
@@ -89,7 +90,11 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
         # An error raised in the cell's code (a RecompilationError at the step that traced
         # one graph too many) travels out through tpu_nb's context managers: the traceback
         # starts at the cell's own frame, as it would without %%on_tpu.
-        cut = _from_cell(exc.__traceback__, code.filename)
+        # An error of the device work the cell launched, raised when the run's end waited for
+        # it, has no line of the cell in its traceback: tpu_nb's frames would be all it shows.
+        cut = traceback_from(exc.__traceback__, lambda f: f.f_code.co_filename == code.filename)
+        if cut is None and getattr(exc, "tpu_nb_at_end", False):
+            _shown_as_the_cells(exc, code.number)
         if cut is None:
             raise
         raise exc.with_traceback(cut)  # noqa: B904 (the same error, its context kept)
@@ -104,14 +109,18 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
     return report if args.output else value
 
 
-def _from_cell(tb, filename: str):
-    """The part of traceback `tb` from the cell's first frame on; None when the cell's code
-    is not in it (an error of tpu_nb's own, which keeps its whole traceback)."""
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == filename:
-            return tb
-        tb = tb.tb_next
-    return None
+def _shown_as_the_cells(exc: BaseException, number) -> None:
+    """Have IPython show `exc` (an error of device work the cell launched, raised at the
+    run's end) as the error and where it came from: its traceback holds no line of the cell,
+    only tpu_nb's frames."""
+    lines = [
+        f"{type(exc).__name__}: {exc}",
+        f"(In [{number}]: raised by the device work this cell launched, when %%on_tpu waited "
+        "for it at the cell's end; without %%on_tpu the next line that waits for the device "
+        "raises it.)",
+    ]
+    with suppress(AttributeError, TypeError):  # a type without a __dict__
+        exc._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
 
 
 def start_dashboard(**options):

@@ -53,7 +53,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import settle_walks
-from tpu_nb.runtime.sources import as_caller
+from tpu_nb.runtime.sources import as_caller, caller
 
 log = logging.getLogger("tpu_nb")
 
@@ -429,7 +429,9 @@ class Probe:
             for name, label in READ_METHODS.items():
                 self._patch("read", torch.Tensor, name, lambda o, lb=label: self._read_hook(o, lb))
             for owner, name, label in runtime.syncs.host_copies():
-                self._patch("read", owner, name, lambda o, lb=label: self._copy_hook(o, lb))
+                self._patch(
+                    "read", owner, name, lambda o, lb=label: self._read_hook(o, lb, copies=True)
+                )
         elif kind == "fallback":
             for namespace, name in FALLBACK_ENTRY_POINTS:
                 self.watch_fallback(namespace, name)
@@ -485,22 +487,22 @@ class Probe:
     def _sync_hook(self, original, *, inner: bool):
         # Every sync of a tracked run passes here: what it looks up is bound once (installed
         # after _install set the counter and the compiling check).
-        probe, local, clock, getframe = self, self.local, time.time, sys._getframe
+        probe, local, clock = self, self.local, time.time
         counter, compiling, plumbing_codes = self._counter, self._compiling, _plumbing_codes
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
-            caller = getframe(1)
+            frame = caller()
             settle_walks()  # no frame held by a stack walk keeps a tensor in this graph
             if not probe.listeners["sync"] or compiling():
-                return as_caller(caller)(original, args, kwargs)
+                return as_caller(frame)(original, args, kwargs)
             entry, compiles = clock(), counter("UncachedCompile")
-            known = plumbing_codes.get(id(caller.f_code))  # _sync_kind's cache, inlined
-            if known is None or known[0] is not caller.f_code:
-                known = _sync_kind(caller)
+            known = plumbing_codes.get(id(frame.f_code))  # _sync_kind's cache, inlined
+            if known is None or known[0] is not frame.f_code:
+                known = _sync_kind(frame)
             plumbing, loader = known[1], known[2]
-            event = SyncEvent(caller, entry, compiles, inner, plumbing, local.own, local.owner)
+            event = SyncEvent(frame, entry, compiles, inner, plumbing, local.own, local.owner)
             if loader:  # a data loader's own sync: did it have anything to run? A graph to
                 # run is looked up in the compile cache, in this thread (an execution's own
                 # counter moves later, in the runtime's threads)
@@ -512,7 +514,7 @@ class Probe:
             outer = local.in_sync
             local.in_sync = not plumbing  # reads during a step's sync: its closures
             try:
-                result = as_caller(caller)(original, args, kwargs)
+                result = as_caller(frame)(original, args, kwargs)
             finally:
                 local.in_sync = outer
             event.end = clock()
@@ -526,24 +528,29 @@ class Probe:
 
         return sync
 
-    def _read_hook(self, original, label: str):
+    def _read_hook(self, original, label: str, *, copies: bool = False):
+        """A value read (`Tensor.item`, `tolist`, printing); with `copies`, a library function
+        copying device data to the host: a read of its first XLA tensor (its arguments, or one
+        level inside a list, tuple or dict of them)."""
         probe = self
 
         @functools.wraps(original)
-        def read(tensor, *args, **kwargs):
+        def read(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
+            frame = caller()
             local = probe.local
+            tensor = None
             # A CPU tensor's read cannot move XLA's counters: nothing to report.
-            if (
-                not probe.listeners["read"]
-                or not getattr(tensor, "is_xla", False)
-                or local.depth
-                or probe._compiling()
-            ):
-                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
+            if probe.listeners["read"] and not local.depth and not probe._compiling():
+                if copies:
+                    tensor = _first_xla_tensor(args)
+                elif args and getattr(args[0], "is_xla", False):
+                    tensor = args[0]
+            if tensor is None:
+                return as_caller(frame)(original, args, kwargs)
             counter = probe._counter
             event = ReadEvent(
-                sys._getframe(1),
+                frame,
                 label,
                 tensor,
                 time.time(),
@@ -551,13 +558,14 @@ class Probe:
                 counter("UncachedCompile"),
                 local.in_sync,
             )
+            event.copied = copies
             local.depth = 1
             states: dict = {}
             try:
                 for subscriber, before in probe.befores["read"]:
                     states[subscriber] = before(event)
                 event.start = time.time()
-                return as_caller(sys._getframe(1))(original, (tensor, *args), kwargs)
+                return as_caller(frame)(original, args, kwargs)
             finally:
                 event.end = time.time()
                 local.depth = 0
@@ -567,47 +575,6 @@ class Probe:
 
         return read
 
-    def _copy_hook(self, original, label: str):
-        """A library function copying device data to the host: a read of its first XLA
-        tensor (its arguments, or one level inside a list, tuple or dict of them)."""
-        probe = self
-
-        @functools.wraps(original)
-        def copy(*args, **kwargs):
-            __tracebackhide__ = True  # noqa: F841
-            local = probe.local
-            tensor = None
-            if probe.listeners["read"] and not local.depth and not probe._compiling():
-                tensor = _first_xla_tensor(args)
-            if tensor is None:
-                return as_caller(sys._getframe(1))(original, args, kwargs)
-            counter = probe._counter
-            event = ReadEvent(
-                sys._getframe(1),
-                label,
-                tensor,
-                time.time(),
-                [counter(n) or 0 for n in READ_COUNTERS],
-                counter("UncachedCompile"),
-                local.in_sync,
-            )
-            event.copied = True
-            local.depth = 1
-            states: dict = {}
-            try:
-                for subscriber, before in probe.befores["read"]:
-                    states[subscriber] = before(event)
-                event.start = time.time()
-                return as_caller(sys._getframe(1))(original, args, kwargs)
-            finally:
-                event.end = time.time()
-                local.depth = 0
-                event.counters_after = [counter(n) or 0 for n in READ_COUNTERS]
-                for subscriber, after in probe.afters["read"]:
-                    after(event, states.get(subscriber))
-
-        return copy
-
     def _fallback_hook(self, original):
         probe = self
         backward = getattr(original, "__name__", "") == "backward"
@@ -616,16 +583,17 @@ class Probe:
         def op(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             local = probe.local
+            frame = caller()
             if not probe.listeners["fallback"] or local.in_fallback or probe._compiling():
-                return as_caller(sys._getframe(1))(original, args, kwargs)
+                return as_caller(frame)(original, args, kwargs)
             compiles = probe._counter("UncachedCompile")
-            event = FallbackEvent(sys._getframe(1), args, compiles, backward)
+            event = FallbackEvent(frame, args, compiles, backward)
             states = {}
             for subscriber, before in probe.befores["fallback"]:
                 states[subscriber] = before(event)
             local.in_fallback = True
             try:
-                result = as_caller(sys._getframe(1))(original, args, kwargs)
+                result = as_caller(frame)(original, args, kwargs)
             finally:
                 local.in_fallback = False
             for subscriber, after in probe.afters["fallback"]:

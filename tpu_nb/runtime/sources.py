@@ -129,6 +129,14 @@ def is_library(path: str) -> bool:
 MAX_DEPTH = 400  # frames walked at most from a hook outwards
 
 
+def caller(skip: int = 0):
+    """The frame of the code that called the function calling this, or `skip` frames further
+    out. Every frame tpu_nb looks at is taken here or walked to by the functions below
+    (tests/test_layering.py checks it), so there is one place to read for how tpu_nb finds
+    a line."""
+    return sys._getframe(skip + 2)
+
+
 def user_frame(frame):
     """The innermost frame of user code at or outside `frame` (None: only library code)."""
     depth = 0
@@ -138,10 +146,10 @@ def user_frame(frame):
     return frame if depth < MAX_DEPTH else None
 
 
-def user_stacklevel(frame) -> int:
-    """The `stacklevel` for warnings.warn called in `frame` that names the innermost user
-    line outside it (2, the caller, when only library code calls it)."""
-    level = 1
+def user_stacklevel() -> int:
+    """The `stacklevel` for warnings.warn, called in the function that warns, that names the
+    innermost user line outside it (2, the caller, when only library code calls it)."""
+    frame, level = caller(), 1
     while frame is not None and is_library(frame.f_code.co_filename):
         frame, level = frame.f_back, level + 1
     return level if frame is not None else 2
@@ -252,6 +260,14 @@ def inner_frame(frame, code_ids: frozenset = frozenset(), root=None, passes=None
         frame = frame.f_back
         depth += 1
     return None
+
+
+def traceback_from(tb, test):
+    """The part of traceback `tb` from its first entry whose frame passes `test(frame)` on;
+    None when no entry does."""
+    while tb is not None and not test(tb.tb_frame):
+        tb = tb.tb_next
+    return tb
 
 
 def cut_at_user_code(tb) -> None:

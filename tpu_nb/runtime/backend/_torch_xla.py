@@ -37,6 +37,7 @@ from tpu_nb.runtime.backend._base import (
     register,
 )
 from tpu_nb.runtime.errors import EnvironmentProblem
+from tpu_nb.runtime.sources import caller, innermost_frame
 
 log = logging.getLogger("tpu_nb.runtime.backend")  # the package, not its private module
 
@@ -46,7 +47,7 @@ TORCH_PAIR = "2.9.0"
 # torch_xla 2.9's Dynamo bridge (UnsupportedNodesCollector.run_node) clears every counter
 # through torch_xla.debug.metrics.clear_counters, then puts these two back.
 _BRIDGE = "torch_xla._dynamo.dynamo_bridge"
-_METRICS_MODULE = "torch_xla.debug.metrics"
+_METRICS = "torch_xla.debug.metrics"
 # Read by torch_xla at its first compile, then fixed for the life of the process.
 _LATCHED_AT_COMPILE = ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE")
 _RESTORED_BY_BRIDGE = frozenset({"UncachedCompile", "DynamoExtractCompiledGraph"})
@@ -228,10 +229,9 @@ class _Counters(Counters):
 
         @functools.wraps(original)
         def _clear_xla_counters():
-            caller = sys._getframe(1)
-            if caller.f_globals.get("__name__") == _METRICS_MODULE and caller.f_back:
-                caller = caller.f_back  # through torch_xla.debug.metrics.clear_counters
-            bridge = caller.f_globals.get("__name__") == _BRIDGE
+            # the caller, through torch_xla.debug.metrics.clear_counters if it came that way
+            frame = innermost_frame(caller(), lambda f: f.f_globals.get("__name__") != _METRICS, 2)
+            bridge = frame is not None and frame.f_globals.get("__name__") == _BRIDGE
             if bridge:
                 # torch_xla counts an execution on its execution thread once it has run: one
                 # still running (an earlier step) would count after the hook's read and be

@@ -40,7 +40,7 @@ from contextlib import contextmanager, suppress
 from tpu_nb.runtime import frame as frames
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.probe import Hooks, close_surely, probe
-from tpu_nb.runtime.sources import as_caller, frames_to_tracked, tracked_frame
+from tpu_nb.runtime.sources import as_caller, caller, frames_to_tracked, tracked_frame
 
 # Functions of the torch namespace that create a tensor from nothing (the *_like factories
 # and tensor methods follow their input's device already). torch.from_numpy shares memory
@@ -128,17 +128,17 @@ def _wrap(fn):
     @functools.wraps(fn)
     def factory(*args, **kwargs):
         __tracebackhide__ = True  # noqa: F841
-        caller = sys._getframe(1)
+        frame = caller()
         blocks = getattr(_open, "blocks", None)
         if blocks and kwargs.get("device") is None and "out" not in kwargs:
             scope, device = blocks[-1]
-            if _creates(fn, args, kwargs) and scope.own(caller):
+            if _creates(fn, args, kwargs) and scope.own(frame):
                 if fn.__name__ in ("tensor", "as_tensor") and _is_device_tensor(args):
                     kwargs["device"] = device  # from device data: no round trip via the host
                 else:
-                    return _on_host_then_moved(as_caller(caller), fn, args, kwargs, device)
+                    return _on_host_then_moved(as_caller(frame), fn, args, kwargs, device)
         # warnings (torch.tensor(a_tensor)'s) name the caller's line, not this wrapper
-        return as_caller(caller)(fn, args, kwargs)
+        return as_caller(frame)(fn, args, kwargs)
 
     return factory
 
@@ -172,7 +172,7 @@ def _registered(module, name, value):
     if not blocks or value is None:
         return None
     scope, device = blocks[-1]
-    init = scope.outermost_init(sys._getframe(1))
+    init = scope.outermost_init(caller())
     if init is not None:
         _move_on_return(init, device)
     return None
@@ -237,7 +237,7 @@ def default_device(device=None, *, code: tuple = ()) -> Iterator[object]:
         device = xla_device()
     else:
         device = _as_device(torch, device)
-    scope = _Scope(code, None if code else sys._getframe(2))
+    scope = _Scope(code, None if code else caller(1))
     subscription = probe().subscribe(scope, ("factories",), of_run=False)
     blocks = _open.__dict__.setdefault("blocks", [])
     blocks.append((scope, device))

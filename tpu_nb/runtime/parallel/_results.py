@@ -8,6 +8,7 @@ from typing import Any
 
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics._counters import MetricsDelta
+from tpu_nb.runtime.sources import traceback_from
 from tpu_nb.runtime.units import format_seconds
 
 
@@ -120,6 +121,5 @@ def user_traceback(exc: BaseException, module_file: str) -> str:
     """`exc`'s traceback from the first frame outside `module_file` (the module that ran the
     user's code) on: the user's code, as the notebook shows it."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == module_file and tb.tb_next:
-        tb = tb.tb_next
+    tb = traceback_from(tb, lambda frame: frame.f_code.co_filename != module_file) or tb
     return "".join(traceback.format_exception(type(exc), exc, tb))

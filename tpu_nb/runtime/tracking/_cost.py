@@ -18,7 +18,6 @@ says nothing about a TPU.
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -278,7 +277,7 @@ def _warn_if_it_cannot_fit(resident: Residency) -> None:
             f"tpu_nb: this step {fit.describe()}. Fix: a smaller model or batch, bf16 "
             "weights, or sharding over more chips.",
             UserWarning,
-            stacklevel=user_stacklevel(sys._getframe()),
+            stacklevel=user_stacklevel(),
         )
 
 

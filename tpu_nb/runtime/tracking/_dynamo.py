@@ -35,7 +35,7 @@ from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
 from tpu_nb.runtime.metrics._counters import snapshot
 from tpu_nb.runtime.probe import Hooks, Subscription, probe
-from tpu_nb.runtime.sources import innermost_frame, short_path
+from tpu_nb.runtime.sources import caller, innermost_frame, short_path
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_seconds
 
@@ -439,13 +439,13 @@ class Watch(logging.Handler):
         entry.started = True
         for callback in list(self.on_frame_compile):
             callback(True)
-        entry.code = _code_being_compiled(sys._getframe(3))
+        here = caller(2)
+        entry.code = _code_being_compiled(here)
         if self._recorder is not None:
-            here = sys._getframe(3)
             site = entry.site = self._recorder.site_of(here)
             if site.line is not None:
-                caller = self._recorder.caller_frame(here)
-                passed = passed_as(caller, _function_arguments(here))
+                tracked = self._recorder.caller_frame(here)
+                passed = passed_as(tracked, _function_arguments(here))
                 entry.passed = tuple(sorted(passed.items()))
         entry.start_compiles = snapshot().counter("UncachedCompile")
         entry.start_log = self._log.size() if self._log is not None else 0
@@ -481,7 +481,7 @@ class Watch(logging.Handler):
         if not m.get("co_name"):
             # A frame past Dynamo's recompile limit: no start event, and metrics without its
             # names; Dynamo's _compile still holds its code, and the tracked line called it.
-            here = sys._getframe(3)
+            here = caller(2)
             code = code or _code_being_compiled(here)
             if entry.site is None and self._recorder is not None:
                 entry.site = self._recorder.site_of(here)
@@ -531,7 +531,7 @@ def _code_being_compiled(frame) -> CodeType | None:
 def _graph_break_locals():
     """Dynamo's own reason and (file, line), from its `log_graph_break` frame (the handler
     runs inside it); (None, None) when not found."""
-    frame = innermost_frame(sys._getframe(2), lambda f: f.f_code.co_name == "log_graph_break", 12)
+    frame = innermost_frame(caller(1), lambda f: f.f_code.co_name == "log_graph_break", 12)
     values = frame.f_locals if frame is not None else {}
     where = values.get("frame_loc")
     if where is not None and "reason" in values:

@@ -32,7 +32,7 @@ from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.metrics._compile_log import Frame
 from tpu_nb.runtime.probe import Subscription, own_sync, probe
-from tpu_nb.runtime.sources import cut_at_user_code, innermost_frame, user_frame
+from tpu_nb.runtime.sources import caller, cut_at_user_code, innermost_frame, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking._store import store
@@ -100,7 +100,7 @@ def as_recompilation_error(exc: BaseException, limit: int) -> RecompilationError
 
 def _sync_site() -> str:
     """file:line of the user code that called the sync now running (called in a closure)."""
-    frame = user_frame(sys._getframe(2))
+    frame = user_frame(caller(1))
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else "?"
 
 
@@ -242,7 +242,7 @@ def _in_dynamo_bridge() -> bool:
         path = frame.f_code.co_filename.replace(os.sep, "/")
         return any(fragment in path for fragment in bridge)
 
-    return innermost_frame(sys._getframe(2), in_bridge) is not None
+    return innermost_frame(caller(1), in_bridge) is not None
 
 
 @contextmanager

@@ -566,10 +566,8 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         return replace(
             judgement,
             note=(
-                f"too few steady steps to judge: {len(steps)} steps, of which the first "
-                f"{first} compiled their graphs and {len(steady)} ran from the cache; a "
-                f"verdict needs "
-                f"{MIN_STEADY_STEPS} steady steps (run {more} more)"
+                f"too few steady steps to judge: {_which_compiled(len(steps), first)}; a "
+                f"verdict needs {MIN_STEADY_STEPS} steady steps (run {more} more)"
             ),
         )
     lines = _steady_lines(a, steady, steps)
@@ -796,3 +794,20 @@ def describe_pattern(p: LinePattern) -> str:
         why = f" ({p.first_why})" if p.first_why else " (why they differ is not known)"
         return f"{graphs}: the first step's and the steady step's{why}{cached}"
     return f"{graphs}{cached}"
+
+
+def _which_compiled(steps: int, compiled: int) -> str:
+    """ "4 steps: the first 2 compiled their graphs, 2 ran from the cache", in words that
+    count (one step, none compiled, none cached)."""
+    if steps == 1:
+        return "1 step, which compiled its graph" if compiled else "1 step, run from the cache"
+    if compiled == steps:
+        return f"{steps} steps, each compiling its graph"
+    if compiled == 0:
+        return f"{steps} steps, all run from the cache"
+    first = (
+        "the first step compiled its graph"
+        if compiled == 1
+        else (f"the first {compiled} compiled their graphs")
+    )
+    return f"{steps} steps: {first}, {steps - compiled} ran from the cache"

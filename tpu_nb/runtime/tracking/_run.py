@@ -19,8 +19,8 @@ is built once, in one direction:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import sys
 import time
 from dataclasses import fields, replace
 from types import MappingProxyType
@@ -33,6 +33,7 @@ from tpu_nb.runtime.metrics._compile_log import CompileEvent, compile_log
 from tpu_nb.runtime.metrics._counters import on_reset, snapshot
 from tpu_nb.runtime.probe import Subscription, own_sync
 from tpu_nb.runtime.probe import probe as run_probe
+from tpu_nb.runtime.sources import caller
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _attribution as attribution
 from tpu_nb.runtime.tracking import _cost as cost
@@ -185,6 +186,8 @@ class Run:
                     synced, pending, waited = self._finish_work()
             except BaseException as failure:  # the end sync or wait failed: the run failed
                 self._complete(failure, synced, pending, waited)
+                with contextlib.suppress(AttributeError, TypeError):  # a C type's instance
+                    failure.tpu_nb_at_end = True  # type: ignore[attr-defined]
                 raise
             if exc is not None:
                 if self._watch is not None:
@@ -390,7 +393,7 @@ class track:
 
     def __enter__(self) -> RunReport:
         run = self.run
-        run.begin(None if run.code else sys._getframe(1))
+        run.begin(None if run.code else caller())
         return run.report
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:

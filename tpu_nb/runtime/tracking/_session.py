@@ -14,9 +14,9 @@ The `%%on_tpu` magic is this plus the live dashboard and the display.
 from __future__ import annotations
 
 import linecache
-import sys
 from contextlib import ExitStack
 
+from tpu_nb.runtime.sources import caller
 from tpu_nb.runtime.tracking._report import RunReport
 from tpu_nb.runtime.tracking._run import track
 
@@ -65,8 +65,7 @@ class on_tpu:
         from tpu_nb.runtime.environment._device import device as xla_device
         from tpu_nb.runtime.tracking._guard import max_graphs
 
-        caller = sys._getframe(1)
-        code = self.code or (caller.f_code,)
+        code = self.code or (caller().f_code,)
         if self.filename is None:
             self.filename = code[0].co_filename
         dev = self.device if self.device is not None else xla_device()
