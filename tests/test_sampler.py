@@ -399,6 +399,38 @@ def test_shares_of_a_long_run_stay_within_the_whole():
     assert sum(h.seconds for h in lines) == pytest.approx(t / 2)
 
 
+def test_a_long_run_is_sampled_less_and_less_often():
+    """The interval starts at the asked one and grows to the run's length / _SPAN_SAMPLES:
+    a long training cell is not sampled 200 times a second for minutes."""
+    import threading
+    import time
+
+    from tpu_nb.runtime.tracking._sampler import _SPAN_SAMPLES, Sampler
+
+    stop = threading.Event()
+
+    def waits():  # lets the GIL go: the sampler runs at the rate it asks for
+        while not stop.is_set():
+            time.sleep(0.0001)
+
+    thread = threading.Thread(target=waits)
+    thread.start()
+    base = 0.0002
+    sampler = Sampler(thread.ident, root_codes=(waits.__code__,), interval=base).start()
+    try:
+        time.sleep(0.2 * base * _SPAN_SAMPLES)  # sampled at the asked rate
+        assert sampler.interval == base
+        time.sleep(2.8 * base * _SPAN_SAMPLES)
+    finally:
+        sampler.stop()
+        stop.set()
+        thread.join()
+    elapsed = sampler.stopped - sampler.started
+    assert sampler.interval > 2 * base
+    assert sampler.interval == pytest.approx(elapsed / _SPAN_SAMPLES, rel=0.3)
+    assert sampler.attributed > 0.5 * _SPAN_SAMPLES  # still sampling, from the thread's code
+
+
 def device_loader_loop(steps: int = 12):
     # MpDeviceLoader over ready data, each step heavy for XLA:CPU: the loader's __next__
     # syncs (ending the previous step) before it hands the next batch, and that sync waits

@@ -23,8 +23,9 @@ Do no harm: the thread never prints and never raises (a failure is logged and sa
 it holds references to the tracked thread's frames only while it walks them, through
 `walk_stack`, which a sync waits for (a frame kept alive would keep its tensors alive into the
 next sync's graph), and it is joined when the run ends. Its cost
-is the walk (a few µs to tens of µs, holding the GIL) at most 1/INTERVAL times a second
-(`benchmarks/bench_sampler.py`).
+is the walk (a few µs to tens of µs, holding the GIL) at most 1/INTERVAL times a second for
+the run's first INTERVAL * _SPAN_SAMPLES seconds, then less and less often: the interval grows
+to the run's length / _SPAN_SAMPLES (`benchmarks/bench_sampler.py`).
 
 The GIL makes the reading exact in time only to the switch interval: a sample wanted while the
 tracked thread runs Python waits until it lets the GIL go — at a torch call, or forced after
@@ -52,7 +53,11 @@ from tpu_nb.runtime.units import format_place, format_seconds
 
 log = logging.getLogger("tpu_nb")
 
-INTERVAL = 0.005  # seconds between two samples (200 Hz asked)
+INTERVAL = 0.005  # seconds between two samples (200 Hz asked), at first
+# Then the interval grows with the run, to its length / _SPAN_SAMPLES: a line with 1 % of a
+# long run's host time still gets ~10 samples of each _SPAN_SAMPLES, and a run of minutes
+# costs a few samples a second, not 200.
+_SPAN_SAMPLES = 1000
 MIN_SAMPLED = 10  # intervals' worth of sampled time before lines are named
 _GAP = 0.0005  # at least this long asleep between two samples (the GIL let go)
 _MAX_SPANS = 65_536  # input spans kept (merged: one per stretch of input samples)
@@ -196,11 +201,13 @@ class Sampler:
         forced = sys.getswitchinterval() * 0.8
         cpu = time.thread_time()
         previous, last = clock(), None
+        start, base = previous, interval
         deadline = previous + interval
         # A timed acquire of a lock held until stop(): one call that lets the GIL go.
         while not gate.acquire(timeout=max(_GAP, deadline - clock())):
             due, now = deadline, clock()
             # Deadline pacing: a sample delayed by the GIL does not lower the rate.
+            interval = self.interval = max(base, (now - start) / _SPAN_SAMPLES)
             deadline = max(deadline + interval, now + _GAP)
             key = self._sample()
             if key is False:
