@@ -71,12 +71,20 @@ print(child_compiles_{n}(torch.ones({n}, device=torch_xla.device())).item())
 
 
 def test_a_child_process_never_writes_into_the_kernels_compile_log():
+    # torch_xla reads PT_XLA_DEBUG_* at a process's first compile, so children started before
+    # the kernel's first compile inherit them: one runs to the end then, one waits and
+    # compiles while the tracked cell (the kernel's first compile) runs, one starts after it.
+    wait_then = "import sys\nsys.stdin.readline()\n"
     nb = _notebook(
         "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
-        "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())",
-        # A child started by a tracked cell, while the cell compiles graphs of its own.
-        CHILD.format(n=7) + "child = subprocess.Popen([sys.executable, '-c', child_code])\n",
+        CHILD.format(n=5)
+        + "early = subprocess.run([sys.executable, '-c', child_code], capture_output=True, "
+        "text=True)\nprint(early.returncode, early.stdout.strip())",
+        CHILD.format(n=7)
+        + f"child = subprocess.Popen([sys.executable, '-c', {wait_then!r} + child_code], "
+        "stdin=subprocess.PIPE, text=True)",
         "%%on_tpu\ndef kernel_compiles(n):\n    return (torch.ones(n) * 5).sum().item()\n"
+        "child.stdin.write('go\\n'); child.stdin.close()\n"
         "for n in range(2, 12):\n    kernel_compiles(n)\nchild.wait()",
         CHILD.format(n=9)
         + "out = subprocess.run([sys.executable, '-c', child_code], capture_output=True, "
@@ -86,18 +94,19 @@ def test_a_child_process_never_writes_into_the_kernels_compile_log():
         "sorted(k for k in os.environ if k.startswith('PT_XLA_DEBUG')))\n"
         # a child's frames are in `python -c`'s file, <string>; the kernel's are its cells'
         "print('(<str' + 'ing>:' in open(current().process.compile_log_path()).read())\n"
-        "import tpu_nb\nprint(len(tpu_nb.last_report().compile_events))",
+        "import tpu_nb\nprint(len(tpu_nb.last_report().compile_events), child.returncode)",
     )
     execute(nb)
+    assert _texts(nb.cells[1]) == [("stdout", "0 40.0\n")]  # the early child's own result
     assert re.search(r"\| 10 compiled \|", _report(nb.cells[3]))
     assert _texts(nb.cells[4]) == [("stdout", "0 108.0\n")]
     text = "".join(t for k, t in _texts(nb.cells[5]) if k == "stdout")
     counts, child_in_log, cell_events = text.splitlines()
-    assert cell_events == "10"  # the tracked cell's compile events: its own, no child's
+    assert cell_events == "10 0"  # the tracked cell's compile events: its own, no child's
     in_log, env = counts.split(" ", 1)
     assert child_in_log == "False"  # no child's compile in the kernel's log
     assert int(in_log) >= 5  # the kernel's log works...
-    assert env == "[]"  # ...and children are not handed it
+    assert env == "[]"  # ...and children are not handed it once it is latched
 
 
 def test_unload_gives_torch_xla_its_counter_reset_back_and_says_what_stays():
