@@ -213,6 +213,23 @@ def test_device_count_out_of_bounds_is_one_line(devices):
         assert f"more than the {MAX_CPU_DEVICES} virtual XLA:CPU devices" in message
 
 
+@pytest.mark.parametrize("stream", [5, "print", [print]])
+def test_a_stream_that_is_not_a_function_is_refused_before_any_replica_starts(stream):
+    before = _runs()
+    with pytest.raises(TpuNbError) as info:
+        launch(lambda index: index, devices=2, stream=stream)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("stream must be a function")
+    assert "Fix: launch(..., stream=print) (the default), or stream=None" in message
+    assert _runs() == before  # refused before a run directory or replica existed
+
+
+def _runs() -> set[str]:
+    import tempfile
+
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("tpu_nb-launch-")}
+
+
 @pytest.mark.stack
 def test_replicas_option_out_of_bounds_is_a_usage_error(shell):
     result = shell.run_cell("%%on_tpu --replicas 100000000000\nprint(index)")

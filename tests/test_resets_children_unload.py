@@ -111,13 +111,16 @@ def test_a_child_process_never_writes_into_the_kernels_compile_log():
 
 def test_unload_gives_torch_xla_its_counter_reset_back_and_says_what_stays():
     nb = _notebook(
-        "import torch, torch_xla\nraw = torch_xla._XLAC._clear_xla_counters\n"
+        "import torch, torch_xla, torch_xla.debug.metrics\n"
+        "raw = torch_xla._XLAC._clear_xla_counters\n"
+        "own = torch_xla.debug.metrics.clear_counters\n"
         "%load_ext tpu_nb\n%tpu_setup --device cpu",
         "print(torch_xla._XLAC._clear_xla_counters is raw)\n"
         "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())",
         "%unload_ext tpu_nb",
         "print(torch_xla._XLAC._clear_xla_counters is raw)\n"
         "import torch_xla.debug.metrics as met\nmet.clear_counters()\n"
+        "assert met.clear_counters is own\n"
         "assert met.clear_counters.__module__ == 'torch_xla.debug.metrics'\n"
         "assert not hasattr(met.clear_counters, '__wrapped__')\n"
         "v = (torch.ones(2, device=torch_xla.device()) * 3).sum().item()",
