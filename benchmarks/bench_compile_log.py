@@ -61,7 +61,7 @@ def main() -> None:
             times[key].append(per_call(variants[key]))
     print(f"1-2. per call, {CALLS:,} calls x {ROUNDS} rounds (interleaved):")
     for key, values in times.items():
-        print(f"   {key:<28} {statistics.median(values) * 1e6:6.2f} us")
+        print(f"   {key:<36} {statistics.median(values) * 1e6:6.2f} us")
 
     # 3. One compile's blocks appended, then read: the seam check is one pread of 4 KB.
     with open(given, "rb") as f:
