@@ -215,19 +215,15 @@ def test_device_count_out_of_bounds_is_one_line(devices):
 
 @pytest.mark.parametrize("stream", [5, "print", [print]])
 def test_a_stream_that_is_not_a_function_is_refused_before_any_replica_starts(stream):
-    before = _runs()
+    import tempfile
+
+    before = set(_runs(tempfile.gettempdir()))
     with pytest.raises(TpuNbError) as info:
         launch(lambda index: index, devices=2, stream=stream)
     message = str(info.value)
     assert "\n" not in message and message.startswith("stream must be a function")
     assert "Fix: launch(..., stream=print) (the default), or stream=None" in message
-    assert _runs() == before  # refused before a run directory or replica existed
-
-
-def _runs() -> set[str]:
-    import tempfile
-
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("tpu_nb-launch-")}
+    assert set(_runs(tempfile.gettempdir())) == before  # refused before any run or replica
 
 
 @pytest.mark.stack
