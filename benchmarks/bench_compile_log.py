@@ -5,8 +5,8 @@ recorder of where compiles came from) and reads it when it grew. Measured on a r
 this process (setup() and real compiles on XLA:CPU), interleaved over rounds, medians:
 
 1. the stat behind `CompileLog.size()`: the name in the temp directory (torch_xla given the
-   name), the /proc/<pid>/fd/<n> path torch_xla is given, and fstat of the held descriptor
-   (what `size()` does when the log is held);
+   name), the /proc/self/task/<pid>/fd/<n> path torch_xla is given, and fstat of the held
+   descriptor (what `size()` does when the log is held);
 2. `CompileLog.size()` itself, the log held, and a reader of the same file by its name (what
    every size() was before the log was held);
 3. reading one new compile's blocks: with the check of the last 4 KB read (a file rewritten
@@ -49,7 +49,7 @@ def main() -> None:
 
     variants = {
         "stat(name)": lambda: os.stat(name),
-        "stat(/proc/<pid>/fd/<n>)": lambda: os.stat(given),
+        "stat(/proc/self/task/<pid>/fd/<n>)": lambda: os.stat(given),
         "fstat(held fd)": (lambda: os.fstat(held)) if held is not None else None,
         "CompileLog.size(), held": log.size,
         "CompileLog.size(), by name": CompileLog(name).size,  # as before the log was held
@@ -61,7 +61,7 @@ def main() -> None:
             times[key].append(per_call(variants[key]))
     print(f"1-2. per call, {CALLS:,} calls x {ROUNDS} rounds (interleaved):")
     for key, values in times.items():
-        print(f"   {key:<28} {statistics.median(values) * 1e6:6.2f} us")
+        print(f"   {key:<36} {statistics.median(values) * 1e6:6.2f} us")
 
     # 3. One compile's blocks appended, then read: the seam check is one pread of 4 KB.
     with open(given, "rb") as f:

@@ -387,11 +387,14 @@ def test_xla_graph_magic(shell, capsys):
 
 
 def test_buckets_in_rotation_are_not_flagged_and_new_shapes_are(shell, capsys):
+    # torch_xla's compile cache lives as long as the process: a graph another test compiled
+    # (test_reports' `(torch.ones(13, 8) @ wr).sum()`) is a cache hit here. Arithmetic of this
+    # test's own keeps every graph below new.
     cell = (
         "wb = torch.randn(8, 8)\n"
         "torch_xla.sync()\n"
         "for rows in (13, 17, 13, 17, 13, 17):\n"
-        "    kept = (torch.ones(rows, 8) @ wb).sum()\n"
+        "    kept = (torch.ones(rows, 8) @ wb).sum() * 29\n"
         "    torch_xla.sync()\n"
     )
     capsys.readouterr()

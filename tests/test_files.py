@@ -319,3 +319,27 @@ def test_log_by_name_where_there_is_no_proc(py, shared_tmp):
         env={"TMPDIR": shared_tmp},
     ).stdout
     assert out.split("RESULT", 1)[1].split() == ["True", "1", "1"]
+
+
+def test_a_child_tpu_nb_process_logs_to_a_file_of_its_own(py, shared_tmp):
+    """A child started before its parent's first compile inherits PT_XLA_DEBUG_FILE, which
+    names the parent's descriptor: the child's setup() takes a log of its own, every compile
+    cause lands there, and nothing reaches the parent's log."""
+    got = py(
+        f"""
+        import json, os, subprocess, sys, tpu_nb
+        env = tpu_nb.setup("cpu")  # nothing compiled: the child inherits PT_XLA_DEBUG_*
+        child = subprocess.run([sys.executable, "-c", {VICTIM!r}], capture_output=True,
+                               text=True, check=True)
+        out = json.loads(child.stdout.split("RESULT", 1)[1])
+        out["inherited"] = os.environ["PT_XLA_DEBUG_FILE"]
+        out["parent log"], out["parent bytes"] = env.debug_file, os.path.getsize(env.debug_file)
+        print("RESULT", json.dumps(out))
+        """,
+        env={"TMPDIR": shared_tmp},
+    )
+    got = _result(got)
+    assert got["inherited"].startswith("/proc/self/task/"), got["inherited"]
+    assert got["path"] != got["parent log"] and str(got["pid"]) in got["path"]
+    assert got["compiles"] == 2 and len(got["causes"]) == 2, got  # the child's own causes
+    assert got["parent bytes"] == 0  # and none of them in the parent's log

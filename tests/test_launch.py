@@ -49,13 +49,16 @@ def test_fork_path_runs_notebook_style_closures_with_prefixed_output(py):
         import threading
         kept = launch(lambda index: threading.Lock(), devices=2)   # cannot be pickled
         print("UNSENT", json.dumps([kept.values, list(kept.notes)]))
+        quiet = launch(lambda index: print("not shown") or index, devices=2, stream=None)
+        print("QUIET", json.dumps(quiet.values))
     """,
     ).stdout
     path, devices, values, stepped = json.loads(out.split("RESULT")[1].split("UNSENT")[0])
     assert (path, devices, values) == ("fork", 4, [0, 1, 4, 9]) and all(stepped)
     for i in range(4):
         assert f"[{i}] value {3 * (2.5 + 1.0 + i)}" in out
-    values, notes = json.loads(out.split("UNSENT")[1])
+    assert json.loads(out.split("QUIET")[1]) == [0, 1] and "not shown" not in out
+    values, notes = json.loads(out.split("UNSENT")[1].split("QUIET")[0])
     assert values == [None, None]
     assert [n.split(" could not")[0] for n in notes] == [
         "Replica 0's return value",

@@ -213,6 +213,19 @@ def test_device_count_out_of_bounds_is_one_line(devices):
         assert f"more than the {MAX_CPU_DEVICES} virtual XLA:CPU devices" in message
 
 
+@pytest.mark.parametrize("stream", [5, "print", [print]])
+def test_a_stream_that_is_not_a_function_is_refused_before_any_replica_starts(stream):
+    import tempfile
+
+    before = set(_runs(tempfile.gettempdir()))
+    with pytest.raises(TpuNbError) as info:
+        launch(lambda index: index, devices=2, stream=stream)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("stream must be a function")
+    assert "Fix: launch(..., stream=print) (the default), or stream=None" in message
+    assert set(_runs(tempfile.gettempdir())) == before  # refused before any run or replica
+
+
 @pytest.mark.stack
 def test_replicas_option_out_of_bounds_is_a_usage_error(shell):
     result = shell.run_cell("%%on_tpu --replicas 100000000000\nprint(index)")

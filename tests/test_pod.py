@@ -172,6 +172,59 @@ def test_a_value_the_hosts_cannot_receive_is_named_in_one_line(fake_slice, shell
     assert _run_dirs() == set()
 
 
+def _hostile(fn):
+    import threading
+
+    made = threading.Lock()
+    return [
+        ("--hosts 0", "hosts must be 'all' or a whole number"),
+        ("--hosts -2", "hosts must be 'all' or a whole number"),
+        ("--hosts two", "hosts must be 'all' or a whole number"),
+        ("--hosts 2.5", "hosts must be 'all' or a whole number"),
+        ("--hosts 9", "hosts=9, "),
+        ("--hosts all --sync", "--sync works on this kernel's device"),
+        ("--hosts all --live", "--live works on this kernel's device"),
+        ("--hosts 2 --max-graphs 2", "--max-graphs works on this kernel's device"),
+        ("unsendable lock", "`unsendable` (lock) cannot be sent to the hosts"),
+        ("unsendable generator", "`unsendable` (generator) cannot be sent to the hosts"),
+        (lambda: tpu_nb.launch_hosts(fn, hosts="all", stream=5), "stream must be a function"),
+        (lambda: tpu_nb.launch_hosts(fn, hosts=True), "hosts must be 'all' or a whole number"),
+        (lambda: tpu_nb.launch_hosts("fn", hosts=2), "launch_hosts needs a function to run"),
+        (lambda: tpu_nb.launch_hosts(fn, hosts=2, device="gpu"), "device must be 'auto'"),
+        (lambda: tpu_nb.launch_hosts(fn, stall_seconds=float("nan")), "stall_seconds must be"),
+        (lambda: tpu_nb.launch_hosts(fn, made, hosts=2), "argument 1 (lock) cannot be sent"),
+    ]
+
+
+def test_every_hostile_hosts_input_is_one_line_before_any_host_starts(fake_slice, shell):
+    """Each mistake with --hosts / launch_hosts: one line saying what and the fix, raised
+    before a placement group (so a host process) or a host folder exists: nothing left."""
+    from IPython.core.error import UsageError
+    from ray.util.placement_group import placement_group_table
+
+    groups = set(placement_group_table())  # a host starts only in a group reserved for it
+    for given, expected in _hostile(_steps):
+        started = time.monotonic()
+        if callable(given):
+            with pytest.raises(tpu_nb.TpuNbError) as caught:
+                given()
+            error: BaseException = caught.value
+        else:
+            options, body = given, "print(host)"
+            if given.startswith("unsendable"):
+                made = "threading.Lock()" if given.endswith("lock") else "(i for i in (1, 2))"
+                shell.run_cell(f"import threading\nunsendable = {made}")
+                options, body = "--hosts 2", "print(host, unsendable)"
+            error = shell.run_cell(f"%%on_tpu {options}\n{body}\n").error_in_exec
+            assert isinstance(error, UsageError), (given, error)
+        message = str(error)
+        assert expected in message and "Fix: " in message, (given, message)
+        assert "\n" not in message, (given, message)  # one line, no serializer dump
+        assert time.monotonic() - started < 5, given  # refused, not tried
+        assert set(placement_group_table()) == groups, given  # nothing reserved, no host
+        assert _run_dirs() == set(), given
+
+
 def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, shell, capsys):
     started = time.monotonic()
     outcome = shell.run_cell(

@@ -70,14 +70,34 @@ print(child_compiles_{n}(torch.ones({n}, device=torch_xla.device())).item())
 """
 
 
+# Started before the kernel's first compile: compiles once then, says so, waits for a line
+# and compiles again (another size: a graph of its own) while the tracked cell compiles.
+EARLY_CHILD = '''\
+import subprocess, sys, os
+early_code = """
+import sys, torch, torch_xla
+def child_compiles_5(x):
+    return (x * 3 + 5).sum()
+print(child_compiles_5(torch.ones(5, device=torch_xla.device())).item(), flush=True)
+sys.stdin.readline()
+print(child_compiles_5(torch.ones(6, device=torch_xla.device())).item(), flush=True)
+"""
+early = subprocess.Popen([sys.executable, '-c', early_code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+print(early.stdout.readline().strip())
+'''
+
+
 def test_a_child_process_never_writes_into_the_kernels_compile_log():
+    # torch_xla reads PT_XLA_DEBUG_* at a process's first compile, so a child started before
+    # the kernel's first compile inherits them; one started after it does not.
     nb = _notebook(
         "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
-        "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())",
-        # A child started by a tracked cell, while the cell compiles graphs of its own.
-        CHILD.format(n=7) + "child = subprocess.Popen([sys.executable, '-c', child_code])\n",
+        EARLY_CHILD,
         "%%on_tpu\ndef kernel_compiles(n):\n    return (torch.ones(n) * 5).sum().item()\n"
-        "for n in range(2, 12):\n    kernel_compiles(n)\nchild.wait()",
+        "early.stdin.write('go\\n'); early.stdin.close()\n"
+        "for n in range(2, 12):\n    kernel_compiles(n)\nlater = early.stdout.read().strip()\n"
+        "early.wait()",
         CHILD.format(n=9)
         + "out = subprocess.run([sys.executable, '-c', child_code], capture_output=True, "
         "text=True)\nprint(out.returncode, out.stdout.strip())",
@@ -86,29 +106,34 @@ def test_a_child_process_never_writes_into_the_kernels_compile_log():
         "sorted(k for k in os.environ if k.startswith('PT_XLA_DEBUG')))\n"
         # a child's frames are in `python -c`'s file, <string>; the kernel's are its cells'
         "print('(<str' + 'ing>:' in open(current().process.compile_log_path()).read())\n"
-        "import tpu_nb\nprint(len(tpu_nb.last_report().compile_events))",
+        "import tpu_nb\nprint(len(tpu_nb.last_report().compile_events), early.returncode, later)",
     )
     execute(nb)
-    assert re.search(r"\| 10 compiled \|", _report(nb.cells[3]))
-    assert _texts(nb.cells[4]) == [("stdout", "0 108.0\n")]
-    text = "".join(t for k, t in _texts(nb.cells[5]) if k == "stdout")
+    assert _texts(nb.cells[1]) == [("stdout", "40.0\n")]  # compiled before the kernel did
+    assert re.search(r"\| 10 compiled \|", _report(nb.cells[2]))
+    assert _texts(nb.cells[3]) == [("stdout", "0 108.0\n")]
+    text = "".join(t for k, t in _texts(nb.cells[4]) if k == "stdout")
     counts, child_in_log, cell_events = text.splitlines()
-    assert cell_events == "10"  # the tracked cell's compile events: its own, no child's
+    # the tracked cell's compile events: its own, none of the child's (which compiled again)
+    assert cell_events == "10 0 48.0"
     in_log, env = counts.split(" ", 1)
     assert child_in_log == "False"  # no child's compile in the kernel's log
     assert int(in_log) >= 5  # the kernel's log works...
-    assert env == "[]"  # ...and children are not handed it
+    assert env == "[]"  # ...and children are not handed it once it is latched
 
 
 def test_unload_gives_torch_xla_its_counter_reset_back_and_says_what_stays():
     nb = _notebook(
-        "import torch, torch_xla\nraw = torch_xla._XLAC._clear_xla_counters\n"
+        "import torch, torch_xla, torch_xla.debug.metrics\n"
+        "raw = torch_xla._XLAC._clear_xla_counters\n"
+        "own = torch_xla.debug.metrics.clear_counters\n"
         "%load_ext tpu_nb\n%tpu_setup --device cpu",
         "print(torch_xla._XLAC._clear_xla_counters is raw)\n"
         "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())",
         "%unload_ext tpu_nb",
         "print(torch_xla._XLAC._clear_xla_counters is raw)\n"
         "import torch_xla.debug.metrics as met\nmet.clear_counters()\n"
+        "assert met.clear_counters is own\n"
         "assert met.clear_counters.__module__ == 'torch_xla.debug.metrics'\n"
         "assert not hasattr(met.clear_counters, '__wrapped__')\n"
         "v = (torch.ones(2, device=torch_xla.device()) * 3).sum().item()",

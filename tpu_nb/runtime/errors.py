@@ -95,6 +95,25 @@ def check_seconds(
     return float(value)
 
 
+def check_stream(stream, caller: str):
+    """Where a launch sends its workers' lines: `stream` if it is a function, a function that
+    drops them for None, else a TpuNbUsageError (before anything starts: a non-function
+    would fail at the first line, with the workers already running)."""
+    if stream is None:
+        return _drop_line
+    if not callable(stream):
+        raise TpuNbUsageError(
+            f"stream must be a function taking one line of output; got "
+            f"{type(stream).__name__} {stream!r:.40}. Fix: {caller}(..., stream=print) "
+            "(the default), or stream=None to not show the output"
+        )
+    return stream
+
+
+def _drop_line(line: str) -> None:
+    pass
+
+
 def _either(alternative: str | None) -> str:
     return f"{alternative} or " if alternative else ""
 

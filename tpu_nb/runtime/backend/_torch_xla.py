@@ -145,11 +145,10 @@ class _Process(Process):
         return {**os.environ, **self._hidden} if self._hidden else dict(os.environ)
 
     def hide_latched_settings(self) -> bool:
-        # Until the first compile they must stay in the environment. A child process
-        # (subprocess.run of a script that imports torch_xla) inherits the environment: with
-        # the variables still there, it would append its own compile analysis to this
-        # process's log (it can open /proc/<our pid>/fd/N: same user), and into a tracked
-        # cell's report.
+        # Until the first compile they must stay in the environment (torch_xla has no call
+        # that reads them sooner). A child process inherits them until then; the log is
+        # given as /proc/self/task/<our pid>/fd/N, which no other process can open, so the
+        # child's compile analysis goes nowhere. After it, children are not handed them.
         if not self.compiled_yet():
             return False
         for name in _LATCHED_AT_COMPILE:

@@ -8,11 +8,16 @@ symlink) owned by this user and closed to everyone else, and the log file is cre
 0600, without following a symlink. When the usual directory fails that check, a fresh `mkdtemp`
 one is used instead and the user is told why.
 
-The file is then held open, and torch_xla is given `/proc/<pid>/fd/<n>` instead of its name:
-opening that reaches the very file we created, whatever happens to its directory afterwards
-(removed, re-created by someone else, a symlink planted at the name). Only this user can open
-another of its processes' descriptors there. Where /proc is missing, torch_xla gets the name,
-and the metrics layer re-creates the file when a read finds it gone.
+The file is then held open, and torch_xla is given `/proc/self/task/<pid>/fd/<n>` instead of
+its name: opening that reaches the very file we created, whatever happens to its directory
+afterwards (removed, re-created by someone else, a symlink planted at the name). And it reaches
+it from this process only: `/proc/self` is whoever opens the path, and `task/<pid>` (this
+process's main thread) exists in no other process. A child process inherits PT_XLA_DEBUG_FILE
+until this process's first compile (torch_xla reads it then, and there is no call that makes it
+read it sooner); the child's torch_xla, forked or started anew, then finds no such file and
+writes its compile analysis nowhere, instead of into this process's log (as the plain
+`/proc/<pid>/fd/<n>` let it: same user). Where /proc is missing, torch_xla gets the name, and
+the metrics layer re-creates the file when a read finds it gone.
 
 Cleanup: this process's log is removed at interpreter exit; logs of processes that no longer
 exist are swept when `setup()` prepares a new one.
@@ -36,9 +41,11 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _chosen: dict[int, tuple[str, str | None]] = {}
 _removed_at_exit: set[str] = set()
 _exited: dict[str, int] = {}  # logs removed at exit -> by which process
-# `/proc/<pid>/fd/<n>` given to torch_xla -> (the log's name, n): held open for the process.
+# `/proc/self/task/<pid>/fd/<n>` given to torch_xla -> (the log's name, n): held open for the
+# process.
 _held: dict[str, tuple[str, int]] = {}
-_PINNED = re.compile(r"^/proc/(\d+)/fd/\d+$")
+# A descriptor path another process gave its torch_xla (older tpu_nb: without `self/task/`).
+_PINNED = re.compile(r"^/proc/(?:self/task/)?(\d+)/fd/\d+$")
 
 
 def usual_dir() -> str:
@@ -113,7 +120,7 @@ def prepare_log(path: str) -> tuple[str, list[str]]:
 
     In our private directory: a new file, 0600, never through a symlink, a stale file of
     ours (an earlier process with this pid) replaced, held open and handed over as
-    `/proc/<pid>/fd/<n>`; removed at exit; logs of dead processes swept. Elsewhere (a path
+    `/proc/self/task/<pid>/fd/<n>`; removed at exit; logs of dead processes swept. Elsewhere (a path
     the user chose): created 0600 if missing, and handed over by name.
     """
     folder, note = private_dir()
@@ -143,9 +150,9 @@ def prepare_log(path: str) -> tuple[str, list[str]]:
 
 
 def _pin(fd: int, path: str) -> str:
-    """`/proc/<pid>/fd/<fd>` when it reaches the file `fd` holds (the fd stays open for the
-    life of the process), else `path` (the fd is closed)."""
-    pinned = f"/proc/{os.getpid()}/fd/{fd}"
+    """`/proc/self/task/<pid>/fd/<fd>` when it reaches the file `fd` holds (the fd stays open
+    for the life of the process), else `path` (the fd is closed)."""
+    pinned = f"/proc/self/task/{os.getpid()}/fd/{fd}"  # reachable from this process only
     try:
         held, seen = os.fstat(fd), os.stat(pinned)
         if (held.st_dev, held.st_ino) == (seen.st_dev, seen.st_ino):
@@ -170,8 +177,8 @@ def log_name(path: str) -> str:
 
 
 def inherited_from_another_process(path: str | None) -> bool:
-    """Whether `path` is a log descriptor of another process (`/proc/<pid>/fd/<n>` in an
-    inherited environment): its file is that process's, not one to log into."""
+    """Whether `path` is a log descriptor of another process (`/proc/self/task/<pid>/fd/<n>`
+    in an inherited environment): its file is that process's, not one to log into."""
     match = _PINNED.match(path or "")
     return match is not None and int(match.group(1)) != os.getpid()
 

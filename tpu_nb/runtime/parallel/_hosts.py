@@ -34,6 +34,7 @@ from tpu_nb.runtime.errors import (
     EnvironmentProblem,
     TpuNbUsageError,
     check_seconds,
+    check_stream,
     check_whole_number,
 )
 from tpu_nb.runtime.parallel._cell import CellFunction
@@ -501,13 +502,7 @@ def launch_hosts(
             "launch_hosts(train, hosts='all'), with train(host) defined first."
         )
     device = _host_device(device)
-    if stream is None:  # the hosts' output is not shown
-        stream = _discard
-    elif not callable(stream):
-        raise TpuNbUsageError(
-            f"stream must be a function taking one line of output; got "
-            f"{type(stream).__name__}. Fix: stream=print (the default), or stream=None"
-        )
+    stream = check_stream(stream, "launch_hosts")
     ray = _import_ray()
     _check_sendable(fn, args, ray.cloudpickle.dumps)
     start, started_at = time.perf_counter(), time.time()
@@ -529,10 +524,6 @@ def launch_hosts(
     finally:
         pod.stop()
     return _collect(pod, reserved, fn, time.perf_counter() - start)
-
-
-def _discard(line: str) -> None:
-    pass
 
 
 def _host_device(device: str | None) -> str:

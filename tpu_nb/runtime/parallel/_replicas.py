@@ -47,6 +47,7 @@ from tpu_nb.runtime.errors import (
     RuntimeStateError,
     TpuNbUsageError,
     check_seconds,
+    check_stream,
     check_whole_number,
 )
 from tpu_nb.runtime.parallel._results import (
@@ -750,13 +751,14 @@ def launch(
     *args,
     devices: int | str = "all",
     mode: str = "replicas",
-    stream: Callable[[str], None] = print,
+    stream: Callable[[str], None] | None = print,
     timeout: float | None = None,
 ) -> LaunchResult:
     """Run `fn` on every XLA device, from a notebook or a script.
 
     replicas: `fn(index, *args)` runs once per device; prints come back prefixed with the
-        replica's ordinal; an exception in one replica stops the others (ReplicaError).
+        replica's ordinal, through `stream` (None: not shown); an exception in one replica
+        stops the others (ReplicaError).
     spmd: `fn(spmd, *args)` runs once over all devices; `spmd.mesh` is a 1-D data mesh and
         `spmd.shard_batch(tensor)` shards a tensor's first dimension across the devices.
     timeout: seconds after which unfinished replicas are stopped (a TpuNbError says so);
@@ -773,6 +775,7 @@ def launch(
             f"{fn!r:.40}. Fix: launch(train), with train(index) defined first."
         )
     _check_timeout(timeout)
+    stream = check_stream(stream, "launch")
     ensure_setup()
     device_type = os.environ.get("PJRT_DEVICE", "CPU").upper()
     if mode == "spmd":
