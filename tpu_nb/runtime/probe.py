@@ -97,6 +97,14 @@ FALLBACK_ENTRY_POINTS = (
     ("Tensor", "kthvalue"),
     ("Tensor", "bincount"),
     ("functional", "grid_sample"),
+    # An op's backward that falls back (F.interpolate's, in diffusers' upsampling) runs from
+    # C++ inside backward(): hooked from the start, its first step is placed on that line too,
+    # with the compile its inputs force. Without a fallback the hook reads an empty list.
+    ("Tensor", "backward"),
+    ("autograd", "backward"),
+    # Runs on the device, but its backward falls back: where the forward was called from
+    # (a library's upsampling) is where that fallback comes from.
+    ("functional", "interpolate"),
 )
 
 
@@ -179,13 +187,14 @@ class FallbackEvent:
     """A call of a CPU-fallback entry point (torch.unique, F.grid_sample, ...; `backward`,
     once an op's backward fell back: autograd runs it from C++, inside that call)."""
 
-    __slots__ = ("frame", "args", "compiles_before", "backward")
+    __slots__ = ("frame", "args", "compiles_before", "backward", "op")
 
-    def __init__(self, frame, args, compiles_before, backward=False):
+    def __init__(self, frame, args, compiles_before, backward=False, op=""):
         self.frame: FrameType = frame
         self.args: tuple = args
         self.compiles_before: int = compiles_before
         self.backward: bool = backward
+        self.op: str = op  # the entry point's name: "unique", "backward", "interpolate"
 
 
 class InputEvent:
@@ -577,7 +586,8 @@ class Probe:
 
     def _fallback_hook(self, original):
         probe = self
-        backward = getattr(original, "__name__", "") == "backward"
+        name = getattr(original, "__name__", "")
+        backward = name == "backward"
 
         @functools.wraps(original)
         def op(*args, **kwargs):
@@ -587,7 +597,7 @@ class Probe:
             if not probe.listeners["fallback"] or local.in_fallback or probe._compiling():
                 return as_caller(frame)(original, args, kwargs)
             compiles = probe._counter("UncachedCompile")
-            event = FallbackEvent(frame, args, compiles, backward)
+            event = FallbackEvent(frame, args, compiles, backward, name)
             states = {}
             for subscriber, before in probe.befores["fallback"]:
                 states[subscriber] = before(event)

@@ -70,6 +70,12 @@ def fallback_hint(op: str) -> str:
     )
 
 
+def _fallback_fix(occ) -> str:
+    """A fallback's fix: the op's rewrite, after the library's line when a library made it."""
+    library = libraries.fallback_fix(occ.site, user_op(occ.what))
+    return f"{library}; {fallback_hint(occ.what)}" if library else fallback_hint(occ.what)
+
+
 def _cell_line(frame, filename: str) -> int | None:
     return frame.line if frame is not None and frame.file == filename else None
 
@@ -467,12 +473,18 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
         op = occ.what.split("::", 1)[-1]
         placed[op] += occ.count
         line = _cell_line(occ.site.line, filename)
+        what = f"{user_op(occ.what)} ran on the CPU (aten::{op}, {occ.count}\u00d7)"
+        if occ.compiles:  # started from C++ inside backward(): no cause in the compile log
+            what += (
+                f"; copying its inputs to the host compiled {occ.compiles} "
+                f"graph{'s' if occ.compiles != 1 else ''} (the fallback's, inside backward())"
+            )
         out.append(
             LineFinding(
                 line or 0,
                 "fallback",
-                f"{user_op(occ.what)} ran on the CPU (aten::{op}, {occ.count}\u00d7)",
-                fallback_hint(occ.what),
+                what,
+                _fallback_fix(occ),
                 place="" if line else "outside this cell's code",
                 count=occ.count,
                 via=occ.site.via,

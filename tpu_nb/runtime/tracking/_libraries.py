@@ -138,8 +138,14 @@ def recompile_fix(site, ops=frozenset()) -> str:
 
 def last_call_fix(site) -> str:
     """The fix for a site whose last call alone compiled again (a shorter last batch), when
-    a library's loop draws the batches; "" for the user's own loop."""
-    return TRAINER_LAST_BATCH_FIX if _known_loop(site) == "transformers/trainer.py" else ""
+    a library's loop draws the batches or runs the steps (a pipeline's sampling loop); ""
+    for the user's own loop, whose batches its data loader draws."""
+    if _known_loop(site) == "transformers/trainer.py":
+        return TRAINER_LAST_BATCH_FIX
+    frame = _library_frame(site)
+    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
+        return ""
+    return _not_known("last call", frame)
 
 
 def growing_fix(site, ops=frozenset()) -> str:
@@ -150,8 +156,34 @@ def growing_fix(site, ops=frozenset()) -> str:
     return _generate_fix(ops) if _known_loop(site) == _GENERATE else ""
 
 
-def _not_known(what: str, frame) -> str:
+def fallback_fix(site, op: str) -> str:
+    """The fix for a CPU fallback a library's code made (its backward's, inside backward():
+    the library frame that called the op's forward): a sentence naming the library's line;
+    "" for the user's own ops, whose rewrite the generic hint gives."""
+    frame = _library_frame(site)
+    if frame is None:
+        return ""
+    return _not_known("fallback", frame, op)
+
+
+def _not_known(what: str, frame, op: str = "") -> str:
     where = f"{format_place(short_path(frame.file), frame.line)} {frame.function}"
+    if what == "fallback":
+        backward = op.startswith("the backward of ")
+        op = op.removeprefix("the backward of ")
+        made = f"{op}, whose backward autograd runs on the CPU" if backward else op
+        return (
+            f"this fallback is the library's: {where} calls {made}; tpu_nb knows "
+            "no setting of it that avoids the op: look for one in its documentation, or "
+            "replace that call in the library's module"
+        )
+    if what == "last call":
+        return (
+            f"only the last step of the library's loop ({where}) compiled a graph of its own: "
+            "the library's last step traces other work (a sampler's final step, a shorter "
+            "last batch); compiled once, it runs from the cache when the loop runs again with "
+            "the same settings, so it costs only a first call"
+        )
     if what == "read":
         return (
             f"this read is the library's ({where}), made every step of its loop: tpu_nb knows "

@@ -140,6 +140,9 @@ class Occurrence:
     steps: int = 0  # distinct steps (syncs of the run) it happened in
     first_step: int = 0  # syncs the run had made when it first happened
     last_step: int = -1  # ... when it last happened
+    # Compiles a fallback inside autograd's backward forced (its inputs' graph): torch_xla
+    # starts them from C++ and writes no cause for them in its log; they are the fallback's.
+    compiles: int = 0
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,9 @@ class Recorder:
         self._order = 0
         self._subscription: Subscription | None = None
         self._fallback_names: tuple[str, ...] = ()
+        # forward entry point ("interpolate") -> the library frame of its last call on the
+        # device with gradients, for the fallback of its backward
+        self._forwards: dict[str, Frame | None] = {}
         self._started = 0.0
         self._capture_next: set[tuple] = set()
         # Lines captured at every sync, whatever the budget (max_graphs: lines at their
@@ -269,6 +275,9 @@ class Recorder:
             return self._maybe_capture(event.frame)
         if type(event) is ReadEvent:
             return self._maybe_capture(event.frame, event.tensor) if self._capture else None
+        if event.op in _FORWARDS:  # runs on the device: only where it was called from
+            self._note_forward(event)
+            return None
         before = self._fallback_counts()
         tensor = next((a for a in event.args if getattr(a, "is_xla", False)), None)
         if tensor is not None and not event.backward:  # on the CPU, its input is materialised
@@ -294,7 +303,7 @@ class Recorder:
             if event.counters_after != event.counters_before or event.copied:
                 graph, site = state if state is not None else (None, None)
                 self._record_read(event, graph, site)
-        else:
+        elif state is not None:
             before, graph, site = state
             after = self._fallback_counts()
             if after != before:
@@ -337,18 +346,41 @@ class Recorder:
     def _record_fallbacks(self, before, after, event, graph=None, site=None) -> None:
         try:
             site = site or self.site_of(event.frame)
-            for name, value in after.items():
-                moved = value - before.get(name, 0)
-                if moved > 0:
-                    self._occur("fallback", name, site, moved)
+            moved = {n: v - before.get(n, 0) for n, v in after.items() if v > before.get(n, 0)}
+            if event.backward:
+                site = self._with_forward(site, moved)
+            occurrences = [self._occur("fallback", n, site, count) for n, count in moved.items()]
             # Running on the CPU materialises the op's inputs: a value-access compile.
             compiled = (self._counter("UncachedCompile") or 0) - (event.compiles_before or 0)
+            if compiled > 0 and event.backward and occurrences:
+                occurrences[0].compiles += compiled
             if compiled > 0:
                 self._anchor("fallback", site, compiled, graph)
                 self._note_compiled(site)
             self._notice_new_fallbacks()
         except Exception:
             self._failed()
+
+    def _note_forward(self, event) -> None:
+        """A call of an op whose backward falls back (F.interpolate): the library frame that
+        called it, for the backward's fallback, which autograd runs from C++ with no frame."""
+        try:
+            if any(getattr(a, "is_xla", False) and a.requires_grad for a in event.args[:1]):
+                self._forwards[event.op] = self.site_of(event.frame).library
+        except Exception:
+            self._failed()
+
+    def _with_forward(self, site: Site, moved: dict[str, int]) -> Site:
+        """`site` (the backward() line) with the library frame whose forward call made the
+        op that fell back inside it, when one op's did and a library called it."""
+        frames = {
+            self._forwards.get(_FORWARDS_OF.get(backward_base(name), ""))
+            for name in moved
+            if backward_base(name)
+        } - {None}
+        if len(frames) != 1 or site.library is not None or site.user is not None:
+            return site
+        return replace(site, library=frames.pop())
 
     def _fallback_counts(self) -> dict[str, int]:
         names = self._fallback_ops()
@@ -365,7 +397,9 @@ class Recorder:
                 probe().watch_fallback(namespace, attr)
         self._fallback_names = names
 
-    def _occur(self, kind: str, what: str, site: Site, count: int, in_sync: bool = False) -> None:
+    def _occur(
+        self, kind: str, what: str, site: Site, count: int, in_sync: bool = False
+    ) -> Occurrence:
         key = (kind, what, site, in_sync)
         occ = self.recording.occurrences.get(key)
         step = self.recording.syncs
@@ -382,6 +416,7 @@ class Recorder:
         if occ.last_step != step:
             occ.steps += 1
             occ.last_step = step
+        return occ
 
     def _anchor(self, kind: str, site: Site, compiles: int, graph) -> None:
         log_end = self._log.size() if self._log is not None else 0
@@ -730,6 +765,23 @@ USER_OPS = {
     "upsample_nearest3d": "F.interpolate",
     "isin": "torch.isin",
 }
+
+
+# The Python entry point (probe.FALLBACK_ENTRY_POINTS) whose call makes an op whose backward
+# falls back, by the op: "upsample_nearest2d" (from "aten::upsample_nearest2d_backward").
+_FORWARDS_OF = {
+    "upsample_nearest1d": "interpolate",
+    "upsample_nearest2d": "interpolate",
+    "upsample_nearest3d": "interpolate",
+}
+_FORWARDS = frozenset(_FORWARDS_OF.values())
+
+
+def backward_base(counter: str) -> str:
+    """The forward op of a backward's fallback counter ("aten::upsample_nearest2d_backward"
+    -> "upsample_nearest2d"); "" for other counters."""
+    base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
+    return base[: -len("_backward")] if base.endswith("_backward") else ""
 
 
 def user_op(counter: str) -> str:

@@ -315,7 +315,10 @@ class Run:
                 compiled=dynamo.own_compiles(compiled, events),
                 compile_events=tuple(events),
                 recompilations=MappingProxyType(lines),
-                compile_log_problem=self._log.problem_since(self._offset, metrics.compiles) or "",
+                compile_log_problem=self._log.problem_since(
+                    self._offset, metrics.compiles - _unlogged_compiles(recording)
+                )
+                or "",
             )
         if recording is not None:
             facts = replace(
@@ -494,3 +497,11 @@ def _quiet_wait() -> bool:
     except Exception:  # the run already failed; its own error is the one to show
         log.debug("waiting for the device after a failed run", exc_info=True)
         return False
+
+
+def _unlogged_compiles(recording) -> int:
+    """Compiles the run's CPU fallbacks forced inside autograd's backward: torch_xla writes no
+    cause for them, and the report names them as the fallback's (not a compile log problem)."""
+    if recording is None:
+        return 0
+    return sum(o.compiles for o in recording.occurrences.values())
