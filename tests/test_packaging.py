@@ -127,7 +127,7 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
     # A fresh clone with the same lock names the same environment.
     clone = tmp_path / "clone"
     (clone / "tools").mkdir(parents=True)
-    for name in ("uv.lock", "tools/setup-env"):
+    for name in ("uv.lock", "tools/setup-env", "tools/diffusers-layer.txt"):
         (clone / name).write_bytes((ROOT / name).read_bytes())
     (clone / "tools/setup-env").chmod(0o755)
     again = subprocess.run(
@@ -147,6 +147,18 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
         env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
     ).stdout
     assert changed.strip() != here
+    # The diffusers layer's pins are part of the key too.
+    (clone / "uv.lock").write_bytes((ROOT / "uv.lock").read_bytes())
+    pins = clone / "tools/diffusers-layer.txt"
+    pins.write_text(pins.read_text() + "\n# changed\n")
+    repinned = subprocess.run(
+        [str(clone / "tools/setup-env"), "--path"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
+    ).stdout
+    assert repinned.strip() not in (here, changed.strip())
 
 
 # -- what is declared and what ships ----------------------------------------------------------
