@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_python
 
 LAYER = Path(sys.prefix) / "diffusers-layer"
 if not (LAYER / "diffusers").is_dir():
@@ -65,23 +66,24 @@ def run(body, tracked):
     return text, {{k: v - before[k] for k, v in raw().items()}}
 
 assert shell.run_cell({setup!r}).success
-text, tracked = run({body!r}, True)
-report = tpu_nb.last_report()
-_, plain = run({body!r}, False)
-verdict = report.anatomy.verdict
-print("\\nRESULT " + json.dumps({{
-    "text": text[text.index("XLA: "):],
-    "raw": tracked,
-    "plain": plain,
-    "figures": {{key: getattr(report.metrics, key) for key in RAW}},
-    "fallbacks": dict(report.metrics.fallbacks),
-    "verdict": [verdict.kind, verdict.fix] if verdict is not None else None,
-    "occurrences": [
-        [o.kind, o.what, o.site.line and o.site.line.line, o.site.via, o.count]
-        for o in report.occurrences
-    ],
-    "transformers": sys.modules.get("transformers") is not None,
-}}, default=str))
+for body in {bodies!r}:
+    text, tracked = run(body, True)
+    report = tpu_nb.last_report()
+    _, plain = run(body, False)
+    verdict = report.anatomy.verdict
+    print("\\nRESULT " + json.dumps({{
+        "text": text[text.index("XLA: "):],
+        "raw": tracked,
+        "plain": plain,
+        "figures": {{key: getattr(report.metrics, key) for key in RAW}},
+        "fallbacks": dict(report.metrics.fallbacks),
+        "verdict": [verdict.kind, verdict.fix] if verdict is not None else None,
+        "occurrences": [
+            [o.kind, o.what, o.site.line and o.site.line.line, o.site.via, o.count]
+            for o in report.occurrences
+        ],
+        "transformers": sys.modules.get("transformers") is not None,
+    }}, default=str))
 """
 
 COMMON = """
@@ -100,19 +102,21 @@ def tiny_unet():
 """
 
 
-def _workload(setup: str, body: str, py) -> dict:
+def _workloads(setup: str, bodies: list[str]) -> list[dict]:
+    """Each body's result, run in turn (tracked, then plain) in one fresh process."""
     env = {
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(LAYER), os.environ.get("PYTHONPATH", "")) if p
         ),
         "HF_HUB_OFFLINE": "1",
     }
-    code = RUNNER.format(raw=RAW, setup=COMMON + setup, body=body)
-    proc = py(code, env=env, timeout=280)
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    result = json.loads(line[len("RESULT ") :])
-    assert not result["transformers"], "diffusers' process imported transformers"
-    return result
+    code = RUNNER.format(raw=RAW, setup=COMMON + setup, bodies=bodies)
+    proc = run_python(code, env=env, timeout=280)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    results = [json.loads(line[len("RESULT ") :]) for line in lines]
+    assert len(results) == len(bodies), proc.stdout
+    assert not any(r["transformers"] for r in results), "diffusers' process imported transformers"
+    return results
 
 
 def _advice(text: str) -> str:
@@ -154,8 +158,8 @@ for step in range(5):
 BACKWARD_LINE = TRAIN.splitlines().index("    loss.backward()") + 1  # as the report numbers
 
 
-def test_a_unet_training_step_places_its_backward_fallback_on_backward(py):
-    result = _workload(TRAIN_SETUP, TRAIN, py)
+def test_a_unet_training_step_places_its_backward_fallback_on_backward():
+    (result,) = _workloads(TRAIN_SETUP, [TRAIN])
     text, raw = result["text"], result["raw"]
     assert result["figures"] == raw, text  # the report's figures are torch_xla's own
     _same_work(raw, result["plain"])
@@ -186,10 +190,28 @@ SAMPLE = """
 g = torch.Generator().manual_seed(0)
 images = pipe(batch_size=2, num_inference_steps=5, generator=g, output_type="np").images
 """
+# The same sampling written in the cell, the scheduler's timesteps put on the device
+SAMPLE_LOOP = """
+dev = torch_xla.device()
+scheduler = DDIMScheduler(num_train_timesteps=50)
+scheduler.set_timesteps(5, device=dev)
+x = torch.randn(2, 1, 8, 8).to(dev)
+with torch.no_grad():
+    for t in scheduler.timesteps:
+        noise_pred = pipe.unet(x, t).sample
+        x = scheduler.step(noise_pred, t, x).prev_sample
+        torch_xla.sync()
+"""
 
 
-def test_a_pipelines_sampling_is_judged_per_step(py):
-    result = _workload(SAMPLE_SETUP, SAMPLE, py)
+@pytest.fixture(scope="module")
+def sampled():
+    """The pipeline's call, then the loop in the cell: one process, one UNet."""
+    return _workloads(SAMPLE_SETUP, [SAMPLE, SAMPLE_LOOP])
+
+
+def test_a_pipelines_sampling_is_judged_per_step(sampled):
+    result = sampled[0]
     text, raw = result["text"], result["raw"]
     assert result["figures"] == raw, text
     _same_work(raw, result["plain"])
@@ -210,3 +232,18 @@ def test_a_pipelines_sampling_is_judged_per_step(py):
     assert verdict is None or "DataLoader" not in verdict[1], verdict
     # the one read, the images' copy to the host after the loop, is not a per-step read
     assert "accumulate" not in advice and "add_step_closure" not in advice, text
+
+
+def test_a_schedulers_reads_of_device_timesteps_get_diffusers_knob(sampled):
+    result = sampled[1]
+    text, raw = result["text"], result["raw"]
+    assert result["figures"] == raw, text
+    _same_work(raw, result["plain"])
+    # DDIMScheduler.step compares and indexes with t: on the device, a read every step
+    reads = [o for o in result["occurrences"] if o[0] == "read"]
+    assert reads and all("diffusers/schedulers/scheduling_ddim.py" in o[3] for o in reads), text
+    assert any(o[4] >= 5 for o in reads), text  # in every one of the 5 steps
+    # the knob is diffusers': timesteps kept on the host, by name, not "read after the loop"
+    advice = _advice(text)
+    assert "set_timesteps(num_inference_steps) without device=" in advice, text
+    assert "tpu_nb knows no setting" not in advice and "accumulate" not in advice, text

@@ -55,12 +55,22 @@ MASK_CHECK_FIX = (
     'attn_implementation="eager", or pass no attention_mask when nothing is padded'
 )
 
+SCHEDULER_TIMESTEPS_FIX = (
+    "diffusers' scheduler compares and indexes with the timestep on the host in each step(), "
+    "so with its timesteps on the device every step waits for the device: keep them on the "
+    "host, scheduler.set_timesteps(num_inference_steps) without device= (as diffusers' own "
+    "pipelines do), and pass each t as it is: the UNet copies it to the device with the "
+    "step's inputs"
+)
+
 # (file of the site's own frame, functions or "" for any) -> the knob, for reads
 _READS = (
     ("transformers/modeling_attn_mask_utils.py", "", MASK_CHECK_FIX),
     ("transformers/masking_utils.py", "", MASK_CHECK_FIX),
     ("transformers/trainer.py", "_maybe_log_save_evaluate", TRAINER_LOG_FIX),
 )
+# (folder of the site's own frame) -> the knob, for reads: every scheduler of diffusers
+_READS_IN = (("diffusers/schedulers/", SCHEDULER_TIMESTEPS_FIX),)
 _GENERATE = "transformers/generation/utils.py"
 # file of the function the line called (or of a frame below it) -> the knob, for recompiles
 _RECOMPILES = (
@@ -101,6 +111,9 @@ def read_fix(site) -> str:
     path = _path(frame)
     for file, function, fix in _READS:
         if path.endswith(file) and (not function or frame.function == function):
+            return fix
+    for folder, fix in _READS_IN:
+        if f"/{folder}" in path or path.startswith(folder):
             return fix
     return _not_known("read", frame)
 
