@@ -1,6 +1,7 @@
 """diffusers judged as the same code written in the cell would be: a UNet training step with
-its noise scheduler (whose upsampling's backward falls back to the CPU inside autograd), and a
-pipeline's sampling loop.
+its noise scheduler (whose upsampling's backward falls back to the CPU inside autograd), a
+pipeline's sampling loop, and that loop written in the cell with the scheduler's timesteps on
+the device (a host read in every step()).
 
 diffusers needs a huggingface_hub newer than the locked transformers accepts, so it lives in a
 layer of its own (tools/setup-env builds `$env/diffusers-layer`): each workload runs in a fresh
