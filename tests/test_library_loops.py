@@ -113,6 +113,21 @@ def _advice(text: str) -> str:
     return text.split("what to do:\n", 1)[1].split("\nthe cell, annotated:", 1)[0]
 
 
+def _shares_at_most_100(text: str) -> None:
+    shares = [int(m) for m in re.findall(r"\b(\d+)%", text)]
+    assert all(share <= 100 for share in shares), text
+
+
+def _optimizer_steps(report, steps: int) -> None:
+    """A step is one of the Trainer's optimizer steps: its logging's syncs (the mark_step
+    before it logs, xm.mesh_reduce's rendezvous) are work inside one, and the sync after
+    its loop that runs nothing is none; each per-step figure is about those steps."""
+    assert len(report.anatomy.steps) == report.syncs == steps, report.anatomy
+    # the step's cost is the training step's graph, not a logging rendezvous' (0 FLOP)
+    assert report.cost is not None and report.cost.flops, report.cost
+    assert report.cost.device_seconds is None or report.cost.device_seconds > 0, report.cost
+
+
 def _same_work(tracked: dict, plain: dict) -> None:
     # the plain cell runs the graphs the tracked one compiled: from the cache
     assert plain["executions"] == tracked["executions"], (tracked, plain)
@@ -149,6 +164,12 @@ def test_trainer_with_fixed_padding_is_not_recompiled(run):
     report = tpu_nb.last_report()
     assert _figures(report) == raw
     assert "not recorded" not in text, text  # every compile and read placed on the line
+    _optimizer_steps(report, 6)
+    _shares_at_most_100(text)
+    # logging every other step reads the loss in 3 of the 6 steps: Trainer's knob for it
+    logged_reads = [o for o in report.occurrences if o.site.via.endswith("_log_save_evaluate")]
+    assert logged_reads and all(o.steps == 3 for o in logged_reads), report.occurrences
+    assert "device work >= 0 s" not in text, text
     logged = [o for o in report.occurrences if o.site.via.endswith("mesh_reduce")]
     assert logged and all(o.site.line is not None for o in logged), report.occurrences
     # each copy to the host is one a line made: .item(), .cpu() and mesh_reduce's
@@ -171,16 +192,23 @@ def test_trainer_with_fixed_padding_is_not_recompiled(run):
 
 def test_trainer_with_bucketed_padding_compiles_each_bucket_once(run):
     steps = 10
-    text, raw = run(f'make_trainer("bucketed", steps={steps}).train()', tracked=True)
+    # logging every step: four syncs of Trainer's logging between two steps, none a step
+    cell = f'make_trainer("bucketed", steps={steps}, logging_steps=1).train()'
+    text, raw = run(cell, tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _optimizer_steps(report, steps)
+    _shares_at_most_100(text)
+    assert "device work >= 0 s" not in text, text
+    # the loss read to log it every step: per step, and Trainer's knob says how to read less
+    assert "logging_steps" in _advice(text), text
     assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
     assert "pad_to_multiple_of" not in _advice(text), text
     # a few graphs, fewer than the steps: each bucket's compiled once, then cached
     assert report.metrics.compiles < steps and report.metrics.cache_hits > 0, text
     buckets = [p for p in report.judgement.lines.values() if p.kind == "variants"]
     assert buckets and "each compiled once, then cached" in text, text
-    _, plain = run(f'make_trainer("bucketed", steps={steps}).train()', tracked=False)
+    _, plain = run(cell, tracked=False)
     _same_work(raw, plain)
 
 

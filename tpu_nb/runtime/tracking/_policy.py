@@ -455,8 +455,9 @@ def judge(report) -> Judgement:
     """The policy's decisions about a run's facts (a RunReport not judged yet: compile events
     placed, the recorder's occurrences and counts, the anatomy without its verdict)."""
     events = list(report.compile_events)
-    # the user's steps: a data loader's syncs with nothing to run are none
-    syncs = getattr(report, "syncs", 0) - getattr(report.anatomy, "loader_syncs", 0)
+    # the user's steps (the recorder counts no sync with nothing to run, nor a library's
+    # logging sync inside a step: tracking._anatomy's steps)
+    syncs = getattr(report, "syncs", 0)
     line_calls = getattr(report, "line_calls", {}) or {}
     site_calls = getattr(report, "site_calls", {}) or {}
     by_line: dict[tuple, list[int]] = {}

@@ -114,7 +114,8 @@ class RunReport:
     # Where each step's time went (tpu_nb.runtime.tracking._anatomy), with the policy's
     # verdict of the steady state, once complete (needs record=True).
     anatomy: Anatomy | None = None
-    syncs: int = 0  # torch_xla.sync calls the tracked code made (recorded runs)
+    # the steps the tracked code's syncs made (recorded runs; tracking._anatomy's steps)
+    syncs: int = 0
     # (file, line) of the tracked code -> the syncs and device reads it made (recorded runs)
     line_calls: Mapping[tuple[str, int], int] = field(default_factory=_empty)
     # provenance.Site.key -> the syncs and device reads made at that site (recorded runs)

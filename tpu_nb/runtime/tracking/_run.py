@@ -408,7 +408,7 @@ def _become(report: RunReport, complete: RunReport) -> None:
 def _step_cost(recording, metrics) -> StepCost | None:
     try:
         counted = cost.step_cost(
-            recording.line_graphs, recording.line_calls, recording.syncs, recording.live_tensors
+            recording.line_graphs, recording.site_calls, recording.syncs, recording.live_tensors
         )
         # the Dynamo bridge ran compiled functions' graphs: tpu_nb captured the rest
         return replace(counted, partial=metrics.compiled_code_executions > 0)
