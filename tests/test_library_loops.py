@@ -359,3 +359,51 @@ def test_a_peft_lora_training_step(gpt2):
     assert report.anatomy.verdict is not None, text
     _, plain = gpt2(PEFT_LOOP, tracked=False)
     _same_work(raw, plain)
+
+
+# The data built in the `%%on_tpu` cell itself, as a new user writes it: the cell moves what
+# it builds unplaced to the device, so the TensorDataset holds device tensors, which the
+# DataLoader indexes sample by sample. `{device}` places the data on the host instead.
+DEVICE_DATA_LOOP = """
+from accelerate import Accelerator
+accelerator = Accelerator()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+x, y = torch.randn(64, 16{device}), torch.randint(0, 2, (64,){device})
+data = torch.utils.data.TensorDataset(x, y)
+loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+net, opt, loader = accelerator.prepare(net, opt, loader)
+for x, y in loader:
+    loss = F.cross_entropy(net(x), y)
+    accelerator.backward(loss)
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _device_data(report) -> list:
+    return [f for f in report.findings if f.kind == "device-data"]
+
+
+def test_a_dataset_built_on_the_device_is_named_with_its_fix(run, shell):
+    assert shell.run_cell(LOOP_PARTS).success
+    saved, sys.stdout = sys.stdout, StringIO()
+    try:
+        result = shell.run_cell("%%on_tpu\n" + DEVICE_DATA_LOOP.format(device=""))
+        text = sys.stdout.getvalue()
+    finally:
+        sys.stdout = saved
+    report = tpu_nb.last_report()
+    found = _device_data(report)
+    # on the line that built its tensors (line 7 of the cell, after the magic's), with the fix
+    assert [f.line for f in found] == [7], text
+    assert "TensorDataset of device tensors ([64, 16], [64])" in found[0].what, found
+    assert 'device="cpu"' in _advice(text) and "built data on the device (line 7)" in text, text
+    if not result.success:  # torch_xla's device loader copying device batches can fail
+        assert "Check failed" in str(result.error_in_exec)
+        assert "torch_xla's device loader failing that copy" in found[0].what, text
+    # built on the host, the same loop: nothing to say about its data
+    text, _ = run(DEVICE_DATA_LOOP.format(device=', device="cpu"'), tracked=True)
+    assert not _device_data(tpu_nb.last_report()), text
+    assert "built data on the device" not in text, text

@@ -30,6 +30,7 @@ FindingKind = Literal[
     "host-read",
     "pending",
     "inputs",
+    "device-data",
 ]
 # When a finding happened: during the run (in time order), not placed on a moment (totals
 # tpu_nb could not place on a line), or left at the end (work left pending).
@@ -130,6 +131,9 @@ class RunReport:
     cost: StepCost | None = None
     # A RESOURCE_EXHAUSTED the run failed with, read into its facts (the out-of-memory card)
     out_of_memory: OutOfMemory | None = None
+    # Datasets holding XLA tensors that a DataLoader indexed sample by sample
+    # (tracking._device_data.DeviceDataset: built on the device by %%on_tpu, typically)
+    device_datasets: tuple = ()
 
     @property
     def steps(self) -> tuple:
