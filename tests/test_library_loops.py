@@ -128,6 +128,21 @@ def _optimizer_steps(report, steps: int) -> None:
     assert report.cost.device_seconds is None or report.cost.device_seconds > 0, report.cost
 
 
+def _all_placed(report, text: str) -> None:
+    """Every compile, host copy and CPU fallback on the cell's line, with the library frame
+    that did it under the line when a library did, and no share over 100 %."""
+    assert "not recorded" not in text and "outside this cell's code" not in text, text
+    assert all(o.site.line is not None for o in report.occurrences), report.occurrences
+    fallbacks = sum(o.count for o in report.occurrences if o.kind == "fallback")
+    assert fallbacks == sum(report.metrics.fallbacks.values()), report.occurrences
+    # each copy to the host is one a line made: a read's, or a fallback's of its inputs
+    copies = sum(o.calls for o in report.occurrences if o.kind == "read")
+    assert copies + fallbacks == report.metrics.from_device_transfers, report.occurrences
+    placed = [e for e in report.compile_events if e.site is not None and e.site.line]
+    assert len(placed) == report.metrics.compiles, report.compile_events
+    _shares_at_most_100(text)
+
+
 def _same_work(tracked: dict, plain: dict) -> None:
     # the plain cell runs the graphs the tracked one compiled: from the cache
     assert plain["executions"] == tracked["executions"], (tracked, plain)
@@ -239,6 +254,9 @@ def test_generate_with_the_dynamic_cache_is_told_to_use_a_static_one(gpt2):
     text, raw = gpt2(GENERATE.format(""), tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    # generate()'s torch.isin (its stopping criteria) falls back to the CPU at every token
+    assert report.metrics.fallbacks, report.metrics
+    _all_placed(report, text)
     summary = text.splitlines()[0]
     assert "RECOMPILED" in summary and "compile-bound" in summary, text
     verdict = report.anatomy.verdict
@@ -257,6 +275,7 @@ def test_generate_with_a_static_cache_is_not_told_to_use_one(gpt2):
     text, raw = gpt2(GENERATE.format(', cache_implementation="static"'), tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _all_placed(report, text)
     # it still compiles per token (generate() syncs nowhere between tokens), and the fix
     # says so, not "use a static cache" nor a sync "at the end of each step" of its loop
     advice = _advice(text)
@@ -320,6 +339,7 @@ def test_an_accelerate_loop_is_judged_as_the_same_loop_in_the_cell(run, shell):
     text, raw = run(ACCELERATE_LOOP, tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _all_placed(report, text)
     # the shorter last batch: its graph is the loop's last, and the fix is the loader's
     assert "drop_last=True" in _advice(text), text
     assert "the recompiles are the library's" not in text, text
@@ -353,6 +373,9 @@ def test_a_peft_lora_training_step(gpt2):
     text, raw = gpt2(PEFT_LOOP, tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _all_placed(report, text)
+    # the six steps, each one graph from the cache after the first two
+    assert len(report.anatomy.steps) == 6 and report.metrics.cache_hits >= 4, text
     # the frozen base and its adapters: one step's graph and the warm-up's, then cached
     assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
     assert report.judgement.one_time_compiles == report.metrics.compiles, text
