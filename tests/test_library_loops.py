@@ -426,6 +426,21 @@ def test_a_dataset_built_on_the_device_is_named_with_its_fix(run, shell):
     if not result.success:  # torch_xla's device loader copying device batches can fail
         assert "Check failed" in str(result.error_in_exec)
         assert "torch_xla's device loader failing that copy" in found[0].what, text
+    # the same data in a loop written in the cell: each batch's indices are constants of
+    # its graph, so it recompiles every batch, and the fix is the data's, not padding
+    cell_loop = DEVICE_DATA_LOOP.format(device="").split("net, opt, loader =")[0]
+    cell_loop = cell_loop.replace("from accelerate", "#")
+    cell_loop += (
+        "for x, y in loader:\n"
+        "    loss = F.cross_entropy(net(x), y)\n"
+        "    loss.backward(); opt.step(); opt.zero_grad()\n"
+        "    torch_xla.sync()\n"
+    )
+    text, _ = run(cell_loop.replace("accelerator = Accelerator()", ""), tracked=True)
+    report = tpu_nb.last_report()
+    assert [f.line for f in _device_data(report)] == [7] and report.recompiled, text
+    assert 'device="cpu"' in report.anatomy.verdict.fix, text
+    assert "pad or bucket" not in text, text
     # built on the host, the same loop: nothing to say about its data
     text, _ = run(DEVICE_DATA_LOOP.format(device=', device="cpu"'), tracked=True)
     assert not _device_data(tpu_nb.last_report()), text

@@ -15,6 +15,7 @@ from collections import Counter
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
@@ -239,8 +240,7 @@ def findings(
 def _device_data_findings(report: RunReport, filename: str) -> list[LineFinding]:
     """A dataset on the device that a DataLoader indexed per sample: on the line that built
     it (tracking._device_data), with the loader's failure explained when the run failed so."""
-    from tpu_nb.runtime.tracking._device_data import FIX, LOADER_COPY_ERROR
-
+    FIX, LOADER_COPY_ERROR = device_data.FIX, device_data.LOADER_COPY_ERROR
     out = []
     error = report.error
     crashed = error is not None and LOADER_COPY_ERROR in str(error)
@@ -292,6 +292,12 @@ def _compile_findings(
         key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed)
+        if (
+            finding_kind == "recompile"
+            and report.device_datasets
+            and (pattern is None or not pattern.last_call_only)
+        ):
+            hint = device_data.RECOMPILE_FIX  # the batches' indices are what changes
         changed = what_changed(event) if kind != policy.FIRST else ()
         patterned = kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING)
         if pattern is not None and patterned and (pattern.progression or kind == policy.GROWING):

@@ -36,6 +36,12 @@ FIX = (
     "loader, MpDeviceLoader, or batch.to(device) in the step)"
 )
 
+# A loop recompiling while its DataLoader indexes device data: the indices are the change
+RECOMPILE_FIX = (
+    "the DataLoader indexes a dataset on the device sample by sample, and each batch's "
+    "indices are constants of its graph, so each batch compiles a new one: " + FIX
+)
+
 
 @dataclass(frozen=True)
 class DeviceDataset:
