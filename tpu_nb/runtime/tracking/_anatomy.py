@@ -41,6 +41,7 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -52,7 +53,7 @@ from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._cost import judged_chip
-from tpu_nb.runtime.tracking._libraries import housekeeping_sync
+from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_sync
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
 
@@ -302,7 +303,7 @@ class Collector:
         self.lost_samples = False
         self.dropped_steps = 0
         self.loader_syncs = 0
-        self._loader_synced = False
+        self._loaders: weakref.WeakSet = weakref.WeakSet()  # device loaders' iterators
         self.empty_syncs = 0  # other syncs with nothing to run (a library's after its loop)
         # A library's logging syncs (Trainer's log, xm.mesh_reduce's rendezvous): work of the
         # step they are in, not steps (entry, call, return)
@@ -379,9 +380,7 @@ class Collector:
             return
         kind = type(event)
         if kind is SyncEvent:
-            first_batch = event.loader and not self._loader_synced and not self.syncs
-            if event.loader:
-                self._loader_synced = True
+            first_batch = event.loader and first_loader_sync(event.frame, self._loaders)
             if event.launched == 0 and event.loader:  # nothing to run: no step
                 self.loader_syncs += 1
             elif event.launched == 0 and not event.own:  # a library's, after its loop

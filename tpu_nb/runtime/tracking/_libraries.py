@@ -120,6 +120,22 @@ def housekeeping_sync(frame) -> bool:
     return False
 
 
+def first_loader_sync(frame, seen) -> bool:
+    """Whether a device data loader's sync called from `frame` is its iterator's first (before
+    its first batch: it runs what the code set up before the loop, work of the loop's first
+    step). `seen`: a weakref.WeakSet of the iterators seen so far, added to."""
+    iterator = frame.f_locals.get("self") if frame is not None else None
+    if iterator is None:
+        return False
+    try:
+        if iterator in seen:
+            return False
+        seen.add(iterator)
+    except TypeError:  # not weakly referenceable: not known
+        return False
+    return True
+
+
 def _housekeeping_kind(code) -> tuple:
     path, name = code.co_filename.replace("\\", "/"), code.co_name
     answer: bool | None = any(

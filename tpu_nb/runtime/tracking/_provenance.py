@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,7 +55,7 @@ from tpu_nb.runtime.sources import (
 )
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
-from tpu_nb.runtime.tracking._libraries import housekeeping_sync
+from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_sync
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
@@ -224,7 +225,7 @@ class Recorder:
         self._shapes_at: dict[tuple[str, int], tuple] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
-        self._loader_synced = False  # a data loader synced in this run
+        self._loaders: weakref.WeakSet = weakref.WeakSet()  # device loaders' iterators
         self.active = False
 
     # -- subscribing --------------------------------------------------------------------------
@@ -297,9 +298,7 @@ class Recorder:
                 # nor one with nothing to run, nor a library's logging sync inside a step,
                 # nor a data loader's before its first batch (it runs what the code set up
                 # before the loop: part of the first step), as the step anatomy counts
-                first_batch = event.loader and not self._loader_synced and not self.recording.syncs
-                if event.loader:
-                    self._loader_synced = True
+                first_batch = event.loader and first_loader_sync(event.frame, self._loaders)
                 counted = not (
                     (event.launched == 0 and not event.own)
                     or first_batch
