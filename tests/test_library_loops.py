@@ -123,6 +123,9 @@ def _optimizer_steps(report, steps: int) -> None:
     before it logs, xm.mesh_reduce's rendezvous) are work inside one, and the sync after
     its loop that runs nothing is none; each per-step figure is about those steps."""
     assert len(report.anatomy.steps) == report.syncs == steps, report.anatomy
+    # every other sync torch_xla counted is accounted for as no step (the dashboard's count)
+    a = report.anatomy
+    assert steps + a.loader_syncs + a.other_syncs == report.metrics.syncs, a
     # the step's cost is the training step's graph, not a logging rendezvous' (0 FLOP)
     assert report.cost is not None and report.cost.flops, report.cost
     assert report.cost.device_seconds is None or report.cost.device_seconds > 0, report.cost

@@ -214,6 +214,9 @@ class Anatomy:
     # Syncs a data loader made with nothing to run (MpDeviceLoader's before its first batch,
     # after a step the user synced, at the end of the data): counted by torch_xla, no steps.
     loader_syncs: int = 0
+    # Other syncs that are no steps: those with nothing to run (a library's after its loop), a
+    # library's logging syncs inside a step, a loader's before a loop's first batch.
+    other_syncs: int = 0
     # Host time on the tracked code's lines over the whole run, largest first (the host
     # sampler's; () without it): HostLine(line, via, seconds, share, kind)
     host_lines: tuple[HostLine, ...] = ()
@@ -308,6 +311,7 @@ class Collector:
         # A library's logging syncs (Trainer's log, xm.mesh_reduce's rendezvous): work of the
         # step they are in, not steps (entry, call, return)
         self.inner_syncs: deque = deque(maxlen=_MAX_EVENTS)
+        self.inner_total = 0
         self._until_harvest = _HARVEST_EVERY
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
@@ -391,6 +395,7 @@ class Collector:
                 # a loader's before its first batch (it runs what was set up before the loop),
                 # a library's logging between two steps: work of a step, no step
                 self.inner_syncs.append((event.entry, event.start, event.end))
+                self.inner_total += 1
             else:
                 sampler = self.sampler
                 if sampler is not None and sampler.check:  # rare: a new loop's first sync
@@ -805,6 +810,7 @@ def _summarise(
         complete=not collector.lost_samples,
         dropped_steps=collector.dropped_steps,
         loader_syncs=collector.loader_syncs,
+        other_syncs=collector.empty_syncs + collector.inner_total,
         host_lines=host_lines,
     )
     return _with_verdict(anatomy, busy) if judged else anatomy
@@ -890,6 +896,8 @@ class _NoLoss:
     lost_samples = False
     dropped_steps = 0
     loader_syncs = 0
+    empty_syncs = 0
+    inner_total = 0
 
 
 def judge(a: Anatomy) -> Verdict | None:
