@@ -113,6 +113,39 @@ def _advice(text: str) -> str:
     return text.split("what to do:\n", 1)[1].split("\nthe cell, annotated:", 1)[0]
 
 
+def _shares_at_most_100(text: str) -> None:
+    shares = [int(m) for m in re.findall(r"\b(\d+)%", text)]
+    assert all(share <= 100 for share in shares), text
+
+
+def _optimizer_steps(report, steps: int) -> None:
+    """A step is one of the Trainer's optimizer steps: its logging's syncs (the mark_step
+    before it logs, xm.mesh_reduce's rendezvous) are work inside one, and the sync after
+    its loop that runs nothing is none; each per-step figure is about those steps."""
+    assert len(report.anatomy.steps) == report.syncs == steps, report.anatomy
+    # every other sync torch_xla counted is accounted for as no step (the dashboard's count)
+    a = report.anatomy
+    assert steps + a.loader_syncs + a.other_syncs == report.metrics.syncs, a
+    # the step's cost is the training step's graph, not a logging rendezvous' (0 FLOP)
+    assert report.cost is not None and report.cost.flops, report.cost
+    assert report.cost.device_seconds is None or report.cost.device_seconds > 0, report.cost
+
+
+def _all_placed(report, text: str) -> None:
+    """Every compile, host copy and CPU fallback on the cell's line, with the library frame
+    that did it under the line when a library did, and no share over 100 %."""
+    assert "not recorded" not in text and "outside this cell's code" not in text, text
+    assert all(o.site.line is not None for o in report.occurrences), report.occurrences
+    fallbacks = sum(o.count for o in report.occurrences if o.kind == "fallback")
+    assert fallbacks == sum(report.metrics.fallbacks.values()), report.occurrences
+    # each copy to the host is one a line made: a read's, or a fallback's of its inputs
+    copies = sum(o.calls for o in report.occurrences if o.kind == "read")
+    assert copies + fallbacks == report.metrics.from_device_transfers, report.occurrences
+    placed = [e for e in report.compile_events if e.site is not None and e.site.line]
+    assert len(placed) == report.metrics.compiles, report.compile_events
+    _shares_at_most_100(text)
+
+
 def _same_work(tracked: dict, plain: dict) -> None:
     # the plain cell runs the graphs the tracked one compiled: from the cache
     assert plain["executions"] == tracked["executions"], (tracked, plain)
@@ -149,6 +182,12 @@ def test_trainer_with_fixed_padding_is_not_recompiled(run):
     report = tpu_nb.last_report()
     assert _figures(report) == raw
     assert "not recorded" not in text, text  # every compile and read placed on the line
+    _optimizer_steps(report, 6)
+    _shares_at_most_100(text)
+    # logging every other step reads the loss in 3 of the 6 steps: Trainer's knob for it
+    logged_reads = [o for o in report.occurrences if o.site.via.endswith("_log_save_evaluate")]
+    assert logged_reads and all(o.steps == 3 for o in logged_reads), report.occurrences
+    assert "device work >= 0 s" not in text, text
     logged = [o for o in report.occurrences if o.site.via.endswith("mesh_reduce")]
     assert logged and all(o.site.line is not None for o in logged), report.occurrences
     # each copy to the host is one a line made: .item(), .cpu() and mesh_reduce's
@@ -171,16 +210,23 @@ def test_trainer_with_fixed_padding_is_not_recompiled(run):
 
 def test_trainer_with_bucketed_padding_compiles_each_bucket_once(run):
     steps = 10
-    text, raw = run(f'make_trainer("bucketed", steps={steps}).train()', tracked=True)
+    # logging every step: four syncs of Trainer's logging between two steps, none a step
+    cell = f'make_trainer("bucketed", steps={steps}, logging_steps=1).train()'
+    text, raw = run(cell, tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _optimizer_steps(report, steps)
+    _shares_at_most_100(text)
+    assert "device work >= 0 s" not in text, text
+    # the loss read to log it every step: per step, and Trainer's knob says how to read less
+    assert "logging_steps" in _advice(text), text
     assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
     assert "pad_to_multiple_of" not in _advice(text), text
     # a few graphs, fewer than the steps: each bucket's compiled once, then cached
     assert report.metrics.compiles < steps and report.metrics.cache_hits > 0, text
     buckets = [p for p in report.judgement.lines.values() if p.kind == "variants"]
     assert buckets and "each compiled once, then cached" in text, text
-    _, plain = run(f'make_trainer("bucketed", steps={steps}).train()', tracked=False)
+    _, plain = run(cell, tracked=False)
     _same_work(raw, plain)
 
 
@@ -211,6 +257,9 @@ def test_generate_with_the_dynamic_cache_is_told_to_use_a_static_one(gpt2):
     text, raw = gpt2(GENERATE.format(""), tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    # generate()'s torch.isin (its stopping criteria) falls back to the CPU at every token
+    assert report.metrics.fallbacks, report.metrics
+    _all_placed(report, text)
     summary = text.splitlines()[0]
     assert "RECOMPILED" in summary and "compile-bound" in summary, text
     verdict = report.anatomy.verdict
@@ -229,6 +278,7 @@ def test_generate_with_a_static_cache_is_not_told_to_use_one(gpt2):
     text, raw = gpt2(GENERATE.format(', cache_implementation="static"'), tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _all_placed(report, text)
     # it still compiles per token (generate() syncs nowhere between tokens), and the fix
     # says so, not "use a static cache" nor a sync "at the end of each step" of its loop
     advice = _advice(text)
@@ -292,6 +342,7 @@ def test_an_accelerate_loop_is_judged_as_the_same_loop_in_the_cell(run, shell):
     text, raw = run(ACCELERATE_LOOP, tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _all_placed(report, text)
     # the shorter last batch: its graph is the loop's last, and the fix is the loader's
     assert "drop_last=True" in _advice(text), text
     assert "the recompiles are the library's" not in text, text
@@ -325,9 +376,77 @@ def test_a_peft_lora_training_step(gpt2):
     text, raw = gpt2(PEFT_LOOP, tracked=True)
     report = tpu_nb.last_report()
     assert _figures(report) == raw
+    _all_placed(report, text)
+    # the six steps, each one graph from the cache after the first two
+    assert len(report.anatomy.steps) == 6 and report.metrics.cache_hits >= 4, text
     # the frozen base and its adapters: one step's graph and the warm-up's, then cached
     assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
     assert report.judgement.one_time_compiles == report.metrics.compiles, text
     assert report.anatomy.verdict is not None, text
     _, plain = gpt2(PEFT_LOOP, tracked=False)
     _same_work(raw, plain)
+
+
+# The data built in the `%%on_tpu` cell itself, as a new user writes it: the cell moves what
+# it builds unplaced to the device, so the TensorDataset holds device tensors, which the
+# DataLoader indexes sample by sample. `{device}` places the data on the host instead.
+DEVICE_DATA_LOOP = """
+from accelerate import Accelerator
+accelerator = Accelerator()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+x, y = torch.randn(64, 16{device}), torch.randint(0, 2, (64,){device})
+data = torch.utils.data.TensorDataset(x, y)
+loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+net, opt, loader = accelerator.prepare(net, opt, loader)
+for x, y in loader:
+    loss = F.cross_entropy(net(x), y)
+    accelerator.backward(loss)
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _device_data(report) -> list:
+    return [f for f in report.findings if f.kind == "device-data"]
+
+
+# torch_xla's device loader can fail in its worker thread on such batches: what is tested
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dataset_built_on_the_device_is_named_with_its_fix(run, shell):
+    assert shell.run_cell(LOOP_PARTS).success
+    saved, sys.stdout = sys.stdout, StringIO()
+    try:
+        result = shell.run_cell("%%on_tpu\n" + DEVICE_DATA_LOOP.format(device=""))
+        text = sys.stdout.getvalue()
+    finally:
+        sys.stdout = saved
+    report = tpu_nb.last_report()
+    found = _device_data(report)
+    # on the line that built its tensors (line 7 of the cell, after the magic's), with the fix
+    assert [f.line for f in found] == [7], text
+    assert "TensorDataset of device tensors ([64, 16], [64])" in found[0].what, found
+    assert 'device="cpu"' in _advice(text) and "built data on the device (line 7)" in text, text
+    if not result.success:  # torch_xla's device loader copying device batches can fail
+        assert "Check failed" in str(result.error_in_exec)
+        assert "torch_xla's device loader failing that copy" in found[0].what, text
+    # the same data in a loop written in the cell: each batch's indices are constants of
+    # its graph, so it recompiles every batch, and the fix is the data's, not padding
+    cell_loop = DEVICE_DATA_LOOP.format(device="").split("net, opt, loader =")[0]
+    cell_loop = cell_loop.replace("from accelerate", "#")
+    cell_loop += (
+        "for x, y in loader:\n"
+        "    loss = F.cross_entropy(net(x), y)\n"
+        "    loss.backward(); opt.step(); opt.zero_grad()\n"
+        "    torch_xla.sync()\n"
+    )
+    text, _ = run(cell_loop.replace("accelerator = Accelerator()", ""), tracked=True)
+    report = tpu_nb.last_report()
+    assert [f.line for f in _device_data(report)] == [7] and report.recompiled, text
+    assert 'device="cpu"' in report.anatomy.verdict.fix, text
+    assert "pad or bucket" not in text, text
+    # built on the host, the same loop: nothing to say about its data
+    text, _ = run(DEVICE_DATA_LOOP.format(device=', device="cpu"'), tracked=True)
+    assert not _device_data(tpu_nb.last_report()), text
+    assert "built data on the device" not in text, text

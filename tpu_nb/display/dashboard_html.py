@@ -220,8 +220,8 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
         "and mark_step calls: one per training step, plus any sync tpu_nb adds at the "
         "end of a cell'>"
         + (
-            f"({state.steps - state.loader_syncs} steps; {state.loader_syncs} by the data "
-            "loader, with nothing to run)"
+            f"({state.steps - state.loader_syncs} steps; {state.loader_syncs} no steps: a "
+            "loader's with nothing to run or before its first batch, a library's logging)"
             if state.loader_syncs
             else "(torch_xla.sync calls: one per training step)"
         )

@@ -95,6 +95,7 @@ KIND_WORDS = {
     "host-read": "read from the device",
     "pending": "left pending",
     "inputs": "compiled its inputs' pending work",
+    "device-data": "built data on the device",
 }
 _KIND_COLOURS = {
     "compile": ACCENT,
@@ -107,8 +108,9 @@ _KIND_COLOURS = {
     "host-read": WARN,
     "pending": MUTED,
     "inputs": MUTED,
+    "device-data": WARN,
 }
-_FLAGGED = ("recompile", "growing", "fallback", "host-read")
+_FLAGGED = ("recompile", "growing", "fallback", "host-read", "device-data")
 _SHOWN_WHATS = 3  # distinct descriptions listed per group before "and N more"
 _NOT_CAPTURED = "tpu_nb did not capture both graphs"
 _CONTEXT = 2  # source lines shown around a marked line of a long cell

@@ -135,6 +135,7 @@ class SyncEvent:
         "start",
         "end",
         "launched",
+        "loader",
     )
 
     def __init__(self, frame, entry, compiles_before, inner, plumbing, own, owner):
@@ -146,9 +147,11 @@ class SyncEvent:
         self.own: str = own
         self.owner: Any = owner
         self.start = self.end = 0.0
-        # A data loader's sync: the graphs it ran (0: it had nothing to run, and is no step
-        # of the user's). -1: not a loader's sync, not measured.
+        # The graphs it ran (0: it had nothing to run — a data loader's before its first
+        # batch, a library's after its loop — and is no step of the user's); -1: not
+        # measured. loader: a device data loader's own sync.
         self.launched = -1
+        self.loader = False
 
 
 class ReadEvent:
@@ -512,10 +515,11 @@ class Probe:
                 known = _sync_kind(frame)
             plumbing, loader = known[1], known[2]
             event = SyncEvent(frame, entry, compiles, inner, plumbing, local.own, local.owner)
-            if loader:  # a data loader's own sync: did it have anything to run? A graph to
-                # run is looked up in the compile cache, in this thread (an execution's own
-                # counter moves later, in the runtime's threads)
-                launched = (compiles or 0) + (counter("CachedCompile") or 0)
+            # Did it have anything to run? A graph to run is looked up in the compile cache,
+            # in this thread (an execution's own counter moves later, in the runtime's
+            # threads)
+            launched = (compiles or 0) + (counter("CachedCompile") or 0)
+            event.loader = loader
             states = {}
             for subscriber, before in probe.befores["sync"]:
                 states[subscriber] = before(event)
@@ -527,10 +531,9 @@ class Probe:
             finally:
                 local.in_sync = outer
             event.end = clock()
-            if loader:
-                event.launched = (
-                    (counter("UncachedCompile") or 0) + (counter("CachedCompile") or 0) - launched
-                )
+            event.launched = (
+                (counter("UncachedCompile") or 0) + (counter("CachedCompile") or 0) - launched
+            )
             for subscriber, after in probe.afters["sync"]:
                 after(event, states.get(subscriber))  # only max_graphs raises, on purpose
             return result

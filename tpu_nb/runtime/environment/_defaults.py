@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -136,7 +137,9 @@ def _wrap(fn):
                 if fn.__name__ in ("tensor", "as_tensor") and _is_device_tensor(args):
                     kwargs["device"] = device  # from device data: no round trip via the host
                 else:
-                    return _on_host_then_moved(as_caller(frame), fn, args, kwargs, device)
+                    moved = _on_host_then_moved(as_caller(frame), fn, args, kwargs, device)
+                    _note_built(moved, frame)
+                    return moved
         # warnings (torch.tensor(a_tensor)'s) name the caller's line, not this wrapper
         return as_caller(frame)(fn, args, kwargs)
 
@@ -149,6 +152,33 @@ def _on_host_then_moved(call, fn, args, kwargs, device):
     grad = kwargs.pop("requires_grad", False)
     moved = call(fn, args, kwargs).to(device)
     return moved.requires_grad_() if grad else moved
+
+
+# Where the block built each tensor it moved: id -> (weak reference, file, line), bounded. A
+# dataset made of them, indexed per sample by a DataLoader, is named by the line that built it
+# (tracking._device_data).
+_built: dict[int, tuple] = {}
+_MAX_BUILT = 4096
+
+
+def _note_built(tensor, frame) -> None:
+    try:
+        ref = weakref.ref(tensor)
+    except TypeError:
+        return
+    if len(_built) >= _MAX_BUILT:
+        for key in [k for k, v in _built.items() if v[0]() is None] or list(_built)[:1024]:
+            _built.pop(key, None)
+    _built[id(tensor)] = (ref, frame.f_code.co_filename, frame.f_lineno)
+
+
+def built_at(tensor) -> tuple[str, int] | None:
+    """(file, line) where a default-device block built `tensor` and moved it to the device;
+    None when it did not."""
+    entry = _built.get(id(tensor))
+    if entry is None or entry[0]() is not tensor:
+        return None
+    return entry[1], entry[2]
 
 
 def _creates(fn, args, kwargs) -> bool:

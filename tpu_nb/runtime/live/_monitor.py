@@ -456,7 +456,8 @@ class LiveState:
     run_cost: StepCost | None = None
     # Of metrics.host_reads, those made in step closures (after the step's graph ran).
     closure_reads: int = 0
-    # Of `steps`, syncs a data loader made with nothing to run (no step of the user's).
+    # Of `steps`, syncs that are no steps of the user's: a data loader's with nothing to run
+    # (and tracking._anatomy's others: a library's logging, a loader's before its first batch)
     loader_syncs: int = 0
     # Scalar reads the finished run's judgement calls per step (tracking._policy); None while
     # the run is still going (the dashboard's own count stands in)
@@ -568,9 +569,9 @@ class LiveMonitor:
     def _loader_syncs(self) -> int:
         collector = self._collecting()
         if collector is not None:
-            return collector.loader_syncs
+            return collector.loader_syncs + collector.empty_syncs + collector.inner_total
         anatomy = self._anatomy
-        return anatomy.loader_syncs if anatomy is not None else 0
+        return anatomy.loader_syncs + anatomy.other_syncs if anatomy is not None else 0
 
     def close(self) -> None:
         """Restore anything the monitor installed (the sync probe, the read count)."""

@@ -41,6 +41,7 @@ import gc
 import logging
 import threading
 import time
+import weakref
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -52,6 +53,7 @@ from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._cost import judged_chip
+from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_sync
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
 
@@ -212,6 +214,9 @@ class Anatomy:
     # Syncs a data loader made with nothing to run (MpDeviceLoader's before its first batch,
     # after a step the user synced, at the end of the data): counted by torch_xla, no steps.
     loader_syncs: int = 0
+    # Other syncs that are no steps: those with nothing to run (a library's after its loop), a
+    # library's logging syncs inside a step, a loader's before a loop's first batch.
+    other_syncs: int = 0
     # Host time on the tracked code's lines over the whole run, largest first (the host
     # sampler's; () without it): HostLine(line, via, seconds, share, kind)
     host_lines: tuple[HostLine, ...] = ()
@@ -301,6 +306,12 @@ class Collector:
         self.lost_samples = False
         self.dropped_steps = 0
         self.loader_syncs = 0
+        self._loaders: weakref.WeakSet = weakref.WeakSet()  # device loaders' iterators
+        self.empty_syncs = 0  # other syncs with nothing to run (a library's after its loop)
+        # A library's logging syncs (Trainer's log, xm.mesh_reduce's rendezvous): work of the
+        # step they are in, not steps (entry, call, return)
+        self.inner_syncs: deque = deque(maxlen=_MAX_EVENTS)
+        self.inner_total = 0
         self._until_harvest = _HARVEST_EVERY
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
@@ -373,9 +384,19 @@ class Collector:
             return
         kind = type(event)
         if kind is SyncEvent:
-            if event.launched == 0:  # a data loader's sync with nothing to run: no step
+            first_batch = event.loader and first_loader_sync(event.frame, self._loaders)
+            if event.launched == 0 and event.loader:  # nothing to run: no step
                 self.loader_syncs += 1
-            elif not (event.plumbing or event.owner is recorder):
+            elif event.launched == 0 and not event.own:  # a library's, after its loop
+                self.empty_syncs += 1
+            elif event.plumbing or event.owner is recorder:
+                pass
+            elif first_batch or housekeeping_sync(event.frame):
+                # a loader's before its first batch (it runs what was set up before the loop),
+                # a library's logging between two steps: work of a step, no step
+                self.inner_syncs.append((event.entry, event.start, event.end))
+                self.inner_total += 1
+            else:
                 sampler = self.sampler
                 if sampler is not None and sampler.check:  # rare: a new loop's first sync
                     self._check_loop(sampler, event)
@@ -412,6 +433,7 @@ class Collector:
         ]
         cuts = _union(
             [(e, r) for e, _, r in _tail(self.syncs, events)]
+            + [(e, r) for e, _, r in _tail(self.inner_syncs, events)]
             + [(e, r) for e, _, r in _tail(self.reads, events)]
         )
         return _cut(spans, cuts)
@@ -573,6 +595,7 @@ class _Window:
     end: float
     sync: tuple[float, float] | None
     # Empty tuples until something lands in the window: no allocation per step.
+    inner_syncs: Sequence = ()  # a library's logging syncs within the step: (call, return)
     reads: Sequence = ()
     inputs: Sequence = ()
     compiles: Sequence = ()
@@ -608,6 +631,7 @@ def _launch_points(windows: list[_Window]) -> tuple[list[float], list[int]]:
     points = sorted(
         [(w.sync[0], i) for i, w in enumerate(windows) if w.sync]
         + [(start, i) for i, w in enumerate(windows) for start, _ in w.reads]
+        + [(start, i) for i, w in enumerate(windows) for start, _ in w.inner_syncs]
     )
     return [t for t, _ in points], [i for _, i in points]
 
@@ -669,6 +693,10 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     ).items():
         windows[i].reads = [r[1:] for r in items]
         windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
+    inner = (r for r in _tail(collector.inner_syncs, events) if r[2] > origin)
+    for i, items in _assign(inner, lambda r: r[2], bounds).items():
+        windows[i].inner_syncs = [r[1:] for r in items]
+        windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
     for name, spans in (
         ("compiles", _spans(samples["CompileTime"])),
         ("to_device", _spans(samples["TransferToDeviceTime"])),
@@ -698,12 +726,13 @@ def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
     reads = _overlap(w.reads, w.start, w.end)
     inputs = _overlap(w.inputs, w.start, w.end)
     ours = _overlap(w.overhead, w.start, w.end)
-    sync = (w.sync[1] - w.sync[0]) if w.sync else 0.0
+    syncs = ([w.sync] if w.sync else []) + list(w.inner_syncs)
+    sync = _overlap(syncs, w.start, w.end) if w.inner_syncs else sum(e - s for s, e in syncs)
     compile_in = {"sync": 0.0, "read": 0.0, "trace": 0.0}
     for s, e in w.compiles:
         where = (
             "sync"
-            if w.sync and w.sync[0] - 1e-4 <= s and e <= w.sync[1] + 1e-4
+            if any(ss - 1e-4 <= s and e <= se + 1e-4 for ss, se in syncs)
             else "read"
             if any(rs - 1e-4 <= s and e <= re + 1e-4 for rs, re in w.reads)
             else "trace"
@@ -722,7 +751,7 @@ def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
     spans = (
         [("input", s, e) for s, e in w.inputs]
         + [("read", s, e) for s, e in w.reads]
-        + ([("sync", *w.sync)] if w.sync else [])
+        + [("sync", s, e) for s, e in syncs]
         + [("compile", s, e) for s, e in w.compiles]
         + [("tpu_nb", s, e) for s, e in w.overhead if e - s > 1e-5]
     )
@@ -781,6 +810,7 @@ def _summarise(
         complete=not collector.lost_samples,
         dropped_steps=collector.dropped_steps,
         loader_syncs=collector.loader_syncs,
+        other_syncs=collector.empty_syncs + collector.inner_total,
         host_lines=host_lines,
     )
     return _with_verdict(anatomy, busy) if judged else anatomy
@@ -866,6 +896,8 @@ class _NoLoss:
     lost_samples = False
     dropped_steps = 0
     loader_syncs = 0
+    empty_syncs = 0
+    inner_total = 0
 
 
 def judge(a: Anatomy) -> Verdict | None:

@@ -15,6 +15,7 @@ from collections import Counter
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.sources import short_path
+from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
@@ -238,7 +239,36 @@ def findings(
     found += _read_findings(facts, judgement, filename)
     found += _fallback_findings(facts, filename)
     found += _pending_findings(facts, source, filename)
+    found += _device_data_findings(facts, filename)
     return tuple(sorted(found, key=lambda f: f.sort_key))
+
+
+def _device_data_findings(report: RunReport, filename: str) -> list[LineFinding]:
+    """A dataset on the device that a DataLoader indexed per sample: on the line that built
+    it (tracking._device_data), with the loader's failure explained when the run failed so."""
+    FIX, LOADER_COPY_ERROR = device_data.FIX, device_data.LOADER_COPY_ERROR
+    out = []
+    error = report.error
+    crashed = error is not None and LOADER_COPY_ERROR in str(error)
+    for i, found in enumerate(report.device_datasets):
+        lines = sorted({line for file, line in found.built if file == filename})
+        what = (
+            f"{found.describe()}, which a DataLoader indexed sample by sample: each batch "
+            "a graph of slices of device tensors (its indices constants of the graph: a new "
+            "graph for each new batch), and a device loader copies such batches back to the "
+            "host to send them"
+        )
+        if crashed:
+            what += (
+                f"; the cell's {type(error).__name__} ('Check failed: {LOADER_COPY_ERROR}') is "
+                "torch_xla's device loader failing that copy in its worker thread"
+            )
+        where = "" if lines else "outside this cell's code (built on the device elsewhere)"
+        for line in lines or [0]:
+            out.append(
+                LineFinding(line, "device-data", what, FIX, place=where, order=i, phase="run")
+            )
+    return out
 
 
 def _compile_findings(
@@ -268,6 +298,12 @@ def _compile_findings(
         key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed)
+        if (
+            finding_kind == "recompile"
+            and report.device_datasets
+            and (pattern is None or not pattern.last_call_only)
+        ):
+            hint = device_data.RECOMPILE_FIX  # the batches' indices are what changes
         changed = what_changed(event) if kind != policy.FIRST else ()
         patterned = kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING)
         if pattern is not None and patterned and (pattern.progression or kind == policy.GROWING):

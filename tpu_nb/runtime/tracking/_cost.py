@@ -344,14 +344,16 @@ def step_cost(
     steps: int,
     live_tensors: Sequence[tuple[int, int]] = (),
 ) -> StepCost:
-    """The cost of a steady step: the last graph captured at each line that synced or read
-    in at least half the run's steps (a loop's lines, not a read after it)."""
+    """The cost of a steady step: the last graph captured at each site (a line, or a frame
+    below it: provenance.Site.key) that synced or read in at least half the run's steps (a
+    loop's sites, not a read after it), each graph once. `line_calls`: each site's calls."""
     chip, on_chip = judged_chip()
     loop_lines = [
         key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= max(steps, 1)
     ]
     costs = store.costs
-    graphs = tuple(costs[line_graphs[k]] for k in loop_lines if line_graphs[k] in costs)
+    hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
+    graphs = tuple(costs[h] for h in hashes if h in costs)
     counted = [g for g in graphs if g.flops is not None]
     flops = sum(g.flops or 0 for g in counted) if counted else None
     moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]

@@ -10,7 +10,7 @@ are matched by their frames' files, so nothing here imports a library.
 
 from __future__ import annotations
 
-from tpu_nb.runtime.sources import is_library, short_path
+from tpu_nb.runtime.sources import innermost_frame, is_library, short_path
 from tpu_nb.runtime.units import format_place
 
 TRAINER_PAD_FIX = (
@@ -63,6 +63,13 @@ SCHEDULER_TIMESTEPS_FIX = (
     "step's inputs"
 )
 
+MESH_REDUCE_FIX = (
+    "xm.mesh_reduce copies the value to the host and syncs to exchange it between processes: "
+    "call it every few steps or after the loop, or reduce on the device (xm.all_reduce) and "
+    "read the result once"
+)
+# torch_xla's host rendezvous: Trainer logs through it (its knob), others call it themselves
+_RENDEZVOUS = "torch_xla/core/xla_model.py"
 # (file of the site's own frame, functions or "" for any) -> the knob, for reads
 _READS = (
     ("transformers/modeling_attn_mask_utils.py", "", MASK_CHECK_FIX),
@@ -83,6 +90,71 @@ _STEP_BOUNDARIES = ("torch_xla/distributed/parallel_loader.py",)
 # A static cache writes each token's keys and values into its fixed tensors in place
 # (StaticLayer.update's index_copy_); the dynamic cache concatenates them.
 _STATIC_CACHE_OP = "aten::index_copy"
+
+
+# A library's logging, which syncs between two training steps: torch_xla's host rendezvous
+# (xm.mesh_reduce, xm.rendezvous: Trainer gathers the loss through them) and Trainer's log
+# step. Their syncs are work of the step they are in, not steps: (file, function) of the
+# function that called the sync (through xm.mark_step or torch_xla.sync).
+_HOUSEKEEPING = (
+    ("torch_xla/core/xla_model.py", "xla_rendezvous"),
+    ("torch_xla/core/xla_model.py", "rendezvous"),
+    ("torch_xla/core/xla_model.py", "mesh_reduce"),
+    ("transformers/trainer.py", "_maybe_log_save_evaluate"),
+)
+_PASS_THROUGH = (
+    ("torch_xla/core/xla_model.py", "mark_step"),
+    ("torch_xla/torch_xla.py", "sync"),
+    ("typing_extensions.py", "wrapper"),  # @deprecated, around xm.mark_step
+    ("warnings.py", "wrapper"),
+)
+# id(code) -> (code, answer): True, False or None (a pass-through: ask its caller). The code
+# is kept so that its id is not reused while the entry lives.
+_housekeeping: dict[int, tuple] = {}
+
+
+def housekeeping_sync(frame) -> bool:
+    """Whether a sync called from `frame` (the sync's caller) is a library's logging: a
+    rendezvous or Trainer's log step, a sync between two training steps that is no step of
+    its own (the step count is that of the optimizer's steps). A few dict lookups."""
+    found = innermost_frame(frame, lambda f: _housekeeping_answer(f.f_code) is not None, 4)
+    return found is not None and bool(_housekeeping_answer(found.f_code))
+
+
+def _housekeeping_answer(code) -> bool | None:
+    known = _housekeeping.get(id(code))
+    if known is None or known[0] is not code:
+        known = _housekeeping_kind(code)
+    return known[1]
+
+
+def first_loader_sync(frame, seen) -> bool:
+    """Whether a device data loader's sync called from `frame` is its iterator's first (before
+    its first batch: it runs what the code set up before the loop, work of the loop's first
+    step). `seen`: a weakref.WeakSet of the iterators seen so far, added to."""
+    iterator = frame.f_locals.get("self") if frame is not None else None
+    if iterator is None:
+        return False
+    try:
+        if iterator in seen:
+            return False
+        seen.add(iterator)
+    except TypeError:  # not weakly referenceable: not known
+        return False
+    return True
+
+
+def _housekeeping_kind(code) -> tuple:
+    path, name = code.co_filename.replace("\\", "/"), code.co_name
+    answer: bool | None = any(
+        path.endswith(file) and name == function for file, function in _HOUSEKEEPING
+    )
+    if not answer and any(path.endswith(f) and name == fn for f, fn in _PASS_THROUGH):
+        answer = None
+    if len(_housekeeping) >= 1024:  # bounded: one per function that syncs
+        _housekeeping.clear()
+    known = _housekeeping[id(code)] = (code, answer)
+    return known
 
 
 def _path(frame) -> str:
@@ -109,6 +181,8 @@ def read_fix(site) -> str:
     if frame is None:
         return ""
     path = _path(frame)
+    if path.endswith(_RENDEZVOUS):
+        return TRAINER_LOG_FIX if in_trainer(site) else MESH_REDUCE_FIX
     for file, function, fix in _READS:
         if path.endswith(file) and (not function or frame.function == function):
             return fix

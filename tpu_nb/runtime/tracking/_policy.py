@@ -38,6 +38,7 @@ from typing import Any
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _cost as cost
+from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking._store import store
@@ -455,8 +456,9 @@ def judge(report) -> Judgement:
     """The policy's decisions about a run's facts (a RunReport not judged yet: compile events
     placed, the recorder's occurrences and counts, the anatomy without its verdict)."""
     events = list(report.compile_events)
-    # the user's steps: a data loader's syncs with nothing to run are none
-    syncs = getattr(report, "syncs", 0) - getattr(report.anatomy, "loader_syncs", 0)
+    # the user's steps (the recorder counts no sync with nothing to run, nor a library's
+    # logging sync inside a step: tracking._anatomy's steps)
+    syncs = getattr(report, "syncs", 0)
     line_calls = getattr(report, "line_calls", {}) or {}
     site_calls = getattr(report, "site_calls", {}) or {}
     by_line: dict[tuple, list[int]] = {}
@@ -574,6 +576,9 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
         verdict = _recompile_verdict(verdict, judgement)
+        flagged = [p for p in judgement.lines.values() if p.kind == "recompiling"]
+        if getattr(report, "device_datasets", ()) and not all(p.last_call_only for p in flagged):
+            verdict = replace(verdict, fix=device_data.RECOMPILE_FIX)  # the batches' indices
         if not events and not getattr(report, "compile_analysis", True):
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,7 @@ from tpu_nb.runtime.sources import (
 )
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
+from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_sync
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
@@ -169,7 +171,9 @@ class Recording:
     capture_seconds: float = 0.0
     captures: int = 0
     hook_errors: int = 0
-    syncs: int = 0  # torch_xla.sync calls the tracked thread made
+    # the steps: torch_xla.sync calls the tracked thread made, less those that ran nothing,
+    # a library's logging syncs inside a step and a loader's before its first batch
+    syncs: int = 0
     # (file, line) of the tracked code -> syncs and device reads it made (the steps a line
     # took part in: whether it compiled again after its last compile)
     line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -177,9 +181,10 @@ class Recording:
     site_calls: dict[tuple, int] = field(default_factory=dict)
     # Compile-log spans (start, end) of the run's own end-of-run sync (track(sync=True)).
     own_end: list[tuple[int, int]] = field(default_factory=list)
-    # (file, line) of the tracked code -> the hash of the last graph captured there (the
-    # graph a loop's line runs in its steady state: what a step costs)
-    line_graphs: dict[tuple[str, int], str] = field(default_factory=dict)
+    # Site.key -> the hash of the last graph captured there (the graph a loop's site runs in
+    # its steady state: what a step costs; a library's loop under one line of the cell runs
+    # its step's graph at one site and its logging's at others)
+    line_graphs: dict[tuple, str] = field(default_factory=dict)
     # (syncs made, live device tensors) at each capture and at the run's end: a loop that
     # keeps tensors step over step (read only then, never on a cached step)
     live_tensors: list[tuple[int, int]] = field(default_factory=list)
@@ -226,6 +231,7 @@ class Recorder:
         self._shapes_at: dict[tuple[str, int], tuple] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
+        self._loaders: weakref.WeakSet = weakref.WeakSet()  # device loaders' iterators
         self.active = False
 
     # -- subscribing --------------------------------------------------------------------------
@@ -298,7 +304,16 @@ class Recorder:
                 self._after_sync(event, None, None, counted=False)
             else:
                 graph, site = state if state is not None else (None, None)
-                self._after_sync(event, graph, site, counted=True)
+                # nor one with nothing to run, nor a library's logging sync inside a step,
+                # nor a data loader's before its first batch (it runs what the code set up
+                # before the loop: part of the first step), as the step anatomy counts
+                first_batch = event.loader and first_loader_sync(event.frame, self._loaders)
+                counted = not (
+                    (event.launched == 0 and not event.own)
+                    or first_batch
+                    or housekeeping_sync(event.frame)
+                )
+                self._after_sync(event, graph, site, counted=counted)
         elif kind is ReadEvent:
             if event.counters_after != event.counters_before or event.copied:
                 graph, site = state if state is not None else (None, None)
@@ -563,7 +578,7 @@ class Recorder:
             self.recording.captures += 1
             store.note_line_capture(key, graph)
             if graph is not None and graph.hash:
-                self.recording.line_graphs[key] = graph.hash
+                self.recording.line_graphs[site] = graph.hash
             self._note_live_tensors()
             return graph, self.site_of(frame)
         except Exception:

@@ -30,6 +30,7 @@ FindingKind = Literal[
     "host-read",
     "pending",
     "inputs",
+    "device-data",
 ]
 # When a finding happened: during the run (in time order), not placed on a moment (totals
 # tpu_nb could not place on a line), or left at the end (work left pending).
@@ -114,7 +115,8 @@ class RunReport:
     # Where each step's time went (tpu_nb.runtime.tracking._anatomy), with the policy's
     # verdict of the steady state, once complete (needs record=True).
     anatomy: Anatomy | None = None
-    syncs: int = 0  # torch_xla.sync calls the tracked code made (recorded runs)
+    # the steps the tracked code's syncs made (recorded runs; tracking._anatomy's steps)
+    syncs: int = 0
     # (file, line) of the tracked code -> the syncs and device reads it made (recorded runs)
     line_calls: Mapping[tuple[str, int], int] = field(default_factory=_empty)
     # provenance.Site.key -> the syncs and device reads made at that site (recorded runs)
@@ -129,6 +131,9 @@ class RunReport:
     cost: StepCost | None = None
     # A RESOURCE_EXHAUSTED the run failed with, read into its facts (the out-of-memory card)
     out_of_memory: OutOfMemory | None = None
+    # Datasets holding XLA tensors that a DataLoader indexed sample by sample
+    # (tracking._device_data.DeviceDataset: built on the device by %%on_tpu, typically)
+    device_datasets: tuple = ()
 
     @property
     def steps(self) -> tuple:

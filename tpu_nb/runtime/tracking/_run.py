@@ -41,6 +41,7 @@ from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._cost import StepCost
+from tpu_nb.runtime.tracking._device_data import DeviceDataWatch
 from tpu_nb.runtime.tracking._oom import out_of_memory
 from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork, find_earlier, find_pending
 from tpu_nb.runtime.tracking._policy import Judgement
@@ -142,6 +143,7 @@ class Run:
         self.store = store
         self.recorder: provenance.Recorder | None = None
         self.collector: anatomy.Collector | None = None
+        self.datasets: DeviceDataWatch | None = None
         self.dynamo: dynamo.Watch | None = None
         self.started = time.time()
         self._frame: Any = None
@@ -169,6 +171,7 @@ class Run:
                 )
                 recorder.start()
                 self.collector = anatomy.Collector().start(recorder)
+                self.datasets = DeviceDataWatch().start()
             self.dynamo = dynamo.Watch(self.recorder, self._log).start()
             self._before = snapshot()
         except BaseException:  # never leave the hooks installed
@@ -206,6 +209,8 @@ class Run:
                 self._watch.close()
             if self.collector is not None:
                 self.collector._unhook()
+            if self.datasets is not None:
+                self.datasets.stop()
         finally:
             try:
                 if self.recorder is not None:
@@ -291,6 +296,7 @@ class Run:
         steps = self.collector.finish() if self.collector is not None else None
         recording = self.recorder.stop() if self.recorder is not None else None
         compiled = self.dynamo.stop() if self.dynamo is not None else ()
+        datasets = self.datasets.stop() if self.datasets is not None else ()
         metrics = snapshot().since(self._before)
         facts = RunReport(
             name=self.report.name,
@@ -304,6 +310,7 @@ class Run:
             compile_analysis=self._log is not None,
             compiled=compiled,
             anatomy=steps,
+            device_datasets=datasets,
             out_of_memory=out_of_memory(error) if error is not None else None,
         )
         if self._log is not None and metrics.compiles:
@@ -414,7 +421,7 @@ def _become(report: RunReport, complete: RunReport) -> None:
 def _step_cost(recording, metrics) -> StepCost | None:
     try:
         counted = cost.step_cost(
-            recording.line_graphs, recording.line_calls, recording.syncs, recording.live_tensors
+            recording.line_graphs, recording.site_calls, recording.syncs, recording.live_tensors
         )
         # the Dynamo bridge ran compiled functions' graphs: tpu_nb captured the rest
         return replace(counted, partial=metrics.compiled_code_executions > 0)
