@@ -106,3 +106,22 @@ def test_default_device_in_a_script_covers_the_block_and_restores(py):
         print("RESULT", *inside, torch.zeros(1).device, torch.zeros.__module__)
     """).stdout
     assert out.split("RESULT")[-1].split() == ["xla:0", "xla:0", "xla:0", "cpu", "torch"]
+
+
+def test_a_tensor_the_block_moves_names_the_users_line_in_torch_xlas_ir(py):
+    # torch_xla records the line that made each tensor (the graph view's `location=`, with
+    # XLA_IR_DEBUG=1 as %%on_tpu --graph has it): the user's line, as `.to(dev)` written
+    # there would record, never tpu_nb's mover
+    out = py(
+        """
+        import torch, torch_xla, tpu_nb
+        with tpu_nb.default_device():
+            moved = torch.randn(3, 5)
+        text = torch_xla._XLAC._get_xla_tensors_text([moved * 2])
+        print("RESULT", next(r for r in text.splitlines() if "device_data" in r and "[3,5]" in r))
+        """,
+        env={"XLA_IR_DEBUG": "1"},
+    ).stdout
+    data = out.split("RESULT")[-1]
+    assert "_defaults.py" not in data and "_on_host_then_moved" not in data, data
+    assert "location=<module>@tpu_nb_test_" in data and ".py:4," in data, data

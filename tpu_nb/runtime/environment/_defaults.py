@@ -150,7 +150,10 @@ def _on_host_then_moved(call, fn, args, kwargs, device):
     """`fn` as torch runs it, then moved: `torch.randn(3, requires_grad=True)` gives a leaf on
     the device holding the numbers of the CPU's generator."""
     grad = kwargs.pop("requires_grad", False)
-    moved = call(fn, args, kwargs).to(device)
+    built = call(fn, args, kwargs)
+    # moved from the caller's line too: torch_xla names the line that made a tensor in its IR
+    # (the graph view's `location=`), and that line is the user's, not this function's
+    moved = call(type(built).to, (built, device), {})
     return moved.requires_grad_() if grad else moved
 
 
