@@ -112,16 +112,16 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
     import os
     import subprocess
 
-    def path(**env):
+    def path(root=ROOT):
         return subprocess.run(
-            [str(ROOT / "tools/setup-env"), "--path"],
+            [str(root / "tools/setup-env"), "--path"],
             capture_output=True,
             text=True,
             check=True,
-            env={**os.environ, **env},
+            env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
         ).stdout.strip()
 
-    here = path(TPU_NB_ENV_ROOT=str(tmp_path))
+    here = path()
     assert os.path.dirname(here) == str(tmp_path)
     assert not os.path.exists(here)  # --path never builds
     # A fresh clone with the same lock names the same environment.
@@ -130,35 +130,15 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
     for name in ("uv.lock", "tools/setup-env", "tools/diffusers-layer.txt"):
         (clone / name).write_bytes((ROOT / name).read_bytes())
     (clone / "tools/setup-env").chmod(0o755)
-    again = subprocess.run(
-        [str(clone / "tools/setup-env"), "--path"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
-    ).stdout.strip()
-    assert again == here
+    assert path(clone) == here
     (clone / "uv.lock").write_text((ROOT / "uv.lock").read_text() + "\n# changed\n")
-    changed = subprocess.run(
-        [str(clone / "tools/setup-env"), "--path"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
-    ).stdout
-    assert changed.strip() != here
+    changed = path(clone)
+    assert changed != here
     # The diffusers layer's pins are part of the key too.
     (clone / "uv.lock").write_bytes((ROOT / "uv.lock").read_bytes())
     pins = clone / "tools/diffusers-layer.txt"
     pins.write_text(pins.read_text() + "\n# changed\n")
-    repinned = subprocess.run(
-        [str(clone / "tools/setup-env"), "--path"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "TPU_NB_ENV_ROOT": str(tmp_path)},
-    ).stdout
-    assert repinned.strip() not in (here, changed.strip())
+    assert path(clone) not in (here, changed)
 
 
 # -- what is declared and what ships ----------------------------------------------------------
