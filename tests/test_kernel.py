@@ -105,6 +105,24 @@ def test_next_cell_runs_normally_after_a_failure_and_outputs_are_clean():
         assert not [t for k, t in _texts(cell) if k == "stderr"], _texts(cell)
 
 
+def test_an_error_of_the_cells_device_work_raised_at_its_end_shows_no_tpu_nb_frames():
+    # XLA:CPU's out-of-memory surfaces at %%on_tpu's wait at the cell's end, under no line of
+    # the cell: the error and where it came from, not tpu_nb's and contextlib's frames
+    nb = _notebook(
+        "%load_ext tpu_nb\n%tpu_setup --device cpu\nimport torch, torch_xla",
+        "%%on_tpu\nhuge = torch.zeros(2**46, dtype=torch.uint8, device=torch_xla.device())\n"
+        "torch_xla.sync()",
+        "print((torch.ones(2, device=torch_xla.device()) + 1).sum().item())",
+    )
+    execute(nb, allow_errors=True)
+    (error,) = [o for o in nb.cells[1].outputs if o.output_type == "error"]
+    shown = "\n".join(error.traceback)
+    assert error.ename == "RuntimeError" and "Out of memory" in error.evalue
+    assert "when %%on_tpu waited for it at the cell's end" in shown, shown
+    assert "tpu_nb/" not in shown and "contextlib" not in shown, shown
+    assert _texts(nb.cells[2])[0][1].startswith("4.0\n")  # the next cell runs as usual
+
+
 def test_interrupt_stops_a_long_cell_and_next_cell_runs():
     # How fast the interrupt lands is measured by benchmarks/bench_interrupts.py (a timed
     # assert would flake on a loaded machine); here, that it lands mid-loop and the kernel
