@@ -322,3 +322,23 @@ def _replace(report: RunReport, **changes) -> RunReport:
     import dataclasses
 
     return dataclasses.replace(report, **changes)
+
+
+def test_a_line_with_time_of_two_kinds_says_which_is_which():
+    from tpu_nb.runtime.frame import Frame
+    from tpu_nb.runtime.tracking._anatomy import Verdict
+    from tpu_nb.runtime.tracking._sampler import HostLine
+
+    line = Frame("train.py", 4, "<module>")
+    via = "transformers/trainer.py:2213 train"
+    mixed = Verdict(
+        "host-bound",
+        "tracing 2 ms per step",
+        "fewer, larger ops",
+        (HostLine(line, via, 0.7, 0.7), HostLine(line, via, 0.3, 0.3, kind="sync")),
+    )
+    assert mixed.where == (
+        f"most of it at train.py:4 (70%, tracing, in {via}), train.py:4 (30%, syncing, in {via})"
+    )
+    one_kind = Verdict("host-bound", "", "", (HostLine(line, via, 0.7, 0.7),) * 2)
+    assert "tracing" not in one_kind.where  # the verdict's kind already says it

@@ -157,14 +157,21 @@ class Verdict:
             # sampled: a second figure for the same wait would not match it)
             h = self.lines[0]
             return head + h.where + (f" (in {h.via})" if h.via else "")
+        # one line can hold time of two kinds (its tracing, and the sync it calls): named,
+        # so that "line 4 (70%), line 4 (30%)" does not read as the same time twice
+        kinds = len({h.kind for h in self.lines}) > 1
         return head + ", ".join(
-            f"{h.where} ({h.share:.0%}{', in ' + h.via if h.via else ''})" for h in self.lines
+            f"{h.where} ({h.share:.0%}{', ' + _DOING.get(h.kind, h.kind) if kinds else ''}"
+            f"{', in ' + h.via if h.via else ''})"
+            for h in self.lines
         )
 
     def __str__(self) -> str:
         where = f"; {self.where}" if self.where else ""
         return f"{self.kind}: {self.reason}{where}. Fix: {self.fix}"
 
+
+_DOING = {"host": "tracing", "sync": "syncing", "input": "waiting for data", "read": "reading"}
 
 FIXES = {
     "device-bound": "nothing on the host side: the device is busy. To go faster, do less device "
