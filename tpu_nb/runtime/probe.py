@@ -136,6 +136,7 @@ class SyncEvent:
         "end",
         "launched",
         "loader",
+        "housekeeping",
     )
 
     def __init__(self, frame, entry, compiles_before, inner, plumbing, own, owner):
@@ -152,6 +153,7 @@ class SyncEvent:
         # measured. loader: a device data loader's own sync.
         self.launched = -1
         self.loader = False
+        self.housekeeping: bool | None = None  # a library's logging sync (asked once)
 
 
 class ReadEvent:
@@ -190,7 +192,7 @@ class FallbackEvent:
     """A call of a CPU-fallback entry point (torch.unique, F.grid_sample, ...; `backward`,
     once an op's backward fell back: autograd runs it from C++, inside that call)."""
 
-    __slots__ = ("frame", "args", "compiles_before", "backward", "op")
+    __slots__ = ("frame", "args", "compiles_before", "backward", "op", "none_before")
 
     def __init__(self, frame, args, compiles_before, backward=False, op=""):
         self.frame: FrameType = frame
@@ -198,6 +200,8 @@ class FallbackEvent:
         self.compiles_before: int = compiles_before
         self.backward: bool = backward
         self.op: str = op  # the entry point's name: "unique", "backward", "interpolate"
+        # No op had fallen back before the call (subscribers are then asked after it)
+        self.none_before = False
 
 
 class InputEvent:
@@ -305,6 +309,7 @@ class Probe:
         self.active_runs: tuple = ()
         self.last_run: Any = None
         self._counter: Any = None
+        self._fallbacks: Any = None
         self._compiling: Any = None
 
     # -- subscribing ---------------------------------------------------------------------------
@@ -433,6 +438,7 @@ class Probe:
         runtime = current_backend()
         if self._counter is None:
             self._counter = runtime.counters.reader()
+            self._fallbacks = runtime.counters.fallbacks
             self._compiling = torch.compiler.is_compiling
         if kind == "sync":
             for owner, name, inner in runtime.syncs.entry_points():
@@ -601,6 +607,23 @@ class Probe:
                 return as_caller(frame)(original, args, kwargs)
             compiles = probe._counter("UncachedCompile")
             event = FallbackEvent(frame, args, compiles, backward, name)
+            if backward and not probe._fallbacks():
+                # Every training step's backward passes here. While no op of this process
+                # has fallen back, the subscribers have no counts to take before it: they
+                # are asked only if one falls back inside it (their "before" then sees the
+                # counts as they were: none).
+                local.in_fallback = True
+                try:
+                    result = as_caller(frame)(original, args, kwargs)
+                finally:
+                    local.in_fallback = False
+                if not probe._fallbacks():
+                    return result
+                event.none_before = True
+                states = {s: before(event) for s, before in probe.befores["fallback"]}
+                for subscriber, after in probe.afters["fallback"]:
+                    after(event, states.get(subscriber))
+                return result
             states = {}
             for subscriber, before in probe.befores["fallback"]:
                 states[subscriber] = before(event)

@@ -53,7 +53,7 @@ from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._cost import judged_chip
-from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_sync
+from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_event
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
 
@@ -398,7 +398,7 @@ class Collector:
                 self.empty_syncs += 1
             elif event.plumbing or event.owner is recorder:
                 pass
-            elif first_batch or housekeeping_sync(event.frame):
+            elif first_batch or housekeeping_event(event):
                 # a loader's before its first batch (it runs what was set up before the loop),
                 # a library's logging between two steps: work of a step, no step
                 self.inner_syncs.append((event.entry, event.start, event.end))

@@ -121,6 +121,14 @@ def housekeeping_sync(frame) -> bool:
     return found is not None and bool(_housekeeping_answer(found.f_code))
 
 
+def housekeeping_event(event) -> bool:
+    """`housekeeping_sync` of a sync event's caller, found once for all its subscribers."""
+    known = event.housekeeping
+    if known is None:
+        known = event.housekeeping = housekeeping_sync(event.frame)
+    return known
+
+
 def _housekeeping_answer(code) -> bool | None:
     known = _housekeeping.get(id(code))
     if known is None or known[0] is not code:

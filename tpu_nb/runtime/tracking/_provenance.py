@@ -55,7 +55,7 @@ from tpu_nb.runtime.sources import (
 )
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
-from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_sync
+from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_event
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
@@ -284,7 +284,7 @@ class Recorder:
         if event.op in _FORWARDS:  # runs on the device: only where it was called from
             self._note_forward(event)
             return None
-        before = self._fallback_counts()
+        before = {} if event.none_before else self._fallback_counts()
         tensor = next((a for a in event.args if getattr(a, "is_xla", False)), None)
         if tensor is not None and not event.backward:  # on the CPU, its input is materialised
             return before, *self._maybe_capture(event.frame, tensor)
@@ -311,7 +311,7 @@ class Recorder:
                 counted = not (
                     (event.launched == 0 and not event.own)
                     or first_batch
-                    or housekeeping_sync(event.frame)
+                    or housekeeping_event(event)
                 )
                 self._after_sync(event, graph, site, counted=counted)
         elif kind is ReadEvent:
