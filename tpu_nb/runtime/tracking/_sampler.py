@@ -62,6 +62,7 @@ MIN_SAMPLED = 10  # intervals' worth of sampled time before lines are named
 _GAP = 0.0005  # at least this long asleep between two samples (the GIL let go)
 _MAX_SPANS = 65_536  # input spans kept (merged: one per stretch of input samples)
 _MAX_KEYS = 4096  # distinct (kind, line, via) kept; beyond, new ones count as "other"
+_MAX_STACKS = 4096  # distinct stacks whose answer is kept
 # Frames that only pass a call along: `via` names the function behind them.
 _PASS_FUNCTIONS = frozenset(
     {"_wrapped_call_impl", "_call_impl", "decorate_context", "wrapper", "_use_grad", "_fn"}
@@ -132,6 +133,10 @@ class Sampler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._infos: dict[int, list] = {}  # id(code) -> what its frames are (`_info`)
+        # the stack's (id(code), f_lasti), from the line in -> (answer, the `for` an "input"
+        # answer waits on, the codes): see `_classify`
+        self._classified: dict[tuple, tuple] = {}
+        self._waiting: tuple | None = None
         # Results, read by other threads (copies of a dict or deque hold the GIL: no torn read)
         self.totals: dict[tuple, float] = {}  # (kind, file, line, function, via) -> seconds
         # The run's first intervals as (start, end, key): a verdict about the steady state
@@ -259,7 +264,37 @@ class Sampler:
         path = frames_to_tracked(top, self._ids, self._root)
         if path is None:
             return None  # not under the tracked code
+        try:
+            # A training loop's stack passes through a few hundred states at most: the same
+            # functions at the same instructions give the same answer, found once (the walk
+            # below costs ~5x this key). The `for` an "input" answer waits on may since have
+            # been found to run the steps: that answer is found again. (Loops found to run
+            # the steps stay so for the run: a later answer needs nothing added.)
+            signature = tuple([(id(frame.f_code), frame.f_lasti) for frame in path])
+            known = self._classified.get(signature)
+            if known is not None:
+                key, waiting = known[0], known[1]
+                if waiting is None:
+                    return key
+                if waiting not in self.stepping:
+                    if waiting not in self.checked:
+                        self.loops.add(waiting)
+                        self.check = True
+                    return key
+            key = self._walk(path)
+            classified = self._classified
+            if len(classified) >= _MAX_STACKS:
+                classified.clear()
+            # the codes are kept with it, so that their ids are not reused while it lives
+            codes = tuple(frame.f_code for frame in path)
+            classified[signature] = (key, self._waiting, codes)
+            return key
+        finally:
+            path.clear()
+
+    def _walk(self, path: list) -> tuple | None:
         chain = [(frame, self._info_of(frame.f_code)) for frame in path]  # innermost first
+        self._waiting = None
         try:
             # The tracked code's frames, outermost first (the root, then functions it defines)
             ours = [i for i in range(len(chain) - 1, -1, -1) if chain[i][1][1]]
@@ -289,6 +324,7 @@ class Sampler:
                         stepping.add(where)
                     elif where not in stepping:
                         kind, at = "input", i
+                        self._waiting = where
                         if where not in self.checked:
                             self.loops.add(where)
                             self.check = True
@@ -299,7 +335,6 @@ class Sampler:
             return (kind, code.co_filename, line.f_lineno or 0, code.co_name, via)
         finally:
             chain.clear()
-            path.clear()
 
     def check_at_sync(self, frame) -> None:
         """On the tracked thread, in a sync (when `check` is set): a `for` of the tracked code
