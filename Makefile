@@ -18,8 +18,8 @@ FRESH = tmp=$$(mktemp -d) && chmod 755 "$$tmp" && trap 'rm -rf "$$tmp"' EXIT && 
     RAY_TMPDIR="$$tmp" IPYTHONDIR="$$tmp/ipython" MPLCONFIGDIR="$$tmp/matplotlib" \
     JUPYTER_RUNTIME_DIR="$$tmp/jupyter-runtime" HF_HOME="$$tmp/huggingface" &&
 
-.PHONY: demo test test-current test-colab test-notebooks test-browser bench env doctor lint \
-    sync-notebooks
+.PHONY: demo test test-lane-1 test-lane-2 test-current test-current-1 test-current-2 test-colab \
+    test-notebooks test-browser bench env doctor lint sync-notebooks
 
 ## The main job: run notebooks/00_getting_started.ipynb headless on XLA:CPU, print its
 ## per-cell XLA report.
@@ -27,11 +27,32 @@ demo:
 	$(RUN) tools/run_notebook.py notebooks/00_getting_started.ipynb
 
 ## The whole test suite: the library and extension on the current notebook stack, the
-## extension again on Colab's stack, and every notebook with nbval.
-test: test-current test-colab test-notebooks
+## extension again on Colab's stack, and every notebook with nbval. It runs in two lanes
+## side by side, one per core (a pytest process keeps about one core busy); each lane's
+## output is printed when the lane ends. Ray's fake slices all start in lane 1. The
+## environment is set up once, before the lanes start (ENV=... passed down).
+test:
+	@echo "make test: two lanes side by side; each lane's output is printed when it ends"
+	@$(MAKE) --no-print-directory -j2 --output-sync=recurse ENV=$(ENV) test-lane-1 test-lane-2
 
-test-current:
-	$(FRESH) $(RUN) -m pytest tests -q --ignore=tests/browser --durations=15
+test-lane-1:
+	@$(MAKE) --no-print-directory -j1 -k test-current-1 test-colab
+test-lane-2:
+	@$(MAKE) --no-print-directory -j1 -k test-current-2 test-notebooks
+
+# The library's tests, in two parts of about the same length: the files named here, and
+# every other (a new test file joins part 2).
+CURRENT_1 = tests/test_pod.py tests/test_pod_start.py tests/test_real_models.py tests/test_kernel.py \
+    tests/test_cost.py tests/test_interrupts.py
+
+test-current: test-current-1 test-current-2
+
+test-current-1:
+	$(FRESH) $(RUN) -m pytest $(CURRENT_1) -q --durations=10
+
+test-current-2:
+	$(FRESH) $(RUN) -m pytest tests -q --ignore=tests/browser $(CURRENT_1:%=--ignore=%) \
+	    --durations=10
 
 test-colab:
 	$(FRESH) $(COLAB) -m pytest tests -q -m stack --ignore=tests/browser
