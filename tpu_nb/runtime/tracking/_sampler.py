@@ -228,9 +228,17 @@ class Sampler:
             due = min(max(due, previous), now)
             middle = (previous + due) / 2
             late = key if (now - due >= forced or last is None) else last
-            for what, lo, hi in ((last, previous, middle), (key, middle, due), (late, due, now)):
-                if what is not None and hi > lo:
-                    self._add(what, lo, hi)
+            if last == key == late:  # one state throughout (the usual case): one interval
+                if key is not None and now > previous:
+                    self._add(key, previous, now)
+            else:
+                for what, lo, hi in (
+                    (last, previous, middle),
+                    (key, middle, due),
+                    (late, due, now),
+                ):
+                    if what is not None and hi > lo:
+                        self._add(what, lo, hi)
             previous, last = now, key
         if last is not None:
             self._add(last, previous, clock())
