@@ -262,6 +262,31 @@ print(f"mean loss {total.item() / 8:.3f}")
     assert READ_ADVICE not in after.text and not after.advice, after.text
 
 
+def test_graphs_compiled_by_reads_after_the_loop_are_named_so_and_judge_no_step(cell):
+    # Four reads after the loop, each compiling a graph of its own (as a fresh process
+    # compiles a weight sum after training): their compiles took longer than the steps.
+    after = cell(
+        """
+model = make_mlp(47); opt = torch.optim.SGD(model.parameters(), 0.1)
+x = torch.randn(16, 47); y = torch.randint(0, 10, (16,))
+for step in range(6):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+norms = [float((p.detach() * (i + 3)).norm()) for i, p in enumerate(model.parameters())]
+"""
+    )
+    tail = after.report.anatomy.tail
+    steady = after.report.judgement.steady_steps
+    assert tail is not None and tail.compiles == 4, after.text
+    # as long as the steady steps themselves, the reads' compiles bound nothing
+    assert after.verdict is not None and after.verdict.kind != "compile-bound", after.text
+    assert "graphs after the loop's last sync (4)" in after.text, after.text
+    assert f"the verdict is about the {steady} steady steps" in after.text
+    # the steady steps' host lines (if sampled enough to be named) hold no line after the loop
+    assert all(h.line.line != 8 for h in after.report.judgement.steady_lines), after.text
+
+
 def test_a_step_closure_read_is_a_fact(cell):
     closure = cell(
         """

@@ -185,6 +185,22 @@ def test_a_loop_still_compiling_in_its_steady_steps_is_compile_bound_with_the_pa
     assert "pad or bucket" in judgement.verdict.fix and "recompiling at" in judgement.verdict.reason
 
 
+def test_a_graph_compiled_after_the_loop_is_no_steady_steps_time():
+    # nine steady steps of device work, then a read after the loop that compiles for 2 s
+    # while the host also waits 0.05 s for the last steps' work: the read's compile is no
+    # step's, the wait is
+    read_line = Frame(CELL, 9, "<module>")
+    events = [_compile(0, step=0, call=0), _compile(1, step=10, call=0, line=read_line)]
+    a = _steps(10, {0}, host=0.001, device=0.1)
+    end = a.steps[-1].end
+    tail = StepRecord(10, end, end + 2.1, compile=2.0, wait=0.05, read=0.05, compiles=1, reads=1)
+    anatomy = Anatomy(a.steps, tail, {}, a.wall_seconds + tail.wall, a.device_busy, None)
+    judgement = _policy.judge(_facts(events, 10, anatomy=anatomy))
+    assert judgement.verdict is not None and judgement.verdict.kind != "compile-bound"
+    assert judgement.compile_kinds == (_policy.FIRST, _policy.FIRST)
+    # (counted in, the compile would be 66 % of the time: "compile-bound ... (0 compiles)")
+
+
 # -- sites: a loop inside one call of the cell ---------------------------------------------------
 
 PURELIB = sysconfig.get_paths()["purelib"]
@@ -342,3 +358,14 @@ def test_a_line_with_time_of_two_kinds_says_which_is_which():
     )
     one_kind = Verdict("host-bound", "", "", (HostLine(line, via, 0.7, 0.7),) * 2)
     assert "tracing" not in one_kind.where  # the verdict's kind already says it
+
+
+def test_both_forms_of_the_device_loaders_copy_failure_are_named():
+    from tpu_nb.runtime.tracking._device_data import loader_copy_failed
+
+    old = RuntimeError("Check failed: data()->tensor_data")
+    assert loader_copy_failed(old) == "Check failed: data()->tensor_data"
+    seen = RuntimeError("Check failed: tensor_data: \n*** Begin stack trace ***\n\ttsl::...")
+    assert loader_copy_failed(seen) == "Check failed: tensor_data:"
+    assert loader_copy_failed(RuntimeError("Check failed: shape")) == ""
+    assert loader_copy_failed(None) == ""

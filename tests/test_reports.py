@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from tpu_nb.display.reports import EnvironmentView, RunView, group_findings
+from tpu_nb.display.reports import EnvironmentView, RunView, group_findings, one_time_cost
 from tpu_nb.runtime.metrics import MetricsDelta
 from tpu_nb.runtime.tracking import LineFinding, RunReport
 from tpu_nb.runtime.units import format_seconds
@@ -229,7 +229,7 @@ def test_one_time_cost_counts_each_kind_only_when_the_counts_add_up():
             verdict=None,
             steady_steps=0,
         )
-        return RunView._one_time(None, judgement)
+        return one_time_cost(judgement)
 
     assert one_time(["first", "first", "warm-up"], 3) == (
         "one-time cost: 3 compiles (1.00 s): the first step's graph (2), the steady step's"
@@ -237,3 +237,18 @@ def test_one_time_cost_counts_each_kind_only_when_the_counts_add_up():
     # a library's sites compiled such graphs after the first steps too: 5 named, 3 one-time
     text = one_time(["first"] * 3 + ["warm-up"] * 2, 3)
     assert text == "one-time cost: 3 compiles (1.00 s): the first step's graph, the steady step's"
+    # a line's first graph compiled after the loop's last sync (step 5 of 5 steps) is no step's
+    report = SimpleNamespace(
+        syncs=5, compile_events=[SimpleNamespace(step=s) for s in (0, 1, 5, 5)]
+    )
+    judgement = SimpleNamespace(
+        compile_kinds=["first", "warm-up", "first", "first"],
+        one_time_compiles=4,
+        one_time_seconds=1.0,
+        verdict=None,
+        steady_steps=0,
+    )
+    assert one_time_cost(judgement, report) == (
+        "one-time cost: 4 compiles (1.00 s): the first step's graph, the steady step's, "
+        "graphs after the loop's last sync (2)"
+    )

@@ -371,7 +371,7 @@ class RunView:
             notes.append(f"compile causes unknown for this cell: {problem}")
         judgement = getattr(self.report, "judgement", None)
         if judgement is not None and judgement.one_time_compiles and self._is_loop():
-            notes.append(self._one_time(judgement))
+            notes.append(one_time_cost(judgement, self.report))
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
             if judgement is not None and judgement.note:  # what the verdict leaves out
@@ -394,35 +394,6 @@ class RunView:
         return judgement is not None and (
             judgement.verdict is not None or judgement.note.startswith("too few steady")
         )
-
-    def _one_time(self, judgement) -> str:
-        """ "one-time cost: 2 compiles (444 ms), the first step's graph and the steady
-        step's; the verdict is about the 18 steady steps"."""
-        kinds = [k for k in judgement.compile_kinds if k]
-        n = judgement.one_time_compiles
-        counted = {kind: kinds.count(kind) for kind in ("first", "warm-up", "variant", "earlier")}
-        # counts per kind only when they add up to the one-time compiles (a library's sites
-        # also compile such graphs after the first steps: then the kinds alone are named)
-        exact = sum(counted.values()) == n
-        named = []
-        for kind, words in (
-            ("first", "the first step's graph"),
-            ("warm-up", "the steady step's"),
-            ("variant", "other graphs, each compiled once"),
-            ("earlier", "work earlier cells left pending"),
-        ):
-            count = counted[kind]
-            if count:
-                plain = count == 1 or kind == "variant" or not exact
-                named.append(words if plain else f"{words} ({count})")
-        text = (
-            f"one-time cost: {_count(n, 'compile')} ({format_seconds(judgement.one_time_seconds)})"
-        )
-        if named:
-            text += ": " + ", ".join(named)
-        if judgement.verdict is not None and judgement.steady_steps:
-            text += f"; the verdict is about the {judgement.steady_steps} steady steps"
-        return text
 
     def _marks(self) -> dict[int, list[FindingGroup]]:
         marks: dict[int, list[FindingGroup]] = {}
@@ -797,3 +768,45 @@ class TimingView:
             span(escape(t.summary()), RED if t.recompiles else OK, bold=t.recompiles),
             "tpunb-timing",
         )
+
+
+def one_time_cost(judgement, report=None) -> str:
+    """ "one-time cost: 2 compiles (444 ms), the first step's graph and the steady
+    step's; the verdict is about the 18 steady steps". `report`: the RunReport the
+    judgement's compile kinds are of (its compile events' steps against its steps)."""
+    # A line's first graph compiled after the loop's last sync (a read of the result) is
+    # no step's graph
+    steps = getattr(report, "syncs", 0) or 0
+    events = getattr(report, "compile_events", ()) or ((None,) * len(judgement.compile_kinds))
+    kinds = [
+        "after" if kind == "first" and steps and (getattr(e, "step", 0) or 0) >= steps else kind
+        for e, kind in zip(events, judgement.compile_kinds, strict=False)
+        if kind
+    ]
+    n = judgement.one_time_compiles
+    counted = {
+        kind: kinds.count(kind) for kind in ("first", "warm-up", "variant", "earlier", "after")
+    }
+    # counts per kind only when they add up to the one-time compiles (a library's sites
+    # also compile such graphs after the first steps: then the kinds alone are named)
+    exact = sum(counted.values()) == n
+    named = []
+    for kind, words in (
+        ("first", "the first step's graph"),
+        ("warm-up", "the steady step's"),
+        ("variant", "other graphs, each compiled once"),
+        ("earlier", "work earlier cells left pending"),
+        ("after", "graphs after the loop's last sync"),
+    ):
+        count = counted[kind]
+        if count:
+            plain = count == 1 or kind == "variant" or not exact
+            if kind == "after" and count == 1:
+                words = "a graph after the loop's last sync"
+            named.append(words if plain else f"{words} ({count})")
+    text = f"one-time cost: {_count(n, 'compile')} ({format_seconds(judgement.one_time_seconds)})"
+    if named:
+        text += ": " + ", ".join(named)
+    if judgement.verdict is not None and judgement.steady_steps:
+        text += f"; the verdict is about the {judgement.steady_steps} steady steps"
+    return text

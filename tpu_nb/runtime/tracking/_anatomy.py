@@ -857,10 +857,40 @@ def steady_verdict(
     compiled the warm-up graphs) and the run's `tail` (the wait for the device's work the
     last steps queued: an asynchronous loop's device time is mostly there), naming the
     run's sampled host lines where it is host- or input-bound."""
+    tail = waiting_only(tail)
     spans = [span for s in (*steps, *((tail,) if tail else ())) for span in s.device_spans]
     busy = _Busy(_union(spans))
     steady = _summarise(tuple(steps), tail, busy, _NoLoss(), host_lines, judged=False)
     return _placed(judge(steady), steady)
+
+
+def waiting_only(tail: StepRecord | None) -> StepRecord | None:
+    """The run's tail as the steady state has it: the host's wait for the work the last
+    steps queued, not the code after the loop (a read after it that compiles a graph of its
+    own, a print): that is no step's."""
+    if tail is None or tail.wait <= 0:
+        return None
+    from dataclasses import replace
+
+    return replace(
+        tail,
+        end=tail.start + tail.wait,
+        trace=0.0,
+        sync=0.0,
+        compile=0.0,
+        input=0.0,
+        read=0.0,
+        tpu_nb=0.0,
+        device=0.0,
+        idle=0.0,
+        to_device=0.0,
+        from_device=0.0,
+        executions=0,
+        compiles=0,
+        reads=0,
+        host_spans=(),
+        device_spans=(),
+    )
 
 
 _LOADER_FILES = ("torch/utils/data/",)  # and the backend's device loaders

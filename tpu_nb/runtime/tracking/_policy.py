@@ -692,13 +692,19 @@ def _for_target(verdict, step_cost, steady):
 
 
 def _steady_lines(a, steady, steps) -> tuple:
-    """The host lines of the steady steps: the run's, less the warm-up steps' time."""
-    if a.sampler is None or len(steady) == len(steps):
+    """The host lines of the steady steps: the run's, less the warm-up steps' time and the
+    code after the loop (the tail, but for its wait for the device: see
+    anatomy.waiting_only)."""
+    tail = anatomy.waiting_only(a.tail)
+    after = a.tail is not None and (tail is None or tail.wall < a.tail.wall)
+    if a.sampler is None or (len(steady) == len(steps) and not after):
         return a.host_lines
     kept = {s.index for s in steady}
-    warm = tuple((s.start, s.end) for s in steps if s.index not in kept)
-    wall = sum(s.wall for s in steady) + (a.tail.wall if a.tail else 0.0)
-    return a.sampler.lines(wall, without=warm)
+    left_out = [(s.start, s.end) for s in steps if s.index not in kept]
+    if a.tail is not None:
+        left_out.append((a.tail.start, a.tail.end))
+    wall = sum(s.wall for s in steady) + (tail.wall if tail else 0.0)
+    return a.sampler.lines(wall, without=tuple(left_out))
 
 
 def _one_time_seconds(report, one_time_steps: set[int]) -> float:
