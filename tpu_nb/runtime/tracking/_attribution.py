@@ -246,10 +246,9 @@ def findings(
 def _device_data_findings(report: RunReport, filename: str) -> list[LineFinding]:
     """A dataset on the device that a DataLoader indexed per sample: on the line that built
     it (tracking._device_data), with the loader's failure explained when the run failed so."""
-    FIX, LOADER_COPY_ERROR = device_data.FIX, device_data.LOADER_COPY_ERROR
     out = []
     error = report.error
-    crashed = error is not None and LOADER_COPY_ERROR in str(error)
+    crashed = device_data.loader_copy_failed(error)
     for i, found in enumerate(report.device_datasets):
         lines = sorted({line for file, line in found.built if file == filename})
         what = (
@@ -260,13 +259,15 @@ def _device_data_findings(report: RunReport, filename: str) -> list[LineFinding]
         )
         if crashed:
             what += (
-                f"; the cell's {type(error).__name__} ('Check failed: {LOADER_COPY_ERROR}') is "
-                "torch_xla's device loader failing that copy in its worker thread"
+                f"; the cell's {type(error).__name__} ('{crashed}') is torch_xla's device "
+                "loader failing that copy in its worker thread"
             )
         where = "" if lines else "outside this cell's code (built on the device elsewhere)"
         for line in lines or [0]:
             out.append(
-                LineFinding(line, "device-data", what, FIX, place=where, order=i, phase="run")
+                LineFinding(
+                    line, "device-data", what, device_data.FIX, place=where, order=i, phase="run"
+                )
             )
     return out
 

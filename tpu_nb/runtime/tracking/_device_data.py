@@ -7,7 +7,8 @@ tensor, each batch's graph stacks a batch of slices whose indices are constants 
 (a new graph for each batch of shuffled indices), and torch_xla's device loader
 (MpDeviceLoader, which accelerate's prepared loader is on XLA) copies the batches back to the
 host from its worker thread to send them to the device — where it can also fail in C++
-("Check failed: data()->tensor_data"). Data belongs on the host; the loader moves batches.
+("Check failed: data()->tensor_data", or "Check failed: tensor_data"). Data belongs on the
+host; the loader moves batches.
 
 While a run is tracked, the map-style fetcher of torch.utils.data (`_MapDatasetFetcher.fetch`,
 called once per batch, in whatever thread iterates the loader) is wrapped: the first batch of
@@ -28,8 +29,19 @@ from tpu_nb.runtime.probe import probe
 log = logging.getLogger("tpu_nb")
 
 # The error torch_xla's device loader raises when a batch it copies to the host is device
-# data (its worker thread's copy.copy of an XLA tensor).
-LOADER_COPY_ERROR = "data()->tensor_data"
+# data (its worker thread's copy.copy of an XLA tensor): "Check failed: data()->tensor_data"
+# or "Check failed: tensor_data: ", by the path the copy took.
+LOADER_COPY_ERROR = ("Check failed:", "tensor_data")
+
+
+def loader_copy_failed(error: BaseException | None) -> str:
+    """The first line of `error` when it is that failure ("" when not)."""
+    text = str(error) if error is not None else ""
+    if not all(part in text for part in LOADER_COPY_ERROR):
+        return ""
+    return next((line.strip() for line in text.splitlines() if "Check failed" in line), "")
+
+
 FIX = (
     'build the dataset on the host — torch.randn(..., device="cpu"), or in a cell without '
     "%%on_tpu, or from files — and let the loader move each batch (accelerate's prepared "
