@@ -870,27 +870,7 @@ def waiting_only(tail: StepRecord | None) -> StepRecord | None:
     own, a print): that is no step's."""
     if tail is None or tail.wait <= 0:
         return None
-    from dataclasses import replace
-
-    return replace(
-        tail,
-        end=tail.start + tail.wait,
-        trace=0.0,
-        sync=0.0,
-        compile=0.0,
-        input=0.0,
-        read=0.0,
-        tpu_nb=0.0,
-        device=0.0,
-        idle=0.0,
-        to_device=0.0,
-        from_device=0.0,
-        executions=0,
-        compiles=0,
-        reads=0,
-        host_spans=(),
-        device_spans=(),
-    )
+    return StepRecord(tail.index, tail.start, tail.start + tail.wait, wait=tail.wait, tail=True)
 
 
 _LOADER_FILES = ("torch/utils/data/",)  # and the backend's device loaders
