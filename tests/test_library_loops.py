@@ -11,6 +11,7 @@ cell afterwards does the same work.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
@@ -424,6 +425,12 @@ def test_a_dataset_built_on_the_device_is_named_with_its_fix(run, shell):
         sys.stdout = saved
     report = tpu_nb.last_report()
     found = _device_data(report)
+    # A loop the loader's copy failure stopped leaves the device loader's threads slicing
+    # the device data beside the next cells (torch_xla then fails in them): closed here.
+    from torch_xla.distributed.parallel_loader import ParallelLoader
+
+    for loader in [o for o in gc.get_objects() if isinstance(o, ParallelLoader)]:
+        loader.close()
     # on the line that built its tensors (line 7 of the cell, after the magic's), with the fix
     assert [f.line for f in found] == [7], text
     assert "TensorDataset of device tensors ([64, 16], [64])" in found[0].what, found
