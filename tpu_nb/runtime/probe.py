@@ -116,44 +116,43 @@ FALLBACK_ENTRY_POINTS = (
 class SyncEvent:
     """One `torch_xla.sync()` call.
 
-    frame: the caller's; entry: time.time() as the hook was entered; compiles_before:
-    UncachedCompile then; inner: called through torch_xla.torch_xla's global (torch_xla.
-    compile's syncs); plumbing: the runtime's own sync around a compiled function; own:
-    tpu_nb's own sync ("end": track()'s last, "guard-start": max_graphs' first), made for
-    `owner` (the run's recorder for "end"); start: the original called (after the
-    subscribers' `before`); end: it returned; launched: see below.
+    frame: the caller's; entry: time.time() as the hook was entered; inner: called through
+    torch_xla.torch_xla's global (torch_xla.compile's syncs); plumbing: the runtime's own sync
+    around a compiled function; loader: a device data loader's own sync; own: tpu_nb's own
+    sync ("end": track()'s last, "guard-start": max_graphs' first), made for `owner` (the
+    run's recorder for "end"); start: the original called (after the subscribers' `before`);
+    end: it returned; compiled: the graphs it compiled; launched: the graphs it ran (0: it had
+    nothing to run — a data loader's before its first batch, a library's after its loop —
+    and is no step of the user's; -1: not measured).
     """
 
     __slots__ = (
         "frame",
         "entry",
-        "compiles_before",
         "inner",
         "plumbing",
+        "loader",
         "own",
         "owner",
         "start",
         "end",
+        "compiled",
         "launched",
-        "loader",
-        "housekeeping",
+        "role",
+        "role_of",
     )
 
-    def __init__(self, frame, entry, compiles_before, inner, plumbing, own, owner):
+    def __init__(self, frame, entry, inner, plumbing, loader, own, owner):
         self.frame: FrameType = frame
         self.entry: float = entry
-        self.compiles_before: int = compiles_before
         self.inner: bool = inner
         self.plumbing: bool = plumbing
+        self.loader: bool = loader
         self.own: str = own
         self.owner: Any = owner
         self.start = self.end = 0.0
-        # The graphs it ran (0: it had nothing to run — a data loader's before its first
-        # batch, a library's after its loop — and is no step of the user's); -1: not
-        # measured. loader: a device data loader's own sync.
-        self.launched = -1
-        self.loader = False
-        self.housekeeping: bool | None = None  # a library's logging sync (asked once)
+        self.compiled, self.launched = 0, -1
+        self.role, self.role_of = "", None  # _libraries.sync_role's answer, for one run
 
 
 class ReadEvent:
@@ -519,13 +518,13 @@ class Probe:
             known = plumbing_codes.get(id(frame.f_code))  # _sync_kind's cache, inlined
             if known is None or known[0] is not frame.f_code:
                 known = _sync_kind(frame)
-            plumbing, loader = known[1], known[2]
-            event = SyncEvent(frame, entry, compiles, inner, plumbing, local.own, local.owner)
+            plumbing = known[1]
+            event = SyncEvent(frame, entry, inner, plumbing, known[2], local.own, local.owner)
             # Did it have anything to run? A graph to run is looked up in the compile cache,
             # in this thread (an execution's own counter moves later, in the runtime's
             # threads)
-            launched = (compiles or 0) + (counter("CachedCompile") or 0)
-            event.loader = loader
+            compiles = compiles or 0
+            launched = compiles + (counter("CachedCompile") or 0)
             states = {}
             for subscriber, before in probe.befores["sync"]:
                 states[subscriber] = before(event)
@@ -537,9 +536,9 @@ class Probe:
             finally:
                 local.in_sync = outer
             event.end = clock()
-            event.launched = (
-                (counter("UncachedCompile") or 0) + (counter("CachedCompile") or 0) - launched
-            )
+            uncached = counter("UncachedCompile") or 0
+            event.compiled = uncached - compiles
+            event.launched = uncached + (counter("CachedCompile") or 0) - launched
             for subscriber, after in probe.afters["sync"]:
                 after(event, states.get(subscriber))  # only max_graphs raises, on purpose
             return result

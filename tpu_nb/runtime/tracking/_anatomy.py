@@ -41,7 +41,6 @@ import gc
 import logging
 import threading
 import time
-import weakref
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -53,7 +52,7 @@ from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._cost import judged_chip
-from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_event
+from tpu_nb.runtime.tracking._libraries import sync_role
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
 
@@ -313,7 +312,6 @@ class Collector:
         self.lost_samples = False
         self.dropped_steps = 0
         self.loader_syncs = 0
-        self._loaders: weakref.WeakSet = weakref.WeakSet()  # device loaders' iterators
         self.empty_syncs = 0  # other syncs with nothing to run (a library's after its loop)
         # A library's logging syncs (Trainer's log, xm.mesh_reduce's rendezvous): work of the
         # step they are in, not steps (entry, call, return)
@@ -391,19 +389,15 @@ class Collector:
             return
         kind = type(event)
         if kind is SyncEvent:
-            first_batch = event.loader and first_loader_sync(event.frame, self._loaders)
-            if event.launched == 0 and event.loader:  # nothing to run: no step
+            role = "own" if event.owner is recorder else sync_role(event, recorder.loaders)
+            if role == "loader":
                 self.loader_syncs += 1
-            elif event.launched == 0 and not event.own:  # a library's, after its loop
+            elif role == "empty":
                 self.empty_syncs += 1
-            elif event.plumbing or event.owner is recorder:
-                pass
-            elif first_batch or housekeeping_event(event):
-                # a loader's before its first batch (it runs what was set up before the loop),
-                # a library's logging between two steps: work of a step, no step
+            elif role == "inner":
                 self.inner_syncs.append((event.entry, event.start, event.end))
                 self.inner_total += 1
-            else:
+            elif role == "step":
                 sampler = self.sampler
                 if sampler is not None and sampler.check:  # rare: a new loop's first sync
                     self._check_loop(sampler, event)

@@ -121,12 +121,29 @@ def housekeeping_sync(frame) -> bool:
     return found is not None and bool(_housekeeping_answer(found.f_code))
 
 
-def housekeeping_event(event) -> bool:
-    """`housekeeping_sync` of a sync event's caller, found once for all its subscribers."""
-    known = event.housekeeping
-    if known is None:
-        known = event.housekeeping = housekeeping_sync(event.frame)
-    return known
+def sync_role(event, loaders) -> str:
+    """What a sync is to a run, found once for the run's subscribers (the recorder's step
+    count and the step anatomy agree): "loader" (a device loader's, with nothing to run),
+    "empty" (nothing else to run: a library's after its loop), "plumbing" (the runtime's own
+    around a compiled function), "inner" (a loader's before its first batch, which runs what
+    the code set up before the loop, or a library's logging between two steps: work of a
+    step, no step) or "step". `loaders`: the run's device loader iterators seen so far (a
+    weakref.WeakSet, added to). The caller tells tpu_nb's own end-of-run sync apart."""
+    if event.role_of is loaders:
+        return event.role
+    first_batch = event.loader and first_loader_sync(event.frame, loaders)
+    if event.launched == 0 and event.loader:
+        role = "loader"
+    elif event.launched == 0 and not event.own:
+        role = "empty"
+    elif event.plumbing:
+        role = "plumbing"
+    elif first_batch or housekeeping_sync(event.frame):
+        role = "inner"
+    else:
+        role = "step"
+    event.role_of, event.role = loaders, role
+    return role
 
 
 def _housekeeping_answer(code) -> bool | None:

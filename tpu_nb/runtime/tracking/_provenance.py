@@ -55,7 +55,7 @@ from tpu_nb.runtime.sources import (
 )
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
-from tpu_nb.runtime.tracking._libraries import first_loader_sync, housekeeping_event
+from tpu_nb.runtime.tracking._libraries import sync_role
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
@@ -231,7 +231,8 @@ class Recorder:
         self._shapes_at: dict[tuple[str, int], tuple] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
-        self._loaders: weakref.WeakSet = weakref.WeakSet()  # device loaders' iterators
+        # device loaders' iterators seen (their first sync is no step): the run's
+        self.loaders: weakref.WeakSet = weakref.WeakSet()
         self.active = False
 
     # -- subscribing --------------------------------------------------------------------------
@@ -300,20 +301,13 @@ class Recorder:
                 if end > state:
                     self.recording.own_end.append((state, end))
                 return
-            if event.plumbing:  # not a step: its compiles are still anchored
-                self._after_sync(event, None, None, counted=False)
-            else:
-                graph, site = state if state is not None else (None, None)
-                # nor one with nothing to run, nor a library's logging sync inside a step,
-                # nor a data loader's before its first batch (it runs what the code set up
-                # before the loop: part of the first step), as the step anatomy counts
-                first_batch = event.loader and first_loader_sync(event.frame, self._loaders)
-                counted = not (
-                    (event.launched == 0 and not event.own)
-                    or first_batch
-                    or housekeeping_event(event)
-                )
-                self._after_sync(event, graph, site, counted=counted)
+            graph, site = state if state is not None else (None, None)
+            # not a step: one with nothing to run, the runtime's own around a compiled
+            # function (its compiles are still anchored), a library's logging sync inside a
+            # step, a data loader's before its first batch (it runs what the code set up
+            # before the loop: part of the first step), as the step anatomy counts
+            role = sync_role(event, self.loaders)
+            self._after_sync(event, graph, site, counted=role == "step")
         elif kind is ReadEvent:
             if event.counters_after != event.counters_before or event.copied:
                 graph, site = state if state is not None else (None, None)
@@ -328,7 +322,7 @@ class Recorder:
 
     def _after_sync(self, event, graph, site, *, counted: bool) -> None:
         try:
-            compiles = (self._counter("UncachedCompile") or 0) - (event.compiles_before or 0)
+            compiles = event.compiled
             if compiles > 0:
                 site = site or self.site_of(event.frame)
                 if event.own and not site.own:
