@@ -46,11 +46,10 @@ def _tracked(sampling: bool, rates: list | None = None):
     Collector.sample_interval = saved if sampling else None
     try:
         with tpu_nb.track(wait=False) as report:
-            collector = report.anatomy
             yield report
     finally:
         Collector.sample_interval = saved
-    sampler = collector.sampler
+    sampler = report.anatomy.sampler if report.anatomy is not None else None
     if rates is not None and sampler is not None:
         rates.append((sampler.rate, sampler.cpu_seconds / (sampler.stopped - sampler.started)))
 
