@@ -100,7 +100,8 @@ FALLBACK_ENTRY_POINTS = (
     # An op's backward that falls back (F.interpolate's, in diffusers' upsampling) runs from
     # C++ inside backward(): hooked from the start, its first step is placed on that line too,
     # with the compile its inputs force. Without a fallback the hook reads an empty list.
-    ("Tensor", "backward"),
+    # (Tensor.backward calls torch.autograd.backward: one hook serves both, and the site walks
+    # past torch/_tensor.py to the line that called it.)
     ("autograd", "backward"),
     # Runs on the device, but its backward falls back: where the forward was called from
     # (a library's upsampling) is where that fallback comes from.
@@ -285,7 +286,7 @@ class _Local(threading.local):
     in_sync = False  # inside a sync: reads are its step closures
     depth = 0  # inside a read hook: nested reads are its own
     in_next = False  # inside a loader's __next__ (MpDeviceLoader's nests another)
-    in_fallback = False  # inside a fallback hook (Tensor.backward calls autograd.backward)
+    in_fallback = False  # inside a fallback hook (an entry point calling another)
     runs: list | None = None  # tracked runs open on this thread, innermost last
 
 
@@ -605,32 +606,24 @@ class Probe:
             if not probe.listeners["fallback"] or local.in_fallback or probe._compiling():
                 return as_caller(frame)(original, args, kwargs)
             compiles = probe._counter("UncachedCompile")
-            event = FallbackEvent(frame, args, compiles, backward, name)
-            if backward and not probe._fallbacks():
-                # Every training step's backward passes here. While no op of this process
-                # has fallen back, the subscribers have no counts to take before it: they
-                # are asked only if one falls back inside it (their "before" then sees the
-                # counts as they were: none).
-                local.in_fallback = True
-                try:
-                    result = as_caller(frame)(original, args, kwargs)
-                finally:
-                    local.in_fallback = False
-                if not probe._fallbacks():
-                    return result
-                event.none_before = True
-                states = {s: before(event) for s, before in probe.befores["fallback"]}
-                for subscriber, after in probe.afters["fallback"]:
-                    after(event, states.get(subscriber))
-                return result
-            states = {}
-            for subscriber, before in probe.befores["fallback"]:
-                states[subscriber] = before(event)
+            # Every training step's backward passes here. While no op of this process has
+            # fallen back, the subscribers have no counts to take before it: they are asked
+            # only if one falls back inside it (their "before" then sees the counts as they
+            # were: none).
+            quiet = backward and not probe._fallbacks()
+            event = None if quiet else FallbackEvent(frame, args, compiles, backward, name)
+            states = {s: before(event) for s, before in probe.befores["fallback"]} if event else {}
             local.in_fallback = True
             try:
                 result = as_caller(frame)(original, args, kwargs)
             finally:
                 local.in_fallback = False
+            if event is None:
+                if not probe._fallbacks():
+                    return result
+                event = FallbackEvent(frame, args, compiles, backward, name)
+                event.none_before = True
+                states = {s: before(event) for s, before in probe.befores["fallback"]}
             for subscriber, after in probe.afters["fallback"]:
                 after(event, states.get(subscriber))
             return result

@@ -746,7 +746,7 @@ def _entry_points_for(counter: str) -> list[tuple[str, str]]:
     torch.unique; "aten::median.dim_values" -> torch.median and Tensor.median."""
     base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
     if base.endswith("_backward"):  # autograd calls it from C++, inside backward()
-        return [("Tensor", "backward"), ("autograd", "backward")]
+        return [("autograd", "backward")]  # Tensor.backward calls it
     base = USER_OPS.get(base, base).split(".")[-1]
     return [("torch", base), ("Tensor", base), ("functional", base)]
 
