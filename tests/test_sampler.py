@@ -419,7 +419,9 @@ def test_a_long_run_is_sampled_less_and_less_often():
     thread = threading.Thread(target=waits)
     thread.start()
     base = 0.0002
-    sampler = Sampler(thread.ident, root_codes=(waits.__code__,), interval=base).start()
+    # (no CPU budget: this is about the length's rule alone)
+    sampler = Sampler(thread.ident, root_codes=(waits.__code__,), interval=base, budget=None)
+    sampler.start()
     try:
         time.sleep(3 * base * _SPAN_SAMPLES)
     finally:
@@ -431,6 +433,40 @@ def test_a_long_run_is_sampled_less_and_less_often():
     # past base * _SPAN_SAMPLES the interval is the run's length so far / _SPAN_SAMPLES (its
     # last sample's: at most the whole run's)
     assert 1.5 * base < sampler.interval <= elapsed / _SPAN_SAMPLES, (sampler.interval, elapsed)
+
+
+def test_a_long_run_keeps_sampling_to_its_cpu_budget():
+    """Asked for a sample every 0.2 ms of a thread with a deep stack, the sampler keeps that
+    rate for the run's first second, then spaces its samples so that its own CPU time comes
+    down to about BUDGET of the run (at the asked rate it would be tens of times that)."""
+    import threading
+    import time
+
+    from tpu_nb.runtime.tracking._sampler import _FREE, BUDGET, Sampler
+
+    stop = threading.Event()
+
+    def waits(depth):  # lets the GIL go, 60 frames deep
+        if depth:
+            return waits(depth - 1)
+        while not stop.is_set():
+            time.sleep(0.0001)
+
+    thread = threading.Thread(target=waits, args=(60,))
+    thread.start()
+    sampler = Sampler(thread.ident, root_codes=(waits.__code__,), interval=0.0002).start()
+    try:
+        time.sleep(_FREE)
+        first = sampler.samples
+        time.sleep(4 * _FREE)
+    finally:
+        sampler.stop()
+        stop.set()
+        thread.join()
+    assert first > 100 and sampler.attributed > first  # sampled fast, then on
+    per_sample = sampler.cpu_seconds / sampler.samples
+    later = (sampler.samples - first) * per_sample / (sampler.stopped - sampler.started - _FREE)
+    assert later < 2 * BUDGET, (first, sampler.samples, per_sample)
 
 
 def device_loader_loop(steps: int = 12):

@@ -25,7 +25,10 @@ it holds references to the tracked thread's frames only while it walks them, thr
 next sync's graph), and it is joined when the run ends. Its cost
 is the walk (a few µs to tens of µs, holding the GIL) at most 1/INTERVAL times a second for
 the run's first INTERVAL * _SPAN_SAMPLES seconds, then less and less often: the interval grows
-to the run's length / _SPAN_SAMPLES (`benchmarks/bench_sampler.py`).
+to the run's length / _SPAN_SAMPLES. After the run's first second (a short cell keeps every
+sample it can get) the interval is also at least what a sample has cost the thread so far /
+BUDGET: a deep stack is sampled less often, so that a long run's sampling keeps to about
+BUDGET of one CPU (`benchmarks/bench_sampler.py`).
 
 The GIL makes the reading exact in time only to the switch interval: a sample wanted while the
 tracked thread runs Python waits until it lets the GIL go — at a torch call, or forced after
@@ -58,6 +61,8 @@ INTERVAL = 0.005  # seconds between two samples (200 Hz asked), at first
 # long run's host time still gets ~10 samples of each _SPAN_SAMPLES, and a run of minutes
 # costs a few samples a second, not 200.
 _SPAN_SAMPLES = 1000
+BUDGET = 0.004  # of one CPU: the sampling thread's time at most, after the run's first second
+_FREE = 1.0  # seconds sampled at the asked interval, whatever a sample costs
 MIN_SAMPLED = 10  # intervals' worth of sampled time before lines are named
 _GAP = 0.0005  # at least this long asleep between two samples (the GIL let go)
 _MAX_SPANS = 65_536  # input spans kept (merged: one per stretch of input samples)
@@ -117,6 +122,7 @@ class Sampler:
         root_codes: tuple = (),
         root_frame=None,
         interval: float = INTERVAL,
+        budget: float | None = BUDGET,
         clock=time.time,
     ):
         codes = tuple(c for c in root_codes if c is not None)
@@ -127,6 +133,7 @@ class Sampler:
         self._file = anchor.co_filename if anchor is not None else None
         self._tid = thread_id
         self.interval = interval
+        self._budget = budget
         self._clock = clock
         self._gate = threading.Lock()  # held until stop(): the thread waits on it
         self._gate.acquire()
@@ -202,7 +209,7 @@ class Sampler:
             log.debug("tpu_nb: the host sampler stopped", exc_info=True)
 
     def _loop(self) -> None:
-        clock, interval, gate = self._clock, self.interval, self._gate
+        clock, interval, gate, budget = self._clock, self.interval, self._gate, self._budget
         forced = sys.getswitchinterval() * 0.8
         cpu = time.thread_time()
         previous, last = clock(), None
@@ -212,7 +219,10 @@ class Sampler:
         while not gate.acquire(timeout=max(_GAP, deadline - clock())):
             due, now = deadline, clock()
             # Deadline pacing: a sample delayed by the GIL does not lower the rate.
-            interval = self.interval = max(base, (now - start) / _SPAN_SAMPLES)
+            interval = max(base, (now - start) / _SPAN_SAMPLES)
+            if budget and now - start > _FREE:
+                interval = max(interval, (time.thread_time() - cpu) / self.samples / budget)
+            self.interval = interval
             deadline = max(deadline + interval, now + _GAP)
             key = self._sample()
             if key is False:
