@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
-from tpu_nb.runtime.tracking._cost import judged_chip
+from tpu_nb.runtime.tracking._cost import judged_chip, union
 from tpu_nb.runtime.tracking._libraries import sync_role
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
@@ -432,7 +432,7 @@ class Collector:
         spans = [
             (s, e) for s, e, loop in _tail(sampler.input_spans, events) if loop not in stepping
         ]
-        cuts = _union(
+        cuts = union(
             [(e, r) for e, _, r in _tail(self.syncs, events)]
             + [(e, r) for e, _, r in _tail(self.inner_syncs, events)]
             + [(e, r) for e, _, r in _tail(self.reads, events)]
@@ -545,16 +545,6 @@ class _Busy:
         total -= max(0.0, lo - self.starts[i])
         total -= max(0.0, self.ends[j - 1] - hi)
         return max(0.0, total)
-
-
-def _union(spans) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for s, e in sorted(spans):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    return [(s, e) for s, e in merged]
 
 
 def _cut(spans, cuts) -> list[tuple[float, float]]:
@@ -686,7 +676,7 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     # the loaders' wrapper may have seen the same wait: counted once.
     sampled = filter(keep, collector.sampled_inputs(events))
     for i, items in _assign(sampled, lambda s: s[1], bounds).items():
-        inputs[i] = _union(inputs.get(i, []) + items)
+        inputs[i] = union(inputs.get(i, []) + items)
     for i, items in inputs.items():
         windows[i].inputs = items
     for i, items in _assign(
@@ -713,7 +703,7 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
             owned.setdefault(owner, []).append(x[:3])
     for owner, items in owned.items():
         windows[owner].executions = items
-    busy = _Busy(_union((b, e) for _, b, e, _ in executions))
+    busy = _Busy(union((b, e) for _, b, e, _ in executions))
     records = [_record(first + i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
     tail = records[-1] if end is not None and records[-1].tail else None
@@ -829,8 +819,6 @@ def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
     """The verdict as far as the timeline alone shows (a live view's): the steady state is
     the steps after the run's first compiling steps (the first step and its warm-up). A
     finished run's verdict is the policy's (tracking._policy), from the compile facts."""
-    from dataclasses import replace
-
     steps = anatomy.steps
     lead = 0
     while lead < min(len(steps), _LIVE_WARM_UP) and steps[lead].compiles:
@@ -853,7 +841,7 @@ def steady_verdict(
     run's sampled host lines where it is host- or input-bound."""
     tail = waiting_only(tail)
     spans = [span for s in (*steps, *((tail,) if tail else ())) for span in s.device_spans]
-    busy = _Busy(_union(spans))
+    busy = _Busy(union(spans))
     steady = _summarise(tuple(steps), tail, busy, _NoLoss(), host_lines, judged=False)
     return _placed(judge(steady), steady)
 
@@ -877,8 +865,6 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
     sampler's); an input wait outside a DataLoader gets the iterator's fix."""
     if verdict is None or not a.host_lines:
         return verdict
-    from dataclasses import replace
-
     if verdict.kind == "host-bound":
         kinds: tuple[str, ...] = ("host", "sync")
     elif verdict.kind == "input-bound":

@@ -413,7 +413,7 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
     if not steps:
         return cost
     walls = sorted(s.wall for s in steps)
-    busy = _union(span for s in steps for span in s.device_spans)
+    busy = union(span for s in steps for span in s.device_spans)
     ends = [b for _, b in busy]
     host = sorted(s.trace + s.input + _own_sync(s, busy, ends) for s in steps)
     device = sorted(s.device for s in steps)
@@ -431,7 +431,7 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
     return timed_cost
 
 
-def _union(spans) -> list[tuple[float, float]]:
+def union(spans) -> list[tuple[float, float]]:
     """Time spans as sorted, disjoint spans covering the same time."""
     out: list[tuple[float, float]] = []
     for a, b in sorted(spans):
