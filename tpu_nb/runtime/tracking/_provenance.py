@@ -224,11 +224,14 @@ class Recorder:
         self.force_capture: set[tuple[str, int]] = set()
         self._tried: set[tuple] = set()  # sites captured (or tried) in this run
         self._captured_here: dict[tuple, int] = {}
-        # Lines that compiled more than one graph are watched: the shapes of the tensors the
-        # tracked code names (~2 us for a cell's 20 names) are compared at each of their
-        # syncs, and a change (a ragged last batch) captures the graph about to compile.
+        # Lines that compiled are watched: the shapes of the tensors the tracked code names
+        # are compared at each of their syncs, and a change (a ragged last batch) captures
+        # the graph about to compile. The names that hold tensors are found once per line
+        # (looking up every name the code uses cost ~10 us a sync in a script's namespace),
+        # and again when one no longer does.
         self._compiled_at: dict[tuple[str, int], int] = {}
         self._shapes_at: dict[tuple[str, int], tuple] = {}
+        self._tensor_names: dict[tuple[str, int], tuple[str, ...]] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
         # device loaders' iterators seen (their first sync is no step): the run's
@@ -588,11 +591,15 @@ class Recorder:
 
     def _shapes_changed(self, root, key) -> bool:
         values: Any = frame_variables(root)
-        shapes = tuple(
-            (v.shape, v.dtype)
-            for v in (values.get(n) for n in self._names)
-            if type(v) in _TENSOR_TYPES
-        )
+        names = self._tensor_names.get(key)
+        if names is None:
+            names = tuple(n for n in self._names if type(values.get(n)) in _TENSOR_TYPES)
+            self._tensor_names[key] = names
+        try:
+            shapes = tuple([(values[n].shape, values[n].dtype) for n in names])
+        except (KeyError, AttributeError):  # a name no longer holds a tensor: a change
+            del self._tensor_names[key]
+            shapes = ()
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
         return before is not None and before != shapes
