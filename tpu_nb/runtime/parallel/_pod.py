@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_nb.runtime.metrics import MetricsDelta
-from tpu_nb.runtime.parallel._results import ReplicaCrash, ReplicaError
+from tpu_nb.runtime.parallel._results import ReplicaCrash, ReplicaError, quantile
 from tpu_nb.runtime.tracking import graph_facts
 from tpu_nb.runtime.units import format_seconds
 
@@ -102,8 +102,7 @@ class Divergence:
     changed: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        text = self.what + (": " + "; ".join(self.changed) if self.changed else "")
-        return text
+        return self.what + (": " + "; ".join(self.changed) if self.changed else "")
 
 
 @dataclass(frozen=True, repr=False)
@@ -158,13 +157,6 @@ class PodResult:
         lines += [f"  DIVERGED: {d}" for d in self.divergences]
         lines += [f"  {note}" for note in self.notes]
         return "\n".join(lines)
-
-
-def quantile(values, q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def host_list(hosts) -> str:
