@@ -182,13 +182,9 @@ def _placements(ray, group, nodes) -> list[tuple[int, int, str]]:
 
     bundle_nodes = placement_group_table(group).get("bundles_to_node_id", {})
     worker_ids = {n["NodeID"]: (n.get("Labels") or {}).get("ray.io/tpu-worker-id") for n in nodes}
-    rows = []
-    for bundle in sorted(bundle_nodes):
-        node = bundle_nodes[bundle]
-        rows.append((worker_ids.get(node), int(bundle), node))
+    rows = [(worker_ids.get(node), int(b), node) for b, node in sorted(bundle_nodes.items())]
     ids = [r[0] for r in rows]
-    numbered = all(i is not None and i.isdigit() for i in ids) and len(set(ids)) == len(ids)
-    if numbered:
+    if all(i is not None and i.isdigit() for i in ids) and len(set(ids)) == len(ids):
         rows.sort(key=lambda r: int(str(r[0])))
     return [(host, bundle, node) for host, (_, bundle, node) in enumerate(rows)]
 
@@ -244,11 +240,8 @@ class _Hosts:
             try:
                 info = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:
-                first = (
-                    str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-                )
                 info = {
-                    "error": first,
+                    "error": _last_line(exc),
                     "fix": "install the same tpu_nb, torch and torch_xla on every host of "
                     'the slice (pip install "tpu_nb[pod]")',
                 }
@@ -266,12 +259,10 @@ class _Hosts:
             except ray.exceptions.GetTimeoutError:
                 raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s") from None
             except ray.exceptions.RayError as exc:
-                said = str(exc).strip().splitlines()
                 raise EnvironmentProblem(
-                    f"host {host} could not load the work: "
-                    f"{said[-1].strip() if said else type(exc).__name__}. Fix: define the "
-                    "function in the notebook (sent by value), or install its module on "
-                    "every host"
+                    f"host {host} could not load the work: {_last_line(exc).strip()}. Fix: "
+                    "define the function in the notebook (sent by value), or install its "
+                    "module on every host"
                 ) from None
         running = dict(enumerate(self.actors))
         now = time.monotonic()
@@ -415,6 +406,12 @@ class _Hosts:
         ]
         with suppress(Exception):  # best effort: the next launch on that host sweeps too
             self.ray.wait(refs, num_returns=len(refs), timeout=30)
+
+
+def _last_line(exc: BaseException) -> str:
+    """The last line of what Ray said, else the error's type."""
+    said = str(exc).strip().splitlines()
+    return said[-1] if said else type(exc).__name__
 
 
 def _work(fn, args) -> tuple:

@@ -60,15 +60,6 @@ from tpu_nb.runtime.parallel._results import (
 from tpu_nb.runtime.parallel._spmd import run_spmd
 
 MODES = ("replicas", "spmd")
-# The backend's functions that communicate between replicas (torch_xla: xla_model's).
-COLLECTIVES = backend().launch.collectives
-
-MODES_BY_DEVICE = {
-    "TPU": "replicas (a process per chip; collectives work) and spmd",
-    "CPU": "replicas without collectives (threads in one process; torch_xla 2.9 hangs on "
-    "collectives between XLA:CPU devices, pytorch/xla #5005, #9089), and spmd "
-    "(data parallel over CPU_NUM_DEVICES virtual devices)",
-}
 
 
 # -- inside the launcher process --------------------------------------------------------------
