@@ -124,16 +124,16 @@ class HostWorker:
         os.environ["TPU_NB_HOST_INDEX"], os.environ["TPU_NB_HOST_COUNT"] = str(host), str(hosts)
         from tpu_nb.runtime.environment import setup
 
-        chosen = "unknown"
+        info: dict = {"pid": os.getpid(), "device": "unknown"}
         try:
             env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
-            chosen = env.pjrt_device or ""
+            info["device"] = env.pjrt_device or ""
             # Starting the device here, not in the work's thread: a device that cannot start
             # (no libtpu, a broken install) is one clear error before any host runs the work.
             backend().devices.device()
         except Exception as exc:
-            return {"pid": os.getpid(), "device": chosen, **_start_failure(exc, device, chosen)}
-        return {"pid": os.getpid(), "device": chosen}
+            info.update(_start_failure(exc, device, info["device"]))
+        return info
 
     def start(self, work, started_at: float) -> None:
         """Run `work` (fn, args, source, filename) in a thread; poll() reports on it."""

@@ -49,7 +49,7 @@ from tpu_nb.runtime.parallel._pod import (
     host_list,
     sync_divergences,
 )
-from tpu_nb.runtime.parallel._results import record_of
+from tpu_nb.runtime.parallel._results import not_sent_back, record_of
 
 NO_RAY = (
     "launching on a slice's hosts needs Ray, which is not installed here. "
@@ -548,12 +548,7 @@ def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float, reserved_at, ready_
             f"ran on {len(lined_up)} of the slice's {reserved.hosts_in_slice} hosts: on a real "
             "slice, torch_xla's multi-host runtime starts on every host (hosts='all')"
         )
-    notes += [
-        f"Host {h.host}'s return value could not be sent back ({h.value_error}), so its value "
-        "is None. Fix: return plain data (numbers, lists, tensors moved with .cpu())."
-        for h in lined_up
-        if h.value_error
-    ]
+    notes += [not_sent_back(f"Host {h.host}", h.value_error) for h in lined_up if h.value_error]
     unknown = [h.host for h in lined_up if not h.compile_analysis]
     if unknown:
         notes.append(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import errno
 import faulthandler
+import glob
 import os
 import pickle
 import re
@@ -54,6 +55,7 @@ from tpu_nb.runtime.parallel._results import (
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
+    not_sent_back,
     record_of,
     user_traceback,
 )
@@ -457,13 +459,7 @@ class _Run:
         """Replica processes that ended other than by exiting 0: (pid, 'exit N' or 'signal
         N', the ordinals it ran)."""
         out: list[tuple[int, str, list[int]]] = []
-        try:
-            names = sorted(os.listdir(self.rundir))
-        except OSError:
-            return out
-        for name in names:
-            if not name.startswith("ended-"):
-                continue
+        for name in sorted(glob.glob("ended-*", root_dir=self.rundir)):
             pid = int(name[6:])
             with open(os.path.join(self.rundir, name)) as f:
                 how = f.read().strip()
@@ -583,9 +579,7 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
             "worker process that received the function and its variables by value.",
         )
     notes += tuple(
-        f"Replica {r['ordinal']}'s return value could not be sent back ({r['value_error']}), "
-        "so its value is None. Fix: return plain data (numbers, lists, tensors moved with "
-        ".cpu())."
+        not_sent_back(f"Replica {r['ordinal']}", r["value_error"])
         for r in raw
         if r.get("value_error")
     )

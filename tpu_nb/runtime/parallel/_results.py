@@ -113,6 +113,14 @@ class LaunchResult:
         return "\n".join([self.summary(), *self.notes])
 
 
+def not_sent_back(who: str, error: str) -> str:
+    """The launch's note on a return value that could not travel back."""
+    return (
+        f"{who}'s return value could not be sent back ({error}), so its value is None. Fix: "
+        "return plain data (numbers, lists, tensors moved with .cpu())."
+    )
+
+
 def _median(steps) -> str:
     return format_seconds(quantile(steps, 0.5)) if steps else "-"
 
