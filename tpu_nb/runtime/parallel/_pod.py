@@ -23,12 +23,11 @@ MIN_STEPS = 3
 class HostError(ReplicaError):
     """A host raised; `traceback` is its traceback (the cell's lines), `host` which host."""
 
+    _unit = "host"
+
     def __init__(self, host: int, hosts: int, summary: str, trace: str):
-        self.ordinal, self.world, self.traceback = host, hosts, trace
         self.host, self.hosts = host, hosts
-        Exception.__init__(
-            self, f"host {host} of {hosts} failed: {summary} (the other hosts were stopped)"
-        )
+        super().__init__(host, hosts, summary, trace)
 
 
 class HostLost(ReplicaCrash):
@@ -36,13 +35,13 @@ class HostLost(ReplicaCrash):
     Ray said."""
 
     def __init__(self, host: int, reason: str, stack: str = ""):
-        self.signal, self.where, self.stack, self.host = reason, f"host {host}", stack, host
-        Exception.__init__(
-            self,
+        self.host = host
+        message = (
             f"host {host}'s process {reason}; the other hosts were stopped. Fix: run the "
             "cell again; if it happens again, Ray's report is in this error's .stack "
-            "attribute (and the host's log under /tmp/ray/session_latest/logs).",
+            "attribute (and the host's log under /tmp/ray/session_latest/logs)."
         )
+        super().__init__(reason, f"host {host}", stack, message=message)
 
 
 @dataclass(frozen=True)
