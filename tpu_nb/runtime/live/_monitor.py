@@ -37,6 +37,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
@@ -136,6 +137,7 @@ class DeviceMemory:
         if now - self._read_at < self.interval:
             return (*self._last, "")
         self._read_at = now
+        failure = None
         if not self._via_tpu_info:
             try:
                 memory = current_backend().devices.memory(self.device)
@@ -144,13 +146,9 @@ class DeviceMemory:
             except Exception as exc:  # XLA:CPU: "UNIMPLEMENTED: GetAllocatorStats ..."
                 failure = exc
             self._via_tpu_info = True
-        else:
-            failure = None
-        figures = _tpu_info_memory()
-        if figures is not None:
-            self._last = figures
-            return (*figures, "")
-        if self._last != (None, None, None):  # tpu-info answered before: a hiccup
+        # tpu-info's figures; when it does not answer, the last ones (a hiccup) if any
+        self._last = _tpu_info_memory() or self._last
+        if self._last != (None, None, None):
             return (*self._last, "")
         cpu = "CPU" in self.device.upper() or _pjrt() == "CPU"
         if cpu or failure is None or "UNIMPLEMENTED" in str(failure):
@@ -206,12 +204,10 @@ class StepClock:
     def new_intervals(self, per_step: int) -> list[float]:
         """Intervals (seconds) between step completions recorded since the last call."""
         metric = current_backend().counters.metric
-        readings = {}
-        for name in _EXECUTE_METRICS:
-            data = metric(name)
-            if data is not None:
-                readings[name] = (data.count, data.samples)
-        return self.feed(per_step, readings)
+        found = {name: metric(name) for name in _EXECUTE_METRICS}
+        return self.feed(
+            per_step, {n: (d.count, d.samples) for n, d in found.items() if d is not None}
+        )
 
     def feed(self, per_step: int, readings: dict) -> list[float]:
         """The intervals in metric readings: name -> (samples recorded in total, the buffer's
@@ -278,25 +274,12 @@ class RecompilationAlert:
     growing: bool = False  # each graph adds the same ops: no sync cuts the step's graph
 
     def describe(self) -> str:
+        compiled = f"{place_text(self.place)} compiled {len(self.graphs)}"
         if self.settled:
-            return (
-                f"{place_text(self.place)} compiled {len(self.graphs)} distinct graphs, "
-                "each once, then ran cached"
-            )
+            return f"{compiled} distinct graphs, each once, then ran cached"
         if self.growing:
-            return (
-                f"{place_text(self.place)} compiled {len(self.graphs)} graphs, each bigger "
-                "than the last: the graph grows every step"
-            )
-        return (
-            f"{place_text(self.place)} compiled {len(self.graphs)} distinct graphs "
-            f"(more than {self.limit})"
-        )
-
-
-def _diff_lines(before, after) -> tuple[str, ...]:
-    """What differs between two captured Graphs, as the report's findings say it."""
-    return graph_facts(before, after)
+            return f"{compiled} graphs, each bigger than the last: the graph grows every step"
+        return f"{compiled} distinct graphs (more than {self.limit})"
 
 
 class SyncProbe:
@@ -322,23 +305,15 @@ class SyncProbe:
     def arm(self, site: tuple[str, int]) -> None:
         if self._spent >= self.budget:
             return
-        fresh = site not in self._graphs
+        self._wanted[site] = 1 if site in self._graphs else 2
         self._graphs.setdefault(site, [])
         self._tries[site] = 0
-        self._wanted[site] = 2 if fresh else 1
         self._armed.add(site)
-        self._install()
+        if self._subscription is None or self._subscription.closed:
+            self._subscription = probe().subscribe(self, ("sync",))
 
     def graphs(self, site: tuple[str, int]) -> list:
         return list(self._graphs.get(site, ()))
-
-    @property
-    def installed(self) -> bool:
-        return self._subscription is not None
-
-    def _install(self) -> None:
-        if self._subscription is None or self._subscription.closed:
-            self._subscription = probe().subscribe(self, ("sync",))
 
     # the probe's sync events (tracking's interception layer)
     def before(self, event) -> None:
@@ -499,6 +474,7 @@ class LiveMonitor:
         # are written when a compile starts, CompileTime samples when it ends: whichever comes
         # first creates the record, the other completes it.
         self._records: dict[int, list] = {}
+        self._compiles: tuple[LiveCompile, ...] = ()  # the records as published
         self._events_seen = 0
         self._seconds_seen = 0
         self._compile_samples_after = self._start_wall
@@ -550,7 +526,7 @@ class LiveMonitor:
             step_median=percentile(recent, 0.5) if recent else None,
             step_p90=percentile(recent, 0.9) if recent else None,
             steps_measured=self._measured,
-            compiles=self._compile_tuple(),
+            compiles=self._compiles,
             alerts=tuple(self._alerts.values()),
             memory=memory,
             series=tuple(self._series),
@@ -687,22 +663,15 @@ class LiveMonitor:
                 changed = True
         if changed:
             self._compile_version += 1
-
-    def _compile_tuple(self) -> tuple[LiveCompile, ...]:
-        if getattr(self, "_built", (None,))[0] != self._compile_version:
-            self._built = (
-                self._compile_version,
-                tuple(
-                    LiveCompile(index, step, seconds, event)
-                    for index, (event, seconds, step) in self._records.items()
-                ),
+            self._compiles = tuple(
+                LiveCompile(index, step, seconds, event)
+                for index, (event, seconds, step) in self._records.items()
             )
-        return self._built[1]
 
     def _step_at(self, ts: float) -> float:
         """The step count at wall-clock time `ts`, interpolated between polls."""
-        marks = list(self._marks)
-        for (t0, s0), (t1, s1) in zip(marks, marks[1:], strict=False):
+        marks = self._marks
+        for (t0, s0), (t1, s1) in pairwise(marks):
             if t0 <= ts <= t1:
                 return s0 + (s1 - s0) * ((ts - t0) / (t1 - t0) if t1 > t0 else 1.0)
         return float(marks[0][1] if ts < marks[0][0] else marks[-1][1])
@@ -765,18 +734,16 @@ class LiveMonitor:
             differs: tuple[str, ...] = ()
             source = "compile log"
             if growth:
-                differs, source = (
-                    (
-                        f"each graph adds {growth} to the one before: no torch_xla.sync() cuts "
-                        "the graph, so every step compiles a bigger one",
-                    ),
-                    "recorded",
+                source = "recorded"
+                differs = (
+                    f"each graph adds {growth} to the one before: no torch_xla.sync() cuts "
+                    "the graph, so every step compiles a bigger one",
                 )
-            elif progression(recorded):
-                differs, source = (progression(recorded),), "recorded"
+            elif steps := progression(recorded):
+                differs, source = (steps,), "recorded"
             elif len(captured) >= 2:
                 try:
-                    differs, source = _diff_lines(captured[-2], captured[-1]), captured_by
+                    differs, source = graph_facts(captured[-2], captured[-1]), captured_by
                 except Exception:  # fall back to the compile log, never fail
                     log.debug("diffing the alert's two graphs failed", exc_info=True)
                     differs = ()
@@ -800,19 +767,16 @@ class LiveMonitor:
 
 def _merge_pairs(points: list[StepPoint]) -> list[StepPoint]:
     """Halve a long series: each pair of points becomes one (the later step, the larger p90)."""
-    merged = []
-    for a, b in zip(points[0::2], points[1::2], strict=False):
-        merged.append(
-            StepPoint(
-                b.step,
-                (a.median * a.count + b.median * b.count) / max(1, a.count + b.count),
-                max(a.p90, b.p90),
-                a.count + b.count,
-            )
+    merged = [
+        StepPoint(
+            b.step,
+            (a.median * a.count + b.median * b.count) / max(1, a.count + b.count),
+            max(a.p90, b.p90),
+            a.count + b.count,
         )
-    if len(points) % 2:
-        merged.append(points[-1])
-    return merged
+        for a, b in zip(points[0::2], points[1::2], strict=False)
+    ]
+    return merged + points[-1:] if len(points) % 2 else merged
 
 
 def _per_step_reads(report) -> int | None:

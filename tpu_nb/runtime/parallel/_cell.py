@@ -54,14 +54,16 @@ class CellFunction:
         return compile(tree, self.filename, "exec"), expression
 
     def __call__(self, index: int):
-        statements, expression = self.compiled()
-        namespace = {"__name__": "__main__", **self.variables, "index": index}
+        return self.run(self.compiled(), index)
+
+    def run(self, compiled: tuple, index: int, **names):
+        """Run the cell as `compiled` (`compiled()`'s pair) with `index` and `names` defined."""
+        statements, expression = compiled
+        namespace = {"__name__": "__main__", **self.variables, "index": index, **names}
         # As in %%on_tpu: the replica's device by default, for the cell's own code only.
-        with default_device(code=(statements, expression)):
+        with default_device(code=compiled):
             exec(statements, namespace)
-            if expression is not None:
-                return eval(expression, namespace)
-        return None
+            return eval(expression, namespace) if expression is not None else None
 
 
 def names_used(code) -> set[str]:

@@ -12,6 +12,7 @@ here: the launch wraps the class with `ray.remote`.
 
 from __future__ import annotations
 
+import linecache
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import suppress
 from itertools import pairwise
 from typing import Any
 
@@ -55,25 +57,43 @@ class _Capture:
         return text
 
 
-def sweep_dead_runs(folder: str | None = None) -> None:
-    """Remove run directories of host processes that died without removing theirs (a host
-    stopped by the launch is killed, not asked): named after a pid that no longer runs."""
+def sweep_dead_runs(
+    folder: str | None = None, prefix: str = RUN_PREFIX, stale_unnamed: float | None = None
+) -> None:
+    """Remove the run directories that processes left when they died without removing theirs
+    (a host stopped by the launch is killed, not asked; a kernel killed mid-launch): named
+    `prefix` + the pid of a process that no longer runs — or, with `stale_unnamed`, made by an
+    older tpu_nb without a pid in the name and untouched for that many seconds."""
     folder = folder or tempfile.gettempdir()
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        match = re.match(re.escape(RUN_PREFIX) + r"(\d+)-", name)
-        if not match or private_files.pid_alive(int(match.group(1))):
+        if not name.startswith(prefix):
+            continue
+        match = re.match(re.escape(prefix) + r"(\d+)-", name)
+        if match and private_files.pid_alive(int(match.group(1))):
             continue
         path = os.path.join(folder, name)
         try:
             info = os.lstat(path)
         except OSError:
             continue
-        if info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode):
+        if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
+            continue
+        if match or (
+            stale_unnamed is not None and time.time() - _last_touched(path, info) > stale_unnamed
+        ):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _last_touched(path: str, info: os.stat_result) -> float:
+    newest = info.st_mtime
+    with suppress(OSError):
+        for entry in os.scandir(path):
+            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    return newest
 
 
 class HostWorker:
@@ -86,7 +106,6 @@ class HostWorker:
         self.capture = _Capture()
         self.result: dict | None = None
         self.syncs = 0
-        self.last_sync = time.monotonic()
         self.filename = ""
         # Its own reader of the compile log (the tracked run has another): what compiled
         # while the work runs, for the launch to compare hosts before the run ends.
@@ -105,16 +124,16 @@ class HostWorker:
         os.environ["TPU_NB_HOST_INDEX"], os.environ["TPU_NB_HOST_COUNT"] = str(host), str(hosts)
         from tpu_nb.runtime.environment import setup
 
-        chosen = "unknown"
+        info: dict = {"pid": os.getpid(), "device": "unknown"}
         try:
             env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
-            chosen = env.pjrt_device or ""
+            info["device"] = env.pjrt_device or ""
             # Starting the device here, not in the work's thread: a device that cannot start
             # (no libtpu, a broken install) is one clear error before any host runs the work.
             backend().devices.device()
         except Exception as exc:
-            return {"pid": os.getpid(), "device": chosen, **_start_failure(exc, device, chosen)}
-        return {"pid": os.getpid(), "device": chosen}
+            info.update(_start_failure(exc, device, info["device"]))
+        return info
 
     def start(self, work, started_at: float) -> None:
         """Run `work` (fn, args, source, filename) in a thread; poll() reports on it."""
@@ -137,7 +156,6 @@ class HostWorker:
         report = {
             "output": self.capture.take(),
             "syncs": self.syncs,
-            "since_sync": time.monotonic() - self.last_sync,
             "line": self._current_line(),
             "graphs": self._new_graphs(),
             "result": self.result if done else None,
@@ -192,7 +210,7 @@ class HostWorker:
     def _run(self, work, started_at: float) -> None:
         fn, args, source, filename = work
         result: dict = {"host": self.host, "pid": os.getpid()}
-        result["started"] = time.time() - started_at
+        result["started_seconds"] = time.time() - started_at
         stdout, stderr = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = self.capture
         try:
@@ -206,7 +224,6 @@ class HostWorker:
             self.result = result
 
     def _tracked(self, fn, args, source, filename, result: dict) -> None:
-        from tpu_nb.runtime.environment import default_device
         from tpu_nb.runtime.parallel._cell import CellFunction
         from tpu_nb.runtime.tracking import track
 
@@ -217,36 +234,20 @@ class HostWorker:
         def on_sync():
             if counting[0]:
                 syncs.append(time.perf_counter())
-                self.syncs, self.last_sync = len(syncs), time.monotonic()
+                self.syncs = len(syncs)
                 runtime.syncs.after_next(on_sync)
 
         runtime.syncs.after_next(on_sync)
-        if isinstance(fn, CellFunction):
-            statements, expression = fn.compiled()
-            codes: tuple = (statements, expression)
-        else:
-            codes = (fn.__code__,)
-            if source:  # tracebacks show the function's lines on this host too
-                lines = source.splitlines(True)
-                import linecache
-
-                linecache.cache[filename] = (len(source), None, lines, filename)
+        cell = isinstance(fn, CellFunction)
+        codes = fn.compiled() if cell else (fn.__code__,)
+        if not cell and source:  # tracebacks show the function's lines on this host too
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         start = time.perf_counter()
         report = None
         try:
             with track(f"host {self.host}", code=codes) as report:
-                if isinstance(fn, CellFunction):
-                    namespace = {
-                        "__name__": "__main__",
-                        **fn.variables,
-                        "index": self.host,
-                        "host": self.host,
-                        "hosts": self.hosts,
-                    }
-                    # As in %%on_tpu: the host's device by default, for the cell's code only.
-                    with default_device(code=codes):
-                        exec(statements, namespace)
-                        value = eval(expression, namespace) if expression is not None else None
+                if cell:
+                    value = fn.run(codes, self.host, host=self.host, hosts=self.hosts)
                 else:
                     value = fn(self.host, *args)
                 counting[0] = False
@@ -305,19 +306,12 @@ def _report_facts(report, filename: str, result: dict) -> None:
     verdict = getattr(anatomy, "verdict", None)
     if verdict is not None:
         result["verdict"], result["verdict_kind"] = str(verdict), verdict.kind
-    graphs = []
-    for event in report.compile_events:
-        site = event.site
-        frame = site.line if site is not None else event.user_frame
-        line = frame.line if frame is not None and frame.file == filename else 0
-        graphs.append(
-            GraphRecord(
-                line,
-                event.graph_hash,
-                event.cause,
-                event.inputs,
-                event.outputs,
-                store.captured_graph(event),
-            )
-        )
-    result["graphs"] = tuple(graphs)
+
+    def line_of(event) -> int:
+        frame = event.site.line if event.site is not None else event.user_frame
+        return frame.line if frame is not None and frame.file == filename else 0
+
+    result["graphs"] = tuple(
+        GraphRecord(line_of(e), e.graph_hash, e.cause, e.inputs, e.outputs, store.captured_graph(e))
+        for e in report.compile_events
+    )

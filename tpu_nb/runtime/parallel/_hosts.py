@@ -49,6 +49,7 @@ from tpu_nb.runtime.parallel._pod import (
     host_list,
     sync_divergences,
 )
+from tpu_nb.runtime.parallel._results import not_sent_back, record_of
 
 NO_RAY = (
     "launching on a slice's hosts needs Ray, which is not installed here. "
@@ -72,7 +73,7 @@ class _Slice:
     chips: float
     group: Any = None  # the worker placement group (Ray's PlacementGroup)
     release: Callable[[], None] = lambda: None
-    nodes: dict = field(default_factory=dict)  # node id -> Ray's node record
+    addresses: dict = field(default_factory=dict)  # node id -> the node's IP address
 
 
 def _import_ray():
@@ -83,17 +84,6 @@ def _import_ray():
     if not ray.is_initialized():
         raise TpuNbUsageError(NO_CLUSTER)
     return ray
-
-
-def _check_hosts(hosts) -> None:
-    if hosts == "all":
-        return
-    check_whole_number(
-        hosts,
-        "hosts",
-        alternative="'all'",
-        fix="hosts='all' (every host of the slice) or e.g. hosts=2",
-    )
 
 
 def _slices(ray) -> dict[str, list[dict]]:
@@ -172,9 +162,8 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
         raise EnvironmentProblem(_not_reserved(description, timeout, None))
     placed = _placements(ray, group, nodes)
     chosen = placed if wanted is None else placed[:wanted]
-    slice_ = _Slice(description, len(nodes), chosen, chips, group, release)
-    slice_.nodes = {n["NodeID"]: n for n in nodes}
-    return slice_
+    addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in nodes}
+    return _Slice(description, len(nodes), chosen, chips, group, release, addresses)
 
 
 def _not_reserved(description: str, timeout: float, exc) -> str:
@@ -193,13 +182,9 @@ def _placements(ray, group, nodes) -> list[tuple[int, int, str]]:
 
     bundle_nodes = placement_group_table(group).get("bundles_to_node_id", {})
     worker_ids = {n["NodeID"]: (n.get("Labels") or {}).get("ray.io/tpu-worker-id") for n in nodes}
-    rows = []
-    for bundle in sorted(bundle_nodes):
-        node = bundle_nodes[bundle]
-        rows.append((worker_ids.get(node), int(bundle), node))
+    rows = [(worker_ids.get(node), int(b), node) for b, node in sorted(bundle_nodes.items())]
     ids = [r[0] for r in rows]
-    numbered = all(i is not None and i.isdigit() for i in ids) and len(set(ids)) == len(ids)
-    if numbered:
+    if all(i is not None and i.isdigit() for i in ids) and len(set(ids)) == len(ids):
         rows.sort(key=lambda r: int(str(r[0])))
     return [(host, bundle, node) for host, (_, bundle, node) in enumerate(rows)]
 
@@ -216,11 +201,9 @@ class _Hosts:
         self.progress: dict[int, tuple[int, float]] = {}  # host -> (syncs, when it changed)
         self.stalled: set[int] = set()
         self.notes: list[str] = []
-        self.info: dict[int, dict] = {}
-        self.timings: dict[str, float] = {}
         self.live_graphs: dict[int, list[GraphRecord]] = {}  # from each host's compile log
         self.said: set[tuple[int, tuple[int, ...]]] = set()  # live divergences shown
-        self.said_stall: set[str] = set()
+        self.said_all_stalled = False
         self.lost: set[int] = set()  # hosts whose process died or stopped answering
 
     def start_actors(self, timeout: float, device: str) -> None:
@@ -257,11 +240,8 @@ class _Hosts:
             try:
                 info = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:
-                first = (
-                    str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-                )
                 info = {
-                    "error": first,
+                    "error": _last_line(exc),
                     "fix": "install the same tpu_nb, torch and torch_xla on every host of "
                     'the slice (pip install "tpu_nb[pod]")',
                 }
@@ -269,7 +249,6 @@ class _Hosts:
                 raise HostError(
                     host, n, f"could not start: {info['error']}. Fix: {info['fix']}", ""
                 )
-            self.info[host] = info
 
     def run(self, work_ref, started_at: float, poll_timeout: float) -> None:
         ray = self.ray
@@ -280,12 +259,10 @@ class _Hosts:
             except ray.exceptions.GetTimeoutError:
                 raise HostLost(host, f"stopped answering for {poll_timeout:.0f} s") from None
             except ray.exceptions.RayError as exc:
-                said = str(exc).strip().splitlines()
                 raise EnvironmentProblem(
-                    f"host {host} could not load the work: "
-                    f"{said[-1].strip() if said else type(exc).__name__}. Fix: define the "
-                    "function in the notebook (sent by value), or install its module on "
-                    "every host"
+                    f"host {host} could not load the work: {_last_line(exc).strip()}. Fix: "
+                    "define the function in the notebook (sent by value), or install its "
+                    "module on every host"
                 ) from None
         running = dict(enumerate(self.actors))
         now = time.monotonic()
@@ -374,26 +351,28 @@ class _Hosts:
                 f"{host_list(moved)} went on syncing: in a slice, their next collective "
                 f"waits for host {host}"
             )
-            self.notes.append(note)
-            self.stream(f"[tpu_nb] {note}")
+            self._say(note)
 
     def _watch_all(self, running: dict, lines: dict[int, int]) -> None:
         """Say once when every running host has stopped syncing (after syncing at least
         once): on a real slice, hosts stuck in one collective look like this."""
-        if "all" in self.said_stall or len(running) < 2:
+        if self.said_all_stalled or len(running) < 2:
             return
         now = time.monotonic()
         progress = [self.progress.get(h, (0, now)) for h in running]
         if all(n > 0 and now - t >= self.stall_seconds for n, t in progress):
-            self.said_stall.add("all")
+            self.said_all_stalled = True
             waited = min(now - t for _, t in progress)
             where = ", ".join(
                 f"host {h} at line {lines[h]}" if lines.get(h) else f"host {h}"
                 for h in sorted(running)
             )
-            note = f"no host has synced for {waited:.0f} s ({where})"
-            self.notes.append(note)
-            self.stream(f"[tpu_nb] {note}")
+            self._say(f"no host has synced for {waited:.0f} s ({where})")
+
+    def _say(self, note: str) -> None:
+        """A note of the launch: shown now, and kept for its result."""
+        self.notes.append(note)
+        self.stream(f"[tpu_nb] {note}")
 
     def stop(self) -> None:
         """Every host: its run directory removed (briefly asked), its process killed; then the
@@ -427,6 +406,12 @@ class _Hosts:
         ]
         with suppress(Exception):  # best effort: the next launch on that host sweeps too
             self.ray.wait(refs, num_returns=len(refs), timeout=30)
+
+
+def _last_line(exc: BaseException) -> str:
+    """The last line of what Ray said, else the error's type."""
+    said = str(exc).strip().splitlines()
+    return said[-1] if said else type(exc).__name__
 
 
 def _work(fn, args) -> tuple:
@@ -488,7 +473,13 @@ def launch_hosts(
     host that synced a different number of times, the straggler).
     """
     __tracebackhide__ = True  # noqa: F841
-    _check_hosts(hosts)
+    if hosts != "all":
+        check_whole_number(
+            hosts,
+            "hosts",
+            alternative="'all'",
+            fix="hosts='all' (every host of the slice) or e.g. hosts=2",
+        )
     for name, seconds in (
         ("reserve_timeout", reserve_timeout),
         ("start_timeout", start_timeout),
@@ -516,14 +507,14 @@ def launch_hosts(
         ) from None
     reserved = _reserve(ray, hosts, reserve_timeout)
     pod = _Hosts(ray, reserved, stream, stall_seconds)
-    pod.timings["reserved"] = time.perf_counter() - start
+    timings = [time.perf_counter() - start]  # until reserved, until every host was ready
     try:
         pod.start_actors(start_timeout, device)
-        pod.timings["ready"] = time.perf_counter() - start
+        timings.append(time.perf_counter() - start)
         pod.run(work_ref, started_at, poll_timeout)
     finally:
         pod.stop()
-    return _collect(pod, reserved, fn, time.perf_counter() - start)
+    return _collect(pod, reserved, fn, time.perf_counter() - start, *timings)
 
 
 def _host_device(device: str | None) -> str:
@@ -542,30 +533,14 @@ def _host_device(device: str | None) -> str:
     return device.strip().lower()
 
 
-def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float) -> PodResult:
-    hosts = []
-    for host, _, node in reserved.placements:
-        result = pod.results[host]
-        hosts.append(
-            HostResult(
-                host=host,
-                node=node,
-                address=reserved.nodes.get(node, {}).get("NodeManagerAddress", ""),
-                pid=result["pid"],
-                value=result.get("value"),
-                value_error=result.get("value_error", ""),
-                wall_seconds=result["wall_seconds"],
-                started_seconds=result["started"],
-                step_seconds=result["step_seconds"],
-                syncs=result["syncs"],
-                metrics=result.get("metrics"),
-                verdict=result.get("verdict", ""),
-                verdict_kind=result.get("verdict_kind", ""),
-                graphs=result.get("graphs", ()),
-                compile_analysis=result.get("compile_analysis", False),
-            )
+def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float, reserved_at, ready_at) -> PodResult:
+    lined_up = tuple(
+        record_of(
+            HostResult,
+            {**pod.results[host], "node": node, "address": reserved.addresses.get(node, "")},
         )
-    lined_up = tuple(hosts)
+        for host, _, node in reserved.placements
+    )
     straggler, why = find_straggler(lined_up)
     notes = list(pod.notes)
     if len(lined_up) < reserved.hosts_in_slice:
@@ -573,12 +548,7 @@ def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float) -> PodResult:
             f"ran on {len(lined_up)} of the slice's {reserved.hosts_in_slice} hosts: on a real "
             "slice, torch_xla's multi-host runtime starts on every host (hosts='all')"
         )
-    notes += [
-        f"Host {h.host}'s return value could not be sent back ({h.value_error}), so its value "
-        "is None. Fix: return plain data (numbers, lists, tensors moved with .cpu())."
-        for h in lined_up
-        if h.value_error
-    ]
+    notes += [not_sent_back(f"Host {h.host}", h.value_error) for h in lined_up if h.value_error]
     unknown = [h.host for h in lined_up if not h.compile_analysis]
     if unknown:
         notes.append(
@@ -589,8 +559,8 @@ def _collect(pod: _Hosts, reserved: _Slice, fn, wall: float) -> PodResult:
         wall_seconds=wall,
         started_seconds=max(h.started_seconds for h in lined_up),
         slice=reserved.description,
-        reserved_seconds=pod.timings.get("reserved", 0.0),
-        ready_seconds=pod.timings.get("ready", 0.0),
+        reserved_seconds=reserved_at,
+        ready_seconds=ready_at,
         source=_work(fn, ())[2],
         divergences=tuple(graph_divergences(lined_up) + sync_divergences(lined_up)),
         straggler=straggler,

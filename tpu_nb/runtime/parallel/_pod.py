@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpu_nb.runtime.metrics import MetricsDelta
-from tpu_nb.runtime.parallel._results import ReplicaCrash, ReplicaError
+from tpu_nb.runtime.parallel._results import ReplicaCrash, ReplicaError, quantile
 from tpu_nb.runtime.tracking import graph_facts
 from tpu_nb.runtime.units import format_seconds
 
@@ -23,12 +23,11 @@ MIN_STEPS = 3
 class HostError(ReplicaError):
     """A host raised; `traceback` is its traceback (the cell's lines), `host` which host."""
 
+    _unit = "host"
+
     def __init__(self, host: int, hosts: int, summary: str, trace: str):
-        self.ordinal, self.world, self.traceback = host, hosts, trace
         self.host, self.hosts = host, hosts
-        Exception.__init__(
-            self, f"host {host} of {hosts} failed: {summary} (the other hosts were stopped)"
-        )
+        super().__init__(host, hosts, summary, trace)
 
 
 class HostLost(ReplicaCrash):
@@ -36,13 +35,13 @@ class HostLost(ReplicaCrash):
     Ray said."""
 
     def __init__(self, host: int, reason: str, stack: str = ""):
-        self.signal, self.where, self.stack, self.host = reason, f"host {host}", stack, host
-        Exception.__init__(
-            self,
+        self.host = host
+        message = (
             f"host {host}'s process {reason}; the other hosts were stopped. Fix: run the "
             "cell again; if it happens again, Ray's report is in this error's .stack "
-            "attribute (and the host's log under /tmp/ray/session_latest/logs).",
+            "attribute (and the host's log under /tmp/ray/session_latest/logs)."
         )
+        super().__init__(reason, f"host {host}", stack, message=message)
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,7 @@ class Divergence:
     changed: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        text = self.what + (": " + "; ".join(self.changed) if self.changed else "")
-        return text
+        return self.what + (": " + "; ".join(self.changed) if self.changed else "")
 
 
 @dataclass(frozen=True, repr=False)
@@ -158,13 +156,6 @@ class PodResult:
         lines += [f"  DIVERGED: {d}" for d in self.divergences]
         lines += [f"  {note}" for note in self.notes]
         return "\n".join(lines)
-
-
-def quantile(values, q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def host_list(hosts) -> str:

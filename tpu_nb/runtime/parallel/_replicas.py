@@ -19,12 +19,12 @@ from __future__ import annotations
 import atexit
 import errno
 import faulthandler
+import glob
 import os
 import pickle
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -36,9 +36,7 @@ from contextlib import suppress
 from itertools import pairwise
 from typing import cast
 
-from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as backend
-from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
 from tpu_nb.runtime.environment._detect import detect_accelerator, runtime_initialized
 from tpu_nb.runtime.errors import (
@@ -50,26 +48,20 @@ from tpu_nb.runtime.errors import (
     check_stream,
     check_whole_number,
 )
+from tpu_nb.runtime.parallel._host import sweep_dead_runs
 from tpu_nb.runtime.parallel._results import (
     CollectiveRefused,
     LaunchResult,
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
+    not_sent_back,
+    record_of,
     user_traceback,
 )
 from tpu_nb.runtime.parallel._spmd import run_spmd
 
 MODES = ("replicas", "spmd")
-# The backend's functions that communicate between replicas (torch_xla: xla_model's).
-COLLECTIVES = backend().launch.collectives
-
-MODES_BY_DEVICE = {
-    "TPU": "replicas (a process per chip; collectives work) and spmd",
-    "CPU": "replicas without collectives (threads in one process; torch_xla 2.9 hangs on "
-    "collectives between XLA:CPU devices, pytorch/xla #5005, #9089), and spmd "
-    "(data parallel over CPU_NUM_DEVICES virtual devices)",
-}
 
 
 # -- inside the launcher process --------------------------------------------------------------
@@ -132,29 +124,23 @@ _counter_reads = threading.Lock()
 
 
 def _first_use_alone() -> None:
+    """Counter reads, a transfer, a compile, an execution and read backs (`.cpu()` and
+    `.item()`, a CPU fallback) where replica threads share the runtime: the first use of the
+    counters a replica's first ops touch, made from one thread while the others wait."""
     global _first_use_done
     with _first_use:
-        if _first_use_done:
-            return
         runtime = backend()
-        if len(runtime.devices.names()) > 1:  # replica threads share it
-            _warm_up(runtime)
+        if not _first_use_done and len(runtime.devices.names()) > 1:
+            import torch
+
+            _snapshot()
+            warm = torch.ones(1, device=runtime.devices.device()) + 1
+            runtime.syncs.sync()
+            runtime.syncs.wait()
+            warm.cpu()
+            warm.item()
+            _snapshot()
         _first_use_done = True
-
-
-def _warm_up(runtime: Backend) -> None:
-    """Counter reads, a transfer, a compile, an execution and read backs (`.cpu()` and
-    `.item()`, a CPU fallback): the first use of the counters a replica's first ops touch,
-    made from this one thread."""
-    import torch
-
-    _snapshot()
-    warm = torch.ones(1, device=runtime.devices.device()) + 1
-    runtime.syncs.sync()
-    runtime.syncs.wait()
-    warm.cpu()
-    warm.item()
-    _snapshot()
 
 
 def _snapshot():
@@ -165,7 +151,8 @@ def _snapshot():
 
 
 def _replica(index: int, rundir: str) -> None:
-    """One replica: its prints to its own file; its result (or traceback) to a pickle."""
+    """One replica: its prints to its own file; its result (value or error, timings,
+    counters) to a pickle."""
     runtime = backend()
     announce = os.path.join(rundir, f"proc-{os.getpid()}")
     with open(announce, "a"):  # the launcher watches how this process ends
@@ -174,39 +161,33 @@ def _replica(index: int, rundir: str) -> None:
     ordinal = runtime.launch.ordinal()
     with open(announce, "a") as f:
         f.write(f"{ordinal}\n")
-    with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
-        for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
-            cast(_ReplicaStreams, stream).local.file = out
-        result = _run_replica(index, rundir, ordinal, runtime)
-    if "error" in result:
-        os.killpg(os.getpgrp(), signal.SIGTERM)  # stop the other replicas and the launcher
-
-
-def _run_replica(index: int, rundir: str, ordinal: int, runtime: Backend) -> dict:
-    """Run the replica's function and write its result (value or error, timings, counters)."""
     syncs: list[float] = []
 
     def on_sync():
         syncs.append(time.perf_counter())
         runtime.syncs.after_next(on_sync)
 
-    runtime.syncs.after_next(on_sync)
-    before, start = _snapshot(), time.perf_counter()
-    result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
-    fn, args = _work[rundir]
-    try:
-        value = fn(index, *args)
-        runtime.syncs.sync()
-        runtime.syncs.wait()
-        result["value"] = value
-    except BaseException as exc:  # the replica's own error: reported, then the group ends
-        result["error"] = f"{type(exc).__name__}: {exc}"
-        result["traceback"] = user_traceback(exc, __file__)
-    result["wall_seconds"] = time.perf_counter() - start
-    result["metrics"] = _snapshot().since(before)
-    result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
-    _write_result(rundir, ordinal, result)
-    return result
+    with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
+        for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
+            cast(_ReplicaStreams, stream).local.file = out
+        runtime.syncs.after_next(on_sync)
+        before, start = _snapshot(), time.perf_counter()
+        result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
+        fn, args = _work[rundir]
+        try:
+            value = fn(index, *args)
+            runtime.syncs.sync()
+            runtime.syncs.wait()
+            result["value"] = value
+        except BaseException as exc:  # the replica's own error: reported, then the group ends
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            result["traceback"] = user_traceback(exc, __file__)
+        result["wall_seconds"] = time.perf_counter() - start
+        result["metrics"] = _snapshot().since(before)
+        result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
+        _write_result(rundir, ordinal, result)
+    if "error" in result:
+        os.killpg(os.getpgrp(), signal.SIGTERM)  # stop the other replicas and the launcher
 
 
 def _write_result(rundir: str, ordinal: int, result: dict) -> None:
@@ -303,16 +284,6 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
         _work.pop(rundir, None)
 
 
-def _forked_launcher(rundir, fn, args, env, refuse, parent) -> None:
-    os.setpgid(0, 0)
-    try:
-        _launcher(rundir, fn, args, env, refuse, parent)
-    except BaseException:
-        traceback.print_exc(file=sys.__stderr__)
-        os._exit(1)
-    os._exit(0)
-
-
 def worker_main(rundir: str) -> None:
     """Entry of a fresh worker process (`python -m tpu_nb.runtime.parallel RUNDIR`)."""
     import cloudpickle
@@ -363,42 +334,6 @@ RUN_PREFIX = "tpu_nb-launch-"
 
 # Run directories of older tpu_nb versions carry no pid: swept once untouched for this long.
 STALE_UNNAMED_SECONDS = 24 * 3600
-
-
-def _sweep_dead_runs() -> None:
-    """Remove run directories that launches of dead processes left (a kernel killed mid-launch
-    cannot remove its own): ours, named after a pid that no longer runs — or, made by an
-    older tpu_nb without a pid in the name, untouched for a day."""
-    folder = tempfile.gettempdir()
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(RUN_PREFIX):
-            continue
-        match = re.match(re.escape(RUN_PREFIX) + r"(\d+)-", name)
-        if match and private_files.pid_alive(int(match.group(1))):
-            continue
-        path = os.path.join(folder, name)
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
-            continue
-        if match or time.time() - _last_touched(path, info) > STALE_UNNAMED_SECONDS:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _last_touched(path: str, info: os.stat_result) -> float:
-    newest = info.st_mtime
-    try:
-        for entry in os.scandir(path):
-            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-    except OSError:
-        pass
-    return newest
 
 
 # Run directories of launches in progress -> the process that made them: removed at its exit
@@ -484,16 +419,31 @@ class _Run:
         return status
 
     def kill(self) -> None:
+        self._stop(3.0, lambda: self.proc.poll() is None)
+        self.proc.wait()
+
+    def end_group(self) -> None:
+        """After the launcher ended: stop whatever the replicas started and left running
+        (their process group is the launcher's): SIGTERM, then SIGKILL after a second."""
+        self._stop(1.0, self._group_alive)
+
+    def _group_alive(self) -> bool:
         try:
+            os.killpg(self.proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def _stop(self, grace: float, running: Callable[[], bool]) -> None:
+        """SIGTERM to the launcher's process group; SIGKILL if still `running()` after `grace`
+        seconds."""
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-            deadline = time.time() + 3
-            while self.proc.poll() is None and time.time() < deadline:
-                time.sleep(0.05)
-            if self.proc.poll() is None:
+            deadline = time.time() + grace
+            while running() and time.time() < deadline:
+                time.sleep(0.02)
+            if running():
                 os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        except ProcessLookupError:
-            pass
 
     def results(self) -> list[dict]:
         out = []
@@ -509,13 +459,7 @@ class _Run:
         """Replica processes that ended other than by exiting 0: (pid, 'exit N' or 'signal
         N', the ordinals it ran)."""
         out: list[tuple[int, str, list[int]]] = []
-        try:
-            names = sorted(os.listdir(self.rundir))
-        except OSError:
-            return out
-        for name in names:
-            if not name.startswith("ended-"):
-                continue
+        for name in sorted(glob.glob("ended-*", root_dir=self.rundir)):
             pid = int(name[6:])
             with open(os.path.join(self.rundir, name)) as f:
                 how = f.read().strip()
@@ -527,24 +471,6 @@ class _Run:
             out.append((pid, how, ordinals))
         # The process that ended first by itself, before those the pool then stopped (SIGTERM).
         return sorted(out, key=lambda end: end[1] == f"signal {int(signal.SIGTERM)}")
-
-    def end_group(self) -> None:
-        """After the launcher ended: stop whatever the replicas started and left running
-        (their process group is the launcher's): SIGTERM, then SIGKILL after a second."""
-        group = self.proc.pid
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.time() + 1.0
-        while time.time() < deadline:
-            try:
-                os.killpg(group, 0)
-            except (ProcessLookupError, PermissionError):
-                return
-            time.sleep(0.02)
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
 
     def launcher_errors(self) -> str:
         try:
@@ -582,7 +508,13 @@ def _fork(rundir, fn, args, env, refuse) -> _ForkedProcess:
     if pid == 0:  # the launcher: C-level output to its own file
         os.dup2(err, 1)
         os.dup2(err, 2)
-        _forked_launcher(rundir, fn, args, env, refuse, os.getppid())
+        os.setpgid(0, 0)
+        try:
+            _launcher(rundir, fn, args, env, refuse, os.getppid())
+        except BaseException:
+            traceback.print_exc(file=sys.__stderr__)
+            os._exit(1)
+        os._exit(0)
     os.close(err)
     with suppress(PermissionError, ProcessLookupError):
         os.setpgid(pid, pid)  # both sides set it: no race with killpg
@@ -639,17 +571,7 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
             "the replicas did not finish (launcher exit status "
             f"{status}): {detail[-1] if detail else 'no message'}"
         )
-    replicas = tuple(
-        ReplicaResult(
-            ordinal=r["ordinal"],
-            value=r.get("value"),
-            wall_seconds=r["wall_seconds"],
-            step_seconds=r["step_seconds"],
-            metrics=r["metrics"],
-            pid=r["pid"],
-        )
-        for r in raw
-    )
+    replicas = tuple(record_of(ReplicaResult, r) for r in raw)
     notes: tuple[str, ...] = ()
     if run.path == "worker":
         notes = (
@@ -657,9 +579,7 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
             "worker process that received the function and its variables by value.",
         )
     notes += tuple(
-        f"Replica {r['ordinal']}'s return value could not be sent back ({r['value_error']}), "
-        "so its value is None. Fix: return plain data (numbers, lists, tensors moved with "
-        ".cpu())."
+        not_sent_back(f"Replica {r['ordinal']}", r["value_error"])
         for r in raw
         if r.get("value_error")
     )
@@ -774,14 +694,25 @@ def launch(
             f"launch needs a function to run; got {type(fn).__name__} "
             f"{fn!r:.40}. Fix: launch(train), with train(index) defined first."
         )
-    _check_timeout(timeout)
+    if timeout is not None:
+        check_seconds(
+            timeout,
+            "timeout",
+            low=0,
+            above_low=True,
+            high=WEEK,
+            alternative="None",
+            fix="e.g. timeout=600 (at most a week)",
+        )
     stream = check_stream(stream, "launch")
     ensure_setup()
     device_type = os.environ.get("PJRT_DEVICE", "CPU").upper()
     if mode == "spmd":
         return run_spmd(fn, args, devices)
     n = _device_count(devices, device_type)
-    _sweep_dead_runs()
+    # Run directories that launches of dead processes left (a kernel killed mid-launch
+    # cannot remove its own).
+    sweep_dead_runs(prefix=RUN_PREFIX, stale_unnamed=STALE_UNNAMED_SECONDS)
     start = time.perf_counter()
     try:
         run = _Run(fn, args, n, device_type, stream)
@@ -803,17 +734,3 @@ def launch(
         return _collect(run, status, start, "replicas")
     finally:
         run.remove()
-
-
-def _check_timeout(timeout) -> None:
-    if timeout is None:
-        return
-    check_seconds(
-        timeout,
-        "timeout",
-        low=0,
-        above_low=True,
-        high=WEEK,
-        alternative="None",
-        fix="e.g. timeout=600 (at most a week)",
-    )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics._counters import MetricsDelta
+from tpu_nb.runtime.parallel import _cell
 from tpu_nb.runtime.sources import traceback_from
 from tpu_nb.runtime.units import format_seconds
 
@@ -36,11 +38,25 @@ class ReplicaCrash(TpuNbError):
 class ReplicaError(TpuNbError):
     """A replica raised; `traceback` is its traceback, `ordinal` which replica it was."""
 
+    _unit = "replica"  # what ran it: a host, for HostError
+
     def __init__(self, ordinal: int, world: int, summary: str, trace: str):
         self.ordinal, self.world, self.traceback = ordinal, world, trace
         super().__init__(
-            f"replica {ordinal} of {world} failed: {summary} (the other replicas were stopped)"
+            f"{self._unit} {ordinal} of {world} failed: {summary} (the other {self._unit}s were "
+            "stopped)"
         )
+
+
+# The counters LaunchResult.merged sums over processes (besides the fallbacks).
+_SUMMED: tuple[str, ...] = (
+    "compiles",
+    "cache_hits",
+    "compile_seconds",
+    "executions",
+    "execute_seconds",
+)
+_SUMMED += ("to_device_transfers", "from_device_transfers", "syncs", "host_reads")
 
 
 @dataclass(frozen=True)
@@ -78,24 +94,14 @@ class LaunchResult:
         for r in self.replicas:
             if r.metrics is not None:
                 by_pid.setdefault(r.pid, r.metrics)
-        total = MetricsDelta()
+        fallbacks: Counter[str] = Counter()
         for d in by_pid.values():
-            fallbacks = dict(total.fallbacks)
-            for op, n in d.fallbacks.items():
-                fallbacks[op] = fallbacks.get(op, 0) + n
-            total = MetricsDelta(
-                compiles=total.compiles + d.compiles,
-                cache_hits=total.cache_hits + d.cache_hits,
-                compile_seconds=total.compile_seconds + d.compile_seconds,
-                executions=total.executions + d.executions,
-                execute_seconds=total.execute_seconds + d.execute_seconds,
-                to_device_transfers=total.to_device_transfers + d.to_device_transfers,
-                from_device_transfers=total.from_device_transfers + d.from_device_transfers,
-                syncs=total.syncs + d.syncs,
-                host_reads=total.host_reads + d.host_reads,
-                fallbacks=fallbacks,
-            )
-        return total
+            fallbacks.update(d.fallbacks)
+        empty = MetricsDelta()
+        sums = {
+            n: sum((getattr(d, n) for d in by_pid.values()), getattr(empty, n)) for n in _SUMMED
+        }
+        return MetricsDelta(**sums, fallbacks=dict(fallbacks))
 
     def summary(self) -> str:
         m = self.merged()
@@ -110,16 +116,34 @@ class LaunchResult:
         return "\n".join([self.summary(), *self.notes])
 
 
+def not_sent_back(who: str, error: str) -> str:
+    """The launch's note on a return value that could not travel back."""
+    return (
+        f"{who}'s return value could not be sent back ({error}), so its value is None. Fix: "
+        "return plain data (numbers, lists, tensors moved with .cpu())."
+    )
+
+
 def _median(steps) -> str:
-    if not steps:
-        return "-"
-    ordered = sorted(steps)
-    return format_seconds(ordered[len(ordered) // 2])
+    return format_seconds(quantile(steps, 0.5)) if steps else "-"
+
+
+def quantile(values, q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def record_of(cls, data: dict):
+    """An instance of dataclass `cls` from the entries of `data` named after its fields."""
+    return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 def user_traceback(exc: BaseException, module_file: str) -> str:
     """`exc`'s traceback from the first frame outside `module_file` (the module that ran the
-    user's code) on: the user's code, as the notebook shows it."""
+    user's code) and CellFunction's module on: the user's code, as the notebook shows it."""
+    tpu_nb_files = (module_file, _cell.__file__)
     tb = exc.__traceback__
-    tb = traceback_from(tb, lambda frame: frame.f_code.co_filename != module_file) or tb
+    tb = traceback_from(tb, lambda frame: frame.f_code.co_filename not in tpu_nb_files) or tb
     return "".join(traceback.format_exception(type(exc), exc, tb))

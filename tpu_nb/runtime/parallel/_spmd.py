@@ -46,39 +46,8 @@ def parse_mesh(mesh: str | None) -> tuple[int, int] | None:
     return dims if len(dims) == 2 else (dims[0], 1)
 
 
-def _check_devices(devices) -> int | None:
-    if devices == "all":
-        return None
-    return check_whole_number(
-        devices,
-        "devices",
-        high=MAX_CPU_DEVICES,
-        alternative="'all'",
-        fix="e.g. devices=4, or devices='all'",
-    )
-
-
-def _switch_refused() -> str | None:
-    """Why this process can no longer switch to SPMD, or None if it can (or already has).
-
-    torch_xla locks its SPMD configuration when the runtime starts (the first device use).
-    `use_spmd()` after that forces SPMD onto the running runtime, and later XLA work, even on
-    new tensors, can crash the process (SIGSEGV inside torch_xla 2.9, seen on XLA:CPU with 4
-    devices after a notebook's first cells). The lock is the signal: it never unlocks,
-    whatever is freed.
-    """
-    runtime = backend()
-    if runtime.launch.spmd_active():
-        return None
-    if runtime.launch.spmd_locked():
-        return (
-            "this process already used the XLA device without it, and torch_xla 2.9 "
-            "crashes the process (SIGSEGV) at the next XLA work when SPMD is switched on "
-            "after that. Fix: restart the kernel and run the SPMD cell (%%on_tpu --spmd, "
-            "or launch(..., mode='spmd')) before any other XLA work, right after "
-            "%tpu_setup"
-        )
-    return None
+def _on_cpu() -> bool:
+    return os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
 
 
 def _expected_devices() -> int | None:
@@ -86,7 +55,7 @@ def _expected_devices() -> int | None:
     it (XLA:CPU: CPU_NUM_DEVICES); None otherwise."""
     if runtime_initialized():
         return backend().devices.global_count()
-    if os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU":
+    if _on_cpu():
         try:
             return int(os.environ.get("CPU_NUM_DEVICES") or 1)
         except ValueError:
@@ -94,35 +63,61 @@ def _expected_devices() -> int | None:
     return None
 
 
+def _started_with(wanted: int, count: int) -> RuntimeStateError:
+    return RuntimeStateError(
+        f"SPMD over {wanted} devices, but the runtime started with {count}. Fix: restart the "
+        f"kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', num_devices="
+        f"{wanted})) before the first XLA computation."
+    )
+
+
+def _mesh_needs(shape: tuple[int, int], count: int) -> TpuNbUsageError:
+    return TpuNbUsageError(
+        f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
+        f"this runtime has {count}. Fix: --spmd {count}."
+    )
+
+
 def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | None:
     """Everything that can refuse an SPMD request, checked before the process switches to SPMD
     (a switch that cannot be undone). Returns the device count asked for (None: all)."""
-    wanted = _check_devices(devices)
+    wanted = None
+    if devices != "all":
+        wanted = check_whole_number(
+            devices,
+            "devices",
+            high=MAX_CPU_DEVICES,
+            alternative="'all'",
+            fix="e.g. devices=4, or devices='all'",
+        )
     shape = parse_mesh(mesh)
     if shape and wanted is not None and shape[0] * shape[1] != wanted:
         raise TpuNbUsageError(
             f"a {shape[0]}x{shape[1]} mesh has {shape[0] * shape[1]} devices, "
             f"not {wanted}. Fix: a mesh of {wanted} devices, e.g. --spmd {wanted}."
         )
-    why = _switch_refused()
-    if why:
-        raise RuntimeStateError(f"cannot switch to SPMD: {why}.")
-    cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
-    will_have = (
-        wanted if cpu and wanted is not None and not runtime_initialized() else _expected_devices()
-    )
-    if wanted is not None and will_have is not None and wanted != will_have:
+    # torch_xla locks its SPMD configuration when the runtime starts (the first device use).
+    # `use_spmd()` after that forces SPMD onto the running runtime, and later XLA work, even on
+    # new tensors, can crash the process (SIGSEGV inside torch_xla 2.9, seen on XLA:CPU with 4
+    # devices after a notebook's first cells). The lock is the signal: it never unlocks,
+    # whatever is freed.
+    launcher = backend().launch
+    if not launcher.spmd_active() and launcher.spmd_locked():
         raise RuntimeStateError(
-            f"SPMD over {wanted} devices, but the runtime started with {will_have}. Fix: "
-            f"restart the kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', "
-            f"num_devices={wanted})) before the first XLA computation."
+            "cannot switch to SPMD: this process already used the XLA device without it, and "
+            "torch_xla 2.9 crashes the process (SIGSEGV) at the next XLA work when SPMD is "
+            "switched on after that. Fix: restart the kernel and run the SPMD cell (%%on_tpu "
+            "--spmd, or launch(..., mode='spmd')) before any other XLA work, right after "
+            "%tpu_setup."
         )
+    will_have = _expected_devices()
+    if _on_cpu() and wanted is not None and not runtime_initialized():
+        will_have = wanted
+    if wanted is not None and will_have is not None and wanted != will_have:
+        raise _started_with(wanted, will_have)
     count = wanted or will_have
     if shape and count is not None and shape[0] * shape[1] != count:
-        raise TpuNbUsageError(
-            f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
-            f"this runtime has {count}. Fix: --spmd {count}."
-        )
+        raise _mesh_needs(shape, count)
     return wanted
 
 
@@ -131,24 +126,16 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
     from tpu_nb.runtime.environment._configure import setup
 
     wanted = check_spmd(devices, mesh)
-    cpu = os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
-    if cpu and wanted is not None and not runtime_initialized():
+    if _on_cpu() and wanted is not None and not runtime_initialized():
         setup("cpu", num_devices=wanted)
     runtime = backend()
     runtime.launch.use_spmd()
     n = runtime.devices.global_count()
     if wanted is not None and wanted != n:  # only where the count was not knowable before
-        raise RuntimeStateError(
-            f"SPMD over {wanted} devices, but the runtime started with {n}. Fix: restart the "
-            f"kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', num_devices="
-            f"{wanted})) before the first XLA computation."
-        )
+        raise _started_with(wanted, n)
     shape = parse_mesh(mesh) or (n, 1)
     if shape[0] * shape[1] != n:
-        raise TpuNbUsageError(
-            f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
-            f"this runtime has {n}. Fix: --spmd {n}."
-        )
+        raise _mesh_needs(shape, n)
     return Spmd(runtime.launch.mesh(n, shape, ("data", "model")), n)
 
 
