@@ -42,11 +42,6 @@ SPAWN_NOTE = (
 _SPAWN_FAILURES = ("Runtime is already initialized", "Unsupported nprocs", "already initialized")
 
 
-def replacement(module: str, name: str) -> str | None:
-    """What to write instead of `module.name`, if it was removed or deprecated."""
-    return REMOVED.get((module, name)) or DEPRECATED.get((module, name))
-
-
 def _module_getattr(module_name: str):
     def __getattr__(name: str) -> Any:
         new = REMOVED.get((module_name, name))

@@ -85,12 +85,8 @@ def private_dir() -> tuple[str, str | None]:
     if chosen is not None and os.path.isdir(chosen[0]):
         return chosen
     path = usual_dir()
-    try:
+    with suppress(OSError):  # it exists, or cannot be made: _open_private says which
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        pass  # reported by _open_private below
     fd, problem = _open_private(path)
     note = None
     if fd is None:
@@ -215,7 +211,7 @@ def ensure_log(path: str) -> bool:
         return False
     with suppress(OSError):
         os.mkdir(folder, 0o700)
-    fd, _problem = _open_private(folder)
+    fd, _ = _open_private(folder)
     if fd is None:
         return False
     try:
@@ -235,7 +231,7 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
-        return True
+        pass
     return True
 
 
