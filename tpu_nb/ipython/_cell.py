@@ -112,14 +112,9 @@ def show_last_change(args, names):
     if args.output:
         return diff
     print(f"the last two graphs of {format_place(short_path(path), line)}")
-    display(
-        GraphView(
-            after,
-            by=args.by,
-            budget=args.budget or NODE_BUDGET,
-            expand=args.expand,
-            diff=diff,
-            source_names=names,
-        )
+    budget = args.budget or NODE_BUDGET
+    view = GraphView(
+        after, by=args.by, budget=budget, expand=args.expand, diff=diff, source_names=names
     )
+    display(view)
     return None

@@ -87,6 +87,11 @@ class CellWatcher:
         while len(self.cell_files) > 2000:
             self.cell_files.pop(next(iter(self.cell_files)))
 
+    def report_shown(self) -> None:
+        """%%on_tpu's report is complete: work after it gets its own line (a broken runtime:
+        no line, the report stands)."""
+        self.reported_at = _snapshot_if_loaded()
+
     def post_run_cell(self, result=None) -> None:
         after = _snapshot_if_loaded()
         if after is None:

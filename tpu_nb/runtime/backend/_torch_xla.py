@@ -141,7 +141,7 @@ class _Process(Process):
         return path
 
     def settings(self) -> dict[str, str]:
-        return {**os.environ, **self._hidden} if self._hidden else dict(os.environ)
+        return {**os.environ, **self._hidden}
 
     def hide_latched_settings(self) -> bool:
         # Until the first compile they must stay in the environment (torch_xla has no call
@@ -151,9 +151,8 @@ class _Process(Process):
         if not self.compiled_yet():
             return False
         for name in _LATCHED_AT_COMPILE:
-            value = os.environ.pop(name, None)
-            if value is not None:
-                self._hidden[name] = value
+            if name in os.environ:
+                self._hidden[name] = os.environ.pop(name)
         return True
 
     def source_lines(self) -> bool:

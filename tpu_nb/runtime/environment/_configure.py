@@ -65,16 +65,15 @@ def _check_device(device: str, accelerator) -> str:
             return "tpu" if accelerator.kind == "tpu" else "cpu"
         name = "tpu"
     if name == "tpu" and accelerator.kind != "tpu":
-        by_env = device.strip().lower() == "auto"
-        raise EnvironmentProblem(
-            f"{'PJRT_DEVICE=TPU is set' if by_env else 'device=' + repr('tpu')} but this "
-            "machine has no TPU (no TPU_ACCELERATOR_TYPE, /dev/accel* or /dev/vfio). Fix: "
-            + (
-                "unset PJRT_DEVICE, or choose the CPU with device='cpu'"
-                if by_env
-                else "use device='cpu' (or 'auto')"
+        asked, fix = ("device='tpu'", "use device='cpu' (or 'auto')")
+        if device.strip().lower() == "auto":
+            asked, fix = (
+                "PJRT_DEVICE=TPU is set",
+                "unset PJRT_DEVICE, or choose the CPU with device='cpu'",
             )
-            + ", or switch the notebook to a TPU runtime."
+        raise EnvironmentProblem(
+            f"{asked} but this machine has no TPU (no TPU_ACCELERATOR_TYPE, /dev/accel* or "
+            f"/dev/vfio). Fix: {fix}, or switch the notebook to a TPU runtime."
         )
     return name
 

@@ -208,10 +208,9 @@ def chip_generation(device_id: str, subsystem_id: str = "") -> str | None:
     tpu-info is installed, else ours (which cannot tell v2 from v3). None when unknown."""
     try:
         from tpu_info.device import TpuChip
-    except ImportError:
-        return _TPU_PCI_DEVICES.get(device_id)
-    except Exception as exc:  # a broken tpu-info install must not stop detect()
-        log.debug("tpu-info failed to import (%r); using tpu_nb's chip table", exc)
+    except Exception as exc:  # not installed; or broken, which must not stop detect()
+        if not isinstance(exc, ImportError):
+            log.debug("tpu-info failed to import (%r); using tpu_nb's chip table", exc)
         return _TPU_PCI_DEVICES.get(device_id)
     chip = TpuChip.from_pci_device_id(device_id, subsystem_id)
     return chip.value.name if chip is not None else _TPU_PCI_DEVICES.get(device_id)
@@ -369,14 +368,9 @@ def detect(*, check_import: bool = False) -> Environment:
     versions = _versions()
     accelerator = detect_accelerator(env)
     problems = list(_problems(versions, accelerator, env))
-    if (
-        check_import
-        and versions["torch_xla"]
-        and not any(p.code in ("version-mismatch", "torch-missing") for p in problems)
-    ):
-        failure = _import_failure()
-        if failure:
-            problems.append(failure)
+    known = any(p.code in ("version-mismatch", "torch-missing") for p in problems)
+    if check_import and versions["torch_xla"] and not known and (failure := _import_failure()):
+        problems.append(failure)
     try:
         cpu_devices = int(env["CPU_NUM_DEVICES"]) if env.get("CPU_NUM_DEVICES") else None
     except ValueError:
