@@ -255,10 +255,8 @@ def setup(
         if in_effect.get(name) == value:
             continue
         if latched_why:
-            now = in_effect.get(name)
-            not_applied.append(
-                f"{name}={value} (now {now if now is not None else 'unset'}): {latched_why}."
-            )
+            now = in_effect.get(name, "unset")
+            not_applied.append(f"{name}={value} (now {now}): {latched_why}.")
         else:
             changes[name] = value
             applied.append(f"{name}={value}")

@@ -39,7 +39,7 @@ SPAWN_NOTE = (
     "or call `tpu_nb.launch(fn, *args)`: they fork before the kernel touches XLA, or "
     "use a fresh worker process after, so neither fails this way"
 )
-_SPAWN_FAILURES = ("Runtime is already initialized", "Unsupported nprocs", "already initialized")
+_SPAWN_FAILURES = ("Unsupported nprocs", "already initialized")  # "Runtime is already ..."
 
 
 def _module_getattr(module_name: str):
