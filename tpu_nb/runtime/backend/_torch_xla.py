@@ -407,15 +407,12 @@ class _Launch(Launch):
                 setattr(xla_model, name, refusal(name))
 
     def spmd_active(self) -> bool:
-        if not hasattr(sys.modules.get("torch_xla"), "_XLAC"):  # never imports it
-            return False
-        return bool(_xr().is_spmd())
+        # never imports torch_xla
+        return hasattr(sys.modules.get("torch_xla"), "_XLAC") and bool(_xr().is_spmd())
 
     def spmd_locked(self) -> bool:
         xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
-        if xlac is None:
-            return False
-        return bool(xlac._xla_get_spmd_config_is_locked())
+        return xlac is not None and bool(xlac._xla_get_spmd_config_is_locked())
 
     def use_spmd(self) -> None:
         _xr().use_spmd()
