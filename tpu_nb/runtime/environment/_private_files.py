@@ -162,14 +162,12 @@ def _pin(fd: int, path: str) -> str:
 
 def held_fd(path: str) -> int | None:
     """The descriptor held for a handed-over log path (inherited as is by a forked child)."""
-    held = _held.get(path)
-    return held[1] if held else None
+    return _held.get(path, (path, None))[1]
 
 
 def log_name(path: str) -> str:
     """The name a handed-over log was created under (for messages), else `path` itself."""
-    held = _held.get(path)
-    return held[0] if held else path
+    return _held.get(path, (path, None))[0]
 
 
 def inherited_from_another_process(path: str | None) -> bool:
