@@ -19,63 +19,11 @@ kind (tpu_nb.runtime.errors).
 from typing import TYPE_CHECKING
 
 from tpu_nb._version import __version__
-from tpu_nb.runtime import (  # noqa: F401  (the graph's parts: attributes, not in __all__)
-    Accelerator,
-    Anatomy,
-    Chip,
-    CollectiveRefused,
-    CompileEvent,
-    DeviceTiming,
-    Divergence,
-    Edge,
-    Environment,
-    EnvironmentProblem,
-    Frame,
-    Graph,
-    GraphDiff,
-    Group,
-    GroupEdge,
-    GroupedGraph,
-    HostError,
-    HostLost,
-    HostResult,
-    LaunchResult,
-    LineFinding,
-    LiveState,
-    MetricsDelta,
-    MetricsSnapshot,
-    Node,
-    NodeChange,
-    OutOfMemory,
-    PodResult,
-    Problem,
-    RecompilationError,
-    ReplicaCrash,
-    ReplicaError,
-    ReplicaResult,
-    RunReport,
-    RuntimeStateError,
-    StepCost,
-    StepRecord,
-    TpuNbError,
-    TpuNbUsageError,
-    Verdict,
-    default_device,
-    detect,
-    device,
-    last_report,
-    launch,
-    launch_hosts,
-    max_graphs,
-    on_tpu,
-    pending_graph,
-    reset_metrics,
-    setup,
-    snapshot,
-    sync,
-    time_device,
-    track,
-)
+
+# Everything the library exports (tpu_nb.runtime.__all__, one list kept once), the graph's
+# parts included: those are attributes here without being in this __all__.
+# ruff: noqa: F405
+from tpu_nb.runtime import *  # noqa: F403
 from tpu_nb.runtime.graph import graph
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use (_LAZY)

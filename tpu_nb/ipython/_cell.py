@@ -84,14 +84,8 @@ def cell_name(shell, watcher, path: str) -> str | None:
     if number is None:  # IPython 7 under ipykernel 6: temp files, noted by the watcher
         number = watcher.cell_files.get(path)
     if number is None and os.sep not in path:  # a bare name (IR debug's locations)
-        number = next(
-            (
-                n
-                for f, n in [*files.items(), *watcher.cell_files.items()]
-                if os.path.basename(f) == path
-            ),
-            None,
-        )
+        known = [*files.items(), *watcher.cell_files.items()]
+        number = next((n for f, n in known if os.path.basename(f) == path), None)
     if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):
         number = match.group(1)  # IPython 7
     return f"In [{number}]" if number is not None else None
@@ -118,14 +112,9 @@ def show_last_change(args, names):
     if args.output:
         return diff
     print(f"the last two graphs of {format_place(short_path(path), line)}")
-    display(
-        GraphView(
-            after,
-            by=args.by,
-            budget=args.budget or NODE_BUDGET,
-            expand=args.expand,
-            diff=diff,
-            source_names=names,
-        )
+    budget = args.budget or NODE_BUDGET
+    view = GraphView(
+        after, by=args.by, budget=budget, expand=args.expand, diff=diff, source_names=names
     )
+    display(view)
     return None

@@ -101,7 +101,7 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
     finally:
         if report is not None and report.complete:
             _show_report(state, report, args)
-            state.watcher.reported_at = _snapshot()
+            state.watcher.report_shown()
         if capture is not None and capture.trace is not None:
             from tpu_nb.display.profile_view import TraceView
 
@@ -155,12 +155,3 @@ def _show_report(state, report, args) -> None:
     from tpu_nb.display.reports import RunView
 
     display(RunView(report))
-
-
-def _snapshot():
-    from tpu_nb.runtime.metrics import snapshot
-
-    try:
-        return snapshot()
-    except Exception:  # a broken runtime: no line after the report, the report stands
-        return None

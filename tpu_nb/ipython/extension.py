@@ -87,6 +87,11 @@ class CellWatcher:
         while len(self.cell_files) > 2000:
             self.cell_files.pop(next(iter(self.cell_files)))
 
+    def report_shown(self) -> None:
+        """%%on_tpu's report is complete: work after it gets its own line (a broken runtime:
+        no line, the report stands)."""
+        self.reported_at = _snapshot_if_loaded()
+
     def post_run_cell(self, result=None) -> None:
         after = _snapshot_if_loaded()
         if after is None:
@@ -155,24 +160,18 @@ def get_state(shell) -> _Loaded:
 def _register_formatters(shell, state: _Loaded) -> None:
     from tpu_nb.display.reports import EnvironmentView, RunView, TimingView
     from tpu_nb.runtime.environment import Environment
+    from tpu_nb.runtime.graph import Graph
     from tpu_nb.runtime.metrics import DeviceTiming
     from tpu_nb.runtime.parallel import LaunchResult
     from tpu_nb.runtime.tracking import RunReport
 
     html = shell.display_formatter.formatters["text/html"]
     plain = shell.display_formatter.formatters["text/plain"]
-
-    def run_view(report):
-        return RunView(report)
-
-    views = {Environment: EnvironmentView, RunReport: run_view, DeviceTiming: TimingView}
+    views = {Environment: EnvironmentView, RunReport: RunView, DeviceTiming: TimingView}
     for typ, view in views.items():
         html.for_type(typ, lambda obj, view=view: view(obj)._repr_html_())
         plain.for_type(typ, lambda obj, p, cycle, view=view: p.text(repr(view(obj))))
-        state.formatter_types.append(typ)
     plain.for_type(LaunchResult, lambda obj, p, cycle: p.text(str(obj)))
-    state.formatter_types.append(LaunchResult)
-    from tpu_nb.runtime.graph import Graph
 
     def graph_html(obj):
         from tpu_nb.display.graph_view import GraphView
@@ -181,13 +180,17 @@ def _register_formatters(shell, state: _Loaded) -> None:
 
     html.for_type(Graph, graph_html)
     plain.for_type(Graph, lambda obj, p, cycle: p.text(f"<Graph: {obj.summary()}>"))
-    state.formatter_types.append(Graph)
+    state.formatter_types += [*views, LaunchResult, Graph]
 
 
 def load_ipython_extension(shell) -> None:
     if id(shell) in _loaded:  # %load_ext twice: already there
         return
+    from tpu_nb.ipython._cell import cell_name
+    from tpu_nb.ipython.interrupts import InterruptNotice
     from tpu_nb.ipython.magics import TpuMagics
+    from tpu_nb.runtime.environment import install_legacy_names
+    from tpu_nb.runtime.sources import add_file_namer
 
     settings = TpuNb(parent=shell)
     shell.configurables.append(settings)
@@ -197,21 +200,14 @@ def load_ipython_extension(shell) -> None:
     _loaded[id(shell)] = state
     shell.events.register("pre_run_cell", watcher.pre_run_cell)
     shell.events.register("post_run_cell", watcher.post_run_cell)
-    from tpu_nb.ipython.interrupts import InterruptNotice
-
     state.notice = InterruptNotice()  # after the watcher: also covers its final wait
     shell.events.register("pre_run_cell", state.notice.pre_run_cell)
     shell.events.register("post_run_cell", state.notice.post_run_cell)
     magics = TpuMagics(shell, state)
     shell.register_magics(magics)
     state.magics = magics
-    from tpu_nb.ipython._cell import cell_name
-    from tpu_nb.runtime.sources import add_file_namer
-
     state.namer = functools.partial(cell_name, shell, watcher)  # "In [n]", not temp files
     add_file_namer(state.namer)
-    from tpu_nb.runtime.environment import install_legacy_names
-
     install_legacy_names()  # old tutorials' names say their replacement
     if backend().process.is_loaded():  # else at the first snapshot, once torch_xla is imported
         from tpu_nb.runtime.metrics import watch_counter_resets
@@ -225,6 +221,10 @@ def unload_ipython_extension(shell) -> None:
     state = _loaded.pop(id(shell), None)
     if state is None:
         return
+    from tpu_nb.runtime.environment import undo_debug_settings, uninstall_legacy_names
+    from tpu_nb.runtime.metrics import stop_watching_counter_resets
+    from tpu_nb.runtime.sources import remove_file_namer
+
     shell.events.unregister("pre_run_cell", state.watcher.pre_run_cell)
     shell.events.unregister("post_run_cell", state.watcher.post_run_cell)
     if state.notice is not None:
@@ -236,18 +236,10 @@ def unload_ipython_extension(shell) -> None:
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop("TpuMagics", None)
-    from tpu_nb.runtime.sources import remove_file_namer
-
     remove_file_namer(state.namer)
-    from tpu_nb.runtime.environment import uninstall_legacy_names
-
     uninstall_legacy_names()
-    from tpu_nb.runtime.metrics import stop_watching_counter_resets
-
     if backend().process.is_loaded():
         stop_watching_counter_resets()  # torch_xla's reset is its own again
-    from tpu_nb.runtime.environment import undo_debug_settings
-
     undone = undo_debug_settings()  # or one line on what stays for the life of the process
     if undone:
         print(f"tpu_nb unloaded, but {undone}")

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from operator import attrgetter
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.frame import walk_stack
@@ -103,20 +104,16 @@ class _Watch:
         """XLA_BUSY when the main thread waits in a call made from the backend (torch_xla,
         torch) or tpu_nb's own wrappers (sync, a value read); otherwise the call is not known
         to be XLA's (a tensor method called straight from user code, or another library)."""
-        top = walk_stack(self.main, _code_file, "")
+        top = walk_stack(self.main, attrgetter("f_code.co_filename"), "")
         packages = (*backend().packages, "tpu_nb")
-        return (
-            XLA_BUSY
-            if any(f"{os.sep}{package}{os.sep}" in top for package in packages)
-            else NATIVE_BUSY
-        )
+        xla = any(f"{os.sep}{package}{os.sep}" in top for package in packages)
+        return XLA_BUSY if xla else NATIVE_BUSY
 
     def _say(self, line: str) -> None:
-        try:
+        # a closed stream must not kill the watcher silently mid-cell
+        with contextlib.suppress(Exception):
             self.stream.write(line + "\n")
             self.stream.flush()
-        except Exception:  # a closed stream must not kill the watcher silently mid-cell
-            pass
 
     def stop(self) -> None:
         if signal.getsignal(signal.SIGINT) == self._on_sigint:
@@ -128,7 +125,3 @@ class _Watch:
         os.close(self.write_fd)  # the thread reads EOF and ends
         self.thread.join(timeout=2)
         os.close(self.read_fd)
-
-
-def _code_file(frame) -> str:
-    return frame.f_code.co_filename

@@ -85,8 +85,7 @@ class TpuMagics(Magics):
         args = parse(self.tpu_setup, line)
         if args is None:
             return
-        from tpu_nb.runtime import detect, setup
-        from tpu_nb.runtime.environment import install_pair
+        from tpu_nb.runtime.environment import detect, install_pair, setup
 
         if args.dry_run and not args.install:
             raise UsageError(

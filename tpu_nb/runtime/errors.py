@@ -36,12 +36,9 @@ class RuntimeStateError(TpuNbError):
     are latched), or another run is in progress. Often fixed by restarting the kernel."""
 
 
-# -- the one validator for numbers ----------------------------------------------------------
-#
-# Every count and every duration a user passes (an API argument or a magic option) is checked
-# here, so the same mistake reads the same everywhere: "<name> must be a whole number from 1 to
-# 10,000; got 0. Fix: e.g. <name>=3." bool is refused (True is an int to Python, never meant as
-# a count), and NaN is refused by the comparisons (it compares false with every bound).
+# The same mistake reads the same everywhere: "<name> must be a whole number from 1 to 10,000;
+# got 0. Fix: e.g. <name>=3." bool is refused (True is an int to Python, never meant as a
+# count), and NaN by the comparisons (it compares false with every bound).
 
 
 def check_whole_number(

@@ -27,12 +27,7 @@ from tpu_nb.runtime.backend._base import (
     current,
     register,
 )
-from tpu_nb.runtime.backend._torch_xla import (
-    TORCH_PAIR,
-    hash_hex,
-    installed_version,
-    normal_hash,
-)
+from tpu_nb.runtime.backend._torch_xla import TORCH_PAIR, hash_hex, installed_version, normal_hash
 
 __all__ = [
     "TORCH_PAIR",

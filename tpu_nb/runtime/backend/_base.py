@@ -1,13 +1,10 @@
 """`Backend`: everything tpu_nb asks of the library that runs PyTorch on the device.
 
 tpu_nb reads facts (counters, compile causes, the pending graph, device and memory figures)
-and asks for a few actions (sync, wait, launch replicas, switch to SPMD). They come in small
-protocols named by what tpu_nb does with them: `Process`, `Counters`, `Graphs`, `Syncs`,
-`Devices`, `Launch`, `Profiler`; a `Backend` holds one object of each. Every method is typed
-and documented by what a user of tpu_nb relies on (with the torch_xla fact behind it where the
-name alone does not say); tests/test_backend_contract.py asserts each protocol against every
-registered backend on the real runtime. The one implementation today is torch_xla 2.9's
-(_torch_xla); docs/backends.md maps each method to TorchTPU's published surface.
+and asks for a few actions (sync, wait, launch replicas, switch to SPMD), through the small
+protocols below; a `Backend` holds one object of each. Every method is typed and documented
+by what a user of tpu_nb relies on (with the torch_xla fact behind it where the name alone
+does not say); tests/test_backend_contract.py asserts each protocol on the real runtime.
 
 Nothing here imports the backend's library: a backend imports it when a method first needs
 it, so `import tpu_nb` stays cheap and `detect()` works when the library is broken.

@@ -13,6 +13,7 @@ wraps): all of them cost ~13 µs, while `metrics_report()` text costs ~100 µs.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import math
 import os
@@ -85,18 +86,16 @@ def _extension() -> Any:
     return _xlac
 
 
-def _xla_model() -> Any:
+def _module(name: str) -> Any:
+    """A module of torch_xla, imported after torch_xla itself (whose failure is explained)."""
     _import_torch_xla()
-    from torch_xla.core import xla_model
-
-    return xla_model
+    return importlib.import_module(name)
 
 
-def _xr() -> Any:
-    _import_torch_xla()
-    import torch_xla.runtime as xr
-
-    return xr
+_xla_model = functools.partial(_module, "torch_xla.core.xla_model")
+_xr = functools.partial(_module, "torch_xla.runtime")
+_spmd = functools.partial(_module, "torch_xla.distributed.spmd")
+_profiler = functools.partial(_module, "torch_xla.debug.profiler")
 
 
 class _Process(Process):
@@ -142,7 +141,7 @@ class _Process(Process):
         return path
 
     def settings(self) -> dict[str, str]:
-        return {**os.environ, **self._hidden} if self._hidden else dict(os.environ)
+        return {**os.environ, **self._hidden}
 
     def hide_latched_settings(self) -> bool:
         # Until the first compile they must stay in the environment (torch_xla has no call
@@ -152,9 +151,8 @@ class _Process(Process):
         if not self.compiled_yet():
             return False
         for name in _LATCHED_AT_COMPILE:
-            value = os.environ.pop(name, None)
-            if value is not None:
-                self._hidden[name] = value
+            if name in os.environ:
+                self._hidden[name] = os.environ.pop(name)
         return True
 
     def source_lines(self) -> bool:
@@ -409,15 +407,12 @@ class _Launch(Launch):
                 setattr(xla_model, name, refusal(name))
 
     def spmd_active(self) -> bool:
-        if not hasattr(sys.modules.get("torch_xla"), "_XLAC"):  # never imports it
-            return False
-        return bool(_xr().is_spmd())
+        # never imports torch_xla
+        return hasattr(sys.modules.get("torch_xla"), "_XLAC") and bool(_xr().is_spmd())
 
     def spmd_locked(self) -> bool:
         xlac = getattr(sys.modules.get("torch_xla"), "_XLAC", None)
-        if xlac is None:
-            return False
-        return bool(xlac._xla_get_spmd_config_is_locked())
+        return xlac is not None and bool(xlac._xla_get_spmd_config_is_locked())
 
     def use_spmd(self) -> None:
         _xr().use_spmd()
@@ -425,30 +420,19 @@ class _Launch(Launch):
     def mesh(self, devices: int, shape: tuple[int, int], axes: tuple[str, str]) -> Any:
         import numpy as np
 
-        _import_torch_xla()
-        import torch_xla.distributed.spmd as xs
-
-        return xs.Mesh(np.arange(devices), shape, axes)
+        return _spmd().Mesh(np.arange(devices), shape, axes)
 
     def shard(self, tensor: Any, mesh: Any, spec: tuple[str | None, ...]) -> Any:
-        import torch_xla.distributed.spmd as xs
-
-        xs.mark_sharding(tensor, mesh, spec)
+        _spmd().mark_sharding(tensor, mesh, spec)
         return tensor
 
 
 class _Profiler(Profiler):
     def start(self, logdir: str) -> None:
-        _import_torch_xla()
-        import torch_xla.debug.profiler as xp
-
-        xp.start_trace(logdir)
+        _profiler().start_trace(logdir)
 
     def stop(self) -> None:
-        _import_torch_xla()
-        import torch_xla.debug.profiler as xp
-
-        xp.stop_trace()
+        _profiler().stop_trace()
 
 
 def memory_from_info(info: dict) -> DeviceMemory:

@@ -88,11 +88,8 @@ _ALIASES = {
 def chip(name: str) -> Chip | None:
     """The table's chip for a name: "v5e", "v5litepod-8", "TPU v6e", "tpu7x"; else None."""
     key = name.strip().lower().removeprefix("tpu ").split("-")[0].strip()
-    key = _ALIASES.get(key, key)
-    for known, found in CHIPS.items():
-        if known.lower() == key.lower():
-            return found
-    return None
+    key = _ALIASES.get(key, key).lower()
+    return next((found for known, found in CHIPS.items() if known.lower() == key), None)
 
 
 def check_target(target: str | Chip) -> Chip:

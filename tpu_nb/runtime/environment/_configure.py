@@ -37,12 +37,6 @@ DEVICES = ("auto", "tpu", "cpu")
 METRICS_SAMPLES = "128"
 
 
-def default_debug_file() -> str:
-    """A per-process file for torch_xla's compile-cause analysis, in a directory private to
-    this user (see private_files: on a shared host the usual path may be someone else's)."""
-    return private_files.default_log_path()
-
-
 def _check_device(device: str, accelerator) -> str:
     if not isinstance(device, str):
         raise TpuNbUsageError(
@@ -71,16 +65,15 @@ def _check_device(device: str, accelerator) -> str:
             return "tpu" if accelerator.kind == "tpu" else "cpu"
         name = "tpu"
     if name == "tpu" and accelerator.kind != "tpu":
-        by_env = device.strip().lower() == "auto"
-        raise EnvironmentProblem(
-            f"{'PJRT_DEVICE=TPU is set' if by_env else 'device=' + repr('tpu')} but this "
-            "machine has no TPU (no TPU_ACCELERATOR_TYPE, /dev/accel* or /dev/vfio). Fix: "
-            + (
-                "unset PJRT_DEVICE, or choose the CPU with device='cpu'"
-                if by_env
-                else "use device='cpu' (or 'auto')"
+        asked, fix = ("device='tpu'", "use device='cpu' (or 'auto')")
+        if device.strip().lower() == "auto":
+            asked, fix = (
+                "PJRT_DEVICE=TPU is set",
+                "unset PJRT_DEVICE, or choose the CPU with device='cpu'",
             )
-            + ", or switch the notebook to a TPU runtime."
+        raise EnvironmentProblem(
+            f"{asked} but this machine has no TPU (no TPU_ACCELERATOR_TYPE, /dev/accel* or "
+            f"/dev/vfio). Fix: {fix}, or switch the notebook to a TPU runtime."
         )
     return name
 
@@ -181,11 +174,6 @@ def _make_cache_dir(path: str) -> None:
         ) from None
 
 
-def _compiled_yet() -> bool:
-    """Whether this process has compiled a graph (PT_XLA_DEBUG_* are latched then)."""
-    return backend().process.compiled_yet()
-
-
 def setup(
     device: str = "auto",
     *,
@@ -228,48 +216,32 @@ def setup(
 
     imported = backend().process.is_loaded()
     started = runtime_initialized()
-    # PT_XLA_DEBUG_* too, once hidden from child processes
-    in_effect = backend().process.settings()
-    compiled = _compiled_yet()
-    wanted: list[tuple[str, str, str | None]] = []  # (variable, value, why it is latched)
-    started_why = (
-        (
-            "the XLA runtime already started in this process; restart the kernel and "
-            "call tpu_nb.setup() first"
-        )
-        if started
-        else None
-    )
-    wanted.append(("PJRT_DEVICE", platform.upper(), started_why))
+    in_effect = backend().process.settings()  # PT_XLA_DEBUG_* too, once hidden from children
+    first = "; restart the kernel and call tpu_nb.setup() first"
+    started_why = f"the XLA runtime already started in this process{first}" if started else None
+    # (variable, value, why it is latched now or None)
+    wanted: list[tuple[str, str, str | None]] = [("PJRT_DEVICE", platform.upper(), started_why)]
     if n_devices is not None:
         wanted.append(("CPU_NUM_DEVICES", str(n_devices), started_why))
     if compile_analysis:
-        compiled_why = (
-            (
+        compiled_why = None
+        if backend().process.compiled_yet():
+            compiled_why = (
                 "a graph was already compiled in this process, and torch_xla reads "
-                "PT_XLA_DEBUG_* at the first compile; restart the kernel and call "
-                "tpu_nb.setup() first"
+                f"PT_XLA_DEBUG_* at the first compile{first}"
             )
-            if compiled
-            else None
-        )
-        current = in_effect.get("PT_XLA_DEBUG_LEVEL", "")
-        if current.strip() in ("", "0"):
+        if in_effect.get("PT_XLA_DEBUG_LEVEL", "").strip() in ("", "0"):
             wanted.append(("PT_XLA_DEBUG_LEVEL", "1", compiled_why))
         inherited = in_effect.get("PT_XLA_DEBUG_FILE")
         if private_files.inherited_from_another_process(inherited):
             inherited = None  # a parent process's held log: not this process's to use
         chosen = os.path.expanduser(os.fspath(debug_file)) if debug_file else None
-        path = chosen or inherited or default_debug_file()
+        # by default a per-process file in a directory private to this user (_private_files)
+        path = chosen or inherited or private_files.default_log_path()
         wanted.append(("PT_XLA_DEBUG_FILE", os.path.abspath(path), compiled_why))
     if "XLA_METRICS_SAMPLES" not in os.environ:
-        wanted.append(
-            (
-                "XLA_METRICS_SAMPLES",
-                METRICS_SAMPLES,
-                "torch_xla already recorded metrics with its default buffer" if started else None,
-            )
-        )
+        why = "torch_xla already recorded metrics with its default buffer" if started else None
+        wanted.append(("XLA_METRICS_SAMPLES", METRICS_SAMPLES, why))
     # XLA_IR_DEBUG is read at import; after it, torch_xla's _set_ir_debug switches it on.
     if ir_debug:
         wanted.append(("XLA_IR_DEBUG", "1", None))
@@ -283,10 +255,8 @@ def setup(
         if in_effect.get(name) == value:
             continue
         if latched_why:
-            now = in_effect.get(name)
-            not_applied.append(
-                f"{name}={value} (now {now if now is not None else 'unset'}): {latched_why}."
-            )
+            now = in_effect.get(name, "unset")
+            not_applied.append(f"{name}={value} (now {now}): {latched_why}.")
         else:
             changes[name] = value
             applied.append(f"{name}={value}")
@@ -343,7 +313,7 @@ def undo_debug_settings() -> str:
     process, and the one line returned says so and what to do."""
     if not _debug_before:
         return ""
-    if _compiled_yet():
+    if backend().process.compiled_yet():  # PT_XLA_DEBUG_* are latched at the first compile
         log = backend().process.compile_log_path()
         if not log:
             return ""

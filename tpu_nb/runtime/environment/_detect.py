@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import os
 import platform as _platform
+import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
@@ -177,9 +180,7 @@ def detect_platform(env: os._Environ | dict = os.environ) -> str:
 
 
 def _tpu_device_files() -> list[str]:
-    accel = glob.glob("/dev/accel[0-9]*")
-    vfio = [p for p in glob.glob("/dev/vfio/[0-9]*")]
-    return accel or vfio
+    return glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")
 
 
 def _read(path: str) -> str:
@@ -207,10 +208,9 @@ def chip_generation(device_id: str, subsystem_id: str = "") -> str | None:
     tpu-info is installed, else ours (which cannot tell v2 from v3). None when unknown."""
     try:
         from tpu_info.device import TpuChip
-    except ImportError:
-        return _TPU_PCI_DEVICES.get(device_id)
-    except Exception as exc:  # a broken tpu-info install must not stop detect()
-        log.debug("tpu-info failed to import (%r); using tpu_nb's chip table", exc)
+    except Exception as exc:  # not installed; or broken, which must not stop detect()
+        if not isinstance(exc, ImportError):
+            log.debug("tpu-info failed to import (%r); using tpu_nb's chip table", exc)
         return _TPU_PCI_DEVICES.get(device_id)
     chip = TpuChip.from_pci_device_id(device_id, subsystem_id)
     return chip.value.name if chip is not None else _TPU_PCI_DEVICES.get(device_id)
@@ -233,10 +233,7 @@ def detect_accelerator(env: os._Environ | dict = os.environ) -> Accelerator:
 def _chips_from_bounds(env) -> int:
     bounds = env.get("TPU_CHIPS_PER_HOST_BOUNDS", "")
     try:
-        n = 1
-        for b in bounds.split(","):
-            n *= int(b)
-        return n if bounds else 0
+        return math.prod(int(b) for b in bounds.split(",")) if bounds else 0
     except ValueError:
         return 0
 
@@ -261,8 +258,8 @@ def pair_install_command(release: str = TORCH_PAIR, tpu: bool = False) -> list[s
 
 
 def _pip_text(release: str, tpu: bool) -> str:
-    xla = f"'torch-xla[tpu]=={release}'" if tpu else f"torch-xla=={release}"
-    return f"pip install torch=={release} {xla}"
+    """The same command as typed in a shell: pip install torch==2.9.0 'torch-xla[tpu]==2.9.0'."""
+    return "pip " + shlex.join(pair_install_command(release, tpu)[3:])
 
 
 def runtime_initialized() -> bool:
@@ -270,107 +267,83 @@ def runtime_initialized() -> bool:
     return backend().process.started()
 
 
-def _problems(versions, accelerator, env) -> list[Problem]:
-    out: list[Problem] = []
+def _problems(versions, accelerator, env) -> Iterator[Problem]:
     tpu = accelerator.kind == "tpu"
     torch_v, xla_v = versions["torch"], versions["torch_xla"]
     if torch_v is None:
-        out.append(
-            Problem("torch-missing", "error", "torch is not installed.", _pip_text(TORCH_PAIR, tpu))
+        yield Problem(
+            "torch-missing", "error", "torch is not installed.", _pip_text(TORCH_PAIR, tpu)
         )
     if xla_v is None:
-        out.append(
-            Problem(
-                "torch-xla-missing",
-                "error",
-                "torch_xla is not installed.",
-                _pip_text(TORCH_PAIR, tpu),
-            )
+        yield Problem(
+            "torch-xla-missing", "error", "torch_xla is not installed.", _pip_text(TORCH_PAIR, tpu)
         )
     elif torch_v is not None and not _same_release(torch_v, xla_v):
         pair = _pair_for(xla_v)
-        out.append(
-            Problem(
-                "version-mismatch",
-                "error",
-                f"torch {torch_v} does not match torch_xla {xla_v}: importing torch_xla will fail "
-                "with an undefined _XLAC symbol (the torch_xla wheel does not pin torch).",
-                _pip_text(pair, tpu) + " (then restart the runtime)",
-            )
+        yield Problem(
+            "version-mismatch",
+            "error",
+            f"torch {torch_v} does not match torch_xla {xla_v}: importing torch_xla will fail "
+            "with an undefined _XLAC symbol (the torch_xla wheel does not pin torch).",
+            _pip_text(pair, tpu) + " (then restart the runtime)",
         )
     if xla_v is not None and tpu and versions["libtpu"] is None:
-        out.append(
-            Problem(
-                "libtpu-missing",
-                "error",
-                "This host has a TPU but libtpu is not installed.",
-                _pip_text(_pair_for(xla_v), True),
-            )
+        yield Problem(
+            "libtpu-missing",
+            "error",
+            "This host has a TPU but libtpu is not installed.",
+            _pip_text(_pair_for(xla_v), True),
         )
     if xla_v is not None and installed_version("tensorflow") is not None:
-        out.append(
-            Problem(
-                "tensorflow-installed",
-                "error" if tpu else "warning",
-                f"The full tensorflow {installed_version('tensorflow')} is installed next to "
-                "torch_xla; on a TPU it claims the device and its bundled libraries conflict with "
-                "torch_xla's.",
-                "pip uninstall -y tensorflow (install tensorflow-cpu if you still need TensorFlow)",
-            )
+        yield Problem(
+            "tensorflow-installed",
+            "error" if tpu else "warning",
+            f"The full tensorflow {installed_version('tensorflow')} is installed next to "
+            "torch_xla; on a TPU it claims the device and its bundled libraries conflict with "
+            "torch_xla's.",
+            "pip uninstall -y tensorflow (install tensorflow-cpu if you still need TensorFlow)",
         )
     if env.get("XLA_USE_BF16"):
-        out.append(
-            Problem(
-                "xla-use-bf16",
-                "warning",
-                "XLA_USE_BF16 is set; it is deprecated in torch_xla 2.9 and silently changes every "
-                "float32 tensor to bfloat16.",
-                "unset XLA_USE_BF16 and convert explicitly: model.to(torch.bfloat16), or "
-                "torch.autocast('xla', dtype=torch.bfloat16)",
-            )
+        yield Problem(
+            "xla-use-bf16",
+            "warning",
+            "XLA_USE_BF16 is set; it is deprecated in torch_xla 2.9 and silently changes every "
+            "float32 tensor to bfloat16.",
+            "unset XLA_USE_BF16 and convert explicitly: model.to(torch.bfloat16), or "
+            "torch.autocast('xla', dtype=torch.bfloat16)",
         )
     pjrt = env.get("PJRT_DEVICE")
     if pjrt and pjrt.lower() in _GPU_NAMES:
-        out.append(
-            Problem(
-                "xla-gpu",
-                "error",
-                f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes "
-                '("No PjRtPlugin registered for: CUDA").',
-                "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (tpu_nb.setup('cpu')); for an NVIDIA GPU "
-                "use plain PyTorch with device='cuda'",
-            )
+        yield Problem(
+            "xla-gpu",
+            "error",
+            f"PJRT_DEVICE={pjrt} asks for XLA:GPU, which torch_xla 2.9 no longer includes "
+            '("No PjRtPlugin registered for: CUDA").',
+            "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (tpu_nb.setup('cpu')); for an NVIDIA GPU "
+            "use plain PyTorch with device='cuda'",
         )
     elif pjrt and pjrt.upper() not in _VALID_PJRT:
-        out.append(
-            Problem(
-                "pjrt-device-unknown",
-                "error",
-                f"PJRT_DEVICE={pjrt} is not a device torch_xla 2.9 knows.",
-                "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (or call tpu_nb.setup())",
-            )
+        yield Problem(
+            "pjrt-device-unknown",
+            "error",
+            f"PJRT_DEVICE={pjrt} is not a device torch_xla 2.9 knows.",
+            "set PJRT_DEVICE=TPU or PJRT_DEVICE=CPU (or call tpu_nb.setup())",
         )
     elif pjrt and pjrt.upper() == "TPU" and not tpu:
-        out.append(
-            Problem(
-                "no-tpu",
-                "error",
-                "PJRT_DEVICE=TPU but this machine has no TPU.",
-                "use tpu_nb.setup('cpu') (or PJRT_DEVICE=CPU), or switch the "
-                "notebook to a TPU runtime",
-            )
+        yield Problem(
+            "no-tpu",
+            "error",
+            "PJRT_DEVICE=TPU but this machine has no TPU.",
+            "use tpu_nb.setup('cpu') (or PJRT_DEVICE=CPU), or switch the notebook to a TPU runtime",
         )
     if runtime_initialized():
-        out.append(
-            Problem(
-                "runtime-initialized",
-                "info",
-                "The XLA runtime is already running in this process: the device, the number of "
-                "CPU devices and debug settings can no longer change.",
-                "restart the runtime (kernel) and call tpu_nb.setup() before using the device",
-            )
+        yield Problem(
+            "runtime-initialized",
+            "info",
+            "The XLA runtime is already running in this process: the device, the number of "
+            "CPU devices and debug settings can no longer change.",
+            "restart the runtime (kernel) and call tpu_nb.setup() before using the device",
         )
-    return out
 
 
 _XLA_VARS = (
@@ -394,15 +367,10 @@ def detect(*, check_import: bool = False) -> Environment:
     env = backend().process.settings()  # with PT_XLA_DEBUG_* kept from child processes
     versions = _versions()
     accelerator = detect_accelerator(env)
-    problems = _problems(versions, accelerator, env)
-    if (
-        check_import
-        and versions["torch_xla"]
-        and not any(p.code in ("version-mismatch", "torch-missing") for p in problems)
-    ):
-        failure = _import_failure()
-        if failure:
-            problems.append(failure)
+    problems = list(_problems(versions, accelerator, env))
+    known = any(p.code in ("version-mismatch", "torch-missing") for p in problems)
+    if check_import and versions["torch_xla"] and not known and (failure := _import_failure()):
+        problems.append(failure)
     try:
         cpu_devices = int(env["CPU_NUM_DEVICES"]) if env.get("CPU_NUM_DEVICES") else None
     except ValueError:

@@ -20,20 +20,14 @@ def device(index: int | None = None):
     ensure_setup()
     runtime = backend()
     runtime.process.load()  # a broken install is explained before anything else
-    if index is not None:
-        _check_index(index)
-    return runtime.devices.device(index)
-
-
-def _check_index(index: int) -> None:
     # Under SPMD one virtual device (xla:0) stands for all of them.
-    count = backend().devices.count()
-    if index >= count:
+    if index is not None and index >= (count := runtime.devices.count()):
         raise TpuNbUsageError(
             f"there is no XLA device {index}: this process has {count} "
             f"(xla:0{f' to xla:{count - 1}' if count > 1 else ''}). Fix: "
             f"tpu_nb.device({count - 1 if count > 1 else 0}) or tpu_nb.device()."
         )
+    return runtime.devices.device(index)
 
 
 def sync(wait: bool = False) -> None:

@@ -39,12 +39,7 @@ SPAWN_NOTE = (
     "or call `tpu_nb.launch(fn, *args)`: they fork before the kernel touches XLA, or "
     "use a fresh worker process after, so neither fails this way"
 )
-_SPAWN_FAILURES = ("Runtime is already initialized", "Unsupported nprocs", "already initialized")
-
-
-def replacement(module: str, name: str) -> str | None:
-    """What to write instead of `module.name`, if it was removed or deprecated."""
-    return REMOVED.get((module, name)) or DEPRECATED.get((module, name))
+_SPAWN_FAILURES = ("Unsupported nprocs", "already initialized")  # "Runtime is already ..."
 
 
 def _module_getattr(module_name: str):

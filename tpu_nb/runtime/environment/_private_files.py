@@ -85,12 +85,8 @@ def private_dir() -> tuple[str, str | None]:
     if chosen is not None and os.path.isdir(chosen[0]):
         return chosen
     path = usual_dir()
-    try:
+    with suppress(OSError):  # it exists, or cannot be made: _open_private says which
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        pass  # reported by _open_private below
     fd, problem = _open_private(path)
     note = None
     if fd is None:
@@ -166,14 +162,12 @@ def _pin(fd: int, path: str) -> str:
 
 def held_fd(path: str) -> int | None:
     """The descriptor held for a handed-over log path (inherited as is by a forked child)."""
-    held = _held.get(path)
-    return held[1] if held else None
+    return _held.get(path, (path, None))[1]
 
 
 def log_name(path: str) -> str:
     """The name a handed-over log was created under (for messages), else `path` itself."""
-    held = _held.get(path)
-    return held[0] if held else path
+    return _held.get(path, (path, None))[0]
 
 
 def inherited_from_another_process(path: str | None) -> bool:
@@ -215,7 +209,7 @@ def ensure_log(path: str) -> bool:
         return False
     with suppress(OSError):
         os.mkdir(folder, 0o700)
-    fd, _problem = _open_private(folder)
+    fd, _ = _open_private(folder)
     if fd is None:
         return False
     try:
@@ -235,7 +229,7 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
-        return True
+        pass
     return True
 
 
