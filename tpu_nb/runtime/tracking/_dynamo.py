@@ -78,21 +78,14 @@ class ChangedInput:
             name = f"`{shown}` (the function's `{self.name}`)"
         if self.what == "size" and self.dim is not None:
             if ndim == 2 and self.dim in (0, 1):
-                unit = "rows" if self.dim == 0 else "columns"
-                return (
-                    f"{name} has {self.actual} {unit}, the cached graph was built "
-                    f"for {self.expected}"
-                )
-            return (
-                f"{name} has size {self.actual} in dimension {self.dim}, the cached "
-                f"graph was built for {self.expected}"
-            )
-        if self.what in ("dtype", "rank"):
-            return (
-                f"{name} has {self.what} {self.actual}, the cached graph was built "
-                f"for {self.expected}"
-            )
-        return self.actual
+                has = f"{self.actual} {'rows' if self.dim == 0 else 'columns'}"
+            else:
+                has = f"size {self.actual} in dimension {self.dim}"
+        elif self.what in ("dtype", "rank"):
+            has = f"{self.what} {self.actual}"
+        else:
+            return self.actual
+        return f"{name} has {has}, the cached graph was built for {self.expected}"
 
 
 @dataclass(frozen=True)
@@ -241,12 +234,11 @@ def report_lines(compiled) -> list[str]:
 
 def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
     """The inputs a Dynamo guard failure names (size, dtype or rank); () for other guards."""
-    for pattern, what in ((_SIZE, "size"), (_DTYPE, "dtype"), (_RANK, "rank")):
-        found = pattern.search(reason)
-        if found:
-            if what == "size":
-                name, dim, expected, actual = found.groups()
-                return (ChangedInput(name, what, int(dim), expected, actual),)
+    if found := _SIZE.search(reason):
+        name, dim, expected, actual = found.groups()
+        return (ChangedInput(name, "size", int(dim), expected, actual),)
+    for pattern, what in ((_DTYPE, "dtype"), (_RANK, "rank")):
+        if found := pattern.search(reason):
             name, expected, actual = found.groups()
             return (ChangedInput(name, what, None, expected, actual),)
     return ()
@@ -286,24 +278,24 @@ def latest_recompile() -> DynamoCompile | None:
     return None
 
 
-def _latest_frame(offset: int):
-    """The Dynamo frame (finished, of a tracked run now running) that started last at or
-    before compile-log `offset`: (its start, the frame), or (-1, None)."""
+def _frame_of(event: CompileEvent) -> DynamoCompile | None:
+    """For an XLA graph of a Dynamo frame, the frame (finished, of a tracked run now running)
+    that started last at or before the event's compile-log offset; None otherwise."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return None
     best: tuple[int, Any] = (-1, None)
     for watch in _watches():
         for (start, _), frame in zip(watch._starts, watch.compiles, strict=False):
-            if best[0] < start <= offset:
+            if best[0] < start <= event.offset:
                 best = (start, frame)
-    return best
+    return best[1]
 
 
 def frame_graph(event: CompileEvent) -> str:
     """An identity for `event`'s graph when counting a line's graphs live: for an XLA graph of
     a Dynamo frame compiled in a tracked run now running, the frame's compile (its forward,
     backward and other graphs are one compile of the function); else the graph's hash."""
-    if event.kind != "dynamo" or inputs_sync(event):
-        return event.graph_hash
-    start, frame = _latest_frame(event.offset)
+    frame = _frame_of(event)
     return f"dynamo frame {frame.compile_id}" if frame is not None else event.graph_hash
 
 
@@ -311,9 +303,7 @@ def function_of(event: CompileEvent) -> Frame | None:
     """For an XLA graph of a Dynamo frame compiled in a tracked run now running, the compiled
     function (its file, first line and name); None otherwise. torch_xla's compile log keeps
     8 frames, all inside Dynamo and torch_xla when it compiles a Dynamo graph."""
-    if event.kind != "dynamo" or inputs_sync(event):
-        return None
-    start, frame = _latest_frame(event.offset)
+    frame = _frame_of(event)
     return Frame(frame.file, frame.first_line, frame.function) if frame is not None else None
 
 
@@ -322,27 +312,18 @@ def recompiles() -> int:
     return sum(c.recompile for watch in _watches() for c in watch.compiles)
 
 
+@dataclass(slots=True)
 class _Pending:
-    __slots__ = (
-        "site",
-        "start_compiles",
-        "start_log",
-        "reasons",
-        "breaks",
-        "started",
-        "passed",
-        "code",
-    )
+    """What the trace told about a frame being compiled, until its compile is done."""
 
-    def __init__(self) -> None:
-        self.site = None
-        self.code: CodeType | None = None  # the frame's code, as Dynamo's _compile got it
-        self.passed: tuple[tuple[str, str], ...] = ()
-        self.start_compiles = 0
-        self.start_log = 0
-        self.reasons: tuple[str, ...] = ()
-        self.breaks: list[GraphBreak] = []
-        self.started = False
+    site: Any = None
+    code: CodeType | None = None  # the frame's code, as Dynamo's _compile got it
+    passed: tuple[tuple[str, str], ...] = ()
+    start_compiles: int = 0
+    start_log: int = 0
+    reasons: tuple[str, ...] = ()
+    breaks: list[GraphBreak] = field(default_factory=list)
+    started: bool = False
 
 
 class Watch(logging.Handler):
@@ -427,10 +408,7 @@ class Watch(logging.Handler):
 
     def _entry(self, meta) -> _Pending:
         key = (meta.get("frame_id"), meta.get("frame_compile_id"))
-        entry = self._pending.get(key)
-        if entry is None:
-            entry = self._pending[key] = _Pending()
-        return entry
+        return self._pending.setdefault(key, _Pending())
 
     def _started(self, meta) -> None:
         entry = self._entry(meta)
@@ -470,10 +448,8 @@ class Watch(logging.Handler):
     def _finished(self, meta) -> None:
         for callback in list(self.on_frame_compile):
             callback(False)
-        entry = (
-            self._pending.pop((meta.get("frame_id"), meta.get("frame_compile_id")), None)
-            or _Pending()
-        )
+        key = (meta.get("frame_id"), meta.get("frame_compile_id"))
+        entry = self._pending.pop(key, None) or _Pending()
         m = meta["compilation_metrics"]
         shapes = _shapes(m.get("graph_node_shapes"))
         changed = changed_inputs(entry.reasons[0]) if entry.reasons else ()
@@ -508,7 +484,9 @@ class Watch(logging.Handler):
                 guard_failures=tuple(_without_id(r) for r in entry.reasons),
                 changed=changed,
                 input_shapes=shapes,
-                dynamic=tuple(n for n, s in shapes.items() if any(not _is_int(d) for d in s)),
+                dynamic=tuple(
+                    n for n, s in shapes.items() if any(not isinstance(d, int) for d in s)
+                ),
                 graph_breaks=tuple(entry.breaks),
                 log_span=(entry.start_log, entry.start_log),
                 failed=str(m.get("fail_reason") or ""),
@@ -568,13 +546,12 @@ def _shapes(value) -> dict[str, tuple]:
     return {str(k): tuple(v) for k, v in value.items() if isinstance(v, (list, tuple))}
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int)
-
-
-# graph hash -> what Dynamo said changed, for the XLA graphs of frames it compiled again
-# (bounded: the latest graphs); read by what_changed().
+# torch_xla's cause for the graph of the pending work of a Dynamo frame's inputs
 _INPUT_SYNC = "dynamo processing input graphs"
+_INPUT_SYNC_FACT = (
+    "the pending work of the compiled function's inputs, which torch_xla runs before its "
+    "graph (a new shape of an input's creation is a new graph)"
+)
 
 
 def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
@@ -601,16 +578,9 @@ def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
                 # grouped apart, so that neither passes for the other's recompilation.
                 event = replace(event, site=replace(event.site, user=None))
             if _INPUT_SYNC in event.cause:
-                _note(
-                    event,
-                    (
-                        "the pending work of the compiled function's inputs, which "
-                        "torch_xla runs before its graph (a new shape of an input's "
-                        "creation is a new graph)",
-                    ),
-                )
+                note_changed(event.graph_hash, (_INPUT_SYNC_FACT,))
             elif frame.recompile:
-                _note(event, (f"Dynamo compiled {frame.function} again: {frame.why()}",))
+                note_changed(event.graph_hash, (_guard_fact(frame),))
             break
         placed.append(event)
     return placed
@@ -659,9 +629,11 @@ def guard_facts(event: CompileEvent) -> tuple[str, ...]:
     if event.kind != "dynamo" or inputs_sync(event):
         return ()
     frame = latest_recompile()
-    if frame is None:
-        return ()
-    return (f"Dynamo compiled {frame.function} again: {frame.why()}",)
+    return (_guard_fact(frame),) if frame is not None else ()
+
+
+def _guard_fact(frame: DynamoCompile) -> str:
+    return f"Dynamo compiled {frame.function} again: {frame.why()}"
 
 
 def functions_graphs(events: list[CompileEvent]) -> list[CompileEvent]:
@@ -679,25 +651,13 @@ def recompilations(events: list[CompileEvent], compiles) -> dict[tuple[str, int]
     out: dict[tuple[str, int], list[str]] = {}
     for frame in compiles:
         start, end = frame.log_span
-        first = next(
-            (
-                e
-                for e in events
-                if start <= e.offset < end and e.kind == "dynamo" and not inputs_sync(e)
-            ),
-            None,
-        )
+        own = (e for e in events if start <= e.offset < end and e.kind == "dynamo")
+        first = next((e for e in own if not inputs_sync(e)), None)
         key = (frame.file, frame.first_line)
-        graphs = out.get(key)
-        if graphs is None:
-            graphs = out[key] = ["(earlier)"] if frame.recompile else []
+        graphs = out.setdefault(key, ["(earlier)"] if frame.recompile else [])
         if first is not None and first.graph_hash not in graphs:
             graphs.append(first.graph_hash)
     return {k: tuple(v) for k, v in out.items() if len(v) > 1}
-
-
-def _note(event: CompileEvent, facts: tuple[str, ...]) -> None:
-    note_changed(event.graph_hash, facts)
 
 
 def note_changed(graph_hash: str, facts: tuple[str, ...]) -> None:

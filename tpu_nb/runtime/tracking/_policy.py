@@ -523,9 +523,9 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             )
     judgement = replace(judgement, steady_steps=len(steady))
     if len(steady) < MIN_STEADY_STEPS:
-        compiled, more = len(steps) - len(steady), MIN_STEADY_STEPS - len(steady)
+        first, more = len(steps) - len(steady), MIN_STEADY_STEPS - len(steady)
         note = (
-            f"too few steady steps to judge: {_which_compiled(len(steps), compiled)}; a "
+            f"too few steady steps to judge: {_which_compiled(len(steps), first)}; a "
             f"verdict needs {MIN_STEADY_STEPS} steady steps (run {more} more)"
         )
         return replace(judgement, note=note)
