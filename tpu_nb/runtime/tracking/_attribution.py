@@ -95,14 +95,6 @@ def _ends_run(event: CompileEvent) -> bool:
     return event.trigger == "end"
 
 
-def _flushes_before_guard(event: CompileEvent) -> bool:
-    """The compile of the --max-graphs guard's own sync as it starts: work left pending from
-    before the block (an earlier cell's tensors), not a line of the block. The probe marks
-    that sync as tpu_nb's own, and the recorder's site carries the mark."""
-    site = event.site
-    return site is not None and site.own == "guard-start"
-
-
 def _via(event: CompileEvent) -> str:
     return event.site.via if event.site is not None else ""
 
@@ -254,7 +246,10 @@ def _compile_findings(
     out = []
     kinds = judgement.compile_kinds if judgement is not None else ()
     for order, event in enumerate(report.compile_events):
-        guard_start = _flushes_before_guard(event)  # at the block's `with` line, if any
+        # The --max-graphs guard's own sync as it starts (at the block's `with` line, if any):
+        # work left pending from before the block, not a line of it. The probe marks that
+        # sync as tpu_nb's own, and the recorder's site carries the mark.
+        guard_start = event.site is not None and event.site.own == "guard-start"
         line = None if guard_start else _event_line(event, filename)
         what = plain_cause(event)
         detail = raw_detail(event)
@@ -358,14 +353,11 @@ def _site_pattern(pattern) -> str:
 def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:
     pending = earlier.pending
     ops = f" ({pending.describe_ops()})" if pending.nodes else ""
-    return LineFinding(
-        line,
-        "earlier",
+    what = (
         f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "
-        "one graph with this step's, not this line's own (its next graphs are)",
-        via=_via(event),
-        order=order,
+        "one graph with this step's, not this line's own (its next graphs are)"
     )
+    return LineFinding(line, "earlier", what, via=_via(event), order=order)
 
 
 def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
@@ -403,15 +395,8 @@ def _unplaced_compile(event: CompileEvent, guard_start: bool, order: int, detail
     else:
         place, own = "code this cell called (line not recorded)", False
         what = plain_cause(event)
-    return LineFinding(
-        0,
-        "compile",
-        what,
-        place=place,
-        via="" if own else _via(event),
-        order=order,
-        detail=detail,
-    )
+    via = "" if own else _via(event)
+    return LineFinding(0, "compile", what, place=place, via=via, order=order, detail=detail)
 
 
 def _at_occurrence(
@@ -422,6 +407,11 @@ def _at_occurrence(
     place = "" if line else "outside this cell's code"
     via, order = occ.site.via, base + occ.order
     return LineFinding(line, kind, what, hint, place, count, via, order=order)
+
+
+def _unplaced(kind: FindingKind, what: str, hint: str, place: str, count: int, base: int):
+    """A finding tpu_nb could not place on a line (a count the recorder did not see)."""
+    return LineFinding(0, kind, what, hint, place, count, order=base, phase="unplaced")
 
 
 def _read_findings(
@@ -451,18 +441,8 @@ def _read_findings(
         out.append(_at_occurrence(occ, "host-read", what, hint, occ.calls, filename, base))
     unplaced = report.metrics.host_reads - placed
     if unplaced > 0 and report.occurrences is not None:
-        out.append(
-            LineFinding(
-                0,
-                "host-read",
-                f"{unplaced} scalar reads tpu_nb could not place on a line",
-                "",
-                place="line not recorded",
-                count=unplaced,
-                order=base,
-                phase="unplaced",
-            )
-        )
+        what = f"{unplaced} scalar reads tpu_nb could not place on a line"
+        out.append(_unplaced("host-read", what, "", "line not recorded", unplaced, base))
     return out
 
 
@@ -486,19 +466,12 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
     for op, count in sorted(report.metrics.fallbacks.items()):
         left = count - placed[op]
         if left > 0:
-            out.append(
-                LineFinding(
-                    0,
-                    "fallback",
-                    f"{user_op('aten::' + op)} ran on the CPU (aten::{op}, {left}\u00d7)",
-                    fallback_hint(op),
-                    place="line not recorded (the first calls of an op tpu_nb "
-                    "had not seen fall back yet, or a call from C++)",
-                    count=left,
-                    order=base,
-                    phase="unplaced",
-                )
+            what = f"{user_op('aten::' + op)} ran on the CPU (aten::{op}, {left}\u00d7)"
+            where = (
+                "line not recorded (the first calls of an op tpu_nb had not seen fall back "
+                "yet, or a call from C++)"
             )
+            out.append(_unplaced("fallback", what, fallback_hint(op), where, left, base))
     return out
 
 

@@ -22,6 +22,8 @@ Nothing runs on a call that hits Dynamo's cache: the handler costs only while Dy
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import linecache
 import logging
@@ -371,20 +373,17 @@ class Watch(logging.Handler):
             return ()
         # torch_xla compiles a Dynamo graph to HLO when it first runs, just after Dynamo is
         # done with the frame: a frame's XLA compiles are those up to the next frame's start.
-        ends = [(c.log_span[0], self._starts[i][1]) for i, c in enumerate(self.compiles)]
-        order = sorted(range(len(ends)), key=lambda i: ends[i])
-        log_end = self._log.size() if self._log is not None else 0
-        count_end = snapshot().counter("UncachedCompile")
+        starts = self._starts
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        now = (
+            self._log.size() if self._log is not None else 0,
+            snapshot().counter("UncachedCompile"),
+        )
         out = list(self.compiles)
-        for k, i in enumerate(order):
-            nxt = order[k + 1] if k + 1 < len(order) else None
-            end_log = ends[nxt][0] if nxt is not None else log_end
-            end_count = ends[nxt][1] if nxt is not None else count_end
-            out[i] = replace(
-                out[i],
-                log_span=(ends[i][0], end_log),
-                xla_compiles=max(0, end_count - ends[i][1]),
-            )
+        for i, nxt in zip(order, [*order[1:], None], strict=True):
+            end_log, end_count = starts[nxt] if nxt is not None else now
+            span = (starts[i][0], end_log)
+            out[i] = replace(out[i], log_span=span, xla_compiles=max(0, end_count - starts[i][1]))
         return tuple(out)
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -453,6 +452,7 @@ class Watch(logging.Handler):
         m = meta["compilation_metrics"]
         shapes = _shapes(m.get("graph_node_shapes"))
         changed = changed_inputs(entry.reasons[0]) if entry.reasons else ()
+        dynamic = tuple(n for n, s in shapes.items() if not all(isinstance(d, int) for d in s))
         code = entry.code
         if not m.get("co_name"):
             # A frame past Dynamo's recompile limit: no start event, and metrics without its
@@ -484,9 +484,7 @@ class Watch(logging.Handler):
                 guard_failures=tuple(_without_id(r) for r in entry.reasons),
                 changed=changed,
                 input_shapes=shapes,
-                dynamic=tuple(
-                    n for n, s in shapes.items() if any(not isinstance(d, int) for d in s)
-                ),
+                dynamic=dynamic,
                 graph_breaks=tuple(entry.breaks),
                 log_span=(entry.start_log, entry.start_log),
                 failed=str(m.get("fail_reason") or ""),
@@ -536,8 +534,6 @@ def _without_id(reason: str) -> str:
 def _shapes(value) -> dict[str, tuple]:
     if isinstance(value, str):
         try:
-            import ast
-
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             return {}
@@ -598,18 +594,14 @@ def own_compiles(compiles, events: list[CompileEvent]) -> tuple:
             out.append(frame)
             continue
         start, end = frame.log_span
-        own = sum(
-            1
-            for e in events
-            if start <= e.offset < end
-            and (e.site is None or e.site.line is None or _same_line(e.site.line, line))
-        )
-        out.append(replace(frame, xla_compiles=min(frame.xla_compiles, own)))
+        spanned = [e for e in events if start <= e.offset < end]
+        own = [e for e in spanned if e.site is None or e.site.line is None or _same_line(e, line)]
+        out.append(replace(frame, xla_compiles=min(frame.xla_compiles, len(own))))
     return tuple(out)
 
 
-def _same_line(a, b) -> bool:
-    return (a.file, a.line) == (b.file, b.line)
+def _same_line(event: CompileEvent, line: Frame) -> bool:
+    return (event.site.line.file, event.site.line.line) == (line.file, line.line)
 
 
 # torch_xla.compile(fn) runs the pending work of fn's inputs first, in a graph of its own.
@@ -674,19 +666,13 @@ def what_changed(event: CompileEvent) -> tuple[str, ...]:
     return store.dynamo_changes.get(event.graph_hash, ())
 
 
-_kept_out = False
-
-
+@functools.cache
 def keep_out_of_dynamo() -> None:
     """Have Dynamo never compile tpu_nb's runtime code (its hooks on torch methods), once per
     process. Code after a graph break runs under Dynamo, which compiles each Python function
     it calls as a frame of its own: it compiled tpu_nb's `.item()` hook, and broke a graph
     inside tpu_nb — work and findings the program without tpu_nb does not have. Dynamo skips
     its own and other libraries' files the same way (torch._dynamo.trace_rules.add)."""
-    global _kept_out
-    if _kept_out:
-        return
-    _kept_out = True
     rules = sys.modules.get("torch._dynamo.trace_rules")  # imported by torch_xla
     if rules is None:
         return

@@ -126,21 +126,12 @@ def out_of_memory(error: BaseException | None) -> OutOfMemory | None:
         return None
     first = text.strip().splitlines()[0] if text.strip() else ""
     if m := _COMPILE.search(text):
-        return OutOfMemory(
-            "compile",
-            m.group(1),
-            used=_bytes(m.group(2), m.group(3)),
-            capacity=_bytes(m.group(4), m.group(5)),
-            allocations=_allocations(text),
-            error=first,
-        )
+        used, capacity = _bytes(m.group(2), m.group(3)), _bytes(m.group(4), m.group(5))
+        found = _allocations(text)
+        return OutOfMemory("compile", m.group(1), used, capacity, allocations=found, error=first)
     if m := _RUN.search(text):
-        return OutOfMemory(
-            "run",
-            requested=_bytes(m.group(1), m.group(2)),
-            free=_bytes(m.group(3), m.group(4)),
-            error=first,
-        )
+        requested, free = _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
+        return OutOfMemory("run", requested=requested, free=free, error=first)
     if m := _HOST.search(text):
         return OutOfMemory("run", "host", requested=float(m.group(1)), error=first)
     return OutOfMemory("run", error=first)

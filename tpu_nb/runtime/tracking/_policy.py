@@ -181,13 +181,8 @@ def classify_line(
         )
     first_moment = moments[0] if moments else 0
     warm = _warm_up_moments(events, moments, graphs)
-    later = (
-        VARIANT
-        if calls_after >= _SETTLED_CALLS
-        else UNSETTLED
-        if calls and calls < 4
-        else RECOMPILE
-    )
+    settled = calls_after >= _SETTLED_CALLS
+    later = VARIANT if settled else UNSETTLED if calls and calls < 4 else RECOMPILE
     kinds = tuple(FIRST if m == first_moment else WARM_UP if m in warm else later for m in moments)
     # the line's kind: its most telling compile
     kind = next((name for k, name in _LINE_KINDS if k in kinds), "once")
@@ -624,24 +619,16 @@ def _for_target(verdict, step_cost, steady):
         return verdict, timed
     if timed.device_seconds is None or timed.host_seconds is None:
         return verdict, timed
-    chip = timed.chip.name
     host, device = format_seconds(timed.host_seconds), format_seconds(timed.device_seconds)
-    cpu = f"; XLA:CPU ran it in {format_seconds(timed.measured_device_seconds)}, the CPU's time"
     if timed.host_seconds >= timed.device_seconds:
-        fix = anatomy.FIXES["host-bound"]
-        lines = verdict.lines if verdict.kind == "host-bound" else ()
-        reason = f"judged for a {chip}: tracing {host} per step, device work >= "
-        return replace(
-            verdict, kind="host-bound", reason=reason + device + cpu, fix=fix, lines=lines
-        ), timed
-    reason = f"judged for a {chip}: device work >= {device} per step, tracing "
-    return replace(
-        verdict,
-        kind="device-bound",
-        reason=reason + host + cpu,
-        fix=anatomy.FIXES["device-bound"],
-        lines=(),
-    ), timed
+        kind, lines = "host-bound", verdict.lines if verdict.kind == "host-bound" else ()
+        reason = f"tracing {host} per step, device work >= {device}"
+    else:
+        kind, lines = "device-bound", ()
+        reason = f"device work >= {device} per step, tracing {host}"
+    cpu = format_seconds(timed.measured_device_seconds)
+    reason = f"judged for a {timed.chip.name}: {reason}; XLA:CPU ran it in {cpu}, the CPU's time"
+    return replace(verdict, kind=kind, reason=reason, fix=anatomy.FIXES[kind], lines=lines), timed
 
 
 def _steady_lines(a, steady, steps) -> tuple:
