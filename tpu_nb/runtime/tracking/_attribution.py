@@ -302,24 +302,17 @@ def _compile_findings(
 
 
 # torch_xla's words for why a graph compiled, and the same in words a learner can use.
-_PLAIN_CAUSES = (
-    ("dynamo processing input graphs", "the pending work of a compiled function's inputs"),
-    (
-        "parallel loader",
-        "at the device loader's own torch_xla.sync() (MpDeviceLoader syncs as "
-        "it hands out batches)",
-    ),
-    (
-        "access tensor value",
-        "a value read needed results not computed yet, so the pending work compiled and ran first",
-    ),
-    (
-        "dynamo is compiling",
-        "the graph torch.compile captured from the function, compiled by torch_xla",
-    ),
-    ("torch_xla.sync", "at torch_xla.sync(), the end of the step"),
-    ("mark_step", "at xm.mark_step(), the end of the step"),
-)
+_PLAIN_CAUSES = {
+    "dynamo processing input graphs": "the pending work of a compiled function's inputs",
+    "parallel loader": "at the device loader's own torch_xla.sync() (MpDeviceLoader syncs as "
+    "it hands out batches)",
+    "access tensor value": "a value read needed results not computed yet, so the pending work "
+    "compiled and ran first",
+    "dynamo is compiling": "the graph torch.compile captured from the function, compiled by "
+    "torch_xla",
+    "torch_xla.sync": "at torch_xla.sync(), the end of the step",
+    "mark_step": "at xm.mark_step(), the end of the step",
+}
 
 
 def plain_cause(event: CompileEvent) -> str:
@@ -330,7 +323,7 @@ def plain_cause(event: CompileEvent) -> str:
             "work compiled and ran first"
         )
     low = event.cause.lower()
-    for needle, words in _PLAIN_CAUSES:
+    for needle, words in _PLAIN_CAUSES.items():
         if needle in low:
             return words
     words = " (torch_xla's words are in the details)" if event.cause else ""
