@@ -269,13 +269,7 @@ def _compile_findings(
             continue
         key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
-        finding_kind, hint = _compile_kind(kind, pattern, allowed)
-        if (
-            finding_kind == "recompile"
-            and report.device_datasets
-            and (pattern is None or not pattern.last_call_only)
-        ):
-            hint = device_data.RECOMPILE_FIX  # the batches' indices are what changes
+        finding_kind, hint = _compile_kind(kind, pattern, allowed, bool(report.device_datasets))
         changed = what_changed(event) if kind != policy.FIRST else ()
         patterned = kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING)
         if pattern is not None and patterned and (pattern.progression or kind == policy.GROWING):
@@ -353,7 +347,7 @@ def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> Lin
     return LineFinding(line, "earlier", what, via=_via(event), order=order)
 
 
-def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
+def _compile_kind(kind: str, pattern, allowed: int, datasets: bool) -> tuple[FindingKind, str]:
     """The finding kind of a compile the policy classified, and its hint ("" : a fact)."""
     site, ops = (pattern.site, pattern.ops) if pattern is not None else (None, frozenset())
     if kind == policy.WARM_UP:
@@ -367,6 +361,8 @@ def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
             return "compile", ""
         if pattern is not None and pattern.last_call_only:
             return "recompile", libraries.last_call_fix(site) or policy.LAST_CALL_FIX
+        if datasets:  # a dataset on the device: the batches' indices are what changes
+            return "recompile", device_data.RECOMPILE_FIX
         return "recompile", libraries.recompile_fix(site, ops) or policy.RECOMPILE_FIX
     return "compile", ""
 

@@ -527,10 +527,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     lines = _steady_lines(a, steady, steps)
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
-        verdict = _recompile_verdict(verdict, judgement)
-        flagged = [p for p in judgement.lines.values() if p.kind == "recompiling"]
-        if getattr(report, "device_datasets", ()) and not all(p.last_call_only for p in flagged):
-            verdict = replace(verdict, fix=device_data.RECOMPILE_FIX)  # the batches' indices
+        verdict = _recompile_verdict(verdict, judgement, getattr(report, "device_datasets", ()))
         if blind:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
@@ -647,7 +644,7 @@ def _steady_lines(a, steady, steps) -> tuple:
     return a.sampler.lines(wall, without=tuple(left_out))
 
 
-def _recompile_verdict(verdict, judgement: Judgement):
+def _recompile_verdict(verdict, judgement: Judgement, device_datasets):
     flagged = [p for p in judgement.lines.values() if p.kind == "recompiling"]
     if not flagged:
         return verdict
@@ -655,6 +652,8 @@ def _recompile_verdict(verdict, judgement: Judgement):
     first = flagged[0]
     if all(p.last_call_only for p in flagged):  # the hint's own fix: a shorter last batch
         fix = libraries.last_call_fix(first.site) or LAST_CALL_FIX
+    elif device_datasets:  # the batches' indices are what changes
+        fix = device_data.RECOMPILE_FIX
     else:
         fix = libraries.recompile_fix(first.site, first.ops) or RECOMPILE_FIX
     return replace(verdict, reason=f"{verdict.reason}; recompiling at {where}", fix=fix)
