@@ -144,12 +144,10 @@ class DynamoCompile:
         for c in self.changed:
             head, bracket, rest = c.name.partition("[")
             shown = passed.get(head, "")
-            parts.append(c.describe(self._ndim(c.name), shown + bracket + rest if shown else ""))
+            shape = self.input_shapes.get(_placeholder(c.name))
+            ndim = len(shape) if shape is not None else None
+            parts.append(c.describe(ndim, shown + bracket + rest if shown else ""))
         return "; ".join(parts)
-
-    def _ndim(self, name: str) -> int | None:
-        shape = self.input_shapes.get(_placeholder(name))
-        return len(shape) if shape is not None else None
 
     def describe(self) -> str:
         where = f"{short_path(self.file)}:{self.first_line}"

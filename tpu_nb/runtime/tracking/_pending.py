@@ -47,11 +47,10 @@ class PendingWork:
     def summary(self) -> str:
         """One sentence, for a report's text."""
         who = ", ".join(self.holders) if self.holders else "tensors tpu_nb could not name"
-        graph = f"a graph of {self.nodes} IR nodes ({self.describe_ops()})" if self.nodes else ""
+        graph = f" (a graph of {self.nodes} IR nodes ({self.describe_ops()}))" if self.nodes else ""
         return (
-            f"work left pending at the end: {who}"
-            + (f" ({graph})" if graph else "")
-            + "; not run here: it runs at the next sync or value read, and is counted there"
+            f"work left pending at the end: {who}{graph}; not run here: it runs at the next sync "
+            "or value read, and is counted there"
         )
 
 
