@@ -412,16 +412,12 @@ def _read_findings(
         if occ.kind != "read":
             continue
         placed += occ.count
-        reads = (
-            f"{occ.count} scalar read{'s' if occ.count != 1 else ''}"
-            if occ.count
-            else "a copy of device data to the host"
-        )
-        pattern = (
-            judgement.reads.get(occ.order, policy.NOT_PER_STEP)
-            if judgement is not None
-            else policy.ReadPattern(True, "")
-        )
+        reads = "a copy of device data to the host"
+        if occ.count:
+            reads = f"{occ.count} scalar read{'s' if occ.count != 1 else ''}"
+        pattern = policy.ReadPattern(True, "")  # not judged: every read is worth the hint
+        if judgement is not None:
+            pattern = judgement.reads.get(occ.order, policy.NOT_PER_STEP)
         what = f"{occ.what} read a device value ({occ.calls}\u00d7: {reads}"
         what += f", {pattern.why})" if pattern.why else ")"
         if occ.in_sync:

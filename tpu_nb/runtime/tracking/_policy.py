@@ -511,11 +511,8 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             if len(after) < MIN_STEADY_STEPS:
                 return replace(judgement, steady_steps=len(after), note=unknown)
             steady = after
-            judgement = replace(
-                judgement,
-                note=f"{unknown}; the verdict is about the {len(after)} steps after the last "
-                "one that compiled",
-            )
+            last = f"the verdict is about the {len(after)} steps after the last one that compiled"
+            judgement = replace(judgement, note=f"{unknown}; {last}")
     judgement = replace(judgement, steady_steps=len(steady))
     if len(steady) < MIN_STEADY_STEPS:
         first, more = len(steps) - len(steady), MIN_STEADY_STEPS - len(steady)
