@@ -79,10 +79,8 @@ def _event_line(event: CompileEvent, filename: str) -> int | None:
     site = event.site
     if site is not None:
         return _cell_line(site.line, filename)
-    for frame in reversed(event.frames):  # outermost visible frame of the cell
-        if frame.file == filename:
-            return frame.line
-    return None
+    # the outermost visible frame of the cell
+    return next((f.line for f in reversed(event.frames) if f.file == filename), None)
 
 
 def _ends_run(event: CompileEvent) -> bool:

@@ -148,9 +148,7 @@ def line_key(event: CompileEvent) -> tuple[str, int] | None:
     """The tracked code's line a compile belongs to (its recorded site), else the log's
     innermost user frame."""
     site = event.site
-    if site is not None and site.line is not None:
-        return (site.line.file, site.line.line)
-    frame = event.user_frame
+    frame = site.line if site is not None and site.line is not None else event.user_frame
     return (frame.file, frame.line) if frame is not None else None
 
 
