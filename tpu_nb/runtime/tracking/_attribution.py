@@ -12,9 +12,9 @@ input/output counts, and the finding says which.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
-from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
@@ -24,7 +24,6 @@ from tpu_nb.runtime.tracking._policy import Judgement
 from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._report import FindingKind, LineFinding, RunReport
 from tpu_nb.runtime.tracking._store import store
-from tpu_nb.runtime.units import format_place
 
 HOST_READ_HINT = (
     "a device value read on the host waits for all pending work and copies it: "
@@ -33,8 +32,6 @@ HOST_READ_HINT = (
 )
 # How a report names the sync tpu_nb runs at the end of a run when asked (`--sync`).
 END_SYNC = "tpu_nb's end-of-cell sync (--sync)"
-RECOMPILE_HINT = policy.RECOMPILE_FIX
-GROWING_HINT = policy.GROWING_FIX
 _FALLBACK_HINTS = {
     "torch.nonzero": "its output size depends on the data, so it has no static-shape lowering: "
     "keep the shape fixed with a masked reduction, e.g. (x * mask).sum() or "
@@ -59,15 +56,12 @@ def fallback_hint(op: str) -> str:
     """What to do about a CPU fallback of `op` (a counter name like "_unique2", or the op the
     user wrote, like "torch.unique")."""
     wrote = op if "." in op and not op.startswith("aten") else user_op(op)
-    specific = _FALLBACK_HINTS.get(wrote)
-    base = (
-        f"{wrote} has no XLA lowering, so it ran on the CPU (its inputs were copied to "
-        "the host and its result back)"
+    fix = _FALLBACK_HINTS.get(
+        wrote, "use an op with an XLA lowering, or move it out of the hot loop"
     )
     return (
-        f"{base}: {specific}"
-        if specific
-        else (f"{base}: use an op with an XLA lowering, or move it out of the hot loop")
+        f"{wrote} has no XLA lowering, so it ran on the CPU (its inputs were copied to "
+        f"the host and its result back): {fix}"
     )
 
 
@@ -85,10 +79,8 @@ def _event_line(event: CompileEvent, filename: str) -> int | None:
     site = event.site
     if site is not None:
         return _cell_line(site.line, filename)
-    for frame in reversed(event.frames):  # outermost visible frame of the cell
-        if frame.file == filename:
-            return frame.line
-    return None
+    # the outermost visible frame of the cell
+    return next((f.line for f in reversed(event.frames) if f.file == filename), None)
 
 
 def _ends_run(event: CompileEvent) -> bool:
@@ -99,14 +91,6 @@ def _ends_run(event: CompileEvent) -> bool:
     if site is not None:
         return site.line is None and site.own == "end"
     return event.trigger == "end"
-
-
-def _flushes_before_guard(event: CompileEvent) -> bool:
-    """The compile of the --max-graphs guard's own sync as it starts: work left pending from
-    before the block (an earlier cell's tensors), not a line of the block. The probe marks
-    that sync as tpu_nb's own, and the recorder's site carries the mark."""
-    site = event.site
-    return site is not None and site.own == "guard-start"
 
 
 def _via(event: CompileEvent) -> str:
@@ -124,14 +108,12 @@ def graph_facts(before, after) -> tuple[str, ...]:
     for change in diff.causes[:3] if diff.aligned else ():
         if change.before is not None and change.after is not None:
             facts.append(_shape_change(change.before, change.after))
-    data = lambda g: sum(1 for n in g.nodes if n.kind == "data")  # noqa: E731
-    d_before, d_after = data(before), data(after)
+    d_before, d_after = policy.data_inputs(before), policy.data_inputs(after)
     if d_before != d_after:
         facts.append(f"graph inputs (device data) {d_before} \u2192 {d_after}")
     elif not diff.aligned:  # other ops: the inputs whose shapes changed still say why
         facts += _input_shape_changes(before, after)
-    ops_before = Counter(n.op for n in before.nodes if n.kind not in ("data", "constant"))
-    ops_after = Counter(n.op for n in after.nodes if n.kind not in ("data", "constant"))
+    ops_before, ops_after = policy.op_counts(before), policy.op_counts(after)
     only_before, only_after = ops_before - ops_after, ops_after - ops_before
     if only_before:
         facts.append("ops only the earlier graph ran: " + _ops(only_before))
@@ -148,17 +130,18 @@ def _input_shape_changes(before, after) -> list[str]:
     shapes = lambda g: Counter(n.shape for n in g.nodes if n.kind == "data")  # noqa: E731
     gone = sorted((shapes(before) - shapes(after)).elements())
     new = sorted((shapes(after) - shapes(before)).elements())
-    out = []
-    for a, b in list(zip(gone, new, strict=False))[:2]:
-        text = f"graph input {a} \u2192 {b}"
-        dims_a, dims_b = policy.shape_dims(a), policy.shape_dims(b)
-        if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
-            pairs = enumerate(zip(dims_a, dims_b, strict=True))
-            moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
-            if moved:
-                text += f" ({', '.join(moved[:2])})"
-        out.append(text)
-    return out
+    pairs = list(zip(gone, new, strict=False))[:2]
+    return [f"graph input {a} \u2192 {b}{_moved_dims(a, b)}" for a, b in pairs]
+
+
+def _moved_dims(a: str, b: str) -> str:
+    """ " (dim 0: 16 → 6)": the dimensions (two at most) where two shapes of one rank differ."""
+    dims_a, dims_b = policy.shape_dims(a), policy.shape_dims(b)
+    if dims_a is None or dims_b is None or len(dims_a) != len(dims_b):
+        return ""
+    pairs = enumerate(zip(dims_a, dims_b, strict=True))
+    moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
+    return f" ({', '.join(moved[:2])})" if moved else ""
 
 
 def _shape_change(a, b) -> str:
@@ -167,20 +150,10 @@ def _shape_change(a, b) -> str:
         if a.shape != b.shape
         else f"{a.op} \u2192 {b.op} ({b.shape})"
     )
-    dims_a, dims_b = policy.shape_dims(a.shape), policy.shape_dims(b.shape)
-    if dims_a is not None and dims_b is not None and len(dims_a) == len(dims_b):
-        pairs = enumerate(zip(dims_a, dims_b, strict=True))
-        moved = [f"dim {i}: {x} \u2192 {y}" for i, (x, y) in pairs if x != y]
-        if moved:
-            text += f" ({', '.join(moved[:2])})"
-    made = b.user_frame  # full paths (graphs captured with frames)
-    if made is not None:
-        where = format_place(short_path(made.file), made.line)
-        text += f", made at {where}"
-    elif b.location is not None:  # IR debug's own location: function, file, line
-        where = format_place(short_path(b.location.file), b.location.line)
-        text += f", made at {where}"
-    return text
+    text += _moved_dims(a.shape, b.shape)
+    # full paths (graphs captured with frames), else IR debug's own location
+    made = b.user_frame if b.user_frame is not None else b.location
+    return text + (f", made at {policy.place_name(made)}" if made is not None else "")
 
 
 def _ops(counts: Counter) -> str:
@@ -209,17 +182,12 @@ def _log_facts(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
 def what_changed(event: CompileEvent) -> tuple[str, ...]:
     """What differs between `event`'s graph and the one its line compiled before it."""
     told = dynamo.what_changed(event)  # Dynamo's guard failure, for torch.compile'd code
-    if told:
-        return told
-    earlier = store.earlier_graph(event)
+    earlier = None if told else store.earlier_graph(event)
     if earlier is None:
-        return ()
+        return told
     a, b = store.captured_graph(earlier), store.captured_graph(event)
-    if a is not None and b is not None:
-        facts = graph_facts(a, b)
-        if facts:
-            return facts
-    return _log_facts(earlier, event)
+    facts = graph_facts(a, b) if a is not None and b is not None else ()
+    return facts or _log_facts(earlier, event)
 
 
 def findings(
@@ -265,9 +233,7 @@ def _device_data_findings(report: RunReport, filename: str) -> list[LineFinding]
         where = "" if lines else "outside this cell's code (built on the device elsewhere)"
         for line in lines or [0]:
             out.append(
-                LineFinding(
-                    line, "device-data", what, device_data.FIX, place=where, order=i, phase="run"
-                )
+                LineFinding(line, "device-data", what, device_data.FIX, place=where, order=i)
             )
     return out
 
@@ -278,7 +244,10 @@ def _compile_findings(
     out = []
     kinds = judgement.compile_kinds if judgement is not None else ()
     for order, event in enumerate(report.compile_events):
-        guard_start = _flushes_before_guard(event)  # at the block's `with` line, if any
+        # The --max-graphs guard's own sync as it starts (at the block's `with` line, if any):
+        # work left pending from before the block, not a line of it. The probe marks that
+        # sync as tpu_nb's own, and the recorder's site carries the mark.
+        guard_start = event.site is not None and event.site.own == "guard-start"
         line = None if guard_start else _event_line(event, filename)
         what = plain_cause(event)
         detail = raw_detail(event)
@@ -298,13 +267,7 @@ def _compile_findings(
             continue
         key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
-        finding_kind, hint = _compile_kind(kind, pattern, allowed)
-        if (
-            finding_kind == "recompile"
-            and report.device_datasets
-            and (pattern is None or not pattern.last_call_only)
-        ):
-            hint = device_data.RECOMPILE_FIX  # the batches' indices are what changes
+        finding_kind, hint = _compile_kind(kind, pattern, allowed, bool(report.device_datasets))
         changed = what_changed(event) if kind != policy.FIRST else ()
         patterned = kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING)
         if pattern is not None and patterned and (pattern.progression or kind == policy.GROWING):
@@ -331,24 +294,17 @@ def _compile_findings(
 
 
 # torch_xla's words for why a graph compiled, and the same in words a learner can use.
-_PLAIN_CAUSES = (
-    ("dynamo processing input graphs", "the pending work of a compiled function's inputs"),
-    (
-        "parallel loader",
-        "at the device loader's own torch_xla.sync() (MpDeviceLoader syncs as "
-        "it hands out batches)",
-    ),
-    (
-        "access tensor value",
-        "a value read needed results not computed yet, so the pending work compiled and ran first",
-    ),
-    (
-        "dynamo is compiling",
-        "the graph torch.compile captured from the function, compiled by torch_xla",
-    ),
-    ("torch_xla.sync", "at torch_xla.sync(), the end of the step"),
-    ("mark_step", "at xm.mark_step(), the end of the step"),
-)
+_PLAIN_CAUSES = {
+    "dynamo processing input graphs": "the pending work of a compiled function's inputs",
+    "parallel loader": "at the device loader's own torch_xla.sync() (MpDeviceLoader syncs as "
+    "it hands out batches)",
+    "access tensor value": "a value read needed results not computed yet, so the pending work "
+    "compiled and ran first",
+    "dynamo is compiling": "the graph torch.compile captured from the function, compiled by "
+    "torch_xla",
+    "torch_xla.sync": "at torch_xla.sync(), the end of the step",
+    "mark_step": "at xm.mark_step(), the end of the step",
+}
 
 
 def plain_cause(event: CompileEvent) -> str:
@@ -359,14 +315,11 @@ def plain_cause(event: CompileEvent) -> str:
             "work compiled and ran first"
         )
     low = event.cause.lower()
-    for needle, words in _PLAIN_CAUSES:
+    for needle, words in _PLAIN_CAUSES.items():
         if needle in low:
             return words
-    return (
-        "why is not known (torch_xla's words are in the details)"
-        if event.cause
-        else ("why is not known")
-    )
+    words = " (torch_xla's words are in the details)" if event.cause else ""
+    return f"why is not known{words}"
 
 
 def raw_detail(event: CompileEvent) -> str:
@@ -379,40 +332,36 @@ def _site_pattern(pattern) -> str:
     """A site's pattern as the report says it, with the frame below the line that compiled
     when the site is not the line itself ("at transformers/…/parallel_loader.py:35 …: …")."""
     text = policy.describe_pattern(pattern)
-    via = pattern.site.via if pattern.site is not None and len(pattern.key) > 2 else ""
-    return f"at {via}: {text}" if via else text
+    return f"at {pattern.via}: {text}" if pattern.via else text
 
 
 def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:
     pending = earlier.pending
     ops = f" ({pending.describe_ops()})" if pending.nodes else ""
-    return LineFinding(
-        line,
-        "earlier",
+    what = (
         f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "
-        "one graph with this step's, not this line's own (its next graphs are)",
-        via=_via(event),
-        order=order,
+        "one graph with this step's, not this line's own (its next graphs are)"
     )
+    return LineFinding(line, "earlier", what, via=_via(event), order=order)
 
 
-def _compile_kind(kind: str, pattern, allowed: int) -> tuple[FindingKind, str]:
+def _compile_kind(kind: str, pattern, allowed: int, datasets: bool) -> tuple[FindingKind, str]:
     """The finding kind of a compile the policy classified, and its hint ("" : a fact)."""
+    site, ops = (pattern.site, pattern.ops) if pattern is not None else (None, frozenset())
     if kind == policy.WARM_UP:
         return "warm-up", ""
     if kind in (policy.VARIANT, policy.UNSETTLED):
         return "variant", ""
     if kind == policy.GROWING:
-        site, ops = (pattern.site, pattern.ops) if pattern is not None else (None, frozenset())
-        return "growing", libraries.growing_fix(site, ops) or GROWING_HINT
+        return "growing", libraries.growing_fix(site, ops) or policy.GROWING_FIX
     if kind == policy.RECOMPILE:
         if pattern is not None and pattern.graphs <= allowed:
             return "compile", ""
-        site = pattern.site if pattern is not None else None
         if pattern is not None and pattern.last_call_only:
             return "recompile", libraries.last_call_fix(site) or policy.LAST_CALL_FIX
-        ops = pattern.ops if pattern is not None else frozenset()
-        return "recompile", libraries.recompile_fix(site, ops) or RECOMPILE_HINT
+        if datasets:  # a dataset on the device: the batches' indices are what changes
+            return "recompile", device_data.RECOMPILE_FIX
+        return "recompile", libraries.recompile_fix(site, ops) or policy.RECOMPILE_FIX
     return "compile", ""
 
 
@@ -433,18 +382,23 @@ def _unplaced_compile(event: CompileEvent, guard_start: bool, order: int, detail
     else:
         place, own = "code this cell called (line not recorded)", False
         what = plain_cause(event)
-    return LineFinding(
-        0,
-        "compile",
-        what,
-        place=place,
-        via="" if own else _via(event),
-        order=order,
-        detail=detail,
-    )
+    via = "" if own else _via(event)
+    return LineFinding(0, "compile", what, place=place, via=via, order=order, detail=detail)
 
 
-_NOT_PER_STEP = policy.ReadPattern(False, "")
+def _at_occurrence(
+    occ, kind: FindingKind, what: str, hint: str, count: int, filename: str, base: int
+):
+    """A finding on the line of a value read or fallback, when it is a line of the cell."""
+    line = _cell_line(occ.site.line, filename) or 0
+    place = "" if line else "outside this cell's code"
+    via, order = occ.site.via, base + occ.order
+    return LineFinding(line, kind, what, hint, place, count, via, order=order)
+
+
+def _unplaced(kind: FindingKind, what: str, hint: str, place: str, count: int, base: int):
+    """A finding tpu_nb could not place on a line (a count the recorder did not see)."""
+    return LineFinding(0, kind, what, hint, place, count, order=base, phase="unplaced")
 
 
 def _read_findings(
@@ -456,47 +410,22 @@ def _read_findings(
         if occ.kind != "read":
             continue
         placed += occ.count
-        line = _cell_line(occ.site.line, filename)
-        reads = (
-            f"{occ.count} scalar read{'s' if occ.count != 1 else ''}"
-            if occ.count
-            else "a copy of device data to the host"
-        )
-        pattern = (
-            judgement.reads.get(occ.order, _NOT_PER_STEP)
-            if judgement is not None
-            else policy.ReadPattern(True, "")
-        )
+        reads = "a copy of device data to the host"
+        if occ.count:
+            reads = f"{occ.count} scalar read{'s' if occ.count != 1 else ''}"
+        pattern = policy.ReadPattern(True, "")  # not judged: every read is worth the hint
+        if judgement is not None:
+            pattern = judgement.reads.get(occ.order, policy.NOT_PER_STEP)
         what = f"{occ.what} read a device value ({occ.calls}\u00d7: {reads}"
         what += f", {pattern.why})" if pattern.why else ")"
         if occ.in_sync:
             what = f"{occ.what} in a step closure read a device value ({occ.calls}\u00d7: {reads})"
-        out.append(
-            LineFinding(
-                line or 0,
-                "host-read",
-                what,
-                (libraries.read_fix(occ.site) or HOST_READ_HINT) if pattern.per_step else "",
-                place="" if line else "outside this cell's code",
-                count=occ.calls,
-                via=occ.site.via,
-                order=base + occ.order,
-            )
-        )
+        hint = (libraries.read_fix(occ.site) or HOST_READ_HINT) if pattern.per_step else ""
+        out.append(_at_occurrence(occ, "host-read", what, hint, occ.calls, filename, base))
     unplaced = report.metrics.host_reads - placed
     if unplaced > 0 and report.occurrences is not None:
-        out.append(
-            LineFinding(
-                0,
-                "host-read",
-                f"{unplaced} scalar reads tpu_nb could not place on a line",
-                "",
-                place="line not recorded",
-                count=unplaced,
-                order=base,
-                phase="unplaced",
-            )
-        )
+        what = f"{unplaced} scalar reads tpu_nb could not place on a line"
+        out.append(_unplaced("host-read", what, "", "line not recorded", unplaced, base))
     return out
 
 
@@ -509,41 +438,23 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
             continue
         op = occ.what.split("::", 1)[-1]
         placed[op] += occ.count
-        line = _cell_line(occ.site.line, filename)
         what = f"{user_op(occ.what)} ran on the CPU (aten::{op}, {occ.count}\u00d7)"
         if occ.compiles:  # started from C++ inside backward(): no cause in the compile log
             what += (
                 f"; copying its inputs to the host compiled {occ.compiles} "
                 f"graph{'s' if occ.compiles != 1 else ''} (the fallback's, inside backward())"
             )
-        out.append(
-            LineFinding(
-                line or 0,
-                "fallback",
-                what,
-                _fallback_fix(occ),
-                place="" if line else "outside this cell's code",
-                count=occ.count,
-                via=occ.site.via,
-                order=base + occ.order,
-            )
-        )
+        fix = _fallback_fix(occ)
+        out.append(_at_occurrence(occ, "fallback", what, fix, occ.count, filename, base))
     for op, count in sorted(report.metrics.fallbacks.items()):
         left = count - placed[op]
         if left > 0:
-            out.append(
-                LineFinding(
-                    0,
-                    "fallback",
-                    f"{user_op('aten::' + op)} ran on the CPU (aten::{op}, {left}\u00d7)",
-                    fallback_hint(op),
-                    place="line not recorded (the first calls of an op tpu_nb "
-                    "had not seen fall back yet, or a call from C++)",
-                    count=left,
-                    order=base,
-                    phase="unplaced",
-                )
+            what = f"{user_op('aten::' + op)} ran on the CPU (aten::{op}, {left}\u00d7)"
+            where = (
+                "line not recorded (the first calls of an op tpu_nb had not seen fall back "
+                "yet, or a call from C++)"
             )
+            out.append(_unplaced("fallback", what, fallback_hint(op), where, left, base))
     return out
 
 
@@ -559,27 +470,14 @@ def _pending_findings(report: RunReport, source: str, filename: str) -> list[Lin
     for i, name in enumerate(pending.holders):
         lines = assigned_lines(source, name)
         if len(lines) == 1:
-            out.append(
-                LineFinding(
-                    lines[0], "pending", f"{name} holds work not run yet", order=i, phase="left"
-                )
-            )
-            continue
-        where = (
-            f"assigned on lines {', '.join(map(str, lines))}"
-            if lines
-            else "not assigned in this code"
-        )
-        out.append(
-            LineFinding(
-                0,
-                "pending",
-                f"{name} ({where}) holds work not run yet",
-                place="end of cell",
-                order=i,
-                phase="left",
-            )
-        )
+            found = LineFinding(lines[0], "pending", f"{name} holds work not run yet")
+        else:
+            where = "not assigned in this code"
+            if lines:
+                where = f"assigned on lines {', '.join(map(str, lines))}"
+            what = f"{name} ({where}) holds work not run yet"
+            found = LineFinding(0, "pending", what, place="end of cell")
+        out.append(replace(found, order=i, phase="left"))
     graph = f"{pending.tensors} tensor{'s' if pending.tensors != 1 else ''} left pending"
     if pending.nodes:
         graph += f": a graph of {pending.nodes} IR nodes ({pending.describe_ops()})"

@@ -128,18 +128,14 @@ def _tensors(value, depth: int) -> list:
         return []
     out: list = []
     for item in attributes:
-        if isinstance(item, torch.Tensor):
-            out.append(item)
-        elif isinstance(item, (list, tuple)):
-            for x in item[:8]:
-                if isinstance(x, torch.Tensor):
-                    out.append(x)
-                elif isinstance(x, torch.utils.data.Dataset):
-                    out += _tensors(x, depth + 1)
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             out += [x for x in list(item.values())[:8] if isinstance(x, torch.Tensor)]
-        elif isinstance(item, torch.utils.data.Dataset):
-            out += _tensors(item, depth + 1)
+            continue
+        for x in item[:8] if isinstance(item, (list, tuple)) else (item,):
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+            elif isinstance(x, torch.utils.data.Dataset):
+                out += _tensors(x, depth + 1)
     return out
 
 

@@ -22,6 +22,8 @@ Nothing runs on a call that hits Dynamo's cache: the handler costs only while Dy
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import linecache
 import logging
@@ -78,21 +80,14 @@ class ChangedInput:
             name = f"`{shown}` (the function's `{self.name}`)"
         if self.what == "size" and self.dim is not None:
             if ndim == 2 and self.dim in (0, 1):
-                unit = "rows" if self.dim == 0 else "columns"
-                return (
-                    f"{name} has {self.actual} {unit}, the cached graph was built "
-                    f"for {self.expected}"
-                )
-            return (
-                f"{name} has size {self.actual} in dimension {self.dim}, the cached "
-                f"graph was built for {self.expected}"
-            )
-        if self.what in ("dtype", "rank"):
-            return (
-                f"{name} has {self.what} {self.actual}, the cached graph was built "
-                f"for {self.expected}"
-            )
-        return self.actual
+                has = f"{self.actual} {'rows' if self.dim == 0 else 'columns'}"
+            else:
+                has = f"size {self.actual} in dimension {self.dim}"
+        elif self.what in ("dtype", "rank"):
+            has = f"{self.what} {self.actual}"
+        else:
+            return self.actual
+        return f"{name} has {has}, the cached graph was built for {self.expected}"
 
 
 @dataclass(frozen=True)
@@ -149,12 +144,10 @@ class DynamoCompile:
         for c in self.changed:
             head, bracket, rest = c.name.partition("[")
             shown = passed.get(head, "")
-            parts.append(c.describe(self._ndim(c.name), shown + bracket + rest if shown else ""))
+            shape = self.input_shapes.get(_placeholder(c.name))
+            ndim = len(shape) if shape is not None else None
+            parts.append(c.describe(ndim, shown + bracket + rest if shown else ""))
         return "; ".join(parts)
-
-    def _ndim(self, name: str) -> int | None:
-        shape = self.input_shapes.get(_placeholder(name))
-        return len(shape) if shape is not None else None
 
     def describe(self) -> str:
         where = f"{short_path(self.file)}:{self.first_line}"
@@ -241,12 +234,11 @@ def report_lines(compiled) -> list[str]:
 
 def changed_inputs(reason: str) -> tuple[ChangedInput, ...]:
     """The inputs a Dynamo guard failure names (size, dtype or rank); () for other guards."""
-    for pattern, what in ((_SIZE, "size"), (_DTYPE, "dtype"), (_RANK, "rank")):
-        found = pattern.search(reason)
-        if found:
-            if what == "size":
-                name, dim, expected, actual = found.groups()
-                return (ChangedInput(name, what, int(dim), expected, actual),)
+    if found := _SIZE.search(reason):
+        name, dim, expected, actual = found.groups()
+        return (ChangedInput(name, "size", int(dim), expected, actual),)
+    for pattern, what in ((_DTYPE, "dtype"), (_RANK, "rank")):
+        if found := pattern.search(reason):
             name, expected, actual = found.groups()
             return (ChangedInput(name, what, None, expected, actual),)
     return ()
@@ -286,24 +278,24 @@ def latest_recompile() -> DynamoCompile | None:
     return None
 
 
-def _latest_frame(offset: int):
-    """The Dynamo frame (finished, of a tracked run now running) that started last at or
-    before compile-log `offset`: (its start, the frame), or (-1, None)."""
+def _frame_of(event: CompileEvent) -> DynamoCompile | None:
+    """For an XLA graph of a Dynamo frame, the frame (finished, of a tracked run now running)
+    that started last at or before the event's compile-log offset; None otherwise."""
+    if event.kind != "dynamo" or inputs_sync(event):
+        return None
     best: tuple[int, Any] = (-1, None)
     for watch in _watches():
         for (start, _), frame in zip(watch._starts, watch.compiles, strict=False):
-            if best[0] < start <= offset:
+            if best[0] < start <= event.offset:
                 best = (start, frame)
-    return best
+    return best[1]
 
 
 def frame_graph(event: CompileEvent) -> str:
     """An identity for `event`'s graph when counting a line's graphs live: for an XLA graph of
     a Dynamo frame compiled in a tracked run now running, the frame's compile (its forward,
     backward and other graphs are one compile of the function); else the graph's hash."""
-    if event.kind != "dynamo" or inputs_sync(event):
-        return event.graph_hash
-    start, frame = _latest_frame(event.offset)
+    frame = _frame_of(event)
     return f"dynamo frame {frame.compile_id}" if frame is not None else event.graph_hash
 
 
@@ -311,9 +303,7 @@ def function_of(event: CompileEvent) -> Frame | None:
     """For an XLA graph of a Dynamo frame compiled in a tracked run now running, the compiled
     function (its file, first line and name); None otherwise. torch_xla's compile log keeps
     8 frames, all inside Dynamo and torch_xla when it compiles a Dynamo graph."""
-    if event.kind != "dynamo" or inputs_sync(event):
-        return None
-    start, frame = _latest_frame(event.offset)
+    frame = _frame_of(event)
     return Frame(frame.file, frame.first_line, frame.function) if frame is not None else None
 
 
@@ -322,27 +312,18 @@ def recompiles() -> int:
     return sum(c.recompile for watch in _watches() for c in watch.compiles)
 
 
+@dataclass(slots=True)
 class _Pending:
-    __slots__ = (
-        "site",
-        "start_compiles",
-        "start_log",
-        "reasons",
-        "breaks",
-        "started",
-        "passed",
-        "code",
-    )
+    """What the trace told about a frame being compiled, until its compile is done."""
 
-    def __init__(self) -> None:
-        self.site = None
-        self.code: CodeType | None = None  # the frame's code, as Dynamo's _compile got it
-        self.passed: tuple[tuple[str, str], ...] = ()
-        self.start_compiles = 0
-        self.start_log = 0
-        self.reasons: tuple[str, ...] = ()
-        self.breaks: list[GraphBreak] = []
-        self.started = False
+    site: Any = None
+    code: CodeType | None = None  # the frame's code, as Dynamo's _compile got it
+    passed: tuple[tuple[str, str], ...] = ()
+    start_compiles: int = 0
+    start_log: int = 0
+    reasons: tuple[str, ...] = ()
+    breaks: list[GraphBreak] = field(default_factory=list)
+    started: bool = False
 
 
 class Watch(logging.Handler):
@@ -390,20 +371,17 @@ class Watch(logging.Handler):
             return ()
         # torch_xla compiles a Dynamo graph to HLO when it first runs, just after Dynamo is
         # done with the frame: a frame's XLA compiles are those up to the next frame's start.
-        ends = [(c.log_span[0], self._starts[i][1]) for i, c in enumerate(self.compiles)]
-        order = sorted(range(len(ends)), key=lambda i: ends[i])
-        log_end = self._log.size() if self._log is not None else 0
-        count_end = snapshot().counter("UncachedCompile")
+        starts = self._starts
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        now = (
+            self._log.size() if self._log is not None else 0,
+            snapshot().counter("UncachedCompile"),
+        )
         out = list(self.compiles)
-        for k, i in enumerate(order):
-            nxt = order[k + 1] if k + 1 < len(order) else None
-            end_log = ends[nxt][0] if nxt is not None else log_end
-            end_count = ends[nxt][1] if nxt is not None else count_end
-            out[i] = replace(
-                out[i],
-                log_span=(ends[i][0], end_log),
-                xla_compiles=max(0, end_count - ends[i][1]),
-            )
+        for i, nxt in zip(order, [*order[1:], None], strict=True):
+            end_log, end_count = starts[nxt] if nxt is not None else now
+            span = (starts[i][0], end_log)
+            out[i] = replace(out[i], log_span=span, xla_compiles=max(0, end_count - starts[i][1]))
         return tuple(out)
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -427,10 +405,7 @@ class Watch(logging.Handler):
 
     def _entry(self, meta) -> _Pending:
         key = (meta.get("frame_id"), meta.get("frame_compile_id"))
-        entry = self._pending.get(key)
-        if entry is None:
-            entry = self._pending[key] = _Pending()
-        return entry
+        return self._pending.setdefault(key, _Pending())
 
     def _started(self, meta) -> None:
         entry = self._entry(meta)
@@ -470,13 +445,12 @@ class Watch(logging.Handler):
     def _finished(self, meta) -> None:
         for callback in list(self.on_frame_compile):
             callback(False)
-        entry = (
-            self._pending.pop((meta.get("frame_id"), meta.get("frame_compile_id")), None)
-            or _Pending()
-        )
+        key = (meta.get("frame_id"), meta.get("frame_compile_id"))
+        entry = self._pending.pop(key, None) or _Pending()
         m = meta["compilation_metrics"]
         shapes = _shapes(m.get("graph_node_shapes"))
         changed = changed_inputs(entry.reasons[0]) if entry.reasons else ()
+        dynamic = tuple(n for n, s in shapes.items() if not all(isinstance(d, int) for d in s))
         code = entry.code
         if not m.get("co_name"):
             # A frame past Dynamo's recompile limit: no start event, and metrics without its
@@ -508,7 +482,7 @@ class Watch(logging.Handler):
                 guard_failures=tuple(_without_id(r) for r in entry.reasons),
                 changed=changed,
                 input_shapes=shapes,
-                dynamic=tuple(n for n, s in shapes.items() if any(not _is_int(d) for d in s)),
+                dynamic=dynamic,
                 graph_breaks=tuple(entry.breaks),
                 log_span=(entry.start_log, entry.start_log),
                 failed=str(m.get("fail_reason") or ""),
@@ -558,8 +532,6 @@ def _without_id(reason: str) -> str:
 def _shapes(value) -> dict[str, tuple]:
     if isinstance(value, str):
         try:
-            import ast
-
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError):
             return {}
@@ -568,13 +540,12 @@ def _shapes(value) -> dict[str, tuple]:
     return {str(k): tuple(v) for k, v in value.items() if isinstance(v, (list, tuple))}
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int)
-
-
-# graph hash -> what Dynamo said changed, for the XLA graphs of frames it compiled again
-# (bounded: the latest graphs); read by what_changed().
+# torch_xla's cause for the graph of the pending work of a Dynamo frame's inputs
 _INPUT_SYNC = "dynamo processing input graphs"
+_INPUT_SYNC_FACT = (
+    "the pending work of the compiled function's inputs, which torch_xla runs before its "
+    "graph (a new shape of an input's creation is a new graph)"
+)
 
 
 def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
@@ -601,16 +572,9 @@ def place(events: list[CompileEvent], compiles) -> list[CompileEvent]:
                 # grouped apart, so that neither passes for the other's recompilation.
                 event = replace(event, site=replace(event.site, user=None))
             if _INPUT_SYNC in event.cause:
-                _note(
-                    event,
-                    (
-                        "the pending work of the compiled function's inputs, which "
-                        "torch_xla runs before its graph (a new shape of an input's "
-                        "creation is a new graph)",
-                    ),
-                )
+                note_changed(event.graph_hash, (_INPUT_SYNC_FACT,))
             elif frame.recompile:
-                _note(event, (f"Dynamo compiled {frame.function} again: {frame.why()}",))
+                note_changed(event.graph_hash, (_guard_fact(frame),))
             break
         placed.append(event)
     return placed
@@ -628,18 +592,14 @@ def own_compiles(compiles, events: list[CompileEvent]) -> tuple:
             out.append(frame)
             continue
         start, end = frame.log_span
-        own = sum(
-            1
-            for e in events
-            if start <= e.offset < end
-            and (e.site is None or e.site.line is None or _same_line(e.site.line, line))
-        )
-        out.append(replace(frame, xla_compiles=min(frame.xla_compiles, own)))
+        spanned = [e for e in events if start <= e.offset < end]
+        own = [e for e in spanned if e.site is None or e.site.line is None or _same_line(e, line)]
+        out.append(replace(frame, xla_compiles=min(frame.xla_compiles, len(own))))
     return tuple(out)
 
 
-def _same_line(a, b) -> bool:
-    return (a.file, a.line) == (b.file, b.line)
+def _same_line(event: CompileEvent, line: Frame) -> bool:
+    return (event.site.line.file, event.site.line.line) == (line.file, line.line)
 
 
 # torch_xla.compile(fn) runs the pending work of fn's inputs first, in a graph of its own.
@@ -659,9 +619,11 @@ def guard_facts(event: CompileEvent) -> tuple[str, ...]:
     if event.kind != "dynamo" or inputs_sync(event):
         return ()
     frame = latest_recompile()
-    if frame is None:
-        return ()
-    return (f"Dynamo compiled {frame.function} again: {frame.why()}",)
+    return (_guard_fact(frame),) if frame is not None else ()
+
+
+def _guard_fact(frame: DynamoCompile) -> str:
+    return f"Dynamo compiled {frame.function} again: {frame.why()}"
 
 
 def functions_graphs(events: list[CompileEvent]) -> list[CompileEvent]:
@@ -679,25 +641,13 @@ def recompilations(events: list[CompileEvent], compiles) -> dict[tuple[str, int]
     out: dict[tuple[str, int], list[str]] = {}
     for frame in compiles:
         start, end = frame.log_span
-        first = next(
-            (
-                e
-                for e in events
-                if start <= e.offset < end and e.kind == "dynamo" and not inputs_sync(e)
-            ),
-            None,
-        )
+        own = (e for e in events if start <= e.offset < end and e.kind == "dynamo")
+        first = next((e for e in own if not inputs_sync(e)), None)
         key = (frame.file, frame.first_line)
-        graphs = out.get(key)
-        if graphs is None:
-            graphs = out[key] = ["(earlier)"] if frame.recompile else []
+        graphs = out.setdefault(key, ["(earlier)"] if frame.recompile else [])
         if first is not None and first.graph_hash not in graphs:
             graphs.append(first.graph_hash)
     return {k: tuple(v) for k, v in out.items() if len(v) > 1}
-
-
-def _note(event: CompileEvent, facts: tuple[str, ...]) -> None:
-    note_changed(event.graph_hash, facts)
 
 
 def note_changed(graph_hash: str, facts: tuple[str, ...]) -> None:
@@ -714,19 +664,13 @@ def what_changed(event: CompileEvent) -> tuple[str, ...]:
     return store.dynamo_changes.get(event.graph_hash, ())
 
 
-_kept_out = False
-
-
+@functools.cache
 def keep_out_of_dynamo() -> None:
     """Have Dynamo never compile tpu_nb's runtime code (its hooks on torch methods), once per
     process. Code after a graph break runs under Dynamo, which compiles each Python function
     it calls as a frame of its own: it compiled tpu_nb's `.item()` hook, and broke a graph
     inside tpu_nb — work and findings the program without tpu_nb does not have. Dynamo skips
     its own and other libraries' files the same way (torch._dynamo.trace_rules.add)."""
-    global _kept_out
-    if _kept_out:
-        return
-    _kept_out = True
     rules = sys.modules.get("torch._dynamo.trace_rules")  # imported by torch_xla
     if rules is None:
         return

@@ -126,21 +126,12 @@ def out_of_memory(error: BaseException | None) -> OutOfMemory | None:
         return None
     first = text.strip().splitlines()[0] if text.strip() else ""
     if m := _COMPILE.search(text):
-        return OutOfMemory(
-            "compile",
-            m.group(1),
-            used=_bytes(m.group(2), m.group(3)),
-            capacity=_bytes(m.group(4), m.group(5)),
-            allocations=_allocations(text),
-            error=first,
-        )
+        used, capacity = _bytes(m.group(2), m.group(3)), _bytes(m.group(4), m.group(5))
+        found = _allocations(text)
+        return OutOfMemory("compile", m.group(1), used, capacity, allocations=found, error=first)
     if m := _RUN.search(text):
-        return OutOfMemory(
-            "run",
-            requested=_bytes(m.group(1), m.group(2)),
-            free=_bytes(m.group(3), m.group(4)),
-            error=first,
-        )
+        requested, free = _bytes(m.group(1), m.group(2)), _bytes(m.group(3), m.group(4))
+        return OutOfMemory("run", requested=requested, free=free, error=first)
     if m := _HOST.search(text):
         return OutOfMemory("run", "host", requested=float(m.group(1)), error=first)
     return OutOfMemory("run", error=first)
@@ -152,19 +143,12 @@ def _allocations(text: str) -> tuple[Allocation, ...]:
     found = []
     for i, m in enumerate(starts):
         block = text[m.end() : starts[i + 1].start() if i + 1 < len(starts) else len(text)]
-        op, file, line, shape = (
-            _OP.search(block),
-            _FILE.search(block),
-            _LINE.search(block),
-            _SHAPE.search(block),
-        )
-        found.append(
-            Allocation(
-                _bytes(m.group(1), m.group(2)),
-                op.group(1) if op else "",
-                shape.group(1).split("{")[0] if shape else "",
-                file.group(1) if file else "",
-                int(line.group(1)) if line else 0,
-            )
-        )
+        op, file, line, shape = (_first(p, block) for p in (_OP, _FILE, _LINE, _SHAPE))
+        size = _bytes(m.group(1), m.group(2))
+        found.append(Allocation(size, op, shape.split("{")[0], file, int(line or 0)))
     return tuple(sorted(found, key=lambda a: -a.size))
+
+
+def _first(pattern: re.Pattern, text: str) -> str:
+    found = pattern.search(text)
+    return found.group(1) if found else ""

@@ -47,11 +47,10 @@ class PendingWork:
     def summary(self) -> str:
         """One sentence, for a report's text."""
         who = ", ".join(self.holders) if self.holders else "tensors tpu_nb could not name"
-        graph = f"a graph of {self.nodes} IR nodes ({self.describe_ops()})" if self.nodes else ""
+        graph = f" (a graph of {self.nodes} IR nodes ({self.describe_ops()}))" if self.nodes else ""
         return (
-            f"work left pending at the end: {who}"
-            + (f" ({graph})" if graph else "")
-            + "; not run here: it runs at the next sync or value read, and is counted there"
+            f"work left pending at the end: {who}{graph}; not run here: it runs at the next sync "
+            "or value read, and is counted there"
         )
 
 
@@ -121,18 +120,18 @@ def find_pending(
 
         holders: list[str] = []
         found: dict[int, Any] = {}
-        budget = [_WALK_BUDGET]
+        budget = _WALK_BUDGET
         for name in names:
             space = next((s for s in namespaces if name in s), None)
             if space is None or name.startswith("__"):
                 continue
             held = False
-            mine = [min(per_name, budget[0])]
+            mine = [min(per_name, budget)]  # walk_limited counts it down
             for t in walk_limited(space[name], torch, depth=4, seen=set(), budget=mine):
                 if is_pending(t):
                     held = True
                     found.setdefault(id(t), t)
-            budget[0] -= min(per_name, budget[0]) - max(mine[0], 0)
+            budget -= min(per_name, budget) - max(mine[0], 0)
             if held and len(holders) < _MAX_HOLDERS:
                 holders.append(name)
         if not found:
@@ -153,12 +152,8 @@ def _described(holders: tuple[str, ...], tensors: list, start: float) -> Pending
         g = graph(*tensors, hlo=False)  # frames when IR locations were recorded
         counted = Counter(n.op for n in g.nodes if n.kind not in ("data", "constant"))
         nodes, ops = len(g.nodes), tuple(counted.most_common())
-        seen: dict[tuple[str, int], None] = {}
-        for node in g.nodes:
-            frame = node.user_frame
-            if frame is not None and frame.file:
-                seen.setdefault((frame.file, frame.line), None)
-        lines = tuple(seen)
+        frames = [n.user_frame for n in g.nodes]
+        lines = tuple(dict.fromkeys((f.file, f.line) for f in frames if f is not None and f.file))
     except Exception:
         log.debug("tpu_nb: reading the pending graph", exc_info=True)
     return PendingWork(
@@ -173,8 +168,5 @@ def assigned_lines(source: str, name: str) -> list[int]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
-            lines.add(node.lineno)
-    return sorted(lines)
+    names = (node for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == name)
+    return sorted({node.lineno for node in names if isinstance(node.ctx, ast.Store)})

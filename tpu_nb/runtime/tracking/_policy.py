@@ -31,11 +31,14 @@ summary line's verdict and the live dashboard all ask it.
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import reduce
 from typing import Any
 
-from tpu_nb.runtime.metrics._compile_log import CompileEvent
+from tpu_nb.runtime.metrics._compile_log import CompileEvent, Frame
+from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import _anatomy as anatomy
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _device_data as device_data
@@ -52,14 +55,8 @@ _GROWTH_TOLERANCE = 20  # additions differing in one op in 20 or fewer are the s
 _PER_STEP_READS = 3  # a read in at least this many steps (and a quarter of them) is per step
 
 # What a compile of a line is, as the policy sees it.
-FIRST, WARM_UP, VARIANT, RECOMPILE, GROWING, UNSETTLED = (
-    "first",
-    "warm-up",
-    "variant",
-    "recompile",
-    "growing",
-    "unsettled",
-)
+FIRST, WARM_UP, VARIANT = "first", "warm-up", "variant"
+RECOMPILE, GROWING, UNSETTLED = "recompile", "growing", "unsettled"
 # The run's first sync also ran work earlier cells left pending: its graph is not the line's.
 EARLIER = "earlier"
 ONE_TIME = frozenset((FIRST, WARM_UP, VARIANT, EARLIER))
@@ -95,11 +92,13 @@ class LinePattern:
     @property
     def last_call_only(self) -> bool:
         """Recompiling only at its last call (a shorter last batch, typically)."""
-        return (
-            self.kinds.count(RECOMPILE) == 1
-            and self.kinds[-1] == RECOMPILE
-            and (self.calls_after == 0)
-        )
+        kinds = self.kinds
+        return kinds.count(RECOMPILE) == 1 and kinds[-1] == RECOMPILE and self.calls_after == 0
+
+    @property
+    def via(self) -> str:
+        """The frame below the line that compiled, when the site is not the line itself."""
+        return self.site.via if self.site is not None and len(self.key) > 2 else ""
 
 
 @dataclass(frozen=True)
@@ -108,6 +107,9 @@ class ReadPattern:
 
     per_step: bool
     why: str  # "in 30 of 30 steps", "once, after the loop", "in a step closure", ...
+
+
+NOT_PER_STEP = ReadPattern(False, "")
 
 
 @dataclass(frozen=True)
@@ -139,18 +141,14 @@ def site_key(event: CompileEvent) -> tuple | None:
     """The site a compile belongs to (its recorded Site.key: the tracked code's line and the
     frame below it that did it), else the log's innermost user frame."""
     site = event.site
-    if site is not None and site.line is not None:
-        return site.key
-    return line_key(event)
+    return site.key if site is not None and site.line is not None else line_key(event)
 
 
 def line_key(event: CompileEvent) -> tuple[str, int] | None:
     """The tracked code's line a compile belongs to (its recorded site), else the log's
     innermost user frame."""
     site = event.site
-    if site is not None and site.line is not None:
-        return (site.line.file, site.line.line)
-    frame = event.user_frame
+    frame = site.line if site is not None and site.line is not None else event.user_frame
     return (frame.file, frame.line) if frame is not None else None
 
 
@@ -173,57 +171,36 @@ def classify_line(
     last_call = max((e.call for e in events if e.call is not None), default=None)
     calls_after = calls - 1 - last_call if calls and last_call is not None else 0
     graphs = [graph_of(e.graph_hash) for e in events]
-    growth, grower = _growth(graphs, events)
+    growth, grower = _growth(graphs)
     if growth:
         kinds = tuple(FIRST if i == 0 else GROWING for i in range(len(events)))
         return LinePattern(
             key, "growing", len(events), calls, calls_after, kinds, "", growth, grower
         )
-    kinds_list: list[str] = []
     first_moment = moments[0] if moments else 0
     warm = _warm_up_moments(events, moments, graphs)
     settled = calls_after >= _SETTLED_CALLS
-    for moment in moments:
-        if moment == first_moment:
-            kinds_list.append(FIRST)
-        elif moment in warm:
-            kinds_list.append(WARM_UP)
-        elif settled:
-            kinds_list.append(VARIANT)
-        elif calls and calls < 4:
-            kinds_list.append(UNSETTLED)
-        else:
-            kinds_list.append(RECOMPILE)
-    kinds = tuple(kinds_list)
-    if RECOMPILE in kinds:
-        kind = "recompiling"
-    elif UNSETTLED in kinds:
-        kind = "unsettled"
-    elif VARIANT in kinds:
-        kind = "variants"
-    elif WARM_UP in kinds:
-        kind = "warm-up"
-    else:
-        kind = "once"
+    later = VARIANT if settled else UNSETTLED if calls and calls < 4 else RECOMPILE
+    kinds = tuple(FIRST if m == first_moment else WARM_UP if m in warm else later for m in moments)
+    # the line's kind: its most telling compile
+    kind = next((name for k, name in _LINE_KINDS if k in kinds), "once")
     why = ""
     if WARM_UP in kinds:
         second = kinds.index(WARM_UP)
-        why = first_step_why(events[0], events[second], graphs[0], graphs[second])
-    return LinePattern(
-        key,
-        kind,
-        len(events),
-        calls,
-        calls_after,
-        kinds,
-        progression(graphs),
-        "",
-        None,
-        first_why=why,
-    )
+        why = first_step_why(graphs[0], graphs[second])
+    shapes = progression(graphs)
+    return LinePattern(key, kind, len(events), calls, calls_after, kinds, shapes, first_why=why)
 
 
-def first_step_why(first: CompileEvent, second: CompileEvent, a, b) -> str:
+_LINE_KINDS = (
+    (RECOMPILE, "recompiling"),
+    (UNSETTLED, "unsettled"),
+    (VARIANT, "variants"),
+    (WARM_UP, "warm-up"),
+)
+
+
+def first_step_why(a, b) -> str:
     """Why a line's first step compiled a graph unlike its next step's, in the words the
     graphs' facts allow: ops only the first graph ran (work that was pending when the loop
     started, or code only the first step runs), state the first step created (more inputs
@@ -231,22 +208,19 @@ def first_step_why(first: CompileEvent, second: CompileEvent, a, b) -> str:
     (more inputs, the same ops); "" when the graphs do not say."""
     if a is None or b is None:
         return ""
-    only_first, only_later = _ops(a) - _ops(b), _ops(b) - _ops(a)
-    data = lambda g: sum(1 for n in g.nodes if n.kind == "data")  # noqa: E731
-    more_inputs = data(b) - data(a)
+    only_first, only_later = op_counts(a) - op_counts(b), op_counts(b) - op_counts(a)
+    n = data_inputs(b) - data_inputs(a)  # more inputs in the later graph
     if only_first:
-        ops = ", ".join(f"{op} \u00d7{n}" for op, n in only_first.most_common(3))
         return (
-            f"the first step's graph also ran {ops}, which later steps do not: work still "
-            "pending when the loop started, or code only the first step runs"
+            f"the first step's graph also ran {_counted(only_first, 3)}, which later steps do "
+            "not: work still pending when the loop started, or code only the first step runs"
         )
-    if more_inputs > 0 and only_later:
+    if n > 0 and only_later:
         return (
             "the first step created state that later steps read and update (more graph "
             "inputs, and ops only they run: optimizer state such as momentum buffers)"
         )
-    if more_inputs > 0:
-        n = more_inputs
+    if n > 0:
         return (
             f"{n} tensor{'s' if n != 1 else ''} the first step's graph computed "
             f"{'are' if n != 1 else 'is'} device data for the later steps (a value made "
@@ -265,11 +239,10 @@ def _warm_up_moments(events, moments, graphs) -> set[int]:
         return warm
     at = {m: i for i, m in reversed(list(enumerate(moments)))}  # a moment's first compile
     for prev, cur in zip(distinct, distinct[1:], strict=False):
+        p, c = at[prev], at[cur]
         if len(warm) + 1 >= _MAX_WARM_UP or cur != prev + 1:
             break
-        if not _state_appeared(
-            events[at[prev]], events[at[cur]], graphs[at[prev]], graphs[at[cur]]
-        ):
+        if not _state_appeared(events[p], events[c], graphs[p], graphs[c]):
             break
         warm.add(cur)
     return warm
@@ -282,53 +255,52 @@ def _state_appeared(first: CompileEvent, second: CompileEvent, a, b) -> bool:
     known = first.inputs is not None and second.inputs is not None
     if known and (first.inputs, first.outputs) != (second.inputs, second.outputs):
         return True
-    if a is None or b is None:
-        return False
-    return bool(_ops(a) - _ops(b))
+    return a is not None and b is not None and bool(op_counts(a) - op_counts(b))
 
 
 def _site_ops(events, graph_of=store.captured.get) -> frozenset:
     """The ops of a site's captured graphs (those tpu_nb kept)."""
-    ops: set[str] = set()
-    for event in events:
-        graph = graph_of(event.graph_hash)
-        if graph is not None:
-            ops.update(n.op for n in graph.nodes)
-    return frozenset(ops)
+    graphs = [g for g in map(graph_of, (e.graph_hash for e in events)) if g is not None]
+    return frozenset(n.op for g in graphs for n in g.nodes)
 
 
-def _ops(graph) -> Counter:
+def op_counts(graph) -> Counter:
+    """A graph's ops by count, without its inputs and constants."""
     return Counter(n.op for n in graph.nodes if n.kind not in ("data", "constant"))
+
+
+def data_inputs(graph) -> int:
+    """A graph's inputs (device data)."""
+    return sum(1 for n in graph.nodes if n.kind == "data")
+
+
+def _counted(ops: Counter, shown: int) -> str:
+    return ", ".join(f"{op} \u00d7{n}" for op, n in ops.most_common(shown))
 
 
 def line_growth(graphs: list) -> str:
     """The ops each of a line's graphs (captured, in order; None where not) adds to the one
     before, when its latest graphs grow that way; else ""."""
-    return _growth(graphs, [])[0]
+    return _growth(graphs)[0]
 
 
-def _growth(graphs: list, events: list[CompileEvent]) -> tuple[str, Any]:
+def _growth(graphs: list) -> tuple[str, Any]:
     """When the line's graphs, in order, each add the same ops to the previous one (at least
-    _MIN_GROWING in a row, ending with the latest): those ops, and where they were made."""
-    known = [g for g in graphs if g is not None]
-    if len(known) < _MIN_GROWING or len(known) != len(graphs):
-        known = known[-_MIN_GROWING * 2 :] if len(known) >= _MIN_GROWING else []
-    tail = known[-_MIN_GROWING:] if len(known) >= _MIN_GROWING else []
-    if not tail:
+    _MIN_GROWING in a row, ending with the latest captured): those ops, and where they were
+    made."""
+    tail = [g for g in graphs if g is not None][-_MIN_GROWING:]
+    if len(tail) < _MIN_GROWING:
         return "", None
     deltas = []
     for a, b in zip(tail, tail[1:], strict=False):
-        ops_a, ops_b = _ops(a), _ops(b)
+        ops_a, ops_b = op_counts(a), op_counts(b)
         if ops_a - ops_b or not ops_b - ops_a:
             return "", None
         deltas.append(ops_b - ops_a)
     if any(not _about_the_same(d, deltas[0]) for d in deltas):
         return "", None
-    common = deltas[0]
-    for d in deltas[1:]:
-        common &= d
-    added = ", ".join(f"{op} \u00d7{n}" for op, n in common.most_common(4))
-    return added, _maker(tail[-1], common)
+    common = reduce(operator.and_, deltas)
+    return _counted(common, 4), _maker(tail[-1], common)
 
 
 def _about_the_same(a: Counter, b: Counter) -> bool:
@@ -341,18 +313,9 @@ def _about_the_same(a: Counter, b: Counter) -> bool:
 
 def _maker(graph, ops: Counter):
     """The user frame that made most nodes of the repeated ops, if the graph says."""
-    where: Counter = Counter()
-    for node in graph.nodes:
-        if node.op in ops:
-            frame = node.user_frame
-            if frame is not None:
-                where[(frame.file, frame.line, frame.function)] += 1
-    if not where:
-        return None
-    from tpu_nb.runtime.metrics._compile_log import Frame
-
-    file, line, function = where.most_common(1)[0][0]
-    return Frame(file, line, function)
+    frames = (n.user_frame for n in graph.nodes if n.op in ops)
+    where = Counter((f.file, f.line, f.function) for f in frames if f is not None)
+    return Frame(*where.most_common(1)[0][0]) if where else None
 
 
 def progression(graphs: list) -> str:
@@ -361,14 +324,8 @@ def progression(graphs: list) -> str:
     captured. The op and dimension come from the first pair of graphs that differ only in
     shapes; each graph's value is read from its node of that op at the same rank."""
     known = [g for g in graphs if g is not None]
-    found = next(
-        (
-            (i, c)
-            for i, (a, b) in enumerate(zip(known, known[1:], strict=False))
-            if (c := _first_dim_change(a, b))
-        ),
-        None,
-    )
+    pairs = enumerate(zip(known, known[1:], strict=False))
+    found = next(((i, c) for i, (a, b) in pairs if (c := _first_dim_change(a, b))), None)
     if found is None:
         return ""
     start, (op, dim, rank, count) = found
@@ -436,10 +393,8 @@ def classify_read(occ, run_steps: int) -> ReadPattern:
     """Whether a read site (a provenance.Occurrence of kind "read") repeats per step."""
     if getattr(occ, "in_sync", False):
         return ReadPattern(False, "in a step closure, after the step's graph ran")
-    if run_steps == 0:  # no sync at all: each call is an iteration of the loop
-        repeats, of = occ.calls, 0
-    else:
-        repeats, of = occ.steps, run_steps
+    # no sync at all: each call is an iteration of the loop
+    repeats, of = (occ.calls, 0) if run_steps == 0 else (occ.steps, run_steps)
     if reads_repeat(repeats, of):
         return ReadPattern(True, f"in {repeats} of {of} steps" if of else "with no sync in between")
     if occ.first_step >= run_steps > 0:
@@ -465,9 +420,7 @@ def judge(report) -> Judgement:
     joined = _joined_by_earlier(report, events)
     for i, e in enumerate(events):
         key = site_key(e)
-        if i in joined:
-            continue
-        if key is not None and e.kind != "dynamo" and not dynamo.inputs_sync(e):
+        if key is not None and i not in joined and e.kind != "dynamo" and not dynamo.inputs_sync(e):
             by_line.setdefault(key, []).append(i)
     # A compiled function's graphs (torch.compile): one-time, unless Dynamo compiled the
     # frame again because a guard failed (what it saw change is the finding's fact).
@@ -502,10 +455,8 @@ def judge(report) -> Judgement:
 def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
     """The compiles of the run's first sync when earlier work was pending as the run started:
     that sync ran it with the run's first step, in one graph unlike the line's own."""
-    if getattr(report, "earlier", None) is None:
-        return set()
     steps = [e.step for e in events if e.trigger == "sync" and e.step is not None]
-    if not steps:
+    if getattr(report, "earlier", None) is None or not steps:
         return set()
     first = min(steps)
     return {i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first}
@@ -524,16 +475,17 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             by_step.setdefault(event.step, []).append(kind)
     one_time_steps = {step for step, kinds in by_step.items() if all(k in ONE_TIME for k in kinds)}
     one_time = sum(len(by_step[s]) for s in one_time_steps)
-    seconds = _one_time_seconds(report, one_time_steps)
+    a = report.anatomy
+    steps = getattr(a, "steps", ())
+    ran = (*steps, a.tail) if getattr(a, "tail", None) else tuple(steps)
+    seconds = sum(s.compile for s in ran if s.index in one_time_steps)
     judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
     growing = [p for p in judgement.lines.values() if p.kind == "growing"]
     if growing:
         grown = getattr(report, "cost", None)
         if grown is not None:
             grown = replace(grown, notes=(*grown.notes, cost.SPANS_STEPS))
-        return replace(judgement, verdict=_growing_verdict(growing[0], report), cost=grown)
-    a = report.anatomy
-    steps = getattr(a, "steps", ())
+        return replace(judgement, verdict=_growing_verdict(growing[0]), cost=grown)
     if not isinstance(a, anatomy.Anatomy) or not steps:
         return judgement
     if type(getattr(report, "error", None)).__name__ == "RecompilationError":
@@ -541,7 +493,8 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         # are not the loop's steady state, and the error says what to do
         return replace(judgement, note="--max-graphs stopped the run before its steady state")
     steady = tuple(s for s in steps if s.index not in one_time_steps)
-    if not events and not getattr(report, "compile_analysis", True):
+    blind = not events and not getattr(report, "compile_analysis", True)
+    if blind:
         # No compile log: which compiles were a warm-up is not known. What is known: the steps
         # after the last one that compiled. Compiles in half the steps or more are a fact of
         # the steady state whatever their cause; fewer leave the steps after them to judge.
@@ -556,30 +509,21 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             if len(after) < MIN_STEADY_STEPS:
                 return replace(judgement, steady_steps=len(after), note=unknown)
             steady = after
-            judgement = replace(
-                judgement,
-                note=f"{unknown}; the verdict is about the {len(after)} steps after the last "
-                "one that compiled",
-            )
+            last = f"the verdict is about the {len(after)} steps after the last one that compiled"
+            judgement = replace(judgement, note=f"{unknown}; {last}")
     judgement = replace(judgement, steady_steps=len(steady))
     if len(steady) < MIN_STEADY_STEPS:
-        first = len(steps) - len(steady)
-        more = MIN_STEADY_STEPS - len(steady)
-        return replace(
-            judgement,
-            note=(
-                f"too few steady steps to judge: {_which_compiled(len(steps), first)}; a "
-                f"verdict needs {MIN_STEADY_STEPS} steady steps (run {more} more)"
-            ),
+        first, more = len(steps) - len(steady), MIN_STEADY_STEPS - len(steady)
+        note = (
+            f"too few steady steps to judge: {_which_compiled(len(steps), first)}; a "
+            f"verdict needs {MIN_STEADY_STEPS} steady steps (run {more} more)"
         )
+        return replace(judgement, note=note)
     lines = _steady_lines(a, steady, steps)
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
-        verdict = _recompile_verdict(verdict, judgement)
-        flagged = [p for p in judgement.lines.values() if p.kind == "recompiling"]
-        if getattr(report, "device_datasets", ()) and not all(p.last_call_only for p in flagged):
-            verdict = replace(verdict, fix=device_data.RECOMPILE_FIX)  # the batches' indices
-        if not events and not getattr(report, "compile_analysis", True):
+        verdict = _recompile_verdict(verdict, judgement, getattr(report, "device_datasets", ()))
+        if blind:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
     verdict, timed = _for_target(verdict, getattr(report, "cost", None), steady)
@@ -607,7 +551,7 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
         if occ.in_sync or occ.site is None or occ.site.line is None:
             continue
         if occ.kind == "read":
-            per_step = judgement.reads.get(occ.order, _NOT_PER_STEP).per_step
+            per_step = judgement.reads.get(occ.order, NOT_PER_STEP).per_step
         elif occ.kind == "fallback":
             per_step = reads_repeat(occ.steps, syncs)
         else:
@@ -640,14 +584,10 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
     return anatomy.Verdict("read-bound", reason, fix)
 
 
-_NOT_PER_STEP = ReadPattern(False, "")
-
-
 def _stall_name(occ, syncs: int) -> str:
-    from tpu_nb.runtime.sources import short_path
     from tpu_nb.runtime.tracking._provenance import user_op
 
-    where = format_place(short_path(occ.site.line.file), occ.site.line.line)
+    where = place_name(occ.site.line)
     what = f"{occ.what} read" if occ.kind == "read" else f"{user_op(occ.what)} on the CPU"
     return f"{what} at {where} (in {occ.steps} of {syncs} steps)"
 
@@ -671,24 +611,16 @@ def _for_target(verdict, step_cost, steady):
         return verdict, timed
     if timed.device_seconds is None or timed.host_seconds is None:
         return verdict, timed
-    chip = timed.chip.name
     host, device = format_seconds(timed.host_seconds), format_seconds(timed.device_seconds)
-    cpu = f"; XLA:CPU ran it in {format_seconds(timed.measured_device_seconds)}, the CPU's time"
     if timed.host_seconds >= timed.device_seconds:
-        fix = anatomy.FIXES["host-bound"]
-        lines = verdict.lines if verdict.kind == "host-bound" else ()
-        reason = f"judged for a {chip}: tracing {host} per step, device work >= "
-        return replace(
-            verdict, kind="host-bound", reason=reason + device + cpu, fix=fix, lines=lines
-        ), timed
-    reason = f"judged for a {chip}: device work >= {device} per step, tracing "
-    return replace(
-        verdict,
-        kind="device-bound",
-        reason=reason + host + cpu,
-        fix=anatomy.FIXES["device-bound"],
-        lines=(),
-    ), timed
+        kind, lines = "host-bound", verdict.lines if verdict.kind == "host-bound" else ()
+        reason = f"tracing {host} per step, device work >= {device}"
+    else:
+        kind, lines = "device-bound", ()
+        reason = f"device work >= {device} per step, tracing {host}"
+    cpu = format_seconds(timed.measured_device_seconds)
+    reason = f"judged for a {timed.chip.name}: {reason}; XLA:CPU ran it in {cpu}, the CPU's time"
+    return replace(verdict, kind=kind, reason=reason, fix=anatomy.FIXES[kind], lines=lines), timed
 
 
 def _steady_lines(a, steady, steps) -> tuple:
@@ -707,13 +639,7 @@ def _steady_lines(a, steady, steps) -> tuple:
     return a.sampler.lines(wall, without=tuple(left_out))
 
 
-def _one_time_seconds(report, one_time_steps: set[int]) -> float:
-    a = report.anatomy
-    steps = tuple(getattr(a, "steps", ())) + ((a.tail,) if getattr(a, "tail", None) else ())
-    return sum(s.compile for s in steps if s.index in one_time_steps)
-
-
-def _recompile_verdict(verdict, judgement: Judgement):
+def _recompile_verdict(verdict, judgement: Judgement, device_datasets):
     flagged = [p for p in judgement.lines.values() if p.kind == "recompiling"]
     if not flagged:
         return verdict
@@ -721,16 +647,16 @@ def _recompile_verdict(verdict, judgement: Judgement):
     first = flagged[0]
     if all(p.last_call_only for p in flagged):  # the hint's own fix: a shorter last batch
         fix = libraries.last_call_fix(first.site) or LAST_CALL_FIX
+    elif device_datasets:  # the batches' indices are what changes
+        fix = device_data.RECOMPILE_FIX
     else:
         fix = libraries.recompile_fix(first.site, first.ops) or RECOMPILE_FIX
     return replace(verdict, reason=f"{verdict.reason}; recompiling at {where}", fix=fix)
 
 
-def _growing_verdict(pattern: LinePattern, report):
+def _growing_verdict(pattern: LinePattern):
     where = _line_name(pattern)
-    made = ""
-    if pattern.grower is not None:
-        made = f" (made by {_frame_name(pattern.grower)})"
+    made = f" (made by {place_name(pattern.grower)})" if pattern.grower is not None else ""
     return anatomy.Verdict(
         "compile-bound",
         f"the graph grows every step: no torch_xla.sync() cuts it, so {where} compiled "
@@ -742,16 +668,12 @@ def _growing_verdict(pattern: LinePattern, report):
 def _line_name(pattern: LinePattern) -> str:
     """The site's name: "In [3], line 2", then "→ transformers/trainer.py:2213 train" for a
     site below the line."""
-    from tpu_nb.runtime.sources import short_path
-
     file, line = pattern.key[:2]
-    via = pattern.site.via if pattern.site is not None and len(pattern.key) > 2 else ""
-    return format_place(short_path(file), line) + (f" \u2192 {via}" if via else "")
+    return format_place(short_path(file), line) + (f" \u2192 {pattern.via}" if pattern.via else "")
 
 
-def _frame_name(frame) -> str:
-    from tpu_nb.runtime.sources import short_path
-
+def place_name(frame) -> str:
+    """A frame's file (short) and line, as the report names a place."""
     return format_place(short_path(frame.file), frame.line)
 
 
@@ -788,10 +710,9 @@ def describe_pattern(p: LinePattern) -> str:
     if p.kind == "recompiling" and p.last_call_only:
         return f"{graphs}; the last at its last call, after {p.calls - 1} calls{shapes}"
     if p.kind == "recompiling":
-        new = sum(1 for k in p.kinds if k == RECOMPILE)
         return (
-            f"{graphs}, {new} of them after its first steps, still compiling at its latest "
-            f"calls{shapes}"
+            f"{graphs}, {p.kinds.count(RECOMPILE)} of them after its first steps, still "
+            f"compiling at its latest calls{shapes}"
         )
     if p.kind == "unsettled":
         return (
@@ -816,9 +737,7 @@ def _which_compiled(steps: int, compiled: int) -> str:
         return f"{steps} steps, each compiling its graph"
     if compiled == 0:
         return f"{steps} steps, all run from the cache"
-    first = (
-        "the first step compiled its graph"
-        if compiled == 1
-        else (f"the first {compiled} compiled their graphs")
-    )
+    first = f"the first {compiled} compiled their graphs"
+    if compiled == 1:
+        first = "the first step compiled its graph"
     return f"{steps} steps: {first}, {steps - compiled} ran from the cache"

@@ -70,42 +70,36 @@ def read_trace(logdir: str) -> ProfileTrace:
     with gzip.open(paths[-1], "rt") as f:
         raw = json.load(f).get("traceEvents", [])
     names, order = {}, {}
-    for e in raw:
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
+    for e in (e for e in raw if e.get("ph") == "M"):
+        if e.get("name") == "thread_name":
             names[e.get("tid")] = str(e.get("args", {}).get("name", e.get("tid")))
-        if e.get("ph") == "M" and e.get("name") == "thread_sort_index":
+        if e.get("name") == "thread_sort_index":
             order[e.get("tid")] = e.get("args", {}).get("sort_index", 0)
     complete = [e for e in raw if e.get("ph") == "X" and "ts" in e]
     dropped = max(0, len(complete) - MAX_EVENTS)
     if dropped:
         complete = sorted(complete, key=lambda e: -e.get("dur", 0))[:MAX_EVENTS]
     t0 = min((e["ts"] for e in complete), default=0.0)
-    events = tuple(
-        sorted(
-            (
-                TraceEvent(
-                    names.get(e.get("tid"), str(e.get("tid"))),
-                    str(e.get("name", "")),
-                    (e["ts"] - t0) * 1e-6,
-                    e.get("dur", 0) * 1e-6,
-                )
-                for e in complete
-            ),
-            key=lambda e: e.start,
-        )
+    events = sorted(
+        (
+            TraceEvent(
+                names.get(e.get("tid"), str(e.get("tid"))),
+                str(e.get("name", "")),
+                (e["ts"] - t0) * 1e-6,
+                e.get("dur", 0) * 1e-6,
+            )
+            for e in complete
+        ),
+        key=lambda e: e.start,
     )
-    used = {e.thread for e in events}
-    threads = tuple(
-        sorted(
-            used,
-            key=lambda t: (
-                min((order[k] for k, v in names.items() if v == t and k in order), default=99),
-                t,
-            ),
-        )
-    )
+
+    def place(thread: str) -> tuple:  # the profiler's display order, then the name
+        ranks = (order[k] for k, v in names.items() if v == thread and k in order)
+        return min(ranks, default=99), thread
+
+    threads = tuple(sorted({e.thread for e in events}, key=place))
     steps = sum(1 for e in events if e.name == "StepMarker")
-    return ProfileTrace(events, threads, steps, dropped)
+    return ProfileTrace(tuple(events), threads, steps, dropped)
 
 
 class profile:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -149,14 +150,11 @@ class RunReport:
         """Lines that kept compiling new graphs in this run (beyond their warm-up, not a
         bounded set then cached), with the graphs they compiled; `allowed` > 1 accepts that
         many graphs per line (deliberate bucketing, --max-graphs)."""
-        judgement = self.judgement
-        if judgement is None:
-            return {}
-        lines: dict[tuple[str, int], int] = {}
-        for key, p in judgement.lines.items():  # per site: a line's sites are summed
+        lines: Counter[tuple[str, int]] = Counter()
+        for key, p in self.judgement.lines.items() if self.judgement else ():
             if p.flagged and (p.kind == "growing" or p.graphs > allowed):
-                lines[key[:2]] = lines.get(key[:2], 0) + p.graphs
-        return lines
+                lines[key[:2]] += p.graphs  # per site: a line's sites are summed
+        return dict(lines)
 
     def summary(self) -> str:
         """One line: wall time and the XLA figures that matter."""
@@ -188,8 +186,7 @@ class RunReport:
         judgement = self.judgement
         for key, pattern in judgement.lines.items() if judgement else ():
             if pattern.graphs > 1 or pattern.flagged:
-                site = pattern.site.via if pattern.site is not None and len(key) > 2 else ""
-                where = f"{key[0]}:{key[1]}" + (f" \u2192 {site}" if site else "")
+                where = f"{key[0]}:{key[1]}" + (f" \u2192 {pattern.via}" if pattern.via else "")
                 lines.append(f"  {where}: {describe_pattern(pattern)}")
         verdict = getattr(self.anatomy, "verdict", None)
         if verdict is not None:

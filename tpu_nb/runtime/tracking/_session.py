@@ -52,11 +52,10 @@ class on_tpu:
         device=None,
         assigned_in=None,
     ):
-        self.assigned_in = assigned_in
         self.name, self.code, self.sync = name, tuple(code), sync
-        self.source, self.filename = source, filename
+        self.source, self.filename, self.namespace = source, filename, namespace
         self.max_graphs, self.locations, self.device = max_graphs, locations, device
-        self.namespace = namespace
+        self.assigned_in = assigned_in
         self._stack: ExitStack | None = None
         self._report: RunReport | None = None
 

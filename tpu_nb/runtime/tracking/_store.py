@@ -104,10 +104,8 @@ class GraphStore:
         """The compile event of the graph the same line compiled before `event`'s, if any."""
         key = _history_key(event)
         graphs = self.line_events.get(key, []) if key else []
-        hashes = [g.graph_hash for g in graphs]
-        if event.graph_hash in hashes and hashes.index(event.graph_hash) > 0:
-            return graphs[hashes.index(event.graph_hash) - 1]
-        return None
+        at = next((i for i, g in enumerate(graphs) if g.graph_hash == event.graph_hash), 0)
+        return graphs[at - 1] if at > 0 else None
 
     def swap_inputs(self, key: tuple, inputs: tuple) -> tuple | None:
         """Keep a compiled function's inputs; return those kept before, if any."""
