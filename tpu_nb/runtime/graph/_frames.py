@@ -71,10 +71,7 @@ def _all(fields, number: int) -> list:
 
 
 def _one(fields, number: int, default=None):
-    for f, v in fields:
-        if f == number:
-            return v
-    return default
+    return next((v for f, v in fields if f == number), default)
 
 
 def _stacks(index: bytes) -> dict[int, tuple[Frame, ...]]:
@@ -137,29 +134,18 @@ def instruction_stacks(proto: bytes) -> list[tuple[str, tuple[Frame, ...]]]:
     return runs
 
 
-def _agrees(stack: tuple[Frame, ...], location: Frame | None) -> bool:
-    if not stack or location is None:
-        return False
-    inner = stack[0]
-    return (
-        inner.line == location.line
-        and inner.function == location.function
-        and os.path.basename(inner.file) == location.file
-    )
+def _inner(stack: tuple[Frame, ...]) -> tuple:
+    """The innermost frame as a node's `location=` names it (file basename), or ()."""
+    return (os.path.basename(stack[0].file), stack[0].line, stack[0].function) if stack else ()
+
+
+def _agrees(stack: tuple[Frame, ...], loc: Frame | None) -> bool:
+    return loc is not None and bool(stack) and _inner(stack) == (loc.file, loc.line, loc.function)
 
 
 def _node_key(node) -> tuple:
-    loc = node.location
-    op_type = node.op.replace(":", "_")
+    loc, op_type = node.location, node.op.replace(":", "_")
     return (op_type, loc.file, loc.line, loc.function) if loc else (op_type,)
-
-
-def _run_key(run: tuple[str, tuple[Frame, ...]]) -> tuple:
-    op_type, stack = run
-    if not stack:
-        return (op_type,)
-    inner = stack[0]
-    return (op_type, os.path.basename(inner.file), inner.line, inner.function)
 
 
 def _pairs(a: list, b: list, window: int = 48) -> dict[int, int]:
@@ -194,7 +180,7 @@ def with_frames(graph: Graph, proto: bytes) -> Graph:
     """
     runs = instruction_stacks(proto)
     node_keys = [_node_key(n) for n in graph.nodes]
-    run_keys = [_run_key(r) for r in runs]
+    run_keys = [(op_type, *_inner(stack)) for op_type, stack in runs]
     paired = _pairs(node_keys, run_keys)
     nodes, last = [], None
     for i, node in enumerate(graph.nodes):

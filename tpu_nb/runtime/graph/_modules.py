@@ -15,8 +15,6 @@ until that row is expanded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from tpu_nb.runtime.graph._nodes import NodeGraph
 from tpu_nb.runtime.graph._scopes import module_of
 
@@ -92,20 +90,17 @@ class ModuleBoxes:
     def _children(self, name: str) -> list:
         """What a box opens into: its submodules (numbered runs as one row), its own ops."""
         phase, prefix, repeated, positions = self.boxes[name]
-        depth = len(prefix) + (1 if repeated else 0)
-        if repeated:  # a row of blocks opens into the blocks
-            by_child: dict[tuple[str, ...], list[int]] = {}
-            for i in positions:
-                by_child.setdefault(self.keys[i][1][:depth], []).append(i)
-            return [(phase, p, None, m) for p, m in by_child.items()]
+        depth = len(prefix)
         own: list[int] = []
-        by_child = {}
+        by_child: dict[tuple[str, ...], list[int]] = {}
         for i in positions:
             path = self.keys[i][1]
             if len(path) > depth:
                 by_child.setdefault(path[: depth + 1], []).append(i)
             else:
                 own.append(i)
+        if repeated:  # a row of blocks opens into the blocks
+            return [(phase, p, None, m) for p, m in by_child.items()]
         numbered = sorted((p for p in by_child if p[-1].isdigit()), key=lambda p: int(p[-1]))
         out: list[tuple[str, tuple[str, ...], tuple[str, ...] | None, list[int]]] = []
         if len(numbered) >= REPEAT_MIN:
@@ -175,9 +170,6 @@ class ModuleBoxes:
         for i in self.singles:
             piece[i] = i
         return piece, names
-
-    def members(self, name: str) -> Iterable[int]:
-        return self.boxes[name][3]
 
 
 def _matches(name: str, wanted: str, inside: bool = False) -> bool:

@@ -74,7 +74,9 @@ class _Tracer:
         return found
 
     def enter(self, module, args) -> None:
-        if _compiling():
+        import torch
+
+        if torch.compiler.is_compiling():
             return
         # the objects, not only their ids: a freed wrapper's id can come back for another
         inputs = {id(t.grad_fn): t.grad_fn for t in _tensors(args) if t.grad_fn is not None}
@@ -129,12 +131,6 @@ class _Tracer:
         self.active = False
         self.forward.clear()
         self.steps.clear()
-
-
-def _compiling() -> bool:
-    import torch
-
-    return bool(torch.compiler.is_compiling())
 
 
 def _tensors(value: Any, depth: int = 3) -> Iterator[Any]:

@@ -23,8 +23,8 @@ from tpu_nb.runtime.frame import Frame
 from tpu_nb.runtime.metrics._counters import on_reset
 from tpu_nb.runtime.sources import is_library
 
-_COMPILE = "Compilation Analysis: "
-_POST = "Post Compilation Analysis: "
+# A block's opening words -> its kind (any other analysis block is "other").
+_KINDS = {"Compilation Analysis: ": "compile", "Post Compilation Analysis: ": "post"}
 _RULE = "====="
 _FRAME = re.compile(r"^\s+(.*) \((.*):(\d+)\)$")
 _SIZE = re.compile(
@@ -70,10 +70,7 @@ class CompileEvent:
     def kind(self) -> str:
         """'sync', 'value-access' (.item()/print before a sync), 'dynamo', 'compile' or 'other'."""
         low = self.cause.lower()
-        for needle, kind in _CAUSE_KINDS:
-            if needle in low:
-                return kind
-        return "other"
+        return next((kind for needle, kind in _CAUSE_KINDS if needle in low), "other")
 
     @property
     def user_frame(self) -> Frame | None:
@@ -84,10 +81,7 @@ class CompileEvent:
         placed on `site.line`, the tracked code's own line that led here."""
         if self.site is not None:
             return self.site.user or self.site.line
-        for frame in self.frames:
-            if not is_library(frame.file):
-                return frame
-        return None
+        return next((frame for frame in self.frames if not is_library(frame.file)), None)
 
     def describe(self) -> str:
         where = self.user_frame
@@ -348,14 +342,19 @@ class CompileLog:
             prefix, body = text[: cut + len("Analysis: ")], text[cut + len("Analysis: ") :]
             if block is None:
                 if body.startswith(_RULE):  # the opening rule
-                    block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
+                    block, kind, opened_by, block_start = (
+                        [],
+                        _KINDS.get(prefix, "other"),
+                        prefix,
+                        start,
+                    )
                 else:
                     done = pos
             elif body.startswith(_RULE) and _cut_short(kind, opened_by, prefix, block):
                 # An opening rule where the closing one belongs: the block before it was cut
                 # short (a write failed part-way, e.g. on a full disk). Start again here.
                 self.cut_blocks += 1
-                block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
+                block, kind, opened_by, block_start = [], _KINDS.get(prefix, "other"), prefix, start
             elif body.startswith(_RULE):  # the closing rule: the block is complete
                 self._finish(kind, block, base + block_start)
                 block, done = None, pos
@@ -372,11 +371,8 @@ class CompileLog:
             self._events.append(parse_block(body, offset))
             self.parsed += 1
         elif kind == "post" and self._events:
-            sizes = {}
-            for line in body:
-                if m := _SIZE.match(line.strip()):
-                    sizes[m.group(1).lower()] = float(m.group(2))
-            self._set_last(sizes_gb=sizes)
+            found = (_SIZE.match(line.strip()) for line in body)
+            self._set_last(sizes_gb={m.group(1).lower(): float(m.group(2)) for m in found if m})
 
     def _set_last(self, **changes) -> None:
         self._events[-1] = replace(self._events[-1], **changes)
@@ -410,14 +406,6 @@ def _why_missing(path: str, missing: int) -> str:
         "starts outside Python code, such as a CPU fallback's inputs inside autograd's "
         "backward, can come without one)"
     )
-
-
-def _kind_of(prefix: str) -> str:
-    if prefix == _COMPILE:
-        return "compile"
-    if prefix == _POST:
-        return "post"
-    return "other"
 
 
 _logs: dict[str, CompileLog] = {}
