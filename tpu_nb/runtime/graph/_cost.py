@@ -40,15 +40,12 @@ class HloFlops:
     def left_out(self) -> str:
         """What the count does not include, in words."""
         base = "elementwise ops, reductions and gathers are not counted"
-        if self.custom_calls:
-            return f"{base}, nor {self.custom_calls} custom call(s)"
-        return base
+        return f"{base}, nor {self.custom_calls} custom call(s)" if self.custom_calls else base
 
 
 def _dims(shape: str) -> list[int]:
     m = _SHAPE.match(shape)
-    body = m.group(1) if m else ""
-    return [int(d) for d in body.split(",") if d]
+    return [int(d) for d in m.group(1).split(",") if d] if m else []
 
 
 def hlo_flops(text: str) -> HloFlops:

@@ -80,15 +80,10 @@ def _stacks(index: bytes) -> dict[int, tuple[Frame, ...]]:
     files = [b.decode("utf-8", "replace") for b in _all(fields, _INDEX_FILES)]
     functions = [b.decode("utf-8", "replace") for b in _all(fields, _INDEX_FUNCTIONS)]
     locations = []
-    for raw in _all(fields, _INDEX_LOCATIONS):
-        loc = _fields(raw)  # file_name_id, function_name_id, line (1-based ids)
-        locations.append(
-            Frame(
-                file=files[_one(loc, 1, 1) - 1],
-                line=_one(loc, 3, 0),
-                function=functions[_one(loc, 2, 1) - 1],
-            )
-        )
+    for loc in map(_fields, _all(fields, _INDEX_LOCATIONS)):
+        # file_name_id, function_name_id, line (the ids are 1-based)
+        file, function = files[_one(loc, 1, 1) - 1], functions[_one(loc, 2, 1) - 1]
+        locations.append(Frame(file=file, line=_one(loc, 3, 0), function=function))
     frames = [(_one(f, 1, 0), _one(f, 2, 0)) for f in map(_fields, _all(fields, _INDEX_FRAMES))]
     stacks: dict[int, tuple[Frame, ...]] = {}
     for frame_id in range(1, len(frames) + 1):
@@ -119,13 +114,8 @@ def instruction_stacks(proto: bytes) -> list[tuple[str, tuple[Frame, ...]]]:
         inst = _fields(raw)
         meta = _fields(_one(inst, _INSTRUCTION_METADATA, b""))
         op_type = _one(meta, _METADATA_OP_TYPE, b"").decode("utf-8", "replace")
-        rows.append(
-            (
-                _one(inst, _INSTRUCTION_ID, 0),
-                op_type,
-                stacks.get(_one(meta, _METADATA_STACK_FRAME, 0), ()),
-            )
-        )
+        stack = stacks.get(_one(meta, _METADATA_STACK_FRAME, 0), ())
+        rows.append((_one(inst, _INSTRUCTION_ID, 0), op_type, stack))
     rows.sort(key=lambda r: r[0])
     runs: list[tuple[str, tuple[Frame, ...]]] = []
     for _, op_type, stack in rows:

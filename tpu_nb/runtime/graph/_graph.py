@@ -28,7 +28,8 @@ from tpu_nb.runtime.graph._nodes import (
 
 # A node's fields in the order to_dict() writes them.
 _NODE_FIELDS = tuple(
-    "id op kind shape dtype layout inputs scope location root num_outputs attrs frames".split()  # noqa: SIM905
+    """id op kind shape dtype layout inputs scope location root num_outputs attrs
+    frames""".split()  # noqa: SIM905
 )
 
 
@@ -61,8 +62,7 @@ class Graph:
         fallback_ops: Iterable[tuple[str, int]] = (),
     ) -> Graph:
         """Parse torch_xla's IR text (`_get_xla_tensors_text`) into a Graph."""
-        frames: dict[str, Frame | None] = {}
-        parsed = [p for p in (parse_line(line, frames) for line in text.splitlines()) if p]
+        parsed = [p for p in map(parse_line, text.splitlines()) if p]
         if not parsed and "IR {" not in text:
             raise TpuNbUsageError(
                 "this text is not torch_xla IR (no `IR {` block). Fix: pass "

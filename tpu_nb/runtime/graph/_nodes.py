@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, fields
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Protocol, TypeVar
 
 from tpu_nb.runtime.frame import Frame
@@ -96,10 +96,7 @@ class Node:
     def user_frame(self) -> Frame | None:
         """The innermost frame in user code (a notebook cell, a script), not in torch,
         torch_xla or tpu_nb: the line that made this node, even inside `model(x)`."""
-        for frame in self.frames:
-            if not is_library(frame.file):
-                return frame
-        return None
+        return next((frame for frame in self.frames if not is_library(frame.file)), None)
 
     def describe(self) -> str:
         at = f" at {self.where}" if self.location else ""
@@ -175,10 +172,10 @@ def _parse_tags(rest: str) -> list[tuple[str, str]]:
 
 
 def _unbalanced(value: str) -> bool:
-    opened = value.count("(") + value.count("[") + value.count("{")
-    return opened > value.count(")") + value.count("]") + value.count("}")
+    return sum(map(value.count, "([{")) > sum(map(value.count, ")]}"))
 
 
+@lru_cache(maxsize=1 << 16)  # a graph names each line many times
 def parse_location(value: str) -> Frame | None:
     """ "fn@file.py:12" -> Frame(file="file.py", line=12, function="fn")."""
     head, _, line = value.rpartition(":")
@@ -212,7 +209,7 @@ def new_frozen(cls, values: dict | None = None, **more: Any) -> Any:
 _NODE_DEFAULTS = {f.name: f.default for f in fields(Node) if f.default is not MISSING}
 
 
-def parse_line(line: str, frames: dict[str, Frame | None]) -> dict | None:
+def parse_line(line: str) -> dict | None:
     match = _LINE.match(line)
     if match is None:
         return None
@@ -224,9 +221,7 @@ def parse_line(line: str, frames: dict[str, Frame | None]) -> dict | None:
     attrs = []
     for name, value in _parse_tags(rest):
         if name == "location":
-            if value not in frames:
-                frames[value] = parse_location(value)
-            values["location"] = frames[value]
+            values["location"] = parse_location(value)
         elif name == "scope":
             values["scope"] = value
         elif name == "ROOT":

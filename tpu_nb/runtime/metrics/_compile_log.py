@@ -125,18 +125,11 @@ def _gb(value: float | None) -> str:
     return "?" if value is None else f"{value:g} GB"
 
 
-def _field(line: str, name: str) -> str | None:
-    body = line.strip()
-    if body.startswith(name + ":"):
-        return body[len(name) + 1 :].strip()
-    return None
-
-
 def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
     """Turn the body lines of one "Compilation Analysis" block into a CompileEvent."""
-    cause, graph_hash, graph_name, n_in, n_out = "", "", None, None, None
+    cause, section = "", None
+    info: dict[str, str] = {}  # the "Graph Info" section's "name: value" lines
     frames: list[Frame] = []
-    section = None
     for raw in lines:
         body = raw.strip()
         if body == "Compilation Cause":
@@ -148,21 +141,19 @@ def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
         elif section == "cause" and body:
             cause = f"{cause} {body}".strip()
         elif section == "graph":
-            graph_hash = _field(raw, "Graph Hash") or graph_hash
-            graph_name = _field(raw, "Graph Name") or graph_name
-            if (v := _field(raw, "Number of Graph Inputs")) is not None:
-                n_in = int(v)
-            if (v := _field(raw, "Number of Graph Outputs")) is not None:
-                n_out = int(v)
+            name, colon, value = body.partition(":")
+            if colon and value.strip():
+                info[name] = value.strip()
         elif section == "frames" and (m := _FRAME.match(raw)):
             frames.append(Frame(file=m.group(2), line=int(m.group(3)), function=m.group(1)))
+    n_in, n_out = (info.get(f"Number of Graph {what}") for what in ("Inputs", "Outputs"))
     return CompileEvent(
         cause=cause,
-        graph_hash=normal_hash(graph_hash),
+        graph_hash=normal_hash(info.get("Graph Hash", "")),
         frames=tuple(frames),
-        inputs=n_in,
-        outputs=n_out,
-        graph_name=graph_name,
+        inputs=None if n_in is None else int(n_in),
+        outputs=None if n_out is None else int(n_out),
+        graph_name=info.get("Graph Name"),
         offset=offset,
     )
 
@@ -255,14 +246,14 @@ class CompileLog:
                 f"the compile log {self.name} was deleted, replaced or truncated during "
                 "this run, so the causes of its compiles are unknown"
             )
-        if logged >= compiles:
+        missing = compiles - logged
+        if missing <= 0:
             return None
         if offset <= self._dropped_below:
             return (
                 f"only the causes of the last {MAX_EVENTS} compiles are kept; "
-                f"{compiles - logged} of this run's are not"
+                f"{missing} of this run's are not"
             )
-        missing = compiles - logged
         return (
             f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
             f"compile log {self.name} holds the causes of {logged}: "

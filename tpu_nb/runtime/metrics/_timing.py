@@ -142,10 +142,7 @@ def time_device(
         probe = _run_once(fn, runtime) if probe is None else probe
         number = max(1, min(10_000, int(0.2 / max(probe, 1e-6))))
     steady_start = snapshot()
-    per_run = []
-    for _ in range(repeat):
-        total = sum(_run_once(fn, runtime) for _ in range(number))
-        per_run.append(total / number)
+    per_run = [sum(_run_once(fn, runtime) for _ in range(number)) / number for _ in range(repeat)]
     steady = snapshot().since(steady_start)
     return DeviceTiming(
         first,
