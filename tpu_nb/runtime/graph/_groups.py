@@ -321,8 +321,19 @@ def _build(
 ) -> GroupedGraph[G]:
     members = list(_members(piece).values())
     labels = [_label(graph, m, keys) for m in members]
-    names = _unique_names(labels, members, graph)
-    groups = [_make_group(graph, *made, keys) for made in zip(names, labels, members, strict=True)]
+    # A label several groups share is numbered: "relu@functional.py:1697 #2".
+    shared = Counter(label for label, m in zip(labels, members, strict=True) if len(m) > 1)
+    number: Counter = Counter()
+    groups = []
+    for label, m in zip(labels, members, strict=True):
+        if len(m) == 1:
+            name = f"%{graph.nodes[m[0]].id}"
+        elif shared[label] == 1:
+            name = label
+        else:
+            number[label] += 1
+            name = f"{label} #{number[label]}"
+        groups.append(_make_group(graph, name, label, m, keys))
     return _grouped(graph, piece, groups, by, budget, target, expanded)
 
 
@@ -364,21 +375,6 @@ def _label(graph: NodeGraph, positions: list[int], keys: list[str]) -> str:
     if not top:  # no sources: name the id range
         return f"%{graph.nodes[positions[0]].id}-%{graph.nodes[positions[-1]].id}"
     return top if len(counts) == 1 else f"{top} (+{len(counts) - 1} more)"
-
-
-def _unique_names(labels: list[str], members: list[list[int]], graph: NodeGraph) -> list[str]:
-    seen = Counter(label for label, m in zip(labels, members, strict=True) if len(m) > 1)
-    number: Counter = Counter()
-    names = []
-    for label, m in zip(labels, members, strict=True):
-        if len(m) == 1:
-            names.append(f"%{graph.nodes[m[0]].id}")
-        elif seen[label] == 1:
-            names.append(label)
-        else:
-            number[label] += 1
-            names.append(f"{label} #{number[label]}")
-    return names
 
 
 def _make_group(

@@ -78,14 +78,9 @@ class ModuleBoxes:
             self._add(phase, prefix, None, positions)
         self._open_while_room()
 
-    @staticmethod
-    def name(phase: str, prefix: tuple[str, ...], repeated: tuple[str, ...] | None) -> str:
-        if repeated:
-            prefix = prefix + (f"{repeated[0]}-{repeated[-1]}",)
-        return f"{phase}:{'.'.join(prefix)}"
-
     def _add(self, phase, prefix, repeated, positions) -> None:
-        self.boxes[self.name(phase, prefix, repeated)] = (phase, prefix, repeated, positions)
+        path = prefix + (f"{repeated[0]}-{repeated[-1]}",) if repeated else prefix
+        self.boxes[f"{phase}:{'.'.join(path)}"] = (phase, prefix, repeated, positions)
 
     def _children(self, name: str) -> list:
         """What a box opens into: its submodules (numbered runs as one row), its own ops."""

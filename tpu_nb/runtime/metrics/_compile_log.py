@@ -23,7 +23,7 @@ from tpu_nb.runtime.frame import Frame
 from tpu_nb.runtime.metrics._counters import on_reset
 from tpu_nb.runtime.sources import is_library
 
-# A block's opening words -> its kind (any other analysis block is "other").
+# The opening words of the blocks read -> their kind (other analysis blocks are skipped).
 _KINDS = {"Compilation Analysis: ": "compile", "Post Compilation Analysis: ": "post"}
 _RULE = "====="
 _FRAME = re.compile(r"^\s+(.*) \((.*):(\d+)\)$")
@@ -317,7 +317,7 @@ class CompileLog:
         """Parse the whole blocks in `data`; returns how many bytes were consumed."""
         base, pos, done = self._base + self._consumed, 0, 0
         block: list[str] | None = None  # body lines of the block being read
-        kind, opened_by, block_start = "", "", 0
+        opened_by, block_start = "", 0  # the block's opening words and offset
         for line in data.splitlines(keepends=True):
             start, pos = pos, pos + len(line)
             if not line.endswith(b"\n"):
@@ -333,21 +333,16 @@ class CompileLog:
             prefix, body = text[: cut + len("Analysis: ")], text[cut + len("Analysis: ") :]
             if block is None:
                 if body.startswith(_RULE):  # the opening rule
-                    block, kind, opened_by, block_start = (
-                        [],
-                        _KINDS.get(prefix, "other"),
-                        prefix,
-                        start,
-                    )
+                    block, opened_by, block_start = [], prefix, start
                 else:
                     done = pos
-            elif body.startswith(_RULE) and _cut_short(kind, opened_by, prefix, block):
+            elif body.startswith(_RULE) and _cut_short(opened_by, prefix, block):
                 # An opening rule where the closing one belongs: the block before it was cut
                 # short (a write failed part-way, e.g. on a full disk). Start again here.
                 self.cut_blocks += 1
-                block, kind, opened_by, block_start = [], _KINDS.get(prefix, "other"), prefix, start
+                block, opened_by, block_start = [], prefix, start
             elif body.startswith(_RULE):  # the closing rule: the block is complete
-                self._finish(kind, block, base + block_start)
+                self._finish(_KINDS.get(opened_by, ""), block, base + block_start)
                 block, done = None, pos
             else:
                 block.append(body)
@@ -369,12 +364,12 @@ class CompileLog:
         self._events[-1] = replace(self._events[-1], **changes)
 
 
-def _cut_short(kind: str, opened_by: str, prefix: str, block: list[str]) -> bool:
+def _cut_short(opened_by: str, prefix: str, block: list[str]) -> bool:
     """Whether a rule line inside a block opens a new block instead of closing this one
     (compile and post blocks end with a dashed line before their closing rule)."""
     if prefix != opened_by:
         return True
-    return kind in ("compile", "post") and not (block and block[-1].startswith("-----"))
+    return opened_by in _KINDS and not (block and block[-1].startswith("-----"))
 
 
 def _why_missing(path: str, missing: int) -> str:

@@ -205,16 +205,11 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     with reset_watch.lock:
         reset_watch.ensure_installed()
         names = runtime.counters.names()
-        if full:
-            raw = runtime.counters.read(names)
-        else:
-            if _wanted_names[0] != len(names):
-                _wanted_names = (
-                    len(names),
-                    tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS)
-                    + _SENTINEL,  # read also once gone: that is the point
-                )
-            raw = runtime.counters.read(_wanted_names[1])
+        if not full and _wanted_names[0] != len(names):
+            wanted = tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS)
+            # the sentinel is read even once gone: that is the point
+            _wanted_names = (len(names), wanted + _SENTINEL)
+        raw = runtime.counters.read(names if full else _wanted_names[1])
         counters = reset_watch.carry(raw, len(names))
     metrics = {}
     # Read every time, never reused while a counter stands still: after a reset tpu_nb did
