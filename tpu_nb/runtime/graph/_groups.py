@@ -38,6 +38,7 @@ from tpu_nb.runtime.graph._nodes import (
     Node,
     NodeGraph,
     gc_paused,
+    is_leaf,
 )
 
 GROUP_BY = ("auto", "module", "line", "function", "file", "scope", "range")
@@ -180,10 +181,6 @@ def _user_scope(n: Node) -> str:
     return "" if not top or top.startswith(("aten::", "xla::", "prim::")) else top
 
 
-def _leaf(n: Node) -> bool:
-    return not n.inputs and n.kind in ("data", "constant")
-
-
 def _location_key(n: Node, level: str) -> str:
     """ "fn@file:line", prefixed with the user's line when the node came from inside a
     library call made there: "train.py:12 › forward@linear.py:134"."""
@@ -224,12 +221,12 @@ def _base_keys(graph: NodeGraph, level: str) -> list[str]:
     pos = graph._position
     keys = list(own)
     for i, n in enumerate(graph.nodes):
-        if not keys[i] and not _leaf(n):
+        if not keys[i] and not is_leaf(n):
             keys[i] = _inherited_key(graph, n, own, keys, pos)
     consumers = graph.consumers
     for i in range(len(graph.nodes) - 1, -1, -1):  # consumers come later: walk backward
         n = graph.nodes[i]
-        if (_leaf(n) or not keys[i]) and n.id in consumers:
+        if (is_leaf(n) or not keys[i]) and n.id in consumers:
             keys[i] = keys[pos[consumers[n.id][0]]] or keys[i]
     return [k or "(no source)" for k in keys]
 
@@ -239,7 +236,7 @@ def _inherited_key(graph: NodeGraph, n: Node, own: list[str], keys: list[str], p
     fallback = ""
     for src in n.inputs:
         k = pos.get(src)
-        if k is None or _leaf(graph.nodes[k]):
+        if k is None or is_leaf(graph.nodes[k]):
             continue
         if own[k]:
             return "backward of " + own[k]

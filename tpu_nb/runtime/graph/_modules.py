@@ -15,7 +15,7 @@ until that row is expanded.
 
 from __future__ import annotations
 
-from tpu_nb.runtime.graph._nodes import NodeGraph
+from tpu_nb.runtime.graph._nodes import NodeGraph, is_leaf
 from tpu_nb.runtime.graph._scopes import module_of
 
 REPEAT_MIN = 3  # numbered siblings shown as one row from this many on
@@ -28,7 +28,7 @@ def module_keys(graph: NodeGraph) -> list[tuple[str, tuple[str, ...]]]:
     """(phase, module path as parts) for each node, in graph.nodes order."""
     own = [module_of(n.scope) for n in graph.nodes]
     pos = graph._position
-    leaf = [not n.inputs and n.kind in ("data", "constant") for n in graph.nodes]
+    leaf = [is_leaf(n) for n in graph.nodes]
     keys: list[tuple[str, tuple[str, ...]]] = [("", ())] * len(own)
     after_model = [False] * len(own)  # some module's node comes before it
     for i, (phase, path) in enumerate(own):  # operands come first

@@ -114,6 +114,11 @@ class Edge:
     shape: str = ""  # the shape of that value
 
 
+def is_leaf(n: Node) -> bool:
+    """Device data or a constant: a node with no operands, nothing to compute."""
+    return not n.inputs and n.kind in ("data", "constant")
+
+
 class NodeGraph(Protocol):
     """What the diff and the grouping read of a graph. `Graph` is one; they take it through
     this shape so that they never import the module defining it (which imports them)."""
