@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from tpu_nb.runtime.backend import current as backend
-from tpu_nb.runtime.backend import hash_hex as hash_hex  # tracking reads it here
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph._frames import with_frames
 from tpu_nb.runtime.graph._graph import Graph
@@ -32,12 +31,11 @@ def graph(*tensors: Any, hlo: bool = True, frames: bool | None = None) -> Graph:
     """
     found = xla_tensors(tensors)
     runtime = backend()
-    text = runtime.graphs.text(found)
     g = Graph.from_ir_text(
-        text,
+        runtime.graphs.text(found),
         hash=runtime.graphs.hash(found),
         hlo_text=runtime.graphs.hlo(found) if hlo else None,
-        ir_debug=None if not runtime.process.source_lines() else True,
+        ir_debug=True if runtime.process.source_lines() else None,
         fallback_ops=_fallback_counts(),
     )
     located = any(n.location for n in g.nodes)
@@ -93,23 +91,25 @@ def _is_container(obj: Any, torch) -> bool:
     )
 
 
+def _children(obj: Any, torch) -> Iterable[Any]:
+    """What a container holds: a module's parameters and buffers, an optimizer's parameters
+    and state, a dict's values, a sequence's or set's items."""
+    if isinstance(obj, torch.nn.Module):
+        return [*obj.parameters(), *obj.buffers()]
+    if isinstance(obj, torch.optim.Optimizer):
+        return [g["params"] for g in obj.param_groups] + list(obj.state.values())
+    return obj.values() if isinstance(obj, dict) else obj
+
+
 def _walk(obj: Any, torch) -> Iterator:
-    """XLA tensors inside containers, modules (parameters, buffers) and optimizers (parameters,
-    state). Tensors elsewhere (e.g. AdamW's CPU step counters) are skipped."""
+    """XLA tensors inside containers, modules and optimizers. Tensors elsewhere (e.g.
+    AdamW's CPU step counters) are skipped."""
     if isinstance(obj, torch.Tensor):
         if obj.device.type == _DEVICE_TYPE:
             yield obj
-    elif isinstance(obj, torch.nn.Module):
-        yield from _walk(list(obj.parameters()) + list(obj.buffers()), torch)
-    elif isinstance(obj, torch.optim.Optimizer):
-        yield from _walk([g["params"] for g in obj.param_groups], torch)
-        yield from _walk(list(obj.state.values()), torch)
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _walk(value, torch)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for value in obj:
-            yield from _walk(value, torch)
+    elif _is_container(obj, torch):
+        for child in _children(obj, torch):
+            yield from _walk(child, torch)
 
 
 def is_pending(tensor: Any) -> bool:
@@ -167,17 +167,8 @@ def walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterat
     if depth == 0 or not _is_container(obj, torch):
         return
     seen.add(id(obj))
-    children: Iterable[Any]
-    if isinstance(obj, torch.nn.Module):
-        children = list(obj.parameters()) + list(obj.buffers())
-    elif isinstance(obj, torch.optim.Optimizer):
-        children = [g["params"] for g in obj.param_groups] + list(obj.state.values())
-    elif isinstance(obj, dict):
-        children = obj.values()
-    else:
-        children = obj
     # no copy of a big container: at most what the budget still allows is looked at
-    for child in itertools.islice(children, max(budget[0], 0) + 1):
+    for child in itertools.islice(_children(obj, torch), max(budget[0], 0) + 1):
         yield from walk_limited(child, torch, depth - 1, seen, budget)
 
 

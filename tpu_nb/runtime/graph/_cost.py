@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass
 from math import prod
 
-_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+\[[\d,]*\])")
-# A tuple-shaped result (the ROOT, a multi-output op): `%t = (f32[2], /*index=1*/s64[2]) ...`
-# (its shape holds no %name, so the operands are the %names after the `=`).
-_TUPLE_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\()")
+# `%name = f32[2,3]{1,0} op(...)`, or a tuple-shaped result (the ROOT, a multi-output op):
+# `%t = (f32[2], /*index=1*/s64[2]) ...`, matched up to its "(" (its shape holds no %name, so
+# the operands are the %names after the `=`).
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+\[[\d,]*\]|\()")
 _SHAPE = re.compile(r"\w+\[([\d,]*)\]")
 _OPERAND = re.compile(r"(?:(\w+\[[\d,]*\])(?:\{[^}]*\})?\s+)?%([\w.\-]+)")
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
@@ -40,15 +40,12 @@ class HloFlops:
     def left_out(self) -> str:
         """What the count does not include, in words."""
         base = "elementwise ops, reductions and gathers are not counted"
-        if self.custom_calls:
-            return f"{base}, nor {self.custom_calls} custom call(s)"
-        return base
+        return f"{base}, nor {self.custom_calls} custom call(s)" if self.custom_calls else base
 
 
 def _dims(shape: str) -> list[int]:
     m = _SHAPE.match(shape)
-    body = m.group(1) if m else ""
-    return [int(d) for d in body.split(",") if d]
+    return [int(d) for d in m.group(1).split(",") if d] if m else []
 
 
 def hlo_flops(text: str) -> HloFlops:
@@ -111,7 +108,7 @@ def _live(body: list[str]):
     defined: dict[str, tuple[str, re.Match]] = {}
     root = None
     for line in body:
-        head = _DEFINITION.match(line) or _TUPLE_DEFINITION.match(line)
+        head = _DEFINITION.match(line)
         if head is None:
             continue
         name = head.group(1)
@@ -155,12 +152,7 @@ def _conv_flops(lhs: list[int], rhs: list[int], out: list[int], line: str) -> in
 
 def _definitions(text: str) -> dict[str, str]:
     """Every instruction's result shape by name (operands printed without their shapes)."""
-    found = {}
-    for line in text.splitlines():
-        m = _DEFINITION.match(line)
-        if m:
-            found[m.group(1)] = m.group(2)
-    return found
+    return {m.group(1): m.group(2) for m in map(_DEFINITION.match, text.splitlines()) if m}
 
 
 # -- per node, from the IR's shapes (for the cost of each part of a graph) ---------------------
@@ -169,17 +161,15 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "u16
 _DTYPE_BYTES |= {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8}
 _MATMULS = frozenset(("aten::mm", "aten::bmm", "aten::matmul", "aten::linear"))
 _BIASED_MATMULS = frozenset(("aten::addmm", "aten::baddbmm"))
+_ARRAY_DIMS = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\]")
 
 
 def shape_bytes(shape: str) -> int:
     """Bytes of an IR shape's arrays: "f32[2,3]" -> 24; tuples add up."""
-    total = 0
-    for dtype, dims in _ARRAY_DIMS.findall(shape):
-        total += _DTYPE_BYTES.get(dtype, 4) * prod(int(d) for d in dims.split(",") if d)
-    return total
-
-
-_ARRAY_DIMS = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\]")
+    return sum(
+        _DTYPE_BYTES.get(dtype, 4) * prod(int(d) for d in dims.split(",") if d)
+        for dtype, dims in _ARRAY_DIMS.findall(shape)
+    )
 
 
 def node_flops(op: str, out: str, operands: list[str]) -> int:

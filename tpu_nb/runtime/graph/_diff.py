@@ -195,13 +195,9 @@ def _longest_increasing(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out[::-1]
 
 
+@gc_paused()
 def diff_graphs(before: G, after: G) -> GraphDiff[G]:
     """The node-level difference between two graphs; see `Graph.diff`."""
-    with gc_paused():
-        return _diff(before, after)
-
-
-def _diff(before: G, after: G) -> GraphDiff[G]:
     a_keys = [n.op for n in before.nodes]
     b_keys = [n.op for n in after.nodes]
     aligned = a_keys == b_keys
@@ -210,7 +206,7 @@ def _diff(before: G, after: G) -> GraphDiff[G]:
         pairs = [(i, i) for i in range(len(a_keys))]
     else:
         pairs = _align(_diff_keys(before), _diff_keys(after))
-    changes, status_after = [], {}
+    changes, touched = [], set()
     for i, j in pairs:
         old = before.nodes[i] if i is not None else None
         new = after.nodes[j] if j is not None else None
@@ -218,22 +214,12 @@ def _diff(before: G, after: G) -> GraphDiff[G]:
         if fields:
             changes.append(NodeChange(old, new, fields))
             if new is not None:
-                status_after[new.id] = fields
-    causes = tuple(
-        c
-        for c in changes
-        if c.status == "changed"
-        and c.after is not None  # always set for "changed": narrows the type
-        and not any(src in status_after for src in c.after.inputs)
-    )
-    if not causes:  # nothing changed in place: what was added first is where it starts
-        causes = tuple(
-            c
-            for c in changes
-            if c.status == "added"
-            and c.after is not None  # always set for "added": narrows the type
-            and not any(src in status_after for src in c.after.inputs)
-        )
+                touched.add(new.id)
+    # Changed nodes none of whose inputs changed; when nothing changed in place, what was
+    # added first is where it starts.
+    origins = [c for c in changes if c.after and not any(s in touched for s in c.after.inputs)]
+    causes = tuple(c for c in origins if c.status == "changed")
+    causes = causes or tuple(c for c in origins if c.status == "added")
     return GraphDiff(
         before=before, after=after, changes=tuple(changes), causes=causes, aligned=aligned
     )
@@ -244,12 +230,4 @@ def _changed_fields(old: Node | None, new: Node | None) -> tuple[str, ...]:
         return ("added",)
     if new is None:
         return ("removed",)
-    return tuple(
-        f
-        for f, x, y in (
-            ("op", old.op, new.op),
-            ("shape", old.shape, new.shape),
-            ("dtype", old.dtype, new.dtype),
-        )
-        if x != y
-    )
+    return tuple(f for f in ("op", "shape", "dtype") if getattr(old, f) != getattr(new, f))

@@ -42,7 +42,7 @@ def model_explorer_graph(graph: NodeGraph, label: str = "XLA graph") -> dict[str
         attrs = {"op": n.op, "shape": n.shape, "kind": n.kind, "phase": phase}
         attrs["module"] = ".".join(path)
         if n.location is not None:
-            attrs["line"] = f"{n.location.function}@{n.location.file}:{n.location.line}"
+            attrs["line"] = n.where
         attrs["flops"], attrs["bytes"] = str(flops[i]), str(sizes[i])
         nodes.append(
             {

@@ -71,10 +71,7 @@ def _all(fields, number: int) -> list:
 
 
 def _one(fields, number: int, default=None):
-    for f, v in fields:
-        if f == number:
-            return v
-    return default
+    return next((v for f, v in fields if f == number), default)
 
 
 def _stacks(index: bytes) -> dict[int, tuple[Frame, ...]]:
@@ -83,15 +80,10 @@ def _stacks(index: bytes) -> dict[int, tuple[Frame, ...]]:
     files = [b.decode("utf-8", "replace") for b in _all(fields, _INDEX_FILES)]
     functions = [b.decode("utf-8", "replace") for b in _all(fields, _INDEX_FUNCTIONS)]
     locations = []
-    for raw in _all(fields, _INDEX_LOCATIONS):
-        loc = _fields(raw)  # file_name_id, function_name_id, line (1-based ids)
-        locations.append(
-            Frame(
-                file=files[_one(loc, 1, 1) - 1],
-                line=_one(loc, 3, 0),
-                function=functions[_one(loc, 2, 1) - 1],
-            )
-        )
+    for loc in map(_fields, _all(fields, _INDEX_LOCATIONS)):
+        # file_name_id, function_name_id, line (the ids are 1-based)
+        file, function = files[_one(loc, 1, 1) - 1], functions[_one(loc, 2, 1) - 1]
+        locations.append(Frame(file=file, line=_one(loc, 3, 0), function=function))
     frames = [(_one(f, 1, 0), _one(f, 2, 0)) for f in map(_fields, _all(fields, _INDEX_FRAMES))]
     stacks: dict[int, tuple[Frame, ...]] = {}
     for frame_id in range(1, len(frames) + 1):
@@ -122,13 +114,8 @@ def instruction_stacks(proto: bytes) -> list[tuple[str, tuple[Frame, ...]]]:
         inst = _fields(raw)
         meta = _fields(_one(inst, _INSTRUCTION_METADATA, b""))
         op_type = _one(meta, _METADATA_OP_TYPE, b"").decode("utf-8", "replace")
-        rows.append(
-            (
-                _one(inst, _INSTRUCTION_ID, 0),
-                op_type,
-                stacks.get(_one(meta, _METADATA_STACK_FRAME, 0), ()),
-            )
-        )
+        stack = stacks.get(_one(meta, _METADATA_STACK_FRAME, 0), ())
+        rows.append((_one(inst, _INSTRUCTION_ID, 0), op_type, stack))
     rows.sort(key=lambda r: r[0])
     runs: list[tuple[str, tuple[Frame, ...]]] = []
     for _, op_type, stack in rows:
@@ -137,29 +124,18 @@ def instruction_stacks(proto: bytes) -> list[tuple[str, tuple[Frame, ...]]]:
     return runs
 
 
-def _agrees(stack: tuple[Frame, ...], location: Frame | None) -> bool:
-    if not stack or location is None:
-        return False
-    inner = stack[0]
-    return (
-        inner.line == location.line
-        and inner.function == location.function
-        and os.path.basename(inner.file) == location.file
-    )
+def _inner(stack: tuple[Frame, ...]) -> tuple:
+    """The innermost frame as a node's `location=` names it (file basename), or ()."""
+    return (os.path.basename(stack[0].file), stack[0].line, stack[0].function) if stack else ()
+
+
+def _agrees(stack: tuple[Frame, ...], loc: Frame | None) -> bool:
+    return loc is not None and bool(stack) and _inner(stack) == (loc.file, loc.line, loc.function)
 
 
 def _node_key(node) -> tuple:
-    loc = node.location
-    op_type = node.op.replace(":", "_")
+    loc, op_type = node.location, node.op.replace(":", "_")
     return (op_type, loc.file, loc.line, loc.function) if loc else (op_type,)
-
-
-def _run_key(run: tuple[str, tuple[Frame, ...]]) -> tuple:
-    op_type, stack = run
-    if not stack:
-        return (op_type,)
-    inner = stack[0]
-    return (op_type, os.path.basename(inner.file), inner.line, inner.function)
 
 
 def _pairs(a: list, b: list, window: int = 48) -> dict[int, int]:
@@ -194,7 +170,7 @@ def with_frames(graph: Graph, proto: bytes) -> Graph:
     """
     runs = instruction_stacks(proto)
     node_keys = [_node_key(n) for n in graph.nodes]
-    run_keys = [_run_key(r) for r in runs]
+    run_keys = [(op_type, *_inner(stack)) for op_type, stack in runs]
     paired = _pairs(node_keys, run_keys)
     nodes, last = [], None
     for i, node in enumerate(graph.nodes):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
 from tpu_nb.runtime.errors import TpuNbUsageError
@@ -24,6 +24,12 @@ from tpu_nb.runtime.graph._nodes import (
     new_frozen,
     parse_line,
     split_tuple,
+)
+
+# A node's fields in the order to_dict() writes them.
+_NODE_FIELDS = tuple(
+    """id op kind shape dtype layout inputs scope location root num_outputs attrs
+    frames""".split()  # noqa: SIM905
 )
 
 
@@ -45,6 +51,7 @@ class Graph:
     # -- construction -----------------------------------------------------------------------
 
     @classmethod
+    @gc_paused()
     def from_ir_text(
         cls,
         text: str,
@@ -55,17 +62,7 @@ class Graph:
         fallback_ops: Iterable[tuple[str, int]] = (),
     ) -> Graph:
         """Parse torch_xla's IR text (`_get_xla_tensors_text`) into a Graph."""
-        with gc_paused():
-            return cls._from_ir_text(
-                text, hash=hash, hlo_text=hlo_text, ir_debug=ir_debug, fallback_ops=fallback_ops
-            )
-
-    @classmethod
-    def _from_ir_text(
-        cls, text: str, *, hash: str, hlo_text: str | None, ir_debug: bool | None, fallback_ops
-    ) -> Graph:
-        frames: dict[str, Frame | None] = {}
-        parsed = [p for p in (parse_line(line, frames) for line in text.splitlines()) if p]
+        parsed = [p for p in map(parse_line, text.splitlines()) if p]
         if not parsed and "IR {" not in text:
             raise TpuNbUsageError(
                 "this text is not torch_xla IR (no `IR {` block). Fix: pass "
@@ -77,23 +74,12 @@ class Graph:
             inputs = []
             for position, ref in enumerate(values.pop("_operands")):
                 src_id, _, out = ref[1:].partition(".")
-                src = int(src_id)
-                output = int(out) if out else 0
+                src, output = int(src_id), int(out) if out else 0
                 inputs.append(src)
                 producer = index.get(src)
                 shape = _output_shape(producer, output) if producer else ""
-                edges.append(
-                    new_frozen(
-                        Edge,
-                        {
-                            "src": src,
-                            "dst": values["id"],
-                            "operand": position,
-                            "output": output,
-                            "shape": shape,
-                        },
-                    )
-                )
+                edge = dict(src=src, dst=values["id"], operand=position, output=output, shape=shape)
+                edges.append(new_frozen(Edge, edge))
             values["inputs"] = tuple(inputs)
             nodes.append(new_frozen(Node, values))
         roots = tuple(
@@ -117,24 +103,12 @@ class Graph:
         """The inverse of `to_dict()`."""
         nodes = []
         for raw in data["nodes"]:
-            loc = raw.get("location")
-            nodes.append(
-                Node(
-                    id=raw["id"],
-                    op=raw["op"],
-                    shape=raw["shape"],
-                    dtype=raw["dtype"],
-                    kind=raw["kind"],
-                    inputs=tuple(raw.get("inputs", ())),
-                    location=Frame(loc["file"], loc["line"], loc["function"]) if loc else None,
-                    scope=raw.get("scope", ""),
-                    root=raw.get("root"),
-                    num_outputs=raw.get("num_outputs", 1),
-                    layout=raw.get("layout", ""),
-                    attrs=tuple(tuple(a) for a in raw.get("attrs", ())),
-                    frames=tuple(Frame(*f) for f in raw.get("frames", ())),
-                )
-            )
+            values = {k: v for k, v in raw.items() if k in _NODE_FIELDS}
+            values["location"] = Frame(**raw["location"]) if raw.get("location") else None
+            values["inputs"] = tuple(raw.get("inputs", ()))
+            values["attrs"] = tuple(tuple(a) for a in raw.get("attrs", ()))
+            values["frames"] = tuple(Frame(*f) for f in raw.get("frames", ()))
+            nodes.append(Node(**values))
         edges = tuple(Edge(*e) for e in data["edges"])
         return cls(
             nodes=tuple(nodes),
@@ -220,24 +194,12 @@ class Graph:
         """Plain JSON-ready data (lists, dicts, strings, numbers)."""
 
         def node(n: Node) -> dict:
-            loc = n.location
-            return {
-                "id": n.id,
-                "op": n.op,
-                "kind": n.kind,
-                "shape": n.shape,
-                "dtype": n.dtype,
-                "layout": n.layout,
-                "inputs": list(n.inputs),
-                "scope": n.scope,
-                "location": {"file": loc.file, "line": loc.line, "function": loc.function}
-                if loc
-                else None,
-                "root": n.root,
-                "num_outputs": n.num_outputs,
-                "attrs": [list(a) for a in n.attrs],
-                "frames": [[f.file, f.line, f.function] for f in n.frames],
-            }
+            values = {k: getattr(n, k) for k in _NODE_FIELDS}
+            values["inputs"] = list(n.inputs)
+            values["location"] = asdict(n.location) if n.location else None
+            values["attrs"] = [list(a) for a in n.attrs]
+            values["frames"] = [[f.file, f.line, f.function] for f in n.frames]
+            return values
 
         return {
             "hash": self.hash,

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
-from typing import Generic
+from typing import Any, Generic
 
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.graph._export import node_costs
@@ -38,7 +38,7 @@ from tpu_nb.runtime.graph._nodes import (
     Node,
     NodeGraph,
     gc_paused,
-    new_frozen,
+    is_leaf,
 )
 
 GROUP_BY = ("auto", "module", "line", "function", "file", "scope", "range")
@@ -104,10 +104,7 @@ class GroupedGraph(Generic[G]):
     def group(self, key: str) -> Group:
         """The group with this key (see `[g.key for g in grouped.groups]`)."""
         if key not in self._by_key:
-            raise TpuNbUsageError(
-                f"no group named {key!r}. Fix: use a key from "
-                f"[g.key for g in grouped.groups], e.g. {self.groups[0].key!r}."
-            )
+            raise _no_group(key, self.groups[0].key)
         return self.groups[self._by_key[key]]
 
     def group_of(self, node_id: int) -> Group:
@@ -130,6 +127,7 @@ class GroupedGraph(Generic[G]):
         )
 
 
+@gc_paused()
 def group_graph(
     graph: G,
     by: str = "auto",
@@ -141,17 +139,11 @@ def group_graph(
     """Collapse a graph of more than `budget` nodes into about `target` boxes (default
     OVERVIEW_GROUPS, fewer for a smaller budget); `expand` names groups (keys, or a source
     key such as "forward@linear.py:134" for all its runs) to show node by node."""
-    with gc_paused():
-        target = target or max(2, min(OVERVIEW_GROUPS, budget // 3))
-        return _group_graph(graph, by, budget, target, tuple(expand))
-
-
-def _group_graph(
-    graph: G, by: str, budget: int, target: int, expand: tuple[str, ...]
-) -> GroupedGraph[G]:
+    target = target or max(2, min(OVERVIEW_GROUPS, budget // 3))
+    opened = tuple(expand)
     level = _level(graph, by)
     if level == "module" and len(graph.nodes) > budget:
-        return _group_modules(graph, budget, target, expand)
+        return _group_modules(graph, budget, target, opened)
     if len(graph.nodes) <= budget:
         keys = [f"%{n.id}" for n in graph.nodes]
         piece, level = list(range(len(graph.nodes))), "node"
@@ -162,9 +154,9 @@ def _group_graph(
         keys = _base_keys(graph, level)
         piece = _merge_runs(keys, 0, len(keys), target)
     grouped = _build(graph, piece, keys, level, budget, target)
-    for step, name in enumerate(expand):
+    for step, name in enumerate(opened):
         piece = _expand_one(grouped, name, keys, piece, step)
-        grouped = _build(graph, piece, keys, level, budget, target, expand[: step + 1])
+        grouped = _build(graph, piece, keys, level, budget, target, opened[: step + 1])
     return grouped
 
 
@@ -187,10 +179,6 @@ def _user_scope(n: Node) -> str:
     own per-op scopes such as "aten::add.1"."""
     top = n.scope.split("/", 1)[0] if n.scope else ""
     return "" if not top or top.startswith(("aten::", "xla::", "prim::")) else top
-
-
-def _leaf(n: Node) -> bool:
-    return not n.inputs and n.kind in ("data", "constant")
 
 
 def _location_key(n: Node, level: str) -> str:
@@ -217,14 +205,10 @@ _TPU_NB_DIR = os.path.join(
 )
 
 
-def _in_tpu_nb(path: str) -> bool:
-    return os.path.abspath(path).startswith(_TPU_NB_DIR)
-
-
 def shown_location(n: Node) -> Frame | None:
     """The node's location as a reader wants it: when tpu_nb's own code made the node (a
     tensor factory that %%on_tpu puts on the device), the user's line that called it."""
-    if n.location is not None and n.frames and _in_tpu_nb(n.frames[0].file):
+    if n.location and n.frames and os.path.abspath(n.frames[0].file).startswith(_TPU_NB_DIR):
         user = n.user_frame
         if user is not None:
             return Frame(os.path.basename(user.file), user.line, user.function)
@@ -237,12 +221,12 @@ def _base_keys(graph: NodeGraph, level: str) -> list[str]:
     pos = graph._position
     keys = list(own)
     for i, n in enumerate(graph.nodes):
-        if not keys[i] and not _leaf(n):
+        if not keys[i] and not is_leaf(n):
             keys[i] = _inherited_key(graph, n, own, keys, pos)
     consumers = graph.consumers
     for i in range(len(graph.nodes) - 1, -1, -1):  # consumers come later: walk backward
         n = graph.nodes[i]
-        if (_leaf(n) or not keys[i]) and n.id in consumers:
+        if (is_leaf(n) or not keys[i]) and n.id in consumers:
             keys[i] = keys[pos[consumers[n.id][0]]] or keys[i]
     return [k or "(no source)" for k in keys]
 
@@ -252,7 +236,7 @@ def _inherited_key(graph: NodeGraph, n: Node, own: list[str], keys: list[str], p
     fallback = ""
     for src in n.inputs:
         k = pos.get(src)
-        if k is None or _leaf(graph.nodes[k]):
+        if k is None or is_leaf(graph.nodes[k]):
             continue
         if own[k]:
             return "backward of " + own[k]
@@ -269,22 +253,22 @@ def _family(key: str) -> str:
     return head if line.isdigit() else key
 
 
-def _runs(keys: list[str], lo: int, hi: int) -> list[int]:
-    """Start positions of the runs of equal keys in keys[lo:hi]."""
-    return [i for i in range(lo, hi) if i == lo or keys[i] != keys[i - 1]]
-
-
 def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
-    """A run id (its start position) for each position in [lo, hi), at most `target` runs."""
-    starts = _runs(keys, lo, hi)
+    """A run id (its start position) for each position in [lo, hi), at most `target` runs:
+    the runs of equal keys, the cheapest neighbours merged (see the module docstring)."""
+    starts = [i for i in range(lo, hi) if i == lo or keys[i] != keys[i - 1]]
     ends = starts[1:] + [hi]
     run_of = {s: s for s in starts}
     nxt = dict(pairwise(starts))
     prv = {b: a for a, b in nxt.items()}
     end = dict(zip(starts, ends, strict=True))
-    # (count, dominant key)
-    top = {s: (e - s, keys[s]) for s, e in zip(starts, ends, strict=True)}
-    heap = [(_cost(top, end, a, b), a, b) for a, b in nxt.items()]
+    top = {s: (e - s, keys[s]) for s, e in zip(starts, ends, strict=True)}  # (count, key)
+
+    def cost(a: int, b: int) -> tuple[float, int, int]:
+        same = _family(top[a][1]) == _family(top[b][1])
+        return ((end[a] - a) + (end[b] - b)) * (0.35 if same else 1.0), a, b
+
+    heap = [cost(a, b) for a, b in nxt.items()]
     heapq.heapify(heap)
     alive = len(starts)
     while alive > target and heap:
@@ -299,10 +283,9 @@ def _merge_runs(keys: list[str], lo: int, hi: int, target: int) -> list[int]:
         if b in nxt:
             c = nxt.pop(b)
             nxt[a], prv[c] = c, a
-            heapq.heappush(heap, (_cost(top, end, a, c), a, c))
+            heapq.heappush(heap, cost(a, c))
         if a in prv:
-            z = prv[a]
-            heapq.heappush(heap, (_cost(top, end, z, a), z, a))
+            heapq.heappush(heap, cost(prv[a], a))
     out: list[int] = []
     for s, e in zip(starts, ends, strict=True):  # starts ascend: a run's root is resolved first
         run_of[s] = run_of[run_of[s]]
@@ -316,10 +299,12 @@ def _even_runs(lo: int, hi: int, target: int) -> list[int]:
     return [lo + (p - lo) // size * size for p in range(lo, hi)]
 
 
-def _cost(top: dict, end: dict, a: int, b: int) -> float:
-    size = (end[a] - a) + (end[b] - b)
-    same = _family(top[a][1]) == _family(top[b][1])
-    return size * (0.35 if same else 1.0)
+def _members(piece: list[int]) -> dict[int, list[int]]:
+    """Each piece id's positions, pieces in order of their first member (the graph's)."""
+    members: dict[int, list[int]] = {}
+    for i, p in enumerate(piece):
+        members.setdefault(p, []).append(i)
+    return members
 
 
 def _build(
@@ -331,26 +316,52 @@ def _build(
     target: int,
     expanded: tuple[str, ...] = (),
 ) -> GroupedGraph[G]:
-    members: dict[int, list[int]] = {}
-    for i, p in enumerate(piece):
-        members.setdefault(p, []).append(i)
-    order = list(members)  # by first member: post-order of the graph
-    index = {p: k for k, p in enumerate(order)}
-    labels = [_label(graph, members[p], keys) for p in order]
-    names = _unique_names(labels, [members[p] for p in order], graph)
-    groups = tuple(
-        _make_group(graph, names[k], labels[k], members[p], keys) for k, p in enumerate(order)
-    )
+    members = list(_members(piece).values())
+    labels = [_label(graph, m, keys) for m in members]
+    # A label several groups share is numbered: "relu@functional.py:1697 #2".
+    shared = Counter(label for label, m in zip(labels, members, strict=True) if len(m) > 1)
+    number: Counter = Counter()
+    groups = []
+    for label, m in zip(labels, members, strict=True):
+        if len(m) == 1:
+            name = f"%{graph.nodes[m[0]].id}"
+        elif shared[label] == 1:
+            name = label
+        else:
+            number[label] += 1
+            name = f"{label} #{number[label]}"
+        groups.append(_make_group(graph, name, label, m, keys))
+    return _grouped(graph, piece, groups, by, budget, target, expanded)
+
+
+def _grouped(
+    graph: G,
+    piece: list[int],
+    groups: list[Group],
+    by: str,
+    budget: int,
+    target: int,
+    expanded: tuple[str, ...],
+) -> GroupedGraph[G]:
+    """The GroupedGraph of these groups (one per piece id, in `_members` order), with the
+    node edges between two groups aggregated."""
+    index = {p: k for k, p in enumerate(dict.fromkeys(piece))}
     node_group = [index[p] for p in piece]
-    return GroupedGraph(
-        graph=graph,
-        groups=groups,
-        edges=_group_edges(graph, node_group),
-        by=by,
-        expanded=expanded,
-        budget=budget,
-        target=target,
+    pos = graph._position
+    agg: dict[tuple[int, int], list] = {}
+    for e in graph.edges:
+        a, b = pos.get(e.src), pos.get(e.dst)
+        if a is None or b is None or node_group[a] == node_group[b]:
+            continue
+        entry = agg.setdefault((node_group[a], node_group[b]), [0, []])
+        entry[0] += 1
+        if e.shape not in entry[1] and len(entry[1]) < 4:
+            entry[1].append(e.shape)
+    edges = tuple(
+        GroupEdge(a, b, c, tuple(s[:3]) + (("…",) if len(s) > 3 else ()))
+        for (a, b), (c, s) in agg.items()
     )
+    return GroupedGraph(graph, tuple(groups), edges, by, expanded, budget, target)
 
 
 def _label(graph: NodeGraph, positions: list[int], keys: list[str]) -> str:
@@ -363,65 +374,24 @@ def _label(graph: NodeGraph, positions: list[int], keys: list[str]) -> str:
     return top if len(counts) == 1 else f"{top} (+{len(counts) - 1} more)"
 
 
-def _unique_names(labels: list[str], members: list[list[int]], graph: NodeGraph) -> list[str]:
-    seen = Counter(label for label, m in zip(labels, members, strict=True) if len(m) > 1)
-    number: Counter = Counter()
-    names = []
-    for label, m in zip(labels, members, strict=True):
-        if len(m) == 1:
-            names.append(f"%{graph.nodes[m[0]].id}")
-        elif seen[label] == 1:
-            names.append(label)
-        else:
-            number[label] += 1
-            names.append(f"{label} #{number[label]}")
-    return names
-
-
 def _make_group(
-    graph: NodeGraph, name: str, label: str, positions: list[int], keys: list[str]
+    graph: NodeGraph, name: str, label: str, positions: list[int], keys: list[str], **costs: Any
 ) -> Group:
     nodes = [graph.nodes[i] for i in positions]
-    if len(nodes) == 1:
-        n = nodes[0]
-        return Group(
-            key=name,
-            label=label,
-            members=(n.id,),
-            kind=n.kind,
-            ops=((n.op, 1),),
-            sources=((keys[positions[0]], 1),),
-            location=n.location,
-        )
     kinds = Counter(n.kind for n in nodes if n.kind not in ("data", "constant")) or Counter(
         n.kind for n in nodes
     )
-    kind = "fallback" if "fallback" in kinds else kinds.most_common(1)[0][0]
+    # A single node keeps its key even when empty (a node of a range).
+    sources = Counter(keys[i] for i in positions if keys[i] or len(nodes) == 1)
     return Group(
         key=name,
         label=label,
         members=tuple(n.id for n in nodes),
-        kind=kind,
+        kind="fallback" if "fallback" in kinds else kinds.most_common(1)[0][0],
         ops=tuple(Counter(n.op for n in nodes).most_common()),
-        sources=tuple(Counter(keys[i] for i in positions if keys[i]).most_common()),
+        sources=tuple(sources.most_common()),
         location=next((n.location for n in nodes if n.location), None),
-    )
-
-
-def _group_edges(graph: NodeGraph, node_group: list[int]) -> tuple[GroupEdge, ...]:
-    pos = graph._position
-    agg: dict[tuple[int, int], list] = {}
-    for e in graph.edges:
-        a, b = pos.get(e.src), pos.get(e.dst)
-        if a is None or b is None or node_group[a] == node_group[b]:
-            continue
-        entry = agg.setdefault((node_group[a], node_group[b]), [0, []])
-        entry[0] += 1
-        if e.shape not in entry[1] and len(entry[1]) < 4:
-            entry[1].append(e.shape)
-    return tuple(
-        GroupEdge(a, b, c, tuple(s[:3]) + (("…",) if len(s) > 3 else ()))
-        for (a, b), (c, s) in agg.items()
+        **costs,
     )
 
 
@@ -437,10 +407,7 @@ def _expand_one(
     ]
     if not hits:
         sample = next((g.key for g in grouped.groups if g.size > 1), grouped.groups[0].key)
-        raise TpuNbUsageError(
-            f"no group named {name!r} to expand. Fix: use a key from "
-            f"[g.key for g in grouped.groups], e.g. {sample!r}."
-        )
+        raise _no_group(name, sample, " to expand")
     n, pos = len(piece), grouped.graph._position
     fresh = (step + 1) * 2 * n  # ids no earlier step has used
     piece = list(piece)
@@ -464,42 +431,27 @@ def _group_modules(graph: G, budget: int, target: int, expand: tuple[str, ...]) 
     for name in expand:
         if not boxes.expand(name, budget):
             sample = next(iter(boxes.boxes), "forward:Model.layer1")
-            raise TpuNbUsageError(
-                f"no group named {name!r} to expand. Fix: use a key from "
-                f"[g.key for g in grouped.groups], e.g. {sample!r}, or a module path."
-            )
+            raise _no_group(name, sample, " to expand", ", or a module path")
     piece, names = boxes.pieces()
     flops, sizes = node_costs(graph)
     keys = [f"{phase}:{'.'.join(path)}" for phase, path in boxes.keys]
-    members: dict[int, list[int]] = {}
-    for i, p in enumerate(piece):
-        members.setdefault(p, []).append(i)
-    order = sorted(members)  # by first member: post-order of the graph
     groups = []
-    for p in order:
-        positions = members[p]
+    for p, positions in _members(piece).items():
         if p in names:
-            g = _make_group(graph, names[p], module_label(names[p]), positions, keys)
+            name, label = names[p], module_label(names[p])
         else:
-            g = _make_group(graph, f"%{graph.nodes[p].id}", graph.nodes[p].name, positions, keys)
-        groups.append(
-            new_frozen(
-                Group,
-                {
-                    **g.__dict__,
-                    "phase": boxes.keys[p][0],
-                    "flops": sum(flops[i] for i in positions),
-                    "bytes": sum(sizes[i] for i in positions),
-                },
-            )
-        )
-    index = {p: k for k, p in enumerate(order)}
-    return GroupedGraph(
-        graph=graph,
-        groups=tuple(groups),
-        edges=_group_edges(graph, [index[p] for p in piece]),
-        by="module",
-        expanded=expand,
-        budget=budget,
-        target=target,
+            name, label = f"%{graph.nodes[p].id}", graph.nodes[p].name
+        costs = {
+            "phase": boxes.keys[p][0],
+            "flops": sum(flops[i] for i in positions),
+            "bytes": sum(sizes[i] for i in positions),
+        }
+        groups.append(_make_group(graph, name, label, positions, keys, **costs))
+    return _grouped(graph, piece, groups, "module", budget, target, expand)
+
+
+def _no_group(name: str, sample: str, to: str = "", more: str = "") -> TpuNbUsageError:
+    return TpuNbUsageError(
+        f"no group named {name!r}{to}. Fix: use a key from "
+        f"[g.key for g in grouped.groups], e.g. {sample!r}{more}."
     )

@@ -15,9 +15,7 @@ until that row is expanded.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from tpu_nb.runtime.graph._nodes import NodeGraph
+from tpu_nb.runtime.graph._nodes import NodeGraph, is_leaf
 from tpu_nb.runtime.graph._scopes import module_of
 
 REPEAT_MIN = 3  # numbered siblings shown as one row from this many on
@@ -30,7 +28,7 @@ def module_keys(graph: NodeGraph) -> list[tuple[str, tuple[str, ...]]]:
     """(phase, module path as parts) for each node, in graph.nodes order."""
     own = [module_of(n.scope) for n in graph.nodes]
     pos = graph._position
-    leaf = [not n.inputs and n.kind in ("data", "constant") for n in graph.nodes]
+    leaf = [is_leaf(n) for n in graph.nodes]
     keys: list[tuple[str, tuple[str, ...]]] = [("", ())] * len(own)
     after_model = [False] * len(own)  # some module's node comes before it
     for i, (phase, path) in enumerate(own):  # operands come first
@@ -80,32 +78,24 @@ class ModuleBoxes:
             self._add(phase, prefix, None, positions)
         self._open_while_room()
 
-    @staticmethod
-    def name(phase: str, prefix: tuple[str, ...], repeated: tuple[str, ...] | None) -> str:
-        if repeated:
-            prefix = prefix + (f"{repeated[0]}-{repeated[-1]}",)
-        return f"{phase}:{'.'.join(prefix)}"
-
     def _add(self, phase, prefix, repeated, positions) -> None:
-        self.boxes[self.name(phase, prefix, repeated)] = (phase, prefix, repeated, positions)
+        path = prefix + (f"{repeated[0]}-{repeated[-1]}",) if repeated else prefix
+        self.boxes[f"{phase}:{'.'.join(path)}"] = (phase, prefix, repeated, positions)
 
     def _children(self, name: str) -> list:
         """What a box opens into: its submodules (numbered runs as one row), its own ops."""
         phase, prefix, repeated, positions = self.boxes[name]
-        depth = len(prefix) + (1 if repeated else 0)
-        if repeated:  # a row of blocks opens into the blocks
-            by_child: dict[tuple[str, ...], list[int]] = {}
-            for i in positions:
-                by_child.setdefault(self.keys[i][1][:depth], []).append(i)
-            return [(phase, p, None, m) for p, m in by_child.items()]
+        depth = len(prefix)
         own: list[int] = []
-        by_child = {}
+        by_child: dict[tuple[str, ...], list[int]] = {}
         for i in positions:
             path = self.keys[i][1]
             if len(path) > depth:
                 by_child.setdefault(path[: depth + 1], []).append(i)
             else:
                 own.append(i)
+        if repeated:  # a row of blocks opens into the blocks
+            return [(phase, p, None, m) for p, m in by_child.items()]
         numbered = sorted((p for p in by_child if p[-1].isdigit()), key=lambda p: int(p[-1]))
         out: list[tuple[str, tuple[str, ...], tuple[str, ...] | None, list[int]]] = []
         if len(numbered) >= REPEAT_MIN:
@@ -175,9 +165,6 @@ class ModuleBoxes:
         for i in self.singles:
             piece[i] = i
         return piece, names
-
-    def members(self, name: str) -> Iterable[int]:
-        return self.boxes[name][3]
 
 
 def _matches(name: str, wanted: str, inside: bool = False) -> bool:

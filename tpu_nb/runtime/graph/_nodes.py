@@ -7,7 +7,8 @@ import gc
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
+from functools import cache, lru_cache
 from typing import Any, Protocol, TypeVar
 
 from tpu_nb.runtime.frame import Frame
@@ -35,51 +36,30 @@ _REDUCTION_OPS = frozenset(
     binary_cross_entropy kl_div cumsum cumprod cummax cummin softmax log_softmax
     native_layer_norm native_batch_norm topk sort median mode""".split()  # noqa: SIM905
 )
-_COLLECTIVE_WORDS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "collective_permute",
-    "cross_replica",
-    "send",
-    "recv",
-    "replica_id",
-)
+_COLLECTIVE_WORDS = """all_reduce all_gather reduce_scatter all_to_all collective_permute
+    cross_replica send recv replica_id""".split()  # noqa: SIM905
 _RANDOM_OPS = frozenset(
     """bernoulli normal uniform random randperm multinomial exponential
     geometric cauchy log_normal rrelu_with_noise native_dropout dropout""".split()  # noqa: SIM905
 )
 
 
+@cache
 def node_kind(op: str) -> str:
     """What an op is, for colouring: data, constant, view, compute, reduction, collective,
     random (fallback is never inferred from an op name; see the module docstring)."""
-    kind = _KIND_CACHE.get(op)
-    if kind is None:
-        kind = _KIND_CACHE[op] = _classify(op)
-    return kind
-
-
-_KIND_CACHE: dict[str, str] = {}
-
-
-def _classify(op: str) -> str:
     if op == "xla::device_data":
         return "data"
-    if op == "prim::Constant" or op == "xla::scalar":
+    if op in ("prim::Constant", "xla::scalar"):
         return "constant"
-    name = op.split("::", 1)[-1]
-    base = name.rstrip("_")
+    base = op.split("::", 1)[-1].rstrip("_")
     if any(word in base for word in _COLLECTIVE_WORDS):
         return "collective"
     if base in _VIEW_OPS:
         return "view"
     if base in _REDUCTION_OPS:
         return "reduction"
-    if base in _RANDOM_OPS:
-        return "random"
-    return "compute"
+    return "random" if base in _RANDOM_OPS else "compute"
 
 
 @dataclass(frozen=True)
@@ -116,10 +96,7 @@ class Node:
     def user_frame(self) -> Frame | None:
         """The innermost frame in user code (a notebook cell, a script), not in torch,
         torch_xla or tpu_nb: the line that made this node, even inside `model(x)`."""
-        for frame in self.frames:
-            if not is_library(frame.file):
-                return frame
-        return None
+        return next((frame for frame in self.frames if not is_library(frame.file)), None)
 
     def describe(self) -> str:
         at = f" at {self.where}" if self.location else ""
@@ -137,6 +114,11 @@ class Edge:
     shape: str = ""  # the shape of that value
 
 
+def is_leaf(n: Node) -> bool:
+    """Device data or a constant: a node with no operands, nothing to compute."""
+    return not n.inputs and n.kind in ("data", "constant")
+
+
 class NodeGraph(Protocol):
     """What the diff and the grouping read of a graph. `Graph` is one; they take it through
     this shape so that they never import the module defining it (which imports them)."""
@@ -151,14 +133,10 @@ class NodeGraph(Protocol):
     def hash(self) -> str: ...
 
     @property
-    def consumers(self) -> dict[int, tuple[int, ...]]:
-        """node id -> ids of the nodes that use its outputs."""
-        ...
+    def consumers(self) -> dict[int, tuple[int, ...]]: ...  # node id -> its users' ids
 
     @property
-    def _position(self) -> dict[int, int]:
-        """node id -> its index in `nodes`."""
-        ...
+    def _position(self) -> dict[int, int]: ...  # node id -> its index in `nodes`
 
 
 # A diff or a grouping hands back the very graph type it was given (a `Graph`, for users).
@@ -199,10 +177,10 @@ def _parse_tags(rest: str) -> list[tuple[str, str]]:
 
 
 def _unbalanced(value: str) -> bool:
-    opened = value.count("(") + value.count("[") + value.count("{")
-    return opened > value.count(")") + value.count("]") + value.count("}")
+    return sum(map(value.count, "([{")) > sum(map(value.count, ")]}"))
 
 
+@lru_cache(maxsize=1 << 16)  # a graph names each line many times
 def parse_location(value: str) -> Frame | None:
     """ "fn@file.py:12" -> Frame(file="file.py", line=12, function="fn")."""
     head, _, line = value.rpartition(":")
@@ -225,46 +203,30 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def new_frozen(cls, values: dict) -> Any:
+def new_frozen(cls, values: dict | None = None, **more: Any) -> Any:
     """Build a frozen dataclass instance without its __init__: 100,000 nodes parse ~3x faster.
     Only for values already validated by the parser."""
     obj = object.__new__(cls)
-    obj.__dict__.update(values)
+    obj.__dict__.update(values or (), **more)
     return obj
 
 
-_NODE_DEFAULTS = {
-    "location": None,
-    "scope": "",
-    "root": None,
-    "num_outputs": 1,
-    "attrs": (),
-    "frames": (),
-}
+_NODE_DEFAULTS = {f.name: f.default for f in fields(Node) if f.default is not MISSING}
 
 
-def parse_line(line: str, frames: dict[str, Frame | None]) -> dict | None:
+def parse_line(line: str) -> dict | None:
     match = _LINE.match(line)
     if match is None:
         return None
     nid, shape_text, op, operands, rest = match.groups()
     shape, dtype, layout = _parse_shape(shape_text)
-    values = dict(
-        _NODE_DEFAULTS,
-        id=int(nid),
-        op=op,
-        shape=shape,
-        dtype=dtype,
-        kind=node_kind(op),
-        layout=layout,
-    )
+    values = dict(_NODE_DEFAULTS, id=int(nid), op=op, shape=shape, dtype=dtype, layout=layout)
+    values["kind"] = node_kind(op)
     values["_operands"] = operands.split(", ") if operands else []
     attrs = []
     for name, value in _parse_tags(rest):
         if name == "location":
-            if value not in frames:
-                frames[value] = parse_location(value)
-            values["location"] = frames[value]
+            values["location"] = parse_location(value)
         elif name == "scope":
             values["scope"] = value
         elif name == "ROOT":

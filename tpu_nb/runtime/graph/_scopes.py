@@ -74,7 +74,9 @@ class _Tracer:
         return found
 
     def enter(self, module, args) -> None:
-        if _compiling():
+        import torch
+
+        if torch.compiler.is_compiling():
             return
         # the objects, not only their ids: a freed wrapper's id can come back for another
         inputs = {id(t.grad_fn): t.grad_fn for t in _tensors(args) if t.grad_fn is not None}
@@ -131,12 +133,6 @@ class _Tracer:
         self.steps.clear()
 
 
-def _compiling() -> bool:
-    import torch
-
-    return bool(torch.compiler.is_compiling())
-
-
 def _tensors(value: Any, depth: int = 3) -> Iterator[Any]:
     """The tensors in a module's arguments or output (tuples, lists, dicts, and
     transformers' ModelOutput, which is a dict)."""
@@ -144,11 +140,8 @@ def _tensors(value: Any, depth: int = 3) -> Iterator[Any]:
 
     if isinstance(value, torch.Tensor):
         yield value
-    elif depth and isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item, depth - 1)
-    elif depth and isinstance(value, dict):
-        for item in value.values():
+    elif depth and isinstance(value, (tuple, list, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
             yield from _tensors(item, depth - 1)
 
 
@@ -163,10 +156,7 @@ def module_scopes(enabled: bool = True) -> Iterator[None]:
         yield
         return
     import torch
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
+    import torch.optim.optimizer as optimizer
 
     runtime = backend()
     tracer = _Tracer(runtime.graphs.open_scope)
@@ -174,8 +164,8 @@ def module_scopes(enabled: bool = True) -> Iterator[None]:
     handles = [
         torch.nn.modules.module.register_module_forward_pre_hook(tracer.enter),
         torch.nn.modules.module.register_module_forward_hook(tracer.leave, always_call=True),
-        register_optimizer_step_pre_hook(tracer.step_enter),
-        register_optimizer_step_post_hook(tracer.step_leave),
+        optimizer.register_optimizer_step_pre_hook(tracer.step_enter),
+        optimizer.register_optimizer_step_post_hook(tracer.step_leave),
     ]
     _open_blocks[0] += 1
     runtime.process.set_source_lines(True)

@@ -23,8 +23,8 @@ from tpu_nb.runtime.frame import Frame
 from tpu_nb.runtime.metrics._counters import on_reset
 from tpu_nb.runtime.sources import is_library
 
-_COMPILE = "Compilation Analysis: "
-_POST = "Post Compilation Analysis: "
+# The opening words of the blocks read -> their kind (other analysis blocks are skipped).
+_KINDS = {"Compilation Analysis: ": "compile", "Post Compilation Analysis: ": "post"}
 _RULE = "====="
 _FRAME = re.compile(r"^\s+(.*) \((.*):(\d+)\)$")
 _SIZE = re.compile(
@@ -70,10 +70,7 @@ class CompileEvent:
     def kind(self) -> str:
         """'sync', 'value-access' (.item()/print before a sync), 'dynamo', 'compile' or 'other'."""
         low = self.cause.lower()
-        for needle, kind in _CAUSE_KINDS:
-            if needle in low:
-                return kind
-        return "other"
+        return next((kind for needle, kind in _CAUSE_KINDS if needle in low), "other")
 
     @property
     def user_frame(self) -> Frame | None:
@@ -84,10 +81,7 @@ class CompileEvent:
         placed on `site.line`, the tracked code's own line that led here."""
         if self.site is not None:
             return self.site.user or self.site.line
-        for frame in self.frames:
-            if not is_library(frame.file):
-                return frame
-        return None
+        return next((frame for frame in self.frames if not is_library(frame.file)), None)
 
     def describe(self) -> str:
         where = self.user_frame
@@ -131,18 +125,11 @@ def _gb(value: float | None) -> str:
     return "?" if value is None else f"{value:g} GB"
 
 
-def _field(line: str, name: str) -> str | None:
-    body = line.strip()
-    if body.startswith(name + ":"):
-        return body[len(name) + 1 :].strip()
-    return None
-
-
 def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
     """Turn the body lines of one "Compilation Analysis" block into a CompileEvent."""
-    cause, graph_hash, graph_name, n_in, n_out = "", "", None, None, None
+    cause, section = "", None
+    info: dict[str, str] = {}  # the "Graph Info" section's "name: value" lines
     frames: list[Frame] = []
-    section = None
     for raw in lines:
         body = raw.strip()
         if body == "Compilation Cause":
@@ -154,21 +141,19 @@ def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:
         elif section == "cause" and body:
             cause = f"{cause} {body}".strip()
         elif section == "graph":
-            graph_hash = _field(raw, "Graph Hash") or graph_hash
-            graph_name = _field(raw, "Graph Name") or graph_name
-            if (v := _field(raw, "Number of Graph Inputs")) is not None:
-                n_in = int(v)
-            if (v := _field(raw, "Number of Graph Outputs")) is not None:
-                n_out = int(v)
+            name, colon, value = body.partition(":")
+            if colon and value.strip():
+                info[name] = value.strip()
         elif section == "frames" and (m := _FRAME.match(raw)):
             frames.append(Frame(file=m.group(2), line=int(m.group(3)), function=m.group(1)))
+    n_in, n_out = (info.get(f"Number of Graph {what}") for what in ("Inputs", "Outputs"))
     return CompileEvent(
         cause=cause,
-        graph_hash=normal_hash(graph_hash),
+        graph_hash=normal_hash(info.get("Graph Hash", "")),
         frames=tuple(frames),
-        inputs=n_in,
-        outputs=n_out,
-        graph_name=graph_name,
+        inputs=None if n_in is None else int(n_in),
+        outputs=None if n_out is None else int(n_out),
+        graph_name=info.get("Graph Name"),
         offset=offset,
     )
 
@@ -261,14 +246,14 @@ class CompileLog:
                 f"the compile log {self.name} was deleted, replaced or truncated during "
                 "this run, so the causes of its compiles are unknown"
             )
-        if logged >= compiles:
+        missing = compiles - logged
+        if missing <= 0:
             return None
         if offset <= self._dropped_below:
             return (
                 f"only the causes of the last {MAX_EVENTS} compiles are kept; "
-                f"{compiles - logged} of this run's are not"
+                f"{missing} of this run's are not"
             )
-        missing = compiles - logged
         return (
             f"torch_xla compiled {compiles} graph{'s' if compiles != 1 else ''} but the "
             f"compile log {self.name} holds the causes of {logged}: "
@@ -332,7 +317,7 @@ class CompileLog:
         """Parse the whole blocks in `data`; returns how many bytes were consumed."""
         base, pos, done = self._base + self._consumed, 0, 0
         block: list[str] | None = None  # body lines of the block being read
-        kind, opened_by, block_start = "", "", 0
+        opened_by, block_start = "", 0  # the block's opening words and offset
         for line in data.splitlines(keepends=True):
             start, pos = pos, pos + len(line)
             if not line.endswith(b"\n"):
@@ -348,16 +333,16 @@ class CompileLog:
             prefix, body = text[: cut + len("Analysis: ")], text[cut + len("Analysis: ") :]
             if block is None:
                 if body.startswith(_RULE):  # the opening rule
-                    block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
+                    block, opened_by, block_start = [], prefix, start
                 else:
                     done = pos
-            elif body.startswith(_RULE) and _cut_short(kind, opened_by, prefix, block):
+            elif body.startswith(_RULE) and _cut_short(opened_by, prefix, block):
                 # An opening rule where the closing one belongs: the block before it was cut
                 # short (a write failed part-way, e.g. on a full disk). Start again here.
                 self.cut_blocks += 1
-                block, kind, opened_by, block_start = [], _kind_of(prefix), prefix, start
+                block, opened_by, block_start = [], prefix, start
             elif body.startswith(_RULE):  # the closing rule: the block is complete
-                self._finish(kind, block, base + block_start)
+                self._finish(_KINDS.get(opened_by, ""), block, base + block_start)
                 block, done = None, pos
             else:
                 block.append(body)
@@ -372,22 +357,19 @@ class CompileLog:
             self._events.append(parse_block(body, offset))
             self.parsed += 1
         elif kind == "post" and self._events:
-            sizes = {}
-            for line in body:
-                if m := _SIZE.match(line.strip()):
-                    sizes[m.group(1).lower()] = float(m.group(2))
-            self._set_last(sizes_gb=sizes)
+            found = (_SIZE.match(line.strip()) for line in body)
+            self._set_last(sizes_gb={m.group(1).lower(): float(m.group(2)) for m in found if m})
 
     def _set_last(self, **changes) -> None:
         self._events[-1] = replace(self._events[-1], **changes)
 
 
-def _cut_short(kind: str, opened_by: str, prefix: str, block: list[str]) -> bool:
+def _cut_short(opened_by: str, prefix: str, block: list[str]) -> bool:
     """Whether a rule line inside a block opens a new block instead of closing this one
     (compile and post blocks end with a dashed line before their closing rule)."""
     if prefix != opened_by:
         return True
-    return kind in ("compile", "post") and not (block and block[-1].startswith("-----"))
+    return opened_by in _KINDS and not (block and block[-1].startswith("-----"))
 
 
 def _why_missing(path: str, missing: int) -> str:
@@ -410,14 +392,6 @@ def _why_missing(path: str, missing: int) -> str:
         "starts outside Python code, such as a CPU fallback's inputs inside autograd's "
         "backward, can come without one)"
     )
-
-
-def _kind_of(prefix: str) -> str:
-    if prefix == _COMPILE:
-        return "compile"
-    if prefix == _POST:
-        return "post"
-    return "other"
 
 
 _logs: dict[str, CompileLog] = {}

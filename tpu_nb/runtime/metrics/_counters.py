@@ -51,8 +51,6 @@ _METRICS = (
 )
 # What a reset tpu_nb did not see loses for good (no time metric counts them).
 _UNRECOVERABLE = ("compile cache hits", "syncs", "scalar reads", "CPU fallbacks")
-_NO_COUNTERS: Mapping[str, int] = MappingProxyType({})
-_NO_METRICS: Mapping[str, tuple[int, float]] = MappingProxyType({})
 # Counter names only grow (until a reset): the names a snapshot reads, computed once per list.
 _wanted_names: tuple[int, tuple[str, ...]] = (-1, ())
 # Whether the backend's compile-log settings are latched and kept from child processes.
@@ -172,29 +170,21 @@ class MetricsDelta:
         )
 
     def __str__(self) -> str:
-        rows = [
-            ("graphs compiled", f"{self.compiles}", format_seconds(self.compile_seconds)),
-            ("compile cache hits", f"{self.cache_hits}", ""),
-            ("executions", f"{self.executions}", format_seconds(self.execute_seconds)),
-            *(
-                [("  compiled functions'", f"{self.compiled_code_executions}", "")]
-                if self.compiled_code_executions
-                else []
-            ),
-            (
-                "transfers to device",
-                f"{self.to_device_transfers}",
-                format_seconds(self.to_device_seconds),
-            ),
-            (
-                "transfers to host",
-                f"{self.from_device_transfers}",
-                format_seconds(self.from_device_seconds),
-            ),
-            ("syncs", f"{self.syncs}", ""),
-            ("scalar reads (.item())", f"{self.host_reads}", ""),
+        rows: list[tuple[str, int, float | None]] = [  # (what, count, seconds if timed)
+            ("graphs compiled", self.compiles, self.compile_seconds),
+            ("compile cache hits", self.cache_hits, None),
+            ("executions", self.executions, self.execute_seconds),
+            ("transfers to device", self.to_device_transfers, self.to_device_seconds),
+            ("transfers to host", self.from_device_transfers, self.from_device_seconds),
+            ("syncs", self.syncs, None),
+            ("scalar reads (.item())", self.host_reads, None),
         ]
-        lines = [f"  {name:22}{count:>8}  {secs}".rstrip() for name, count, secs in rows]
+        if self.compiled_code_executions:
+            rows.insert(3, ("  compiled functions'", self.compiled_code_executions, None))
+        lines = [
+            f"  {name:22}{count:>8}  {'' if secs is None else format_seconds(secs)}".rstrip()
+            for name, count, secs in rows
+        ]
         for op, n in sorted(self.fallbacks.items()):
             lines.append(f"  CPU fallback {op:22}{n:>8}")
         if self.unknown:
@@ -215,31 +205,20 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     with reset_watch.lock:
         reset_watch.ensure_installed()
         names = runtime.counters.names()
-        if full:
-            raw = runtime.counters.read(names)
-        else:
-            if _wanted_names[0] != len(names):
-                _wanted_names = (
-                    len(names),
-                    tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS)
-                    + _SENTINEL,  # read also once gone: that is the point
-                )
-            raw = runtime.counters.read(_wanted_names[1])
+        if not full and _wanted_names[0] != len(names):
+            wanted = tuple(n for n in names if n.startswith(_FALLBACK) or n in _COUNTERS)
+            # the sentinel is read even once gone: that is the point
+            _wanted_names = (len(names), wanted + _SENTINEL)
+        raw = runtime.counters.read(names if full else _wanted_names[1])
         counters = reset_watch.carry(raw, len(names))
-    metrics, metric = {}, runtime.counters.metric
+    metrics = {}
     # Read every time, never reused while a counter stands still: after a reset tpu_nb did
     # not see, the counters can read as before while the samples moved on (and the samples
     # are then the figure to trust).
-    for name in _METRICS:
-        data = metric(name)
+    for name in dict.fromkeys((*_METRICS, *(runtime.counters.metric_names() if full else ()))):
+        data = runtime.counters.metric(name)
         if data is not None:
             metrics[name] = (data.count, data.total)
-    if full:
-        for name in runtime.counters.metric_names():
-            if name not in metrics:
-                data = metric(name)
-                if data is not None:
-                    metrics[name] = (data.count, data.total)
     return MetricsSnapshot(
         MappingProxyType(counters),
         MappingProxyType(metrics),
@@ -293,12 +272,12 @@ def _metric_delta(earlier, later, name: str) -> tuple[int, float]:
 
 def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
     if earlier.generation != later.generation:
-        earlier = MetricsSnapshot(_NO_COUNTERS, _NO_METRICS, earlier.taken_at, later.generation)
-    moved = {}
-    for name, value in later.counters.items():
-        d = _diff(value, earlier.counters.get(name, 0))
-        if d:
-            moved[name] = d
+        earlier = MetricsSnapshot({}, {}, earlier.taken_at, later.generation)
+    moved = {
+        name: d
+        for name, value in later.counters.items()
+        if (d := _diff(value, earlier.counters.get(name, 0)))
+    }
     cut = len(_FALLBACK)
     fallbacks = {n[cut:]: d for n, d in moved.items() if n.startswith(_FALLBACK) and n != HOST_READ}
     n_compile, compile_s = _metric_delta(earlier, later, _NAMES.compile_time)

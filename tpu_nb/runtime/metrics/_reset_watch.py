@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 from tpu_nb.runtime.backend import current as backend
@@ -34,7 +35,7 @@ from tpu_nb.runtime.probe import Hooks, Subscription, probe
 
 lock = threading.RLock()
 # Counts torch_xla cleared outside reset_metrics(), per counter, to add back to every read.
-_carried: dict[str, int] = {}
+_carried: Counter[str] = Counter()
 # The raw values of the previous read, to notice a reset nobody told us about.
 _last_raw: dict[str, int] = {}
 _last_names = 0  # how many counters the backend listed at the previous read
@@ -80,20 +81,14 @@ def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
     # The backend is about to clear its counters: carry their values first, under the lock,
     # then clear; its own readers see exactly what they saw before. `restored`: counters the
     # backend puts back after clearing (carrying them too would count them twice).
-    with lock:
-        _carry_now(restored)
-        clear()
-
-
-def _carry_now(restored: frozenset[str]) -> None:
     global _last_raw, _last_names
-    runtime = backend()
-    counts = runtime.counters.read(runtime.counters.names())
-    for name, count in counts.items():
-        if name not in restored and count:
-            _carried[name] = _carried.get(name, 0) + count
-    _last_raw, _last_names = {}, 0
-    resets.seen += 1
+    with lock:
+        counters = backend().counters
+        counts = counters.read(counters.names())
+        _carried.update({n: c for n, c in counts.items() if n not in restored and c})
+        _last_raw, _last_names = {}, 0
+        resets.seen += 1
+        clear()
 
 
 def carry(raw: dict[str, int], n_names: int) -> dict[str, int]:
@@ -112,8 +107,7 @@ def carry(raw: dict[str, int], n_names: int) -> dict[str, int]:
             cleared = True
             break
     if cleared:
-        for name, count in last.items():
-            _carried[name] = _carried.get(name, 0) + count
+        _carried.update(last)
         _last_raw = dict(raw)
         resets.unseen += 1
         logging.getLogger("tpu_nb").debug(

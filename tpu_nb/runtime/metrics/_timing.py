@@ -69,14 +69,12 @@ class DeviceTiming:
             f"repeats \u00d7 {self.number} runs; range {format_seconds(self.best)}\u2013"
             f"{format_seconds(self.worst)})"
         )
-        tail = (
-            (
+        tail = "; no recompilation"
+        if self.recompiles:
+            tail = (
                 f"; STILL RECOMPILING: {_graphs(self.steady_compiles)} compiled in the "
                 "steady state (shapes or Python values change between runs)"
             )
-            if self.recompiles
-            else "; no recompilation"
-        )
         return f"{first}; {steady}{tail}"
 
     __str__ = summary
@@ -102,22 +100,6 @@ MAX_REPEAT = 1_000
 WARM_UP_RUNS = 3  # runs after the first that may still compile as the warm-up
 
 
-def _check_count(name: str, value, maximum: int, example: int) -> None:
-    check_whole_number(value, name, high=maximum, fix=f"e.g. {name}={example}")
-
-
-def _check_arguments(fn, number, repeat) -> None:
-    if not callable(fn):
-        raise TpuNbUsageError(
-            f"time_device times a function called with no arguments; got "
-            f"{fn!r:.60}. Fix: e.g. time_device(lambda: "
-            f"step(x)) or time_device(step)."
-        )
-    if number is not None:
-        _check_count("number", number, MAX_NUMBER, 10)
-    _check_count("repeat", repeat, MAX_REPEAT, 7)
-
-
 def time_device(
     fn: Callable[[], object], *, number: int | None = None, repeat: int = 7
 ) -> DeviceTiming:
@@ -126,7 +108,14 @@ def time_device(
     number: runs per repeat; default: enough for a repeat to take about 0.2 s.
     repeat: repeats of the steady state; the median of their per-run means is reported.
     """
-    _check_arguments(fn, number, repeat)
+    if not callable(fn):
+        raise TpuNbUsageError(
+            f"time_device times a function called with no arguments; got "
+            f"{fn!r:.60}. Fix: e.g. time_device(lambda: step(x)) or time_device(step)."
+        )
+    if number is not None:
+        check_whole_number(number, "number", high=MAX_NUMBER, fix="e.g. number=10")
+    check_whole_number(repeat, "repeat", high=MAX_REPEAT, fix="e.g. repeat=7")
     runtime = backend()
     runtime.syncs.sync()  # work pending from before is not part of the timing
     runtime.syncs.wait()
@@ -153,10 +142,7 @@ def time_device(
         probe = _run_once(fn, runtime) if probe is None else probe
         number = max(1, min(10_000, int(0.2 / max(probe, 1e-6))))
     steady_start = snapshot()
-    per_run = []
-    for _ in range(repeat):
-        total = sum(_run_once(fn, runtime) for _ in range(number))
-        per_run.append(total / number)
+    per_run = [sum(_run_once(fn, runtime) for _ in range(number)) / number for _ in range(repeat)]
     steady = snapshot().since(steady_start)
     return DeviceTiming(
         first,
