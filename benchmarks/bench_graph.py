@@ -41,11 +41,12 @@ def _capture(tensors_fn):
     """Trace a step with locations on; return (Graph, torch_xla's DOT of the same tensors)."""
     import torch_xla
 
-    from tpu_nb.runtime.graph import _xla_tensors, graph, record_locations
+    from tpu_nb.runtime.graph import graph, record_locations
+    from tpu_nb.runtime.graph._capture import xla_tensors
 
     with record_locations():
         parts = tensors_fn()
-    tensors = _xla_tensors(parts)
+    tensors = xla_tensors(parts)
     return graph(*tensors, hlo=False), torch_xla._XLAC._get_xla_tensors_dot(tensors)
 
 
