@@ -139,16 +139,14 @@ class max_graphs:
         detector = self._fallback = _detector_guard(self.limit, watch)
         detector.__enter__()
         log = self._log = compile_log()
-        if log is None:
-            return None
-        self._read = log.size()
-        self._graphs: dict[tuple[str, int], list] = {}
-        try:
-            self._subscription = probe().subscribe(self, ("sync",))
-        except BaseException:
-            detector.__exit__(*sys.exc_info())
-            raise
-        return None
+        if log is not None:
+            self._read = log.size()
+            self._graphs: dict[tuple[str, int], list] = {}
+            try:
+                self._subscription = probe().subscribe(self, ("sync",))
+            except BaseException:
+                detector.__exit__(*sys.exc_info())
+                raise
 
     # the probe's sync events (runtime/probe.py): checked after the recorder placed the sync
     priority = 2
@@ -166,21 +164,17 @@ class max_graphs:
                 self._subscription.close()
         finally:  # an interrupt in the close still ends the detector's session
             forced: set = getattr(getattr(self, "_recorder", None), "force_capture", set())
-            for key in getattr(self, "_graphs", {}):
-                forced.discard(key)
-            suppressed = self._exit_detector(exc_type, exc, tb)
+            forced.difference_update(getattr(self, "_graphs", {}))
+            if isinstance(exc, RecompilationError):
+                cut_at_user_code(tb)
+            suppressed = False
+            if self._fallback is not None:
+                try:
+                    suppressed = bool(self._fallback.__exit__(exc_type, exc, tb))
+                except RecompilationError as error:
+                    cut_at_user_code(error.__traceback__)
+                    raise
         return suppressed
-
-    def _exit_detector(self, exc_type, exc, tb) -> bool:
-        if isinstance(exc, RecompilationError):
-            cut_at_user_code(tb)
-        if self._fallback is not None:
-            try:
-                return bool(self._fallback.__exit__(exc_type, exc, tb))
-            except RecompilationError as error:
-                cut_at_user_code(error.__traceback__)
-                raise
-        return False
 
     def _check(self, frame) -> None:
         __tracebackhide__ = True  # noqa: F841
@@ -250,16 +244,14 @@ def _detector_guard(limit: int, watch=None) -> Iterator[None]:
     runtime = current_backend()
     prefix = f"tpu_nb-{next(_ids)}"
     sessions = {f"{prefix}:start"}
-    state = {"active": True, "paused": False}
-
-    current: dict[str, Any] = {"session": f"{prefix}:start", "recompiles": dynamo.recompiles()}
+    state: dict[str, Any] = {"active": True, "paused": False, "recompiles": dynamo.recompiles()}
 
     def renew():
         if state["active"] and state["paused"] and _in_dynamo_bridge():
             runtime.syncs.after_next(renew)  # the bridge's own sync: still compiling
         elif state["active"]:
-            session = current["session"] = f"{prefix}:{_sync_site()}"
-            current["recompiles"] = dynamo.recompiles()
+            session = f"{prefix}:{_sync_site()}"
+            state["recompiles"] = dynamo.recompiles()
             sessions.add(session)
             if not state["paused"]:
                 runtime.graphs.stop_counting()
@@ -290,7 +282,7 @@ def _detector_guard(limit: int, watch=None) -> Iterator[None]:
         if readable is None:
             raise
         recompiled = dynamo.latest_recompile()
-        if recompiled is not None and dynamo.recompiles() > current["recompiles"]:
+        if recompiled is not None and dynamo.recompiles() > state["recompiles"]:
             # This step's trace followed Dynamo compiling a function again: say why it did.
             readable.args = (
                 f"{readable.args[0]} Dynamo compiled {recompiled.function} again in this "

@@ -151,9 +151,18 @@ def sync_role(event, loaders) -> str:
 
 def _housekeeping_answer(code) -> bool | None:
     known = _housekeeping.get(id(code))
-    if known is None or known[0] is not code:
-        known = _housekeeping_kind(code)
-    return known[1]
+    if known is not None and known[0] is code:
+        return known[1]
+    path, name = code.co_filename.replace("\\", "/"), code.co_name
+    answer: bool | None = any(
+        path.endswith(file) and name == function for file, function in _HOUSEKEEPING
+    )
+    if not answer and any(path.endswith(f) and name == fn for f, fn in _PASS_THROUGH):
+        answer = None
+    if len(_housekeeping) >= 1024:  # bounded: one per function that syncs
+        _housekeeping.clear()
+    _housekeeping[id(code)] = (code, answer)
+    return answer
 
 
 def first_loader_sync(frame, seen) -> bool:
@@ -172,28 +181,22 @@ def first_loader_sync(frame, seen) -> bool:
     return True
 
 
-def _housekeeping_kind(code) -> tuple:
-    path, name = code.co_filename.replace("\\", "/"), code.co_name
-    answer: bool | None = any(
-        path.endswith(file) and name == function for file, function in _HOUSEKEEPING
-    )
-    if not answer and any(path.endswith(f) and name == fn for f, fn in _PASS_THROUGH):
-        answer = None
-    if len(_housekeeping) >= 1024:  # bounded: one per function that syncs
-        _housekeeping.clear()
-    known = _housekeeping[id(code)] = (code, answer)
-    return known
-
-
 def _path(frame) -> str:
     return frame.file.replace("\\", "/") if frame is not None else ""
 
 
 def _library_frame(site):
     """The library frame that did it, when no user code is between it and the line."""
-    if site is None or site.user is not None or site.library is None:
-        return None
-    return site.library
+    return site.library if site is not None and site.user is None else None
+
+
+def _not_at_step_boundary(what: str, site) -> str:
+    """`_not_known` for the library frame that did it, unless that is a device loader's step
+    boundary or there is none ("")."""
+    frame = _library_frame(site)
+    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
+        return ""
+    return _not_known(what, frame)
 
 
 def in_trainer(site) -> bool:
@@ -243,12 +246,7 @@ def recompile_fix(site, ops=frozenset()) -> str:
     loop = _known_loop(site)
     if loop == _GENERATE:
         return _generate_fix(ops)
-    if loop:
-        return dict(_RECOMPILES)[loop]
-    frame = _library_frame(site)
-    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
-        return ""
-    return _not_known("recompile", frame)
+    return dict(_RECOMPILES)[loop] if loop else _not_at_step_boundary("recompile", site)
 
 
 def last_call_fix(site) -> str:
@@ -257,10 +255,7 @@ def last_call_fix(site) -> str:
     for the user's own loop, whose batches its data loader draws."""
     if _known_loop(site) == "transformers/trainer.py":
         return TRAINER_LAST_BATCH_FIX
-    frame = _library_frame(site)
-    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
-        return ""
-    return _not_known("last call", frame)
+    return _not_at_step_boundary("last call", site)
 
 
 def growing_fix(site, ops=frozenset()) -> str:
@@ -276,9 +271,7 @@ def fallback_fix(site, op: str) -> str:
     the library frame that called the op's forward): a sentence naming the library's line;
     "" for the user's own ops, whose rewrite the generic hint gives."""
     frame = _library_frame(site)
-    if frame is None:
-        return ""
-    return _not_known("fallback", frame, op)
+    return _not_known("fallback", frame, op) if frame is not None else ""
 
 
 def _not_known(what: str, frame, op: str = "") -> str:
