@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import fields, replace
+from dataclasses import InitVar, dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -115,31 +115,29 @@ class _SyncWatch:
         return created != self.seen[0]
 
 
+@dataclass(eq=False, repr=False)
 class Run:
-    """One tracked run (see the module docstring); `track()` makes one per block.
+    """One tracked run (see the module docstring); `track()` makes one per block, with its
+    options as fields.
 
     report: the RunReport the block was given; empty until the run ends, then complete.
     recorder, collector, dynamo: what records the run (None when not recording).
     """
 
-    def __init__(
-        self,
-        name: str | None,
-        *,
-        sync: bool,
-        wait: bool,
-        record: bool,
-        code: tuple,
-        namespace: Any,
-        assigned_in,
-        source: str | None,
-        filename: str | None,
-        allowed_graphs: int,
-    ):
+    name: InitVar[str | None]
+    sync: bool
+    wait: bool
+    record: bool
+    code: tuple
+    namespace: Any
+    assigned_in: Any
+    source: str | None
+    filename: str | None
+    allowed_graphs: int
+
+    def __post_init__(self, name: str | None) -> None:
         self.report = RunReport(name=name)
-        self.sync, self.wait, self.record, self.code = sync, wait, record, tuple(code)
-        self.namespace, self.assigned_in = namespace, assigned_in
-        self.source, self.filename, self.allowed_graphs = source, filename, allowed_graphs
+        self.code = tuple(self.code)
         self.store = store
         self.recorder: provenance.Recorder | None = None
         self.collector: anatomy.Collector | None = None
@@ -204,23 +202,18 @@ class Run:
 
     def release(self) -> None:
         """Remove everything the run installed; safe to call at any point, and again."""
-        try:
+        with contextlib.ExitStack() as each:  # each step runs, whatever the ones before raised
+            each.callback(run_probe().end_run, self)
+            if self.dynamo is not None:
+                each.callback(self.dynamo.stop)
+            if self.recorder is not None:
+                each.callback(self.recorder.stop)
             if self._watch is not None:
                 self._watch.close()
             if self.collector is not None:
                 self.collector._unhook()
             if self.datasets is not None:
                 self.datasets.stop()
-        finally:
-            try:
-                if self.recorder is not None:
-                    self.recorder.stop()
-            finally:
-                try:
-                    if self.dynamo is not None:
-                        self.dynamo.stop()
-                finally:
-                    run_probe().end_run(self)
 
     def _finish_work(self) -> tuple[bool, PendingWork | None, bool]:
         synced, pending = False, None
@@ -388,17 +381,8 @@ class track:
         filename: str | None = None,
         allowed_graphs: int = 1,
     ):
-        self.run = Run(
-            name,
-            sync=sync,
-            wait=wait,
-            record=record,
-            code=code,
-            namespace=namespace,
-            assigned_in=assigned_in,
-            source=source,
-            filename=filename,
-            allowed_graphs=allowed_graphs,
+        self.run = Run(  # its fields are track's options, in this order
+            name, sync, wait, record, code, namespace, assigned_in, source, filename, allowed_graphs
         )
 
     def __enter__(self) -> RunReport:
