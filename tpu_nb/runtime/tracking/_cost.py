@@ -133,15 +133,13 @@ class MemoryFit:
         head = f"needs {format_bytes(self.needed)}, {have}"
         if self.fits:
             return f"fits: {head} ({'; '.join(parts)})"
-        biggest = ", ".join(f"{n} {format_bytes(b)}" for n, b in (self.resident or _NONE).largest)
+        largest = self.resident.largest if self.resident else ()
+        biggest = ", ".join(f"{n} {format_bytes(b)}" for n, b in largest)
         return (
             f"does not fit: {head}: "
             + (f"the biggest are {biggest}; " if biggest else "")
             + "; ".join(parts)
         )
-
-
-_NONE = Residency()
 
 
 @dataclass(frozen=True)

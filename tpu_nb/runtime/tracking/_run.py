@@ -138,12 +138,10 @@ class Run:
     def __post_init__(self, name: str | None) -> None:
         self.report = RunReport(name=name)
         self.code = tuple(self.code)
-        self.store = store
         self.recorder: provenance.Recorder | None = None
         self.collector: anatomy.Collector | None = None
         self.datasets: DeviceDataWatch | None = None
         self.dynamo: dynamo.Watch | None = None
-        self.started = time.time()
         self._frame: Any = None
         self._log: Any = None
         self._offset = 0
@@ -180,22 +178,26 @@ class Run:
     def end(self, exc: BaseException | None) -> None:
         """The block ended (with `exc`, or None): finish its work as asked, and complete the
         report. Re-raises a failure of tpu_nb's own end sync or wait (the run failed)."""
-        error, synced, pending, waited = exc, False, None, False
+        synced, pending, waited = False, None, False
         try:
-            try:
-                if exc is None:
+            if exc is None:
+                try:
                     synced, pending, waited = self._finish_work()
-            except BaseException as failure:  # the end sync or wait failed: the run failed
-                self._complete(failure, synced, pending, waited)
-                with contextlib.suppress(AttributeError, TypeError):  # a C type's instance
-                    failure.tpu_nb_at_end = True  # type: ignore[attr-defined]
-                raise
-            if exc is not None:
+                except BaseException as failure:  # the end sync or wait failed: the run failed
+                    self._complete(failure, synced, pending, waited)
+                    with contextlib.suppress(AttributeError, TypeError):  # a C type's instance
+                        failure.tpu_nb_at_end = True  # type: ignore[attr-defined]
+                    raise
+            else:
                 if self._watch is not None:
                     self._watch.close()
                 if self.wait and not isinstance(exc, KeyboardInterrupt):
-                    waited = _quiet_wait()
-            self._complete(error, synced, pending, waited)
+                    try:
+                        current_backend().syncs.wait()
+                        waited = True
+                    except Exception:  # the run already failed; its own error is the one to show
+                        log.debug("waiting for the device after a failed run", exc_info=True)
+            self._complete(exc, synced, pending, waited)
         finally:
             # Whatever happened above (an interrupt while the report was built), the hooks go.
             self.release()
@@ -307,6 +309,11 @@ class Run:
             out_of_memory=out_of_memory(error) if error is not None else None,
         )
         if self._log is not None and metrics.compiles:
+            # Compiles the run's CPU fallbacks forced inside autograd's backward: torch_xla
+            # writes no cause for them, and the report names them as the fallback's.
+            unlogged = (
+                0 if recording is None else sum(o.compiles for o in recording.occurrences.values())
+            )
             events = self._placed(recording, compiled)
             lines = store.note_compiles(dynamo.functions_graphs(events))
             lines.update(dynamo.recompilations(events, compiled))
@@ -316,7 +323,7 @@ class Run:
                 compile_events=tuple(events),
                 recompilations=MappingProxyType(lines),
                 compile_log_problem=self._log.problem_since(
-                    self._offset, metrics.compiles - _unlogged_compiles(recording)
+                    self._offset, metrics.compiles - unlogged
                 )
                 or "",
             )
@@ -479,20 +486,3 @@ def _mark_own_end(events: list[CompileEvent], spans) -> list[CompileEvent]:
         else e
         for e in events
     ]
-
-
-def _quiet_wait() -> bool:
-    try:
-        current_backend().syncs.wait()
-        return True
-    except Exception:  # the run already failed; its own error is the one to show
-        log.debug("waiting for the device after a failed run", exc_info=True)
-        return False
-
-
-def _unlogged_compiles(recording) -> int:
-    """Compiles the run's CPU fallbacks forced inside autograd's backward: torch_xla writes no
-    cause for them, and the report names them as the fallback's (not a compile log problem)."""
-    if recording is None:
-        return 0
-    return sum(o.compiles for o in recording.occurrences.values())
