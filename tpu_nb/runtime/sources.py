@@ -307,12 +307,10 @@ def short_path(path: str) -> str:
         if name:
             return name
     full = os.path.realpath(path)
-    for entry, _ in _path_entries(tuple(sys.path)):
-        if full.startswith(entry):
-            return full[len(entry) :]
-    for stdlib in _stdlib_dirs():
-        if full.startswith(stdlib):
-            return full[len(stdlib) :]
+    entries = [entry for entry, _ in _path_entries(tuple(sys.path))]
+    for prefix in entries + list(_stdlib_dirs()):
+        if full.startswith(prefix):
+            return full[len(prefix) :]
     return os.path.basename(path)
 
 

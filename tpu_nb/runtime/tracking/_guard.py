@@ -40,6 +40,10 @@ from tpu_nb.runtime.units import format_place
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
 _ids = itertools.count()
+_FIX = (
+    "Fix: keep shapes and Python values in the step fixed (pad or bucket the batch), or allow "
+    "more graphs."
+)
 
 
 class RecompilationError(TpuNbError):
@@ -61,8 +65,7 @@ class RecompilationError(TpuNbError):
         TpuNbError.__init__(
             error,
             f"{place} compiled graph {len(graphs)} (max_graphs={limit}): it differs from the "
-            f"line's previous graph: {'; '.join(facts)}. Fix: keep shapes and Python values "
-            "in the step fixed (pad or bucket the batch), or allow more graphs.",
+            f"line's previous graph: {'; '.join(facts)}. {_FIX}",
         )
         return error
 
@@ -72,8 +75,7 @@ class RecompilationError(TpuNbError):
         super().__init__(
             f"more than {limit} distinct graph{'s' if limit != 1 else ''} traced "
             f"(max_graphs={limit}): this step traced {self.got} where earlier steps traced "
-            f"{earlier}. Fix: keep shapes and Python values in the step fixed (pad or bucket "
-            "the batch), or allow more graphs."
+            f"{earlier}. {_FIX}"
         )
 
 

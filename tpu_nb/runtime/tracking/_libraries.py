@@ -80,10 +80,7 @@ _READS = (
 _READS_IN = (("diffusers/schedulers/", SCHEDULER_TIMESTEPS_FIX),)
 _GENERATE = "transformers/generation/utils.py"
 # file of the function the line called (or of a frame below it) -> the knob, for recompiles
-_RECOMPILES = (
-    (_GENERATE, GENERATE_FIX),
-    ("transformers/trainer.py", TRAINER_PAD_FIX),
-)
+_RECOMPILES = {_GENERATE: GENERATE_FIX, "transformers/trainer.py": TRAINER_PAD_FIX}
 # The step boundary of a loop the user wrote: torch_xla's device loaders sync there, so a
 # recompile at it is the user's step changing shape, not a library's doing.
 _STEP_BOUNDARIES = ("torch_xla/distributed/parallel_loader.py",)
@@ -170,15 +167,13 @@ def first_loader_sync(frame, seen) -> bool:
     its first batch: it runs what the code set up before the loop, work of the loop's first
     step). `seen`: a weakref.WeakSet of the iterators seen so far, added to."""
     iterator = frame.f_locals.get("self") if frame is not None else None
-    if iterator is None:
-        return False
     try:
-        if iterator in seen:
+        if iterator is None or iterator in seen:
             return False
         seen.add(iterator)
+        return True
     except TypeError:  # not weakly referenceable: not known
         return False
-    return True
 
 
 def _path(frame) -> str:
@@ -225,13 +220,11 @@ def read_fix(site) -> str:
 
 def _known_loop(site) -> str:
     """The file of the known library loop the site is inside ("" : none)."""
-    entry = getattr(site, "entry", None)
-    for frame in (entry, getattr(site, "library", None)):
-        if frame is None or not is_library(frame.file):
-            continue
-        for file, _ in _RECOMPILES:
-            if _path(frame).endswith(file):
-                return file
+    for frame in (getattr(site, "entry", None), getattr(site, "library", None)):
+        if frame is not None and is_library(frame.file):
+            for file in _RECOMPILES:
+                if _path(frame).endswith(file):
+                    return file
     return ""
 
 
@@ -246,7 +239,7 @@ def recompile_fix(site, ops=frozenset()) -> str:
     loop = _known_loop(site)
     if loop == _GENERATE:
         return _generate_fix(ops)
-    return dict(_RECOMPILES)[loop] if loop else _not_at_step_boundary("recompile", site)
+    return _RECOMPILES[loop] if loop else _not_at_step_boundary("recompile", site)
 
 
 def last_call_fix(site) -> str:

@@ -110,9 +110,7 @@ class _SyncWatch:
         when a sync the probe did not see ran since (then the tensors themselves tell)."""
         self.close()
         created, syncs = self._now()
-        if syncs != self.seen[1]:
-            return None
-        return created != self.seen[0]
+        return None if syncs != self.seen[1] else created != self.seen[0]
 
 
 @dataclass(eq=False, repr=False)
