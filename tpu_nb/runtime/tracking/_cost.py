@@ -98,12 +98,6 @@ class GraphCost:
             return None
         return self.input_bytes + self.output_bytes
 
-    def with_sizes(self, sizes_gb: dict[str, float], graph_hash: str) -> GraphCost:
-        found: dict[str, Any] = {
-            _SIZE_KEYS[k]: v * 1e9 for k, v in sizes_gb.items() if k in _SIZE_KEYS
-        }
-        return replace(self, graph_hash=graph_hash, **found)
-
 
 @dataclass(frozen=True)
 class MemoryFit:
@@ -260,7 +254,10 @@ def note_compiled(own_hash: str, event) -> None:
     """The captured graph compiled as `event`: its sizes from the compile log."""
     known = store.costs.get(own_hash)
     if known is not None and event.sizes_gb:
-        store.keep_cost(own_hash, known.with_sizes(event.sizes_gb, event.graph_hash))
+        sizes: dict[str, Any] = {
+            _SIZE_KEYS[k]: v * 1e9 for k, v in event.sizes_gb.items() if k in _SIZE_KEYS
+        }
+        store.keep_cost(own_hash, replace(known, graph_hash=event.graph_hash, **sizes))
 
 
 def _warn_if_it_cannot_fit(resident: Residency) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
-from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.metrics._compile_log import Frame, compile_log
 from tpu_nb.runtime.probe import Subscription, own_sync, probe
 from tpu_nb.runtime.sources import caller, cut_at_user_code, innermost_frame, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
@@ -128,8 +128,6 @@ class max_graphs:
         self._subscription: Subscription | None = None
 
     def __enter__(self) -> None:
-        from tpu_nb.runtime.metrics._compile_log import compile_log
-
         # The tracked run around the block (%%on_tpu's): its report places each compile on a
         # line, and the limit counts the graphs of that same line.
         runs = probe().local.runs
