@@ -52,9 +52,7 @@ def walk_stack(thread_id: int, visit: Callable[[FrameType], T], missing: M) -> T
     with _walking:
         frame = sys._current_frames().get(thread_id)
         try:
-            if frame is None:
-                return missing
-            return visit(frame)
+            return missing if frame is None else visit(frame)
         except Exception as exc:  # its traceback holds the frames: keep only the words
             failure = f"{type(exc).__name__}: {exc}"
         finally:

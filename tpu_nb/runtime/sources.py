@@ -96,18 +96,15 @@ def _classify(path: str, path_key: tuple[str, ...]) -> bool:
             if is_site:
                 return True
             top = full[len(entry) :].split(os.sep, 1)[0]
-            top = top[:-3] if top.endswith(".py") else top
-            return top in _installed_names(entry) and not _is_cwd(entry)
+            if top.removesuffix(".py") not in _installed_names(entry):
+                return False
+            # Code next to the notebook or script is the user's, even when a distribution
+            # shares a top-level name with it (an editable install of the project developed).
+            try:
+                return not os.path.samefile(entry, os.getcwd())
+            except OSError:
+                return True
     return False
-
-
-def _is_cwd(entry: str) -> bool:
-    # Code next to the notebook or script is the user's, even when a distribution happens to
-    # share a top-level name with it (an editable install of the project being developed).
-    try:
-        return os.path.samefile(entry, os.getcwd())
-    except OSError:
-        return False
 
 
 def is_library(path: str) -> bool:
@@ -306,16 +303,14 @@ def short_path(path: str) -> str:
             name = namer(path)
         except Exception:
             logging.getLogger("tpu_nb").debug("a file namer failed for %s", path, exc_info=True)
-            name = None
+            continue
         if name:
             return name
     full = os.path.realpath(path)
-    for entry, _ in _path_entries(tuple(sys.path)):
-        if full.startswith(entry):
-            return full[len(entry) :]
-    for stdlib in _stdlib_dirs():
-        if full.startswith(stdlib):
-            return full[len(stdlib) :]
+    entries = [entry for entry, _ in _path_entries(tuple(sys.path))]
+    for prefix in entries + list(_stdlib_dirs()):
+        if full.startswith(prefix):
+            return full[len(prefix) :]
     return os.path.basename(path)
 
 
@@ -328,9 +323,7 @@ def place_text(frame: Frame | None) -> str:
         where = f"cell line {frame.line}"
     else:
         where = f"{os.path.basename(name)}:{frame.line}"
-    if frame.function not in ("<module>", "<cell line: 0>") and not frame.function.startswith(
-        "<cell line"
-    ):
+    if frame.function != "<module>" and not frame.function.startswith("<cell line"):
         where += f" ({frame.function})"
     return where
 
@@ -348,8 +341,9 @@ def place_text(frame: Frame | None) -> str:
 # module then sees the very frame it would have seen without tpu_nb (the same file, line,
 # module and registry), and so does a warning's display.
 
-_TRAMPOLINE_SOURCE = "def _(fn, a, k): __tracebackhide__ = True; return fn(*a, **k)"
-_trampoline_code = None
+_TRAMPOLINE_CODE = compile(
+    "def _(fn, a, k): __tracebackhide__ = True; return fn(*a, **k)", "<tpu_nb>", "exec"
+).co_consts[0]
 _trampolines: dict[tuple[str, int, str], FunctionType] = {}
 # The same trampoline by calling instruction: (id(code), f_lasti) -> (code, trampoline). A
 # hook's hot path (every sync and read): no line number to compute, no strings to hash. The
@@ -381,13 +375,9 @@ def as_caller(frame):
 
 
 def _trampoline(key: tuple[str, int, str], globals_: dict):
-    global _trampoline_code
-    if _trampoline_code is None:
-        module = compile(_TRAMPOLINE_SOURCE, "<tpu_nb>", "exec")
-        _trampoline_code = next(c for c in module.co_consts if hasattr(c, "co_code"))
     filename, line, name = key
     # Line numbers are stored relative to the first line: moving it moves the one line.
-    code = _trampoline_code.replace(
+    code = _TRAMPOLINE_CODE.replace(
         co_filename=filename, co_firstlineno=max(1, line), co_name=name, co_qualname=name
     )
     made = FunctionType(code, globals_)

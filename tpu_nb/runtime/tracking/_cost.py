@@ -43,23 +43,23 @@ _SIZE_KEYS = {
 }
 
 
-def format_bytes(n: float | None) -> str:
-    """Bytes in B, KB, MB or GB (powers of 1000, as the Cloud TPU pages give HBM)."""
+def _format(n: float | None, unit: str, prefixes: str) -> str:
     if n is None:
         return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    for prefix in prefixes:  # the largest first
+        scale = 1000.0 ** ("KMGTP".index(prefix) + 1)
         if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
+            return f"{n / scale:.3g} {prefix}{unit}"
+    return f"{n:.0f} {unit}"
+
+
+def format_bytes(n: float | None) -> str:
+    """Bytes in B, KB, MB or GB (powers of 1000, as the Cloud TPU pages give HBM)."""
+    return _format(n, "B", "GMK")
 
 
 def format_flops(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} FLOP"
+    return _format(n, "FLOP", "PTGM")
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,6 @@ class GraphCost:
             return None
         return self.input_bytes + self.output_bytes
 
-    def with_sizes(self, sizes_gb: dict[str, float], graph_hash: str) -> GraphCost:
-        found: dict[str, Any] = {
-            _SIZE_KEYS[k]: v * 1e9 for k, v in sizes_gb.items() if k in _SIZE_KEYS
-        }
-        return replace(self, graph_hash=graph_hash, **found)
-
 
 @dataclass(frozen=True)
 class MemoryFit:
@@ -120,10 +114,8 @@ class MemoryFit:
         return self.needed <= self.chip.per_device().hbm_bytes
 
     def describe(self) -> str:
-        capacity = self.chip.per_device().hbm_bytes
-        have = f"a {self.chip.name} has {format_bytes(capacity)}"
-        if self.chip.devices > 1:
-            have = f"a {self.chip.name} device has {format_bytes(capacity)}"
+        device = " device" if self.chip.devices > 1 else ""
+        have = f"a {self.chip.name}{device} has {format_bytes(self.chip.per_device().hbm_bytes)}"
         parts = []
         if self.resident is not None and self.resident.total:
             r = self.resident
@@ -135,15 +127,13 @@ class MemoryFit:
         head = f"needs {format_bytes(self.needed)}, {have}"
         if self.fits:
             return f"fits: {head} ({'; '.join(parts)})"
-        biggest = ", ".join(f"{n} {format_bytes(b)}" for n, b in (self.resident or _NONE).largest)
+        largest = self.resident.largest if self.resident else ()
+        biggest = ", ".join(f"{n} {format_bytes(b)}" for n, b in largest)
         return (
             f"does not fit: {head}: "
             + (f"the biggest are {biggest}; " if biggest else "")
             + "; ".join(parts)
         )
-
-
-_NONE = Residency()
 
 
 @dataclass(frozen=True)
@@ -222,7 +212,6 @@ def roofline_seconds(flops: float | None, moved: float | None, chip: Chip) -> fl
 
 # -- gathered at a capture and a compile (see the module docstring) -------------------------
 
-# The captured graph's own hash (torch_xla's hash of the captured tensors) -> its cost.
 _device_kind: list[str] = []  # the runtime's device kind, once it has started
 
 
@@ -265,7 +254,10 @@ def note_compiled(own_hash: str, event) -> None:
     """The captured graph compiled as `event`: its sizes from the compile log."""
     known = store.costs.get(own_hash)
     if known is not None and event.sizes_gb:
-        store.keep_cost(own_hash, known.with_sizes(event.sizes_gb, event.graph_hash))
+        sizes: dict[str, Any] = {
+            _SIZE_KEYS[k]: v * 1e9 for k, v in event.sizes_gb.items() if k in _SIZE_KEYS
+        }
+        store.keep_cost(own_hash, replace(known, graph_hash=event.graph_hash, **sizes))
 
 
 def _warn_if_it_cannot_fit(resident: Residency) -> None:
@@ -348,15 +340,13 @@ def step_cost(
     below it: provenance.Site.key) that synced or read in at least half the run's steps (a
     loop's sites, not a read after it), each graph once. `line_calls`: each site's calls."""
     chip, on_chip = judged_chip()
-    loop_lines = [
-        key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= max(steps, 1)
-    ]
-    costs = store.costs
+    loop_lines = [key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= steps]
     hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
-    graphs = tuple(costs[h] for h in hashes if h in costs)
+    graphs = tuple(store.costs[h] for h in hashes if h in store.costs)
     counted = [g for g in graphs if g.flops is not None]
     flops = sum(g.flops or 0 for g in counted) if counted else None
     moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]
+    note = kept_step_over_step(live_tensors)
     return StepCost(
         chip=chip,
         on_chip=on_chip,
@@ -365,7 +355,7 @@ def step_cost(
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
         memory=_fit(graphs, chip),
-        notes=tuple(n for n in (kept_step_over_step(live_tensors),) if n),
+        notes=(note,) if note else (),
     )
 
 

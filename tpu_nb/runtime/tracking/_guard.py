@@ -30,7 +30,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
-from tpu_nb.runtime.metrics._compile_log import Frame
+from tpu_nb.runtime.metrics._compile_log import Frame, compile_log
 from tpu_nb.runtime.probe import Subscription, own_sync, probe
 from tpu_nb.runtime.sources import caller, cut_at_user_code, innermost_frame, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
@@ -40,6 +40,10 @@ from tpu_nb.runtime.units import format_place
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
 _ids = itertools.count()
+_FIX = (
+    "Fix: keep shapes and Python values in the step fixed (pad or bucket the batch), or allow "
+    "more graphs."
+)
 
 
 class RecompilationError(TpuNbError):
@@ -61,8 +65,7 @@ class RecompilationError(TpuNbError):
         TpuNbError.__init__(
             error,
             f"{place} compiled graph {len(graphs)} (max_graphs={limit}): it differs from the "
-            f"line's previous graph: {'; '.join(facts)}. Fix: keep shapes and Python values "
-            "in the step fixed (pad or bucket the batch), or allow more graphs.",
+            f"line's previous graph: {'; '.join(facts)}. {_FIX}",
         )
         return error
 
@@ -72,8 +75,7 @@ class RecompilationError(TpuNbError):
         super().__init__(
             f"more than {limit} distinct graph{'s' if limit != 1 else ''} traced "
             f"(max_graphs={limit}): this step traced {self.got} where earlier steps traced "
-            f"{earlier}. Fix: keep shapes and Python values in the step fixed (pad or bucket "
-            "the batch), or allow more graphs."
+            f"{earlier}. {_FIX}"
         )
 
 
@@ -126,8 +128,6 @@ class max_graphs:
         self._subscription: Subscription | None = None
 
     def __enter__(self) -> None:
-        from tpu_nb.runtime.metrics._compile_log import compile_log
-
         # The tracked run around the block (%%on_tpu's): its report places each compile on a
         # line, and the limit counts the graphs of that same line.
         runs = probe().local.runs
@@ -139,16 +139,14 @@ class max_graphs:
         detector = self._fallback = _detector_guard(self.limit, watch)
         detector.__enter__()
         log = self._log = compile_log()
-        if log is None:
-            return None
-        self._read = log.size()
-        self._graphs: dict[tuple[str, int], list] = {}
-        try:
-            self._subscription = probe().subscribe(self, ("sync",))
-        except BaseException:
-            detector.__exit__(*sys.exc_info())
-            raise
-        return None
+        if log is not None:
+            self._read = log.size()
+            self._graphs: dict[tuple[str, int], list] = {}
+            try:
+                self._subscription = probe().subscribe(self, ("sync",))
+            except BaseException:
+                detector.__exit__(*sys.exc_info())
+                raise
 
     # the probe's sync events (runtime/probe.py): checked after the recorder placed the sync
     priority = 2
@@ -166,21 +164,17 @@ class max_graphs:
                 self._subscription.close()
         finally:  # an interrupt in the close still ends the detector's session
             forced: set = getattr(getattr(self, "_recorder", None), "force_capture", set())
-            for key in getattr(self, "_graphs", {}):
-                forced.discard(key)
-            suppressed = self._exit_detector(exc_type, exc, tb)
+            forced.difference_update(getattr(self, "_graphs", {}))
+            if isinstance(exc, RecompilationError):
+                cut_at_user_code(tb)
+            suppressed = False
+            if self._fallback is not None:
+                try:
+                    suppressed = bool(self._fallback.__exit__(exc_type, exc, tb))
+                except RecompilationError as error:
+                    cut_at_user_code(error.__traceback__)
+                    raise
         return suppressed
-
-    def _exit_detector(self, exc_type, exc, tb) -> bool:
-        if isinstance(exc, RecompilationError):
-            cut_at_user_code(tb)
-        if self._fallback is not None:
-            try:
-                return bool(self._fallback.__exit__(exc_type, exc, tb))
-            except RecompilationError as error:
-                cut_at_user_code(error.__traceback__)
-                raise
-        return False
 
     def _check(self, frame) -> None:
         __tracebackhide__ = True  # noqa: F841
@@ -250,16 +244,14 @@ def _detector_guard(limit: int, watch=None) -> Iterator[None]:
     runtime = current_backend()
     prefix = f"tpu_nb-{next(_ids)}"
     sessions = {f"{prefix}:start"}
-    state = {"active": True, "paused": False}
-
-    current: dict[str, Any] = {"session": f"{prefix}:start", "recompiles": dynamo.recompiles()}
+    state: dict[str, Any] = {"active": True, "paused": False, "recompiles": dynamo.recompiles()}
 
     def renew():
         if state["active"] and state["paused"] and _in_dynamo_bridge():
             runtime.syncs.after_next(renew)  # the bridge's own sync: still compiling
         elif state["active"]:
-            session = current["session"] = f"{prefix}:{_sync_site()}"
-            current["recompiles"] = dynamo.recompiles()
+            session = f"{prefix}:{_sync_site()}"
+            state["recompiles"] = dynamo.recompiles()
             sessions.add(session)
             if not state["paused"]:
                 runtime.graphs.stop_counting()
@@ -290,7 +282,7 @@ def _detector_guard(limit: int, watch=None) -> Iterator[None]:
         if readable is None:
             raise
         recompiled = dynamo.latest_recompile()
-        if recompiled is not None and dynamo.recompiles() > current["recompiles"]:
+        if recompiled is not None and dynamo.recompiles() > state["recompiles"]:
             # This step's trace followed Dynamo compiling a function again: say why it did.
             readable.args = (
                 f"{readable.args[0]} Dynamo compiled {recompiled.function} again in this "

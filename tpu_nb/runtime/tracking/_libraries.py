@@ -80,10 +80,7 @@ _READS = (
 _READS_IN = (("diffusers/schedulers/", SCHEDULER_TIMESTEPS_FIX),)
 _GENERATE = "transformers/generation/utils.py"
 # file of the function the line called (or of a frame below it) -> the knob, for recompiles
-_RECOMPILES = (
-    (_GENERATE, GENERATE_FIX),
-    ("transformers/trainer.py", TRAINER_PAD_FIX),
-)
+_RECOMPILES = {_GENERATE: GENERATE_FIX, "transformers/trainer.py": TRAINER_PAD_FIX}
 # The step boundary of a loop the user wrote: torch_xla's device loaders sync there, so a
 # recompile at it is the user's step changing shape, not a library's doing.
 _STEP_BOUNDARIES = ("torch_xla/distributed/parallel_loader.py",)
@@ -151,28 +148,8 @@ def sync_role(event, loaders) -> str:
 
 def _housekeeping_answer(code) -> bool | None:
     known = _housekeeping.get(id(code))
-    if known is None or known[0] is not code:
-        known = _housekeeping_kind(code)
-    return known[1]
-
-
-def first_loader_sync(frame, seen) -> bool:
-    """Whether a device data loader's sync called from `frame` is its iterator's first (before
-    its first batch: it runs what the code set up before the loop, work of the loop's first
-    step). `seen`: a weakref.WeakSet of the iterators seen so far, added to."""
-    iterator = frame.f_locals.get("self") if frame is not None else None
-    if iterator is None:
-        return False
-    try:
-        if iterator in seen:
-            return False
-        seen.add(iterator)
-    except TypeError:  # not weakly referenceable: not known
-        return False
-    return True
-
-
-def _housekeeping_kind(code) -> tuple:
+    if known is not None and known[0] is code:
+        return known[1]
     path, name = code.co_filename.replace("\\", "/"), code.co_name
     answer: bool | None = any(
         path.endswith(file) and name == function for file, function in _HOUSEKEEPING
@@ -181,8 +158,22 @@ def _housekeeping_kind(code) -> tuple:
         answer = None
     if len(_housekeeping) >= 1024:  # bounded: one per function that syncs
         _housekeeping.clear()
-    known = _housekeeping[id(code)] = (code, answer)
-    return known
+    _housekeeping[id(code)] = (code, answer)
+    return answer
+
+
+def first_loader_sync(frame, seen) -> bool:
+    """Whether a device data loader's sync called from `frame` is its iterator's first (before
+    its first batch: it runs what the code set up before the loop, work of the loop's first
+    step). `seen`: a weakref.WeakSet of the iterators seen so far, added to."""
+    iterator = frame.f_locals.get("self") if frame is not None else None
+    try:
+        if iterator is None or iterator in seen:
+            return False
+        seen.add(iterator)
+        return True
+    except TypeError:  # not weakly referenceable: not known
+        return False
 
 
 def _path(frame) -> str:
@@ -191,9 +182,16 @@ def _path(frame) -> str:
 
 def _library_frame(site):
     """The library frame that did it, when no user code is between it and the line."""
-    if site is None or site.user is not None or site.library is None:
-        return None
-    return site.library
+    return site.library if site is not None and site.user is None else None
+
+
+def _not_at_step_boundary(what: str, site) -> str:
+    """`_not_known` for the library frame that did it, unless that is a device loader's step
+    boundary or there is none ("")."""
+    frame = _library_frame(site)
+    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
+        return ""
+    return _not_known(what, frame)
 
 
 def in_trainer(site) -> bool:
@@ -222,13 +220,11 @@ def read_fix(site) -> str:
 
 def _known_loop(site) -> str:
     """The file of the known library loop the site is inside ("" : none)."""
-    entry = getattr(site, "entry", None)
-    for frame in (entry, getattr(site, "library", None)):
-        if frame is None or not is_library(frame.file):
-            continue
-        for file, _ in _RECOMPILES:
-            if _path(frame).endswith(file):
-                return file
+    for frame in (getattr(site, "entry", None), getattr(site, "library", None)):
+        if frame is not None and is_library(frame.file):
+            for file in _RECOMPILES:
+                if _path(frame).endswith(file):
+                    return file
     return ""
 
 
@@ -243,12 +239,7 @@ def recompile_fix(site, ops=frozenset()) -> str:
     loop = _known_loop(site)
     if loop == _GENERATE:
         return _generate_fix(ops)
-    if loop:
-        return dict(_RECOMPILES)[loop]
-    frame = _library_frame(site)
-    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
-        return ""
-    return _not_known("recompile", frame)
+    return _RECOMPILES[loop] if loop else _not_at_step_boundary("recompile", site)
 
 
 def last_call_fix(site) -> str:
@@ -257,10 +248,7 @@ def last_call_fix(site) -> str:
     for the user's own loop, whose batches its data loader draws."""
     if _known_loop(site) == "transformers/trainer.py":
         return TRAINER_LAST_BATCH_FIX
-    frame = _library_frame(site)
-    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
-        return ""
-    return _not_known("last call", frame)
+    return _not_at_step_boundary("last call", site)
 
 
 def growing_fix(site, ops=frozenset()) -> str:
@@ -276,9 +264,7 @@ def fallback_fix(site, op: str) -> str:
     the library frame that called the op's forward): a sentence naming the library's line;
     "" for the user's own ops, whose rewrite the generic hint gives."""
     frame = _library_frame(site)
-    if frame is None:
-        return ""
-    return _not_known("fallback", frame, op)
+    return _not_known("fallback", frame, op) if frame is not None else ""
 
 
 def _not_known(what: str, frame, op: str = "") -> str:

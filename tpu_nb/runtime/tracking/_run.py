@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import fields, replace
+from dataclasses import InitVar, dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -110,42 +110,36 @@ class _SyncWatch:
         when a sync the probe did not see ran since (then the tensors themselves tell)."""
         self.close()
         created, syncs = self._now()
-        if syncs != self.seen[1]:
-            return None
-        return created != self.seen[0]
+        return None if syncs != self.seen[1] else created != self.seen[0]
 
 
+@dataclass(eq=False, repr=False)
 class Run:
-    """One tracked run (see the module docstring); `track()` makes one per block.
+    """One tracked run (see the module docstring); `track()` makes one per block, with its
+    options as fields.
 
     report: the RunReport the block was given; empty until the run ends, then complete.
     recorder, collector, dynamo: what records the run (None when not recording).
     """
 
-    def __init__(
-        self,
-        name: str | None,
-        *,
-        sync: bool,
-        wait: bool,
-        record: bool,
-        code: tuple,
-        namespace: Any,
-        assigned_in,
-        source: str | None,
-        filename: str | None,
-        allowed_graphs: int,
-    ):
+    name: InitVar[str | None]
+    sync: bool
+    wait: bool
+    record: bool
+    code: tuple
+    namespace: Any
+    assigned_in: Any
+    source: str | None
+    filename: str | None
+    allowed_graphs: int
+
+    def __post_init__(self, name: str | None) -> None:
         self.report = RunReport(name=name)
-        self.sync, self.wait, self.record, self.code = sync, wait, record, tuple(code)
-        self.namespace, self.assigned_in = namespace, assigned_in
-        self.source, self.filename, self.allowed_graphs = source, filename, allowed_graphs
-        self.store = store
+        self.code = tuple(self.code)
         self.recorder: provenance.Recorder | None = None
         self.collector: anatomy.Collector | None = None
         self.datasets: DeviceDataWatch | None = None
         self.dynamo: dynamo.Watch | None = None
-        self.started = time.time()
         self._frame: Any = None
         self._log: Any = None
         self._offset = 0
@@ -182,45 +176,44 @@ class Run:
     def end(self, exc: BaseException | None) -> None:
         """The block ended (with `exc`, or None): finish its work as asked, and complete the
         report. Re-raises a failure of tpu_nb's own end sync or wait (the run failed)."""
-        error, synced, pending, waited = exc, False, None, False
+        synced, pending, waited = False, None, False
         try:
-            try:
-                if exc is None:
+            if exc is None:
+                try:
                     synced, pending, waited = self._finish_work()
-            except BaseException as failure:  # the end sync or wait failed: the run failed
-                self._complete(failure, synced, pending, waited)
-                with contextlib.suppress(AttributeError, TypeError):  # a C type's instance
-                    failure.tpu_nb_at_end = True  # type: ignore[attr-defined]
-                raise
-            if exc is not None:
+                except BaseException as failure:  # the end sync or wait failed: the run failed
+                    self._complete(failure, synced, pending, waited)
+                    with contextlib.suppress(AttributeError, TypeError):  # a C type's instance
+                        failure.tpu_nb_at_end = True  # type: ignore[attr-defined]
+                    raise
+            else:
                 if self._watch is not None:
                     self._watch.close()
                 if self.wait and not isinstance(exc, KeyboardInterrupt):
-                    waited = _quiet_wait()
-            self._complete(error, synced, pending, waited)
+                    try:
+                        current_backend().syncs.wait()
+                        waited = True
+                    except Exception:  # the run already failed; its own error is the one to show
+                        log.debug("waiting for the device after a failed run", exc_info=True)
+            self._complete(exc, synced, pending, waited)
         finally:
             # Whatever happened above (an interrupt while the report was built), the hooks go.
             self.release()
 
     def release(self) -> None:
         """Remove everything the run installed; safe to call at any point, and again."""
-        try:
+        with contextlib.ExitStack() as each:  # each step runs, whatever the ones before raised
+            each.callback(run_probe().end_run, self)
+            if self.dynamo is not None:
+                each.callback(self.dynamo.stop)
+            if self.recorder is not None:
+                each.callback(self.recorder.stop)
             if self._watch is not None:
                 self._watch.close()
             if self.collector is not None:
                 self.collector._unhook()
             if self.datasets is not None:
                 self.datasets.stop()
-        finally:
-            try:
-                if self.recorder is not None:
-                    self.recorder.stop()
-            finally:
-                try:
-                    if self.dynamo is not None:
-                        self.dynamo.stop()
-                finally:
-                    run_probe().end_run(self)
 
     def _finish_work(self) -> tuple[bool, PendingWork | None, bool]:
         synced, pending = False, None
@@ -314,6 +307,11 @@ class Run:
             out_of_memory=out_of_memory(error) if error is not None else None,
         )
         if self._log is not None and metrics.compiles:
+            # Compiles the run's CPU fallbacks forced inside autograd's backward: torch_xla
+            # writes no cause for them, and the report names them as the fallback's.
+            unlogged = (
+                0 if recording is None else sum(o.compiles for o in recording.occurrences.values())
+            )
             events = self._placed(recording, compiled)
             lines = store.note_compiles(dynamo.functions_graphs(events))
             lines.update(dynamo.recompilations(events, compiled))
@@ -323,7 +321,7 @@ class Run:
                 compile_events=tuple(events),
                 recompilations=MappingProxyType(lines),
                 compile_log_problem=self._log.problem_since(
-                    self._offset, metrics.compiles - _unlogged_compiles(recording)
+                    self._offset, metrics.compiles - unlogged
                 )
                 or "",
             )
@@ -388,17 +386,8 @@ class track:
         filename: str | None = None,
         allowed_graphs: int = 1,
     ):
-        self.run = Run(
-            name,
-            sync=sync,
-            wait=wait,
-            record=record,
-            code=code,
-            namespace=namespace,
-            assigned_in=assigned_in,
-            source=source,
-            filename=filename,
-            allowed_graphs=allowed_graphs,
+        self.run = Run(  # its fields are track's options, in this order
+            name, sync, wait, record, code, namespace, assigned_in, source, filename, allowed_graphs
         )
 
     def __enter__(self) -> RunReport:
@@ -495,20 +484,3 @@ def _mark_own_end(events: list[CompileEvent], spans) -> list[CompileEvent]:
         else e
         for e in events
     ]
-
-
-def _quiet_wait() -> bool:
-    try:
-        current_backend().syncs.wait()
-        return True
-    except Exception:  # the run already failed; its own error is the one to show
-        log.debug("waiting for the device after a failed run", exc_info=True)
-        return False
-
-
-def _unlogged_compiles(recording) -> int:
-    """Compiles the run's CPU fallbacks forced inside autograd's backward: torch_xla writes no
-    cause for them, and the report names them as the fallback's (not a compile log problem)."""
-    if recording is None:
-        return 0
-    return sum(o.compiles for o in recording.occurrences.values())
