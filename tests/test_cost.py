@@ -580,9 +580,9 @@ def test_a_syncs_own_time_leaves_out_its_wait_for_the_device():
     # spans without looking at every span of the run for every sync
     from types import SimpleNamespace
 
-    from tpu_nb.runtime.tracking._cost import _own_sync, _union
+    from tpu_nb.runtime.tracking._cost import _own_sync, union
 
-    busy = _union([(0.0, 1.0), (0.5, 1.5), (3.0, 4.0), (6.0, 7.0)])
+    busy = union([(0.0, 1.0), (0.5, 1.5), (3.0, 4.0), (6.0, 7.0)])
     assert busy == [(0.0, 1.5), (3.0, 4.0), (6.0, 7.0)]
     ends = [b for _, b in busy]
     step = SimpleNamespace(
