@@ -113,7 +113,7 @@ class _SyncWatch:
         return None if syncs != self.seen[1] else created != self.seen[0]
 
 
-@dataclass(eq=False, repr=False)
+@dataclass(eq=False, repr=False, kw_only=True)
 class Run:
     """One tracked run (see the module docstring); `track()` makes one per block, with its
     options as fields.
@@ -386,8 +386,17 @@ class track:
         filename: str | None = None,
         allowed_graphs: int = 1,
     ):
-        self.run = Run(  # its fields are track's options, in this order
-            name, sync, wait, record, code, namespace, assigned_in, source, filename, allowed_graphs
+        self.run = Run(
+            name=name,
+            sync=sync,
+            wait=wait,
+            record=record,
+            code=code,
+            namespace=namespace,
+            assigned_in=assigned_in,
+            source=source,
+            filename=filename,
+            allowed_graphs=allowed_graphs,
         )
 
     def __enter__(self) -> RunReport:
