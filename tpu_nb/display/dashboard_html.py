@@ -308,10 +308,13 @@ def caption_html(text: str) -> str:
     return f"<div class='tpunb' style='{_FONT};font-size:11px;color:{_GREY}'>{escape(text)}</div>"
 
 
-def _img(png: bytes | None, caption: str) -> str:
-    if not png:
-        return ""
-    width, height = _css_size(png)
+def _img(png: bytes, caption: str) -> str:
+    """A PNG chart, shown at its pixels over the charts' density (sharp at 2x)."""
+    from tpu_nb.display.mpl_import import import_charts
+
+    density = import_charts().PIXEL_DENSITY
+    width = round(int.from_bytes(png[16:20], "big") / density)  # from the PNG header
+    height = round(int.from_bytes(png[20:24], "big") / density)
     return (
         f"<div style='margin:2px 6px 2px 0;width:{width}px;max-width:100%'>"
         f"{caption_html(caption)}"
@@ -319,16 +322,6 @@ def _img(png: bytes | None, caption: str) -> str:
         f"height='{height}' style='max-width:100%;height:auto;display:block' "
         f"src='data:image/png;base64,{b64encode(png).decode()}'></div>"
     )
-
-
-def _css_size(png: bytes) -> tuple[int, int]:
-    """The size a chart is shown at: its pixels over the charts' density (sharp at 2x)."""
-    from tpu_nb.display.mpl_import import import_charts
-
-    PIXEL_DENSITY = import_charts().PIXEL_DENSITY
-    width = int.from_bytes(png[16:20], "big")  # the PNG header's width and height
-    height = int.from_bytes(png[20:24], "big")
-    return round(width / PIXEL_DENSITY), round(height / PIXEL_DENSITY)
 
 
 # The charts' captions, without importing matplotlib for a text-only dashboard.
