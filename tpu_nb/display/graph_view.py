@@ -713,19 +713,14 @@ def _frame(scene: _Scene, picture: str) -> str:
     view = "tpunb-g-" + hashlib.sha1(picture.encode()).hexdigest()[:10]
     scope = f"#{view}"
     w = max(scene.layout.width, 60)
-    rules = [
-        f"{scope} .tpunb-zoom-fit:checked~.tpunb-frame svg{{width:100%!important;"
-        "max-width:100%!important;height:auto!important}"
-    ]
-    rules += [
-        f"{scope} .tpunb-zoom-{int(z * 100)}:checked~.tpunb-frame svg{{width:{w * z:.0f}px"
-        "!important;height:auto!important}"
-        for _, z in _ZOOMS
-        if z
-    ]
-    buttons = []
+    rules, buttons = [], []
     for label, z in _ZOOMS:
         cls = "tpunb-zoom-" + ("fit" if z is None else str(int(z * 100)))
+        size = f"{w * z:.0f}px" if z else "100%!important;max-width:100%"
+        rules.append(
+            f"{scope} .{cls}:checked~.tpunb-frame svg"
+            f"{{width:{size}!important;height:auto!important}}"
+        )
         checked = ' checked="checked"' if z == 1.0 else ""
         buttons.append(
             f'<input type="radio" name="{view}-zoom" id="{view}-{cls}" '

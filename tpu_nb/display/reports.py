@@ -233,10 +233,9 @@ def group_findings(findings: list[LineFinding]) -> list[FindingGroup]:
     groups: dict[tuple, FindingGroup] = {}
     for f in findings:
         key = (f.line, f.place if not f.line else "", f.kind)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = FindingGroup(_where(f), f.line, f.kind)
-        group.findings.append(f)
+        if key not in groups:
+            groups[key] = FindingGroup(_where(f), f.line, f.kind)
+        groups[key].findings.append(f)
     return sorted(groups.values(), key=lambda g: (g.order, g.line))
 
 
@@ -428,9 +427,9 @@ class RunView:
             ]
         lines += self._notes()
         lines += [f"  {line}" for line in host_lines_text(self.report.anatomy, self._scope())]
-        cost = self._cost_lines()
+        title, cost = self._cost()
         if cost:
-            lines.append(self._cost_title() + ":")
+            lines.append(title + ":")
             lines += [f"  {line}" for line in cost]
         oom = self.report.out_of_memory
         if oom is not None:
@@ -438,18 +437,15 @@ class RunView:
         lines += self._listing_text()
         return "\n".join(lines)
 
-    def _cost_lines(self) -> list[str]:
-        """The steady step's cost, when the run had steps (a loop)."""
+    def _cost(self) -> tuple[str, list[str]]:
+        """The title and lines of the steady step's cost (none when the run had no steps)."""
         cost = self.report.cost
         if cost is None or not self.report.steps:
-            return []
-        return cost.lines()
-
-    def _cost_title(self) -> str:
-        cost = self.report.cost
-        if cost is None or cost.on_chip:
-            return "cost per step"
-        return f"cost per step, judged for a {cost.chip.name} (this machine has no TPU)"
+            return "", []
+        title = "cost per step"
+        if not cost.on_chip:
+            title += f", judged for a {cost.chip.name} (this machine has no TPU)"
+        return title, cost.lines()
 
     def _listing(self, marks: dict[int, list[FindingGroup]]) -> list[int | None] | None:
         """The line numbers to list (None: an elision), without the %%on_tpu line left blank
@@ -507,11 +503,11 @@ class RunView:
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
         parts.append(host_lines_html(self.report.anatomy, self._scope()))
-        cost = self._cost_lines()
+        title, cost = self._cost()
         if cost:
             items = "".join(f"<li style='margin:0;padding:0'>{e(line)}</li>" for line in cost)
             parts.append(
-                f"<div class='tpunb-cost' style='margin:4px 0 0'><b>{e(self._cost_title())}</b>"
+                f"<div class='tpunb-cost' style='margin:4px 0 0'><b>{e(title)}</b>"
                 f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
             )
         oom = self.report.out_of_memory
