@@ -83,45 +83,27 @@ def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
     def x(t: float) -> float:
         return _LEFT + (min(max(t, t0), t1) - t0) * scale
 
-    def rect(lo, hi, y, colour, tip):
+    def rect(lo: float, hi: float, y: int, kind: str, tip: str) -> str:
         width = max(x(hi) - x(lo), 0.5)
         return (
             f"<rect x='{x(lo):.1f}' y='{y}' width='{width:.1f}' height='{_LANE}' "
-            f"style='fill:{colour}'><title>{escape(tip)}</title></rect>"
+            f"style='fill:{COLOURS.get(kind, style.MUTED)}'><title>{escape(tip)}</title></rect>"
         )
 
     host_y, dev_y = 2, 2 + _LANE + _GAP
     parts = []
     for s in steps:
         parts.append(
-            rect(
-                s.start,
-                s.end,
-                host_y,
-                COLOURS["trace"],
-                f"step {s.index}: {format_seconds(s.wall)}",
-            )
+            rect(s.start, s.end, host_y, "trace", f"step {s.index}: {format_seconds(s.wall)}")
         )
-        for kind, lo, hi in s.host_spans:
-            parts.append(
-                rect(
-                    lo,
-                    hi,
-                    host_y,
-                    COLOURS.get(kind, style.MUTED),
-                    f"{LABELS.get(kind, kind)}: {format_seconds(hi - lo)}",
-                )
-            )
-        for lo, hi in s.device_spans:
-            parts.append(
-                rect(
-                    lo,
-                    hi,
-                    dev_y,
-                    COLOURS["device"],
-                    f"step {s.index} executing: {format_seconds(hi - lo)}",
-                )
-            )
+        parts += [
+            rect(lo, hi, host_y, kind, f"{LABELS.get(kind, kind)}: {format_seconds(hi - lo)}")
+            for kind, lo, hi in s.host_spans
+        ]
+        parts += [
+            rect(lo, hi, dev_y, "device", f"step {s.index} executing: {format_seconds(hi - lo)}")
+            for lo, hi in s.device_spans
+        ]
         parts.append(
             f"<line x1='{x(s.end):.1f}' x2='{x(s.end):.1f}' y1='0' "
             f"y2='{dev_y + _LANE + 2}' style='stroke:{style.FG};stroke-width:1'/>"

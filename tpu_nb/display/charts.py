@@ -9,17 +9,16 @@ axis limits, so a chart reused by the next dashboard usually draws only its data
 from __future__ import annotations
 
 import io
-import math
 import time
+from typing import TypeVar
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
-from tpu_nb.display.live_charts import CHART_SIZES, nice_ceiling
+from tpu_nb.display.live_charts import CHART_SIZES, INITIAL_LIMITS, compile_label, grow_limits
 from tpu_nb.runtime.live import LiveCompile, StepPoint
-from tpu_nb.runtime.sources import place_text
 
 # Drawn at twice the pixels they are shown at: sharp on HiDPI screens. At 160 dpi shown at
 # half size, one point is 1.11 CSS pixels: 9-point labels are 10 px on screen.
@@ -31,6 +30,7 @@ _STEP_INCHES = (CHART_SIZES["step"][0] / 80, CHART_SIZES["step"][1] / 80)
 _COMPILE_INCHES = (CHART_SIZES["compile"][0] / 80, CHART_SIZES["compile"][1] / 80)
 # Light colours (the theme's dark mode inverts the image, keeping hues: display/style.py).
 _BLUE, _LIGHT, _RED, _TEXT = "#1565c0", "#5e9fe0", "#c62828", "#333333"
+_Chart = TypeVar("_Chart", "StepTimeChart", "CompileChart")
 
 
 def _png(canvas: FigureCanvasAgg, compress_level: int) -> bytes:
@@ -53,7 +53,6 @@ class StepTimeChart:
     render fits the axes to the data.
     """
 
-    _INITIAL = (10.0, 0.1, 10.0)  # x: steps; y: ms, bottom and top (decades)
     _KEPT_BACKGROUNDS = 8
 
     def __init__(self, size: tuple[float, float] = _STEP_INCHES) -> None:
@@ -93,7 +92,7 @@ class StepTimeChart:
         ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
         # Room for the last x tick's label at the right edge, and for the labels' size.
         self.figure.subplots_adjust(left=0.1, right=0.95, top=0.95, bottom=0.15)
-        self.limits = self._INITIAL
+        self.limits = INITIAL_LIMITS
         self._shown_limits: tuple[float, float, float] | None = None
         self._backgrounds: dict[tuple, object] = {}
         self.full_draws = 0
@@ -102,25 +101,7 @@ class StepTimeChart:
 
     def reset(self) -> None:
         """Start over for a new dashboard (the kept backgrounds stay)."""
-        self.limits = self._INITIAL
-
-    def _wanted_limits(self, series, compile_steps, final: bool) -> tuple[float, float, float]:
-        x_top, y_bottom, y_top = self.limits
-        last = max([p.step for p in series] + list(compile_steps) + [1])
-        if final:
-            x_top = nice_ceiling(last * 1.05)
-        elif last > x_top:
-            x_top = nice_ceiling(last * 2)  # the data fills at least half the width
-        values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
-        if values:
-            if final:
-                y_bottom = 10 ** math.floor(math.log10(min(values) / 1.05))
-                y_top = 10 ** math.ceil(math.log10(max(values) * 1.05))
-            while min(values) < y_bottom * 1.05 and y_bottom > 1e-4:
-                y_bottom /= 10
-            while max(values) > y_top / 1.05:
-                y_top *= 10
-        return x_top, y_bottom, y_top
+        self.limits = INITIAL_LIMITS
 
     def render(
         self,
@@ -131,7 +112,7 @@ class StepTimeChart:
         compress_level: int = 1,
     ) -> bytes:
         start = time.perf_counter()
-        self.limits = self._wanted_limits(series, compile_steps, final)
+        self.limits = grow_limits(self.limits, series, compile_steps, final)
         background = self._backgrounds.get(self.limits)
         self.last_full = background is None
         if self.limits != self._shown_limits:
@@ -168,42 +149,6 @@ class StepTimeChart:
         return png
 
 
-_free_charts: list[StepTimeChart] = []
-
-
-def acquire_step_chart() -> StepTimeChart:
-    """A step-time chart for one dashboard: a released one (its backgrounds kept) or new."""
-    try:
-        chart = _free_charts.pop()
-    except IndexError:
-        return StepTimeChart()
-    chart.reset()
-    return chart
-
-
-def release_step_chart(chart: StepTimeChart) -> None:
-    """Give a chart back when its dashboard stops (two dashboards never share one)."""
-    if chart not in _free_charts and len(_free_charts) < 2:
-        _free_charts.append(chart)
-
-
-_free_compile_charts: list[CompileChart] = []
-
-
-def acquire_compile_chart() -> CompileChart:
-    """A compile chart for one dashboard: a released one (a figure costs ~20 ms) or new."""
-    try:
-        return _free_compile_charts.pop()
-    except IndexError:
-        return CompileChart()
-
-
-def release_compile_chart(chart: CompileChart) -> None:
-    """Give a compile chart back when its dashboard stops."""
-    if chart not in _free_compile_charts and len(_free_compile_charts) < 2:
-        _free_compile_charts.append(chart)
-
-
 class CompileChart:
     """Compile seconds per compiled graph (the most recent ones), labelled by line and hash."""
 
@@ -216,6 +161,9 @@ class CompileChart:
         self.ax = self.figure.add_subplot(1, 1, 1)
         self.last_cost = 0.0
 
+    def reset(self) -> None:
+        """Nothing to reset: each render draws the chart whole."""
+
     def render(
         self, compiles: tuple[LiveCompile, ...], *, final: bool = False, compress_level: int = 1
     ) -> bytes:
@@ -225,7 +173,9 @@ class CompileChart:
         ax.tick_params(labelsize=LABEL_POINTS, colors=_TEXT)
         shown = [(c, c.seconds) for c in compiles if c.seconds is not None][-self.SHOWN :]
         if shown:
-            labels = [_label(c) for c, _ in shown]
+            # A "$" in a file name would start matplotlib's math text: escape it. (The graph
+            # hash is in the compile table; at 10 px there is no room for it here.)
+            labels = [compile_label(c, 20).replace("$", r"\$") for c, _ in shown]
             ax.barh(range(len(shown)), [seconds for _, seconds in shown], color=_RED, alpha=0.75)
             ax.set_yticks(range(len(shown)))
             ax.set_yticklabels(labels, fontsize=LABEL_POINTS)
@@ -251,13 +201,23 @@ class CompileChart:
         return png
 
 
-def _label(c: LiveCompile) -> str:
-    if c.event is None:
-        return f"#{c.index}"
-    where = place_text(c.place) if c.place is not None else "library"
-    if len(where) > 20:  # drop the function, then the file's start: the line
-        where = where.split(" (")[0]  # number is what tells the bars apart
-        where = where if len(where) <= 20 else "\u2026" + where[-19:]
-    # A "$" in a file name would start matplotlib's math text: escape it. (The graph hash is
-    # in the compile table; at 10 px there is no room for it here.)
-    return f"#{c.index} {where}".replace("$", r"\$")
+# Charts released by stopped dashboards, by class: a figure costs ~20 ms to make, and a
+# step-time chart keeps its backgrounds. Two dashboards never share one.
+_free: dict[type, list] = {StepTimeChart: [], CompileChart: []}
+
+
+def acquire(cls: type[_Chart]) -> _Chart:
+    """A chart of class `cls` for one dashboard: a released one, reset, or a new one."""
+    free = _free[cls]
+    if not free:
+        return cls()
+    chart = free.pop()
+    chart.reset()
+    return chart
+
+
+def release(chart: StepTimeChart | CompileChart) -> None:
+    """Give a chart back when its dashboard stops."""
+    free = _free[type(chart)]
+    if chart not in free and len(free) < 2:
+        free.append(chart)

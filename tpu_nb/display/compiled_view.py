@@ -16,6 +16,7 @@ from tpu_nb.runtime.sources import place_text
 from tpu_nb.runtime.units import format_seconds
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
+_KWARGS_FLAG = re.compile(r" \(has_kwargs (?:True|False)\)")  # Dynamo's internal flags
 
 
 @dataclass
@@ -93,19 +94,16 @@ def compiled_functions(compiled) -> list[CompiledFunction]:
             group.recompiles.append(c.why())
         group.dynamic += [d for d in c.dynamic if d not in group.dynamic]
         for b in c.graph_breaks:
-            words = f"graph break at {place_text(_frame(b))}: {b.reason}"
+            at = place_text(Frame(b.file, b.line, "<module>"))  # the place, no function name
+            words = f"graph break at {at}: {b.reason}"
             if b.explanation:
                 words += f" ({b.explanation})"
-            words = _plain_reason(words)
+            words = _KWARGS_FLAG.sub("", words)
             if words not in group.breaks:
                 group.breaks.append(words)
         if c.failed:
             group.failures.append(c.failed)
     return list(groups.values())
-
-
-def _frame(brk) -> Frame:
-    return Frame(brk.file, brk.line, "<module>")  # the place alone, no function name
 
 
 def compiled_text(compiled) -> list[str]:
@@ -149,11 +147,3 @@ def _colour(line: str) -> str:
     if line.startswith("graph break"):
         return WARN
     return MUTED
-
-
-_KWARGS_FLAG = re.compile(r" \(has_kwargs (?:True|False)\)")
-
-
-def _plain_reason(reason: str) -> str:
-    """Dynamo's reason for a graph break without its internal flags ("(has_kwargs False)")."""
-    return _KWARGS_FLAG.sub("", reason)

@@ -6,10 +6,9 @@
 A polling thread, started and joined inside the running cell (Colab does not render widget
 updates a thread sends after its cell ended: colabtools #3373), calls the runtime's
 `LiveMonitor.poll()` every `refresh` seconds (0.5: at most 2 updates a second) and sets widget
-traits only; it never prints. What it shows is the one `LiveState` the monitor publishes
-(counters, step times, compiles, the recompilation alert, the step anatomy): the display
-reads nothing else of the runtime. The panels' HTML and the summary text come from
-display/dashboard_html.py, pure functions of that state.
+traits only; it never prints. It shows only the one `LiveState` the monitor publishes
+(counters, step times, compiles, the recompilation alert, the step anatomy); the panels' HTML
+and the summary text are pure functions of it (display/dashboard_html.py).
 
 The thread shares the interpreter with the training loop, so its Python time is the loop's
 loss: a panel or chart is written only when its part of the state changed (the state's
@@ -17,14 +16,13 @@ version counters), and the live charts are SVG text (display/live_charts.py: a f
 millisecond, where a matplotlib update cost ~6 ms and a full redraw ~20-40 ms), at most every
 `chart_refresh` seconds. When the cell ends, fails or is interrupted, the thread is joined,
 the final state is drawn (with matplotlib's PNG charts, once), and the live view is replaced
-in place by a static one (HTML panels with the charts, and a plain-text summary without
-timings), so the cell's prints keep their place below it: the widgets are closed, so a
-notebook that ran 100 live cells holds no widget comms for them, and its saved outputs need
-no widget state.
+in place by a static one (HTML with the charts, and a plain-text summary without timings):
+the cell's prints keep their place below it, and with the widgets closed a notebook that ran
+100 live cells holds no widget comms for them and saves no widget state.
 
-nbval: it ignores display updates, so it sees the live view (an empty text/plain, a one-line
-HTML placeholder) where the saved notebook has the final view. tools/nbval-sanitize.cfg masks
-the dashboard's HTML (between <!--tpunb-dashboard--> markers) and its final text in both; the
+nbval ignores display updates, so it sees the live view (an empty text/plain, a one-line HTML
+placeholder) where the saved notebook has the final view. tools/nbval-sanitize.cfg masks the
+dashboard's HTML (between <!--tpunb-dashboard--> markers) and its final text in both; the
 figures are checked by tests/test_dashboard*.py instead.
 """
 
@@ -338,16 +336,14 @@ class Dashboard:
         ip = _ipython()
         if ip is None or self._hooks:
             return self
-        dash = self
 
         def cell_ended(result=None, *args):
-            error = getattr(result, "error_in_exec", None) or getattr(
-                result, "error_before_exec", None
+            self.stop(
+                getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
             )
-            dash.stop(error)
 
         def next_cell(*args):
-            dash.stop()
+            self.stop()
 
         ip.events.register("post_run_cell", cell_ended)
         ip.events.register("pre_run_cell", next_cell)
@@ -412,14 +408,10 @@ class Dashboard:
         made = list(rows)
         if self.charts:
             # Sized from the start: the view does not jump when the first chart arrives.
-            def slot(name):
-                width, height = CHART_SIZES[name]
-                return W.HTML(
-                    layout=W.Layout(width=f"{width}px", height=f"{height}px", max_width="100%")
-                )
-
-            self._step_chart = slot("step")
-            self._compile_chart = slot("compile")
+            self._step_chart, self._compile_chart = (
+                W.HTML(layout=W.Layout(width=f"{w}px", height=f"{h}px", max_width="100%"))
+                for w, h in (CHART_SIZES["step"], CHART_SIZES["compile"])
+            )
             captions = [W.HTML(caption_html(STEP_CAPTION)), W.HTML(caption_html(COMPILE_CAPTION))]
             columns = [
                 W.VBox(
@@ -452,11 +444,9 @@ class Dashboard:
             # The theme's stylesheet rides with this seldom-changing panel, sent once.
             _set(self._anatomy_panel, STYLE + anatomy_html(state))
         if self.charts:
-            drawn = self._draw_live_charts(state, counted)
-            if "step" in drawn:
-                self._step_chart.value = wrap(drawn["step"])
-            if "compile" in drawn:
-                self._compile_chart.value = wrap(drawn["compile"])
+            slots = {"step": self._step_chart, "compile": self._compile_chart}
+            for name, svg in self._draw_live_charts(state, counted).items():
+                slots[name].value = wrap(svg)
 
     def _draw_live_charts(self, state: LiveState, counted: bool = False) -> dict[str, str]:
         """The SVG charts whose data changed, if a redraw is due."""
@@ -489,7 +479,10 @@ class Dashboard:
             from tpu_nb.display.mpl_import import import_charts
 
             charts = import_charts()  # matplotlib: an interrupt cannot leave it half-imported
-            self._charts = (charts.acquire_step_chart(), charts.acquire_compile_chart())
+            self._charts = (
+                charts.acquire(charts.StepTimeChart),
+                charts.acquire(charts.CompileChart),
+            )
         except Exception:
             logging.getLogger("tpu_nb").debug(
                 "the final charts cannot use matplotlib; SVG instead", exc_info=True
@@ -521,9 +514,8 @@ class Dashboard:
         if self._charts is not None:
             from tpu_nb.display.mpl_import import import_charts
 
-            charts = import_charts()
-            charts.release_step_chart(self._charts[0])
-            charts.release_compile_chart(self._charts[1])
+            for chart in self._charts:
+                import_charts().release(chart)
             self._charts = None
 
     # -- text and display ---------------------------------------------------------------------

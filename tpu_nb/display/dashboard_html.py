@@ -308,10 +308,13 @@ def caption_html(text: str) -> str:
     return f"<div class='tpunb' style='{_FONT};font-size:11px;color:{_GREY}'>{escape(text)}</div>"
 
 
-def _img(png: bytes | None, caption: str) -> str:
-    if not png:
-        return ""
-    width, height = _css_size(png)
+def _img(png: bytes, caption: str) -> str:
+    """A PNG chart, shown at its pixels over the charts' density (sharp at 2x)."""
+    from tpu_nb.display.mpl_import import import_charts
+
+    density = import_charts().PIXEL_DENSITY
+    width = round(int.from_bytes(png[16:20], "big") / density)  # from the PNG header
+    height = round(int.from_bytes(png[20:24], "big") / density)
     return (
         f"<div style='margin:2px 6px 2px 0;width:{width}px;max-width:100%'>"
         f"{caption_html(caption)}"
@@ -319,16 +322,6 @@ def _img(png: bytes | None, caption: str) -> str:
         f"height='{height}' style='max-width:100%;height:auto;display:block' "
         f"src='data:image/png;base64,{b64encode(png).decode()}'></div>"
     )
-
-
-def _css_size(png: bytes) -> tuple[int, int]:
-    """The size a chart is shown at: its pixels over the charts' density (sharp at 2x)."""
-    from tpu_nb.display.mpl_import import import_charts
-
-    PIXEL_DENSITY = import_charts().PIXEL_DENSITY
-    width = int.from_bytes(png[16:20], "big")  # the PNG header's width and height
-    height = int.from_bytes(png[20:24], "big")
-    return round(width / PIXEL_DENSITY), round(height / PIXEL_DENSITY)
 
 
 # The charts' captions, without importing matplotlib for a text-only dashboard.
@@ -339,11 +332,21 @@ STEP_CAPTION = (
 COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
-# The live view's rows: each panel's share of the row (they wrap below ~1000 px).
-_LIVE_ROWS = (
-    (("compile", "42%"), ("execution", "31%"), ("transfers", "24%")),
-    (("fallbacks", "63%"), ("memory", "34%")),
-)
+def _counter_panels(state: LiveState | None, final: bool = False) -> list[str]:
+    """The counters' panels, in the order both views show them."""
+    return [
+        compile_html(state, final),
+        execution_html(state, final),
+        transfers_html(state),
+        fallbacks_html(state),
+        memory_html(state),
+    ]
+
+
+# The live view's two rows: each panel's share of its row (they wrap below ~1000 px); the
+# final view's one row: each panel's flex-grow weight.
+_LIVE_ROWS = (("42%", "31%", "24%"), ("63%", "34%"))
+_FINAL_GROW = (2, 1, 1, 2, 1)
 
 
 def live_panels_html(
@@ -351,18 +354,12 @@ def live_panels_html(
 ) -> str:
     """The live view's header, alert and counters' panels as one block (one widget update
     per refresh). Heights are reserved, so the view does not jump as rows arrive."""
-    panels = {
-        "compile": compile_html(state),
-        "execution": execution_html(state),
-        "transfers": transfers_html(state),
-        "fallbacks": fallbacks_html(state),
-        "memory": memory_html(state),
-    }
+    panels = iter(_counter_panels(state))
     rows = "".join(
         "<div style='display:flex;flex-wrap:wrap'>"
         + "".join(
-            f"<div style='display:flex;width:{width};min-width:240px'>{panels[name]}</div>"
-            for name, width in row
+            f"<div style='display:flex;width:{width};min-width:240px'>{next(panels)}</div>"
+            for width in row
         )
         + "</div>"
         for row in _LIVE_ROWS
@@ -405,13 +402,7 @@ def static_html(
         return _img(png, caption) if png else svg_chart_html(svgs.get(name), caption)
 
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
-    panels = [
-        (compile_html(state, True), 2),
-        (execution_html(state, True), 1),
-        (transfers_html(state), 1),
-        (fallbacks_html(state), 2),
-        (memory_html(state), 1),
-    ]
+    panels = _counter_panels(state, final=True)
     broken = ""
     if error is not None:
         broken = (
@@ -421,7 +412,7 @@ def static_html(
     # The live view reserves panel heights (no jumps while it updates); the final one is
     # drawn once and needs no reserve.
     for height in (_TOP_HEIGHT, _BOTTOM_HEIGHT):
-        panels = [(p.replace(f";min-height:{height}", ""), grow) for p, grow in panels]
+        panels = [p.replace(f";min-height:{height}", "") for p in panels]
     anatomy = anatomy.replace(f";min-height:{_ANATOMY_HEIGHT}", "")
     return (
         f"<div class='tpunb tpunb-dashboard' style='{style.ROOT};padding:0'>"
@@ -429,7 +420,7 @@ def static_html(
         f"{alert_html(state)}<div style='{row}'>"
         + "".join(
             f"<div style='flex:{grow} 1 {240 * grow}px;display:flex'>{p}</div>"
-            for p, grow in panels
+            for p, grow in zip(panels, _FINAL_GROW, strict=True)
         )
         + "</div>"
         + anatomy

@@ -20,6 +20,7 @@ benchmark can compare this layout with dot's output on equal terms.)
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,9 +113,7 @@ def _acyclic(n: int, edges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, 
             else:
                 state[u] = 2
                 stack.pop()
-    dag = set()
-    for u, v in seen_pairs:
-        dag.add((v, u) if (u, v) in flipped else (u, v))
+    dag = {(v, u) if (u, v) in flipped else (u, v) for u, v in seen_pairs}
     return sorted(dag), flipped
 
 
@@ -229,11 +228,8 @@ class _Layered:
 def _span_limit(spans: list[int], max_virtual: int) -> int:
     """The longest span whose edges (with all shorter ones) fit in `max_virtual` nodes."""
     used, limit = 0, 1
-    counts: dict[int, int] = {}
-    for s in spans:
-        counts[s] = counts.get(s, 0) + 1
-    for span in sorted(counts):
-        used += (span - 1) * counts[span]
+    for span, count in sorted(Counter(spans).items()):
+        used += (span - 1) * count
         if used > max_virtual:
             return limit
         limit = span
@@ -249,17 +245,18 @@ _SIFT = 1500  # ... and up to which it also sifts
 def _initial_orders(net: _Layered) -> list[list[list[int]]]:
     """Depth-first orders, so chains and subtrees start out side by side: from the sources,
     and on small graphs also from the sinks."""
-    orders = [_depth_first(net, net.down, range(net.size), lambda v: not net.up[v])]
+    orders = [_depth_first(net, net.down, net.up)]
     if net.size <= _SIFT:
-        orders.append(_depth_first(net, net.up, range(net.size), lambda v: not net.down[v]))
+        orders.append(_depth_first(net, net.up, net.down))
     return orders
 
 
-def _depth_first(net: _Layered, follow: list[list[int]], starts, is_start) -> list[list[int]]:
+def _depth_first(net: _Layered, follow: list[list[int]], back: list[list[int]]) -> list[list[int]]:
+    """Layers filled in depth-first order along `follow`, from the nodes with no `back`."""
     layers: list[list[int]] = [[] for _ in net.layers]
     seen = [False] * net.size
-    for start in starts:
-        if seen[start] or not is_start(start):
+    for start in range(net.size):
+        if seen[start] or back[start]:
             continue
         stack = [start]
         while stack:
@@ -292,13 +289,10 @@ def _sweep(net: _Layered, downward: bool) -> None:
     neighbours = net.up if downward else net.down
     for r in rows:
         row = net.layers[r]
-        keys = {}
-        for v in row:
-            adj = neighbours[v]
-            if adj:
-                keys[v] = _median(sorted(pos[u] for u in adj))
-            else:
-                keys[v] = pos[v]  # nothing pulls it: keep its place
+        keys = {  # a node nothing pulls keeps its place
+            v: _median(sorted(pos[u] for u in neighbours[v])) if neighbours[v] else pos[v]
+            for v in row
+        }
         row.sort(key=keys.__getitem__)
         for i, v in enumerate(row):
             pos[v] = i

@@ -13,7 +13,8 @@ scopes) is escaped before it reaches SVG or HTML.
 
 from __future__ import annotations
 
-import html
+import functools
+import hashlib
 import os
 import re
 from collections import Counter
@@ -38,26 +39,16 @@ from tpu_nb.runtime.graph import (
 from tpu_nb.runtime.sources import short_path
 from tpu_nb.runtime.tracking import format_bytes, format_flops
 
-# fill, stroke per kind; CPU fallbacks and changed nodes stand out.
-COLOURS = {
-    "data": ("#dbeafe", "#2563eb"),
-    "constant": ("#f1f5f9", "#94a3b8"),
-    "view": ("#f8fafc", "#94a3b8"),
-    "compute": ("#dcfce7", "#16a34a"),
-    "reduction": ("#fef3c7", "#d97706"),
-    "collective": ("#ede9fe", "#7c3aed"),
-    "random": ("#fce7f3", "#db2777"),
-    "fallback": ("#fee2e2", "#dc2626"),
-}
-KIND_NAMES = {
-    "data": "device data",
-    "constant": "constant",
-    "view": "view / layout",
-    "compute": "compute",
-    "reduction": "reduction",
-    "collective": "collective",
-    "random": "random",
-    "fallback": "CPU fallback",
+# fill, stroke and name per kind; CPU fallbacks and changed nodes stand out.
+KIND_STYLES = {
+    "data": ("#dbeafe", "#2563eb", "device data"),
+    "constant": ("#f1f5f9", "#94a3b8", "constant"),
+    "view": ("#f8fafc", "#94a3b8", "view / layout"),
+    "compute": ("#dcfce7", "#16a34a", "compute"),
+    "reduction": ("#fef3c7", "#d97706", "reduction"),
+    "collective": ("#ede9fe", "#7c3aed", "collective"),
+    "random": ("#fce7f3", "#db2777", "random"),
+    "fallback": ("#fee2e2", "#dc2626", "CPU fallback"),
 }
 CHANGED = "#ea580c"
 # fill, stroke of a module box per phase: the forward cool, the backward warm, the optimizer
@@ -77,12 +68,7 @@ _FONT = 12
 _SMALL = 10  # the smallest text drawn: 10 px at the natural size
 _CHAR = 0.62  # monospace glyph width per font-size unit
 _BOX_H = 34
-_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-
-
-def esc(text: object) -> str:
-    """Text safe inside XML/HTML content and attribute values."""
-    return html.escape(_INVALID_XML.sub("\ufffd", str(text)), quote=True)
+esc = style.esc
 
 
 def _fit(text: str, limit: int) -> str:
@@ -117,7 +103,7 @@ def _node_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _B
     tip = [
         f"%{n.id} {n.op}",
         f"shape {n.shape}" + (f" {n.layout}" if n.layout else ""),
-        f"kind {KIND_NAMES.get(n.kind, n.kind)}",
+        f"kind {KIND_STYLES[n.kind][2] if n.kind in KIND_STYLES else n.kind}",
     ]
     tip += [f"line {where}"] if where else ["line: not recorded (IR debug off, or autograd)"]
     user = n.user_frame
@@ -150,6 +136,13 @@ def _quoted(key: str) -> str:
     return key if re.fullmatch(r"[\w%@.:/-]+", key) else '"' + key.replace('"', '\\"') + '"'
 
 
+def _group_title(tip: list[str], group: Group, changed: frozenset[int], rename) -> str:
+    """A group's tooltip: `tip`, its changed nodes, and how to expand it."""
+    n_changed = sum(1 for m in group.members if m in changed)
+    tip += [f"{n_changed} changed nodes"] if n_changed else []
+    return rename("\n".join(tip)) + f"\nexpand: %xla_graph --expand {_quoted(group.key)} ..."
+
+
 def _cell_label(text: str) -> str:
     """ "<module>@In [3]:4" -> "In [3]:4": a cell's own top-level code needs no function."""
     return text.replace("<module>@", "")
@@ -158,7 +151,6 @@ def _cell_label(text: str) -> str:
 def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _Box:
     ops = ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:3])
     more = "…" if len(group.ops) > 3 else ""
-    n_changed = sum(1 for m in group.members if m in changed)
     outs = sum(1 for m in group.members if graph.node(m).root is not None)
     tip = [f"group {group.key}", f"{group.size} nodes: {ops}{more}"]
     tip += (
@@ -172,16 +164,13 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _
     if callers:
         tip.append("called from " + "; ".join(f"{k} ×{c}" for k, c in callers.most_common(3)))
     tip += [f"{outs} graph outputs"] if outs else []
-    tip += [f"{n_changed} changed nodes"] if n_changed else []
-    title = rename("\n".join(tip)) + f"\nexpand: %xla_graph --expand {_quoted(group.key)} ..."
-    line2 = _fit(f"×{group.size} · {ops}{more}", 40)
     return _Box(
-        title=title,
+        title=_group_title(tip, group, changed, rename),
         line1=_fit(_cell_label(rename(group.label)), 44),
-        line2=line2,
+        line2=_fit(f"×{group.size} · {ops}{more}", 40),
         kind=group.kind,
         output=outs > 0,
-        changed=n_changed > 0,
+        changed=any(m in changed for m in group.members),
         group=True,
     )
 
@@ -189,7 +178,6 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _
 def _module_box(graph: Graph, group: Group, changed: frozenset[int], rename, top: int) -> _Box:
     """A module's (or a row of repeated blocks') nodes of one phase."""
     ops = ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:4])
-    n_changed = sum(1 for m in group.members if m in changed)
     module = group.key.partition(":")[2]
     cost = f"{format_flops(group.flops)} · " if group.flops else ""
     tip = [
@@ -206,15 +194,13 @@ def _module_box(graph: Graph, group: Group, changed: frozenset[int], rename, top
         }
     )
     tip += ["lines: " + ", ".join(lines[:4]) + (" …" if len(lines) > 4 else "")] if lines else []
-    tip += [f"{n_changed} changed nodes"] if n_changed else []
-    title = rename("\n".join(tip)) + f"\nexpand: %xla_graph --expand {_quoted(group.key)} ..."
     return _Box(
-        title=title,
+        title=_group_title(tip, group, changed, rename),
         line1=_fit(group.label, 44),
         line2=_fit(f"{group.phase} · {cost}×{group.size}", 40),
         kind=group.kind,
         output=False,
-        changed=n_changed > 0,
+        changed=any(m in changed for m in group.members),
         group=True,
         phase=group.phase,
         share=group.flops / top if top else 0.0,
@@ -244,7 +230,6 @@ class _Scene:
     grouped: GroupedGraph
     boxes: list[_Box]
     layout: Layout
-    edge_pairs: list[tuple[int, int]]
 
 
 def _renamer(graph: Graph, source_names: SourceNames | None) -> Callable[[str], str]:
@@ -293,7 +278,7 @@ def _scene(
             else next(routes)
             for k, (a, b) in enumerate(pairs)
         ]
-    return _Scene(grouped, boxes, layout, pairs)
+    return _Scene(grouped, boxes, layout)
 
 
 _PHASE_RANK = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -397,7 +382,9 @@ def _node_svg(scene: _Scene) -> list[str]:
     lay = scene.layout
     for i, box in enumerate(scene.boxes):
         fill, stroke = (
-            PHASE_COLOURS[box.phase] if box.phase else COLOURS.get(box.kind, COLOURS["compute"])
+            PHASE_COLOURS[box.phase]
+            if box.phase
+            else KIND_STYLES.get(box.kind, KIND_STYLES["compute"])[:2]
         )
         x, y = lay.x[i] - box.width / 2, lay.y[i] - _BOX_H / 2
         width = 2.6 if box.output or box.kind == "fallback" else 1.2
@@ -444,15 +431,11 @@ def _bands(scene: _Scene) -> list[str]:
     for i, box in enumerate(scene.boxes):
         phase = box.phase or scene.grouped.groups[i].phase
         if phase in ("forward", "backward", "optimizer"):
-            y = scene.layout.y[i]
-            lo, hi = spans.setdefault(phase, [y, y])
-            spans[phase] = [min(lo, y), max(hi, y)]
+            spans.setdefault(phase, []).append(scene.layout.y[i])
     out = []
     width = max(scene.layout.width, 60)
-    for phase in PHASES:
-        if phase not in spans:
-            continue
-        lo, hi = spans[phase]
+    for phase in (p for p in PHASES if p in spans):
+        lo, hi = min(spans[phase]), max(spans[phase])
         fill = PHASE_COLOURS[phase][0]
         top, height = lo - _BOX_H / 2 - 8, hi - lo + _BOX_H + 16
         out.append(
@@ -535,8 +518,9 @@ def _changed(diff: GraphDiff | None) -> frozenset[int]:
 
 
 def _swatch(fill: str, border: str) -> str:
+    background = f"background:{fill};" if fill else ""
     return (
-        f'<span style="display:inline-block;width:10px;height:10px;background:{fill};'
+        f'<span style="display:inline-block;width:10px;height:10px;{background}'
         f'border:{border};margin:0 3px 0 10px;vertical-align:middle"></span>'
     )
 
@@ -552,20 +536,11 @@ def _legend(scene: _Scene) -> str:
         items.append(
             _swatch("#ffffff", f"3px solid {HEAVIEST}") + "most FLOPs (bar: a box's share)"
         )
-    for kind in KINDS:
-        if present[kind]:
-            fill, stroke = COLOURS[kind]
-            items.append(
-                f'<span style="display:inline-block;width:10px;height:10px;'
-                f"background:{fill};border:1.5px solid {stroke};margin:0 3px 0 10px;"
-                f'vertical-align:middle"></span>{esc(KIND_NAMES[kind])}'
-            )
+    for kind in (k for k in KINDS if present[k]):
+        fill, stroke, name = KIND_STYLES[kind]
+        items.append(_swatch(fill, f"1.5px solid {stroke}") + esc(name))
     if any(b.changed for b in scene.boxes):
-        items.append(
-            f'<span style="display:inline-block;width:10px;height:10px;'
-            f'border:2px dashed {CHANGED};margin:0 3px 0 10px;vertical-align:middle">'
-            f"</span>changed"
-        )
+        items.append(_swatch("", f"2px dashed {CHANGED}") + "changed")
     items.append('<span style="margin-left:10px">thick border: graph output</span>')
     return "".join(items)
 
@@ -573,7 +548,11 @@ def _legend(scene: _Scene) -> str:
 def _notes(graph: Graph, scene: _Scene) -> list[str]:
     notes = []
     # (a graph small enough to draw node by node reads without module boxes)
-    if scene.grouped.by not in ("module", "node") and graph.pending and _compute(graph):
+    if (
+        scene.grouped.by not in ("module", "node")
+        and graph.pending
+        and any(n.kind not in ("data", "constant", "view") for n in graph.nodes)
+    ):
         lines = any(n.location for n in graph.nodes)
         notes.append(
             "This graph was traced before module scopes were on, so its nodes name "
@@ -596,10 +575,6 @@ def _notes(graph: Graph, scene: _Scene) -> list[str]:
             "the graph before the sync that runs it)."
         )
     return notes
-
-
-def _compute(graph: Graph) -> bool:
-    return any(n.kind not in ("data", "constant", "view") for n in graph.nodes)
 
 
 def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
@@ -627,15 +602,8 @@ _SOURCE_FILE = re.compile(r'source_file="([^"]*)"')
 def _short_sources(hlo: str) -> str:
     """The HLO's source files as the report names them (`torch/nn/modules/linear.py`, a
     cell's "In [3]"), not as absolute paths of this machine."""
-    names: dict[str, str] = {}
-
-    def short(found: re.Match) -> str:
-        path = found.group(1)
-        if path not in names:
-            names[path] = short_path(path)
-        return f'source_file="{names[path]}"'
-
-    return _SOURCE_FILE.sub(short, hlo)
+    short = functools.cache(short_path)
+    return _SOURCE_FILE.sub(lambda found: f'source_file="{short(found.group(1))}"', hlo)
 
 
 def _text_panel(summary: str, text: str, limit: int) -> str:
@@ -740,26 +708,19 @@ def _frame(scene: _Scene, picture: str) -> str:
     and CSS: no script, so Colab, nbviewer and exported HTML zoom too), hover highlights, and
     drag-to-pan where scripts run.
     The frame's id comes from the picture, so the same graph gives the same HTML."""
-    import hashlib
-
     # The id is masked by the nbval sanitizer (a hex word): cell names inside the picture
     # differ between a recording and a test run.
     view = "tpunb-g-" + hashlib.sha1(picture.encode()).hexdigest()[:10]
     scope = f"#{view}"
     w = max(scene.layout.width, 60)
-    rules = [
-        f"{scope} .tpunb-zoom-fit:checked~.tpunb-frame svg{{width:100%!important;"
-        "max-width:100%!important;height:auto!important}"
-    ]
-    rules += [
-        f"{scope} .tpunb-zoom-{int(z * 100)}:checked~.tpunb-frame svg{{width:{w * z:.0f}px"
-        "!important;height:auto!important}"
-        for _, z in _ZOOMS
-        if z
-    ]
-    buttons = []
+    rules, buttons = [], []
     for label, z in _ZOOMS:
         cls = "tpunb-zoom-" + ("fit" if z is None else str(int(z * 100)))
+        size = f"{w * z:.0f}px" if z else "100%!important;max-width:100%"
+        rules.append(
+            f"{scope} .{cls}:checked~.tpunb-frame svg"
+            f"{{width:{size}!important;height:auto!important}}"
+        )
         checked = ' checked="checked"' if z == 1.0 else ""
         buttons.append(
             f'<input type="radio" name="{view}-zoom" id="{view}-{cls}" '
@@ -779,15 +740,14 @@ def _frame(scene: _Scene, picture: str) -> str:
 
 
 def _diff_panel(diff: GraphDiff) -> str:
-    lines = str(diff).splitlines()
+    head, *rest = str(diff).splitlines()
+    more = "\n".join(rest)
     return (
-        f'<div style="margin:2px 0"><b>Difference from the earlier graph</b>: '
-        f"{esc(lines[0])}</div>"
+        f'<div style="margin:2px 0"><b>Difference from the earlier graph</b>: {esc(head)}</div>'
         + (
-            f'<pre style="font-size:11px;max-height:200px;'
-            f'overflow:auto;margin:2px 0">'
-            f"{esc(chr(10).join(lines[1:]))}</pre>"
-            if len(lines) > 1
+            f'<pre style="font-size:11px;max-height:200px;overflow:auto;margin:2px 0">'
+            f"{esc(more)}</pre>"
+            if rest
             else ""
         )
     )
@@ -835,38 +795,25 @@ class GraphView:
         """The boxes this view draws (their keys are what `expand` takes)."""
         return group_graph(self.graph, by=self.by, budget=self.budget, expand=self.expanded)
 
+    def _options(self) -> dict:
+        return {
+            "by": self.by,
+            "budget": self.budget,
+            "expand": self.expanded,
+            "diff": self.diff,
+            "source_names": self.source_names,
+        }
+
     def expand(self, *keys: str) -> GraphView:
         """The same view with the named groups drawn node by node."""
-        return GraphView(
-            self.graph,
-            by=self.by,
-            budget=self.budget,
-            expand=self.expanded + keys,
-            diff=self.diff,
-            title=self.title,
-            source_names=self.source_names,
-        )
+        options = self._options() | {"expand": self.expanded + keys}
+        return GraphView(self.graph, title=self.title, **options)
 
     def _repr_html_(self) -> str:
-        return render_html(
-            self.graph,
-            by=self.by,
-            budget=self.budget,
-            expand=self.expanded,
-            diff=self.diff,
-            title=self.title,
-            source_names=self.source_names,
-        )
+        return render_html(self.graph, title=self.title, **self._options())
 
     def to_svg(self) -> str:
-        return render_svg(
-            self.graph,
-            by=self.by,
-            budget=self.budget,
-            expand=self.expanded,
-            diff=self.diff,
-            source_names=self.source_names,
-        )
+        return render_svg(self.graph, **self._options())
 
     def save(self, path: str) -> None:
         """Write a standalone HTML page (opens in any browser, no network needed)."""

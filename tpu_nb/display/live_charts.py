@@ -33,23 +33,45 @@ LABEL_PX = 10  # the smallest text drawn, at the natural size
 _LEFT, _RIGHT, _TOP, _BOTTOM = 46, 16, 8, 22  # the step chart's plot margins
 
 
+def _round_up(value: float, mults: tuple[float, ...]) -> float:
+    """The smallest of `mults` x 10^k at or above `value` (value > 0)."""
+    exp = math.floor(math.log10(value))
+    return next((m * 10**exp for m in mults if m * 10**exp >= value), 10 ** (exp + 1))
+
+
 def nice_ceiling(value: float) -> float:
     """The smallest of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above `value` (value > 0)."""
-    exp = math.floor(math.log10(value))
-    for mult in (1, 1.5, 2, 3, 5, 7.5, 10):
-        if mult * 10**exp >= value:
-            return mult * 10**exp
-    return 10 ** (exp + 1)
+    return _round_up(value, (1, 1.5, 2, 3, 5, 7.5, 10))
+
+
+# The step-time charts' axis limits at the start: x: steps; y: ms, bottom and top (decades).
+INITIAL_LIMITS = (10.0, 0.1, 10.0)
+
+
+def grow_limits(limits, series, compile_steps, final: bool = False) -> tuple[float, float, float]:
+    """Step-time axis limits that fit the data. While live they only grow (x to twice the
+    steps so far, y by decades); `final` fits them to the data."""
+    x_top, y_bottom, y_top = limits
+    last = max([p.step for p in series] + list(compile_steps) + [1])
+    if final:
+        x_top = nice_ceiling(last * 1.05)
+    elif last > x_top:
+        x_top = nice_ceiling(last * 2)  # the data fills at least half the width
+    values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
+    if values:
+        if final:
+            y_bottom = 10 ** math.floor(math.log10(min(values) / 1.05))
+            y_top = 10 ** math.ceil(math.log10(max(values) * 1.05))
+        while min(values) < y_bottom * 1.05 and y_bottom > 1e-4:
+            y_bottom /= 10
+        while max(values) > y_top / 1.05:
+            y_top *= 10
+    return x_top, y_bottom, y_top
 
 
 def _tick_step(top: float, most: int = 5) -> float:
     """A round step (1, 2, 2.5, 5 x 10^k; at least 1) giving at most `most` intervals."""
-    raw = max(top / most, 1.0)
-    exp = math.floor(math.log10(raw))
-    for mult in (1, 2, 2.5, 5, 10):
-        if mult * 10**exp >= raw:
-            return mult * 10**exp
-    return 10 ** (exp + 1)
+    return _round_up(max(top / most, 1.0), (1, 2, 2.5, 5, 10))
 
 
 def _number(value: float) -> str:
@@ -76,11 +98,9 @@ class StepTimeSvg:
     The SVG counterpart of charts.StepTimeChart, for the live view. `x(step)` and `y(ms)` are
     the pixel positions of a data point under the current axis limits."""
 
-    _INITIAL = (10.0, 0.1, 10.0)  # x: steps; y: ms, bottom and top (decades)
-
     def __init__(self, size: tuple[int, int] = CHART_SIZES["step"]) -> None:
         self.width, self.height = size
-        self.limits = self._INITIAL
+        self.limits = INITIAL_LIMITS
         self._key: tuple | None = None
         self._frame = ""  # axes, grid and tick labels for self.limits
         self._framed: tuple | None = None
@@ -103,22 +123,6 @@ class StepTimeSvg:
         value = min(max(math.log10(ms) if ms > 0 else low, low), high)
         return _TOP + plot * (high - value) / (high - low)
 
-    def _grow(self, series, compile_steps) -> tuple[float, float, float]:
-        """Limits that fit the data: they only grow while live (see module docstring)."""
-        x_top, y_bottom, y_top = self.limits
-        last = max(series[-1].step if series else 1, max(compile_steps, default=1), 1)
-        if last > x_top:
-            x_top = nice_ceiling(last * 2)  # the data fills at least half the width
-        if series:
-            values = [v for p in series for v in (p.median, p.p90) if v > 0]
-            if values:
-                low, high = min(values) * 1e3, max(values) * 1e3
-                while low < y_bottom * 1.05 and y_bottom > 1e-4:
-                    y_bottom /= 10
-                while high > y_top / 1.05:
-                    y_top *= 10
-        return x_top, y_bottom, y_top
-
     # -- drawing --
 
     def update(self, state: LiveState) -> str | None:
@@ -131,7 +135,7 @@ class StepTimeSvg:
 
     def render(self, series: tuple[StepPoint, ...], compile_steps) -> str:
         start = time.perf_counter()
-        self.limits = self._grow(series, compile_steps)
+        self.limits = grow_limits(self.limits, series, compile_steps)
         self.last_full = self.limits != self._framed
         if self.last_full:
             self._frame = self._draw_frame()
@@ -260,16 +264,15 @@ class CompileSvg:
                 seconds = c.seconds or 0.0
                 y = 2 + i * lane
                 w = max(1.0, (right - left) * seconds / longest)
-                tip = _compile_tip(c)
                 bars.append(
                     f"<rect x='{left}' y='{y + 2:.1f}' width='{w:.1f}' height='{lane - 4:.1f}'>"
-                    f"<title>{style.esc(tip)}</title></rect>"
+                    f"<title>{style.esc(_compile_tip(c))}</title></rect>"
                 )
                 mid = y + lane / 2 + 3.5
+                label = compile_label(c, self._LABEL_CHARS - len(f"#{c.index} "))
                 texts.append(
-                    f"<text x='{left - 4}' y='{mid:.1f}' text-anchor='end'>"
-                    f"{style.esc(_label(c, self._LABEL_CHARS))}</text>"
-                    f"<text x='{left + w + 3:.1f}' y='{mid:.1f}'>"
+                    f"<text x='{left - 4}' y='{mid:.1f}' text-anchor='end'>{style.esc(label)}"
+                    f"</text><text x='{left + w + 3:.1f}' y='{mid:.1f}'>"
                     f"{style.esc(format_seconds(seconds))}</text>"
                 )
             parts.append(
@@ -281,18 +284,18 @@ class CompileSvg:
         return "".join(parts)
 
 
-def _label(c: LiveCompile, limit: int) -> str:
-    """ "#3 cell line 7": the line number is what tells the bars apart."""
+def compile_label(c: LiveCompile, room: int) -> str:
+    """ "#3 cell line 7", its place cut to `room` characters: the line number is what tells
+    the bars apart."""
     if c.event is None:
         return f"#{c.index}"
     where = place_text(c.place) if c.place is not None else "library"
-    prefix = f"#{c.index} "
-    room = max(limit - len(prefix), 2)
+    room = max(room, 2)
     if len(where) > room:
         where = where.split(" (")[0]  # without the function
     if len(where) > room:
         where = "\u2026" + where[-(room - 1) :]  # the file's end and the line number
-    return prefix + where
+    return f"#{c.index} {where}"
 
 
 def _compile_tip(c: LiveCompile) -> str:

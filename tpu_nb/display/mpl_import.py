@@ -13,6 +13,7 @@ tests/test_interrupts.py checks that no other module imports it or the charts di
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 import threading
@@ -40,16 +41,10 @@ def import_mpl(name: str) -> ModuleType:
         if half_imported():
             purge()
         try:
-            return _import(name)
+            return importlib.import_module(name)
         except Exception:  # a half-import that left no orphans to recognise it by
             purge()
-            return _import(name)
-
-
-def _import(name: str) -> ModuleType:
-    import importlib
-
-    return importlib.import_module(name)
+            return importlib.import_module(name)
 
 
 def half_imported() -> bool:

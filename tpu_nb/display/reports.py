@@ -132,6 +132,10 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def _timed(n: int, seconds: float, more: str = "") -> str:
+    return f"{n} ({format_seconds(seconds)}{more})"
+
+
 _RESUME = re.compile(r"\btorch_dynamo_resume_in_(\w+?)_at_(\d+)\b")
 
 
@@ -229,21 +233,19 @@ def group_findings(findings: list[LineFinding]) -> list[FindingGroup]:
     groups: dict[tuple, FindingGroup] = {}
     for f in findings:
         key = (f.line, f.place if not f.line else "", f.kind)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = FindingGroup(_where(f), f.line, f.kind)
-        group.findings.append(f)
+        if key not in groups:
+            groups[key] = FindingGroup(_where(f), f.line, f.kind)
+        groups[key].findings.append(f)
     return sorted(groups.values(), key=lambda g: (g.order, g.line))
 
 
 def _hints(groups: list[FindingGroup]) -> list[tuple[str, list[str], str]]:
-    """Each distinct hint once per kind of finding: (kind words, the places it applies to,
-    the hint)."""
+    """Each distinct hint once per kind of finding: (kind, the places it applies to, the
+    hint)."""
     seen: dict[tuple[str, str], tuple[str, list[str], str]] = {}
     for g in groups:
-        words = KIND_WORDS.get(g.kind, g.kind)
         for hint in g.hints:
-            entry = seen.setdefault((words, hint), (words, [], hint))
+            entry = seen.setdefault((g.kind, hint), (g.kind, [], hint))
             if g.where not in entry[1]:
                 entry[1].append(g.where)
     return list(seen.values())
@@ -315,24 +317,14 @@ class RunView:
     def figures(self) -> list[tuple[str, str]]:
         r, m = self.report, self.report.metrics
         fallbacks = ", ".join(f"aten::{op} \u00d7{n}" for op, n in sorted(m.fallbacks.items()))
+        incomplete = "" if r.waited else "; some may still run: their time is incomplete"
         return [
             ("wall time", format_seconds(r.wall_seconds) + _wall_parts(r)),
-            ("graphs compiled", f"{m.compiles} ({format_seconds(m.compile_seconds)})"),
+            ("graphs compiled", _timed(m.compiles, m.compile_seconds)),
             ("compile cache hits", str(m.cache_hits)),
-            (
-                "executions",
-                f"{m.executions} ({format_seconds(m.execute_seconds)} on device"
-                + ("" if r.waited else "; some may still run: their time is incomplete")
-                + ")",
-            ),
-            (
-                "transfers to device",
-                f"{m.to_device_transfers} ({format_seconds(m.to_device_seconds)})",
-            ),
-            (
-                "transfers to host",
-                f"{m.from_device_transfers} ({format_seconds(m.from_device_seconds)})",
-            ),
+            ("executions", _timed(m.executions, m.execute_seconds, f" on device{incomplete}")),
+            ("transfers to device", _timed(m.to_device_transfers, m.to_device_seconds)),
+            ("transfers to host", _timed(m.from_device_transfers, m.from_device_seconds)),
             ("scalar reads (.item(), bool(), float())", str(m.host_reads)),
             ("CPU fallbacks", fallbacks or "none"),
         ]
@@ -344,6 +336,16 @@ class RunView:
             return False
         same = [h for h in self.groups if h.line == g.line and h.pattern]
         return same[-1] is g and sum(h.count for h in same) > 1
+
+    def _group_notes(self, g: FindingGroup) -> list[tuple[str, str, str]]:
+        """(label, text, colour) of the lines under a group: the paths from its line to the
+        code that did it, what changed, and its line's pattern."""
+        notes = [("", f"{g.where} \u2192 {via}", MUTED) for via in g.vias]
+        if g.changed:
+            notes.append(("changed:", "; ".join(g.changed), RED))
+        if self._describes_line(g):
+            notes += [("this line:", pattern, MUTED) for pattern in g.patterns]
+        return notes
 
     def _group_line(self, g: FindingGroup) -> str:
         head = f"{g.where}: {g.marker()}"
@@ -412,20 +414,22 @@ class RunView:
             lines.append("what happened, in order:")
             for g in self.groups:
                 lines.append(f"  {self._group_line(g)}")
-                lines += [f"      {g.where} \u2192 {via}" for via in g.vias]
-                if g.changed:
-                    lines.append(f"      changed: {'; '.join(g.changed)}")
-                if self._describes_line(g):
-                    lines += [f"      this line: {pattern}" for pattern in g.patterns]
+                lines += [
+                    f"      {label} {text}" if label else f"      {text}"
+                    for label, text, _ in self._group_notes(g)
+                ]
         hints = _hints(self.groups)
         if hints:
             lines.append("what to do:")
-            lines += [f"  {words} ({', '.join(places)}): {hint}" for words, places, hint in hints]
+            lines += [
+                f"  {KIND_WORDS.get(kind, kind)} ({', '.join(places)}): {hint}"
+                for kind, places, hint in hints
+            ]
         lines += self._notes()
         lines += [f"  {line}" for line in host_lines_text(self.report.anatomy, self._scope())]
-        cost = self._cost_lines()
+        title, cost = self._cost()
         if cost:
-            lines.append(self._cost_title() + ":")
+            lines.append(title + ":")
             lines += [f"  {line}" for line in cost]
         oom = self.report.out_of_memory
         if oom is not None:
@@ -433,28 +437,32 @@ class RunView:
         lines += self._listing_text()
         return "\n".join(lines)
 
-    def _cost_lines(self) -> list[str]:
-        """The steady step's cost, when the run had steps (a loop)."""
+    def _cost(self) -> tuple[str, list[str]]:
+        """The title and lines of the steady step's cost (none when the run had no steps)."""
         cost = self.report.cost
         if cost is None or not self.report.steps:
-            return []
-        return cost.lines()
+            return "", []
+        title = "cost per step"
+        if not cost.on_chip:
+            title += f", judged for a {cost.chip.name} (this machine has no TPU)"
+        return title, cost.lines()
 
-    def _cost_title(self) -> str:
-        cost = self.report.cost
-        if cost is None or cost.on_chip:
-            return "cost per step"
-        return f"cost per step, judged for a {cost.chip.name} (this machine has no TPU)"
-
-    def _listing_text(self) -> list[str]:
-        marks = self._marks()
+    def _listing(self, marks: dict[int, list[FindingGroup]]) -> list[int | None] | None:
+        """The line numbers to list (None: an elision), without the %%on_tpu line left blank
+        in the cell's code; None when no line is marked."""
         code = self.source.splitlines()
         if not code or not marks:
+            return None
+        blank_first = not code[0].strip() and 1 not in marks
+        return [n for n in _shown_lines(len(code), set(marks)) if not (blank_first and n == 1)]
+
+    def _listing_text(self) -> list[str]:
+        marks, code = self._marks(), self.source.splitlines()
+        shown = self._listing(marks)
+        if shown is None:
             return []
         out = ["the cell, annotated:"]
-        for n in _shown_lines(len(code), set(marks)):
-            if n == 1 and not code[0].strip() and 1 not in marks:
-                continue  # the %%on_tpu line, left blank in the cell's code
+        for n in shown:
             if n is None:
                 out.append("   ...")
                 continue
@@ -484,9 +492,9 @@ class RunView:
         if hints:
             items = "".join(
                 f"<li style='margin:0;padding:0;text-align:left'>"
-                f"{span(e(words), _KIND_COLOURS.get(_kind_of(words), ACCENT), bold=True)} "
-                f"<span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}</li>"
-                for words, places, hint in hints
+                f"{span(e(KIND_WORDS.get(kind, kind)), _KIND_COLOURS.get(kind, ACCENT), bold=True)}"
+                f" <span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}</li>"
+                for kind, places, hint in hints
             )
             parts.append(
                 "<div class='tpunb-hints' style='margin:4px 0 0'><b>what to do</b>"
@@ -495,11 +503,11 @@ class RunView:
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
         parts.append(host_lines_html(self.report.anatomy, self._scope()))
-        cost = self._cost_lines()
+        title, cost = self._cost()
         if cost:
             items = "".join(f"<li style='margin:0;padding:0'>{e(line)}</li>" for line in cost)
             parts.append(
-                f"<div class='tpunb-cost' style='margin:4px 0 0'><b>{e(self._cost_title())}</b>"
+                f"<div class='tpunb-cost' style='margin:4px 0 0'><b>{e(title)}</b>"
                 f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
             )
         oom = self.report.out_of_memory
@@ -527,22 +535,15 @@ class RunView:
 
     def _groups_html(self) -> str:
         e = escape
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for g in self.groups:
             colour = _KIND_COLOURS.get(g.kind, ACCENT)
-            details = e(g.description())
-            details += "".join(
-                f"<br><span style='color:{MUTED}'>{e(g.where)} \u2192 {e(v)}</span>" for v in g.vias
+            details = e(g.description()) + "".join(
+                f"<br><span style='color:{tone}'>{e(label)}</span> {e(text)}"
+                if label
+                else f"<br><span style='color:{tone}'>{e(text)}</span>"
+                for label, text, tone in self._group_notes(g)
             )
-            if g.changed:
-                details += f"<br><span style='color:{RED}'>changed:</span> " + e(
-                    "; ".join(g.changed)
-                )
-            if self._describes_line(g):
-                details += "".join(
-                    f"<br><span style='color:{MUTED}'>this line:</span> " + e(pattern)
-                    for pattern in g.patterns
-                )
             if g.details:
                 details += (
                     f"<details style='color:{MUTED}'><summary style='cursor:pointer'>"
@@ -560,28 +561,21 @@ class RunView:
                     details,
                 )
             )
+        header: tuple[str, ...] = ("where", "what", "times", "time", "details")
+        styles: tuple[str, ...] = (NOWRAP,) * 4 + ("",)
         if all(g.seconds is None for g in self.groups):  # no column of blanks
-            return table(
-                [r[:3] + r[4:] for r in rows],
-                ("where", "what", "times", "details"),
-                styles=(NOWRAP, NOWRAP, NOWRAP, ""),
-            )
-        return table(
-            rows,
-            ("where", "what", "times", "time", "details"),
-            styles=(NOWRAP, NOWRAP, NOWRAP, NOWRAP, ""),
-        )
+            rows = [r[:3] + r[4:] for r in rows]
+            header, styles = header[:3] + header[4:], styles[1:]
+        return table(rows, header, styles=styles)
 
     def _listing_html(self) -> str:
         e = escape
-        marks = self._marks()
-        code = self.source.splitlines()
-        if not code or not marks:
+        marks, code = self._marks(), self.source.splitlines()
+        shown = self._listing(marks)
+        if shown is None:
             return ""
         rows, row_styles = [], []
-        for n in _shown_lines(len(code), set(marks)):
-            if n == 1 and not code[0].strip() and 1 not in marks:
-                continue  # the %%on_tpu line, left blank in the cell's code
+        for n in shown:
             if n is None:
                 rows.append((f"<span style='color:{MUTED}'>\u22ee</span>", "", ""))
                 row_styles.append("")
@@ -612,13 +606,6 @@ class RunView:
         return f"<div class='tpunb-listing' style='overflow-x:auto'>{html}</div>"
 
 
-def _kind_of(words: str) -> str:
-    for kind, text in KIND_WORDS.items():
-        if text == words:
-            return kind
-    return ""
-
-
 # -- metrics ----------------------------------------------------------------------------------
 
 
@@ -641,25 +628,17 @@ class MetricsView:
     @staticmethod
     def _delta_rows(d: MetricsDelta) -> list[tuple[str, str, str]]:
         """(what, count, time) of the delta, times in the package's one format."""
-        rows = [
-            ("graphs compiled", str(d.compiles), format_seconds(d.compile_seconds)),
-            ("compile cache hits", str(d.cache_hits), ""),
-            ("executions", str(d.executions), format_seconds(d.execute_seconds)),
-            (
-                "transfers to device",
-                str(d.to_device_transfers),
-                format_seconds(d.to_device_seconds),
-            ),
-            (
-                "transfers to host",
-                str(d.from_device_transfers),
-                format_seconds(d.from_device_seconds),
-            ),
-            ("syncs", str(d.syncs), ""),
-            ("scalar reads (.item())", str(d.host_reads), ""),
+        rows: list[tuple[str, int, float | None]] = [
+            ("graphs compiled", d.compiles, d.compile_seconds),
+            ("compile cache hits", d.cache_hits, None),
+            ("executions", d.executions, d.execute_seconds),
+            ("transfers to device", d.to_device_transfers, d.to_device_seconds),
+            ("transfers to host", d.from_device_transfers, d.from_device_seconds),
+            ("syncs", d.syncs, None),
+            ("scalar reads (.item())", d.host_reads, None),
         ]
-        rows += [(f"CPU fallback aten::{op}", str(n), "") for op, n in sorted(d.fallbacks.items())]
-        return rows
+        rows += [(f"CPU fallback aten::{op}", n, None) for op, n in sorted(d.fallbacks.items())]
+        return [(what, str(n), "" if t is None else format_seconds(t)) for what, n, t in rows]
 
     def __repr__(self) -> str:
         lines = [self.title]
@@ -770,6 +749,16 @@ class TimingView:
         )
 
 
+# The kinds of one-time compiles, as the one-time cost names them.
+_ONE_TIME = {
+    "first": "the first step's graph",
+    "warm-up": "the steady step's",
+    "variant": "other graphs, each compiled once",
+    "earlier": "work earlier cells left pending",
+    "after": "graphs after the loop's last sync",
+}
+
+
 def one_time_cost(judgement, report=None) -> str:
     """ "one-time cost: 2 compiles (444 ms), the first step's graph and the steady
     step's; the verdict is about the 18 steady steps". `report`: the RunReport the
@@ -784,25 +773,17 @@ def one_time_cost(judgement, report=None) -> str:
         if kind
     ]
     n = judgement.one_time_compiles
-    counted = {
-        kind: kinds.count(kind) for kind in ("first", "warm-up", "variant", "earlier", "after")
-    }
+    counted = {kind: kinds.count(kind) for kind in _ONE_TIME}
     # counts per kind only when they add up to the one-time compiles (a library's sites
     # also compile such graphs after the first steps: then the kinds alone are named)
     exact = sum(counted.values()) == n
     named = []
-    for kind, words in (
-        ("first", "the first step's graph"),
-        ("warm-up", "the steady step's"),
-        ("variant", "other graphs, each compiled once"),
-        ("earlier", "work earlier cells left pending"),
-        ("after", "graphs after the loop's last sync"),
-    ):
+    for kind, words in _ONE_TIME.items():
         count = counted[kind]
+        if kind == "after" and count == 1:
+            words = "a graph after the loop's last sync"
         if count:
             plain = count == 1 or kind == "variant" or not exact
-            if kind == "after" and count == 1:
-                words = "a graph after the loop's last sync"
             named.append(words if plain else f"{words} ({count})")
     text = f"one-time cost: {_count(n, 'compile')} ({format_seconds(judgement.one_time_seconds)})"
     if named:

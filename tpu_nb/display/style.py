@@ -136,14 +136,10 @@ PRE = (
 )
 
 
-def root(body: str, cls: str = "", extra: str = "") -> str:
+def root(body: str, cls: str = "") -> str:
     """A view's outer block: the stylesheet, then `body` in the themed, left-aligned root."""
     names = "tpunb" + (f" {cls}" if cls else "")
-    return f"{STYLE}<div class='{names}' style='{ROOT}{';' + extra if extra else ''}'>{body}</div>"
-
-
-def cell(content: str, *, tag: str = "td", style: str = "") -> str:
-    return f"<{tag} style='{CELL}{';' + style if style else ''}'>{content}</{tag}>"
+    return f"{STYLE}<div class='{names}' style='{ROOT}'>{body}</div>"
 
 
 def table(
@@ -153,19 +149,12 @@ def table(
     `row_styles[j]` to row j."""
 
     def row(cells, tag, extra=""):
-        return (
-            f"<tr style='{ROW}{extra}'>"
-            + "".join(
-                cell(
-                    c,
-                    tag=tag,
-                    style=(styles[i] if i < len(styles) else "")
-                    + (";font-weight:bold" if tag == "th" else ""),
-                )
-                for i, c in enumerate(cells)
-            )
-            + "</tr>"
-        )
+        bold = ";font-weight:bold" if tag == "th" else ""
+        out = []
+        for i, content in enumerate(cells):
+            css = (styles[i] if i < len(styles) else "") + bold
+            out.append(f"<{tag} style='{CELL}{';' + css if css else ''}'>{content}</{tag}>")
+        return f"<tr style='{ROW}{extra}'>{''.join(out)}</tr>"
 
     head = row(header, "th") if header else ""
     extras = row_styles or [""] * len(rows)
@@ -176,11 +165,9 @@ def table(
     )
 
 
-def span(text: str, colour: str, *, bold: bool = False, cls: str = "") -> str:
+def span(text: str, colour: str, *, bold: bool = False) -> str:
     """Already-escaped `text` in a palette colour."""
-    weight = ";font-weight:bold" if bold else ""
-    klass = f" class='{cls}'" if cls else ""
-    return f"<span{klass} style='color:{colour}{weight}'>{text}</span>"
+    return f"<span style='color:{colour}{';font-weight:bold' if bold else ''}'>{text}</span>"
 
 
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
