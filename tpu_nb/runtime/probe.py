@@ -612,7 +612,9 @@ class Probe:
             # were: none).
             quiet = backward and not probe._fallbacks()
             event = None if quiet else FallbackEvent(frame, args, compiles, backward, name)
-            states = {s: before(event) for s, before in probe.befores["fallback"]} if event else {}
+            states = {}
+            if event is not None:
+                states = {s: before(event) for s, before in probe.befores["fallback"]}
             local.in_fallback = True
             try:
                 result = as_caller(frame)(original, args, kwargs)

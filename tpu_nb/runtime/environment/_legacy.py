@@ -39,7 +39,9 @@ SPAWN_NOTE = (
     "or call `tpu_nb.launch(fn, *args)`: they fork before the kernel touches XLA, or "
     "use a fresh worker process after, so neither fails this way"
 )
-_SPAWN_FAILURES = ("Unsupported nprocs", "already initialized")  # "Runtime is already ..."
+# torch_xla's words when spawn is refused: "Unsupported nprocs ...", and "Runtime is already
+# initialized ..." (the second phrase is enough to match it)
+_SPAWN_FAILURES = ("Unsupported nprocs", "already initialized")
 
 
 def _module_getattr(module_name: str):

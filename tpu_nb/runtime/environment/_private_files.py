@@ -28,8 +28,10 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shutil
 import stat
 import tempfile
+import time
 from contextlib import suppress
 
 from tpu_nb.runtime.errors import EnvironmentProblem
@@ -261,3 +263,42 @@ def _remove_dir(path: str, owner: int) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_dead_runs(
+    prefix: str, folder: str | None = None, stale_unnamed: float | None = None
+) -> None:
+    """Remove the run directories that processes left when they died without removing theirs
+    (a host stopped by the launch is killed, not asked; a kernel killed mid-launch): named
+    `prefix` + the pid of a process that no longer runs — or, with `stale_unnamed`, made by an
+    older tpu_nb without a pid in the name and untouched for that many seconds."""
+    folder = folder or tempfile.gettempdir()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        match = re.match(re.escape(prefix) + r"(\d+)-", name)
+        if match and pid_alive(int(match.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
+            continue
+        if match or (
+            stale_unnamed is not None and time.time() - _last_touched(path, info) > stale_unnamed
+        ):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _last_touched(path: str, info: os.stat_result) -> float:
+    newest = info.st_mtime
+    with suppress(OSError):
+        for entry in os.scandir(path):
+            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    return newest

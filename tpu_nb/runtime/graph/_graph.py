@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from tpu_nb.runtime.errors import TpuNbUsageError
@@ -27,9 +27,20 @@ from tpu_nb.runtime.graph._nodes import (
 )
 
 # A node's fields in the order to_dict() writes them.
-_NODE_FIELDS = tuple(
-    """id op kind shape dtype layout inputs scope location root num_outputs attrs
-    frames""".split()  # noqa: SIM905
+_NODE_FIELDS = (
+    "id",
+    "op",
+    "kind",
+    "shape",
+    "dtype",
+    "layout",
+    "inputs",
+    "scope",
+    "location",
+    "root",
+    "num_outputs",
+    "attrs",
+    "frames",
 )
 
 
@@ -104,7 +115,8 @@ class Graph:
         nodes = []
         for raw in data["nodes"]:
             values = {k: v for k, v in raw.items() if k in _NODE_FIELDS}
-            values["location"] = Frame(**raw["location"]) if raw.get("location") else None
+            loc = raw.get("location")
+            values["location"] = Frame(loc["file"], loc["line"], loc["function"]) if loc else None
             values["inputs"] = tuple(raw.get("inputs", ()))
             values["attrs"] = tuple(tuple(a) for a in raw.get("attrs", ()))
             values["frames"] = tuple(Frame(*f) for f in raw.get("frames", ()))
@@ -196,7 +208,10 @@ class Graph:
         def node(n: Node) -> dict:
             values = {k: getattr(n, k) for k in _NODE_FIELDS}
             values["inputs"] = list(n.inputs)
-            values["location"] = asdict(n.location) if n.location else None
+            loc = n.location  # a dict literal: asdict() costs ~7 us a node
+            values["location"] = (
+                {"file": loc.file, "line": loc.line, "function": loc.function} if loc else None
+            )
             values["attrs"] = [list(a) for a in n.attrs]
             values["frames"] = [[f.file, f.line, f.function] for f in n.frames]
             return values

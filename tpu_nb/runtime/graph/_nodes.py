@@ -36,8 +36,10 @@ _REDUCTION_OPS = frozenset(
     binary_cross_entropy kl_div cumsum cumprod cummax cummin softmax log_softmax
     native_layer_norm native_batch_norm topk sort median mode""".split()  # noqa: SIM905
 )
-_COLLECTIVE_WORDS = """all_reduce all_gather reduce_scatter all_to_all collective_permute
+_COLLECTIVE_WORDS = tuple(
+    """all_reduce all_gather reduce_scatter all_to_all collective_permute
     cross_replica send recv replica_id""".split()  # noqa: SIM905
+)
 _RANDOM_OPS = frozenset(
     """bernoulli normal uniform random randperm multinomial exponential
     geometric cauchy log_normal rrelu_with_noise native_dropout dropout""".split()  # noqa: SIM905

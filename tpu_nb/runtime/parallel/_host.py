@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import linecache
 import os
-import re
 import shutil
-import stat
 import sys
 import tempfile
 import threading
 import time
-from contextlib import suppress
 from itertools import pairwise
 from typing import Any
 
@@ -57,45 +54,6 @@ class _Capture:
         return text
 
 
-def sweep_dead_runs(
-    folder: str | None = None, prefix: str = RUN_PREFIX, stale_unnamed: float | None = None
-) -> None:
-    """Remove the run directories that processes left when they died without removing theirs
-    (a host stopped by the launch is killed, not asked; a kernel killed mid-launch): named
-    `prefix` + the pid of a process that no longer runs — or, with `stale_unnamed`, made by an
-    older tpu_nb without a pid in the name and untouched for that many seconds."""
-    folder = folder or tempfile.gettempdir()
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        match = re.match(re.escape(prefix) + r"(\d+)-", name)
-        if match and private_files.pid_alive(int(match.group(1))):
-            continue
-        path = os.path.join(folder, name)
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
-            continue
-        if match or (
-            stale_unnamed is not None and time.time() - _last_touched(path, info) > stale_unnamed
-        ):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _last_touched(path: str, info: os.stat_result) -> float:
-    newest = info.st_mtime
-    with suppress(OSError):
-        for entry in os.scandir(path):
-            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-    return newest
-
-
 class HostWorker:
     """The actor of one host (see the module docstring)."""
 
@@ -116,7 +74,7 @@ class HostWorker:
         """Set up this host's process for the work: run directory, XLA device, compile-cause
         analysis; torch_xla imported and its device started. Returns where it runs, or
         `error` (with `fix`) when the host cannot start: the launch says so and stops."""
-        sweep_dead_runs()
+        private_files.sweep_dead_runs(RUN_PREFIX)
         self.host, self.hosts = host, hosts
         self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
         # Temp files of torch and torch_xla go into the run directory, removed with it.

@@ -394,14 +394,15 @@ class _Hosts:
             return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from tpu_nb.runtime.parallel._host import sweep_dead_runs
+        from tpu_nb.runtime.environment._private_files import sweep_dead_runs
+        from tpu_nb.runtime.parallel._host import RUN_PREFIX
 
         sweep = self.ray.remote(num_cpus=0)(sweep_dead_runs)
         nodes = {node for host, _, node in self.slice.placements if host in self.lost}
         refs = [
             sweep.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-            ).remote()
+            ).remote(RUN_PREFIX)
             for node in nodes
         ]
         with suppress(Exception):  # best effort: the next launch on that host sweeps too

@@ -37,6 +37,7 @@ from itertools import pairwise
 from typing import cast
 
 from tpu_nb.runtime.backend import current as backend
+from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.environment._configure import MAX_CPU_DEVICES, ensure_setup
 from tpu_nb.runtime.environment._detect import detect_accelerator, runtime_initialized
 from tpu_nb.runtime.errors import (
@@ -48,7 +49,6 @@ from tpu_nb.runtime.errors import (
     check_stream,
     check_whole_number,
 )
-from tpu_nb.runtime.parallel._host import sweep_dead_runs
 from tpu_nb.runtime.parallel._results import (
     CollectiveRefused,
     LaunchResult,
@@ -419,8 +419,8 @@ class _Run:
         return status
 
     def kill(self) -> None:
-        self._stop(3.0, lambda: self.proc.poll() is None)
-        self.proc.wait()
+        if self._stop(3.0, lambda: self.proc.poll() is None):
+            self.proc.wait()  # killed: reaped at once
 
     def end_group(self) -> None:
         """After the launcher ended: stop whatever the replicas started and left running
@@ -434,9 +434,9 @@ class _Run:
             return False
         return True
 
-    def _stop(self, grace: float, running: Callable[[], bool]) -> None:
+    def _stop(self, grace: float, running: Callable[[], bool]) -> bool:
         """SIGTERM to the launcher's process group; SIGKILL if still `running()` after `grace`
-        seconds."""
+        seconds. Whether SIGKILL was sent."""
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGTERM)
             deadline = time.time() + grace
@@ -444,6 +444,8 @@ class _Run:
                 time.sleep(0.02)
             if running():
                 os.killpg(self.proc.pid, signal.SIGKILL)
+                return True
+        return False
 
     def results(self) -> list[dict]:
         out = []
@@ -712,7 +714,7 @@ def launch(
     n = _device_count(devices, device_type)
     # Run directories that launches of dead processes left (a kernel killed mid-launch
     # cannot remove its own).
-    sweep_dead_runs(prefix=RUN_PREFIX, stale_unnamed=STALE_UNNAMED_SECONDS)
+    private_files.sweep_dead_runs(RUN_PREFIX, stale_unnamed=STALE_UNNAMED_SECONDS)
     start = time.perf_counter()
     try:
         run = _Run(fn, args, n, device_type, stream)

@@ -49,14 +49,17 @@ class ReplicaError(TpuNbError):
 
 
 # The counters LaunchResult.merged sums over processes (besides the fallbacks).
-_SUMMED: tuple[str, ...] = (
+_SUMMED = (
     "compiles",
     "cache_hits",
     "compile_seconds",
     "executions",
     "execute_seconds",
+    "to_device_transfers",
+    "from_device_transfers",
+    "syncs",
+    "host_reads",
 )
-_SUMMED += ("to_device_transfers", "from_device_transfers", "syncs", "host_reads")
 
 
 @dataclass(frozen=True)

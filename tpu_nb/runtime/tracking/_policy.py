@@ -180,8 +180,16 @@ def classify_line(
     first_moment = moments[0] if moments else 0
     warm = _warm_up_moments(events, moments, graphs)
     settled = calls_after >= _SETTLED_CALLS
-    later = VARIANT if settled else UNSETTLED if calls and calls < 4 else RECOMPILE
-    kinds = tuple(FIRST if m == first_moment else WARM_UP if m in warm else later for m in moments)
+    # a compile after the first step's and the warm-up's
+    if settled:
+        later = VARIANT
+    elif calls and calls < 4:
+        later = UNSETTLED
+    else:
+        later = RECOMPILE
+    kinds = tuple(
+        FIRST if m == first_moment else (WARM_UP if m in warm else later) for m in moments
+    )
     # the line's kind: its most telling compile
     kind = next((name for k, name in _LINE_KINDS if k in kinds), "once")
     why = ""

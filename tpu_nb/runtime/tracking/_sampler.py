@@ -220,7 +220,7 @@ class Sampler:
             due, now = deadline, clock()
             # Deadline pacing: a sample delayed by the GIL does not lower the rate.
             interval = max(base, (now - start) / _SPAN_SAMPLES)
-            if budget and now - start > _FREE:
+            if budget and self.samples and now - start > _FREE:
                 interval = max(interval, (time.thread_time() - cpu) / self.samples / budget)
             self.interval = interval
             deadline = max(deadline + interval, now + _GAP)
