@@ -63,7 +63,6 @@ log = logging.getLogger("tpu_nb")
 
 HOST_READ = "aten::_local_scalar_dense"
 _STEADY_CALL = 3  # a line's call captured again for the step's cost (see _maybe_capture)
-_RESCAN = 16  # checks of a line's tensor shapes between two lookups of all its names
 _TENSOR_TYPES: tuple = ()  # torch.Tensor and Parameter, set by Recorder.start()
 # Library frames that only pass a call along: a finding names the function behind them.
 _PLUMBING_FILES = (
@@ -226,15 +225,10 @@ class Recorder:
         self._tried: set[tuple] = set()  # sites captured (or tried) in this run
         self._captured_here: dict[tuple, int] = {}
         # Lines that compiled are watched: the shapes of the tensors the tracked code names
-        # are compared at each of their syncs, and a change (a ragged last batch, a name
-        # that now holds a tensor or no longer does) captures the graph about to compile.
-        # Looking up every name the code uses at every sync touches a whole namespace in the
-        # middle of a step (~20 us measured in a training loop against ~6 us): the names
-        # that hold tensors are kept per line, and found again after the line compiled,
-        # when one of them no longer holds a tensor, and every _RESCAN checks.
+        # (~2 us for a cell's 20 names) are compared at each of their syncs, and a change (a
+        # ragged last batch) captures the graph about to compile.
         self._compiled_at: dict[tuple[str, int], int] = {}
         self._shapes_at: dict[tuple[str, int], tuple] = {}
-        self._tensor_names: dict[tuple[str, int], tuple[int, int, tuple[str, ...]]] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
         # device loaders' iterators seen (their first sync is no step): the run's
@@ -593,16 +587,12 @@ class Recorder:
         self.recording.live_tensors.append((self.recording.syncs, live))
 
     def _shapes_changed(self, root, key) -> bool:
-        get, types = frame_variables(root).get, _TENSOR_TYPES
-        compiled = self._compiled_at.get(key, 0)
-        # the line's compiles, the checks left and the names, when last looked up
-        then, left, names = self._tensor_names.get(key, (-1, 0, ()))
-        found: list[Any] = [get(n) for n in names]
-        if then != compiled or left <= 0 or not all([type(v) in types for v in found]):
-            names = tuple([n for n in self._names if type(get(n)) in types])
-            found, left = [get(n) for n in names], _RESCAN
-        self._tensor_names[key] = (compiled, left - 1, names)
-        shapes = tuple([(v.shape, v.dtype) for v in found])
+        values: Any = frame_variables(root)
+        shapes = tuple(
+            (v.shape, v.dtype)
+            for v in (values.get(n) for n in self._names)
+            if type(v) in _TENSOR_TYPES
+        )
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
         return before is not None and before != shapes
