@@ -628,15 +628,7 @@ class MetricsView:
     @staticmethod
     def _delta_rows(d: MetricsDelta) -> list[tuple[str, str, str]]:
         """(what, count, time) of the delta, times in the package's one format."""
-        rows: list[tuple[str, int, float | None]] = [
-            ("graphs compiled", d.compiles, d.compile_seconds),
-            ("compile cache hits", d.cache_hits, None),
-            ("executions", d.executions, d.execute_seconds),
-            ("transfers to device", d.to_device_transfers, d.to_device_seconds),
-            ("transfers to host", d.from_device_transfers, d.from_device_seconds),
-            ("syncs", d.syncs, None),
-            ("scalar reads (.item())", d.host_reads, None),
-        ]
+        rows = d.rows()
         rows += [(f"CPU fallback aten::{op}", n, None) for op, n in sorted(d.fallbacks.items())]
         return [(what, str(n), "" if t is None else format_seconds(t)) for what, n, t in rows]
 

@@ -169,8 +169,9 @@ class MetricsDelta:
             "recovered from their time samples)"
         )
 
-    def __str__(self) -> str:
-        rows: list[tuple[str, int, float | None]] = [  # (what, count, seconds if timed)
+    def rows(self) -> list[tuple[str, int, float | None]]:
+        """(what, count, seconds if timed) of the counts a report lists, fallbacks apart."""
+        return [
             ("graphs compiled", self.compiles, self.compile_seconds),
             ("compile cache hits", self.cache_hits, None),
             ("executions", self.executions, self.execute_seconds),
@@ -179,6 +180,9 @@ class MetricsDelta:
             ("syncs", self.syncs, None),
             ("scalar reads (.item())", self.host_reads, None),
         ]
+
+    def __str__(self) -> str:
+        rows = self.rows()
         if self.compiled_code_executions:
             rows.insert(3, ("  compiled functions'", self.compiled_code_executions, None))
         lines = [
