@@ -9,7 +9,8 @@
 3. Dynamo's structured trace events a warm compiled call emits (what the handler sees per call);
 4. per step and per run, apart: the slope between short and long rounds is what tpu_nb adds
    to each step, what is left of a short round what it adds once per run (its start and
-   end: hooks, captures, the report);
+   end: hooks, captures, the report); and per step inside a run, timed between its start
+   and end, each tracked block next to plain ones (the figure a long training cell sees);
 5. snapshot(): a read of the counters, with the reset watch (carrying counts across
    torch_xla's clear_counters) against the raw reads it is made of.
 
@@ -147,6 +148,44 @@ def _split(step, label: str, short: int = 5, long: int = 105) -> None:
         )
 
 
+def _inside(step, label: str) -> None:
+    """The cost per step inside a run, its start and end left out (what a long training cell
+    pays): each round times a plain block of STEPS steps, then an on_tpu() run of three
+    blocks, the first left out (a run captures each line's first syncs' graphs), then a plain
+    block again; its ratio is the run's two blocks over the two plain ones. Pairs next to each
+    other in time: a machine whose speed drifts moves both sides of a ratio alike."""
+    import torch_xla.core.xla_model as xm
+
+    import tpu_nb
+
+    def block() -> float:
+        xm.wait_device_ops()
+        start = time.perf_counter()
+        for _ in range(STEPS):
+            step()
+        xm.wait_device_ops()
+        return (time.perf_counter() - start) / STEPS * 1e3
+
+    ratios, plain, tracked = [], [], []
+    for _ in range(ROUNDS):
+        before = block()
+        with tpu_nb.on_tpu(sync=False):
+            block()
+            inside = [block(), block()]
+        after = block()
+        ratios.append(sum(inside) / (before + after))
+        plain += [before, after]
+        tracked += inside
+    q = statistics.quantiles(ratios, n=4)
+    print(
+        f"\n{label}: per step inside a run, {ROUNDS} rounds of blocks of {STEPS} steps "
+        f"(plain {statistics.median(plain):.3f} ms/step)\n"
+        f"  on_tpu / plain: median of the rounds {statistics.median(ratios):.3f} "
+        f"(quartiles {q[0]:.3f}-{q[2]:.3f}); best block over best block "
+        f"{min(tracked) / min(plain):.3f}"
+    )
+
+
 def _events_per_call(step) -> None:
     import logging
 
@@ -198,13 +237,16 @@ def main() -> None:
     eager = _steps(dev, "eager")
     _compare(eager, "eager step")
     _split(eager, "eager step")
+    _inside(eager, "eager step")
     step = _steps(dev, "torch.compile")
     _compare(step, 'torch.compile(backend="openxla") forward')
     _split(step, 'torch.compile(backend="openxla") forward')
+    _inside(step, 'torch.compile(backend="openxla") forward')
     _events_per_call(step)
     xla_compiled = _steps(dev, "torch_xla.compile")
     _compare(xla_compiled, "torch_xla.compile(step)")
     _split(xla_compiled, "torch_xla.compile(step)")
+    _inside(xla_compiled, "torch_xla.compile(step)")
     _snapshot_cost()
 
 
