@@ -30,10 +30,16 @@ def raw() -> dict[str, int]:
     return {k: torch_xla._XLAC._xla_counter_value(n) or 0 for k, n in RAW.items()}
 
 
-def counted(shell, cell: str):
-    """Run `cell`; its result and the raw counters' deltas around it."""
+def counted(shell, cell: str, *, settle: bool = False):
+    """Run `cell`; its result and the raw counters' deltas around it. `settle`: the test
+    waits for the device before reading them (torch_xla counts an execution on its own
+    thread once it has run: a sync returns before that)."""
     before = raw()
     result = shell.run_cell(cell)
+    if settle:
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops()  # torch_xla's own wait, not tpu_nb's (the spies count those)
     after = raw()
     assert result.error_before_exec is None and result.error_in_exec is None, result.error_in_exec
     return result, {k: after[k] - before[k] for k in after}
@@ -134,7 +140,7 @@ def test_a_plain_cell_waits_for_the_device_only_for_the_line_it_prints(shell, mo
     try:
         waits.clear()
         _, quiet = counted(shell, "(x * 3).sum().item()")
-        _, synced = counted(shell, "y = x * 4; torch_xla.sync()")
+        _, synced = counted(shell, "y = x * 4; torch_xla.sync()", settle=True)
         assert waits == [] and "XLA: " not in capsys.readouterr().out
     finally:
         shell.run_line_magic("config", "TpuNb.show_xla_line = True")
