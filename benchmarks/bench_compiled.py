@@ -150,39 +150,49 @@ def _split(step, label: str, short: int = 5, long: int = 105) -> None:
 
 def _inside(step, label: str) -> None:
     """The cost per step inside a run, its start and end left out (what a long training cell
-    pays): each round times a plain block of STEPS steps, then an on_tpu() run of three
-    blocks, the first left out (a run captures each line's first syncs' graphs), then a plain
-    block again; its ratio is the run's two blocks over the two plain ones. Pairs next to each
-    other in time: a machine whose speed drifts moves both sides of a ratio alike."""
+    pays): each round times a plain block of STEPS steps, then an on_tpu() run whose blocks of
+    its first 1.2 s are left out (a run captures each line's first syncs' graphs, and its host
+    sampler samples at its full rate for a second) and two blocks after them are timed, then a
+    plain block again; its ratio is the run's two blocks over the two plain ones. Pairs next to each
+    other in time: a machine whose speed drifts moves both sides of a ratio alike. Beside the
+    wall clock, the CPU time of the stepping thread (time.thread_time): what tpu_nb's hooks add
+    to it is most of its cost, measured without the noise of the runtime's threads (the wall
+    clock also has the host sampler's, which runs in a thread of its own)."""
     import torch_xla.core.xla_model as xm
 
     import tpu_nb
 
-    def block() -> float:
+    def block() -> tuple[float, float]:
         xm.wait_device_ops()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         for _ in range(STEPS):
             step()
+        cpu = time.thread_time() - cpu
         xm.wait_device_ops()
-        return (time.perf_counter() - start) / STEPS * 1e3
+        return (time.perf_counter() - start) / STEPS * 1e3, cpu / STEPS * 1e3
 
-    ratios, plain, tracked = [], [], []
+    ratios, cpu_ratios, plain, tracked = [], [], [], []
     for _ in range(ROUNDS):
         before = block()
         with tpu_nb.on_tpu(sync=False):
-            block()
+            began = time.perf_counter()
+            while time.perf_counter() - began < 1.2:
+                block()
             inside = [block(), block()]
         after = block()
-        ratios.append(sum(inside) / (before + after))
-        plain += [before, after]
-        tracked += inside
-    q = statistics.quantiles(ratios, n=4)
+        ratios.append(sum(w for w, _ in inside) / (before[0] + after[0]))
+        cpu_ratios.append(sum(c for _, c in inside) / (before[1] + after[1]))
+        plain += [before[0], after[0]]
+        tracked += [w for w, _ in inside]
+    q, c = statistics.quantiles(ratios, n=4), statistics.quantiles(cpu_ratios, n=4)
     print(
         f"\n{label}: per step inside a run, {ROUNDS} rounds of blocks of {STEPS} steps "
         f"(plain {statistics.median(plain):.3f} ms/step)\n"
         f"  on_tpu / plain: median of the rounds {statistics.median(ratios):.3f} "
         f"(quartiles {q[0]:.3f}-{q[2]:.3f}); best block over best block "
-        f"{min(tracked) / min(plain):.3f}"
+        f"{min(tracked) / min(plain):.3f}\n"
+        f"  the stepping thread's CPU time, on_tpu / plain: median of the rounds "
+        f"{statistics.median(cpu_ratios):.3f} (quartiles {c[0]:.3f}-{c[2]:.3f})"
     )
 
 
