@@ -383,6 +383,27 @@ def test_a_long_run_keeps_its_last_steps_numbered_from_the_start(monkeypatch):
     assert all(s.executions == 1 for s in a.steps)
 
 
+def test_a_run_longer_than_the_sample_buffers_keeps_every_step_sample():
+    """tpu_nb keeps torch_xla's metric buffers short (a read copies the whole buffer): a run
+    of 2,500 steps, each with a host-to-device copy, still has every step's execution and
+    copy, read from the buffers while the run goes on."""
+    dev = torch_xla.device()
+    x = torch.zeros(8, device=dev)
+    host = torch.ones(8)
+    steps = 2500
+    for _ in range(3):  # compiled before the run
+        x = x + host.to(dev)
+        torch_xla.sync()
+    with tpu_nb.track(wait=True) as report:
+        for _ in range(steps):
+            x = x + host.to(dev)
+            torch_xla.sync()
+    a = report.anatomy
+    assert a.complete, a.summary()
+    assert len(a.steps) == steps
+    assert all(s.executions == 1 and s.to_device > 0 for s in a.steps)
+
+
 # -- the profile itself in the notebook --------------------------------------------------------
 
 _PROFILE_N_STEPS = """

@@ -70,14 +70,9 @@ _SAMPLED = (
     "TransferFromDeviceTime",
     "TensorsGraphSize",
 )
-# A read of a metric copies its whole buffer (torch_xla keeps the last 1,024 samples: ~0.1 ms),
-# so during a run a metric is read only once about _READ_AT of its samples are new, a quarter of
-# the buffer: the counters that move with its samples are looked at every _HARVEST_EVERY syncs
-# and reads (four reads of the counters, ~2 us). Transfers have no such counter: they are read
-# at the pace their earlier reads found samples at, at least every _PACE_MAX looks.
-_HARVEST_EVERY = 16
-_READ_AT = 256
-_PACE_MAX = 16
+_HARVEST_EVERY = 48  # syncs and reads between two reads of the sample buffers
+# Counters that move whenever a metric gets a sample: a metric whose counters stayed put is
+# not read (a read copies its whole buffer). Transfers have no such counter: always read.
 _GATES = {
     "ExecuteTime": ("ExecuteComputation",),
     "ExecuteReplicatedTime": ("ExecuteReplicated",),
@@ -312,8 +307,7 @@ class Collector:
         self.inputs: deque = deque(maxlen=_MAX_EVENTS)  # (start, end)
         self.samples: dict[str, deque] = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
-        self._gate_values: dict[str, int] = {}  # the gate counters' sum at the last read
-        self._pace = {name: [0, 1] for name in _SAMPLED if name not in _GATES}  # looks: since, due
+        self._gate_values: dict[str, tuple] = {}
         self._base: dict[str, int] = {}  # samples each metric had when the run began
         self.lost_samples = False
         self.dropped_steps = 0
@@ -460,32 +454,23 @@ class Collector:
     def _harvest_if_free(self) -> None:
         if self._lock.acquire(blocking=False):
             try:
-                self._harvest(due_only=True)
+                self._harvest()
             finally:
                 self._lock.release()
 
-    def _harvest(self, *, due_only: bool = False) -> None:
-        """Read the runtime's sample buffers; keep what is new since the last read. With
-        `due_only` (the run's periodic look), only the metrics due a read (see _READ_AT)."""
+    def _harvest(self) -> None:
+        """Read the runtime's sample buffers; keep what is new since the last read."""
         self._until_harvest = _HARVEST_EVERY
         runtime = self._backend
         data, counter = runtime.counters.metric, runtime.counters.reader()
         for name in _SAMPLED:
-            gate, pace = _GATES.get(name), self._pace.get(name)
+            gate = _GATES.get(name)
             if gate is not None:
-                moved = sum(counter(c) or 0 for c in gate)
-                last = self._gate_values.get(name)
-                if moved == last or (due_only and last is not None and 0 < moved - last < _READ_AT):
+                moved = tuple(counter(c) for c in gate)
+                if moved == self._gate_values.get(name):
                     continue
                 self._gate_values[name] = moved
-            elif pace is not None:
-                pace[0] += 1
-                if due_only and pace[0] < pace[1]:
-                    continue
             got = data(name)
-            if pace is not None:  # looks until about _READ_AT more, at the rate just seen
-                fresh_n = 0 if got is None else got.count - self._seen[name][0]
-                pace[:] = [0, min(_PACE_MAX, max(1, pace[0] * _READ_AT // max(1, fresh_n)))]
             if got is None:
                 continue
             total, samples = got.count, got.samples
