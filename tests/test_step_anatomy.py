@@ -401,7 +401,11 @@ def test_a_run_longer_than_the_sample_buffers_keeps_every_step_sample():
     a = report.anatomy
     assert a.complete, a.summary()
     assert len(a.steps) == steps
-    assert all(s.executions == 1 and s.to_device > 0 for s in a.steps)
+    assert all(s.executions == 1 for s in a.steps)
+    # A copy is placed in the step whose window its time falls in: a loaded machine may shift
+    # a few by a step, never a buffer's worth (128).
+    copied = sum(1 for s in a.steps if s.to_device > 0)
+    assert copied >= steps - 16, copied
 
 
 # -- the profile itself in the notebook --------------------------------------------------------

@@ -70,9 +70,14 @@ _SAMPLED = (
     "TransferFromDeviceTime",
     "TensorsGraphSize",
 )
-_HARVEST_EVERY = 48  # syncs and reads between two reads of the sample buffers
-# Counters that move whenever a metric gets a sample: a metric whose counters stayed put is
-# not read (a read copies its whole buffer). Transfers have no such counter: always read.
+_HARVEST_EVERY = 48  # syncs and reads between two looks at the sample buffers
+# Counters that move whenever a metric gets a sample. A read copies the metric's whole buffer:
+# a metric whose counters stayed put is not read, nor one whose counters moved by less than
+# half what its buffer was seen to hold (tpu_nb asks torch_xla for 128 samples; torch's lazy
+# metrics, such as TensorsGraphSize, keep 1,024, a ~0.2 ms read). What moved by less than
+# half at one look is read at the next, before the buffer could wrap (as a read at every look
+# would, when more than a buffer's worth arrive between two). Transfers have no such counter:
+# read at every look.
 _GATES = {
     "ExecuteTime": ("ExecuteComputation",),
     "ExecuteReplicatedTime": ("ExecuteReplicated",),
@@ -308,6 +313,7 @@ class Collector:
         self.samples: dict[str, deque] = {name: deque(maxlen=_MAX_EVENTS) for name in _SAMPLED}
         self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
         self._gate_values: dict[str, tuple] = {}
+        self._held: dict[str, int] = {}  # samples each buffer held at its last read
         self._base: dict[str, int] = {}  # samples each metric had when the run began
         self.lost_samples = False
         self.dropped_steps = 0
@@ -454,21 +460,28 @@ class Collector:
     def _harvest_if_free(self) -> None:
         if self._lock.acquire(blocking=False):
             try:
-                self._harvest()
+                self._harvest(look=True)
             finally:
                 self._lock.release()
 
-    def _harvest(self) -> None:
-        """Read the runtime's sample buffers; keep what is new since the last read."""
+    def _harvest(self, *, look: bool = False) -> None:
+        """Read the runtime's sample buffers; keep what is new since the last read. `look`:
+        the run's look every _HARVEST_EVERY syncs, which leaves a buffer less than half new
+        for the next."""
         self._until_harvest = _HARVEST_EVERY
         runtime = self._backend
         data, counter = runtime.counters.metric, runtime.counters.reader()
         for name in _SAMPLED:
             gate = _GATES.get(name)
             if gate is not None:
-                moved = tuple(counter(c) for c in gate)
-                if moved == self._gate_values.get(name):
+                moved = tuple(counter(c) or 0 for c in gate)
+                last = self._gate_values.get(name)
+                if moved == last:
                     continue
+                if look and last is not None:
+                    new = sum(moved) - sum(last)  # negative: the counters were reset
+                    if 0 < new < self._held.get(name, 0) // 2:
+                        continue
                 self._gate_values[name] = moved
             got = data(name)
             if got is None:
@@ -488,6 +501,7 @@ class Collector:
                 (ts, ns * 1e-9, first + i) for i, (ts, ns) in enumerate(fresh)
             )
             self._seen[name] = (total, samples[-1][0] if samples else last_ts)
+            self._held[name] = len(samples)
 
     def _unhook(self) -> None:
         subscription, self._subscription = self._subscription, None
