@@ -224,13 +224,14 @@ class Recorder:
         self.force_capture: set[tuple[str, int]] = set()
         self._tried: set[tuple] = set()  # sites captured (or tried) in this run
         self._captured_here: dict[tuple, int] = {}
-        # Lines that compiled are watched: the shapes of the tensors the tracked code names
-        # (~2 us for a cell's 20 names) are compared at each of their syncs, and a change (a
-        # ragged last batch) captures the graph about to compile.
+        # Lines that compiled are watched: the shapes of the tensors the tracked code binds
+        # are compared at each of their syncs, and a change (a ragged last batch) captures the
+        # graph about to compile.
         self._compiled_at: dict[tuple[str, int], int] = {}
         self._shapes_at: dict[tuple[str, int], tuple] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
+        self._bound = tuple(sorted(names_bound(named)))
         # device loaders' iterators seen (their first sync is no step): the run's
         self.loaders: weakref.WeakSet = weakref.WeakSet()
         self.active = False
@@ -589,9 +590,7 @@ class Recorder:
     def _shapes_changed(self, root, key) -> bool:
         values: Any = frame_variables(root)
         shapes = tuple(
-            (v.shape, v.dtype)
-            for v in (values.get(n) for n in self._names)
-            if type(v) in _TENSOR_TYPES
+            (v.shape, v.dtype) for v in map(values.get, self._bound) if type(v) in _TENSOR_TYPES
         )
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
@@ -725,6 +724,26 @@ def names_in(codes) -> set[str]:
     for code in codes:
         names.update(code.co_names, code.co_varnames)
         names |= names_in(c for c in code.co_consts if hasattr(c, "co_names"))
+    return names
+
+
+_BINDS = frozenset(("STORE_NAME", "STORE_GLOBAL", "STORE_FAST", "STORE_DEREF"))
+_BINDS_OUTSIDE = frozenset(("STORE_GLOBAL", "STORE_DEREF"))
+
+
+def names_bound(codes, inner: bool = False) -> set[str]:
+    """Names a code object binds in the frame that runs it (assignments, loop targets,
+    imports), and those the functions it defines bind there (`global`, `nonlocal`). A shape
+    that changes between two syncs is a new tensor bound to one of them (a cell's batch);
+    the attribute names and the modules and functions it only reads are no tensors of its
+    own, and checking them made a cell's watched line cost ~20 us a sync."""
+    import dis
+
+    names: set[str] = set()
+    for code in codes:
+        binds = _BINDS_OUTSIDE if inner else _BINDS
+        names.update(i.argval for i in dis.get_instructions(code) if i.opname in binds)
+        names |= names_bound((c for c in code.co_consts if hasattr(c, "co_names")), True)
     return names
 
 
