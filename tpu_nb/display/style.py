@@ -165,6 +165,16 @@ def table(
     )
 
 
+def text_table(rows, *, indent: str = "", strip: bool = False) -> list[str]:
+    """The lines of a plain-text table: each column padded to its widest cell, two spaces
+    between columns, each line after `indent`; `strip` drops the trailing spaces."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    ]
+    return [line.rstrip() for line in lines] if strip else lines
+
+
 def span(text: str, colour: str, *, bold: bool = False) -> str:
     """Already-escaped `text` in a palette colour."""
     return f"<span style='color:{colour}{';font-weight:bold' if bold else ''}'>{text}</span>"
