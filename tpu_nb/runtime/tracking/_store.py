@@ -17,9 +17,9 @@ from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.metrics._counters import on_reset
 
 
-def add_graph(lines: dict, key, event: CompileEvent, identity=attrgetter("graph_hash")) -> bool:
-    """Add `event` to `lines[key]`, the compile events of the distinct graphs of one line,
-    unless one of them has the same graph (by `identity`): True when the graph was new."""
+def add_graph(lines: dict, key, event, identity=attrgetter("graph_hash")) -> bool:
+    """Add `event` (a compile event or graph record) to `lines[key]`, the distinct graphs of
+    one line, unless one there has the same graph (by `identity`): True when it was new."""
     graphs = lines.setdefault(key, [])
     if all(identity(event) != identity(g) for g in graphs):
         graphs.append(event)
