@@ -84,11 +84,8 @@ def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
         return _LEFT + (min(max(t, t0), t1) - t0) * scale
 
     def rect(lo: float, hi: float, y: int, kind: str, tip: str) -> str:
-        width = max(x(hi) - x(lo), 0.5)
-        return (
-            f"<rect x='{x(lo):.1f}' y='{y}' width='{width:.1f}' height='{_LANE}' "
-            f"style='fill:{COLOURS.get(kind, style.MUTED)}'><title>{escape(tip)}</title></rect>"
-        )
+        fill = COLOURS.get(kind, style.MUTED)
+        return style.timeline_span(x(lo), y, x(hi) - x(lo), _LANE, fill, tip)
 
     host_y, dev_y = 2, 2 + _LANE + _GAP
     parts = []
@@ -108,20 +105,8 @@ def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
             f"<line x1='{x(s.end):.1f}' x2='{x(s.end):.1f}' y1='0' "
             f"y2='{dev_y + _LANE + 2}' style='stroke:{style.FG};stroke-width:1'/>"
         )
-    height = dev_y + _LANE + 16
-    text = f"style='fill:{style.FG};font-size:10px;font-family:{style.MONO}'"
-    labels = (
-        f"<text x='0' y='{host_y + 12}' {text}>host</text>"
-        f"<text x='0' y='{dev_y + 12}' {text}>device</text>"
-        f"<text x='{_LEFT}' y='{height - 2}' {text}>0</text>"
-        f"<text x='{_WIDTH - 4}' y='{height - 2}' text-anchor='end' {text}>"
-        f"{escape(format_seconds(span))}</text>"
-    )
-    return (
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{_WIDTH}' height='{height}' "
-        f"viewBox='0 0 {_WIDTH} {height}' style='max-width:100%;display:block'>"
-        f"{labels}{''.join(parts)}</svg>"
-    )
+    lanes = [("host", host_y + 12), ("device", dev_y + 12)]
+    return style.timeline_svg(_WIDTH, dev_y + _LANE + 16, _LEFT, span, lanes, parts)
 
 
 KIND_WORDS = {"host": "", "sync": "sync", "input": "waiting for its iterator"}

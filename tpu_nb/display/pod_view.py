@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from html import escape
 
-from tpu_nb.display.style import MUTED, PRE, RED, WARN, root, span, table
+from tpu_nb.display.style import MUTED, PRE, RED, WARN, root, span, table, text_table
 from tpu_nb.runtime.parallel import HostResult, PodResult
 from tpu_nb.runtime.units import format_seconds
 
@@ -51,11 +51,7 @@ class PodView:
 
     def text(self) -> str:
         r = self.result
-        rows = [HEADER, *(_row(h) for h in r.hosts)]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-        out = [r.summary()]
-        for row in rows:
-            out.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        out = [r.summary(), *text_table([HEADER, *(_row(h) for h in r.hosts)], indent="  ")]
         for d in r.divergences:
             out.append(f"  DIVERGED: {d}")
             if d.line and (code := self._line_text(d.line)):

@@ -52,31 +52,15 @@ class TraceView:
         scale = (_WIDTH - _LEFT - 4) / span
         lanes = {name: i for i, name in enumerate(t.threads)}
         shown = sorted(t.events, key=lambda e: -e.duration)[:MAX_SPANS]
-        height = len(lanes) * (_LANE + 4) + 16
-        text = f"style='fill:{style.FG};font-size:10px;font-family:{style.MONO}'"
-        parts = [
-            f"<text x='0' y='{i * (_LANE + 4) + 11}' {text}>{escape(name[:24])}</text>"
-            for name, i in lanes.items()
-        ]
+        spans = []
         for e in sorted(shown, key=lambda e: e.start):
-            y = lanes[e.thread] * (_LANE + 4)
-            width = max(e.duration * scale, 0.5)
-            parts.append(
-                f"<rect x='{_LEFT + e.start * scale:.1f}' y='{y}' width='{width:.1f}' "
-                f"height='{_LANE}' style='fill:{_colour(e.name)};fill-opacity:0.45'>"
-                f"<title>{escape(e.name)}: {escape(format_seconds(e.duration))}</title></rect>"
-            )
-        parts.append(
-            f"<text x='{_LEFT}' y='{height - 2}' {text}>0</text>"
-            f"<text x='{_WIDTH - 4}' y='{height - 2}' text-anchor='end' {text}>"
-            f"{escape(format_seconds(span))}</text>"
-        )
-        return (
-            f"<svg xmlns='http://www.w3.org/2000/svg' width='{_WIDTH}' height='{height}' "
-            f"viewBox='0 0 {_WIDTH} {height}' style='max-width:100%;display:block'>"
-            + "".join(parts)
-            + "</svg>"
-        )
+            fill = f"{_colour(e.name)};fill-opacity:0.45"
+            tip = f"{e.name}: {format_seconds(e.duration)}"
+            x, y = _LEFT + e.start * scale, lanes[e.thread] * (_LANE + 4)
+            spans.append(style.timeline_span(x, y, e.duration * scale, _LANE, fill, tip))
+        labels = [(name[:24], i * (_LANE + 4) + 11) for name, i in lanes.items()]
+        height = len(lanes) * (_LANE + 4) + 16
+        return style.timeline_svg(_WIDTH, height, _LEFT, span, labels, spans)
 
     def _repr_html_(self) -> str:
         t = self.trace

@@ -26,6 +26,7 @@ from tpu_nb.display.style import (
     root,
     span,
     table,
+    text_table,
 )
 from tpu_nb.runtime.environment import Environment
 from tpu_nb.runtime.metrics import DeviceTiming, MetricsDelta, MetricsSnapshot
@@ -708,12 +709,7 @@ class CellsView:
         return out
 
     def __repr__(self) -> str:
-        rows = [self.HEADER] + self.rows()
-        widths = [max(len(r[i]) for r in rows) for i in range(len(self.HEADER) - 1)] + [0]
-        lines = [
-            "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows
-        ]
+        lines = text_table([self.HEADER, *self.rows()], strip=True)
         if not self.history:
             lines.append("no cell did XLA work yet")
         return "\n".join(lines)

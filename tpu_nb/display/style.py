@@ -23,6 +23,8 @@ from __future__ import annotations
 import html
 import re
 
+from tpu_nb.runtime.units import format_seconds
+
 # name -> (light, dark). Contrast checked against #fff / #111-#2b2b2b respectively.
 PALETTE = {
     "fg": ("#1f1f1f", "#e8e8e8"),
@@ -162,6 +164,42 @@ def table(
         f"<table style='{TABLE}'>{head}"
         + "".join(row(r, "td", extra) for r, extra in zip(rows, extras, strict=True))
         + "</table>"
+    )
+
+
+def text_table(rows, *, indent: str = "", strip: bool = False) -> list[str]:
+    """The lines of a plain-text table: each column padded to its widest cell, two spaces
+    between columns, each line after `indent`; `strip` drops the trailing spaces."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    ]
+    return [line.rstrip() for line in lines] if strip else lines
+
+
+def timeline_span(x: float, y: int, width: float, height: int, fill: str, tip: str) -> str:
+    """One span of a timeline: a bar at least half a pixel wide, filled with `fill` (CSS: a
+    colour, and an opacity if wanted), with `tip` as its tooltip."""
+    return (
+        f"<rect x='{x:.1f}' y='{y}' width='{max(width, 0.5):.1f}' height='{height}' "
+        f"style='fill:{fill}'><title>{html.escape(tip)}</title></rect>"
+    )
+
+
+def timeline_svg(width: int, height: int, left: int, seconds: float, lanes, spans) -> str:
+    """A timeline in inline SVG: each lane's label (name, baseline y) at the left edge, the
+    already-built SVG elements `spans`, then a time axis from 0 at x=`left` to `seconds`."""
+    text = f"style='fill:{FG};font-size:10px;font-family:{MONO}'"
+    labels = [f"<text x='0' y='{y}' {text}>{html.escape(name)}</text>" for name, y in lanes]
+    axis = (
+        f"<text x='{left}' y='{height - 2}' {text}>0</text>"
+        f"<text x='{width - 4}' y='{height - 2}' text-anchor='end' {text}>"
+        f"{html.escape(format_seconds(seconds))}</text>"
+    )
+    return (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}' style='max-width:100%;display:block'>"
+        f"{''.join(labels + spans)}{axis}</svg>"
     )
 
 

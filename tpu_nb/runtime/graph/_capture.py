@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -69,7 +70,9 @@ def xla_tensors(objects: Sequence[Any]) -> list:
                 )
             found.setdefault(id(obj), obj)
         elif _is_container(obj, torch):
-            for t in _walk(obj, torch):
+            # any depth and size: the caller named these objects (-1 levels: no limit)
+            walk = walk_limited(obj, torch, -1, set(), [sys.maxsize], grads=False)
+            for t in walk:
                 found.setdefault(id(t), t)
         else:
             raise TpuNbUsageError(
@@ -99,17 +102,6 @@ def _children(obj: Any, torch) -> Iterable[Any]:
     if isinstance(obj, torch.optim.Optimizer):
         return [g["params"] for g in obj.param_groups] + list(obj.state.values())
     return obj.values() if isinstance(obj, dict) else obj
-
-
-def _walk(obj: Any, torch) -> Iterator:
-    """XLA tensors inside containers, modules and optimizers. Tensors elsewhere (e.g.
-    AdamW's CPU step counters) are skipped."""
-    if isinstance(obj, torch.Tensor):
-        if obj.device.type == _DEVICE_TYPE:
-            yield obj
-    elif _is_container(obj, torch):
-        for child in _children(obj, torch):
-            yield from _walk(child, torch)
 
 
 def is_pending(tensor: Any) -> bool:
@@ -152,15 +144,19 @@ def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> 
     return graph(*found.values(), hlo=hlo) if found else None
 
 
-def walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterator:
-    """Like _walk, for arbitrary namespaces: bounded depth and item count, cycle-safe."""
+def walk_limited(
+    obj: Any, torch, depth: int, seen: set, budget: list, *, grads: bool = True
+) -> Iterator:
+    """XLA tensors inside containers, modules and optimizers, and with `grads` their
+    gradients: at most `depth` levels deep and `budget[0]` objects, each container once.
+    Tensors elsewhere (e.g. AdamW's CPU step counters) are skipped."""
     budget[0] -= 1
     if budget[0] < 0 or id(obj) in seen:
         return
     if isinstance(obj, torch.Tensor):
         if obj.device.type == _DEVICE_TYPE:
             yield obj
-            grad = obj.grad if obj.is_leaf and obj.requires_grad else None
+            grad = obj.grad if grads and obj.is_leaf and obj.requires_grad else None
             if grad is not None:  # a backward's gradients: pending until a sync runs them
                 yield grad
         return
@@ -169,7 +165,7 @@ def walk_limited(obj: Any, torch, depth: int, seen: set, budget: list) -> Iterat
     seen.add(id(obj))
     # no copy of a big container: at most what the budget still allows is looked at
     for child in itertools.islice(_children(obj, torch), max(budget[0], 0) + 1):
-        yield from walk_limited(child, torch, depth - 1, seen, budget)
+        yield from walk_limited(child, torch, depth - 1, seen, budget, grads=grads)
 
 
 @contextmanager

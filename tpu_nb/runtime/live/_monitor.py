@@ -69,6 +69,7 @@ from tpu_nb.runtime.tracking._dynamo import (
     guard_facts,
     inputs_sync,
 )
+from tpu_nb.runtime.tracking._store import add_graph
 from tpu_nb.runtime.units import percentile
 
 log = logging.getLogger("tpu_nb")
@@ -682,15 +683,13 @@ class LiveMonitor:
         if frame is None or not event.graph_hash or inputs_sync(event):
             return
         site = (frame.file, frame.line)
-        graphs = self._lines.setdefault(site, [])
-        if all(frame_graph(event) != frame_graph(e) for e in graphs):
-            graphs.append(event)
+        if add_graph(self._lines, site, event, frame_graph):
             self._new_graph_at[site] = self._syncs_now
             # Armed one graph before the alert, so that the graph which raises it is usually
             # captured with the one before (a training loop's warm-up pair stays unprobed).
             # Each later graph arms it again: the alert's diff follows the latest graphs.
             if (
-                len(graphs) >= self.alert_graphs
+                len(self._lines[site]) >= self.alert_graphs
                 and self._probe is not None
                 and event.kind == "sync"
             ):

@@ -11,6 +11,7 @@ from typing import Any
 from tpu_nb.runtime.metrics import MetricsDelta
 from tpu_nb.runtime.parallel._results import ReplicaCrash, ReplicaError, quantile
 from tpu_nb.runtime.tracking import graph_facts
+from tpu_nb.runtime.tracking._store import add_graph
 from tpu_nb.runtime.units import format_seconds
 
 # A host is the straggler when its median step is this much slower than the other hosts'
@@ -182,11 +183,8 @@ def graph_divergences(hosts: tuple[HostResult, ...], *, live: bool = False) -> l
     by_line: dict[int, dict[int, list[GraphRecord]]] = {}
     for h in known:
         for g in h.graphs:
-            if g.line <= 0:
-                continue
-            seen = by_line.setdefault(g.line, {}).setdefault(h.host, [])
-            if all(g.graph_hash != other.graph_hash for other in seen):
-                seen.append(g)
+            if g.line > 0:
+                add_graph(by_line.setdefault(g.line, {}), h.host, g)
     out = []
     for line in sorted(by_line):
         per_host = {h.host: by_line[line].get(h.host, []) for h in known}

@@ -35,7 +35,7 @@ from tpu_nb.runtime.probe import Subscription, own_sync, probe
 from tpu_nb.runtime.sources import caller, cut_at_user_code, innermost_frame, user_frame
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
-from tpu_nb.runtime.tracking._store import store
+from tpu_nb.runtime.tracking._store import add_graph, store
 from tpu_nb.runtime.units import format_place
 
 _MARK = "Maximum number of different graphs allowed per function exceeded"
@@ -197,11 +197,9 @@ class max_graphs:
             if where is None or dynamo.inputs_sync(event):  # not the function's own graph
                 continue
             key = (where.file, where.line)
-            graphs = self._graphs.setdefault(key, [])
-            if all(g.graph_hash != event.graph_hash for g in graphs):
-                graphs.append(event)
-            if len(graphs) > self.limit:
-                raise RecompilationError.at_line(self.limit, where, graphs)
+            add_graph(self._graphs, key, event)
+            if len(self._graphs[key]) > self.limit:
+                raise RecompilationError.at_line(self.limit, where, self._graphs[key])
 
     def _check_run(self) -> None:
         # The run's compiles, placed as its report places them: per line (policy.line_key),
@@ -215,9 +213,7 @@ class max_graphs:
             own = (event.site is not None and event.site.own) or event.trigger == "end"
             if key is None or own or dynamo.inputs_sync(event):
                 continue
-            line = graphs.setdefault(key, [])
-            if all(g.graph_hash != event.graph_hash for g in line):
-                line.append(event)
+            add_graph(graphs, key, event)
         for key, line in graphs.items():
             if len(line) >= self.limit - 1:  # capture the last allowed graph and the next
                 if self._recorder is not None:

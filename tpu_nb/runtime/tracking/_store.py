@@ -10,10 +10,21 @@ counters. Every table keeps its most recently used entries.
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import attrgetter
 from typing import Any
 
 from tpu_nb.runtime.metrics._compile_log import CompileEvent
 from tpu_nb.runtime.metrics._counters import on_reset
+
+
+def add_graph(lines: dict, key, event, identity=attrgetter("graph_hash")) -> bool:
+    """Add `event` (a compile event or graph record) to `lines[key]`, the distinct graphs of
+    one line, unless one there has the same graph (by `identity`): True when it was new."""
+    graphs = lines.setdefault(key, [])
+    if all(identity(event) != identity(g) for g in graphs):
+        graphs.append(event)
+        return True
+    return False
 
 
 def _keep(table: OrderedDict, key, value, limit: int) -> None:
@@ -88,12 +99,11 @@ class GraphStore:
             key = _history_key(event)
             if key is None or not event.graph_hash:
                 continue
-            graphs = self.line_events.setdefault(key, [])
+            new = add_graph(self.line_events, key, event)
             self.line_events.move_to_end(key)
-            if all(event.graph_hash != g.graph_hash for g in graphs):
-                graphs.append(event)
-                if len(graphs) > 32:  # keep the first two and the latest
-                    del graphs[2]
+            graphs = self.line_events[key]
+            if new and len(graphs) > 32:  # keep the first two and the latest
+                del graphs[2]
             while len(self.line_events) > 256:
                 self.line_events.popitem(last=False)
             if len(graphs) > 1:
