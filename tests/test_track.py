@@ -331,3 +331,41 @@ def test_a_fallback_autograd_runs_inside_backward_is_placed_on_the_backward_line
     assert placed.line == line_of("# the backward line", step) and placed.count == 3
     assert placed.what.startswith("the backward of F.interpolate ran on the CPU")
     assert "repeat_interleave" in placed.hint
+
+
+def test_the_shape_watch_looks_at_every_name_a_cell_binds_and_only_those():
+    """A new shape reaches a graph through a name the tracked code binds: every way a cell
+    binds one is watched, and what it only reads (modules, attributes, builtins) is not."""
+    from tpu_nb.runtime.tracking._provenance import names_bound
+
+    cell = compile(
+        """
+import torch as T
+from torch.nn import functional as F
+for step, (x, (y, z)) in enumerate(loader):
+    x, y = x.to(dev), y.to(dev)
+    loss = F.cross_entropy(model(x), y)
+    total += loss
+    with T.no_grad() as guard:
+        if (w := x.sum()) > 0:
+            pass
+def refill():
+    global batch
+    batch, local = next(it), 1
+lst = [k for k in range(3)]
+""",
+        "<cell>",
+        "exec",
+    )
+    bound = names_bound([cell])
+    assert {"T", "F", "step", "x", "y", "z", "loss", "total", "guard", "w"} <= bound
+    assert {"refill", "batch", "lst"} <= bound
+    assert not bound & {"loader", "dev", "model", "enumerate", "cross_entropy", "to", "local"}
+
+    def helper(a):
+        b, c = a  # one instruction for both names on Python 3.13
+        for d in b:
+            e = d
+        return c, e
+
+    assert names_bound([helper.__code__]) == {"b", "c", "d", "e"}

@@ -740,9 +740,15 @@ def names_bound(codes, inner: bool = False) -> set[str]:
     import dis
 
     names: set[str] = set()
+    binds = _BINDS_OUTSIDE if inner else _BINDS
     for code in codes:
-        binds = _BINDS_OUTSIDE if inner else _BINDS
-        names.update(i.argval for i in dis.get_instructions(code) if i.opname in binds)
+        for op in dis.get_instructions(code):
+            if op.opname in binds:
+                names.add(op.argval)
+            elif op.opname == "STORE_FAST_STORE_FAST" and not inner:  # 3.13: `a, b = ...`
+                names.update(op.argval)
+            elif op.opname == "STORE_FAST_LOAD_FAST" and not inner:  # 3.13: (stored, read)
+                names.add(op.argval[0])
         names |= names_bound((c for c in code.co_consts if hasattr(c, "co_names")), True)
     return names
 
