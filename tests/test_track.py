@@ -336,7 +336,7 @@ def test_a_fallback_autograd_runs_inside_backward_is_placed_on_the_backward_line
 def test_the_shape_watch_looks_at_every_name_a_cell_binds_and_only_those():
     """A new shape reaches a graph through a name the tracked code binds: every way a cell
     binds one is watched, and what it only reads (modules, attributes, builtins) is not."""
-    from tpu_nb.runtime.tracking._provenance import names_bound
+    from tpu_nb.runtime.tracking._provenance import names_bound, names_watched
 
     cell = compile(
         """
@@ -361,6 +361,12 @@ lst = [k for k in range(3)]
     assert {"T", "F", "step", "x", "y", "z", "loss", "total", "guard", "w"} <= bound
     assert {"refill", "batch", "lst"} <= bound
     assert not bound & {"loader", "dev", "model", "enumerate", "cross_entropy", "to", "local"}
+    # what it reads is watched too, but for modules, functions and classes: a batch a helper
+    # of an earlier cell assigns with `global` is the cell's tensor all the same
+    namespace = {"loader": [], "dev": "xla", "model": torch.nn.Linear(2, 2), "T": torch}
+    watched = names_watched([cell], namespace)
+    assert {"loader", "dev", "model", "step", "x"} <= set(watched)
+    assert not set(watched) & {"enumerate", "range", "next", "cross_entropy", "to", "local"}
 
     def helper(a):
         b, c = a  # one instruction for both names on Python 3.13
@@ -368,4 +374,4 @@ lst = [k for k in range(3)]
             e = d
         return c, e
 
-    assert names_bound([helper.__code__]) == {"b", "c", "d", "e"}
+    assert names_bound([helper.__code__]) == {"a", "b", "c", "d", "e"}

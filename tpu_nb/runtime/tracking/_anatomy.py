@@ -71,13 +71,13 @@ _SAMPLED = (
     "TensorsGraphSize",
 )
 _HARVEST_EVERY = 48  # syncs and reads between two looks at the sample buffers
-# Counters that move whenever a metric gets a sample. A read copies the metric's whole buffer:
-# a metric whose counters stayed put is not read, nor one whose counters moved by less than
-# half what its buffer was seen to hold (tpu_nb asks torch_xla for 128 samples; torch's lazy
-# metrics, such as TensorsGraphSize, keep 1,024, a ~0.2 ms read). What moved by less than
-# half at one look is read at the next, before the buffer could wrap (as a read at every look
-# would, when more than a buffer's worth arrive between two). Transfers have no such counter:
-# read at every look.
+# Counters that move whenever a metric gets a sample. A read copies the metric's whole buffer
+# (tpu_nb asks torch_xla for 128 samples; torch's lazy metrics, such as TensorsGraphSize, keep
+# 1,024: a ~0.2 ms read). A metric whose counters stayed put is not read, nor one whose buffer
+# would still hold what is new if the next look brought as many samples as the most any look
+# has brought so far; a burst larger than any before can overwrite samples, as one larger than
+# the buffer could when every look read (the anatomy is then marked incomplete). Transfers
+# have no such counter: read at every look.
 _GATES = {
     "ExecuteTime": ("ExecuteComputation",),
     "ExecuteReplicatedTime": ("ExecuteReplicated",),
@@ -314,6 +314,8 @@ class Collector:
         self._seen = {name: (0, 0.0) for name in _SAMPLED}  # total samples, last timestamp
         self._gate_values: dict[str, tuple] = {}
         self._held: dict[str, int] = {}  # samples each buffer held at its last read
+        self._looked: dict[str, tuple[int, int]] = {}  # counters' sum at the last look, most
+        # they moved between two looks
         self._base: dict[str, int] = {}  # samples each metric had when the run began
         self.lost_samples = False
         self.dropped_steps = 0
@@ -466,8 +468,8 @@ class Collector:
 
     def _harvest(self, *, look: bool = False) -> None:
         """Read the runtime's sample buffers; keep what is new since the last read. `look`:
-        the run's look every _HARVEST_EVERY syncs, which leaves a buffer less than half new
-        for the next."""
+        the run's look every _HARVEST_EVERY syncs, which leaves a buffer to the next look
+        while it can hold what that look may bring (see _GATES)."""
         self._until_harvest = _HARVEST_EVERY
         runtime = self._backend
         data, counter = runtime.counters.metric, runtime.counters.reader()
@@ -479,8 +481,12 @@ class Collector:
                 if moved == last:
                     continue
                 if look and last is not None:
-                    new = sum(moved) - sum(last)  # negative: the counters were reset
-                    if 0 < new < self._held.get(name, 0) // 2:
+                    now = sum(moved)
+                    before, most = self._looked.get(name, (sum(last), 0))
+                    most = max(most, now - before)
+                    self._looked[name] = (now, most)
+                    new = now - sum(last)  # negative: the counters were reset
+                    if new > 0 and new + most < self._held.get(name, 0):
                         continue
                 self._gate_values[name] = moved
             got = data(name)
@@ -502,6 +508,8 @@ class Collector:
             )
             self._seen[name] = (total, samples[-1][0] if samples else last_ts)
             self._held[name] = len(samples)
+            if name in self._looked:
+                self._looked[name] = (sum(self._gate_values[name]), self._looked[name][1])
 
     def _unhook(self) -> None:
         subscription, self._subscription = self._subscription, None

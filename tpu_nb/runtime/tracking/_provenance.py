@@ -35,6 +35,8 @@ compile at their site also by a time budget).
 
 from __future__ import annotations
 
+import builtins
+import dis
 import logging
 import threading
 import time
@@ -231,7 +233,8 @@ class Recorder:
         self._shapes_at: dict[tuple[str, int], tuple] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
-        self._bound = tuple(sorted(names_bound(named)))
+        self._named = named
+        self._watched: tuple[str, ...] | None = None  # names_watched, at the first compare
         # device loaders' iterators seen (their first sync is no step): the run's
         self.loaders: weakref.WeakSet = weakref.WeakSet()
         self.active = False
@@ -589,8 +592,11 @@ class Recorder:
 
     def _shapes_changed(self, root, key) -> bool:
         values: Any = frame_variables(root)
+        watched = self._watched
+        if watched is None:
+            watched = self._watched = names_watched(self._named, values)
         shapes = tuple(
-            (v.shape, v.dtype) for v in map(values.get, self._bound) if type(v) in _TENSOR_TYPES
+            (v.shape, v.dtype) for v in map(values.get, watched) if type(v) in _TENSOR_TYPES
         )
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
@@ -727,30 +733,50 @@ def names_in(codes) -> set[str]:
     return names
 
 
-_BINDS = frozenset(("STORE_NAME", "STORE_GLOBAL", "STORE_FAST", "STORE_DEREF"))
-_BINDS_OUTSIDE = frozenset(("STORE_GLOBAL", "STORE_DEREF"))
+_BINDS = frozenset(("STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"))
+_CO_OPTIMIZED = 0x0001  # a function's code: its variables are its locals
+
+
+def names_watched(codes, namespace: dict) -> tuple[str, ...]:
+    """The names whose tensors' shapes the tracked code's watched lines compare: those it
+    binds (see `names_bound`), and those it reads as a whole name (not an attribute) that
+    are not bound to a module, function or class in `namespace` (a batch a helper of an
+    earlier cell assigns with `global`). Attribute names and the modules and functions a
+    cell reads are most of its names, none a tensor: comparing them all cost ~20 us a sync."""
+    read = _names_read([c for c in codes if not c.co_flags & _CO_OPTIMIZED])
+    kept = {n for n in read if not isinstance(_value_of(n, namespace), _NOT_TENSORS)}
+    return tuple(sorted(names_bound(codes) | kept))
+
+
+def _value_of(name: str, namespace: dict) -> Any:
+    return namespace[name] if name in namespace else getattr(builtins, name, None)
+
+
+def _names_read(codes) -> set[str]:
+    """Whole names (globals) the code objects, and the functions they define, read."""
+    names: set[str] = set()
+    for code in codes:
+        names.update(op.argval for op in dis.get_instructions(code) if op.opname in _READS)
+        names |= _names_read([c for c in code.co_consts if hasattr(c, "co_names")])
+    return names
 
 
 def names_bound(codes, inner: bool = False) -> set[str]:
     """Names a code object binds in the frame that runs it (assignments, loop targets,
-    imports), and those the functions it defines bind there (`global`, `nonlocal`). A shape
-    that changes between two syncs is a new tensor bound to one of them (a cell's batch);
-    the attribute names and the modules and functions it only reads are no tensors of its
-    own, and checking them made a cell's watched line cost ~20 us a sync."""
-    import dis
-
+    imports; a function's every local), and those the functions it defines bind there
+    (`global`, and the closure cells they share)."""
     names: set[str] = set()
-    binds = _BINDS_OUTSIDE if inner else _BINDS
     for code in codes:
-        for op in dis.get_instructions(code):
-            if op.opname in binds:
-                names.add(op.argval)
-            elif op.opname == "STORE_FAST_STORE_FAST" and not inner:  # 3.13: `a, b = ...`
-                names.update(op.argval)
-            elif op.opname == "STORE_FAST_LOAD_FAST" and not inner:  # 3.13: (stored, read)
-                names.add(op.argval[0])
+        if code.co_flags & _CO_OPTIMIZED and not inner:
+            names.update(code.co_varnames, code.co_cellvars)
+        binds = ("STORE_GLOBAL", "STORE_DEREF") if inner else _BINDS
+        names.update(op.argval for op in dis.get_instructions(code) if op.opname in binds)
         names |= names_bound((c for c in code.co_consts if hasattr(c, "co_names")), True)
     return names
+
+
+_READS = frozenset(("LOAD_NAME", "LOAD_GLOBAL"))
+_NOT_TENSORS = (type(logging), type(names_bound), type(len), type)
 
 
 def _frame(frame) -> Frame:
