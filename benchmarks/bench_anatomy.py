@@ -1,8 +1,8 @@
-"""What the step anatomy costs (issue 14), measured side by side in one run.
+"""What the step anatomy costs, measured side by side in one run.
 
 While a run is tracked, tpu_nb.runtime.tracking._anatomy.Collector records three timestamps per
 sync and per value read and times the data loaders' __next__ (events of the probe,
-runtime/probe.py), reads the runtime's sample buffers every 48 syncs and reads, and builds
+runtime/probe.py), looks at the runtime's sample buffers every 48 syncs and reads, and builds
 the per-step records when the run ends. Target: <= 1 % of a ~1 ms step, <= 10 us per sync.
 
 1. a ~1.3 ms MLP training step inside track(): the recorder alone (anatomy unhooked right

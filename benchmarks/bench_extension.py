@@ -1,4 +1,4 @@
-"""The extension's costs (issue "IPython extension"), measured side by side in one run.
+"""The extension's costs, measured side by side in one run.
 
 1. %%on_tpu around a 300-step MLP training loop against the same loop in a plain cell (and in
    a plain cell under `with torch.device(dev)`, the TorchFunctionMode %%on_tpu avoids),

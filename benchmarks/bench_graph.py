@@ -1,4 +1,4 @@
-"""Graph viewer layout + SVG time and edge crossings, side by side with Graphviz dot (issue 5).
+"""Graph viewer layout + SVG time and edge crossings, side by side with Graphviz dot.
 
 On the same graphs, in one run:
   - a 2-layer MLP training step and a transformer-block training step (real IR graphs traced

@@ -1,4 +1,4 @@
-"""Multi-device launch costs (issue "Multi-device runs"), measured side by side in one run.
+"""Multi-device launch costs, measured side by side in one run.
 
 1. Time to the first replica's output: `%%on_tpu --replicas all` in a real kernel, fork path
    (the kernel has not used XLA) and worker path (it has), against a bare
@@ -167,7 +167,7 @@ FIRST_USE = textwrap.dedent("""
 
 def bench_first_use(rounds: int = 6) -> tuple[float, float]:
     """A whole fork-path launch with the replicas' first counter use made by one thread
-    (issue 13, item 10) and without it (what torch_xla alone does)."""
+    and without it (what torch_xla alone does)."""
     out = subprocess.run(
         [sys.executable, "-c", FIRST_USE, str(rounds)],
         capture_output=True,

@@ -1,4 +1,4 @@
-"""What recording provenance costs (issue 10), measured side by side in one run.
+"""What recording provenance costs, measured side by side in one run.
 
 While a tracked run is active, `tpu_nb.track()` runs a provenance.Recorder, a subscriber of the
 probe (runtime/probe.py) that wraps torch_xla.sync, the Tensor read methods and

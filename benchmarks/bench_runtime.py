@@ -1,4 +1,4 @@
-"""Runtime library costs (issue "Foundation"), measured side by side in one run.
+"""Runtime library costs, measured side by side in one run.
 
 1. snapshot() + since() against the raw _XLAC reads of every counter and metric they wrap.
 2. track() around every step of a ~1.3 ms MLP training step, interleaved with the bare loop.

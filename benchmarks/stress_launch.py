@@ -1,4 +1,4 @@
-"""Stress test for `launch()` (issue 13, item 10): many replica launches, every failure counted.
+"""Stress test for `launch()`: many replica launches, every failure counted.
 
 Not part of `make bench` or the test suite (it takes minutes). Each launch runs 4 XLA:CPU
 replicas that do their first XLA work at the same moment — where torch_xla 2.9's first use of

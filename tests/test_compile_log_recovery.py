@@ -1,5 +1,5 @@
-"""The compile log deleted, replaced, truncated or unwritable, and bounded (issue 13, items
-2-3): reports never show another run's events, and say when causes are unknown.
+"""The compile log deleted, replaced, truncated or unwritable, and bounded: reports never show
+another run's events, and say when causes are unknown.
 
 torch_xla writes the log of the process it runs in, latched at the first compile: every
 scenario with real compiles runs in a fresh process.

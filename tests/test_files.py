@@ -1,5 +1,5 @@
 """Files tpu_nb leaves in the temp directory: private to the user, safe from a second local
-user, removed when done (issue 13, items 1-2).
+user, removed when done.
 
 The attacks run as a real second uid (created with useradd, commands run through setpriv), in a
 sticky world-writable directory standing in for /tmp (TMPDIR), so nothing here touches the

@@ -1,4 +1,4 @@
-"""launch() leaves nothing behind and explains what it refuses (issue 13, items 2, 5, 10).
+"""launch() leaves nothing behind and explains what it refuses.
 
 Each scenario runs in a fresh process with its own TMPDIR, so the run directories counted are
 this test's alone (other kernels on the machine launch too).

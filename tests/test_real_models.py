@@ -1,4 +1,4 @@
-"""Real models no one here wrote, under `%%on_tpu` (issue 10, "truthful on real code").
+"""Real models no one here wrote, under `%%on_tpu`: truthful on real code.
 
 Hugging Face GPT-2 and BERT built from small configs, torchvision's resnet18, the classic
 Kaggle/Colab torch_xla loop (xm.mark_step, ParallelLoader, MpDeviceLoader), synthetic data,

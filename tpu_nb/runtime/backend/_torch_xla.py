@@ -200,7 +200,7 @@ class _Counters(Counters):
         if data is None:
             return None
         # torch_xla hands out a tuple of (timestamp, value) float pairs: kept as they are (the
-        # step anatomy reads the buffers every 48 syncs)
+        # step anatomy reads the buffers during a run)
         samples = data[2] if type(data[2]) is tuple else tuple(map(tuple, data[2]))
         return MetricSamples(int(data[0]), float(data[1]), samples)
 
