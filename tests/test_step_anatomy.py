@@ -401,11 +401,13 @@ def test_a_run_longer_than_the_sample_buffers_keeps_every_step_sample():
     a = report.anatomy
     assert a.complete, a.summary()
     assert len(a.steps) == steps
-    assert all(s.executions == 1 for s in a.steps)
-    # A copy is placed in the step whose window its time falls in: a loaded machine may shift
-    # a few by a step, never a buffer's worth (128).
+    # An execution or a copy is placed in the step whose window its time falls in: on a
+    # loaded machine (or with work other code left to the device) a few land a step off;
+    # samples overwritten before a read would leave a buffer's worth (128) of steps without.
+    ran = sum(1 for s in a.steps if s.executions >= 1)
     copied = sum(1 for s in a.steps if s.to_device > 0)
-    assert copied >= steps - 16, copied
+    assert ran >= steps - 16 and copied >= steps - 16, (ran, copied)
+    assert sum(s.executions for s in a.steps) >= steps
 
 
 # -- the profile itself in the notebook --------------------------------------------------------
