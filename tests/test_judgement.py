@@ -101,7 +101,7 @@ def test_host_lines_under_a_verdict_are_the_steady_steps_lines(cell):
         """
 import time
 def prepare(batch):
-    time.sleep(0.015)  # host work the loop does each step (dominant under load)
+    time.sleep(0.03)  # host work the loop does each step (dominant, even under load)
     return batch
 model = make_mlp(49); opt = torch.optim.AdamW(model.parameters())
 x = torch.randn(32, 49); y = torch.randint(0, 10, (32,))

@@ -402,11 +402,11 @@ def test_a_run_longer_than_the_sample_buffers_keeps_every_step_sample():
     assert a.complete, a.summary()
     assert len(a.steps) == steps
     # An execution or a copy is placed in the step whose window its time falls in: on a
-    # loaded machine (or with work other code left to the device) a few land a step off;
-    # samples overwritten before a read would leave a buffer's worth (128) of steps without.
+    # loaded machine some land a step off (20 of 2,500 in one CI run); samples overwritten
+    # before a read leave a buffer's worth (128) of steps without, at every read.
     ran = sum(1 for s in a.steps if s.executions >= 1)
     copied = sum(1 for s in a.steps if s.to_device > 0)
-    assert ran >= steps - 16 and copied >= steps - 16, (ran, copied)
+    assert ran >= 0.95 * steps and copied >= 0.95 * steps, (ran, copied)
     assert sum(s.executions for s in a.steps) >= steps
 
 
