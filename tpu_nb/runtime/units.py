@@ -2,6 +2,7 @@
 dashboard, graphs, errors).
 
     format_seconds(0.000054) -> "54.0 µs";  0.4266 -> "427 ms";  1.1 -> "1.10 s"
+    format_seconds(3.2e-12) -> "3.20 ps" (a toy step's roofline time on a TPU)
     format_place("In [3]", 7) -> "In [3], line 7";  format_place("train.py", 7) -> "train.py:7"
 
 and the one percentile the step figures (median, p90) are computed with.
@@ -12,11 +13,13 @@ past that). tools/nbval-sanitize.cfg masks exactly this shape: a number, a space
 
 from __future__ import annotations
 
-_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+# Down to picoseconds: a toy step's roofline time on a TPU is well under a nanosecond, and
+# "0.000 µs" would read as free.
+_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"), (1e-12, "ps"))
 
 
 def format_seconds(seconds: float | None) -> str:
-    """A duration in s, ms or µs with three significant digits; "-" when unknown."""
+    """A duration in s, ms, µs, ns or ps with three significant digits; "-" when unknown."""
     if seconds is None:
         return "-"
     if seconds <= 0:
@@ -25,7 +28,7 @@ def format_seconds(seconds: float | None) -> str:
         return f"{seconds:.0f} s"
     for scale, unit in _UNITS:
         value = seconds / scale
-        if value >= 1 or unit == "µs":
+        if value >= 1 or unit == "ps":
             text = _three_digits(value)
             if text == "1000" and unit != "s":  # 999.7 ms rounds up to the next unit
                 return "1.00 " + _UNITS[_UNITS.index((scale, unit)) - 1][1]
