@@ -158,8 +158,6 @@ class CompileAnchor:
     site: Site
     log_end: int
     compiles: int
-    order: int
-    graph: Any = None  # the pending graph captured just before it (a runtime Graph)
     step: int = 0  # syncs the run had made before it
     call: int = 0  # calls (syncs and reads) its site had made before it
 
@@ -176,10 +174,8 @@ class Recording:
     # the steps: torch_xla.sync calls the tracked thread made, less those that ran nothing,
     # a library's logging syncs inside a step and a loader's before its first batch
     syncs: int = 0
-    # (file, line) of the tracked code -> syncs and device reads it made (the steps a line
-    # took part in: whether it compiled again after its last compile)
-    line_calls: dict[tuple[str, int], int] = field(default_factory=dict)
-    # Site.key -> the syncs and device reads made there (a line's calls, per site below it)
+    # Site.key -> the syncs and device reads made there (a line's calls, per site below it;
+    # RunReport.line_calls sums them per line)
     site_calls: dict[tuple, int] = field(default_factory=dict)
     # Compile-log spans (start, end) of the run's own end-of-run sync (track(sync=True)).
     own_end: list[tuple[int, int]] = field(default_factory=list)
@@ -224,12 +220,11 @@ class Recorder:
         # Lines captured at every sync, whatever the budget (max_graphs: lines at their
         # limit, whose next graph is an error that should name what changed).
         self.force_capture: set[tuple[str, int]] = set()
-        self._tried: set[tuple] = set()  # sites captured (or tried) in this run
-        self._captured_here: dict[tuple, int] = {}
+        self._captured_here: dict[tuple, int] = {}  # site -> captures (or tries) in this run
         # Lines that compiled are watched: the shapes of the tensors the tracked code binds
         # are compared at each of their syncs, and a change (a ragged last batch) captures the
         # graph about to compile.
-        self._compiled_at: dict[tuple[str, int], int] = {}
+        self._compiled_at: set[tuple[str, int]] = set()
         self._shapes_at: dict[tuple[str, int], tuple] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
@@ -439,11 +434,7 @@ class Recorder:
             # The call was counted as it began (_maybe_capture) and a sync is counted once
             # its anchor is made: `step` is the step it ends or happened in.
             call = recording.site_calls.get(site.key, 1) - 1 if site.line else 0
-            anchors.append(
-                CompileAnchor(
-                    kind, site, log_end, compiles, self._next(), graph, recording.syncs, call
-                )
-            )
+            anchors.append(CompileAnchor(kind, site, log_end, compiles, recording.syncs, call))
         if graph is not None and compiles == 1 and self._log is not None:
             # The block this compile wrote is the last one in the log: key the graph by its
             # hash now, so a guard or the report can diff it against the line's previous one.
@@ -531,8 +522,6 @@ class Recorder:
             if root is None:
                 return None, None
             key = (root.f_code.co_filename, root.f_lineno)
-            calls = self.recording.line_calls
-            calls[key] = calls.get(key, 0) + 1
             inner = inner_frame(frame, self._code_ids, self._root_frame, _plumbing)
             site = key
             if inner is not None and inner is not root:
@@ -546,7 +535,7 @@ class Recorder:
             due = (
                 forced
                 or site in self._capture_next
-                or site not in self._tried
+                or site not in self._captured_here
                 or by_site[site] == _STEADY_CALL
                 or store.line_captures.get(key) is None
             )
@@ -564,7 +553,6 @@ class Recorder:
             if (not forced and taken >= 16) or not (after_compile or self._within_budget()):
                 return None, None
             self._capture_next.discard(site)
-            self._tried.add(site)
             self._captured_here[site] = taken + 1
             start = time.perf_counter()
             graph = (
@@ -606,7 +594,7 @@ class Recorder:
         if site.line is not None:
             key = _key(site.line)
             self._capture_next.add(site.key)
-            self._compiled_at[key] = self._compiled_at.get(key, 0) + 1
+            self._compiled_at.add(key)
 
     def _within_budget(self) -> bool:
         spent = self.recording.capture_seconds

@@ -332,7 +332,7 @@ class Run:
                 capture_seconds=recording.capture_seconds,
                 record_errors=recording.hook_errors,
                 syncs=recording.syncs,
-                line_calls=MappingProxyType(dict(recording.line_calls)),
+                line_calls=MappingProxyType(_per_line(recording.site_calls)),
                 site_calls=MappingProxyType(dict(recording.site_calls)),
                 cost=_step_cost(recording, metrics),
             )
@@ -414,6 +414,15 @@ def _become(report: RunReport, complete: RunReport) -> None:
     fields are set after it was made (it was empty and incomplete until now)."""
     for f in fields(RunReport):
         object.__setattr__(report, f.name, getattr(complete, f.name))
+
+
+def _per_line(site_calls: dict[tuple, int]) -> dict[tuple[str, int], int]:
+    """A line's calls (syncs and device reads: the steps it took part in), summed over the
+    sites below it."""
+    lines: dict[tuple[str, int], int] = {}
+    for site, calls in site_calls.items():
+        lines[site[:2]] = lines.get(site[:2], 0) + calls
+    return lines
 
 
 def _step_cost(recording, metrics) -> StepCost | None:
