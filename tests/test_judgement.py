@@ -542,3 +542,38 @@ def test_a_loop_without_per_step_reads_or_fallbacks_is_not_read_bound(cell):
     # a read every fifth step is logging, not a stall of every step
     logged = cell(STALLED.format(body="    if step % 5 == 4:\n        print(loss.item())"))
     assert logged.verdict is None or logged.verdict.kind != "read-bound", logged.text
+
+
+def test_a_ragged_last_batch_in_a_dict_is_named_as_that(cell):
+    # a batch held in a dict, as a Hugging Face collator's: its tensors are watched too
+    ragged = cell(
+        """
+model = make_mlp(52); opt = torch.optim.SGD(model.parameters(), 0.1)
+data = [{"x": torch.randn(n, 52), "y": torch.randint(0, 10, (n,))} for n in (16,) * 4 + (6,)]
+for batch in data:
+    batch = {k: v.to(torch_xla.device()) for k, v in batch.items()}
+    F.cross_entropy(model(batch["x"]), batch["y"]).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "drop_last=True" in ragged.advice, ragged.text
+    assert "dim 0: 16 \u2192 6" in ragged.text, ragged.text
+
+
+def test_a_last_step_with_work_of_its_own_is_not_called_a_short_batch(cell):
+    # the shapes stay; only the last step traces other work (as a sampler's final step does)
+    last = cell(
+        """
+model = make_mlp(53); opt = torch.optim.SGD(model.parameters(), 0.1)
+x, y = torch.randn(16, 53), torch.randint(0, 10, (16,))
+for step in range(6):
+    loss = F.cross_entropy(model(x), y)
+    if step == 5:
+        loss = loss * 0.5
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "when that is a shorter last batch" not in last.advice, last.text
+    assert "pad the last batch" not in last.advice, last.text
+    assert "the tensors the cell names kept their shapes" in last.advice, last.text

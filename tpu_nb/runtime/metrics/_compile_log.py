@@ -65,6 +65,9 @@ class CompileEvent:
     trigger: str = field(default="", compare=False)
     step: int | None = field(default=None, compare=False)
     call: int | None = field(default=None, compare=False)
+    # A sync's compile at a line whose shape watch had just compared the tracked code's
+    # tensors and found the shapes of the line's previous sync: no batch it names changed.
+    same_shapes: bool = field(default=False, compare=False)
 
     @property
     def kind(self) -> str:

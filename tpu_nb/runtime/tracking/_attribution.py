@@ -358,7 +358,7 @@ def _compile_kind(kind: str, pattern, allowed: int, datasets: bool) -> tuple[Fin
         if pattern is not None and pattern.graphs <= allowed:
             return "compile", ""
         if pattern is not None and pattern.last_call_only:
-            return "recompile", libraries.last_call_fix(site) or policy.LAST_CALL_FIX
+            return "recompile", policy.last_call_fix(pattern)
         if datasets:  # a dataset on the device: the batches' indices are what changes
             return "recompile", device_data.RECOMPILE_FIX
         return "recompile", libraries.recompile_fix(site, ops) or policy.RECOMPILE_FIX

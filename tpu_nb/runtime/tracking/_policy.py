@@ -83,6 +83,9 @@ class LinePattern:
     # the ops its captured graphs ran: what a library's advice tells apart (a static cache's
     # in-place update in generate()'s graphs)
     ops: frozenset = frozenset()
+    # its last compile came at a sync where the tracked code's tensors (and the tensors of
+    # the dicts, lists and tuples it names) had the shapes of the line's sync before
+    same_shapes: bool = False
 
     @property
     def flagged(self) -> bool:
@@ -197,7 +200,17 @@ def classify_line(
         second = kinds.index(WARM_UP)
         why = first_step_why(graphs[0], graphs[second])
     shapes = progression(graphs)
-    return LinePattern(key, kind, len(events), calls, calls_after, kinds, shapes, first_why=why)
+    return LinePattern(
+        key,
+        kind,
+        len(events),
+        calls,
+        calls_after,
+        kinds,
+        shapes,
+        first_why=why,
+        same_shapes=bool(events) and events[-1].same_shapes,
+    )
 
 
 _LINE_KINDS = (
@@ -654,7 +667,7 @@ def _recompile_verdict(verdict, judgement: Judgement, device_datasets):
     where = ", ".join(_line_name(p) for p in flagged[:3])
     first = flagged[0]
     if all(p.last_call_only for p in flagged):  # the hint's own fix: a shorter last batch
-        fix = libraries.last_call_fix(first.site) or LAST_CALL_FIX
+        fix = last_call_fix(first)
     elif device_datasets:  # the batches' indices are what changes
         fix = device_data.RECOMPILE_FIX
     else:
@@ -699,6 +712,22 @@ LAST_CALL_FIX = (
     "only the line's last call compiled a new graph: when that is a shorter last batch, "
     "use DataLoader(..., drop_last=True) or pad the last batch to the batch size"
 )
+LAST_STEP_FIX = (
+    "only the line's last call compiled a new graph, though the tensors the cell names kept "
+    "their shapes: its last step traced other work (a branch only it takes, such as a "
+    "sampler's final step; or a shorter batch the cell does not name, which "
+    "DataLoader(..., drop_last=True) avoids); compiled once, it runs from the cache when the "
+    "cell runs again, so it costs only a first run"
+)
+
+
+def last_call_fix(pattern: LinePattern) -> str:
+    """The fix for a line whose last call alone compiled again: a library's loop's, else a
+    shorter last batch's, unless the line's shape watch saw the same shapes then."""
+    fix = libraries.last_call_fix(pattern.site)
+    return fix or (LAST_STEP_FIX if pattern.same_shapes else LAST_CALL_FIX)
+
+
 GROWING_FIX = (
     "call torch_xla.sync() at the end of each step, so each step runs the same graph "
     "(reads such as .item() run the graph but do not cut it)"

@@ -41,6 +41,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -160,6 +161,7 @@ class CompileAnchor:
     compiles: int
     step: int = 0  # syncs the run had made before it
     call: int = 0  # calls (syncs and reads) its site had made before it
+    same_shapes: bool = False  # see CompileEvent.same_shapes
 
 
 @dataclass
@@ -226,10 +228,13 @@ class Recorder:
         # graph about to compile.
         self._compiled_at: set[tuple[str, int]] = set()
         self._shapes_at: dict[tuple[str, int], tuple] = {}
+        # line -> the syncs made when its watch last found the shapes unchanged
+        self._same_shapes: dict[tuple[str, int], int] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
         self._named = named
         self._watched: tuple[str, ...] | None = None  # names_watched, at the first compare
+        self._kinds: dict[type, int] = {}  # a watched value's type -> _watch_kind
         # device loaders' iterators seen (their first sync is no step): the run's
         self.loaders: weakref.WeakSet = weakref.WeakSet()
         self.active = False
@@ -328,7 +333,8 @@ class Recorder:
                     site = replace(site, own=event.own)
                 anchors = self.recording.anchors
                 log_start = anchors[-1].log_end if anchors else self._log_at_start
-                self._anchor("sync", site, compiles, graph)
+                same = self._same_shapes.get(_key(site.line)) if site.line else None
+                self._anchor("sync", site, compiles, graph, same == self.recording.syncs)
                 self._note_compiled(site)
                 if event.frame.f_code.co_name == "_compile":  # torch_xla.compile's own sync
                     self._compiled_inputs(event.frame, site, log_start)
@@ -426,7 +432,7 @@ class Recorder:
             occ.last_step = step
         return occ
 
-    def _anchor(self, kind: str, site: Site, compiles: int, graph) -> None:
+    def _anchor(self, kind: str, site: Site, compiles: int, graph, same: bool = False) -> None:
         log_end = self._log.size() if self._log is not None else 0
         anchors = self.recording.anchors
         if len(anchors) < 100_000:
@@ -434,7 +440,9 @@ class Recorder:
             # The call was counted as it began (_maybe_capture) and a sync is counted once
             # its anchor is made: `step` is the step it ends or happened in.
             call = recording.site_calls.get(site.key, 1) - 1 if site.line else 0
-            anchors.append(CompileAnchor(kind, site, log_end, compiles, recording.syncs, call))
+            anchors.append(
+                CompileAnchor(kind, site, log_end, compiles, recording.syncs, call, same)
+            )
         if graph is not None and compiles == 1 and self._log is not None:
             # The block this compile wrote is the last one in the log: key the graph by its
             # hash now, so a guard or the report can diff it against the line's previous one.
@@ -541,6 +549,8 @@ class Recorder:
             )
             if not due and key in self._compiled_at:  # a new shape: capture, to name it
                 due = self._shapes_changed(root, key)
+                if not due:
+                    self._same_shapes[key] = self.recording.syncs
             if not due:
                 return None, None
             taken = self._captured_here.get(site, 0)
@@ -583,9 +593,16 @@ class Recorder:
         watched = self._watched
         if watched is None:
             watched = self._watched = names_watched(self._named, values)
-        shapes = tuple(
-            (v.shape, v.dtype) for v in map(values.get, watched) if type(v) in _TENSOR_TYPES
-        )
+        kinds, shapes = self._kinds, []
+        for value in map(values.get, watched):
+            kind = kinds.get(type(value))
+            if kind is None:
+                kind = kinds[type(value)] = _watch_kind(value)
+            if kind == 1:
+                shapes.append((value.shape, value.dtype))
+            elif kind and len(value) <= _HELD:  # a batch in a dict, list or tuple
+                items = value.values() if kind == 2 else value
+                shapes.append(tuple((v.shape, v.dtype) for v in items if type(v) in _TENSOR_TYPES))
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
         return before is not None and before != shapes
@@ -600,6 +617,20 @@ class Recorder:
         spent = self.recording.capture_seconds
         elapsed = time.perf_counter() - self._started
         return spent < max(0.5, 0.05 * elapsed)
+
+
+_HELD = 16  # a dict, list or tuple holding more is no batch: not looked into at each sync
+
+
+def _watch_kind(value) -> int:
+    """What the shape watch compares of a value of this type: 1 a tensor's shape and dtype,
+    2 a mapping's tensors' (a collator's batch, a BatchEncoding), 3 a list's or tuple's,
+    0 nothing."""
+    if type(value) in _TENSOR_TYPES:
+        return 1
+    if isinstance(value, Mapping):
+        return 2
+    return 3 if isinstance(value, (list, tuple)) else 0
 
 
 def _capture_pending(frame, names: tuple = (), caller=None):

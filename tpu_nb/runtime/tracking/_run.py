@@ -486,6 +486,7 @@ def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEven
                 trigger=anchor.kind,
                 step=anchor.step,
                 call=anchor.call,
+                same_shapes=anchor.same_shapes,
             )
         start = max(start, anchor.log_end)
     return placed
