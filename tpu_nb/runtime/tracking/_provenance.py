@@ -227,7 +227,7 @@ class Recorder:
         # are compared at each of their syncs, and a change (a ragged last batch) captures the
         # graph about to compile.
         self._compiled_at: set[tuple[str, int]] = set()
-        self._shapes_at: dict[tuple[str, int], tuple] = {}
+        self._shapes_at: dict[tuple[str, int], list] = {}
         # line -> the syncs made when its watch last found the shapes unchanged
         self._same_shapes: dict[tuple[str, int], int] = {}
         named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
@@ -593,7 +593,8 @@ class Recorder:
         watched = self._watched
         if watched is None:
             watched = self._watched = names_watched(self._named, values)
-        kinds, shapes = self._kinds, []
+        kinds = self._kinds
+        shapes: list[Any] = []
         for value in map(values.get, watched):
             kind = kinds.get(type(value))
             if kind is None:
