@@ -941,10 +941,11 @@ def _judge_shares(a: Anatomy) -> Verdict | None:
     reads_per_step = sum(s.reads for s in a.steps) / len(a.steps)
     pct = lambda x: f"{x:.0%}"  # noqa: E731
     if share("compile") >= _BOUND:
+        n = sum(s.compiles for s in a.steps)
         return Verdict(
             "compile-bound",
             f"compiling took {pct(share('compile'))} of the time "
-            f"({sum(s.compiles for s in a.steps)} compiles)",
+            f"({n} compile{'s' if n != 1 else ''})",
             FIXES["compile-bound"],
         )
     if share("input") >= _BOUND:
