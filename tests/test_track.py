@@ -375,3 +375,28 @@ lst = [k for k in range(3)]
         return c, e
 
     assert names_bound([helper.__code__]) == {"a", "b", "c", "d", "e"}
+
+
+def test_the_shape_watch_reads_a_batch_in_a_container_without_running_its_methods():
+    """A batch in a dict, a BatchEncoding (a UserDict), a list or a tuple is watched, read
+    from the container's storage: no method of the user's subclass runs (it could do
+    anything), and a container too large to be a batch is not looked into."""
+    from collections import UserDict
+
+    from tpu_nb.runtime.tracking._provenance import _HELD, _watch_kind
+
+    def loud(*_):
+        raise AssertionError("tpu_nb ran a method of the user's container")
+
+    class Batch(dict):
+        values = items = keys = __iter__ = __len__ = __getitem__ = loud
+
+    class Batches(list):
+        __iter__ = __len__ = __getitem__ = loud
+
+    tensor = torch.ones(2)
+    for held in (Batch(x=tensor), Batches([tensor]), (tensor,), UserDict(x=tensor)):
+        assert _watch_kind(held)(held) == (tensor,)
+    many = Batch({str(i): tensor for i in range(_HELD + 1)})
+    assert _watch_kind(many)(many) == ()
+    assert _watch_kind("a string") is None and _watch_kind(3) is None

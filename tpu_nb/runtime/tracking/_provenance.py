@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections import UserDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -234,7 +234,7 @@ class Recorder:
         self._names = tuple(sorted(names_in(named)))
         self._named = named
         self._watched: tuple[str, ...] | None = None  # names_watched, at the first compare
-        self._kinds: dict[type, int] = {}  # a watched value's type -> _watch_kind
+        self._kinds: dict[type, Any] = {}  # a watched value's type -> _watch_kind
         # device loaders' iterators seen (their first sync is no step): the run's
         self.loaders: weakref.WeakSet = weakref.WeakSet()
         self.active = False
@@ -596,13 +596,13 @@ class Recorder:
         kinds = self._kinds
         shapes: list[Any] = []
         for value in map(values.get, watched):
-            kind = kinds.get(type(value))
-            if kind is None:
+            kind = kinds.get(type(value), kinds)  # the dict itself: a type not seen yet
+            if kind is kinds:
                 kind = kinds[type(value)] = _watch_kind(value)
-            if kind == 1:
+            if kind is _TENSOR:
                 shapes.append((value.shape, value.dtype))
-            elif kind and len(value) <= _HELD:  # a batch in a dict, list or tuple
-                items = value.values() if kind == 2 else value
+            elif kind is not None:  # a batch in a dict, list or tuple: the storage read as is
+                items = kind(value)
                 shapes.append(tuple((v.shape, v.dtype) for v in items if type(v) in _TENSOR_TYPES))
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
@@ -621,17 +621,41 @@ class Recorder:
 
 
 _HELD = 16  # a dict, list or tuple holding more is no batch: not looked into at each sync
+_TENSOR = object()  # _watch_kind of a tensor
 
 
-def _watch_kind(value) -> int:
-    """What the shape watch compares of a value of this type: 1 a tensor's shape and dtype,
-    2 a mapping's tensors' (a collator's batch, a BatchEncoding), 3 a list's or tuple's,
-    0 nothing."""
+def _dict_values(held) -> tuple:
+    return tuple(dict.values(held)) if dict.__len__(held) <= _HELD else ()
+
+
+def _user_dict_values(held) -> tuple:
+    return _dict_values(held.data) if type(held.data) is dict else ()
+
+
+def _list_items(held) -> tuple:
+    return tuple(list.__iter__(held)) if list.__len__(held) <= _HELD else ()
+
+
+def _tuple_items(held) -> tuple:
+    return tuple.__getitem__(held, slice(None)) if tuple.__len__(held) <= _HELD else ()
+
+
+def _watch_kind(value):
+    """What the shape watch reads of a value of this type: _TENSOR (its shape and dtype), or
+    the function that gives the values a dict, UserDict (a BatchEncoding), list or tuple
+    holds (a batch), read from their storage, so that no method of a user's subclass runs;
+    None for anything else."""
     if type(value) in _TENSOR_TYPES:
-        return 1
-    if isinstance(value, Mapping):
-        return 2
-    return 3 if isinstance(value, (list, tuple)) else 0
+        return _TENSOR
+    for kind, values in (
+        (dict, _dict_values),
+        (UserDict, _user_dict_values),
+        (list, _list_items),
+        (tuple, _tuple_items),
+    ):
+        if isinstance(value, kind):
+            return values
+    return None
 
 
 def _capture_pending(frame, names: tuple = (), caller=None):
