@@ -394,8 +394,11 @@ def test_the_shape_watch_reads_a_batch_in_a_container_without_running_its_method
     class Batches(list):
         __iter__ = __len__ = __getitem__ = loud
 
+    class Encoding(UserDict):
+        __getattr__ = __getitem__ = __iter__ = __len__ = keys = values = loud
+
     tensor = torch.ones(2)
-    for held in (Batch(x=tensor), Batches([tensor]), (tensor,), UserDict(x=tensor)):
+    for held in (Batch(x=tensor), Batches([tensor]), (tensor,), Encoding(x=tensor)):
         assert _watch_kind(held)(held) == (tensor,)
     many = Batch({str(i): tensor for i in range(_HELD + 1)})
     assert _watch_kind(many)(many) == ()

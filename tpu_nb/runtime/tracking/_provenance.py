@@ -629,7 +629,8 @@ def _dict_values(held) -> tuple:
 
 
 def _user_dict_values(held) -> tuple:
-    return _dict_values(held.data) if type(held.data) is dict else ()
+    data = vars(held).get("data")  # the instance's own attribute: no property of a subclass
+    return _dict_values(data) if type(data) is dict else ()
 
 
 def _list_items(held) -> tuple:
