@@ -546,7 +546,7 @@ class LiveMonitor:
     def _loader_syncs(self) -> int:
         collector = self._collecting()
         if collector is not None:
-            return collector.loader_syncs + collector.empty_syncs + collector.inner_total
+            return collector.loader_syncs + collector.other_syncs
         anatomy = self._anatomy
         return anatomy.loader_syncs + anatomy.other_syncs if anatomy is not None else 0
 
