@@ -212,7 +212,7 @@ def test_after_an_interrupted_end_a_long_loop_runs_on_the_originals(monkeypatch)
         steps(1)
     assert fired
     assert_originals()
-    recording = tracker.run.recorder.recording
+    recording = tracker.recorder.recording
     syncs, reads = recording.syncs, sum(o.calls for o in recording.occurrences.values())
     dev = tpu_nb.device()
     t = torch.zeros((), device=dev)

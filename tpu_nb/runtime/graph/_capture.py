@@ -12,6 +12,7 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.errors import TpuNbUsageError
+from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.graph._frames import with_frames
 from tpu_nb.runtime.graph._graph import Graph
 from tpu_nb.runtime.graph._scopes import module_scopes
@@ -123,25 +124,52 @@ def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> 
     import torch
 
     if objects:
-        budget = [max_items]
-        candidates = (
-            t
-            for obj in objects
-            for t in walk_limited(obj, torch, depth=4, seen=set(), budget=budget)
-        )
+        found = pending_tensors(*objects, max_items=max_items)
     else:
         # type(), not isinstance(): isinstance reads __class__, which some objects in a big
         # process answer with a deprecation warning (torch.distributed.reduce_op)
-        candidates = (
+        found = _pending(
             o
             for o in gc.get_objects()
             if issubclass(type(o), torch.Tensor) and o.device.type == _DEVICE_TYPE
         )
+    return graph(*found, hlo=hlo) if found else None
+
+
+def pending_tensors(*objects: Any, max_items: int = 100_000) -> list:
+    """The XLA tensors with work waiting found in `objects`, each once, in the order found
+    (inside containers as `pending_graph` looks, up to `max_items` objects in all)."""
+    import torch
+
+    budget = [max_items]
+    return _pending(
+        t for obj in objects for t in walk_limited(obj, torch, depth=4, seen=set(), budget=budget)
+    )
+
+
+def _pending(candidates: Iterable[Any]) -> list:
     found: dict[int, Any] = {}
     for t in candidates:
         if id(t) not in found and is_pending(t):
             found[id(t)] = t
-    return graph(*found.values(), hlo=hlo) if found else None
+    return list(found.values())
+
+
+def frame_spaces(frame) -> list[dict]:
+    """The namespaces a frame's code reads: its variables, then its globals (one namespace
+    for a module's frame, whose variables are its globals)."""
+    variables = frame_variables(frame)
+    return [variables] if variables is frame.f_globals else [variables, frame.f_globals]
+
+
+def search_order(spaces: list[dict], names: Iterable[str]) -> list[dict]:
+    """Where to look for the tensors of a pending graph, in `spaces` (innermost first): the
+    variables the code names (`names`) first, then every space's variables, newest first. A
+    notebook's namespace holds much else, which could use up the walk's budget before it
+    reaches the tensors the code uses."""
+    names = tuple(names)
+    named = {n: space[n] for space in spaces for n in names if n in space}
+    return [named, *(dict(reversed(list(space.items()))) for space in spaces)]
 
 
 def walk_limited(

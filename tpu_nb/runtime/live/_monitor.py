@@ -42,7 +42,6 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import check_whole_number
-from tpu_nb.runtime.frame import frame_variables
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
     CompileLog,
@@ -341,20 +340,14 @@ class SyncProbe:
                 return
             start = time.perf_counter()
             self._tries[site] += 1
-            from tpu_nb.runtime.graph._capture import pending_graph
+            from tpu_nb.runtime.graph._capture import frame_spaces, pending_graph, search_order
 
             # What the sync is about to run, as far as the calling frame's variables reach
-            # (bounded walk: modules, optimizers, containers).
-            # The names the syncing code uses first, then the rest newest first: a notebook's
-            # namespace holds much else, which could use up the walk's budget before it
-            # reaches the loop's tensors.
-            variables = frame_variables(frame)
-            spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
+            # (bounded walk: modules, optimizers, containers), the names it uses first.
             code = frame.f_code
             names = (*code.co_varnames, *code.co_names)
-            named = {n: space[n] for space in spaces for n in names if n in space}
-            newest = [dict(reversed(list(space.items()))) for space in spaces]
-            captured = pending_graph(named, *newest, hlo=False, max_items=20_000)
+            where = search_order(frame_spaces(frame), names)
+            captured = pending_graph(*where, hlo=False, max_items=20_000)
             if captured is not None:
                 kept = self._graphs[site]
                 if not kept or kept[-1].hash != captured.hash:
@@ -546,7 +539,7 @@ class LiveMonitor:
     def _loader_syncs(self) -> int:
         collector = self._collecting()
         if collector is not None:
-            return collector.loader_syncs + collector.empty_syncs + collector.inner_total
+            return collector.loader_syncs + collector.other_syncs
         anatomy = self._anatomy
         return anatomy.loader_syncs + anatomy.other_syncs if anatomy is not None else 0
 

@@ -320,11 +320,12 @@ class Collector:
         self.lost_samples = False
         self.dropped_steps = 0
         self.loader_syncs = 0
-        self.empty_syncs = 0  # other syncs with nothing to run (a library's after its loop)
+        # Other syncs that are no steps: those with nothing to run (a library's after its
+        # loop) and the inner ones below
+        self.other_syncs = 0
         # A library's logging syncs (Trainer's log, xm.mesh_reduce's rendezvous): work of the
         # step they are in, not steps (entry, call, return)
         self.inner_syncs: deque = deque(maxlen=_MAX_EVENTS)
-        self.inner_total = 0
         self._until_harvest = _HARVEST_EVERY
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
@@ -401,10 +402,10 @@ class Collector:
             if role == "loader":
                 self.loader_syncs += 1
             elif role == "empty":
-                self.empty_syncs += 1
+                self.other_syncs += 1
             elif role == "inner":
                 self.inner_syncs.append((event.entry, event.start, event.end))
-                self.inner_total += 1
+                self.other_syncs += 1
             elif role == "step":
                 sampler = self.sampler
                 if sampler is not None and sampler.check:  # rare: a new loop's first sync
@@ -823,7 +824,7 @@ def _summarise(
         complete=not collector.lost_samples,
         dropped_steps=collector.dropped_steps,
         loader_syncs=collector.loader_syncs,
-        other_syncs=collector.empty_syncs + collector.inner_total,
+        other_syncs=collector.other_syncs,
         host_lines=host_lines,
     )
     return _with_verdict(anatomy, busy) if judged else anatomy
@@ -915,8 +916,7 @@ class _NoLoss:
     lost_samples = False
     dropped_steps = 0
     loader_syncs = 0
-    empty_syncs = 0
-    inner_total = 0
+    other_syncs = 0
 
 
 def judge(a: Anatomy) -> Verdict | None:

@@ -357,11 +357,8 @@ def _compile_kind(kind: str, pattern, allowed: int, datasets: bool) -> tuple[Fin
     if kind == policy.RECOMPILE:
         if pattern is not None and pattern.graphs <= allowed:
             return "compile", ""
-        if pattern is not None and pattern.last_call_only:
-            return "recompile", policy.last_call_fix(pattern)
-        if datasets:  # a dataset on the device: the batches' indices are what changes
-            return "recompile", device_data.RECOMPILE_FIX
-        return "recompile", libraries.recompile_fix(site, ops) or policy.RECOMPILE_FIX
+        last_call = pattern is not None and pattern.last_call_only
+        return "recompile", policy.recompile_fix(pattern, datasets, last_call=last_call)
     return "compile", ""
 
 

@@ -10,6 +10,7 @@ are matched by their frames' files, so nothing here imports a library.
 
 from __future__ import annotations
 
+from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.sources import innermost_frame, is_library, short_path
 from tpu_nb.runtime.units import format_place
 
@@ -81,9 +82,6 @@ _READS_IN = (("diffusers/schedulers/", SCHEDULER_TIMESTEPS_FIX),)
 _GENERATE = "transformers/generation/utils.py"
 # file of the function the line called (or of a frame below it) -> the knob, for recompiles
 _RECOMPILES = {_GENERATE: GENERATE_FIX, "transformers/trainer.py": TRAINER_PAD_FIX}
-# The step boundary of a loop the user wrote: torch_xla's device loaders sync there, so a
-# recompile at it is the user's step changing shape, not a library's doing.
-_STEP_BOUNDARIES = ("torch_xla/distributed/parallel_loader.py",)
 # A static cache writes each token's keys and values into its fixed tensors in place
 # (StaticLayer.update's index_copy_); the dynamic cache concatenates them.
 _STATIC_CACHE_OP = "aten::index_copy"
@@ -187,9 +185,11 @@ def _library_frame(site):
 
 def _not_at_step_boundary(what: str, site) -> str:
     """`_not_known` for the library frame that did it, unless that is a device loader's step
-    boundary or there is none ("")."""
+    boundary or there is none (""). The device loaders sync at the step boundary of a loop
+    the user wrote: a recompile there is the user's step changing shape, not a library's."""
     frame = _library_frame(site)
-    if frame is None or _path(frame).endswith(_STEP_BOUNDARIES):
+    loaders = current_backend().syncs.loader_paths
+    if frame is None or any(part in _path(frame) for part in loaders):
         return ""
     return _not_known(what, frame)
 

@@ -665,14 +665,22 @@ def _recompile_verdict(verdict, judgement: Judgement, device_datasets):
     if not flagged:
         return verdict
     where = ", ".join(_line_name(p) for p in flagged[:3])
-    first = flagged[0]
-    if all(p.last_call_only for p in flagged):  # the hint's own fix: a shorter last batch
-        fix = last_call_fix(first)
-    elif device_datasets:  # the batches' indices are what changes
-        fix = device_data.RECOMPILE_FIX
-    else:
-        fix = libraries.recompile_fix(first.site, first.ops) or RECOMPILE_FIX
+    last_call = all(p.last_call_only for p in flagged)
+    fix = recompile_fix(flagged[0], bool(device_datasets), last_call=last_call)
     return replace(verdict, reason=f"{verdict.reason}; recompiling at {where}", fix=fix)
+
+
+def recompile_fix(pattern: LinePattern | None, datasets: bool, *, last_call: bool) -> str:
+    """The fix for a line that recompiles (`pattern`, None when not known), for the verdict
+    and the line's finding alike. `last_call`: only its last call did (a shorter last batch);
+    `datasets`: the run has a dataset on the device (the batches' indices are what changes)."""
+    site, ops = (pattern.site, pattern.ops) if pattern is not None else (None, frozenset())
+    if last_call:  # unless the line's shape watch saw the same shapes at that call
+        same = pattern is not None and pattern.same_shapes
+        return libraries.last_call_fix(site) or (LAST_STEP_FIX if same else LAST_CALL_FIX)
+    if datasets:
+        return device_data.RECOMPILE_FIX
+    return libraries.recompile_fix(site, ops) or RECOMPILE_FIX
 
 
 def _growing_verdict(pattern: LinePattern):
@@ -719,13 +727,6 @@ LAST_STEP_FIX = (
     "DataLoader(..., drop_last=True) avoids); compiled once, it runs from the cache when the "
     "cell runs again, so it costs only a first run"
 )
-
-
-def last_call_fix(pattern: LinePattern) -> str:
-    """The fix for a line whose last call alone compiled again: a library's loop's, else a
-    shorter last batch's, unless the line's shape watch saw the same shapes then."""
-    fix = libraries.last_call_fix(pattern.site)
-    return fix or (LAST_STEP_FIX if pattern.same_shapes else LAST_CALL_FIX)
 
 
 GROWING_FIX = (

@@ -143,7 +143,8 @@ class profile:
         self._tracing = True
         return self
 
-    # the probe's sync events: the steps the run's recorder counts
+    # the probe's sync events: the block's syncs (the docstring's N-th sync), less the
+    # runtime's own around a compiled function and the run's own end
     before = None
 
     def after(self, event, state) -> None:

@@ -666,27 +666,16 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     the locals of the functions between the tracked frame and the one that synced (`caller`:
     a step function's tensors; a library's loop, such as Trainer's model and loss, which the
     cell's line does not name)."""
-    import torch
+    from tpu_nb.runtime.graph._capture import frame_spaces, pending_tensors, search_order
 
-    from tpu_nb.runtime.graph._capture import is_pending, walk_limited
-
-    found: dict[int, Any] = {}
-    budget = [20_000]
-    variables = frame_variables(frame)
-    spaces = [variables] if variables is frame.f_globals else [variables, frame.f_globals]
-    between = [
+    spaces = frame_spaces(frame)
+    spaces[:0] = [  # innermost first
         f.f_locals
         for f in frames_between(caller, frame, _CAPTURE_FRAMES)
         if f.f_globals is not f.f_locals
     ]
-    spaces[:0] = between  # innermost first
-    named = {n: space[n] for space in spaces for n in names if n in space}
-    rest = [dict(reversed(list(space.items()))) for space in spaces]
-    for namespace in (named, *rest):
-        for t in walk_limited(namespace, torch, depth=4, seen=set(), budget=budget):
-            if id(t) not in found and is_pending(t):
-                found[id(t)] = t
-    return _graph_once(list(found.values()), spaces)
+    tensors = pending_tensors(*search_order(spaces, names), max_items=20_000)
+    return _graph_once(tensors, spaces)
 
 
 _CAPTURE_FRAMES = 16  # functions below the tracked code whose locals a capture looks in

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import InitVar, dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -115,26 +115,26 @@ class _SyncWatch:
 
 @dataclass(eq=False, repr=False, kw_only=True)
 class Run:
-    """One tracked run (see the module docstring); `track()` makes one per block, with its
-    options as fields.
+    """One tracked run (see the module docstring), entered as a context manager: its options
+    are its fields, which `track` (its public name) describes.
 
     report: the RunReport the block was given; empty until the run ends, then complete.
     recorder, collector, dynamo: what records the run (None when not recording).
     """
 
-    name: InitVar[str | None]
-    sync: bool
-    wait: bool
-    record: bool
-    code: tuple
-    namespace: Any
-    assigned_in: Any
-    source: str | None
-    filename: str | None
-    allowed_graphs: int
+    name: str | None = field(default=None, kw_only=False)
+    sync: bool = False
+    wait: bool = True
+    record: bool = True
+    code: tuple = ()
+    namespace: Any = None
+    assigned_in: Any = None
+    source: str | None = None
+    filename: str | None = None
+    allowed_graphs: int = 1
 
-    def __post_init__(self, name: str | None) -> None:
-        self.report = RunReport(name=name)
+    def __post_init__(self) -> None:
+        self.report = RunReport(name=self.name)
         self.code = tuple(self.code)
         self.recorder: provenance.Recorder | None = None
         self.collector: anatomy.Collector | None = None
@@ -147,6 +147,14 @@ class Run:
         self._before: Any = None
         self._start = 0.0
         self._earlier: EarlierWork | None = None
+
+    def __enter__(self) -> RunReport:
+        self.begin(None if self.code else caller())
+        return self.report
+
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        self.end(exc)
+        return False
 
     # -- begin and end -------------------------------------------------------------------------
 
@@ -339,7 +347,7 @@ class Run:
         return facts
 
 
-class track:
+class track(Run):
     """Measure what the block does on XLA; the yielded RunReport is complete on exit.
 
         with tpu_nb.track("epoch") as report:
@@ -369,44 +377,6 @@ class track:
         then places its findings on the source's lines (`report.findings`).
     allowed_graphs: distinct graphs a line may compile without being flagged (--max-graphs).
     """
-
-    __slots__ = ("run",)
-
-    def __init__(
-        self,
-        name: str | None = None,
-        *,
-        sync: bool = False,
-        wait: bool = True,
-        record: bool = True,
-        code: tuple = (),
-        namespace: Any = None,
-        assigned_in=None,
-        source: str | None = None,
-        filename: str | None = None,
-        allowed_graphs: int = 1,
-    ):
-        self.run = Run(
-            name=name,
-            sync=sync,
-            wait=wait,
-            record=record,
-            code=code,
-            namespace=namespace,
-            assigned_in=assigned_in,
-            source=source,
-            filename=filename,
-            allowed_graphs=allowed_graphs,
-        )
-
-    def __enter__(self) -> RunReport:
-        run = self.run
-        run.begin(None if run.code else caller())
-        return run.report
-
-    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
-        self.run.end(exc)
-        return False
 
 
 def _become(report: RunReport, complete: RunReport) -> None:
