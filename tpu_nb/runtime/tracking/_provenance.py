@@ -199,9 +199,7 @@ class Recorder:
     frame was running.
     """
 
-    def __init__(
-        self, *, root_codes: tuple = (), root_frame=None, log=None, capture_graphs: bool = True
-    ):
+    def __init__(self, *, root_codes: tuple = (), root_frame=None, log=None):
         # Code objects compared by identity: `code in set` hashes the code object (~1-2 us
         # for a cell or Module._call_impl), on every frame of every walk.
         self._code_ids = frozenset(id(c) for c in root_codes if c is not None)
@@ -209,7 +207,6 @@ class Recorder:
         self._root_frame = root_frame
         self.root_codes, self.root_frame = self._codes, root_frame  # the tracked code
         self._log = log
-        self._capture = capture_graphs
         self.recording = Recording()
         self._order = 0
         self._subscription: Subscription | None = None
@@ -281,11 +278,11 @@ class Recorder:
         if type(event) is SyncEvent:
             if event.owner is self:  # this run's own end: where its compiles start in the log
                 return self._log.size() if self._log is not None else 0
-            if event.plumbing or not self._capture:
+            if event.plumbing:
                 return None, None
             return self._maybe_capture(event.frame)
         if type(event) is ReadEvent:
-            return self._maybe_capture(event.frame, event.tensor) if self._capture else None
+            return self._maybe_capture(event.frame, event.tensor)
         if event.op in _FORWARDS:  # runs on the device: only where it was called from
             self._note_forward(event)
             return None
