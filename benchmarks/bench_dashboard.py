@@ -119,7 +119,7 @@ class Tree:
         os.environ["PYTHONPATH"] = str(self.path)
         self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(self.path))
         self.kc.execute_interactive(SETUP, timeout=600, output_hook=lambda msg: None)
-        _run(self.kc, LIVE)  # warm-up: imports, the first charts, the final view's matplotlib
+        _run(self.kc, LIVE)  # warm-up: imports, the first charts, the first final view
 
     def round(self, k: int) -> None:
         names = list(VARIANTS)

@@ -375,18 +375,19 @@ def test_user_strings_are_escaped_in_every_panel_and_safe_in_charts():
     state = monitor.poll()
     monitor.close()
     assert state.alerts and state.compiles[-1].place.file == HOSTILE
-    from tpu_nb.display.charts import CompileChart, StepTimeChart
+    from tpu_nb.display.live_charts import CompileSvg, StepTimeSvg
 
-    pngs = {
-        "step": StepTimeChart().render(state.series, [c.step for c in state.compiles]),
-        "compile": CompileChart().render(state.compiles),
-    }  # "$x$" is not math text
-    assert all(p.startswith(b"\x89PNG") for p in pngs.values())
-    html = D.static_html(state, "finished", "XLA <dashboard>", pngs)
+    steps = [c.step for c in state.compiles]
+    svgs = {
+        "step": StepTimeSvg().render(state.series, steps, final=True),
+        "compile": CompileSvg().render(state.compiles, final=True),
+    }
+    html = D.static_html(state, "finished", "XLA <dashboard>", svgs)
     assert "<img src=x" not in html and "onerror=alert(1)>" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;&amp;$x$.py" in html
     assert "XLA &lt;dashboard&gt;" in html
-    assert html.count("<img ") == 2 and "data:image/png;base64," in html
+    assert html.count("<svg ") == 2
+    assert "tpunb-steps-chart" in html and "tpunb-compile-chart" in html
 
 
 def test_summary_has_no_timings_and_is_the_same_for_the_same_work():

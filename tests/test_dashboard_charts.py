@@ -1,4 +1,5 @@
-"""The dashboard's live SVG charts and the snapshot the monitor publishes, on real XLA:CPU runs.
+"""The dashboard's SVG charts (live and final) and the snapshot the monitor publishes, on real
+XLA:CPU runs.
 
 What the charts draw is the monitor's published state (the step-time series, the compiles):
 each test reads the figures back out of the SVG and compares them with the state. The SVG is
@@ -139,14 +140,37 @@ def test_strings_in_the_svg_charts_are_escaped():
     event = CompileEvent("user <torch_xla.sync> & 'co'", "f" * 32, (Frame(HOSTILE, 3, "<f>"),))
     compiles = (LiveCompile(1, 2.0, 0.25, event), LiveCompile(2, 4.0, 0.5, None))
     svgs = {"compile": CompileSvg().render(compiles), "step": StepTimeSvg().render((), [2, 4])}
-    for svg in svgs.values():
+    final = {
+        "compile": CompileSvg().render(compiles, final=True),
+        "step": StepTimeSvg().render((), [2, 4], final=True),
+    }
+    for svg in (*svgs.values(), *final.values()):
         ET.fromstring(svg)  # an unescaped <, & or control character would not parse
         assert "<img" not in svg and "\x0b" not in svg
     tip = ET.fromstring(svgs["compile"]).find(f".//{SVG}rect/{SVG}title").text
     assert HOSTILE.replace("\x0b", "\ufffd") in tip and "<torch_xla.sync> & 'co'" in tip
-    # Without the PNG charts (no matplotlib) the static view carries the SVG ones.
-    html = D.static_html(None, "finished", "XLA <dashboard>", {}, svgs=svgs)
+    # The static (final) view carries the SVG charts.
+    html = D.static_html(None, "finished", "XLA <dashboard>", final)
     assert html.count("<svg ") == 2 and "<img" not in html and "&lt;img src=x" in html
+
+
+def test_the_final_charts_say_what_did_not_happen_in_the_run():
+    live = {"step": StepTimeSvg().render((), []), "compile": CompileSvg().render(())}
+    final = {
+        "step": StepTimeSvg().render((), [], final=True),
+        "compile": CompileSvg().render((), final=True),
+    }
+
+    def texts(svg):
+        return [t.text for t in ET.fromstring(svg).iter(f"{SVG}text")]
+
+    assert "waiting for the first steps (torch_xla.sync)" in texts(live["step"])
+    assert "no graph compiled yet" in texts(live["compile"])
+    assert "no step completed: no torch_xla.sync() ran twice" in texts(final["step"])
+    assert "no graph compiled in this run" in texts(final["compile"])
+    assert not any("yet" in t for svg in final.values() for t in texts(svg))
+    step_title = ET.fromstring(final["step"]).find(f"{SVG}title").text
+    assert step_title == "step time: no step measured; 0 compiles"
 
 
 def test_the_monitor_publishes_the_tracked_runs_anatomy_and_wall_time():
@@ -176,7 +200,7 @@ def test_the_monitor_publishes_the_tracked_runs_anatomy_and_wall_time():
 def test_the_dashboard_reads_only_what_the_monitor_publishes():
     """No module of the dashboard imports a private runtime module, the tracker's reports or
     the anatomy collector: the monitor's LiveState is all it reads."""
-    modules = ["dashboard", "dashboard_html", "anatomy_view", "live_charts", "charts"]
+    modules = ["dashboard", "dashboard_html", "anatomy_view", "live_charts"]
     for name in modules:
         tree = ast.parse((ROOT / "tpu_nb" / "display" / f"{name}.py").read_text())
         for node in ast.walk(tree):
@@ -188,9 +212,10 @@ def test_the_dashboard_reads_only_what_the_monitor_publishes():
                 assert not any(n.startswith("_") for n in imported), (name, imported)
 
 
-def test_matplotlib_is_not_used_while_the_loop_runs(py):
+def test_the_final_view_draws_the_svg_charts_without_matplotlib(py):
     out = py(
         """
+        import sys
         import torch, torch_xla
         import tpu_nb
         tpu_nb.setup("cpu")
@@ -205,11 +230,14 @@ def test_matplotlib_is_not_used_while_the_loop_runs(py):
             torch_xla.sync(wait=True)
             dash._next_chart = 0.0
             dash.refresh_now()
-            step_png, compile_png = dash._charts  # made (matplotlib imported) before the loop
-            print("LIVE", "<svg" in dash._step_chart.value, "<svg" in dash._compile_chart.value,
-                  step_png.full_draws, step_png.last_cost, compile_png.last_cost, dash._pngs)
-        print("FINAL", sorted(dash._pngs), step_png.full_draws, compile_png.last_cost > 0)
+            print("LIVE", "<svg" in dash._step_chart.value, "<svg" in dash._compile_chart.value)
+        html = dash._repr_html_()
+        print("FINAL", sorted(dash._svgs), html.count("tpunb-svg-chart"), "<img" in html,
+              "data:image/png" in html, "waiting for" in html)
+        print("MATPLOTLIB", "matplotlib" in sys.modules)
         """
     ).stdout
-    assert "LIVE True True 0 0.0 0.0 {}" in out, out  # nothing drawn with matplotlib
-    assert "FINAL ['compile', 'step'] 1 True" in out, out
+    assert "LIVE True True" in out, out
+    # The final view: both charts, as SVG, drawn anew from the final state (no image).
+    assert "FINAL ['compile', 'step'] 2 False False False" in out, out
+    assert "MATPLOTLIB False" in out, out  # the dashboard never imports it

@@ -157,7 +157,8 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
     assert re.match(r"XLA dashboard \(finished\): \d+ steps, \d+ executions, ", text)
     assert int(text.split(": ")[1].split()[0]) >= max(during)
     html = final[0]["text/html"]
-    assert "tpunb-steps" in html and "data:image/png;base64," in html
+    assert "class='tpunb-steps'" in html
+    assert "tpunb-steps-chart" in html and "tpunb-compile-chart" in html
     assert "does not report memory (XLA:CPU)" in html
     # The live view reaches its final state before %%on_tpu's report is shown, and nothing
     # but the report follows it.

@@ -55,9 +55,8 @@ def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
             if "<polyline" in dash._step_chart.value:
                 charts.add(dash._step_chart.value)
         assert len(seen) >= 3, seen  # the step counter moved while running
-        # The live chart (SVG) was drawn during the run; matplotlib's PNGs are only drawn
-        # for the final view.
-        assert charts and all("<svg" in c for c in charts) and not dash._pngs
+        # The live chart (SVG) was drawn during the run.
+        assert charts and all("<svg" in c for c in charts)
         assert "Execution" in dash._panels.value and "syncs <b>" in dash._panels.value
     finally:
         dash.stop()
@@ -67,7 +66,10 @@ def test_widgets_get_trait_updates_while_running_and_are_closed_at_the_end():
     assert stats.chart_draws <= 2 * (stats.thread_seconds / dash.chart_refresh + 1)
     assert _widget_count() == before and not _dashboard_threads()
     assert dash.state.steps >= max(seen) and dash.status == "finished"
-    assert all(png.startswith(b"\x89PNG") for png in dash._pngs.values()) and dash._pngs
+    # The final view's charts: SVG again, drawn from the final state.
+    assert sorted(dash._svgs) == ["compile", "step"]
+    assert all(svg.startswith("<svg") for svg in dash._svgs.values())
+    assert "<polyline" in dash._svgs["step"] and "no step completed" not in dash._svgs["step"]
 
 
 def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):

@@ -144,7 +144,7 @@ def test_setup_env_is_keyed_on_the_lock(tmp_path):
 # -- what is declared and what ships ----------------------------------------------------------
 
 # Import names of the distributions tpu_nb uses directly.
-_DISTRIBUTION_OF = {"PIL": "pillow", "IPython": "ipython", "torch_xla": "torch-xla"}
+_DISTRIBUTION_OF = {"IPython": "ipython", "torch_xla": "torch-xla"}
 # used when installed, never required: tpu_info (TPU VMs, Colab); ray (the `pod` extra)
 _OPTIONAL = {"tpu_info", "ray"}
 
@@ -195,7 +195,7 @@ def test_sdist_ships_the_package_licence_and_no_unrunnable_tests(tmp_path):
     assert not [f for f in files if f.startswith("tests/")]
     assert "License-Expression: Apache-2.0" in info
     assert f"\nVersion: {tpu_nb.__version__}\n" in info
-    for dist in ("numpy", "packaging", "pillow", "traitlets"):
+    for dist in ("numpy", "packaging", "traitlets"):
         assert f"Requires-Dist: {dist}\n" in info
 
 

@@ -8,8 +8,8 @@
 
 In a notebook: `%load_ext tpu_nb`, then `%tpu_setup` and `%%on_tpu` cells.
 Importing tpu_nb imports neither torch_xla nor IPython: both load when first needed, and the
-display layer's names — the live dashboard (`tpu_nb.dashboard`, `tpu_nb.Dashboard`: ipywidgets,
-matplotlib) and the graph view (`tpu_nb.GraphView`) — load on first use.
+display layer's names — the live dashboard (`tpu_nb.dashboard`, `tpu_nb.Dashboard`: ipywidgets)
+and the graph view (`tpu_nb.GraphView`) — load on first use.
 
 Errors: every exception tpu_nb raises on purpose is a `TpuNbError` (one line: what is wrong,
 then "Fix: ..."); `TpuNbUsageError`, `EnvironmentProblem` and `RuntimeStateError` say which
@@ -97,8 +97,7 @@ __all__ = [
     "__version__",
 ]
 
-# The display layer's names, imported on first use: `import tpu_nb` stays free of ipywidgets
-# and matplotlib.
+# The display layer's names, imported on first use: `import tpu_nb` stays free of ipywidgets.
 _LAZY = {
     "Dashboard": "tpu_nb.display.dashboard",
     "dashboard": "tpu_nb.display.dashboard",

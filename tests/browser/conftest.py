@@ -135,7 +135,8 @@ def browser(lab):
 # What a reader sees, from computed styles, for every element under the roots matching a
 # selector: text contrast against the background it is drawn on (alpha-blended up the
 # ancestors; WCAG's relative luminance), table cells' alignment (unless the cell asks for
-# right alignment inline), broken images, and the on-screen size of graph labels.
+# right alignment inline), broken images, the on-screen size of graph labels, and the
+# dashboard's SVG charts: their text's contrast (its fill) against the background behind it.
 _CHECKS = r"""
 const roots = [...document.querySelectorAll(arguments[0])];
 function rgba(text) {
@@ -164,16 +165,19 @@ function luminance(c) {
   return 0.2126 * r + 0.7152 * g + 0.0722 * b;
 }
 const low = [], misaligned = [], broken = [];
-let cells = 0, texts = 0, images = 0, minLabel = Infinity, labels = 0;
+let cells = 0, texts = 0, images = 0, minLabel = Infinity, labels = 0, charts = 0;
+function contrast(el, colour) {
+  const bg = background(el);
+  const fg = over(rgba(colour), bg);
+  const [a, b] = [luminance(fg), luminance(bg)];
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}
 for (const root of roots) {
   for (const el of root.querySelectorAll('*')) {
     if (el.closest('svg')) continue;        // the graph picture: checked by its labels
     const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
     if (own) {
-      const bg = background(el);
-      const fg = over(rgba(getComputedStyle(el).color), bg);
-      const [a, b] = [luminance(fg), luminance(bg)];
-      const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+      const ratio = contrast(el, getComputedStyle(el).color);
       texts++;
       if (ratio < 4.5)
         low.push(`${ratio.toFixed(2)} ${el.tagName} "${el.textContent.trim().slice(0, 40)}"`);
@@ -197,8 +201,16 @@ for (const root of roots) {
       minLabel = Math.min(minLabel, parseFloat(getComputedStyle(t).fontSize) * scale);
     }
   }
+  for (const svg of root.querySelectorAll('svg.tpunb-svg-chart')) {
+    charts++;
+    for (const t of svg.querySelectorAll('text')) {
+      const ratio = contrast(t, getComputedStyle(t).fill);
+      texts++;
+      if (ratio < 4.5) low.push(`${ratio.toFixed(2)} chart text "${t.textContent.slice(0, 40)}"`);
+    }
+  }
 }
-return {roots: roots.length, low, misaligned, broken, cells, texts, images, labels,
+return {roots: roots.length, low, misaligned, broken, cells, texts, images, labels, charts,
         minLabel: labels ? minLabel : null,
         jpLight: document.body.dataset.jpThemeLight || null};
 """

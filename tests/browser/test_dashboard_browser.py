@@ -220,7 +220,7 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(
     steps = int(driver.find_element("css selector", ".tpunb-dashboard .tpunb-steps").text)
     assert steps >= max(readings)
     assert _live_steps(driver) is None  # no widget view left
-    assert driver.find_elements("css selector", ".tpunb-dashboard img")  # the charts
+    assert driver.find_elements("css selector", ".tpunb-dashboard svg.tpunb-svg-chart")
     # The final view took the live view's place: above the prints that came after it.
     order = driver.execute_script(
         "const outs = [...document.querySelectorAll("
@@ -231,7 +231,8 @@ def test_dashboard_renders_and_its_step_counter_moves_while_the_cell_runs(
     assert "dashboard" in order and "after" in order, order
     assert order.index("dashboard") < order.index("after"), order
     final_view = style_checks(driver, ".tpunb-dashboard")
-    assert final_view["roots"] == 1 and final_view["images"] == 2, final_view
+    assert final_view["roots"] == 1 and final_view["charts"] == 2, final_view  # step, compile
+    assert final_view["images"] == 0, final_view  # the charts are SVG, no picture
     assert not final_view["low"] and not final_view["misaligned"], final_view
     assert not final_view["broken"], final_view
     final_shot = _shot(driver, f"{frontend}-{theme}-3-final", ".tpunb-dashboard")

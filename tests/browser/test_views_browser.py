@@ -157,7 +157,7 @@ _SELECTOR = ", ".join(f".{c}" for c in VIEW_CLASSES)
 def _check(driver, style_checks, picture: bool = True) -> dict:
     result = style_checks(driver, _SELECTOR)
     assert result["roots"] == len(VIEW_CLASSES), result
-    assert result["texts"] > 100 and result["cells"] > 40 and result["images"] >= 2, result
+    assert result["texts"] > 100 and result["cells"] > 40 and result["charts"] >= 2, result
     assert not result["misaligned"], result["misaligned"][:10]
     assert not result["low"], result["low"][:10]
     assert not result["broken"], result["broken"]

@@ -15,8 +15,9 @@ loss: a panel or chart is written only when its part of the state changed (the s
 version counters), and the live charts are SVG text (display/live_charts.py: a fraction of a
 millisecond, where a matplotlib update cost ~6 ms and a full redraw ~20-40 ms), at most every
 `chart_refresh` seconds. When the cell ends, fails or is interrupted, the thread is joined,
-the final state is drawn (with matplotlib's PNG charts, once), and the live view is replaced
-in place by a static one (HTML with the charts, and a plain-text summary without timings):
+the final state is drawn (the same SVG charts, once more, their axes fitted to the data), and
+the live view is replaced in place by a static one (HTML with the charts, and a plain-text
+summary without timings):
 the cell's prints keep their place below it, and with the widgets closed a notebook that ran
 100 live cells holds no widget comms for them and saves no widget state.
 
@@ -35,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # The renderers are re-exported: tpu_nb.display.dashboard.compile_html etc. stay where they were.
 from tpu_nb.display.dashboard_html import (
@@ -58,9 +59,6 @@ from tpu_nb.display.live_charts import CHART_SIZES, CompileSvg, StepTimeSvg, wra
 from tpu_nb.display.style import STYLE
 from tpu_nb.runtime.errors import RuntimeStateError, check_seconds, check_whole_number
 from tpu_nb.runtime.live import LiveMonitor, LiveState
-
-if TYPE_CHECKING:
-    from tpu_nb.display.charts import CompileChart, StepTimeChart
 
 __all__ = [
     "Dashboard",
@@ -168,7 +166,7 @@ class Dashboard:
         their data changed (default: 1, or `refresh` if longer).
     alert_graphs: the recompilation alert fires when one line compiles more than this many
         distinct graphs.
-    charts: draw the charts (live: SVG; in the final view: matplotlib's PNGs).
+    charts: draw the charts (SVG in the theme's colours, live and in the final view).
     widgets: show live widgets (default: when running in a Jupyter kernel). Without them the
         dashboard still polls, and shows its final state when it stops.
 
@@ -210,13 +208,11 @@ class Dashboard:
         self._handle = None
         self._shown = False
         self._hooks: list = []
-        self._charts: tuple[StepTimeChart, CompileChart] | None = None  # the final view's
         self._svg_charts: dict[str, StepTimeSvg | CompileSvg] = {
             "step": StepTimeSvg(),
             "compile": CompileSvg(),
         }
-        self._svgs: dict[str, str] = {}  # the live charts as last drawn
-        self._pngs: dict[str, bytes] = {}  # the final view's charts
+        self._svgs: dict[str, str] = {}  # the charts as last drawn (then the final view's)
         self._next_chart = 0.0
         self._anatomy_drawn: int | None = None  # the anatomy version the panel shows
         self._code_start: float | None = None
@@ -247,8 +243,6 @@ class Dashboard:
             if use_widgets:
                 self._build_widgets()
             self.status = "running"
-            if self.charts:
-                self._make_charts()  # matplotlib's import (~0.5 s) before the loop, not after
             self._refresh_once(final=False)
             if self._root is not None and ip is not None:
                 from IPython.display import display
@@ -257,7 +251,6 @@ class Dashboard:
                 self._shown = True
         except BaseException:
             self._close_widgets()
-            self._release_charts()
             monitor.close()
             self.status = "ready"
             raise
@@ -291,7 +284,6 @@ class Dashboard:
                     self.stats.anatomy_seconds = self._monitor.anatomy_seconds
                     self._monitor.close()
                 self._close_widgets()
-                self._release_charts()
                 self.stats.stop_seconds = time.perf_counter() - began
 
     def _finish(self, error: BaseException | None) -> None:
@@ -472,51 +464,14 @@ class Dashboard:
             )
         return drawn
 
-    def _make_charts(self) -> None:
-        """matplotlib's charts for the final view. Without matplotlib (or if it fails) the
-        final view shows the SVG charts."""
-        try:
-            from tpu_nb.display.mpl_import import import_charts
-
-            charts = import_charts()  # matplotlib: an interrupt cannot leave it half-imported
-            self._charts = (
-                charts.acquire(charts.StepTimeChart),
-                charts.acquire(charts.CompileChart),
-            )
-        except Exception:
-            logging.getLogger("tpu_nb").debug(
-                "the final charts cannot use matplotlib; SVG instead", exc_info=True
-            )
-
     def _draw_final_charts(self, state: LiveState) -> None:
-        """The final view's charts, drawn once after the loop: matplotlib's PNGs, else (no
-        matplotlib, or it failed) the SVG charts drawn from the final state."""
+        """The final view's charts, drawn once after the loop from the final state: new
+        charts, their axes fitted to the data (the live ones only grew)."""
         steps = [c.step for c in state.compiles]
-        if self._charts is not None:
-            step_chart, compile_chart = self._charts
-            try:
-                self._pngs = {
-                    "step": step_chart.render(state.series, steps, final=True, compress_level=6),
-                    "compile": compile_chart.render(state.compiles, final=True, compress_level=6),
-                }
-                return
-            except Exception:
-                logging.getLogger("tpu_nb").debug(
-                    "the final charts could not be drawn with matplotlib", exc_info=True
-                )
-        self._pngs = {}
         self._svgs = {
-            "step": StepTimeSvg().render(state.series, steps),
-            "compile": CompileSvg().render(state.compiles),
+            "step": StepTimeSvg().render(state.series, steps, final=True),
+            "compile": CompileSvg().render(state.compiles, final=True),
         }
-
-    def _release_charts(self) -> None:
-        if self._charts is not None:
-            from tpu_nb.display.mpl_import import import_charts
-
-            for chart in self._charts:
-                import_charts().release(chart)
-            self._charts = None
 
     # -- text and display ---------------------------------------------------------------------
 
@@ -537,11 +492,10 @@ class Dashboard:
             self.state,
             self.status,
             self.title,
-            self._pngs,
+            self._svgs,
             self.error,
             elapsed=self.elapsed,
             anatomy=anatomy_html(self.state),
-            svgs=self._svgs,
         )
 
     @property

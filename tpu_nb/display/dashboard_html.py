@@ -8,7 +8,6 @@ while a cell runs and into the final view when it ends; tests call them on a sta
 
 from __future__ import annotations
 
-from base64 import b64encode
 from html import escape
 
 from tpu_nb.display import style
@@ -308,23 +307,7 @@ def caption_html(text: str) -> str:
     return f"<div class='tpunb' style='{_FONT};font-size:11px;color:{_GREY}'>{escape(text)}</div>"
 
 
-def _img(png: bytes, caption: str) -> str:
-    """A PNG chart, shown at its pixels over the charts' density (sharp at 2x)."""
-    from tpu_nb.display.mpl_import import import_charts
-
-    density = import_charts().PIXEL_DENSITY
-    width = round(int.from_bytes(png[16:20], "big") / density)  # from the PNG header
-    height = round(int.from_bytes(png[20:24], "big") / density)
-    return (
-        f"<div style='margin:2px 6px 2px 0;width:{width}px;max-width:100%'>"
-        f"{caption_html(caption)}"
-        f"<img class='tpunb-chart' alt='{escape(caption)}' width='{width}' "
-        f"height='{height}' style='max-width:100%;height:auto;display:block' "
-        f"src='data:image/png;base64,{b64encode(png).decode()}'></div>"
-    )
-
-
-# The charts' captions, without importing matplotlib for a text-only dashboard.
+# The charts' captions (HTML beside the charts, live and final).
 STEP_CAPTION = (
     "step time (ms, log scale) over steps: median (solid) and p90 (dashed) per "
     "refresh; red lines: compiles"
@@ -374,7 +357,7 @@ def anatomy_html(state: LiveState | None) -> str:
 
 
 def svg_chart_html(svg: str | None, caption: str) -> str:
-    """A live SVG chart with its caption, for a view without the PNG charts."""
+    """An SVG chart with its caption (none without the chart)."""
     if not svg:
         return ""
     return (
@@ -387,19 +370,17 @@ def static_html(
     state: LiveState | None,
     status: str,
     title: str,
-    pngs: dict[str, bytes],
+    svgs: dict[str, str] | None = None,
     error: BaseException | None = None,
     elapsed: float | None = None,
     anatomy: str = "",
-    svgs: dict[str, str] | None = None,
 ) -> str:
-    """The final (or any) state as one self-contained HTML block. The charts: `pngs` (the
-    final view's matplotlib charts), else `svgs` (the live view's, e.g. without matplotlib)."""
+    """The final (or any) state as one self-contained HTML block, with the SVG charts in
+    `svgs` ("step", "compile"; without them, no charts)."""
     svgs = svgs or {}
 
     def chart(name: str, caption: str) -> str:
-        png = pngs.get(name)
-        return _img(png, caption) if png else svg_chart_html(svgs.get(name), caption)
+        return svg_chart_html(svgs.get(name), caption)
 
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = _counter_panels(state, final=True)

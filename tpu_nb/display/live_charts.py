@@ -13,7 +13,8 @@ costs a fraction of a millisecond, and less again because only what changed is w
 
 Colours are the theme's CSS variables (display/style.py): the charts follow JupyterLab's light
 and dark themes without being inverted. Every string written into the SVG is escaped. The
-final static view keeps matplotlib's PNG charts (display/charts.py), drawn once at the end.
+final static view draws the same charts once more from the final state (`final=True`): the axes
+fitted to the data, and an empty chart says that nothing happened in the run.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from tpu_nb.runtime.live import LiveCompile, LiveState, StepPoint
 from tpu_nb.runtime.sources import place_text
 from tpu_nb.runtime.units import format_seconds
 
-# name -> (width, height) in CSS pixels: the chart slots the dashboard reserves (the PNG
-# charts of the final view have the same size).
+# name -> (width, height) in CSS pixels: the chart slots the dashboard reserves (the charts
+# of the final view have the same size).
 CHART_SIZES = {"step": (496, 184), "compile": (304, 184)}
 LABEL_PX = 10  # the smallest text drawn, at the natural size
 _LEFT, _RIGHT, _TOP, _BOTTOM = 46, 16, 8, 22  # the step chart's plot margins
@@ -95,8 +96,8 @@ def wrap(svg: str) -> str:
 class StepTimeSvg:
     """Step time (median and p90 per refresh, ms, log scale) over steps; compiles as red lines.
 
-    The SVG counterpart of charts.StepTimeChart, for the live view. `x(step)` and `y(ms)` are
-    the pixel positions of a data point under the current axis limits."""
+    `x(step)` and `y(ms)` are the pixel positions of a data point under the current axis
+    limits."""
 
     def __init__(self, size: tuple[int, int] = CHART_SIZES["step"]) -> None:
         self.width, self.height = size
@@ -133,9 +134,10 @@ class StepTimeSvg:
         self._key = key
         return self.render(state.series, [c.step for c in state.compiles])
 
-    def render(self, series: tuple[StepPoint, ...], compile_steps) -> str:
+    def render(self, series: tuple[StepPoint, ...], compile_steps, *, final: bool = False) -> str:
+        """The chart's SVG. `final`: the final view's, its axes fitted to the data."""
         start = time.perf_counter()
-        self.limits = grow_limits(self.limits, series, compile_steps)
+        self.limits = grow_limits(self.limits, series, compile_steps, final)
         self.last_full = self.limits != self._framed
         if self.last_full:
             self._frame = self._draw_frame()
@@ -157,12 +159,17 @@ class StepTimeSvg:
                 f"{style.ACCENT};stroke-width:1.6'/>"
             )
         else:
+            note = (
+                "no step completed: no torch_xla.sync() ran twice"
+                if final
+                else "waiting for the first steps (torch_xla.sync)"
+            )
             parts.append(
                 f"<text x='{(_LEFT + self.width - _RIGHT) / 2:.0f}' y='{self.height / 2:.0f}' "
-                f"text-anchor='middle' style='fill:{style.MUTED}'>waiting for the first steps "
-                "(torch_xla.sync)</text>"
+                f"text-anchor='middle' style='fill:{style.MUTED}'>{style.esc(note)}</text>"
             )
-        svg = _svg_open("steps", self.width, self.height, _step_title(series, compile_steps))
+        title = _step_title(series, compile_steps, final)
+        svg = _svg_open("steps", self.width, self.height, title)
         out = svg + "".join(parts) + "</svg>"
         self.last_cost = time.perf_counter() - start
         return out
@@ -209,11 +216,11 @@ class StepTimeSvg:
         )
 
 
-def _step_title(series, compile_steps) -> str:
+def _step_title(series, compile_steps, final: bool = False) -> str:
     """What the chart shows, in words (its tooltip and its accessible name)."""
     compiles = f"{len(compile_steps)} compile{'' if len(compile_steps) == 1 else 's'}"
     if not series:
-        return f"step time: no step measured yet; {compiles}"
+        return f"step time: no step measured{'' if final else ' yet'}; {compiles}"
     last = series[-1]
     return (
         f"step time at step {last.step}: median {format_seconds(last.median)}, p90 "
@@ -240,7 +247,8 @@ class CompileSvg:
         self._key = state.compile_version
         return self.render(state.compiles)
 
-    def render(self, compiles: tuple[LiveCompile, ...]) -> str:
+    def render(self, compiles: tuple[LiveCompile, ...], *, final: bool = False) -> str:
+        """The chart's SVG. `final`: the final view's (an empty chart speaks of the run)."""
         start = time.perf_counter()
         shown = [c for c in compiles if c.seconds is not None][-self.SHOWN :]
         title = f"{len(compiles)} graph{'' if len(compiles) == 1 else 's'} compiled"
@@ -250,9 +258,10 @@ class CompileSvg:
             )
         parts = [_svg_open("compile", self.width, self.height, title)]
         if not shown:
+            note = "no graph compiled in this run" if final else "no graph compiled yet"
             parts.append(
                 f"<text x='{self.width / 2:.0f}' y='{self.height / 2:.0f}' text-anchor='middle'"
-                f" style='fill:{style.MUTED}'>no graph compiled yet</text>"
+                f" style='fill:{style.MUTED}'>{style.esc(note)}</text>"
             )
         else:
             label_w = round(self._LABEL_CHARS * LABEL_PX * 0.62) + 6

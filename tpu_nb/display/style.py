@@ -51,7 +51,8 @@ _LIGHT_HOSTS = (
     "body.vscode-light .tpunb",
     "body.vscode-high-contrast-light .tpunb",
 )
-# Charts and graph pictures are drawn light; in a dark theme they are inverted, hues kept.
+# Graph pictures (class tpunb-chart) are drawn light; in a dark theme they are inverted, hues
+# kept. (The dashboard's charts are drawn in the theme's colours instead.)
 _CHART_DARK = "filter:invert(0.88) hue-rotate(180deg)"
 
 
@@ -75,7 +76,7 @@ def _variables(which: int) -> str:
 
 def _stylesheet() -> str:
     light, dark = _variables(0), _variables(1)
-    # Chart images may sit outside a .tpunb block (the dashboard's image widgets).
+    # Such pictures may sit outside a .tpunb block.
     dark_charts = ",".join(h.replace(" .tpunb", " .tpunb-chart") for h in _DARK_HOSTS)
     light_charts = ",".join(h.replace(" .tpunb", " .tpunb-chart") for h in _LIGHT_HOSTS)
     return (

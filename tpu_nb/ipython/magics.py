@@ -227,7 +227,7 @@ class TpuMagics(Magics):
         metavar="K",
         help="alert when one line compiles more than K distinct graphs (default 3)",
     )
-    @flag("--no-charts", help="panels only, no matplotlib charts")
+    @flag("--no-charts", help="panels only, no charts")
     @line_magic
     def tpu_dashboard(self, line=""):
         """Show the live XLA dashboard for the rest of this cell.
