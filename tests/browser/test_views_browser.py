@@ -157,12 +157,13 @@ _SELECTOR = ", ".join(f".{c}" for c in VIEW_CLASSES)
 def _check(driver, style_checks, picture: bool = True) -> dict:
     result = style_checks(driver, _SELECTOR)
     assert result["roots"] == len(VIEW_CLASSES), result
-    assert result["texts"] > 100 and result["cells"] > 40 and result["charts"] >= 2, result
+    assert result["texts"] > 100 and result["cells"] > 40, result
     assert not result["misaligned"], result["misaligned"][:10]
     assert not result["low"], result["low"][:10]
     assert not result["broken"], result["broken"]
     if picture:
         assert result["labels"] > 40 and result["minLabel"] >= 10, result
+        assert result["charts"] >= 2, result  # the dashboard's step and compile charts
     return result
 
 
@@ -274,7 +275,9 @@ def test_views_in_jupyter_front_ends(views, lab, browser, style_checks, frontend
     if not trusted:
         # JupyterLab sanitizes an untrusted notebook's HTML: no <style>, no <svg>, no script.
         # Layout (inline) stays, and the colours fall back to the theme's own text colour.
+        # The graph picture and the dashboard's SVG charts are not shown there.
         result = _check(browser, style_checks, picture=False)
+        assert result["charts"] == 0, result
         _shots(browser, f"{frontend}-{theme}-untrusted")
         return
     result = _check(browser, style_checks)

@@ -12,6 +12,7 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.display.anatomy_view import panel_html as anatomy_panel_html
+from tpu_nb.display.live_charts import CHART_SIZES
 from tpu_nb.display.live_charts import wrap as wrap_chart
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import CompileEvent
@@ -356,12 +357,14 @@ def anatomy_html(state: LiveState | None) -> str:
     return _panel("where the steps' time went", body, height=_ANATOMY_HEIGHT)
 
 
-def svg_chart_html(svg: str | None, caption: str) -> str:
-    """An SVG chart with its caption (none without the chart)."""
+def svg_chart_html(svg: str | None, caption: str, width: int | None = None) -> str:
+    """An SVG chart with its caption (none without the chart), `width` CSS pixels wide at
+    most: the caption wraps at the chart's width, so the two charts fit side by side."""
     if not svg:
         return ""
+    size = f"width:{width}px;" if width else ""
     return (
-        f"<div style='margin:2px 6px 2px 0;max-width:100%'>{caption_html(caption)}"
+        f"<div style='margin:2px 6px 2px 0;{size}max-width:100%'>{caption_html(caption)}"
         f"{wrap_chart(svg)}</div>"
     )
 
@@ -380,7 +383,7 @@ def static_html(
     svgs = svgs or {}
 
     def chart(name: str, caption: str) -> str:
-        return svg_chart_html(svgs.get(name), caption)
+        return svg_chart_html(svgs.get(name), caption, CHART_SIZES[name][0])
 
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = _counter_panels(state, final=True)
