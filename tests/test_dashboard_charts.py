@@ -9,6 +9,7 @@ parsed as XML, so an unescaped character anywhere fails the test.
 import ast
 import re
 import xml.etree.ElementTree as ET
+from base64 import b64decode
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from conftest import sgd_step
 
 import tpu_nb
 from tpu_nb.display import dashboard as D
+from tpu_nb.display import style
 from tpu_nb.display.live_charts import CompileSvg, StepTimeSvg
 from tpu_nb.runtime.live import LiveCompile, LiveMonitor
 from tpu_nb.runtime.metrics import CompileEvent, Frame
@@ -149,9 +151,35 @@ def test_strings_in_the_svg_charts_are_escaped():
         assert "<img" not in svg and "\x0b" not in svg
     tip = ET.fromstring(svgs["compile"]).find(f".//{SVG}rect/{SVG}title").text
     assert HOSTILE.replace("\x0b", "\ufffd") in tip and "<torch_xla.sync> & 'co'" in tip
-    # The static (final) view carries the SVG charts.
+    # The static (final) view carries the SVG charts, each followed by its picture: the same
+    # SVG in a data: URI, escaped the same way, with its own colours and background.
     html = D.static_html(None, "finished", "XLA <dashboard>", final)
-    assert html.count("<svg ") == 2 and "<img" not in html and "&lt;img src=x" in html
+    assert html.count("<svg ") == 2 and "<img src=x" not in html and "&lt;img src=x" in html
+    pictures = _pictures(html)
+    assert [p["class"] for p in pictures] == ["tpunb-chart-picture"] * 2
+    for picture, name in zip(pictures, ("step", "compile"), strict=True):
+        svg = ET.fromstring(picture["svg"])
+        assert f"<style>{svg.find(f'{SVG}style').text}</style>" == style.PICTURE_STYLE
+        assert svg.find(f"{SVG}rect").get("style") == "fill:var(--tpunb-bg)"  # the background
+        drawn = ET.fromstring(final[name])
+        assert [t.text for t in svg.iter(f"{SVG}text")] == [
+            t.text for t in drawn.iter(f"{SVG}text")
+        ]
+        assert picture["alt"] == drawn.get("aria-label")
+        assert (picture["width"], picture["height"]) == (drawn.get("width"), drawn.get("height"))
+    tips = [t.text for t in ET.fromstring(pictures[1]["svg"]).iter(f"{SVG}title")]
+    assert any(HOSTILE.replace("\x0b", "\ufffd") in tip for tip in tips)
+
+
+def _pictures(html: str) -> list[dict]:
+    """The final view's chart pictures: each <img>'s attributes, and its SVG decoded."""
+    found = []
+    for tag in re.findall(r"<img [^>]*>", html):
+        attrs = dict(re.findall(r"(\w+)='([^']*)'", tag))
+        head, data = attrs.pop("src").split(",", 1)
+        assert head == "data:image/svg+xml;base64"
+        found.append({**attrs, "svg": b64decode(data).decode()})
+    return found
 
 
 def test_the_final_charts_say_what_did_not_happen_in_the_run():
@@ -232,12 +260,14 @@ def test_the_final_view_draws_the_svg_charts_without_matplotlib(py):
             dash.refresh_now()
             print("LIVE", "<svg" in dash._step_chart.value, "<svg" in dash._compile_chart.value)
         html = dash._repr_html_()
-        print("FINAL", sorted(dash._svgs), html.count("tpunb-svg-chart"), "<img" in html,
-              "data:image/png" in html, "waiting for" in html)
+        print("FINAL", sorted(dash._svgs), html.count("class='tpunb-svg-chart "),
+              html.count("<img class='tpunb-chart-picture'"), "data:image/png" in html,
+              "waiting for" in html)
         print("MATPLOTLIB", "matplotlib" in sys.modules)
         """
     ).stdout
     assert "LIVE True True" in out, out
-    # The final view: both charts, as SVG, drawn anew from the final state (no image).
-    assert "FINAL ['compile', 'step'] 2 False False False" in out, out
+    # The final view: both charts, as SVG drawn anew from the final state, each with its SVG
+    # picture (no PNG).
+    assert "FINAL ['compile', 'step'] 2 2 False False" in out, out
     assert "MATPLOTLIB False" in out, out  # the dashboard never imports it

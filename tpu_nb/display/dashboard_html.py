@@ -12,8 +12,7 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.display.anatomy_view import panel_html as anatomy_panel_html
-from tpu_nb.display.live_charts import CHART_SIZES
-from tpu_nb.display.live_charts import wrap as wrap_chart
+from tpu_nb.display.live_charts import CHART_SIZES, with_picture
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import CompileEvent
 from tpu_nb.runtime.sources import place_text
@@ -359,13 +358,14 @@ def anatomy_html(state: LiveState | None) -> str:
 
 def svg_chart_html(svg: str | None, caption: str, width: int | None = None) -> str:
     """An SVG chart with its caption (none without the chart), `width` CSS pixels wide at
-    most: the caption wraps at the chart's width, so the two charts fit side by side."""
+    most: the caption wraps at the chart's width, so the two charts fit side by side. The
+    chart comes with its picture, shown where a sanitizer strips the SVG (`with_picture`)."""
     if not svg:
         return ""
     size = f"width:{width}px;" if width else ""
     return (
         f"<div style='margin:2px 6px 2px 0;{size}max-width:100%'>{caption_html(caption)}"
-        f"{wrap_chart(svg)}</div>"
+        f"{with_picture(svg)}</div>"
     )
 
 

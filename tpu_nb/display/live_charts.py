@@ -20,7 +20,9 @@ fitted to the data, and an empty chart says that nothing happened in the run.
 from __future__ import annotations
 
 import math
+import re
 import time
+from base64 import b64encode
 
 from tpu_nb.display import style
 from tpu_nb.runtime.live import LiveCompile, LiveState, StepPoint
@@ -91,6 +93,32 @@ def _svg_open(name: str, width: int, height: int, title: str) -> str:
 def wrap(svg: str) -> str:
     """A chart as the HTML its slot shows: inside a themed block (the colour variables)."""
     return f"<div class='tpunb' style='{style.ROOT};padding:0;background:transparent'>{svg}</div>"
+
+
+def with_picture(svg: str) -> str:
+    """A chart as `wrap` shows it, followed by the same chart as a picture: an <img> of the SVG
+    with its own colours and background (style.PICTURE_STYLE). The stylesheet hides the
+    picture after the inline SVG. JupyterLab's sanitizer (an untrusted notebook: one
+    downloaded, or run by someone else) strips the inline SVG and the stylesheet but keeps an
+    <img> with a data: URI: there the picture shows instead, and the font size of 0 hides the
+    text the stripped SVG leaves behind."""
+    tag = _OPEN.match(svg)  # a chart's opening tag (_svg_open), its attributes escaped
+    if tag is None:
+        return wrap(svg)
+    width, height, label = tag.groups()
+    picture = (
+        f"{tag.group()}{style.PICTURE_STYLE}<rect width='100%' height='100%' "
+        f"style='fill:var(--tpunb-bg)'/>{svg[tag.end() :]}"
+    )
+    return (
+        f"<div class='tpunb' style='{style.ROOT};padding:0;background:transparent;"
+        f"font-size:0px;line-height:0'>{svg}<img class='tpunb-chart-picture' alt='{label}' "
+        f"width='{width}' height='{height}' style='display:block;max-width:100%;height:auto' "
+        f"src='data:image/svg+xml;base64,{b64encode(picture.encode()).decode()}'></div>"
+    )
+
+
+_OPEN = re.compile(r"<svg [^>]* width='(\d+)' height='(\d+)' [^>]*aria-label='([^']*)'[^>]*>")
 
 
 class StepTimeSvg:

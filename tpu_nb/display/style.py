@@ -54,6 +54,10 @@ _LIGHT_HOSTS = (
 # Graph pictures (class tpunb-chart) are drawn light; in a dark theme they are inverted, hues
 # kept. (The dashboard's charts are drawn in the theme's colours instead.)
 _CHART_DARK = "filter:invert(0.88) hue-rotate(180deg)"
+# A chart's stand-in picture (see live_charts.with_picture) shows only where its inline SVG
+# was stripped: where both are kept, this rule hides it; where a sanitizer strips the SVG (and
+# this stylesheet), nothing does.
+_PICTURE_HIDDEN = "svg.tpunb-svg-chart+img.tpunb-chart-picture{display:none}"
 
 
 def _chain(names: tuple[str, ...], fallback: str) -> str:
@@ -88,11 +92,24 @@ def _stylesheet() -> str:
         f"{','.join(_LIGHT_HOSTS)}{{{light}}}"
         f"{dark_charts}{{{_CHART_DARK}}}"
         f"{light_charts}{{filter:none}}"
+        f"{_PICTURE_HIDDEN}"
         "</style>"
     )
 
 
 STYLE = _stylesheet()
+
+
+def _fixed(which: int) -> str:
+    return ";".join(f"--tpunb-{name}:{pair[which]}" for name, pair in PALETTE.items())
+
+
+# The palette inside an SVG drawn as a picture of its own (an <img>, which the page's
+# stylesheet and variables do not reach): its light set, or its dark one where the system
+# prefers dark, each with its background (`--tpunb-bg`) for the picture to paint.
+PICTURE_STYLE = (
+    f"<style>:root{{{_fixed(0)}}}@media (prefers-color-scheme:dark){{:root{{{_fixed(1)}}}}}</style>"
+)
 
 
 def color(name: str) -> str:
