@@ -136,7 +136,10 @@ def browser(lab):
 # selector: text contrast against the background it is drawn on (alpha-blended up the
 # ancestors; WCAG's relative luminance), table cells' alignment (unless the cell asks for
 # right alignment inline), broken images, the on-screen size of graph labels, and the
-# dashboard's SVG charts: their text's contrast (its fill) against the background behind it.
+# dashboard's charts: the SVG charts' on-screen size and their text's contrast (its fill)
+# against the background behind it; the charts' pictures (shown where the SVG was stripped):
+# their on-screen size, the contrast of their darkest or lightest ink against their own
+# background (read from the decoded pixels), and any text left visible beside them.
 _CHECKS = r"""
 const roots = [...document.querySelectorAll(arguments[0])];
 function rgba(text) {
@@ -166,6 +169,8 @@ function luminance(c) {
 }
 const low = [], misaligned = [], broken = [];
 let cells = 0, texts = 0, images = 0, minLabel = Infinity, labels = 0, charts = 0;
+let shownCharts = 0;
+const pictures = [];
 function contrast(el, colour) {
   const bg = background(el);
   const fg = over(rgba(colour), bg);
@@ -203,16 +208,45 @@ for (const root of roots) {
   }
   for (const svg of root.querySelectorAll('svg.tpunb-svg-chart')) {
     charts++;
+    const box = svg.getBoundingClientRect();
+    if (box.width > 0 && box.height > 0) shownCharts++;
     for (const t of svg.querySelectorAll('text')) {
       const ratio = contrast(t, getComputedStyle(t).fill);
       texts++;
       if (ratio < 4.5) low.push(`${ratio.toFixed(2)} chart text "${t.textContent.slice(0, 40)}"`);
     }
   }
+  for (const img of root.querySelectorAll('img.tpunb-chart-picture')) {
+    const box = img.getBoundingClientRect();
+    const p = {width: Math.round(box.width), height: Math.round(box.height),
+               natural: img.naturalWidth, ink: null, left: null};
+    if (p.width > 0 && p.height > 0 && img.naturalWidth > 0) {
+      const canvas = document.createElement('canvas');
+      [canvas.width, canvas.height] = [img.naturalWidth, img.naturalHeight];
+      const g = canvas.getContext('2d');
+      g.drawImage(img, 0, 0);
+      const px = g.getImageData(0, 0, canvas.width, canvas.height).data;
+      const bg = [px[0], px[1], px[2]], lb = luminance(bg);
+      p.opaque = px[3] === 255;
+      p.background = lb;
+      p.ink = 1;
+      for (let i = 0; i < px.length; i += 4) {
+        const l = luminance([px[i], px[i + 1], px[i + 2]]);
+        p.ink = Math.max(p.ink, (Math.max(l, lb) + 0.05) / (Math.min(l, lb) + 0.05));
+      }
+    }
+    const parent = img.parentElement;
+    const loose = [...parent.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim());
+    if (loose.length && parseFloat(getComputedStyle(parent).fontSize) > 0)
+      p.left = loose.map(n => n.textContent).join(' ').slice(0, 60);
+    pictures.push(p);
+  }
 }
 return {roots: roots.length, low, misaligned, broken, cells, texts, images, labels, charts,
+        shownCharts, pictures,
         minLabel: labels ? minLabel : null,
-        jpLight: document.body.dataset.jpThemeLight || null};
+        jpLight: document.body.dataset.jpThemeLight || null,
+        colorScheme: getComputedStyle(roots[0] || document.body).colorScheme};
 """
 
 
@@ -220,3 +254,25 @@ return {roots: roots.length, low, misaligned, broken, cells, texts, images, labe
 def style_checks():
     """driver, selector -> dict of findings (see _CHECKS)."""
     return lambda driver, selector: driver.execute_script(_CHECKS, selector)
+
+
+def _charts_shown(result: dict, inline: bool) -> None:
+    """The dashboard's two final charts are on screen in `result` (style_checks): as inline
+    SVG (`inline`), their pictures hidden; or, where the SVG was stripped, as their pictures:
+    decoded, opaque, with ink at least 4.5:1 against their background, no loose text left."""
+    pictures = result["pictures"]
+    assert len(pictures) == 2, result
+    if inline:
+        assert result["charts"] == result["shownCharts"] == 2, result
+        assert all(p["width"] == p["height"] == 0 for p in pictures), pictures
+        return
+    assert result["charts"] == 0, result
+    for p in pictures:
+        assert p["width"] >= 300 and p["height"] >= 150 and p["natural"] > 0, pictures
+        assert p["opaque"] and p["ink"] >= 4.5 and p["left"] is None, pictures
+
+
+@pytest.fixture
+def charts_shown():
+    """result, inline -> asserts the dashboard's final charts are shown (see _charts_shown)."""
+    return _charts_shown

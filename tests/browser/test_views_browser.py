@@ -154,7 +154,9 @@ def _notebook(views: dict, path: Path, data_dir: Path, trusted: bool = True) -> 
 _SELECTOR = ", ".join(f".{c}" for c in VIEW_CLASSES)
 
 
-def _check(driver, style_checks, picture: bool = True) -> dict:
+def _check(driver, style_checks, charts_shown, picture: bool = True) -> dict:
+    """`picture`: the SVG is shown (the graph picture, the dashboard's SVG charts); else it
+    was stripped, and the dashboard's charts show as their pictures."""
     result = style_checks(driver, _SELECTOR)
     assert result["roots"] == len(VIEW_CLASSES), result
     assert result["texts"] > 100 and result["cells"] > 40, result
@@ -163,7 +165,7 @@ def _check(driver, style_checks, picture: bool = True) -> dict:
     assert not result["broken"], result["broken"]
     if picture:
         assert result["labels"] > 40 and result["minLabel"] >= 10, result
-        assert result["charts"] >= 2, result  # the dashboard's step and compile charts
+    charts_shown(result, inline=picture)  # the dashboard's step and compile charts
     return result
 
 
@@ -214,7 +216,9 @@ def _wait(predicate, timeout: float, what: str):
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_views_on_a_bare_page_without_jupyter_css(views, browser, style_checks, scheme, tmp_path):
+def test_views_on_a_bare_page_without_jupyter_css(
+    views, browser, style_checks, charts_shown, scheme, tmp_path
+):
     page = tmp_path / "views.html"
     page.write_text(
         "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
@@ -233,7 +237,7 @@ def test_views_on_a_bare_page_without_jupyter_css(views, browser, style_checks, 
             20,
             "the images",
         )
-        result = _check(browser, style_checks)
+        result = _check(browser, style_checks, charts_shown)
         assert _drag_pans(browser)  # dragging the picture pans it
         _shots(browser, f"bare-{scheme}")
     finally:
@@ -242,45 +246,60 @@ def test_views_on_a_bare_page_without_jupyter_css(views, browser, style_checks, 
 
 
 @pytest.mark.parametrize(
-    "frontend, theme, trusted",
+    "frontend, theme, trusted, scheme",
     [
-        ("jupyterlab", "light", True),
-        ("jupyterlab", "dark", True),
-        ("notebook7", "light", True),
-        ("notebook7", "dark", True),
-        ("jupyterlab", "dark", False),
+        ("jupyterlab", "light", True, "light"),
+        ("jupyterlab", "dark", True, "light"),
+        ("notebook7", "light", True, "light"),
+        ("notebook7", "dark", True, "light"),
+        ("jupyterlab", "light", False, "light"),
+        ("jupyterlab", "dark", False, "light"),
+        ("jupyterlab", "light", False, "dark"),
     ],
 )
-def test_views_in_jupyter_front_ends(views, lab, browser, style_checks, frontend, theme, trusted):
+def test_views_in_jupyter_front_ends(
+    views, lab, browser, style_checks, charts_shown, frontend, theme, trusted, scheme
+):
+    """`scheme`: the system's (prefers-color-scheme), which JupyterLab's theme does not
+    follow; the dashboard's chart pictures do (an untrusted notebook shows them)."""
     base, token, home = lab
     settings = home / "settings" / "@jupyterlab" / "apputils-extension"
     (settings / "themes.jupyterlab-settings").write_text(json.dumps({"theme": THEMES[theme]}))
-    name = f"views-{frontend}-{theme}{'' if trusted else '-untrusted'}.ipynb"
+    variant = f"{theme}{'' if trusted else '-untrusted'}{'' if scheme == 'light' else '-os-dark'}"
+    name = f"views-{frontend}-{variant}.ipynb"
     _notebook(views, home / "notebooks" / name, home / "data", trusted)
-    browser.get(base + PAGES[frontend].format(name=name, workspace=name[:-6]) + f"token={token}")
-    _wait(
-        lambda: len(browser.find_elements("css selector", _SELECTOR)) == len(VIEW_CLASSES),
-        90,
-        "the notebook's outputs",
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
     )
-    _wait(
-        lambda: (
-            browser.execute_script("return document.body.dataset.jpThemeLight")
-            == ("true" if theme == "light" else "false")
-        ),
-        30,
-        f"the {theme} theme",
-    )
-    time.sleep(1)  # fonts and images settle
-    if not trusted:
-        # JupyterLab sanitizes an untrusted notebook's HTML: no <style>, no <svg>, no script.
-        # Layout (inline) stays, and the colours fall back to the theme's own text colour.
-        # The graph picture and the dashboard's SVG charts are not shown there.
-        result = _check(browser, style_checks, picture=False)
-        assert result["charts"] == 0, result
-        _shots(browser, f"{frontend}-{theme}-untrusted")
-        return
-    result = _check(browser, style_checks)
-    assert _drag_pans(browser)  # a trusted output's script runs
-    _shots(browser, f"{frontend}-{theme}")
-    print(f"{frontend}, {theme}: {json.dumps(result)[:400]}")
+    try:
+        url = PAGES[frontend].format(name=name, workspace=name[:-6])
+        browser.get(f"{base}{url}token={token}")
+        _wait(
+            lambda: len(browser.find_elements("css selector", _SELECTOR)) == len(VIEW_CLASSES),
+            90,
+            "the notebook's outputs",
+        )
+        _wait(
+            lambda: (
+                browser.execute_script("return document.body.dataset.jpThemeLight")
+                == ("true" if theme == "light" else "false")
+            ),
+            30,
+            f"the {theme} theme",
+        )
+        time.sleep(1)  # fonts and images settle
+        # Untrusted: JupyterLab sanitizes the notebook's HTML: no <style>, no <svg>, no
+        # script. Layout (inline) stays, and the colours fall back to the theme's own text
+        # colour. The graph picture is not shown there; the dashboard's charts show as
+        # their pictures.
+        result = _check(browser, style_checks, charts_shown, picture=trusted)
+        # The pictures follow the page's colour scheme (JupyterLab sets its theme's as CSS
+        # color-scheme, which chromium passes into an SVG <img>), not the system's.
+        dark = [p["background"] < 0.05 for p in result["pictures"] if p["width"]]
+        assert dark == ([] if trusted else [theme == "dark"] * 2), result["pictures"]
+        assert not trusted or _drag_pans(browser)  # a trusted output's script runs
+        _shots(browser, f"{frontend}-{variant}")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+    print(f"{frontend}, {variant}: {json.dumps(result)[:400]}")

@@ -55,9 +55,9 @@ _LIGHT_HOSTS = (
 # kept. (The dashboard's charts are drawn in the theme's colours instead.)
 _CHART_DARK = "filter:invert(0.88) hue-rotate(180deg)"
 # A chart's stand-in picture (see live_charts.with_picture) shows only where its inline SVG
-# was stripped: where both are kept, this rule hides it; where a sanitizer strips the SVG (and
-# this stylesheet), nothing does.
-_PICTURE_HIDDEN = "svg.tpunb-svg-chart+img.tpunb-chart-picture{display:none}"
+# was stripped: where both are kept, this rule hides it (over its inline display:block);
+# where a sanitizer strips the SVG (and this stylesheet), nothing does.
+_PICTURE_HIDDEN = "svg.tpunb-svg-chart+img.tpunb-chart-picture{display:none!important}"
 
 
 def _chain(names: tuple[str, ...], fallback: str) -> str:
