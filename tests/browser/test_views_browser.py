@@ -5,9 +5,11 @@ and exported HTML show them), in light and dark `prefers-color-scheme`.
 The views are made here on XLA:CPU from real work: a cell's report (a recompiling line, a CPU
 fallback, host reads), the environment table, the dashboard's final view and the graph of a
 TransformerEncoderLayer training step (~550 nodes). In JupyterLab and Notebook 7 they are the
-outputs of a trusted notebook, rendered by the front end's own output renderer and CSS.
+outputs of a trusted notebook, rendered by the front end's own output renderer and CSS; in
+JupyterLab also of an untrusted one, whose HTML its sanitizer strips of SVG and stylesheets.
 Checked from computed styles: table cells left-aligned, text contrast at least 4.5:1 (WCAG AA)
-against the background it is drawn on, no broken image, graph labels at least 10 px on screen.
+against the background it is drawn on, no broken image, graph labels at least 10 px on screen,
+the dashboard's final charts on screen (as SVG, or where it was stripped as their pictures).
 Screenshots: tests/artifacts/views-<front end>-<theme>-<view>.png.
 """
 
