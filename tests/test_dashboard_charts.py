@@ -21,7 +21,7 @@ import tpu_nb
 from tpu_nb.display import dashboard as D
 from tpu_nb.display import style
 from tpu_nb.display.live_charts import CompileSvg, StepTimeSvg
-from tpu_nb.runtime.live import LiveCompile, LiveMonitor
+from tpu_nb.runtime.live import LiveCompile, LiveMonitor, StepPoint
 from tpu_nb.runtime.metrics import CompileEvent, Frame
 from tpu_nb.runtime.units import format_seconds
 
@@ -180,6 +180,21 @@ def _pictures(html: str) -> list[dict]:
         assert head == "data:image/svg+xml;base64"
         found.append({**attrs, "svg": b64decode(data).decode()})
     return found
+
+
+def test_the_final_step_chart_ends_at_the_first_tick_past_the_last_step():
+    """The final chart's x axis spans the data, a little more, to a labelled tick: the data
+    takes two thirds of the width or more (the live chart's axis only grew, to twice)."""
+    for last in (*range(5, 400), 3253, 4940, 12_345, 99_999):
+        chart = StepTimeSvg()
+        drawn = ET.fromstring(chart.render((StepPoint(last, 0.002, 0.003, 4),), [1], final=True))
+        x_top = chart.limits[0]
+        assert last * 1.05 <= x_top <= last * 1.5, (last, x_top)
+        ticks = [t.text for t in drawn.iter(f"{SVG}text") if t.get("text-anchor") == "middle"]
+        values = [float(t[:-1]) * 1e3 if t.endswith("k") else float(t) for t in ticks]
+        assert values[-1] == x_top, (last, ticks)  # the right edge's tick
+        assert values == sorted(set(values)), (last, ticks)  # each label once
+        assert all(v == int(v) for v in values), (last, ticks)  # whole steps
 
 
 def test_the_final_charts_say_what_did_not_happen_in_the_run():

@@ -53,11 +53,13 @@ INITIAL_LIMITS = (10.0, 0.1, 10.0)
 
 def grow_limits(limits, series, compile_steps, final: bool = False) -> tuple[float, float, float]:
     """Step-time axis limits that fit the data. While live they only grow (x to twice the
-    steps so far, y by decades); `final` fits them to the data."""
+    steps so far, y by decades); `final` fits them to the data (x to the first tick past the
+    last step, so the data spans most of the width)."""
     x_top, y_bottom, y_top = limits
     last = max([p.step for p in series] + list(compile_steps) + [1])
     if final:
-        x_top = nice_ceiling(last * 1.05)
+        step = _tick_step(last * 1.05)
+        x_top = step * math.ceil(last * 1.05 / step)
     elif last > x_top:
         x_top = nice_ceiling(last * 2)  # the data fills at least half the width
     values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
@@ -73,12 +75,19 @@ def grow_limits(limits, series, compile_steps, final: bool = False) -> tuple[flo
 
 
 def _tick_step(top: float, most: int = 5) -> float:
-    """A round step (1, 2, 2.5, 5 x 10^k; at least 1) giving at most `most` intervals."""
-    return _round_up(max(top / most, 1.0), (1, 2, 2.5, 5, 10))
+    """A round step (1, 2, 2.5, 5 x 10^k; a whole number, at least 1) giving at most `most`
+    intervals."""
+    step = _round_up(max(top / most, 1.0), (1, 2, 2.5, 5, 10))
+    return step if step == int(step) else 2 * step
 
 
 def _number(value: float) -> str:
     return f"{value:g}" if value < 1e5 else f"{value:.0e}"
+
+
+def _steps(value: float) -> str:
+    """A step count as a tick label: 125k, not 1e+05 (which 100000 and 150000 would share)."""
+    return f"{value:g}" if value < 1e5 else f"{value / 1e3:g}k"
 
 
 def _svg_open(name: str, width: int, height: int, title: str) -> str:
@@ -234,7 +243,7 @@ class StepTimeSvg:
             x = self.x(t)
             grid.append(f"M{x:.1f} {top}V{bottom}")
             labels.append(
-                f"<text x='{x:.1f}' y='{bottom + 14}' text-anchor='middle'>{_number(t)}</text>"
+                f"<text x='{x:.1f}' y='{bottom + 14}' text-anchor='middle'>{_steps(t)}</text>"
             )
         return (
             f"<path d='{''.join(grid)}' style='stroke:{style.LINE};stroke-width:1'/>"
