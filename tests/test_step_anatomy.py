@@ -410,6 +410,26 @@ def test_a_run_longer_than_the_sample_buffers_keeps_every_step_sample():
     assert sum(s.executions for s in a.steps) >= steps
 
 
+def test_host_line_shares_of_a_run_longer_than_the_steps_kept_add_up(monkeypatch):
+    """A run keeps its last steps only; the host sampler saw all of them: the steady lines'
+    shares are of the time the sampler counted, so they add up to at most the whole."""
+    from tpu_nb.runtime.tracking import _anatomy
+
+    monkeypatch.setattr(_anatomy, "_MAX_STEPS", 20)
+    dev = torch_xla.device()
+    x = torch.zeros(8, device=dev)
+    with tpu_nb.track(wait=True) as report:
+        for _ in range(60):
+            time.sleep(0.01)  # host work the sampler places on this line
+            x = x + 1
+            torch_xla.sync()
+        time.sleep(0.1)  # code after the loop: the steady lines leave it out
+    a, judgement = report.anatomy, report.judgement
+    assert a.dropped_steps == 40 and judgement.verdict is not None, a.summary()
+    assert judgement.steady_lines, a.summary()
+    assert sum(h.share for h in judgement.steady_lines) <= 1.0, judgement.steady_lines
+
+
 # -- the profile itself in the notebook --------------------------------------------------------
 
 _PROFILE_N_STEPS = """

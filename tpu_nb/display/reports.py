@@ -361,6 +361,8 @@ class RunView:
             return ""
         if not 0 < judgement.steady_steps < len(steps):
             return ""
+        if getattr(self.report.anatomy, "dropped_steps", 0):  # the first steps are not kept
+            return "the run but its warm-up and the code after its loop"
         if not self.report.compile_analysis:  # no compile log: first steps are not known
             return f"the {judgement.steady_steps} steps after the last one that compiled"
         return f"the {judgement.steady_steps} steady steps"

@@ -657,6 +657,8 @@ def _steady_lines(a, steady, steps) -> tuple:
     if a.tail is not None:
         left_out.append((a.tail.start, a.tail.end))
     wall = sum(s.wall for s in steady) + (tail.wall if tail else 0.0)
+    if a.dropped_steps and steps:  # the sampler also counted the steps no longer kept
+        wall += max(0.0, steps[0].start - a.sampler.started)
     return a.sampler.lines(wall, without=tuple(left_out))
 
 
