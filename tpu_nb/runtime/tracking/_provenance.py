@@ -545,9 +545,10 @@ class Recorder:
                 or store.line_captures.get(key) is None
             )
             if not due and key in self._compiled_at:  # a new shape: capture, to name it
-                due = self._shapes_changed(root, key)
-                if not due:
+                changed = self._shapes_changed(root, key)  # None: nothing to compare yet
+                if changed is False:
                     self._same_shapes[key] = self.recording.syncs
+                due = bool(changed)
             if not due:
                 return None, None
             taken = self._captured_here.get(site, 0)
@@ -585,7 +586,7 @@ class Recorder:
         )
         self.recording.live_tensors.append((self.recording.syncs, live))
 
-    def _shapes_changed(self, root, key) -> bool:
+    def _shapes_changed(self, root, key) -> bool | None:
         values: Any = frame_variables(root)
         watched = self._watched
         if watched is None:
@@ -603,7 +604,7 @@ class Recorder:
                 shapes.append(tuple((v.shape, v.dtype) for v in items if type(v) in _TENSOR_TYPES))
         before = self._shapes_at.get(key)
         self._shapes_at[key] = shapes
-        return before is not None and before != shapes
+        return None if before is None else before != shapes
 
     def _note_compiled(self, site: Site) -> None:
         if site.line is not None:
