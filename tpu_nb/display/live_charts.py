@@ -106,11 +106,11 @@ def wrap(svg: str) -> str:
 
 def with_picture(svg: str) -> str:
     """A chart as `wrap` shows it, followed by the same chart as a picture: an <img> of the SVG
-    with its own colours and background (style.PICTURE_STYLE). The stylesheet hides the
-    picture after the inline SVG. JupyterLab's sanitizer (an untrusted notebook: one
-    downloaded, or run by someone else) strips the inline SVG and the stylesheet but keeps an
-    <img> with a data: URI: there the picture shows instead, and the font size of 0 hides the
-    text the stripped SVG leaves behind."""
+    with its own colours and background (style.PICTURE_STYLE). A rule of its own
+    (style.PICTURE_HIDDEN) hides the picture after the inline SVG. JupyterLab's sanitizer (an
+    untrusted notebook: one downloaded, or run by someone else) strips the inline SVG and
+    every <style> but keeps an <img> with a data: URI: there the picture shows instead, and
+    the font size of 0 hides the text the stripped SVG leaves behind."""
     tag = _OPEN.match(svg)  # a chart's opening tag (_svg_open), its attributes escaped
     if tag is None:
         return wrap(svg)
@@ -120,8 +120,9 @@ def with_picture(svg: str) -> str:
         f"style='fill:var(--tpunb-bg)'/>{svg[tag.end() :]}"
     )
     return (
-        f"<div class='tpunb' style='{style.ROOT};padding:0;background:transparent;"
-        f"font-size:0px;line-height:0'>{svg}<img class='tpunb-chart-picture' alt='{label}' "
+        f"{style.PICTURE_HIDDEN}<div class='tpunb' style='{style.ROOT};padding:0;"
+        "background:transparent;font-size:0px;line-height:0'>"
+        f"{svg}<img class='tpunb-chart-picture' alt='{label}' "
         f"width='{width}' height='{height}' style='display:block;max-width:100%;height:auto' "
         f"src='data:image/svg+xml;base64,{b64encode(picture.encode()).decode()}'></div>"
     )

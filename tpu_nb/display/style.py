@@ -56,8 +56,11 @@ _LIGHT_HOSTS = (
 _CHART_DARK = "filter:invert(0.88) hue-rotate(180deg)"
 # A chart's stand-in picture (see live_charts.with_picture) shows only where its inline SVG
 # was stripped: where both are kept, this rule hides it (over its inline display:block);
-# where a sanitizer strips the SVG (and this stylesheet), nothing does.
-_PICTURE_HIDDEN = "svg.tpunb-svg-chart+img.tpunb-chart-picture{display:none!important}"
+# where a sanitizer strips the SVG (and this rule's <style>), nothing does. The picture
+# carries the rule: the other views' outputs stay as they were.
+PICTURE_HIDDEN = (
+    "<style>svg.tpunb-svg-chart+img.tpunb-chart-picture{display:none!important}</style>"
+)
 
 
 def _chain(names: tuple[str, ...], fallback: str) -> str:
@@ -92,7 +95,6 @@ def _stylesheet() -> str:
         f"{','.join(_LIGHT_HOSTS)}{{{light}}}"
         f"{dark_charts}{{{_CHART_DARK}}}"
         f"{light_charts}{{filter:none}}"
-        f"{_PICTURE_HIDDEN}"
         "</style>"
     )
 
