@@ -361,8 +361,8 @@ class RunView:
             return ""
         if not 0 < judgement.steady_steps < len(steps):
             return ""
-        if getattr(self.report.anatomy, "dropped_steps", 0):  # the first steps are not kept
-            return "the run but its warm-up and the code after its loop"
+        if getattr(self.report.anatomy, "dropped_steps", 0):  # the first steps are not kept:
+            return "the whole run but the code after its loop"  # nor left out (the warm-up)
         if not self.report.compile_analysis:  # no compile log: first steps are not known
             return f"the {judgement.steady_steps} steps after the last one that compiled"
         return f"the {judgement.steady_steps} steady steps"
