@@ -228,7 +228,7 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
         MappingProxyType(metrics),
         time.perf_counter(),
         _generation,
-        reset_watch.resets.unseen,
+        reset_watch.unseen_resets,
     )
 
 

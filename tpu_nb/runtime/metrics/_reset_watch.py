@@ -39,14 +39,7 @@ _carried: Counter[str] = Counter()
 # The raw values of the previous read, to notice a reset nobody told us about.
 _last_raw: dict[str, int] = {}
 _last_names = 0  # how many counters the backend listed at the previous read
-
-
-class _Resets:
-    seen = 0  # clear_counters() calls carried across
-    unseen = 0  # resets noticed by a counter going down
-
-
-resets = _Resets()
+unseen_resets = 0  # resets noticed by a counter going down
 
 
 def _install(hooks: Hooks) -> None:
@@ -67,7 +60,7 @@ def ensure_installed() -> None:
         return
     with lock:
         if not _held:
-            _held.append(probe().subscribe(resets, ("counter-resets",), of_run=False))
+            _held.append(probe().subscribe(_on_clear, ("counter-resets",), of_run=False))
 
 
 def uninstall() -> None:
@@ -87,14 +80,13 @@ def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
         counts = counters.read(counters.names())
         _carried.update({n: c for n, c in counts.items() if n not in restored and c})
         _last_raw, _last_names = {}, 0
-        resets.seen += 1
         clear()
 
 
 def carry(raw: dict[str, int], n_names: int) -> dict[str, int]:
     """`raw` (a fresh read of counters, under `lock`) plus what earlier resets cleared.
     `n_names`: how many counters the backend lists now."""
-    global _last_raw, _last_names
+    global _last_raw, _last_names, unseen_resets
     last = _last_raw
     previous = last.get
     # Counter names only accumulate until a reset drops them all, and some never count
@@ -109,7 +101,7 @@ def carry(raw: dict[str, int], n_names: int) -> dict[str, int]:
     if cleared:
         _carried.update(last)
         _last_raw = dict(raw)
-        resets.unseen += 1
+        unseen_resets += 1
         logging.getLogger("tpu_nb").debug(
             "XLA counters were reset where tpu_nb could not see it; counts since the previous "
             "read are lost"
