@@ -23,20 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from importlib import metadata
 from typing import Any
 
-from tpu_nb.runtime.backend._base import (
-    Backend,
-    CounterNames,
-    Counters,
-    DeviceMemory,
-    Devices,
-    Graphs,
-    Launch,
-    MetricSamples,
-    Process,
-    Profiler,
-    Syncs,
-    register,
-)
+from tpu_nb.runtime.backend import _base as base
 from tpu_nb.runtime.errors import EnvironmentProblem
 from tpu_nb.runtime.sources import caller, innermost_frame
 
@@ -98,7 +85,7 @@ _spmd = functools.partial(_module, "torch_xla.distributed.spmd")
 _profiler = functools.partial(_module, "torch_xla.debug.profiler")
 
 
-class _Process(Process):
+class _Process(base.Process):
     def __init__(self) -> None:
         self._logging_to: set[str] = set()  # compile-cause files answered so far
         # PT_XLA_DEBUG_* taken out of os.environ after torch_xla latched them (still in effect).
@@ -162,8 +149,8 @@ class _Process(Process):
         _extension()._set_ir_debug(enabled)
 
 
-class _Counters(Counters):
-    facts = CounterNames(
+class _Counters(base.Counters):
+    facts = base.CounterNames(
         compiles="UncachedCompile",
         cache_hits="CachedCompile",
         executions=("ExecuteComputation", "ExecuteReplicated"),
@@ -195,14 +182,14 @@ class _Counters(Counters):
     def metric_names(self) -> Sequence[str]:
         return _extension()._xla_metric_names()
 
-    def metric(self, name: str) -> MetricSamples | None:
+    def metric(self, name: str) -> base.MetricSamples | None:
         data = _extension()._xla_metric_data(name)
         if data is None:
             return None
         # torch_xla hands out a tuple of (timestamp, value) float pairs: kept as they are (the
         # step anatomy reads the buffers during a run)
         samples = data[2] if type(data[2]) is tuple else tuple(map(tuple, data[2]))
-        return MetricSamples(int(data[0]), float(data[1]), samples)
+        return base.MetricSamples(int(data[0]), float(data[1]), samples)
 
     def fallbacks(self) -> list[str]:
         return _extension()._get_executed_fallback_ops()  # a new list at each call
@@ -248,7 +235,7 @@ class _Counters(Counters):
             xlac._clear_xla_counters = wrapped
 
 
-class _Graphs(Graphs):
+class _Graphs(base.Graphs):
     def text(self, tensors: Sequence[Any]) -> str:
         return _extension()._get_xla_tensors_text(list(tensors))
 
@@ -289,7 +276,7 @@ class _Graphs(Graphs):
         _extension()._dynamic_shape_detector_remove_session(name)
 
 
-class _Syncs(Syncs):
+class _Syncs(base.Syncs):
     # torch_xla's Dynamo bridge syncing a graph's inputs, and torch_xla.compile running the
     # work pending before the function.
     plumbing_callers = (
@@ -340,7 +327,7 @@ class _Syncs(Syncs):
         return (found,) if isinstance(found, type) else ()
 
 
-class _Devices(Devices):
+class _Devices(base.Devices):
     def device(self, index: int | None = None) -> Any:
         return _import_torch_xla().device(index)
 
@@ -357,7 +344,7 @@ class _Devices(Devices):
     def kind(self) -> str:
         return str(_xr().device_type())
 
-    def memory(self, device: str) -> DeviceMemory:
+    def memory(self, device: str) -> base.DeviceMemory:
         return memory_from_info(_extension()._xla_memory_info(device))
 
     def shards(self, tensor: Any) -> int:
@@ -376,7 +363,7 @@ class _Devices(Devices):
         return max(1, math.prod(dims))
 
 
-class _Launch(Launch):
+class _Launch(base.Launch):
     # torch_xla.core.xla_model functions that communicate between replicas.
     collectives = (
         "all_reduce",
@@ -427,7 +414,7 @@ class _Launch(Launch):
         return tensor
 
 
-class _Profiler(Profiler):
+class _Profiler(base.Profiler):
     def start(self, logdir: str) -> None:
         _profiler().start_trace(logdir)
 
@@ -435,15 +422,15 @@ class _Profiler(Profiler):
         _profiler().stop_trace()
 
 
-def memory_from_info(info: dict) -> DeviceMemory:
+def memory_from_info(info: dict) -> base.DeviceMemory:
     """DeviceMemory from torch_xla's memory info dict (older releases: kb_total, kb_free)."""
     if "bytes_used" in info or "bytes_limit" in info:
         get = lambda key: int(info[key]) if key in info else None  # noqa: E731
-        return DeviceMemory(get("bytes_used"), get("bytes_limit"), get("peak_bytes_used"))
+        return base.DeviceMemory(get("bytes_used"), get("bytes_limit"), get("peak_bytes_used"))
     if "kb_total" in info:  # older releases
         total = int(info["kb_total"]) * 1024
-        return DeviceMemory(total - int(info.get("kb_free", 0)) * 1024, total)
-    return DeviceMemory(None, None)
+        return base.DeviceMemory(total - int(info.get("kb_free", 0)) * 1024, total)
+    return base.DeviceMemory(None, None)
 
 
 def hash_hex(raw: bytes) -> str:
@@ -487,8 +474,8 @@ def _explain_import_error(exc: ImportError) -> str:
 
 
 _SYNCS = _Syncs()
-register(
-    Backend(
+base.register(
+    base.Backend(
         name="torch_xla",
         device_type="xla",
         packages=("torch_xla", "torch"),
