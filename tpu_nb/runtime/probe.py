@@ -228,12 +228,6 @@ class Subscription:
         if not self.closed:
             _probe.release(self)
 
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 class _Hook:
     __slots__ = ("owner", "name", "original", "had_own", "wrapper")
