@@ -15,9 +15,9 @@ from tpu_nb.runtime.metrics._counters import (
     on_reset,
     reset_metrics,
     snapshot,
-    stop_watching_counter_resets,
-    watch_counter_resets,
 )
+from tpu_nb.runtime.metrics._reset_watch import ensure_installed as watch_counter_resets
+from tpu_nb.runtime.metrics._reset_watch import uninstall as stop_watching_counter_resets
 from tpu_nb.runtime.metrics._timing import MAX_NUMBER, MAX_REPEAT, DeviceTiming, time_device
 
 __all__ = [

@@ -232,18 +232,6 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
     )
 
 
-def watch_counter_resets() -> None:
-    """Carry counts across the backend's own counter resets from now on (the extension
-    calls it when it loads; the first snapshot does too)."""
-    with reset_watch.lock:
-        reset_watch.ensure_installed()
-
-
-def stop_watching_counter_resets() -> None:
-    """Give the backend its own counter resets back (`%unload_ext tpu_nb`)."""
-    reset_watch.uninstall()
-
-
 def reset_metrics() -> None:
     """Clear torch_xla's counters and metrics, and the history tpu_nb keeps beside them
     (what `%xla_metrics --reset` does)."""

@@ -54,8 +54,9 @@ _held: list[Subscription] = []  # held from the first snapshot until uninstall()
 
 
 def ensure_installed() -> None:
-    """Have the backend's own counter resets pass through `_on_clear` (once per process;
-    cheap to call again). Without it, resets are noticed as unseen ones."""
+    """Carry counts across the backend's own counter resets from now on, through `_on_clear`
+    (the extension calls it when it loads; the first snapshot does too; cheap to call
+    again). Without it, resets are noticed as unseen ones."""
     if _held:
         return
     with lock:
