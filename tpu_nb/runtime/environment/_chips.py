@@ -80,8 +80,6 @@ _ALIASES = {
     "v6 lite": "v6e",
     "7x": "TPU7x",
     "v7x": "TPU7x",
-    "tpu7x": "TPU7x",
-    "tpu v7x": "TPU7x",
 }
 
 
