@@ -260,8 +260,6 @@ def remove_log(path: str, owner: int) -> None:
 def _remove_dir(path: str, owner: int) -> None:
     if os.getpid() != owner:
         return
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 
