@@ -113,14 +113,10 @@ def default_log_path() -> str:
 
 
 def prepare_log(path: str) -> tuple[str, list[str]]:
-    """Create the compile log before torch_xla opens it; return the path to give torch_xla
-    (PT_XLA_DEBUG_FILE) and notes for the user.
-
-    In our private directory: a new file, 0600, never through a symlink, a stale file of
-    ours (an earlier process with this pid) replaced, held open and handed over as
-    `/proc/self/task/<pid>/fd/<n>`; removed at exit; logs of dead processes swept. Elsewhere (a path
-    the user chose): created 0600 if missing, and handed over by name.
-    """
+    """Create the compile log before torch_xla opens it (as the module docstring says); return
+    the path to give torch_xla (PT_XLA_DEBUG_FILE) and notes for the user. A stale file of
+    ours (an earlier process with this pid) is replaced; a path the user chose elsewhere is
+    created 0600 if missing, and handed over by name."""
     folder, note = private_dir()
     try:
         if os.path.dirname(path) != folder:
