@@ -259,14 +259,12 @@ def _remove_dir(path: str, owner: int) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def sweep_dead_runs(
-    prefix: str, folder: str | None = None, stale_unnamed: float | None = None
-) -> None:
+def sweep_dead_runs(prefix: str, stale_unnamed: float | None = None) -> None:
     """Remove the run directories that processes left when they died without removing theirs
     (a host stopped by the launch is killed, not asked; a kernel killed mid-launch): named
     `prefix` + the pid of a process that no longer runs — or, with `stale_unnamed`, made by an
     older tpu_nb without a pid in the name and untouched for that many seconds."""
-    folder = folder or tempfile.gettempdir()
+    folder = tempfile.gettempdir()
     try:
         names = os.listdir(folder)
     except OSError:
