@@ -22,9 +22,9 @@ from tpu_nb.runtime.environment._detect import (
     chip_generation,
     detect,
     detect_accelerator,
+    install_pair,
 )
 from tpu_nb.runtime.environment._device import device, sync, wait_device_ops
-from tpu_nb.runtime.environment._install import install_pair
 from tpu_nb.runtime.environment._legacy import install as install_legacy_names
 from tpu_nb.runtime.environment._legacy import uninstall as uninstall_legacy_names
 

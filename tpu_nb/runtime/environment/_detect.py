@@ -1,4 +1,5 @@
-"""What machine and software this is, and what is wrong with it — without importing torch_xla.
+"""What machine and software this is, and what is wrong with it — without importing torch_xla;
+and `install_pair()`, the fix for a missing or mismatched torch/torch_xla pair.
 
 `detect()` reads environment variables, device files and installed package metadata only, so
 it answers before torch_xla is imported and when importing it would crash (a torch that does
@@ -15,7 +16,7 @@ import platform as _platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
@@ -255,6 +256,32 @@ def pair_install_command(release: str = TORCH_PAIR, tpu: bool = False) -> list[s
     """The pip command (as an argument list) that installs a matching torch/torch_xla pair."""
     xla = f"torch-xla[tpu]=={release}" if tpu else f"torch-xla=={release}"
     return [sys.executable, "-m", "pip", "install", f"torch=={release}", xla]
+
+
+def install_pair(
+    *, tpu: bool | None = None, dry_run: bool = False, stream: Callable[[str], None] = print
+) -> tuple[int, bool]:
+    """pip-install torch and torch_xla at the pinned pair (with `[tpu]` on TPU hosts), in a
+    subprocess, streaming its output.
+
+    pip runs with an argument list, never a shell string. Returns (pip's exit status,
+    whether the runtime must be restarted: torch was already imported in this process).
+    """
+    if tpu is None:
+        tpu = detect_accelerator().kind == "tpu"
+    command = pair_install_command(TORCH_PAIR, tpu=tpu)
+    if dry_run:
+        command.append("--dry-run")
+    stream("$ " + " ".join(command[2:]))
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        stream(line.rstrip("\n"))
+    status = proc.wait()
+    restart = "torch" in sys.modules and not dry_run
+    return status, restart
 
 
 def _pip_text(release: str, tpu: bool) -> str:
