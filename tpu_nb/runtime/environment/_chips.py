@@ -17,6 +17,7 @@ log = logging.getLogger("tpu_nb.runtime.environment")
 
 GiB = 2**30
 GB = 10**9
+_FIGURES = ("peak_flops", "hbm_bytes", "hbm_bandwidth")  # per chip; a device has its share
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Chip:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for what in ("peak_flops", "hbm_bytes", "hbm_bandwidth"):
+        for what in _FIGURES:
             value = getattr(self, what)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise TpuNbUsageError(
@@ -51,15 +52,8 @@ class Chip:
         """The share of one XLA device (a TPU7x chip shows two)."""
         if self.devices == 1:
             return self
-        n = self.devices
-        return replace(
-            self,
-            name=f"{self.name} device",
-            peak_flops=self.peak_flops / n,
-            hbm_bytes=self.hbm_bytes / n,
-            hbm_bandwidth=self.hbm_bandwidth / n,
-            devices=1,
-        )
+        shares = {what: getattr(self, what) / self.devices for what in _FIGURES}
+        return replace(self, name=f"{self.name} device", devices=1, **shares)
 
 
 _DOCS = "https://cloud.google.com/tpu/docs/"
