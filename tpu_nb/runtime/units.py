@@ -37,12 +37,9 @@ def format_seconds(seconds: float | None) -> str:
 
 
 def _three_digits(value: float) -> str:
-    if value >= 99.95:
-        return f"{value:.0f}"
-    if value >= 9.995:
-        return f"{value:.1f}"
-    if value >= 0.9995:
-        return f"{value:.2f}"
+    for bound, decimals in ((99.95, 0), (9.995, 1), (0.9995, 2)):
+        if value >= bound:
+            return f"{value:.{decimals}f}"
     return f"{value:.3f}"
 
 
