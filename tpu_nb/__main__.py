@@ -31,15 +31,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "doctor":
-        from tpu_nb.runtime.environment import detect
+    args = _parser().parse_args(argv)  # "doctor", the one command, or a usage error (exit 2)
+    from tpu_nb.runtime.environment import detect
 
-        env = detect(check_import=args.import_check)
-        print(f"tpu_nb {__version__}")
-        print(env.report())
-        return 0 if env.ok else 1
-    return 2
+    env = detect(check_import=args.import_check)
+    print(f"tpu_nb {__version__}")
+    print(env.report())
+    return 0 if env.ok else 1
 
 
 if __name__ == "__main__":
