@@ -38,43 +38,21 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-# The renderers are re-exported: tpu_nb.display.dashboard.compile_html etc. stay where they were.
 from tpu_nb.display.dashboard_html import (
     COMPILE_CAPTION,
     STEP_CAPTION,
-    alert_html,
     anatomy_html,
     caption_html,
-    compile_html,
-    execution_html,
-    fallbacks_html,
-    header_html,
     live_panels_html,
-    memory_html,
     static_html,
     summary_text,
-    transfers_html,
 )
 from tpu_nb.display.live_charts import CHART_SIZES, CompileSvg, StepTimeSvg, wrap
 from tpu_nb.display.style import STYLE
 from tpu_nb.runtime.errors import RuntimeStateError, check_seconds, check_whole_number
 from tpu_nb.runtime.live import LiveMonitor, LiveState
 
-__all__ = [
-    "Dashboard",
-    "RefreshStats",
-    "alert_html",
-    "anatomy_html",
-    "compile_html",
-    "dashboard",
-    "execution_html",
-    "fallbacks_html",
-    "header_html",
-    "memory_html",
-    "static_html",
-    "summary_text",
-    "transfers_html",
-]
+__all__ = ["Dashboard", "RefreshStats", "dashboard"]
 
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # Charts may take at most this share of wall time: after a costly draw the next one waits
