@@ -202,10 +202,6 @@ class FindingGroup:
         return self._distinct(c for changed in chosen[-2:] for c in changed)
 
     @property
-    def pattern(self) -> str:
-        return next((f.pattern for f in self.findings if f.pattern), "")
-
-    @property
     def patterns(self) -> list[str]:
         """Each site's pattern once (a library's loop on one line has several sites)."""
         return self._distinct(f.pattern for f in self.findings)
@@ -278,12 +274,10 @@ class RunView:
 
     def __init__(self, report: RunReport, label: str = "XLA"):
         self.report = report
-        self.source = report.source  # the cell's code, for the annotated listing
-        self.findings = list(report.findings)
         self.label = label
-        self.allowed_graphs = report.allowed_graphs  # the cell's --max-graphs: not flagged
-        self.groups = group_findings(self.findings)
-        self.recompiled = bool(report.recompiled_lines(self.allowed_graphs)) or any(
+        self.groups = group_findings(list(report.findings))
+        # the cell's --max-graphs: lines within it are not flagged
+        self.recompiled = bool(report.recompiled_lines(report.allowed_graphs)) or any(
             g.kind == "recompile" for g in self.groups
         )
 
@@ -333,9 +327,9 @@ class RunView:
     def _describes_line(self, g: FindingGroup) -> bool:
         """Whether `g` carries its line's compile pattern: the line's last compile group,
         when the line compiled more than one graph."""
-        if not g.pattern or not g.line:
+        if not g.patterns or not g.line:
             return False
-        same = [h for h in self.groups if h.line == g.line and h.pattern]
+        same = [h for h in self.groups if h.line == g.line and h.patterns]
         return same[-1] is g and sum(h.count for h in same) > 1
 
     def _group_notes(self, g: FindingGroup) -> list[tuple[str, str, str]]:
@@ -453,14 +447,14 @@ class RunView:
     def _listing(self, marks: dict[int, list[FindingGroup]]) -> list[int | None] | None:
         """The line numbers to list (None: an elision), without the %%on_tpu line left blank
         in the cell's code; None when no line is marked."""
-        code = self.source.splitlines()
+        code = self.report.source.splitlines()
         if not code or not marks:
             return None
         blank_first = not code[0].strip() and 1 not in marks
         return [n for n in _shown_lines(len(code), set(marks)) if not (blank_first and n == 1)]
 
     def _listing_text(self) -> list[str]:
-        marks, code = self._marks(), self.source.splitlines()
+        marks, code = self._marks(), self.report.source.splitlines()
         shown = self._listing(marks)
         if shown is None:
             return []
@@ -573,7 +567,7 @@ class RunView:
 
     def _listing_html(self) -> str:
         e = escape
-        marks, code = self._marks(), self.source.splitlines()
+        marks, code = self._marks(), self.report.source.splitlines()
         shown = self._listing(marks)
         if shown is None:
             return ""
