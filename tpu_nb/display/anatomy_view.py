@@ -193,10 +193,6 @@ def anatomy_html(
     )
 
 
-def anatomy_text(a: Anatomy | None) -> str:
-    return "no steps" if a is None else str(a)
-
-
 class AnatomyView:
     """A run's anatomy in a notebook: `AnatomyView(report.anatomy)`."""
 
@@ -204,7 +200,7 @@ class AnatomyView:
         self.anatomy = a
 
     def __repr__(self) -> str:
-        return anatomy_text(self.anatomy)
+        return "no steps" if self.anatomy is None else str(self.anatomy)
 
     def _repr_html_(self) -> str:
         return style.root(anatomy_html(self.anatomy, lines=True), "tpunb-anatomy")
