@@ -23,6 +23,7 @@ from tpu_nb.display.style import (
     PRE,
     RED,
     WARN,
+    bullets,
     root,
     span,
     table,
@@ -487,26 +488,19 @@ class RunView:
         parts.append(compiled_html(getattr(self.report, "compiled", ())))
         hints = _hints(self.groups)
         if hints:
-            items = "".join(
-                f"<li style='margin:0;padding:0;text-align:left'>"
+            items = (
                 f"{span(e(KIND_WORDS.get(kind, kind)), _KIND_COLOURS.get(kind, ACCENT), bold=True)}"
-                f" <span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}</li>"
+                f" <span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}"
                 for kind, places, hint in hints
             )
-            parts.append(
-                "<div class='tpunb-hints' style='margin:4px 0 0'><b>what to do</b>"
-                f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
-            )
+            parts.append(bullets("tpunb-hints", "what to do", items))
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
         parts.append(host_lines_html(self.report.anatomy, self._scope()))
         title, cost = self._cost()
         if cost:
-            items = "".join(f"<li style='margin:0;padding:0'>{e(line)}</li>" for line in cost)
-            parts.append(
-                f"<div class='tpunb-cost' style='margin:4px 0 0'><b>{e(title)}</b>"
-                f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
-            )
+            lines = (e(line) for line in cost)
+            parts.append(bullets("tpunb-cost", e(title), lines, "margin:0;padding:0"))
         oom = self.report.out_of_memory
         if oom is not None:
             head, *rest = oom.lines()
