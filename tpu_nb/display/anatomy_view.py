@@ -41,9 +41,9 @@ BAR_STEPS = 50  # steps the live bar sums over
 _WIDTH, _LANE, _GAP, _LEFT = 560, 16, 6, 52
 
 
-def bar_html(a: Anatomy, last: int = BAR_STEPS) -> str:
-    """A stacked bar of the last `last` steps' wall time by host part, with a legend."""
-    steps = a.steps[-last:]
+def bar_html(a: Anatomy) -> str:
+    """A stacked bar of the last BAR_STEPS steps' wall time by host part, with a legend."""
+    steps = a.steps[-BAR_STEPS:]
     total = sum(s.wall for s in steps)
     if total <= 0:
         return ""
@@ -70,9 +70,9 @@ def bar_html(a: Anatomy, last: int = BAR_STEPS) -> str:
     )
 
 
-def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
-    """The last `last` steps on one time axis: the host's spans, then the device's."""
-    steps = a.steps[-last:]
+def timeline_svg(a: Anatomy) -> str:
+    """The last SHOWN_STEPS steps on one time axis: the host's spans, then the device's."""
+    steps = a.steps[-SHOWN_STEPS:]
     if not steps:
         return ""
     t0 = steps[0].start
