@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from html import escape
+from typing import Any
 
 from tpu_nb.display.anatomy_view import host_lines_html, host_lines_text
 from tpu_nb.display.compiled_view import compiled_html, compiled_text
@@ -153,6 +154,15 @@ def _where(finding: LineFinding) -> str:
     return finding.place or "outside this cell"
 
 
+def _distinct(values) -> list[str]:
+    return list(dict.fromkeys(v for v in values if v))
+
+
+def _each(name: str) -> Any:
+    """A property: the distinct non-empty `name` fields of a group's findings, in order."""
+    return property(lambda group: _distinct(getattr(f, name) for f in group.findings))
+
+
 @dataclass
 class FindingGroup:
     """The findings of one kind on one line (or place), merged: what a report row shows."""
@@ -175,21 +185,14 @@ class FindingGroup:
     def order(self) -> tuple[int, int, int]:
         return min(f.sort_key for f in self.findings)
 
-    def _distinct(self, values) -> list[str]:
-        return list(dict.fromkeys(v for v in values if v))
-
-    @property
-    def whats(self) -> list[str]:
-        return self._distinct(f.what for f in self.findings)
+    whats = _each("what")
+    details = _each("detail")  # the graphs' hashes and torch_xla's own words: for the curious
+    patterns = _each("pattern")  # each site's once (a library's loop on one line has several)
+    hints = _each("hint")
 
     @property
     def vias(self) -> list[str]:
-        return self._distinct(plain_via(f.via) for f in self.findings)
-
-    @property
-    def details(self) -> list[str]:
-        """The graphs' hashes and torch_xla's own words: for the curious, not the sentence."""
-        return self._distinct(f.detail for f in self.findings)
+        return _distinct(plain_via(f.via) for f in self.findings)
 
     @property
     def changed(self) -> list[str]:
@@ -200,16 +203,7 @@ class FindingGroup:
         facts = [f.changed for f in sorted(self.findings, key=lambda f: f.sort_key) if f.changed]
         captured = [c for c in facts if not c[-1].startswith(_NOT_CAPTURED)]
         chosen = captured or facts[-1:]
-        return self._distinct(c for changed in chosen[-2:] for c in changed)
-
-    @property
-    def patterns(self) -> list[str]:
-        """Each site's pattern once (a library's loop on one line has several sites)."""
-        return self._distinct(f.pattern for f in self.findings)
-
-    @property
-    def hints(self) -> list[str]:
-        return self._distinct(f.hint for f in self.findings)
+        return _distinct(c for changed in chosen[-2:] for c in changed)
 
     def marker(self) -> str:
         """A few words for the annotated listing: "recompiled ×3 (1.20 s)"."""
