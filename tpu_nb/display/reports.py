@@ -389,13 +389,6 @@ class RunView:
             judgement.verdict is not None or judgement.note.startswith("too few steady")
         )
 
-    def _marks(self) -> dict[int, list[FindingGroup]]:
-        marks: dict[int, list[FindingGroup]] = {}
-        for g in self.groups:
-            if g.line:
-                marks.setdefault(g.line, []).append(g)
-        return marks
-
     # -- text --
 
     def text(self) -> str:
@@ -439,18 +432,23 @@ class RunView:
             title += f", judged for a {cost.chip.name} (this machine has no TPU)"
         return title, cost.lines()
 
-    def _listing(self, marks: dict[int, list[FindingGroup]]) -> list[int | None] | None:
-        """The line numbers to list (None: an elision), without the %%on_tpu line left blank
-        in the cell's code; None when no line is marked."""
+    def _listing(self) -> tuple[dict[int, list[FindingGroup]], list[str], list[int | None] | None]:
+        """The groups on each marked line, the cell's code, and the line numbers to list
+        (None: an elision), without the %%on_tpu line left blank in the cell's code; None
+        when no line is marked."""
+        marks: dict[int, list[FindingGroup]] = {}
+        for g in self.groups:
+            if g.line:
+                marks.setdefault(g.line, []).append(g)
         code = self.report.source.splitlines()
         if not code or not marks:
-            return None
+            return marks, code, None
         blank_first = not code[0].strip() and 1 not in marks
-        return [n for n in _shown_lines(len(code), set(marks)) if not (blank_first and n == 1)]
+        shown = [n for n in _shown_lines(len(code), set(marks)) if not (blank_first and n == 1)]
+        return marks, code, shown
 
     def _listing_text(self) -> list[str]:
-        marks, code = self._marks(), self.report.source.splitlines()
-        shown = self._listing(marks)
+        marks, code, shown = self._listing()
         if shown is None:
             return []
         out = ["the cell, annotated:"]
@@ -555,8 +553,7 @@ class RunView:
 
     def _listing_html(self) -> str:
         e = escape
-        marks, code = self._marks(), self.report.source.splitlines()
-        shown = self._listing(marks)
+        marks, code, shown = self._listing()
         if shown is None:
             return ""
         rows, row_styles = [], []
