@@ -148,12 +148,6 @@ def plain_via(via: str) -> str:
     return _RESUME.sub(r"\1 (the part after its graph break at line \2)", via)
 
 
-def _where(finding: LineFinding) -> str:
-    if finding.line:
-        return f"line {finding.line}"
-    return finding.place or "outside this cell"
-
-
 def _distinct(values) -> list[str]:
     return list(dict.fromkeys(v for v in values if v))
 
@@ -226,7 +220,8 @@ def group_findings(findings: list[LineFinding]) -> list[FindingGroup]:
     for f in findings:
         key = (f.line, f.place if not f.line else "", f.kind)
         if key not in groups:
-            groups[key] = FindingGroup(_where(f), f.line, f.kind)
+            where = f"line {f.line}" if f.line else f.place or "outside this cell"
+            groups[key] = FindingGroup(where, f.line, f.kind)
         groups[key].findings.append(f)
     return sorted(groups.values(), key=lambda g: (g.order, g.line))
 
