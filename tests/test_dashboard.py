@@ -15,7 +15,7 @@ import torch_xla.core.xla_model as xm
 from conftest import line_of, wait_until
 
 import tpu_nb
-from tpu_nb.display import dashboard as D
+from tpu_nb.display import dashboard_html as H
 from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.live import LiveMonitor
 from tpu_nb.runtime.live._monitor import StepClock
@@ -96,7 +96,7 @@ def test_memory_on_a_tpu_reports_hbm():
     mem = monitor.poll().memory
     monitor.close()
     assert not mem.device_note and 0 < mem.device_used <= mem.device_limit
-    assert "device used" in D.memory_html(monitor.poll()) and keep is not None
+    assert "device used" in H.memory_html(monitor.poll()) and keep is not None
 
 
 def test_memory_host_everywhere_and_the_device_says_it_does_not_report():
@@ -107,7 +107,7 @@ def test_memory_host_everywhere_and_the_device_says_it_does_not_report():
     assert (
         mem.device_used is None and mem.device_note == "the device does not report memory (XLA:CPU)"
     )
-    html = D.memory_html(monitor.poll())
+    html = H.memory_html(monitor.poll())
     assert "does not report memory (XLA:CPU)" in html and "host RSS" in html
 
 
@@ -121,7 +121,7 @@ def test_the_final_memory_panel_shows_the_tracked_run_s_cost_per_step():
     state = monitor.poll(final=True)
     monitor.close()
     assert state.run_cost is report.cost and report.cost.flops == 2 * 32**3
-    html = D.memory_html(state)
+    html = H.memory_html(state)
     assert "Memory; cost per step" in html and "on a v5e: device work &gt;=" in html
 
 
@@ -176,11 +176,11 @@ def test_more_than_k_graphs_on_one_line_raise_the_alert_with_the_changed_shape()
         "aten::expand" in line and "f32[" in line and "\u2192" in line for line in alert.differs
     ), alert.differs
     assert "compiled" in alert.describe() and "(more than 3)" in alert.describe()
-    html = D.alert_html(state)
+    html = H.alert_html(state)
     assert "Recompilation" in html and "pad or" in html
-    assert "border:2px solid" in D.compile_html(state)  # the panel turns red
-    assert "RECOMPILING" in D.header_html(state, "running", "XLA dashboard")
-    assert "RECOMPILED" in D.header_html(state, "finished", "XLA dashboard")  # past tense
+    assert "border:2px solid" in H.compile_html(state)  # the panel turns red
+    assert "RECOMPILING" in H.header_html(state, "running", "XLA dashboard")
+    assert "RECOMPILED" in H.header_html(state, "finished", "XLA dashboard")  # past tense
 
 
 def test_the_alert_diff_follows_the_latest_graphs_of_the_line():
@@ -214,7 +214,7 @@ def test_in_a_tracked_run_the_alert_diffs_the_recorded_graphs_of_its_two_compile
     # One progression over the line's graphs, not the last pair alone.
     progression = "aten::expand dim 0: 31 \u2192 32 \u2192 33 \u2192 34 (4 shapes)"
     assert alert.differs == (progression,), alert.differs
-    assert "the graphs read just before they compiled" in D.alert_html(state)
+    assert "the graphs read just before they compiled" in H.alert_html(state)
 
 
 def test_alert_on_a_value_read_line_comes_from_the_compile_log():
@@ -282,13 +282,13 @@ def test_fallbacks_and_host_reads_apart_each_with_its_hint():
     state = monitor.poll()
     assert value == 128.0
     assert state.metrics.fallbacks == {"histc": 1} and state.metrics.host_reads == 1
-    html = D.fallbacks_html(state)
+    html = H.fallbacks_html(state)
     assert "aten::histc</code> ran on the CPU <b>1</b>" in html
     assert "one-hot sums" in html  # histc's own hint
     # One read outside any loop: counted, and nothing to change.
     assert "scalar reads (.item(), bool(), float()) <b>1</b>" in html
     assert "read once after the loop" not in html
-    text = D.summary_text(state, "finished")
+    text = H.summary_text(state, "finished")
     assert "CPU fallback aten::histc x1" in text and "1 scalar reads" in text
     assert "read once after the loop" not in text
 
@@ -301,9 +301,9 @@ def test_fallbacks_and_host_reads_apart_each_with_its_hint():
     state = monitor.poll()
     monitor.close()
     assert state.steps >= 4 and state.metrics.host_reads >= 5
-    html = D.fallbacks_html(state)
+    html = H.fallbacks_html(state)
     assert f"in {state.steps} steps" in html and "read once after the loop" in html
-    assert "read once after the loop" in D.summary_text(state, "finished")
+    assert "read once after the loop" in H.summary_text(state, "finished")
 
 
 def test_reads_in_step_closures_get_no_read_advice():
@@ -321,8 +321,8 @@ def test_reads_in_step_closures_get_no_read_advice():
     monitor.close()
     assert len(logged) == 5 and state.metrics.host_reads >= 5
     assert state.closure_reads == state.metrics.host_reads
-    assert "read once after the loop" not in D.fallbacks_html(state)
-    assert "read once after the loop" not in D.summary_text(state, "finished")
+    assert "read once after the loop" not in H.fallbacks_html(state)
+    assert "read once after the loop" not in H.summary_text(state, "finished")
 
 
 def test_a_finished_runs_reads_are_judged_as_its_report_judges_them():
@@ -341,7 +341,7 @@ def test_a_finished_runs_reads_are_judged_as_its_report_judges_them():
     (read,) = report.judgement.reads.values()
     assert read.per_step and read.why == "with no sync in between"
     assert state.per_step_reads == 10
-    text = D.summary_text(state, "finished")
+    text = H.summary_text(state, "finished")
     assert "10 with no sync in between" in text and "read once after the loop" in text
 
     # and a read once after a loop of syncs: neither advises
@@ -356,7 +356,7 @@ def test_a_finished_runs_reads_are_judged_as_its_report_judges_them():
     monitor.close()
     assert not any(p.per_step for p in report.judgement.reads.values())
     assert state.per_step_reads == 0
-    assert "read once after the loop" not in D.summary_text(state, "finished")
+    assert "read once after the loop" not in H.summary_text(state, "finished")
 
 
 HOSTILE = "<img src=x onerror=alert(1)>&$x$.py"
@@ -382,7 +382,7 @@ def test_user_strings_are_escaped_in_every_panel_and_safe_in_charts():
         "step": StepTimeSvg().render(state.series, steps, final=True),
         "compile": CompileSvg().render(state.compiles, final=True),
     }
-    html = D.static_html(state, "finished", "XLA <dashboard>", svgs)
+    html = H.static_html(state, "finished", "XLA <dashboard>", svgs)
     assert "<img src=x" not in html and "onerror=alert(1)>" not in html
     assert "&lt;img src=x onerror=alert(1)&gt;&amp;$x$.py" in html
     assert "XLA &lt;dashboard&gt;" in html
@@ -401,7 +401,7 @@ def test_summary_has_no_timings_and_is_the_same_for_the_same_work():
         for _ in range(30):
             step()
         xm.wait_device_ops()
-        texts.append(D.summary_text(monitor.poll(), "finished"))
+        texts.append(H.summary_text(monitor.poll(), "finished"))
         monitor.close()
     assert texts[0] == texts[1]
     assert texts[0].startswith(
@@ -496,7 +496,7 @@ def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no
         """
         import torch, torch_xla
         import tpu_nb
-        from tpu_nb.display import dashboard as D
+        from tpu_nb.display import dashboard_html as H
         dev = torch_xla.device()
         (torch.ones(2, device=dev) + 1).sum().item()      # compiled before any setup()
         with tpu_nb.Dashboard(widgets=False) as dash:
@@ -506,8 +506,8 @@ def test_without_compile_analysis_compiles_are_counted_and_the_panel_says_why_no
         s = dash.state
         print("RESULT", s.compile_analysis, s.metrics.compiles, len(s.compiles),
               all(c.event is None and c.seconds > 0 for c in s.compiles), not s.alerts)
-        print("HTML", "compile causes unknown" in D.compile_html(s),
-              "cause unknown" in D.compile_html(s))
+        print("HTML", "compile causes unknown" in H.compile_html(s),
+              "cause unknown" in H.compile_html(s))
     """,
         env={"PT_XLA_DEBUG_LEVEL": None, "PT_XLA_DEBUG_FILE": None},
     ).stdout

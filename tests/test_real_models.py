@@ -64,7 +64,7 @@ class Ran:
 
     @property
     def findings(self) -> list[LineFinding]:
-        return self.view.findings
+        return list(self.view.report.findings)
 
     @property
     def text(self) -> str:

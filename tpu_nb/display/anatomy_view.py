@@ -41,9 +41,9 @@ BAR_STEPS = 50  # steps the live bar sums over
 _WIDTH, _LANE, _GAP, _LEFT = 560, 16, 6, 52
 
 
-def bar_html(a: Anatomy, last: int = BAR_STEPS) -> str:
-    """A stacked bar of the last `last` steps' wall time by host part, with a legend."""
-    steps = a.steps[-last:]
+def bar_html(a: Anatomy) -> str:
+    """A stacked bar of the last BAR_STEPS steps' wall time by host part, with a legend."""
+    steps = a.steps[-BAR_STEPS:]
     total = sum(s.wall for s in steps)
     if total <= 0:
         return ""
@@ -70,9 +70,9 @@ def bar_html(a: Anatomy, last: int = BAR_STEPS) -> str:
     )
 
 
-def timeline_svg(a: Anatomy, last: int = SHOWN_STEPS) -> str:
-    """The last `last` steps on one time axis: the host's spans, then the device's."""
-    steps = a.steps[-last:]
+def timeline_svg(a: Anatomy) -> str:
+    """The last SHOWN_STEPS steps on one time axis: the host's spans, then the device's."""
+    steps = a.steps[-SHOWN_STEPS:]
     if not steps:
         return ""
     t0 = steps[0].start
@@ -193,10 +193,6 @@ def anatomy_html(
     )
 
 
-def anatomy_text(a: Anatomy | None) -> str:
-    return "no steps" if a is None else str(a)
-
-
 class AnatomyView:
     """A run's anatomy in a notebook: `AnatomyView(report.anatomy)`."""
 
@@ -204,7 +200,7 @@ class AnatomyView:
         self.anatomy = a
 
     def __repr__(self) -> str:
-        return anatomy_text(self.anatomy)
+        return "no steps" if self.anatomy is None else str(self.anatomy)
 
     def _repr_html_(self) -> str:
         return style.root(anatomy_html(self.anatomy, lines=True), "tpunb-anatomy")

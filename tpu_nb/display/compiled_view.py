@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from html import escape
 
-from tpu_nb.display.style import MUTED, RED, WARN
+from tpu_nb.display.style import MUTED, RED, WARN, bullets
 from tpu_nb.runtime.metrics import Frame
 from tpu_nb.runtime.sources import place_text
 from tpu_nb.runtime.units import format_seconds
@@ -130,15 +130,8 @@ def compiled_html(compiled) -> str:
         details = "".join(
             f"<br><span style='color:{_colour(line)}'>{escape(line)}</span>" for line in rest
         )
-        items.append(
-            f"<li style='margin:0;padding:0;text-align:left'>{escape(first)}{details}</li>"
-        )
-    return (
-        "<div class='tpunb-compiled' style='margin:4px 0 0'><b>compiled functions "
-        "(torch.compile)</b><ul style='margin:2px 0 2px 1.4em;padding:0'>"
-        + "".join(items)
-        + "</ul></div>"
-    )
+        items.append(escape(first) + details)
+    return bullets("tpunb-compiled", "compiled functions (torch.compile)", items)
 
 
 def _colour(line: str) -> str:

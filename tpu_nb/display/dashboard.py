@@ -38,49 +38,37 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-# The renderers are re-exported: tpu_nb.display.dashboard.compile_html etc. stay where they were.
 from tpu_nb.display.dashboard_html import (
     COMPILE_CAPTION,
     STEP_CAPTION,
-    alert_html,
     anatomy_html,
     caption_html,
-    compile_html,
-    execution_html,
-    fallbacks_html,
-    header_html,
     live_panels_html,
-    memory_html,
     static_html,
     summary_text,
-    transfers_html,
 )
 from tpu_nb.display.live_charts import CHART_SIZES, CompileSvg, StepTimeSvg, wrap
 from tpu_nb.display.style import STYLE
 from tpu_nb.runtime.errors import RuntimeStateError, check_seconds, check_whole_number
 from tpu_nb.runtime.live import LiveMonitor, LiveState
 
-__all__ = [
-    "Dashboard",
-    "RefreshStats",
-    "alert_html",
-    "anatomy_html",
-    "compile_html",
-    "dashboard",
-    "execution_html",
-    "fallbacks_html",
-    "header_html",
-    "memory_html",
-    "static_html",
-    "summary_text",
-    "transfers_html",
-]
+__all__ = ["Dashboard", "RefreshStats", "dashboard"]
 
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 # Charts may take at most this share of wall time: after a costly draw the next one waits
 # longer, up to _CHART_MAX_GAP seconds.
 _CHART_DUTY = 0.02
 _CHART_MAX_GAP = 5.0
+
+
+def _mean(total: str, count: str) -> Any:
+    """A read-only property: the field `total` over the field `count` (0.0 while it is 0)."""
+
+    def get(stats: RefreshStats) -> float:
+        n = getattr(stats, count)
+        return getattr(stats, total) / n if n else 0.0
+
+    return property(get)
 
 
 @dataclass
@@ -104,36 +92,16 @@ class RefreshStats:
     start_seconds: float = 0.0  # start(): first poll, widgets, display
     stop_seconds: float = 0.0  # stop(): join, final poll, final charts, display
 
-    @property
-    def refresh_cost(self) -> float:
-        """Mean wall seconds of one refresh (poll + widget updates + any chart)."""
-        return self.refresh_seconds / self.refreshes if self.refreshes else 0.0
-
-    @property
-    def refresh_cpu_cost(self) -> float:
-        """Mean CPU seconds of one refresh."""
-        return self.refresh_cpu / self.refreshes if self.refreshes else 0.0
-
-    @property
-    def chart_cost(self) -> float:
-        """Mean seconds to draw one live chart (mostly data updates; a full redraw when an
-        axis grows)."""
-        return self.chart_seconds / self.chart_draws if self.chart_draws else 0.0
-
-    @property
-    def anatomy_cost(self) -> float:
-        """Mean seconds to build one live step anatomy."""
-        return self.anatomy_seconds / self.anatomy_builds if self.anatomy_builds else 0.0
-
-    @property
-    def full_draw_cost(self) -> float:
-        """Mean seconds of a full chart redraw."""
-        return self.chart_full_seconds / self.chart_full_draws if self.chart_full_draws else 0.0
-
-    @property
-    def cpu_per_second(self) -> float:
-        """The polling thread's CPU seconds per wall second."""
-        return self.thread_cpu / self.thread_seconds if self.thread_seconds else 0.0
+    # Means, 0 before the first: wall and CPU seconds of one refresh (poll + widget updates +
+    # any chart); seconds to draw one live chart (mostly data updates; a full redraw when an
+    # axis grows), to build one live step anatomy, of a full chart redraw; and the polling
+    # thread's CPU seconds per wall second.
+    refresh_cost = _mean("refresh_seconds", "refreshes")
+    refresh_cpu_cost = _mean("refresh_cpu", "refreshes")
+    chart_cost = _mean("chart_seconds", "chart_draws")
+    anatomy_cost = _mean("anatomy_seconds", "anatomy_builds")
+    full_draw_cost = _mean("chart_full_seconds", "chart_full_draws")
+    cpu_per_second = _mean("thread_cpu", "thread_seconds")
 
 
 # Upper bounds of the options: a dashboard that refreshes less than hourly shows nothing

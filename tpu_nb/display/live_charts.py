@@ -42,11 +42,6 @@ def _round_up(value: float, mults: tuple[float, ...]) -> float:
     return next((m * 10**exp for m in mults if m * 10**exp >= value), 10 ** (exp + 1))
 
 
-def nice_ceiling(value: float) -> float:
-    """The smallest of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above `value` (value > 0)."""
-    return _round_up(value, (1, 1.5, 2, 3, 5, 7.5, 10))
-
-
 # The step-time charts' axis limits at the start: x: steps; y: ms, bottom and top (decades).
 INITIAL_LIMITS = (10.0, 0.1, 10.0)
 
@@ -61,7 +56,7 @@ def grow_limits(limits, series, compile_steps, final: bool = False) -> tuple[flo
         step = _tick_step(last * 1.05)
         x_top = step * math.ceil(last * 1.05 / step)
     elif last > x_top:
-        x_top = nice_ceiling(last * 2)  # the data fills at least half the width
+        x_top = _round_up(last * 2, (1, 1.5, 2, 3, 5, 7.5, 10))  # the data fills half or more
     values = [v * 1e3 for p in series for v in (p.median, p.p90) if v > 0]
     if values:
         if final:
@@ -74,10 +69,10 @@ def grow_limits(limits, series, compile_steps, final: bool = False) -> tuple[flo
     return x_top, y_bottom, y_top
 
 
-def _tick_step(top: float, most: int = 5) -> float:
-    """A round step (1, 2, 2.5, 5 x 10^k; a whole number, at least 1) giving at most `most`
+def _tick_step(top: float) -> float:
+    """A round step (1, 2, 2.5, 5 x 10^k; a whole number, at least 1) giving at most 5
     intervals."""
-    step = _round_up(max(top / most, 1.0), (1, 2, 2.5, 5, 10))
+    step = _round_up(max(top / 5, 1.0), (1, 2, 2.5, 5, 10))
     return step if step == int(step) else 2 * step
 
 

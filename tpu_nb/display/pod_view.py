@@ -26,13 +26,12 @@ HEADER = (
 
 def _row(h: HostResult) -> tuple[str, ...]:
     m = h.metrics
+    counts = ("-",) * 3 if m is None else (m.compiles, m.executions, m.host_reads)
     return (
         str(h.host),
         h.address or "-",
         format_seconds(h.started_seconds),
-        str(m.compiles) if m is not None else "-",
-        str(m.executions) if m is not None else "-",
-        str(m.host_reads) if m is not None else "-",
+        *map(str, counts),
         format_seconds(h.step_median),
         format_seconds(h.step_p90),
         h.verdict_kind or "-",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from html import escape
+from typing import Any
 
 from tpu_nb.display.anatomy_view import host_lines_html, host_lines_text
 from tpu_nb.display.compiled_view import compiled_html, compiled_text
@@ -23,6 +24,7 @@ from tpu_nb.display.style import (
     PRE,
     RED,
     WARN,
+    bullets,
     root,
     span,
     table,
@@ -146,10 +148,13 @@ def plain_via(via: str) -> str:
     return _RESUME.sub(r"\1 (the part after its graph break at line \2)", via)
 
 
-def _where(finding: LineFinding) -> str:
-    if finding.line:
-        return f"line {finding.line}"
-    return finding.place or "outside this cell"
+def _distinct(values) -> list[str]:
+    return list(dict.fromkeys(v for v in values if v))
+
+
+def _each(name: str) -> Any:
+    """A property: the distinct non-empty `name` fields of a group's findings, in order."""
+    return property(lambda group: _distinct(getattr(f, name) for f in group.findings))
 
 
 @dataclass
@@ -174,21 +179,14 @@ class FindingGroup:
     def order(self) -> tuple[int, int, int]:
         return min(f.sort_key for f in self.findings)
 
-    def _distinct(self, values) -> list[str]:
-        return list(dict.fromkeys(v for v in values if v))
-
-    @property
-    def whats(self) -> list[str]:
-        return self._distinct(f.what for f in self.findings)
+    whats = _each("what")
+    details = _each("detail")  # the graphs' hashes and torch_xla's own words: for the curious
+    patterns = _each("pattern")  # each site's once (a library's loop on one line has several)
+    hints = _each("hint")
 
     @property
     def vias(self) -> list[str]:
-        return self._distinct(plain_via(f.via) for f in self.findings)
-
-    @property
-    def details(self) -> list[str]:
-        """The graphs' hashes and torch_xla's own words: for the curious, not the sentence."""
-        return self._distinct(f.detail for f in self.findings)
+        return _distinct(plain_via(f.via) for f in self.findings)
 
     @property
     def changed(self) -> list[str]:
@@ -199,20 +197,7 @@ class FindingGroup:
         facts = [f.changed for f in sorted(self.findings, key=lambda f: f.sort_key) if f.changed]
         captured = [c for c in facts if not c[-1].startswith(_NOT_CAPTURED)]
         chosen = captured or facts[-1:]
-        return self._distinct(c for changed in chosen[-2:] for c in changed)
-
-    @property
-    def pattern(self) -> str:
-        return next((f.pattern for f in self.findings if f.pattern), "")
-
-    @property
-    def patterns(self) -> list[str]:
-        """Each site's pattern once (a library's loop on one line has several sites)."""
-        return self._distinct(f.pattern for f in self.findings)
-
-    @property
-    def hints(self) -> list[str]:
-        return self._distinct(f.hint for f in self.findings)
+        return _distinct(c for changed in chosen[-2:] for c in changed)
 
     def marker(self) -> str:
         """A few words for the annotated listing: "recompiled ×3 (1.20 s)"."""
@@ -235,7 +220,8 @@ def group_findings(findings: list[LineFinding]) -> list[FindingGroup]:
     for f in findings:
         key = (f.line, f.place if not f.line else "", f.kind)
         if key not in groups:
-            groups[key] = FindingGroup(_where(f), f.line, f.kind)
+            where = f"line {f.line}" if f.line else f.place or "outside this cell"
+            groups[key] = FindingGroup(where, f.line, f.kind)
         groups[key].findings.append(f)
     return sorted(groups.values(), key=lambda g: (g.order, g.line))
 
@@ -278,12 +264,10 @@ class RunView:
 
     def __init__(self, report: RunReport, label: str = "XLA"):
         self.report = report
-        self.source = report.source  # the cell's code, for the annotated listing
-        self.findings = list(report.findings)
         self.label = label
-        self.allowed_graphs = report.allowed_graphs  # the cell's --max-graphs: not flagged
-        self.groups = group_findings(self.findings)
-        self.recompiled = bool(report.recompiled_lines(self.allowed_graphs)) or any(
+        self.groups = group_findings(list(report.findings))
+        # the cell's --max-graphs: lines within it are not flagged
+        self.recompiled = bool(report.recompiled_lines(report.allowed_graphs)) or any(
             g.kind == "recompile" for g in self.groups
         )
 
@@ -333,9 +317,9 @@ class RunView:
     def _describes_line(self, g: FindingGroup) -> bool:
         """Whether `g` carries its line's compile pattern: the line's last compile group,
         when the line compiled more than one graph."""
-        if not g.pattern or not g.line:
+        if not g.patterns or not g.line:
             return False
-        same = [h for h in self.groups if h.line == g.line and h.pattern]
+        same = [h for h in self.groups if h.line == g.line and h.patterns]
         return same[-1] is g and sum(h.count for h in same) > 1
 
     def _group_notes(self, g: FindingGroup) -> list[tuple[str, str, str]]:
@@ -400,13 +384,6 @@ class RunView:
             judgement.verdict is not None or judgement.note.startswith("too few steady")
         )
 
-    def _marks(self) -> dict[int, list[FindingGroup]]:
-        marks: dict[int, list[FindingGroup]] = {}
-        for g in self.groups:
-            if g.line:
-                marks.setdefault(g.line, []).append(g)
-        return marks
-
     # -- text --
 
     def text(self) -> str:
@@ -450,18 +427,23 @@ class RunView:
             title += f", judged for a {cost.chip.name} (this machine has no TPU)"
         return title, cost.lines()
 
-    def _listing(self, marks: dict[int, list[FindingGroup]]) -> list[int | None] | None:
-        """The line numbers to list (None: an elision), without the %%on_tpu line left blank
-        in the cell's code; None when no line is marked."""
-        code = self.source.splitlines()
+    def _listing(self) -> tuple[dict[int, list[FindingGroup]], list[str], list[int | None] | None]:
+        """The groups on each marked line, the cell's code, and the line numbers to list
+        (None: an elision), without the %%on_tpu line left blank in the cell's code; None
+        when no line is marked."""
+        marks: dict[int, list[FindingGroup]] = {}
+        for g in self.groups:
+            if g.line:
+                marks.setdefault(g.line, []).append(g)
+        code = self.report.source.splitlines()
         if not code or not marks:
-            return None
+            return marks, code, None
         blank_first = not code[0].strip() and 1 not in marks
-        return [n for n in _shown_lines(len(code), set(marks)) if not (blank_first and n == 1)]
+        shown = [n for n in _shown_lines(len(code), set(marks)) if not (blank_first and n == 1)]
+        return marks, code, shown
 
     def _listing_text(self) -> list[str]:
-        marks, code = self._marks(), self.source.splitlines()
-        shown = self._listing(marks)
+        marks, code, shown = self._listing()
         if shown is None:
             return []
         out = ["the cell, annotated:"]
@@ -493,26 +475,19 @@ class RunView:
         parts.append(compiled_html(getattr(self.report, "compiled", ())))
         hints = _hints(self.groups)
         if hints:
-            items = "".join(
-                f"<li style='margin:0;padding:0;text-align:left'>"
+            items = (
                 f"{span(e(KIND_WORDS.get(kind, kind)), _KIND_COLOURS.get(kind, ACCENT), bold=True)}"
-                f" <span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}</li>"
+                f" <span style='color:{MUTED}'>({e(', '.join(places))})</span>: {e(hint)}"
                 for kind, places, hint in hints
             )
-            parts.append(
-                "<div class='tpunb-hints' style='margin:4px 0 0'><b>what to do</b>"
-                f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
-            )
+            parts.append(bullets("tpunb-hints", "what to do", items))
         for note in self._notes():
             parts.append(f"<div style='color:{MUTED}'>{e(note)}</div>")
         parts.append(host_lines_html(self.report.anatomy, self._scope()))
         title, cost = self._cost()
         if cost:
-            items = "".join(f"<li style='margin:0;padding:0'>{e(line)}</li>" for line in cost)
-            parts.append(
-                f"<div class='tpunb-cost' style='margin:4px 0 0'><b>{e(title)}</b>"
-                f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{items}</ul></div>"
-            )
+            lines = (e(line) for line in cost)
+            parts.append(bullets("tpunb-cost", e(title), lines, "margin:0;padding:0"))
         oom = self.report.out_of_memory
         if oom is not None:
             head, *rest = oom.lines()
@@ -573,8 +548,7 @@ class RunView:
 
     def _listing_html(self) -> str:
         e = escape
-        marks, code = self._marks(), self.source.splitlines()
-        shown = self._listing(marks)
+        marks, code, shown = self._listing()
         if shown is None:
             return ""
         rows, row_styles = [], []

@@ -122,14 +122,8 @@ def color(name: str) -> str:
     return f"var(--tpunb-{name})"
 
 
-FG, BG, MUTED, RED, RED_BG = color("fg"), color("bg"), color("muted"), color("red"), color("red-bg")
-WARN, OK, ACCENT, LINE, MARK_BG = (
-    color("warn"),
-    color("ok"),
-    color("accent"),
-    color("line"),
-    color("mark-bg"),
-)
+# In PALETTE's order.
+FG, BG, MUTED, RED, RED_BG, WARN, OK, ACCENT, LINE, MARK_BG = (color(name) for name in PALETTE)
 MONO = "var(--jp-code-font-family,var(--vscode-editor-font-family,monospace))"
 FONT = f"font-family:{MONO};font-size:12px;line-height:1.4"
 # The root of every view: its own colours and alignment, whatever the page around it.
@@ -184,6 +178,18 @@ def table(
         f"<table style='{TABLE}'>{head}"
         + "".join(row(r, "td", extra) for r, extra in zip(rows, extras, strict=True))
         + "</table>"
+    )
+
+
+def bullets(
+    cls: str, title: str, items, item_css: str = "margin:0;padding:0;text-align:left"
+) -> str:
+    """A run report's titled list: already-escaped `title` and `items`, in a block of class
+    `cls`."""
+    lis = "".join(f"<li style='{item_css}'>{item}</li>" for item in items)
+    return (
+        f"<div class='{cls}' style='margin:4px 0 0'><b>{title}</b>"
+        f"<ul style='margin:2px 0 2px 1.4em;padding:0'>{lis}</ul></div>"
     )
 
 
