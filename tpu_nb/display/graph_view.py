@@ -574,14 +574,8 @@ def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
     grouped = scene.grouped
     shown = ""
     if grouped.collapsed:
-        how = {
-            "module": "phase and module",
-            "line": "source line",
-            "scope": "scope",
-            "function": "function",
-            "file": "file",
-            "range": "id range",
-        }.get(grouped.by, grouped.by)
+        names = {"module": "phase and module", "line": "source line", "range": "id range"}
+        how = names.get(grouped.by, grouped.by)
         shown = (
             f" · shown as {len(grouped.groups)} groups by {how} (more than {grouped.budget} nodes)"
         )
