@@ -421,10 +421,9 @@ def _bands(scene: _Scene) -> list[str]:
     if scene.grouped.by != "module":
         return []
     spans: dict[str, list[float]] = {}
-    for i, box in enumerate(scene.boxes):
-        phase = box.phase or scene.grouped.groups[i].phase
-        if phase in ("forward", "backward", "optimizer"):
-            spans.setdefault(phase, []).append(scene.layout.y[i])
+    for i, group in enumerate(scene.grouped.groups):  # single nodes too
+        if group.phase in ("forward", "backward", "optimizer"):
+            spans.setdefault(group.phase, []).append(scene.layout.y[i])
     out = []
     width = max(scene.layout.width, 60)
     for phase in (p for p in PHASES if p in spans):
