@@ -6,7 +6,7 @@ import torch
 import torch_xla
 
 import tpu_nb
-from tpu_nb.display.graph_view import GraphView, render_diff_html, render_html, render_svg
+from tpu_nb.display.graph_view import GraphView, render_html, render_svg
 from tpu_nb.runtime.graph import graph, record_locations
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -99,7 +99,7 @@ def test_diff_view_outlines_the_changed_nodes():
     with record_locations():
         after = graph(torch.softmax(layer(x), dim=-1))
     d = after.diff(before)
-    page = render_diff_html(d)
+    page = render_html(d.after, diff=d, title="XLA graph (changed)")
     ET.fromstring(page)
     assert "Difference from the earlier graph" in page and "f32[2,3] -&gt; f32[5,3]" in page
     svg = render_svg(after, diff=d)

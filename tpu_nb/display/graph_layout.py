@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 Point = tuple[float, float]
+_MARGIN = 12.0  # around the drawing
 
 
 @dataclass
@@ -48,26 +49,23 @@ def layered_layout(
     *,
     node_gap: float = 18.0,
     layer_gap: float = 40.0,
-    margin: float = 12.0,
-    sweeps: int | None = None,
-    max_virtual: int | None = None,
 ) -> Layout:
     """Lay out nodes 0..len(sizes)-1 (width, height each) joined by directed `edges`.
 
-    `max_virtual` caps the virtual nodes long edges get (default: 50,000 or 4 per node);
-    longer edges are drawn straight to their target (see _Layered).
+    Long edges get at most 50,000 virtual nodes, or 4 per node; longer edges are drawn
+    straight to their target (see _Layered).
     """
     n = len(sizes)
     dag, flipped = _acyclic(n, edges)
     layer = _layers(n, dag)
-    net = _Layered(n, layer, dag, max(50_000, 4 * n) if max_virtual is None else max_virtual)
-    crossings = _order(net, sweeps or (8 if net.size < 60_000 else 4))
+    net = _Layered(n, layer, dag, max(50_000, 4 * n))
+    crossings = _order(net, 8 if net.size < 60_000 else 4)
     widths = [sizes[v][0] for v in range(n)] + [0.0] * (net.size - n)
     x = _x_positions(net, widths, node_gap)
-    y, height = _y_positions(net, sizes, layer_gap, margin)
-    shift = margin - min((x[v] - widths[v] / 2 for v in range(net.size)), default=0.0)
+    y, height = _y_positions(net, sizes, layer_gap)
+    shift = _MARGIN - min((x[v] - widths[v] / 2 for v in range(net.size)), default=0.0)
     x = [xv + shift for xv in x]
-    width = max((x[v] + widths[v] / 2 for v in range(net.size)), default=0.0) + margin
+    width = max((x[v] + widths[v] / 2 for v in range(net.size)), default=0.0) + _MARGIN
     routes = _routes(edges, flipped, net, x, y, sizes)
     return Layout(
         x=x[:n],
@@ -242,15 +240,6 @@ _SMALL = 4000  # layered nodes (real + virtual) up to which ordering tries harde
 _SIFT = 1500  # ... and up to which it also sifts
 
 
-def _initial_orders(net: _Layered) -> list[list[list[int]]]:
-    """Depth-first orders, so chains and subtrees start out side by side: from the sources,
-    and on small graphs also from the sinks."""
-    orders = [_depth_first(net, net.down, net.up)]
-    if net.size <= _SIFT:
-        orders.append(_depth_first(net, net.up, net.down))
-    return orders
-
-
 def _depth_first(net: _Layered, follow: list[list[int]], back: list[list[int]]) -> list[list[int]]:
     """Layers filled in depth-first order along `follow`, from the nodes with no `back`."""
     layers: list[list[int]] = [[] for _ in net.layers]
@@ -300,8 +289,10 @@ def _sweep(net: _Layered, downward: bool) -> None:
 
 def _order(net: _Layered, sweeps: int) -> int:
     """Order every layer to reduce crossings; the best order found is left in `net`."""
-    first, *others = _initial_orders(net)
-    net.place(first)
+    # Depth-first orders, so chains and subtrees start out side by side: from the sources,
+    # and on small graphs also from the sinks.
+    net.place(_depth_first(net, net.down, net.up))
+    others = [_depth_first(net, net.up, net.down)] if net.size <= _SIFT else []
     best, best_rows = _improve(net, sweeps)
     for start in others:
         if best == 0:
@@ -519,18 +510,16 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
 # -- 6. y positions and routes -------------------------------------------------------------
 
 
-def _y_positions(
-    net: _Layered, sizes, layer_gap: float, margin: float
-) -> tuple[list[float], float]:
+def _y_positions(net: _Layered, sizes, layer_gap: float) -> tuple[list[float], float]:
     heights = [0.0] * len(net.layers)
     for v in range(net.n):
         heights[net.layer[v]] = max(heights[net.layer[v]], sizes[v][1])
-    centres, top = [], margin
+    centres, top = [], _MARGIN
     for h in heights:
         centres.append(top + h / 2)
         top += h + layer_gap
     y = [centres[net.layer[v]] for v in range(net.size)]
-    return y, top - layer_gap + margin
+    return y, top - layer_gap + _MARGIN
 
 
 def _routes(edges, flipped: set, net: _Layered, x, y, sizes) -> list[list[Point]]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tpu_nb.display import style
 from tpu_nb.display.graph_layout import Layout, layered_layout
+from tpu_nb.runtime.frame import Frame
 from tpu_nb.runtime.graph import (
     KINDS,
     NODE_BUDGET,
@@ -148,26 +149,32 @@ def _cell_label(text: str) -> str:
     return text.replace("<module>@", "")
 
 
+def _ops(group: Group, shown: int) -> str:
+    """Its most frequent ops without their namespace, "…" when there are more."""
+    more = "…" if len(group.ops) > shown else ""
+    return ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:shown]) + more
+
+
+def _user_frames(graph: Graph, group: Group) -> list[Frame]:
+    frames = (graph.node(m).user_frame for m in group.members)
+    return [u for u in frames if u is not None]
+
+
 def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _Box:
-    ops = ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:3])
-    more = "…" if len(group.ops) > 3 else ""
+    ops = _ops(group, 3)
     outs = sum(1 for m in group.members if graph.node(m).root is not None)
-    tip = [f"group {group.key}", f"{group.size} nodes: {ops}{more}"]
+    tip = [f"group {group.key}", f"{group.size} nodes: {ops}"]
     tip += (
         ["lines: " + "; ".join(f"{k} ({c})" for k, c in group.sources[:6])] if group.sources else []
     )
-    callers = Counter(
-        f"{u.file}:{u.line} ({u.function})"
-        for u in (graph.node(m).user_frame for m in group.members)
-        if u is not None
-    )
+    callers = Counter(f"{u.file}:{u.line} ({u.function})" for u in _user_frames(graph, group))
     if callers:
         tip.append("called from " + "; ".join(f"{k} ×{c}" for k, c in callers.most_common(3)))
     tip += [f"{outs} graph outputs"] if outs else []
     return _Box(
         title=_group_title(tip, group, changed, rename),
         line1=_fit(_cell_label(rename(group.label)), 44),
-        line2=_fit(f"×{group.size} · {ops}{more}", 40),
+        line2=_fit(f"×{group.size} · {ops}", 40),
         kind=group.kind,
         output=outs > 0,
         changed=any(m in changed for m in group.members),
@@ -177,22 +184,15 @@ def _group_box(graph: Graph, group: Group, changed: frozenset[int], rename) -> _
 
 def _module_box(graph: Graph, group: Group, changed: frozenset[int], rename, top: int) -> _Box:
     """A module's (or a row of repeated blocks') nodes of one phase."""
-    ops = ", ".join(f"{op.split('::', 1)[-1]} {c}" for op, c in group.ops[:4])
     module = group.key.partition(":")[2]
     cost = f"{format_flops(group.flops)} · " if group.flops else ""
     tip = [
         f"{group.phase} of {module}" if module != "other" else f"{group.phase}: no module",
-        f"{group.size} nodes: {ops}{'…' if len(group.ops) > 4 else ''}",
+        f"{group.size} nodes: {_ops(group, 4)}",
         f"{format_flops(group.flops)} (matmuls and convolutions), "
         f"{format_bytes(group.bytes)} of outputs",
     ]
-    lines = sorted(
-        {
-            f"{u.file}:{u.line}"
-            for u in (graph.node(m).user_frame for m in group.members)
-            if u is not None
-        }
-    )
+    lines = sorted({f"{u.file}:{u.line}" for u in _user_frames(graph, group)})
     tip += ["lines: " + ", ".join(lines[:4]) + (" …" if len(lines) > 4 else "")] if lines else []
     return _Box(
         title=_group_title(tip, group, changed, rename),
@@ -263,11 +263,11 @@ def _scene(
         grouped = group_graph(graph, by=by, budget=budget, expand=expand)
         boxes = _boxes(graph, grouped, changed, rename)
         pairs = [(e.src, e.dst) for e in grouped.edges]
-        upward = _upward(grouped)
+        upward, order = _phases(grouped) if grouped.by == "module" else (set(), [])
         placed = [p for k, p in enumerate(pairs) if k not in upward]
         layout = layered_layout(
             [(b.width, _BOX_H) for b in boxes],
-            placed + _phase_order(grouped),
+            placed + order,
             node_gap=14,
             layer_gap=34,
         )
@@ -284,22 +284,15 @@ def _scene(
 _PHASE_RANK = {"forward": 0, "backward": 1, "optimizer": 2}
 
 
-def _upward(grouped: GroupedGraph) -> set[int]:
-    """Edges (by index) from a box of a later phase to one of an earlier phase (a value the
-    backward made that a forward box holds): left out of the layout so that the phases stay
-    in order, top to bottom."""
-    if grouped.by != "module":
-        return set()
+def _phases(grouped: GroupedGraph) -> tuple[set[int], list[tuple[int, int]]]:
+    """What keeps a module view's phases in order, top to bottom, and their bands apart:
+    the edges (by index) from a box of a later phase to one of an earlier phase (a value
+    the backward made that a forward box holds), left out of the layout; and layout-only
+    edges that put every forward box above the backward band and every backward box above
+    the optimizer's: from each box of one phase to the boxes of the next phase that nothing
+    of that phase feeds."""
     rank = [_PHASE_RANK.get(g.phase, 0) for g in grouped.groups]
-    return {k for k, e in enumerate(grouped.edges) if rank[e.src] > rank[e.dst]}
-
-
-def _phase_order(grouped: GroupedGraph) -> list[tuple[int, int]]:
-    """Layout-only edges that put every forward box above the backward band and every
-    backward box above the optimizer's, so that the bands do not overlap: from each box of
-    one phase to the boxes of the next phase that nothing of that phase feeds."""
-    if grouped.by != "module":
-        return []
+    upward = {k for k, e in enumerate(grouped.edges) if rank[e.src] > rank[e.dst]}
     phase = [g.phase for g in grouped.groups]
     fed = {e.dst for e in grouped.edges if phase[e.src] == phase[e.dst]}
     extra = []
@@ -308,7 +301,7 @@ def _phase_order(grouped: GroupedGraph) -> list[tuple[int, int]]:
         # a cycle inside the later phase leaves it no top: then every box of it
         tops = [i for i in later if i not in fed] or later
         extra += [(i, j) for i, p in enumerate(phase) if p == before for j in tops]
-    return extra
+    return upward, extra
 
 
 def layout(
@@ -428,10 +421,9 @@ def _bands(scene: _Scene) -> list[str]:
     if scene.grouped.by != "module":
         return []
     spans: dict[str, list[float]] = {}
-    for i, box in enumerate(scene.boxes):
-        phase = box.phase or scene.grouped.groups[i].phase
-        if phase in ("forward", "backward", "optimizer"):
-            spans.setdefault(phase, []).append(scene.layout.y[i])
+    for i, group in enumerate(scene.grouped.groups):  # single nodes too
+        if group.phase in ("forward", "backward", "optimizer"):
+            spans.setdefault(group.phase, []).append(scene.layout.y[i])
     out = []
     width = max(scene.layout.width, 60)
     for phase in (p for p in PHASES if p in spans):
@@ -581,14 +573,8 @@ def _header(graph: Graph, scene: _Scene, title: str | None) -> str:
     grouped = scene.grouped
     shown = ""
     if grouped.collapsed:
-        how = {
-            "module": "phase and module",
-            "line": "source line",
-            "scope": "scope",
-            "function": "function",
-            "file": "file",
-            "range": "id range",
-        }.get(grouped.by, grouped.by)
+        names = {"module": "phase and module", "line": "source line", "range": "id range"}
+        how = names.get(grouped.by, grouped.by)
         shown = (
             f" · shown as {len(grouped.groups)} groups by {how} (more than {grouped.budget} nodes)"
         )
@@ -751,12 +737,6 @@ def _diff_panel(diff: GraphDiff) -> str:
             else ""
         )
     )
-
-
-def render_diff_html(diff: GraphDiff, *, budget: int = NODE_BUDGET) -> str:
-    """What changed between two graphs, with the newer graph drawn and its changed nodes
-    outlined (for recompilation reports and alerts)."""
-    return render_html(diff.after, budget=budget, diff=diff, title="XLA graph (changed)")
 
 
 # -- notebook objects ----------------------------------------------------------------------

@@ -56,7 +56,6 @@ class Group:
     kind: str  # the kind most members have (data/constants aside)
     ops: tuple[tuple[str, int], ...]  # op -> count, most frequent first
     sources: tuple[tuple[str, int], ...]  # source key -> count, most frequent first
-    location: Frame | None = None
     phase: str = ""  # by module: "forward", "backward", "optimizer"
     flops: int = 0  # matmul and convolution FLOPs of its nodes (see _cost.node_flops)
     bytes: int = 0  # bytes its nodes output
@@ -390,7 +389,6 @@ def _make_group(
         kind="fallback" if "fallback" in kinds else kinds.most_common(1)[0][0],
         ops=tuple(Counter(n.op for n in nodes).most_common()),
         sources=tuple(sources.most_common()),
-        location=next((n.location for n in nodes if n.location), None),
         **costs,
     )
 

@@ -13,7 +13,8 @@ step opens `<Optimizer>:step`.
 Scopes only name nodes: torch_xla's graph hash and compile count stay the same (checked on
 resnet18 and GPT-2 training steps), and tracing costs about twice as much while they are on.
 Everything is removed on exit; autograd nodes marked earlier and run later open nothing.
-The scope tags show only while IR debug records source lines, so the block turns that on too.
+The scope tags show only while IR debug records source lines: `record_locations()`, the one
+way in, turns that on.
 
 `module_of(scope)` reads a node's scope back as (phase, module path).
 """
@@ -151,16 +152,14 @@ _open_blocks = [0]  # nested module_scopes() blocks share the outermost one's ho
 @contextmanager
 def module_scopes(enabled: bool = True) -> Iterator[None]:
     """Name the IR nodes traced inside the block after the module, module backward or
-    optimizer step that made them (see the module docstring). Records source lines too."""
+    optimizer step that made them (see the module docstring)."""
     if not enabled or _open_blocks[0]:
         yield
         return
     import torch
     import torch.optim.optimizer as optimizer
 
-    runtime = backend()
-    tracer = _Tracer(runtime.graphs.open_scope)
-    before = runtime.process.source_lines()
+    tracer = _Tracer(backend().graphs.open_scope)
     handles = [
         torch.nn.modules.module.register_module_forward_pre_hook(tracer.enter),
         torch.nn.modules.module.register_module_forward_hook(tracer.leave, always_call=True),
@@ -168,7 +167,6 @@ def module_scopes(enabled: bool = True) -> Iterator[None]:
         optimizer.register_optimizer_step_post_hook(tracer.step_leave),
     ]
     _open_blocks[0] += 1
-    runtime.process.set_source_lines(True)
     try:
         yield
     finally:
@@ -176,4 +174,3 @@ def module_scopes(enabled: bool = True) -> Iterator[None]:
         for handle in handles:
             handle.remove()
         tracer.close()
-        runtime.process.set_source_lines(before)
