@@ -850,20 +850,15 @@ def waiting_only(tail: StepRecord | None) -> StepRecord | None:
 _LOADER_FILES = ("torch/utils/data/",)  # and the backend's device loaders
 _SHOWN_LINES = 3  # lines a verdict names at most
 _LINE_SHARE = 0.03  # and only those that took at least this share of the wall time
+_HOST_KINDS = {"host-bound": ("host", "sync"), "input-bound": ("input",)}  # the lines' kinds
 
 
 def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
     """A host-bound or input-bound verdict with the lines that took the time (the host
     sampler's); an input wait outside a DataLoader gets the iterator's fix."""
-    if verdict is None or not a.host_lines:
+    if verdict is None or verdict.kind not in _HOST_KINDS or not a.host_lines:
         return verdict
-    if verdict.kind == "host-bound":
-        kinds: tuple[str, ...] = ("host", "sync")
-    elif verdict.kind == "input-bound":
-        kinds = ("input",)
-    else:
-        return verdict
-    lines = [h for h in a.host_lines if h.kind in kinds]
+    lines = [h for h in a.host_lines if h.kind in _HOST_KINDS[verdict.kind]]
     named = tuple(h for h in lines[:_SHOWN_LINES] if h.share >= _LINE_SHARE) or tuple(lines[:1])
     if not named:
         return verdict
@@ -902,42 +897,6 @@ def _judge_shares(a: Anatomy) -> Verdict | None:
     host = share("trace") + share("sync")
     reads_per_step = sum(s.reads for s in a.steps) / len(a.steps)
     pct = lambda x: f"{x:.0%}"  # noqa: E731
-    if share("compile") >= _BOUND:
-        n = sum(s.compiles for s in a.steps)
-        return Verdict(
-            "compile-bound",
-            f"compiling took {pct(share('compile'))} of the time "
-            f"({n} compile{'s' if n != 1 else ''})",
-            FIXES["compile-bound"],
-        )
-    if share("input") >= _BOUND:
-        return Verdict(
-            "input-bound",
-            f"waiting for the data loader took {pct(share('input'))} of the time",
-            FIXES["input-bound"],
-        )
-    if a.device_share >= _DEVICE_BUSY:
-        return Verdict(
-            "device-bound",
-            f"the device was busy {pct(a.device_share)} of the time",
-            FIXES["device-bound"],
-        )
-    if share("read") >= _BOUND * 0.8 and reads_per_step >= 0.5:
-        return Verdict(
-            "read-bound",
-            f"value reads took {pct(share('read'))} of the time, "
-            f"{reads_per_step:.1f} per step; the device was idle "
-            f"{pct(1 - a.device_share)}",
-            FIXES["read-bound"],
-        )
-    candidates = {
-        "host-bound": host,
-        "input-bound": share("input"),
-        "compile-bound": share("compile"),
-        "read-bound": share("read"),
-        "device-bound": a.device_share,
-    }
-    kind = max(candidates, key=lambda k: candidates[k])
     reasons = {
         "host-bound": f"the host's Python tracing and syncs took {pct(host)} of the time; the "
         f"device was busy {pct(a.device_share)}",
@@ -946,4 +905,26 @@ def _judge_shares(a: Anatomy) -> Verdict | None:
         "read-bound": f"value reads took {pct(share('read'))} of the time",
         "device-bound": f"the device was busy {pct(a.device_share)} of the time",
     }
+    if share("compile") >= _BOUND:
+        n = sum(s.compiles for s in a.steps)
+        reasons["compile-bound"] += f" ({n} compile{'s' if n != 1 else ''})"
+        kind = "compile-bound"
+    elif share("input") >= _BOUND:
+        kind = "input-bound"
+    elif a.device_share >= _DEVICE_BUSY:
+        kind = "device-bound"
+    elif share("read") >= _BOUND * 0.8 and reads_per_step >= 0.5:
+        reasons["read-bound"] += (
+            f", {reads_per_step:.1f} per step; the device was idle {pct(1 - a.device_share)}"
+        )
+        kind = "read-bound"
+    else:
+        candidates = {
+            "host-bound": host,
+            "input-bound": share("input"),
+            "compile-bound": share("compile"),
+            "read-bound": share("read"),
+            "device-bound": a.device_share,
+        }
+        kind = max(candidates, key=lambda k: candidates[k])
     return Verdict(kind, reasons[kind], FIXES[kind])
