@@ -680,15 +680,11 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
         inputs[i] = union(inputs.get(i, []) + items)
     for i, items in inputs.items():
         windows[i].inputs = items
-    for i, items in _assign(
-        (r for r in _tail(collector.reads, events) if r[2] > origin), lambda r: r[2], bounds
-    ).items():
-        windows[i].reads = [r[1:] for r in items]
-        windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
-    inner = (r for r in _tail(collector.inner_syncs, events) if r[2] > origin)
-    for i, items in _assign(inner, lambda r: r[2], bounds).items():
-        windows[i].inner_syncs = [r[1:] for r in items]
-        windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
+    for name in ("reads", "inner_syncs"):  # (hook entry, call, return)
+        recent = (r for r in _tail(getattr(collector, name), events) if r[2] > origin)
+        for i, items in _assign(recent, lambda r: r[2], bounds).items():
+            setattr(windows[i], name, [r[1:] for r in items])
+            windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
     for name, spans in (
         ("compiles", _spans(samples["CompileTime"])),
         ("to_device", _spans(samples["TransferToDeviceTime"])),
