@@ -329,7 +329,6 @@ class Collector:
         self._until_harvest = _HARVEST_EVERY
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
-        self._depth = 0
         self._subscription: Subscription | None = None
         self.ended = False
         self._recorder: Recorder | None = None
@@ -360,7 +359,6 @@ class Collector:
                 root_codes=recorder.root_codes,
                 root_frame=recorder.root_frame,
                 interval=self.sample_interval,
-                clock=_clock,
             ).start()
         return self
 

@@ -101,7 +101,6 @@ class DynamoCompile:
     first_line: int
     site: Any = None  # provenance.Site: the tracked code's line that called it (None: unknown)
     seconds: float = 0.0  # Dynamo's whole compile of this frame
-    backend_seconds: float = 0.0  # of which the backend (torch_xla tracing, XLA compiles)
     guard_failures: tuple[str, ...] = ()  # Dynamo's words, one per cached graph that failed
     changed: tuple[ChangedInput, ...] = ()  # the inputs named by the first failure
     input_shapes: dict[str, tuple] = field(default_factory=dict)  # graph input -> shape
@@ -339,7 +338,6 @@ class Watch(logging.Handler):
         self._pending: dict[tuple, _Pending] = {}
         self.compiles: list[DynamoCompile] = []
         self._starts: list[tuple[int, int]] = []  # per compile: (log offset, XLA compiles)
-        self.errors = 0
         self._subscription: Subscription | None = None
         self.watching = False  # started and not stopped
         # Called with True when Dynamo starts compiling a frame in this run, False when done:
@@ -400,7 +398,6 @@ class Watch(logging.Handler):
             elif "compilation_metrics" in meta:
                 self._finished(meta)
         except Exception:  # never let tpu_nb break the user's compile
-            self.errors += 1
             logging.getLogger("tpu_nb").debug("reading a Dynamo trace event", exc_info=True)
 
     def _entry(self, meta) -> _Pending:
@@ -478,7 +475,6 @@ class Watch(logging.Handler):
                 first_line=first_line,
                 site=site,
                 seconds=float(m.get("entire_frame_compile_time_s") or 0.0),
-                backend_seconds=float(m.get("backend_compile_time_s") or 0.0),
                 guard_failures=tuple(_without_id(r) for r in entry.reasons),
                 changed=changed,
                 input_shapes=shapes,

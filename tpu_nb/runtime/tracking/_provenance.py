@@ -203,9 +203,8 @@ class Recorder:
         # Code objects compared by identity: `code in set` hashes the code object (~1-2 us
         # for a cell or Module._call_impl), on every frame of every walk.
         self._code_ids = frozenset(id(c) for c in root_codes if c is not None)
-        self._codes = tuple(c for c in root_codes if c is not None)  # kept alive
-        self._root_frame = root_frame
-        self.root_codes, self.root_frame = self._codes, root_frame  # the tracked code
+        self.root_codes = tuple(c for c in root_codes if c is not None)  # kept alive
+        self.root_frame = root_frame
         self._log = log
         self.recording = Recording()
         self._order = 0
@@ -227,7 +226,7 @@ class Recorder:
         self._shapes_at: dict[tuple[str, int], list] = {}
         # line -> the syncs made when its watch last found the shapes unchanged
         self._same_shapes: dict[tuple[str, int], int] = {}
-        named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
+        named = self.root_codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
         self._named = named
         self._watched: tuple[str, ...] | None = None  # names_watched, at the first compare
@@ -461,7 +460,7 @@ class Recorder:
 
     def site_of(self, frame) -> Site:
         """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
-        line, user, library, entry = call_site(frame, self._code_ids, self._root_frame, _plumbing)
+        line, user, library, entry = call_site(frame, self._code_ids, self.root_frame, _plumbing)
         placed = _frame(line) if line is not None else None
         if placed is None and threading.get_ident() != getattr(self, "_thread", None):
             placed = self._waiting_in_backward()
@@ -476,7 +475,7 @@ class Recorder:
         """The tracked code's line, when the tracked thread is waiting in an autograd
         backward call: autograd runs a backward on a thread of its own (where a compiled
         function's backward graph compiles), for the line that called backward."""
-        code_ids, root = self._code_ids, self._root_frame
+        code_ids, root = self._code_ids, self.root_frame
 
         def in_backward(frame) -> bool:
             code = frame.f_code
@@ -515,7 +514,7 @@ class Recorder:
 
     def caller_frame(self, frame):
         """The tracked code's frame at or outside `frame` (None: not reached from it)."""
-        return tracked_frame(frame, self._code_ids, self._root_frame)
+        return tracked_frame(frame, self._code_ids, self.root_frame)
 
     # -- graph capture -------------------------------------------------------------------------
 
@@ -523,11 +522,11 @@ class Recorder:
         """Before a sync (or a read of `tensor`): the pending graph, when this line is due a
         capture; else (None, None) after a walk that allocates nothing (the steady state)."""
         try:
-            root = tracked_frame(frame, self._code_ids, self._root_frame)
+            root = tracked_frame(frame, self._code_ids, self.root_frame)
             if root is None:
                 return None, None
             key = (root.f_code.co_filename, root.f_lineno)
-            inner = inner_frame(frame, self._code_ids, self._root_frame, _plumbing)
+            inner = inner_frame(frame, self._code_ids, self.root_frame, _plumbing)
             site = key
             if inner is not None and inner is not root:
                 site = (*key, inner.f_code.co_filename, inner.f_lineno)
