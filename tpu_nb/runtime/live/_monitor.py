@@ -41,7 +41,9 @@ from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.environment._device import device
 from tpu_nb.runtime.errors import check_whole_number
+from tpu_nb.runtime.graph._capture import frame_spaces, pending_graph, search_order
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
     CompileLog,
@@ -340,8 +342,6 @@ class SyncProbe:
                 return
             start = time.perf_counter()
             self._tries[site] += 1
-            from tpu_nb.runtime.graph._capture import frame_spaces, pending_graph, search_order
-
             # What the sync is about to run, as far as the calling frame's variables reach
             # (bounded walk: modules, optimizers, containers), the names it uses first.
             code = frame.f_code
@@ -448,8 +448,6 @@ class LiveMonitor:
 
     def __init__(self, *, alert_graphs: int = 3, probe: bool = True):
         check_whole_number(alert_graphs, "alert_graphs", fix="e.g. alert_graphs=3")
-        from tpu_nb.runtime.environment._device import device
-
         self.alert_graphs = alert_graphs
         self._device_memory = DeviceMemory(str(device()))
         shared = compile_log()

@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_nb.runtime.graph._capture import graph, is_pending, walk_limited
+
 log = logging.getLogger("tpu_nb")
 
 _WALK_BUDGET = 20_000  # objects looked at, at most, when looking for pending tensors
@@ -116,8 +118,6 @@ def find_pending(
     try:
         import torch
 
-        from tpu_nb.runtime.graph._capture import is_pending, walk_limited
-
         holders: list[str] = []
         found: dict[int, Any] = {}
         budget = _WALK_BUDGET
@@ -147,8 +147,6 @@ def _described(holders: tuple[str, ...], tensors: list, start: float) -> Pending
     ops: tuple[tuple[str, int], ...] = ()
     lines: tuple[tuple[str, int], ...] = ()
     try:
-        from tpu_nb.runtime.graph._capture import graph
-
         g = graph(*tensors, hlo=False)  # frames when IR locations were recorded
         counted = Counter(n.op for n in g.nodes if n.kind not in ("data", "constant"))
         nodes, ops = len(g.nodes), tuple(counted.most_common())

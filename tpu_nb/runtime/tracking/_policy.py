@@ -44,6 +44,7 @@ from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
+from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place, format_seconds
 
@@ -606,8 +607,6 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
 
 
 def _stall_name(occ, syncs: int) -> str:
-    from tpu_nb.runtime.tracking._provenance import user_op
-
     where = place_name(occ.site.line)
     what = f"{occ.what} read" if occ.kind == "read" else f"{user_op(occ.what)} on the CPU"
     return f"{what} at {where} (in {occ.steps} of {syncs} steps)"

@@ -47,6 +47,13 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
+from tpu_nb.runtime.graph._capture import (
+    frame_spaces,
+    graph,
+    is_pending,
+    pending_tensors,
+    search_order,
+)
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.sources import (
     call_site,
@@ -663,8 +670,6 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     the locals of the functions between the tracked frame and the one that synced (`caller`:
     a step function's tensors; a library's loop, such as Trainer's model and loss, which the
     cell's line does not name)."""
-    from tpu_nb.runtime.graph._capture import frame_spaces, pending_tensors, search_order
-
     spaces = frame_spaces(frame)
     spaces[:0] = [  # innermost first
         f.f_locals
@@ -679,14 +684,10 @@ _CAPTURE_FRAMES = 16  # functions below the tracked code whose locals a capture 
 
 
 def _capture_tensor(tensor):
-    from tpu_nb.runtime.graph._capture import is_pending
-
     return _graph_once([tensor]) if is_pending(tensor) else None
 
 
 def _graph_once(tensors: list, spaces: list | None = None):
-    from tpu_nb.runtime.graph._capture import graph
-
     if not tensors:
         return None
     own_hash = current_backend().graphs.hash(tensors)
