@@ -156,25 +156,15 @@ def line_key(event: CompileEvent) -> tuple[str, int] | None:
     return (frame.file, frame.line) if frame is not None else None
 
 
-def _moment(event: CompileEvent, by_call: bool) -> int:
-    """When a compile happened: its step, or (a run without syncs) its line's call."""
-    value = event.call if by_call else event.step
-    return value if value is not None else 0
-
-
 def classify_line(
-    key: tuple,
-    events: list[CompileEvent],
-    calls: int,
-    *,
-    by_call: bool,
-    graph_of=store.captured.get,
+    key: tuple, events: list[CompileEvent], calls: int, *, by_call: bool
 ) -> LinePattern:
     """The pattern of one line's compiles (`events`, in order) over `calls` calls."""
-    moments = [_moment(e, by_call) for e in events]
+    # when each compile happened: its step, or (a run without syncs) its line's call
+    moments = [(e.call if by_call else e.step) or 0 for e in events]
     last_call = max((e.call for e in events if e.call is not None), default=None)
     calls_after = calls - 1 - last_call if calls and last_call is not None else 0
-    graphs = [graph_of(e.graph_hash) for e in events]
+    graphs = [store.captured_graph(e) for e in events]
     growth, grower = _growth(graphs)
     if growth:
         kinds = tuple(FIRST if i == 0 else GROWING for i in range(len(events)))
@@ -183,9 +173,8 @@ def classify_line(
         )
     first_moment = moments[0] if moments else 0
     warm = _warm_up_moments(events, moments, graphs)
-    settled = calls_after >= _SETTLED_CALLS
     # a compile after the first step's and the warm-up's
-    if settled:
+    if calls_after >= _SETTLED_CALLS:  # settled
         later = VARIANT
     elif calls and calls < 4:
         later = UNSETTLED
@@ -196,11 +185,7 @@ def classify_line(
     )
     # the line's kind: its most telling compile
     kind = next((name for k, name in _LINE_KINDS if k in kinds), "once")
-    why = ""
-    if WARM_UP in kinds:
-        second = kinds.index(WARM_UP)
-        why = first_step_why(graphs[0], graphs[second])
-    shapes = progression(graphs)
+    why = first_step_why(graphs[0], graphs[kinds.index(WARM_UP)]) if WARM_UP in kinds else ""
     return LinePattern(
         key,
         kind,
@@ -208,7 +193,7 @@ def classify_line(
         calls,
         calls_after,
         kinds,
-        shapes,
+        progression(graphs),
         first_why=why,
         same_shapes=bool(events) and events[-1].same_shapes,
     )
@@ -280,9 +265,9 @@ def _state_appeared(first: CompileEvent, second: CompileEvent, a, b) -> bool:
     return a is not None and b is not None and bool(op_counts(a) - op_counts(b))
 
 
-def _site_ops(events, graph_of=store.captured.get) -> frozenset:
+def _site_ops(events) -> frozenset:
     """The ops of a site's captured graphs (those tpu_nb kept)."""
-    graphs = [g for g in map(graph_of, (e.graph_hash for e in events)) if g is not None]
+    graphs = [g for g in map(store.captured_graph, events) if g is not None]
     return frozenset(n.op for g in graphs for n in g.nodes)
 
 

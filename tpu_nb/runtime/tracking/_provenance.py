@@ -507,9 +507,7 @@ class Recorder:
             return
         key, inputs, function = found
         before = store.swap_inputs(key, inputs)
-        if before is None or self._log is None:
-            return
-        if len(before) != len(inputs):
+        if before is None or self._log is None or len(before) != len(inputs):
             return
         facts = tuple(f for f in map(_describe_change, before, inputs) if f)
         if not facts:
