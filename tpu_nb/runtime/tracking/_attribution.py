@@ -19,7 +19,7 @@ from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
-from tpu_nb.runtime.tracking._pending import assigned_lines
+from tpu_nb.runtime.tracking._pending import assigned_lines, counted_ops
 from tpu_nb.runtime.tracking._policy import Judgement
 from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._report import FindingKind, LineFinding, RunReport
@@ -116,9 +116,9 @@ def graph_facts(before, after) -> tuple[str, ...]:
     ops_before, ops_after = policy.op_counts(before), policy.op_counts(after)
     only_before, only_after = ops_before - ops_after, ops_after - ops_before
     if only_before:
-        facts.append("ops only the earlier graph ran: " + _ops(only_before))
+        facts.append("ops only the earlier graph ran: " + counted_ops(only_before.most_common()))
     if only_after:
-        facts.append("ops only the later graph ran: " + _ops(only_after))
+        facts.append("ops only the later graph ran: " + counted_ops(only_after.most_common()))
     if not facts and diff:
         facts.append(diff.summary())
     return tuple(facts)
@@ -154,12 +154,6 @@ def _shape_change(a, b) -> str:
     # full paths (graphs captured with frames), else IR debug's own location
     made = b.user_frame if b.user_frame is not None else b.location
     return text + (f", made at {policy.place_name(made)}" if made is not None else "")
-
-
-def _ops(counts: Counter) -> str:
-    top = counts.most_common(4)
-    more = len(counts) - len(top)
-    return ", ".join(f"{op} \u00d7{n}" for op, n in top) + (f" and {more} more" if more else "")
 
 
 def _log_facts(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
@@ -337,7 +331,7 @@ def _site_pattern(pattern) -> str:
 
 def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:
     pending = earlier.pending
-    ops = f" ({pending.describe_ops()})" if pending.nodes else ""
+    ops = f" ({counted_ops(pending.ops)})" if pending.nodes else ""
     what = (
         f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "
         "one graph with this step's, not this line's own (its next graphs are)"
@@ -477,7 +471,7 @@ def _pending_findings(report: RunReport, source: str, filename: str) -> list[Lin
         out.append(replace(found, order=i, phase="left"))
     graph = f"{pending.tensors} tensor{'s' if pending.tensors != 1 else ''} left pending"
     if pending.nodes:
-        graph += f": a graph of {pending.nodes} IR nodes ({pending.describe_ops()})"
+        graph += f": a graph of {pending.nodes} IR nodes ({counted_ops(pending.ops)})"
     traced = sorted({line for file, line in pending.lines if file == filename})
     if traced:
         graph += f", traced on line{'s' if len(traced) > 1 else ''} " + ", ".join(map(str, traced))
