@@ -65,12 +65,6 @@ def fallback_hint(op: str) -> str:
     )
 
 
-def _fallback_fix(occ) -> str:
-    """A fallback's fix: the op's rewrite, after the library's line when a library made it."""
-    library = libraries.fallback_fix(occ.site, user_op(occ.what))
-    return f"{library}; {fallback_hint(occ.what)}" if library else fallback_hint(occ.what)
-
-
 def _cell_line(frame, filename: str) -> int | None:
     return frame.line if frame is not None and frame.file == filename else None
 
@@ -435,7 +429,9 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
                 f"; copying its inputs to the host compiled {occ.compiles} "
                 f"graph{'s' if occ.compiles != 1 else ''} (the fallback's, inside backward())"
             )
-        fix = _fallback_fix(occ)
+        # the op's rewrite, after the library's line when a library made it
+        library = libraries.fallback_fix(occ.site, user_op(occ.what))
+        fix = f"{library}; {fallback_hint(occ.what)}" if library else fallback_hint(occ.what)
         out.append(_at_occurrence(occ, "fallback", what, fix, occ.count, filename, base))
     for op, count in sorted(report.metrics.fallbacks.items()):
         left = count - placed[op]

@@ -209,15 +209,11 @@ def _function_arguments(frame) -> dict[str, Any]:
     if code is None or not isinstance(values, dict):
         return {}
     names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-    return {n: values[n] for n in names if n in values and _is_tensor(values[n])}
+    tensor = sys.modules["torch"].Tensor  # Dynamo is compiling: torch is imported
+    return {n: values[n] for n in names if n in values and isinstance(values[n], tensor)}
 
 
 _CONVERT_FRAME = "torch/_dynamo/convert_frame.py"
-
-
-def _is_tensor(value) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def report_lines(compiled) -> list[str]:

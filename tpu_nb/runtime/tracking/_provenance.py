@@ -425,8 +425,9 @@ class Recorder:
                 key = (kind, what, Site(None), in_sync)
                 occ = self.recording.occurrences.get(key)
             if occ is None:
+                self._order += 1
                 occ = self.recording.occurrences[key] = Occurrence(
-                    kind, what, key[2], order=self._next(), in_sync=in_sync, first_step=step
+                    kind, what, key[2], order=self._order, in_sync=in_sync, first_step=step
                 )
         occ.calls += 1
         occ.count += count
@@ -454,10 +455,6 @@ class Recorder:
             if events:
                 cost.note_compiled(graph.hash, events[-1])
                 store.keep_capture(events[-1].graph_hash, graph)
-
-    def _next(self) -> int:
-        self._order += 1
-        return self._order
 
     def _failed(self) -> None:
         self.recording.hook_errors += 1
@@ -774,12 +771,9 @@ def names_watched(codes, namespace: dict) -> tuple[str, ...]:
     earlier cell assigns with `global`). Attribute names and the modules and functions a
     cell reads are most of its names, none a tensor: comparing them all cost ~20 us a sync."""
     read = _names_read([c for c in codes if not c.co_flags & _CO_OPTIMIZED])
-    kept = {n for n in read if not isinstance(_value_of(n, namespace), _NOT_TENSORS)}
+    value = lambda n: namespace[n] if n in namespace else getattr(builtins, n, None)  # noqa: E731
+    kept = {n for n in read if not isinstance(value(n), _NOT_TENSORS)}
     return tuple(sorted(names_bound(codes) | kept))
-
-
-def _value_of(name: str, namespace: dict) -> Any:
-    return namespace[name] if name in namespace else getattr(builtins, name, None)
 
 
 def _names_read(codes) -> set[str]:
