@@ -420,9 +420,7 @@ def judge(report) -> Judgement:
     events = list(report.compile_events)
     # the user's steps (the recorder counts no sync with nothing to run, nor a library's
     # logging sync inside a step: tracking._anatomy's steps)
-    syncs = getattr(report, "syncs", 0)
-    line_calls = getattr(report, "line_calls", {}) or {}
-    site_calls = getattr(report, "site_calls", {}) or {}
+    syncs = report.syncs
     by_line: dict[tuple, list[int]] = {}
     joined = _joined_by_earlier(report, events)
     for i, e in enumerate(events):
@@ -439,22 +437,20 @@ def judge(report) -> Judgement:
     ]
     lines = {}
     for key, indexes in by_line.items():
-        calls = site_calls.get(key, line_calls.get(key, 0) if len(key) == 2 else 0)
+        calls = report.site_calls.get(key, report.line_calls.get(key, 0) if len(key) == 2 else 0)
         pattern = classify_line(key, [events[i] for i in indexes], calls, by_call=syncs == 0)
         ops = _site_ops(events[i] for i in indexes)
         lines[key] = replace(pattern, site=events[indexes[-1]].site, ops=ops)
         for i, kind in zip(indexes, pattern.kinds, strict=True):
             kinds[i] = kind
     reads = {
-        occ.order: classify_read(occ, syncs)
-        for occ in getattr(report, "occurrences", ()) or ()
-        if occ.kind == "read"
+        occ.order: classify_read(occ, syncs) for occ in report.occurrences if occ.kind == "read"
     }
     judgement = Judgement(tuple(kinds), lines, reads)
     judged = _with_verdict(judgement, report, events)
-    step_cost = getattr(report, "cost", None)
+    step_cost = report.cost
     if judged.cost is None and step_cost is not None:  # no steady state: the steps that
-        quiet = [s for s in getattr(report.anatomy, "steps", ()) if not s.compiles]
+        quiet = [s for s in report.steps if not s.compiles]
         judged = replace(judged, cost=cost.timed(step_cost, quiet))  # did not compile
     return judged
 
@@ -463,7 +459,7 @@ def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
     """The compiles of the run's first sync when earlier work was pending as the run started:
     that sync ran it with the run's first step, in one graph unlike the line's own."""
     steps = [e.step for e in events if e.trigger == "sync" and e.step is not None]
-    if getattr(report, "earlier", None) is None or not steps:
+    if report.earlier is None or not steps:
         return set()
     first = min(steps)
     return {i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first}
@@ -489,18 +485,18 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
     growing = [p for p in judgement.lines.values() if p.kind == "growing"]
     if growing:
-        grown = getattr(report, "cost", None)
+        grown = report.cost
         if grown is not None:
             grown = replace(grown, notes=(*grown.notes, cost.SPANS_STEPS))
         return replace(judgement, verdict=_growing_verdict(growing[0]), cost=grown)
     if not isinstance(a, anatomy.Anatomy) or not steps:
         return judgement
-    if type(getattr(report, "error", None)).__name__ == "RecompilationError":
+    if type(report.error).__name__ == "RecompilationError":
         # --max-graphs stopped the loop at its first graph too many: the steps before it
         # are not the loop's steady state, and the error says what to do
         return replace(judgement, note="--max-graphs stopped the run before its steady state")
     steady = tuple(s for s in steps if s.index not in one_time_steps)
-    blind = not events and not getattr(report, "compile_analysis", True)
+    blind = not events and not report.compile_analysis
     if blind:
         # No compile log: which compiles were a warm-up is not known. What is known: the steps
         # after the last one that compiled. Compiles in half the steps or more are a fact of
@@ -529,11 +525,11 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     lines = _steady_lines(a, steady, steps)
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
-        verdict = _recompile_verdict(verdict, judgement, getattr(report, "device_datasets", ()))
+        verdict = _recompile_verdict(verdict, judgement, report.device_datasets)
         if blind:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
-    verdict, timed = _for_target(verdict, getattr(report, "cost", None), steady)
+    verdict, timed = _for_target(verdict, report.cost, steady)
     stalled = _stall_verdict(report, judgement, lines, steady, syncs=len(steps))
     if stalled is not None and (verdict is None or verdict.kind != "compile-bound"):
         verdict, kept = stalled, ()
@@ -554,7 +550,7 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
     ran as several graphs each, or a measured share of their time (_STALL_SHARE: the host
     time sampled on the stalling lines, else the time inside reads)."""
     stalls = []
-    for occ in getattr(report, "occurrences", ()) or ():
+    for occ in report.occurrences:
         if occ.in_sync or occ.site is None or occ.site.line is None:
             continue
         if occ.kind == "read":
@@ -600,7 +596,7 @@ def _stall_name(occ, syncs: int) -> str:
 def _in_trainer(report) -> bool:
     """Whether the run's steps are transformers Trainer's (its syncs, reads or compiles)."""
     sites = [e.site for e in report.compile_events]
-    sites += [o.site for o in getattr(report, "occurrences", ()) or ()]
+    sites += [o.site for o in report.occurrences]
     return any(libraries.in_trainer(site) for site in sites if site is not None)
 
 
