@@ -714,7 +714,6 @@ class LiveMonitor:
             recorded = [store.captured_graph(e) for e in events]
             growth = line_growth(recorded)
             differs: tuple[str, ...] = ()
-            source = "compile log"
             if growth:
                 source = "recorded"
                 differs = (
@@ -728,7 +727,6 @@ class LiveMonitor:
                     differs, source = graph_facts(captured[-2], captured[-1]), captured_by
                 except Exception:  # fall back to the compile log, never fail
                     log.debug("diffing the alert's two graphs failed", exc_info=True)
-                    differs = ()
             if not differs and guard_facts(events[-1]):  # Dynamo compiled a function again
                 differs, source = guard_facts(events[-1]), "Dynamo"
             if not differs:
