@@ -116,7 +116,9 @@ class Site:
         (file, line) of the frame below it that did it, when not the line itself. A loop inside
         `trainer.train()` syncs at one site and reads the mask at another, as a loop in the
         cell would on two lines."""
-        return site_key(self.line, self.inner)
+        head = (self.line.file, self.line.line) if self.line is not None else ("", 0)
+        inner = self.inner
+        return head + ((inner.file, inner.line) if inner is not None else ())
 
     @property
     def via(self) -> str:
@@ -128,12 +130,6 @@ class Site:
                 where = format_place(short_path(frame.file), frame.line)
                 hops.append(f"{where} {frame.function}")
         return " \u2192 ".join(hops)
-
-
-def site_key(line: Frame | None, inner: Frame | None) -> tuple:
-    """Site.key from its two frames (None for `line`: not reached from the tracked code)."""
-    head = (line.file, line.line) if line is not None else ("", 0)
-    return head + ((inner.file, inner.line) if inner is not None else ())
 
 
 @dataclass
