@@ -580,14 +580,13 @@ def test_a_syncs_own_time_leaves_out_its_wait_for_the_device():
     # spans without looking at every span of the run for every sync
     from types import SimpleNamespace
 
-    from tpu_nb.runtime.tracking._cost import _own_sync, union
+    from tpu_nb.runtime.tracking._cost import Busy, _own_sync, union
 
     busy = union([(0.0, 1.0), (0.5, 1.5), (3.0, 4.0), (6.0, 7.0)])
     assert busy == [(0.0, 1.5), (3.0, 4.0), (6.0, 7.0)]
-    ends = [b for _, b in busy]
     step = SimpleNamespace(
         sync=4.0, host_spans=[("sync", 1.0, 3.5), ("trace", 5.0, 6.5), ("sync", 6.5, 8.0)]
     )
     # waited 0.5 (1.0-1.5) + 0.5 (3.0-3.5) + 0.5 (6.5-7.0); the trace span is not a sync's
-    assert _own_sync(step, busy, ends) == pytest.approx(4.0 - 1.5)
-    assert _own_sync(SimpleNamespace(sync=1.0, host_spans=[("sync", 1.5, 2.5)]), busy, ends) == 1.0
+    assert _own_sync(step, Busy(busy)) == pytest.approx(4.0 - 1.5)
+    assert _own_sync(SimpleNamespace(sync=1.0, host_spans=[("sync", 1.5, 2.5)]), Busy(busy)) == 1.0

@@ -41,7 +41,9 @@ from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.environment._device import device
 from tpu_nb.runtime.errors import check_whole_number
+from tpu_nb.runtime.graph._capture import frame_spaces, pending_graph, search_order
 from tpu_nb.runtime.metrics._compile_log import (
     CompileEvent,
     CompileLog,
@@ -340,8 +342,6 @@ class SyncProbe:
                 return
             start = time.perf_counter()
             self._tries[site] += 1
-            from tpu_nb.runtime.graph._capture import frame_spaces, pending_graph, search_order
-
             # What the sync is about to run, as far as the calling frame's variables reach
             # (bounded walk: modules, optimizers, containers), the names it uses first.
             code = frame.f_code
@@ -448,8 +448,6 @@ class LiveMonitor:
 
     def __init__(self, *, alert_graphs: int = 3, probe: bool = True):
         check_whole_number(alert_graphs, "alert_graphs", fix="e.g. alert_graphs=3")
-        from tpu_nb.runtime.environment._device import device
-
         self.alert_graphs = alert_graphs
         self._device_memory = DeviceMemory(str(device()))
         shared = compile_log()
@@ -476,10 +474,8 @@ class LiveMonitor:
         self._marks: deque[tuple[float, int]] = deque([(self._start_wall, 0)], maxlen=16)
         self._lines: dict[tuple[str, int], list[CompileEvent]] = {}
         self._alerts: dict[tuple[str, int], RecompilationAlert] = {}
-        self._syncs_now = 0
         # The sync count at the poll that first saw each line's latest new graph.
         self._new_graph_at: dict[tuple[str, int], int] = {}
-        self._rate = 0.0
         self._counts: deque[tuple[float, int]] = deque([(self._start.taken_at, 0)])
         self._report_at_start = last_report()
         self._run = None  # the tracked run this monitor follows, once it has seen it run
@@ -494,35 +490,30 @@ class LiveMonitor:
         """The state now. `final`: the last poll (the step anatomy is then rebuilt whatever
         its cadence, so the final view shows every step)."""
         now = snapshot()
-        wall = time.time()
         total = now.since(self._start)
         window = now.since(self._previous)
         self._previous = now
-        self._marks.append((wall, total.syncs))
-        self._rate = self._execution_rate(now.taken_at, total.executions)
+        self._marks.append((time.time(), total.syncs))
         self._measure_steps(window, total.syncs)
-        self._syncs_now = total.syncs
         if total.compiles > self._seconds_seen or (
             self._log is not None and total.compiles > self._events_seen
         ):
             self._note_compiles()
         self._refresh_alerts()
         recent = sorted(self._recent)
-        used, limit, peak, note = self._device_memory.read()
-        memory = MemoryInfo(host_rss(), host_peak_rss(), used, limit, peak, note)
         report = self._finished_report()
         self._refresh_anatomy(report, final)
         return LiveState(
             elapsed=now.taken_at - self._start.taken_at,
             metrics=total,
             steps=total.syncs,
-            execution_rate=self._rate,
+            execution_rate=self._execution_rate(now.taken_at, total.executions),
             step_median=percentile(recent, 0.5) if recent else None,
             step_p90=percentile(recent, 0.9) if recent else None,
             steps_measured=self._measured,
             compiles=self._compiles,
             alerts=tuple(self._alerts.values()),
-            memory=memory,
+            memory=MemoryInfo(host_rss(), host_peak_rss(), *self._device_memory.read()),
             series=tuple(self._series),
             compile_analysis=self._log is not None,
             series_version=self._series_version,
@@ -677,7 +668,7 @@ class LiveMonitor:
             return
         site = (frame.file, frame.line)
         if add_graph(self._lines, site, event, frame_graph):
-            self._new_graph_at[site] = self._syncs_now
+            self._new_graph_at[site] = self._marks[-1][1]  # the syncs now
             # Armed one graph before the alert, so that the graph which raises it is usually
             # captured with the one before (a training loop's warm-up pair stays unprobed).
             # Each later graph arms it again: the alert's diff follows the latest graphs.
@@ -690,8 +681,7 @@ class LiveMonitor:
 
     def _latest(self, event: CompileEvent) -> CompileEvent:
         """The event as the log has it now (its sizes arrive in a later block)."""
-        if self._log is None:  # no log, no events to refresh (and none were noted)
-            return event
+        assert self._log is not None  # events are noted from the log only
         for fresh in self._log.events_since(event.offset):
             if fresh.offset == event.offset:
                 return fresh
@@ -711,7 +701,7 @@ class LiveMonitor:
             if len(events) <= self.alert_graphs:
                 continue
             hashes = tuple(e.graph_hash for e in events)
-            settled = self._syncs_now - self._new_graph_at.get(site, 0) >= 2
+            settled = self._marks[-1][1] - self._new_graph_at.get(site, 0) >= 2
             captured, captured_by = self._captured_pair(site, events)
             old = self._alerts.get(site)
             if (
@@ -724,7 +714,6 @@ class LiveMonitor:
             recorded = [store.captured_graph(e) for e in events]
             growth = line_growth(recorded)
             differs: tuple[str, ...] = ()
-            source = "compile log"
             if growth:
                 source = "recorded"
                 differs = (
@@ -738,7 +727,6 @@ class LiveMonitor:
                     differs, source = graph_facts(captured[-2], captured[-1]), captured_by
                 except Exception:  # fall back to the compile log, never fail
                     log.debug("diffing the alert's two graphs failed", exc_info=True)
-                    differs = ()
             if not differs and guard_facts(events[-1]):  # Dynamo compiled a function again
                 differs, source = guard_facts(events[-1]), "Dynamo"
             if not differs:

@@ -41,7 +41,7 @@ import gc
 import logging
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
-from tpu_nb.runtime.tracking._cost import judged_chip, union
+from tpu_nb.runtime.tracking._cost import Busy, judged_chip, union
 from tpu_nb.runtime.tracking._libraries import sync_role
 from tpu_nb.runtime.tracking._sampler import INTERVAL, HostLine, Sampler
 from tpu_nb.runtime.units import format_seconds, percentile
@@ -329,7 +329,6 @@ class Collector:
         self._until_harvest = _HARVEST_EVERY
         self._lock = threading.Lock()
         self._thread = threading.get_ident()
-        self._depth = 0
         self._subscription: Subscription | None = None
         self.ended = False
         self._recorder: Recorder | None = None
@@ -360,7 +359,6 @@ class Collector:
                 root_codes=recorder.root_codes,
                 root_frame=recorder.root_frame,
                 interval=self.sample_interval,
-                clock=_clock,
             ).start()
         return self
 
@@ -548,28 +546,6 @@ def _overlap(spans, lo: float, hi: float) -> float:
     return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
 
 
-class _Busy:
-    """Disjoint, sorted spans (the device's busy time) and their overlap with any window in
-    O(log n): a run's steps are many, its executions too."""
-
-    def __init__(self, spans: list[tuple[float, float]]):
-        self.starts = [s for s, _ in spans]
-        self.ends = [e for _, e in spans]
-        self.cumulative = [0.0]
-        for s, e in spans:
-            self.cumulative.append(self.cumulative[-1] + e - s)
-
-    def overlap(self, lo: float, hi: float) -> float:
-        i = bisect_right(self.ends, lo)  # the first span ending after lo
-        j = bisect_left(self.starts, hi)  # spans from i to j-1 start before hi
-        if i >= j:
-            return 0.0
-        total = self.cumulative[j] - self.cumulative[i]
-        total -= max(0.0, lo - self.starts[i])
-        total -= max(0.0, self.ends[j - 1] - hi)
-        return max(0.0, total)
-
-
 def _cut(spans, cuts) -> list[tuple[float, float]]:
     """`spans` (sorted) less the time they share with `cuts` (sorted, disjoint)."""
     out = []
@@ -702,15 +678,11 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
         inputs[i] = union(inputs.get(i, []) + items)
     for i, items in inputs.items():
         windows[i].inputs = items
-    for i, items in _assign(
-        (r for r in _tail(collector.reads, events) if r[2] > origin), lambda r: r[2], bounds
-    ).items():
-        windows[i].reads = [r[1:] for r in items]
-        windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
-    inner = (r for r in _tail(collector.inner_syncs, events) if r[2] > origin)
-    for i, items in _assign(inner, lambda r: r[2], bounds).items():
-        windows[i].inner_syncs = [r[1:] for r in items]
-        windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
+    for name in ("reads", "inner_syncs"):  # (hook entry, call, return)
+        recent = (r for r in _tail(getattr(collector, name), events) if r[2] > origin)
+        for i, items in _assign(recent, lambda r: r[2], bounds).items():
+            setattr(windows[i], name, [r[1:] for r in items])
+            windows[i].overhead = list(windows[i].overhead) + [r[:2] for r in items]
     for name, spans in (
         ("compiles", _spans(samples["CompileTime"])),
         ("to_device", _spans(samples["TransferToDeviceTime"])),
@@ -726,12 +698,20 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
             owned.setdefault(owner, []).append(x[:3])
     for owner, items in owned.items():
         windows[owner].executions = items
-    busy = _Busy(union((b, e) for _, b, e, _ in executions))
+    busy = Busy(union((b, e) for _, b, e, _ in executions))
     records = [_record(first + i, w, busy, tail=(w.sync is None)) for i, w in enumerate(windows)]
     steps = tuple(r for r in records if not r.tail)
     tail = records[-1] if end is not None and records[-1].tail else None
-    anatomy = _summarise(steps, tail, busy, collector, collector.host_lines(end))
-    return replace(anatomy, sampler=collector.sampler) if collector.sampler else anatomy
+    anatomy = _summarise(steps, tail, collector.host_lines(end))
+    anatomy = replace(
+        anatomy,
+        complete=not collector.lost_samples,
+        dropped_steps=collector.dropped_steps,
+        loader_syncs=collector.loader_syncs,
+        other_syncs=collector.other_syncs,
+        sampler=collector.sampler,
+    )
+    return _with_verdict(anatomy)
 
 
 def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
@@ -797,9 +777,7 @@ def _quantile(values: list[float], q: float) -> float:
     return percentile(values, q) if values else 0.0
 
 
-def _summarise(
-    steps, tail, busy, collector, host_lines: tuple = (), *, judged: bool = True
-) -> Anatomy:
+def _summarise(steps, tail, host_lines: tuple) -> Anatomy:
     every = steps + ((tail,) if tail else ())
     wall = sum(r.wall for r in every)
     device_busy = sum(r.wall - r.idle for r in every)
@@ -814,20 +792,7 @@ def _summarise(
             total,
             total / wall if wall > 0 else 0.0,
         )
-    anatomy = Anatomy(
-        steps=steps,
-        tail=tail,
-        parts=parts,
-        wall_seconds=wall,
-        device_busy=device_busy,
-        verdict=None,
-        complete=not collector.lost_samples,
-        dropped_steps=collector.dropped_steps,
-        loader_syncs=collector.loader_syncs,
-        other_syncs=collector.other_syncs,
-        host_lines=host_lines,
-    )
-    return _with_verdict(anatomy, busy) if judged else anatomy
+    return Anatomy(steps, tail, parts, wall, device_busy, None, host_lines=host_lines)
 
 
 # -- the verdict -------------------------------------------------------------------------------
@@ -838,7 +803,7 @@ _MIN_STEPS = 3  # fewer syncs are not a loop: no verdict
 MIN_STEADY_STEPS = 3  # fewer steps after the warm-up: too few to judge the steady state
 
 
-def _with_verdict(anatomy: Anatomy, busy) -> Anatomy:
+def _with_verdict(anatomy: Anatomy) -> Anatomy:
     """The verdict as far as the timeline alone shows (a live view's): the steady state is
     the steps after the run's first compiling steps (the first step and its warm-up). A
     finished run's verdict is the policy's (tracking._policy), from the compile facts."""
@@ -863,9 +828,7 @@ def steady_verdict(
     last steps queued: an asynchronous loop's device time is mostly there), naming the
     run's sampled host lines where it is host- or input-bound."""
     tail = waiting_only(tail)
-    spans = [span for s in (*steps, *((tail,) if tail else ())) for span in s.device_spans]
-    busy = _Busy(union(spans))
-    steady = _summarise(tuple(steps), tail, busy, _NoLoss(), host_lines, judged=False)
+    steady = _summarise(tuple(steps), tail, host_lines)
     return _placed(judge(steady), steady)
 
 
@@ -881,20 +844,15 @@ def waiting_only(tail: StepRecord | None) -> StepRecord | None:
 _LOADER_FILES = ("torch/utils/data/",)  # and the backend's device loaders
 _SHOWN_LINES = 3  # lines a verdict names at most
 _LINE_SHARE = 0.03  # and only those that took at least this share of the wall time
+_HOST_KINDS = {"host-bound": ("host", "sync"), "input-bound": ("input",)}  # the lines' kinds
 
 
 def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
     """A host-bound or input-bound verdict with the lines that took the time (the host
     sampler's); an input wait outside a DataLoader gets the iterator's fix."""
-    if verdict is None or not a.host_lines:
+    if verdict is None or verdict.kind not in _HOST_KINDS or not a.host_lines:
         return verdict
-    if verdict.kind == "host-bound":
-        kinds: tuple[str, ...] = ("host", "sync")
-    elif verdict.kind == "input-bound":
-        kinds = ("input",)
-    else:
-        return verdict
-    lines = [h for h in a.host_lines if h.kind in kinds]
+    lines = [h for h in a.host_lines if h.kind in _HOST_KINDS[verdict.kind]]
     named = tuple(h for h in lines[:_SHOWN_LINES] if h.share >= _LINE_SHARE) or tuple(lines[:1])
     if not named:
         return verdict
@@ -910,13 +868,6 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
                 lines=named,
             )
     return replace(verdict, lines=named)
-
-
-class _NoLoss:
-    lost_samples = False
-    dropped_steps = 0
-    loader_syncs = 0
-    other_syncs = 0
 
 
 def judge(a: Anatomy) -> Verdict | None:
@@ -940,42 +891,6 @@ def _judge_shares(a: Anatomy) -> Verdict | None:
     host = share("trace") + share("sync")
     reads_per_step = sum(s.reads for s in a.steps) / len(a.steps)
     pct = lambda x: f"{x:.0%}"  # noqa: E731
-    if share("compile") >= _BOUND:
-        n = sum(s.compiles for s in a.steps)
-        return Verdict(
-            "compile-bound",
-            f"compiling took {pct(share('compile'))} of the time "
-            f"({n} compile{'s' if n != 1 else ''})",
-            FIXES["compile-bound"],
-        )
-    if share("input") >= _BOUND:
-        return Verdict(
-            "input-bound",
-            f"waiting for the data loader took {pct(share('input'))} of the time",
-            FIXES["input-bound"],
-        )
-    if a.device_share >= _DEVICE_BUSY:
-        return Verdict(
-            "device-bound",
-            f"the device was busy {pct(a.device_share)} of the time",
-            FIXES["device-bound"],
-        )
-    if share("read") >= _BOUND * 0.8 and reads_per_step >= 0.5:
-        return Verdict(
-            "read-bound",
-            f"value reads took {pct(share('read'))} of the time, "
-            f"{reads_per_step:.1f} per step; the device was idle "
-            f"{pct(1 - a.device_share)}",
-            FIXES["read-bound"],
-        )
-    candidates = {
-        "host-bound": host,
-        "input-bound": share("input"),
-        "compile-bound": share("compile"),
-        "read-bound": share("read"),
-        "device-bound": a.device_share,
-    }
-    kind = max(candidates, key=lambda k: candidates[k])
     reasons = {
         "host-bound": f"the host's Python tracing and syncs took {pct(host)} of the time; the "
         f"device was busy {pct(a.device_share)}",
@@ -984,4 +899,26 @@ def _judge_shares(a: Anatomy) -> Verdict | None:
         "read-bound": f"value reads took {pct(share('read'))} of the time",
         "device-bound": f"the device was busy {pct(a.device_share)} of the time",
     }
+    if share("compile") >= _BOUND:
+        n = sum(s.compiles for s in a.steps)
+        reasons["compile-bound"] += f" ({n} compile{'s' if n != 1 else ''})"
+        kind = "compile-bound"
+    elif share("input") >= _BOUND:
+        kind = "input-bound"
+    elif a.device_share >= _DEVICE_BUSY:
+        kind = "device-bound"
+    elif share("read") >= _BOUND * 0.8 and reads_per_step >= 0.5:
+        reasons["read-bound"] += (
+            f", {reads_per_step:.1f} per step; the device was idle {pct(1 - a.device_share)}"
+        )
+        kind = "read-bound"
+    else:
+        candidates = {
+            "host-bound": host,
+            "input-bound": share("input"),
+            "compile-bound": share("compile"),
+            "read-bound": share("read"),
+            "device-bound": a.device_share,
+        }
+        kind = max(candidates, key=lambda k: candidates[k])
     return Verdict(kind, reasons[kind], FIXES[kind])

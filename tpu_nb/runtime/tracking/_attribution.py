@@ -19,7 +19,7 @@ from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
-from tpu_nb.runtime.tracking._pending import assigned_lines
+from tpu_nb.runtime.tracking._pending import assigned_lines, counted_ops
 from tpu_nb.runtime.tracking._policy import Judgement
 from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._report import FindingKind, LineFinding, RunReport
@@ -63,12 +63,6 @@ def fallback_hint(op: str) -> str:
         f"{wrote} has no XLA lowering, so it ran on the CPU (its inputs were copied to "
         f"the host and its result back): {fix}"
     )
-
-
-def _fallback_fix(occ) -> str:
-    """A fallback's fix: the op's rewrite, after the library's line when a library made it."""
-    library = libraries.fallback_fix(occ.site, user_op(occ.what))
-    return f"{library}; {fallback_hint(occ.what)}" if library else fallback_hint(occ.what)
 
 
 def _cell_line(frame, filename: str) -> int | None:
@@ -116,9 +110,9 @@ def graph_facts(before, after) -> tuple[str, ...]:
     ops_before, ops_after = policy.op_counts(before), policy.op_counts(after)
     only_before, only_after = ops_before - ops_after, ops_after - ops_before
     if only_before:
-        facts.append("ops only the earlier graph ran: " + _ops(only_before))
+        facts.append("ops only the earlier graph ran: " + counted_ops(only_before.most_common()))
     if only_after:
-        facts.append("ops only the later graph ran: " + _ops(only_after))
+        facts.append("ops only the later graph ran: " + counted_ops(only_after.most_common()))
     if not facts and diff:
         facts.append(diff.summary())
     return tuple(facts)
@@ -154,12 +148,6 @@ def _shape_change(a, b) -> str:
     # full paths (graphs captured with frames), else IR debug's own location
     made = b.user_frame if b.user_frame is not None else b.location
     return text + (f", made at {policy.place_name(made)}" if made is not None else "")
-
-
-def _ops(counts: Counter) -> str:
-    top = counts.most_common(4)
-    more = len(counts) - len(top)
-    return ", ".join(f"{op} \u00d7{n}" for op, n in top) + (f" and {more} more" if more else "")
 
 
 def _log_facts(before: CompileEvent, after: CompileEvent) -> tuple[str, ...]:
@@ -337,7 +325,7 @@ def _site_pattern(pattern) -> str:
 
 def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:
     pending = earlier.pending
-    ops = f" ({pending.describe_ops()})" if pending.nodes else ""
+    ops = f" ({counted_ops(pending.ops)})" if pending.nodes else ""
     what = (
         f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "
         "one graph with this step's, not this line's own (its next graphs are)"
@@ -441,7 +429,9 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
                 f"; copying its inputs to the host compiled {occ.compiles} "
                 f"graph{'s' if occ.compiles != 1 else ''} (the fallback's, inside backward())"
             )
-        fix = _fallback_fix(occ)
+        # the op's rewrite, after the library's line when a library made it
+        library = libraries.fallback_fix(occ.site, user_op(occ.what))
+        fix = f"{library}; {fallback_hint(occ.what)}" if library else fallback_hint(occ.what)
         out.append(_at_occurrence(occ, "fallback", what, fix, occ.count, filename, base))
     for op, count in sorted(report.metrics.fallbacks.items()):
         left = count - placed[op]
@@ -477,7 +467,7 @@ def _pending_findings(report: RunReport, source: str, filename: str) -> list[Lin
         out.append(replace(found, order=i, phase="left"))
     graph = f"{pending.tensors} tensor{'s' if pending.tensors != 1 else ''} left pending"
     if pending.nodes:
-        graph += f": a graph of {pending.nodes} IR nodes ({pending.describe_ops()})"
+        graph += f": a graph of {pending.nodes} IR nodes ({counted_ops(pending.ops)})"
     traced = sorted({line for file, line in pending.lines if file == filename})
     if traced:
         graph += f", traced on line{'s' if len(traced) > 1 else ''} " + ", ".join(map(str, traced))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -403,9 +403,8 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
     if not steps:
         return cost
     walls = sorted(s.wall for s in steps)
-    busy = union(span for s in steps for span in s.device_spans)
-    ends = [b for _, b in busy]
-    host = sorted(s.trace + s.input + _own_sync(s, busy, ends) for s in steps)
+    busy = Busy(union(span for s in steps for span in s.device_spans))
+    host = sorted(s.trace + s.input + _own_sync(s, busy) for s in steps)
     device = sorted(s.device for s in steps)
     step = percentile(walls, 0.5)
     timed_cost = replace(
@@ -432,19 +431,32 @@ def union(spans) -> list[tuple[float, float]]:
     return out
 
 
-def _own_sync(step, busy: list[tuple[float, float]], ends: list[float]) -> float:
+class Busy:
+    """Disjoint, sorted spans (the device's busy time) and their overlap with any window in
+    O(log n): a run's steps are many, its executions too."""
+
+    def __init__(self, spans: list[tuple[float, float]]):
+        self.starts = [s for s, _ in spans]
+        self.ends = [e for _, e in spans]
+        self.cumulative = [0.0]
+        for s, e in spans:
+            self.cumulative.append(self.cumulative[-1] + e - s)
+
+    def overlap(self, lo: float, hi: float) -> float:
+        i = bisect_right(self.ends, lo)  # the first span ending after lo
+        j = bisect_left(self.starts, hi)  # spans from i to j-1 start before hi
+        if i >= j:
+            return 0.0
+        total = self.cumulative[j] - self.cumulative[i]
+        total -= max(0.0, lo - self.starts[i])
+        total -= max(0.0, self.ends[j - 1] - hi)
+        return max(0.0, total)
+
+
+def _own_sync(step, busy: Busy) -> float:
     """The host's own time in the step's syncs: less the time they waited while the device
-    ran (the runtime holds the host a step behind a busy device; on XLA:CPU, the CPU's).
-    `busy`: the device's spans, sorted and disjoint (`ends` their ends): each sync looks only
-    at those it overlaps, so a long run's end stays linear in its steps."""
-    waited = 0.0
-    for kind, start, end in step.host_spans:
-        if kind != "sync":
-            continue
-        i = bisect_right(ends, start)
-        while i < len(busy) and busy[i][0] < end:
-            waited += max(0.0, min(end, busy[i][1]) - max(start, busy[i][0]))
-            i += 1
+    ran (the runtime holds the host a step behind a busy device; on XLA:CPU, the CPU's)."""
+    waited = sum(busy.overlap(start, end) for kind, start, end in step.host_spans if kind == "sync")
     return max(0.0, step.sync - waited)
 
 

@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_nb.runtime.environment._defaults import built_at
 from tpu_nb.runtime.probe import probe
 
 log = logging.getLogger("tpu_nb")
@@ -109,8 +110,6 @@ def describe(dataset) -> DeviceDataset | None:
     tensors = [t for t in _tensors(dataset, depth=0) if getattr(t, "is_xla", False)]
     if not tensors:
         return None
-    from tpu_nb.runtime.environment._defaults import built_at
-
     built = tuple(dict.fromkeys(b for b in map(built_at, tensors) if b is not None))
     shapes = tuple(tuple(t.shape) for t in tensors[:4])
     return DeviceDataset(type(dataset).__name__, shapes, built)

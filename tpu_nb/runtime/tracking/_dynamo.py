@@ -101,7 +101,6 @@ class DynamoCompile:
     first_line: int
     site: Any = None  # provenance.Site: the tracked code's line that called it (None: unknown)
     seconds: float = 0.0  # Dynamo's whole compile of this frame
-    backend_seconds: float = 0.0  # of which the backend (torch_xla tracing, XLA compiles)
     guard_failures: tuple[str, ...] = ()  # Dynamo's words, one per cached graph that failed
     changed: tuple[ChangedInput, ...] = ()  # the inputs named by the first failure
     input_shapes: dict[str, tuple] = field(default_factory=dict)  # graph input -> shape
@@ -210,15 +209,11 @@ def _function_arguments(frame) -> dict[str, Any]:
     if code is None or not isinstance(values, dict):
         return {}
     names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-    return {n: values[n] for n in names if n in values and _is_tensor(values[n])}
+    tensor = sys.modules["torch"].Tensor  # Dynamo is compiling: torch is imported
+    return {n: values[n] for n in names if n in values and isinstance(values[n], tensor)}
 
 
 _CONVERT_FRAME = "torch/_dynamo/convert_frame.py"
-
-
-def _is_tensor(value) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def report_lines(compiled) -> list[str]:
@@ -339,7 +334,6 @@ class Watch(logging.Handler):
         self._pending: dict[tuple, _Pending] = {}
         self.compiles: list[DynamoCompile] = []
         self._starts: list[tuple[int, int]] = []  # per compile: (log offset, XLA compiles)
-        self.errors = 0
         self._subscription: Subscription | None = None
         self.watching = False  # started and not stopped
         # Called with True when Dynamo starts compiling a frame in this run, False when done:
@@ -400,7 +394,6 @@ class Watch(logging.Handler):
             elif "compilation_metrics" in meta:
                 self._finished(meta)
         except Exception:  # never let tpu_nb break the user's compile
-            self.errors += 1
             logging.getLogger("tpu_nb").debug("reading a Dynamo trace event", exc_info=True)
 
     def _entry(self, meta) -> _Pending:
@@ -478,7 +471,6 @@ class Watch(logging.Handler):
                 first_line=first_line,
                 site=site,
                 seconds=float(m.get("entire_frame_compile_time_s") or 0.0),
-                backend_seconds=float(m.get("backend_compile_time_s") or 0.0),
                 guard_failures=tuple(_without_id(r) for r in entry.reasons),
                 changed=changed,
                 input_shapes=shapes,

@@ -32,7 +32,8 @@ from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
 from tpu_nb.runtime.metrics._compile_log import Frame, compile_log
 from tpu_nb.runtime.probe import Subscription, own_sync, probe
-from tpu_nb.runtime.sources import caller, cut_at_user_code, innermost_frame, user_frame
+from tpu_nb.runtime.sources import caller, cut_at_user_code, innermost_frame, short_path, user_frame
+from tpu_nb.runtime.tracking import _attribution as attribution
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking._store import add_graph, store
@@ -52,9 +53,6 @@ class RecompilationError(TpuNbError):
     @classmethod
     def at_line(cls, limit: int, where, graphs: list) -> RecompilationError:
         """The error for a line (a compile_log.Frame) that compiled `graphs`, one too many."""
-        from tpu_nb.runtime.sources import short_path
-        from tpu_nb.runtime.tracking import _attribution as attribution
-
         before, after = graphs[-2], graphs[-1]
         a, b = (store.captured_graph(g) for g in (before, after))
         facts = attribution.graph_facts(a, b) if a is not None and b is not None else ()

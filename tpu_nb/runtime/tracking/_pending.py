@@ -17,13 +17,23 @@ import ast
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from tpu_nb.runtime.graph._capture import graph, is_pending, walk_limited
 
 log = logging.getLogger("tpu_nb")
 
 _WALK_BUDGET = 20_000  # objects looked at, at most, when looking for pending tensors
 _MAX_HOLDERS = 8
+
+
+def counted_ops(ops: Sequence[tuple[str, int]], shown: int = 4) -> str:
+    """ "aten::mul ×1, aten::mean ×1 and 3 more": (op, count) pairs, the most common first."""
+    top = ", ".join(f"{op} \u00d7{n}" for op, n in ops[:shown])
+    more = len(ops) - shown
+    return top + (f" and {more} more" if more > 0 else "")
 
 
 @dataclass(frozen=True)
@@ -38,16 +48,12 @@ class PendingWork:
     # when IR locations were recorded (--graph, %tpu_setup --ir-debug)
     seconds: float = 0.0  # spent finding and reading it
 
-    def describe_ops(self, shown: int = 4) -> str:
-        """ "aten::mul ×1, aten::mean ×1" (the most common first)."""
-        top = ", ".join(f"{op} \u00d7{n}" for op, n in self.ops[:shown])
-        more = len(self.ops) - shown
-        return top + (f" and {more} more" if more > 0 else "")
-
     def summary(self) -> str:
         """One sentence, for a report's text."""
         who = ", ".join(self.holders) if self.holders else "tensors tpu_nb could not name"
-        graph = f" (a graph of {self.nodes} IR nodes ({self.describe_ops()}))" if self.nodes else ""
+        graph = (
+            f" (a graph of {self.nodes} IR nodes ({counted_ops(self.ops)}))" if self.nodes else ""
+        )
         return (
             f"work left pending at the end: {who}{graph}; not run here: it runs at the next sync "
             "or value read, and is counted there"
@@ -116,8 +122,6 @@ def find_pending(
     try:
         import torch
 
-        from tpu_nb.runtime.graph._capture import is_pending, walk_limited
-
         holders: list[str] = []
         found: dict[int, Any] = {}
         budget = _WALK_BUDGET
@@ -147,8 +151,6 @@ def _described(holders: tuple[str, ...], tensors: list, start: float) -> Pending
     ops: tuple[tuple[str, int], ...] = ()
     lines: tuple[tuple[str, int], ...] = ()
     try:
-        from tpu_nb.runtime.graph._capture import graph
-
         g = graph(*tensors, hlo=False)  # frames when IR locations were recorded
         counted = Counter(n.op for n in g.nodes if n.kind not in ("data", "constant"))
         nodes, ops = len(g.nodes), tuple(counted.most_common())

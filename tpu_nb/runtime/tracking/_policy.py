@@ -44,6 +44,7 @@ from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
+from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place, format_seconds
 
@@ -155,25 +156,15 @@ def line_key(event: CompileEvent) -> tuple[str, int] | None:
     return (frame.file, frame.line) if frame is not None else None
 
 
-def _moment(event: CompileEvent, by_call: bool) -> int:
-    """When a compile happened: its step, or (a run without syncs) its line's call."""
-    value = event.call if by_call else event.step
-    return value if value is not None else 0
-
-
 def classify_line(
-    key: tuple,
-    events: list[CompileEvent],
-    calls: int,
-    *,
-    by_call: bool,
-    graph_of=store.captured.get,
+    key: tuple, events: list[CompileEvent], calls: int, *, by_call: bool
 ) -> LinePattern:
     """The pattern of one line's compiles (`events`, in order) over `calls` calls."""
-    moments = [_moment(e, by_call) for e in events]
+    # when each compile happened: its step, or (a run without syncs) its line's call
+    moments = [(e.call if by_call else e.step) or 0 for e in events]
     last_call = max((e.call for e in events if e.call is not None), default=None)
     calls_after = calls - 1 - last_call if calls and last_call is not None else 0
-    graphs = [graph_of(e.graph_hash) for e in events]
+    graphs = [store.captured_graph(e) for e in events]
     growth, grower = _growth(graphs)
     if growth:
         kinds = tuple(FIRST if i == 0 else GROWING for i in range(len(events)))
@@ -182,9 +173,8 @@ def classify_line(
         )
     first_moment = moments[0] if moments else 0
     warm = _warm_up_moments(events, moments, graphs)
-    settled = calls_after >= _SETTLED_CALLS
     # a compile after the first step's and the warm-up's
-    if settled:
+    if calls_after >= _SETTLED_CALLS:  # settled
         later = VARIANT
     elif calls and calls < 4:
         later = UNSETTLED
@@ -195,11 +185,7 @@ def classify_line(
     )
     # the line's kind: its most telling compile
     kind = next((name for k, name in _LINE_KINDS if k in kinds), "once")
-    why = ""
-    if WARM_UP in kinds:
-        second = kinds.index(WARM_UP)
-        why = first_step_why(graphs[0], graphs[second])
-    shapes = progression(graphs)
+    why = first_step_why(graphs[0], graphs[kinds.index(WARM_UP)]) if WARM_UP in kinds else ""
     return LinePattern(
         key,
         kind,
@@ -207,7 +193,7 @@ def classify_line(
         calls,
         calls_after,
         kinds,
-        shapes,
+        progression(graphs),
         first_why=why,
         same_shapes=bool(events) and events[-1].same_shapes,
     )
@@ -279,9 +265,9 @@ def _state_appeared(first: CompileEvent, second: CompileEvent, a, b) -> bool:
     return a is not None and b is not None and bool(op_counts(a) - op_counts(b))
 
 
-def _site_ops(events, graph_of=store.captured.get) -> frozenset:
+def _site_ops(events) -> frozenset:
     """The ops of a site's captured graphs (those tpu_nb kept)."""
-    graphs = [g for g in map(graph_of, (e.graph_hash for e in events)) if g is not None]
+    graphs = [g for g in map(store.captured_graph, events) if g is not None]
     return frozenset(n.op for g in graphs for n in g.nodes)
 
 
@@ -434,9 +420,7 @@ def judge(report) -> Judgement:
     events = list(report.compile_events)
     # the user's steps (the recorder counts no sync with nothing to run, nor a library's
     # logging sync inside a step: tracking._anatomy's steps)
-    syncs = getattr(report, "syncs", 0)
-    line_calls = getattr(report, "line_calls", {}) or {}
-    site_calls = getattr(report, "site_calls", {}) or {}
+    syncs = report.syncs
     by_line: dict[tuple, list[int]] = {}
     joined = _joined_by_earlier(report, events)
     for i, e in enumerate(events):
@@ -453,22 +437,20 @@ def judge(report) -> Judgement:
     ]
     lines = {}
     for key, indexes in by_line.items():
-        calls = site_calls.get(key, line_calls.get(key, 0) if len(key) == 2 else 0)
+        calls = report.site_calls.get(key, report.line_calls.get(key, 0) if len(key) == 2 else 0)
         pattern = classify_line(key, [events[i] for i in indexes], calls, by_call=syncs == 0)
         ops = _site_ops(events[i] for i in indexes)
         lines[key] = replace(pattern, site=events[indexes[-1]].site, ops=ops)
         for i, kind in zip(indexes, pattern.kinds, strict=True):
             kinds[i] = kind
     reads = {
-        occ.order: classify_read(occ, syncs)
-        for occ in getattr(report, "occurrences", ()) or ()
-        if occ.kind == "read"
+        occ.order: classify_read(occ, syncs) for occ in report.occurrences if occ.kind == "read"
     }
     judgement = Judgement(tuple(kinds), lines, reads)
     judged = _with_verdict(judgement, report, events)
-    step_cost = getattr(report, "cost", None)
+    step_cost = report.cost
     if judged.cost is None and step_cost is not None:  # no steady state: the steps that
-        quiet = [s for s in getattr(report.anatomy, "steps", ()) if not s.compiles]
+        quiet = [s for s in report.steps if not s.compiles]
         judged = replace(judged, cost=cost.timed(step_cost, quiet))  # did not compile
     return judged
 
@@ -477,7 +459,7 @@ def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
     """The compiles of the run's first sync when earlier work was pending as the run started:
     that sync ran it with the run's first step, in one graph unlike the line's own."""
     steps = [e.step for e in events if e.trigger == "sync" and e.step is not None]
-    if getattr(report, "earlier", None) is None or not steps:
+    if report.earlier is None or not steps:
         return set()
     first = min(steps)
     return {i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first}
@@ -503,18 +485,18 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
     growing = [p for p in judgement.lines.values() if p.kind == "growing"]
     if growing:
-        grown = getattr(report, "cost", None)
+        grown = report.cost
         if grown is not None:
             grown = replace(grown, notes=(*grown.notes, cost.SPANS_STEPS))
         return replace(judgement, verdict=_growing_verdict(growing[0]), cost=grown)
     if not isinstance(a, anatomy.Anatomy) or not steps:
         return judgement
-    if type(getattr(report, "error", None)).__name__ == "RecompilationError":
+    if type(report.error).__name__ == "RecompilationError":
         # --max-graphs stopped the loop at its first graph too many: the steps before it
         # are not the loop's steady state, and the error says what to do
         return replace(judgement, note="--max-graphs stopped the run before its steady state")
     steady = tuple(s for s in steps if s.index not in one_time_steps)
-    blind = not events and not getattr(report, "compile_analysis", True)
+    blind = not events and not report.compile_analysis
     if blind:
         # No compile log: which compiles were a warm-up is not known. What is known: the steps
         # after the last one that compiled. Compiles in half the steps or more are a fact of
@@ -543,11 +525,11 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     lines = _steady_lines(a, steady, steps)
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
-        verdict = _recompile_verdict(verdict, judgement, getattr(report, "device_datasets", ()))
+        verdict = _recompile_verdict(verdict, judgement, report.device_datasets)
         if blind:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
-    verdict, timed = _for_target(verdict, getattr(report, "cost", None), steady)
+    verdict, timed = _for_target(verdict, report.cost, steady)
     stalled = _stall_verdict(report, judgement, lines, steady, syncs=len(steps))
     if stalled is not None and (verdict is None or verdict.kind != "compile-bound"):
         verdict, kept = stalled, ()
@@ -568,7 +550,7 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
     ran as several graphs each, or a measured share of their time (_STALL_SHARE: the host
     time sampled on the stalling lines, else the time inside reads)."""
     stalls = []
-    for occ in getattr(report, "occurrences", ()) or ():
+    for occ in report.occurrences:
         if occ.in_sync or occ.site is None or occ.site.line is None:
             continue
         if occ.kind == "read":
@@ -606,8 +588,6 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
 
 
 def _stall_name(occ, syncs: int) -> str:
-    from tpu_nb.runtime.tracking._provenance import user_op
-
     where = place_name(occ.site.line)
     what = f"{occ.what} read" if occ.kind == "read" else f"{user_op(occ.what)} on the CPU"
     return f"{what} at {where} (in {occ.steps} of {syncs} steps)"
@@ -616,7 +596,7 @@ def _stall_name(occ, syncs: int) -> str:
 def _in_trainer(report) -> bool:
     """Whether the run's steps are transformers Trainer's (its syncs, reads or compiles)."""
     sites = [e.site for e in report.compile_events]
-    sites += [o.site for o in getattr(report, "occurrences", ()) or ()]
+    sites += [o.site for o in report.occurrences]
     return any(libraries.in_trainer(site) for site in sites if site is not None)
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import RuntimeStateError, TpuNbUsageError, check_whole_number
 from tpu_nb.runtime.probe import Subscription, probe
+from tpu_nb.runtime.tracking._run import current_run
 
 if TYPE_CHECKING:
     from tpu_nb.runtime.tracking._provenance import Recorder
@@ -120,8 +121,6 @@ class profile:
         self._subscription: Subscription | None = None
 
     def __enter__(self) -> profile:
-        from tpu_nb.runtime.tracking._run import current_run
-
         if self.steps is not None:
             run = current_run()
             if run is None or run.recorder is None:

@@ -47,6 +47,13 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.frame import Frame, StackWalkError, frame_variables, walk_stack
+from tpu_nb.runtime.graph._capture import (
+    frame_spaces,
+    graph,
+    is_pending,
+    pending_tensors,
+    search_order,
+)
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.sources import (
     call_site,
@@ -109,7 +116,9 @@ class Site:
         (file, line) of the frame below it that did it, when not the line itself. A loop inside
         `trainer.train()` syncs at one site and reads the mask at another, as a loop in the
         cell would on two lines."""
-        return site_key(self.line, self.inner)
+        head = (self.line.file, self.line.line) if self.line is not None else ("", 0)
+        inner = self.inner
+        return head + ((inner.file, inner.line) if inner is not None else ())
 
     @property
     def via(self) -> str:
@@ -121,12 +130,6 @@ class Site:
                 where = format_place(short_path(frame.file), frame.line)
                 hops.append(f"{where} {frame.function}")
         return " \u2192 ".join(hops)
-
-
-def site_key(line: Frame | None, inner: Frame | None) -> tuple:
-    """Site.key from its two frames (None for `line`: not reached from the tracked code)."""
-    head = (line.file, line.line) if line is not None else ("", 0)
-    return head + ((inner.file, inner.line) if inner is not None else ())
 
 
 @dataclass
@@ -203,9 +206,8 @@ class Recorder:
         # Code objects compared by identity: `code in set` hashes the code object (~1-2 us
         # for a cell or Module._call_impl), on every frame of every walk.
         self._code_ids = frozenset(id(c) for c in root_codes if c is not None)
-        self._codes = tuple(c for c in root_codes if c is not None)  # kept alive
-        self._root_frame = root_frame
-        self.root_codes, self.root_frame = self._codes, root_frame  # the tracked code
+        self.root_codes = tuple(c for c in root_codes if c is not None)  # kept alive
+        self.root_frame = root_frame
         self._log = log
         self.recording = Recording()
         self._order = 0
@@ -227,7 +229,7 @@ class Recorder:
         self._shapes_at: dict[tuple[str, int], list] = {}
         # line -> the syncs made when its watch last found the shapes unchanged
         self._same_shapes: dict[tuple[str, int], int] = {}
-        named = self._codes or ((root_frame.f_code,) if root_frame is not None else ())
+        named = self.root_codes or ((root_frame.f_code,) if root_frame is not None else ())
         self._names = tuple(sorted(names_in(named)))
         self._named = named
         self._watched: tuple[str, ...] | None = None  # names_watched, at the first compare
@@ -419,8 +421,9 @@ class Recorder:
                 key = (kind, what, Site(None), in_sync)
                 occ = self.recording.occurrences.get(key)
             if occ is None:
+                self._order += 1
                 occ = self.recording.occurrences[key] = Occurrence(
-                    kind, what, key[2], order=self._next(), in_sync=in_sync, first_step=step
+                    kind, what, key[2], order=self._order, in_sync=in_sync, first_step=step
                 )
         occ.calls += 1
         occ.count += count
@@ -449,10 +452,6 @@ class Recorder:
                 cost.note_compiled(graph.hash, events[-1])
                 store.keep_capture(events[-1].graph_hash, graph)
 
-    def _next(self) -> int:
-        self._order += 1
-        return self._order
-
     def _failed(self) -> None:
         self.recording.hook_errors += 1
         log.debug("tpu_nb: a recording hook failed", exc_info=True)
@@ -461,7 +460,7 @@ class Recorder:
 
     def site_of(self, frame) -> Site:
         """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
-        line, user, library, entry = call_site(frame, self._code_ids, self._root_frame, _plumbing)
+        line, user, library, entry = call_site(frame, self._code_ids, self.root_frame, _plumbing)
         placed = _frame(line) if line is not None else None
         if placed is None and threading.get_ident() != getattr(self, "_thread", None):
             placed = self._waiting_in_backward()
@@ -476,7 +475,7 @@ class Recorder:
         """The tracked code's line, when the tracked thread is waiting in an autograd
         backward call: autograd runs a backward on a thread of its own (where a compiled
         function's backward graph compiles), for the line that called backward."""
-        code_ids, root = self._code_ids, self._root_frame
+        code_ids, root = self._code_ids, self.root_frame
 
         def in_backward(frame) -> bool:
             code = frame.f_code
@@ -501,9 +500,7 @@ class Recorder:
             return
         key, inputs, function = found
         before = store.swap_inputs(key, inputs)
-        if before is None or self._log is None:
-            return
-        if len(before) != len(inputs):
+        if before is None or self._log is None or len(before) != len(inputs):
             return
         facts = tuple(f for f in map(_describe_change, before, inputs) if f)
         if not facts:
@@ -515,7 +512,7 @@ class Recorder:
 
     def caller_frame(self, frame):
         """The tracked code's frame at or outside `frame` (None: not reached from it)."""
-        return tracked_frame(frame, self._code_ids, self._root_frame)
+        return tracked_frame(frame, self._code_ids, self.root_frame)
 
     # -- graph capture -------------------------------------------------------------------------
 
@@ -523,11 +520,11 @@ class Recorder:
         """Before a sync (or a read of `tensor`): the pending graph, when this line is due a
         capture; else (None, None) after a walk that allocates nothing (the steady state)."""
         try:
-            root = tracked_frame(frame, self._code_ids, self._root_frame)
+            root = tracked_frame(frame, self._code_ids, self.root_frame)
             if root is None:
                 return None, None
             key = (root.f_code.co_filename, root.f_lineno)
-            inner = inner_frame(frame, self._code_ids, self._root_frame, _plumbing)
+            inner = inner_frame(frame, self._code_ids, self.root_frame, _plumbing)
             site = key
             if inner is not None and inner is not root:
                 site = (*key, inner.f_code.co_filename, inner.f_lineno)
@@ -664,8 +661,6 @@ def _capture_pending(frame, names: tuple = (), caller=None):
     the locals of the functions between the tracked frame and the one that synced (`caller`:
     a step function's tensors; a library's loop, such as Trainer's model and loss, which the
     cell's line does not name)."""
-    from tpu_nb.runtime.graph._capture import frame_spaces, pending_tensors, search_order
-
     spaces = frame_spaces(frame)
     spaces[:0] = [  # innermost first
         f.f_locals
@@ -680,14 +675,10 @@ _CAPTURE_FRAMES = 16  # functions below the tracked code whose locals a capture 
 
 
 def _capture_tensor(tensor):
-    from tpu_nb.runtime.graph._capture import is_pending
-
     return _graph_once([tensor]) if is_pending(tensor) else None
 
 
 def _graph_once(tensors: list, spaces: list | None = None):
-    from tpu_nb.runtime.graph._capture import graph
-
     if not tensors:
         return None
     own_hash = current_backend().graphs.hash(tensors)
@@ -776,12 +767,9 @@ def names_watched(codes, namespace: dict) -> tuple[str, ...]:
     earlier cell assigns with `global`). Attribute names and the modules and functions a
     cell reads are most of its names, none a tensor: comparing them all cost ~20 us a sync."""
     read = _names_read([c for c in codes if not c.co_flags & _CO_OPTIMIZED])
-    kept = {n for n in read if not isinstance(_value_of(n, namespace), _NOT_TENSORS)}
+    value = lambda n: namespace[n] if n in namespace else getattr(builtins, n, None)  # noqa: E731
+    kept = {n for n in read if not isinstance(value(n), _NOT_TENSORS)}
     return tuple(sorted(names_bound(codes) | kept))
-
-
-def _value_of(name: str, namespace: dict) -> Any:
-    return namespace[name] if name in namespace else getattr(builtins, name, None)
 
 
 def _names_read(codes) -> set[str]:

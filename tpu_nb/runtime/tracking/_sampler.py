@@ -123,7 +123,6 @@ class Sampler:
         root_frame=None,
         interval: float = INTERVAL,
         budget: float | None = BUDGET,
-        clock=time.time,
     ):
         codes = tuple(c for c in root_codes if c is not None)
         self._ids = frozenset(id(c) for c in codes)
@@ -134,7 +133,7 @@ class Sampler:
         self._tid = thread_id
         self.interval = interval
         self._budget = budget
-        self._clock = clock
+        self._clock = time.time  # the clock of torch_xla's metric samples
         self._gate = threading.Lock()  # held until stop(): the thread waits on it
         self._gate.acquire()
         self._stopping = False

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import linecache
 from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
 
 from tpu_nb.runtime.sources import caller
 from tpu_nb.runtime.tracking._report import RunReport
 from tpu_nb.runtime.tracking._run import track
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class on_tpu:
     """Run a block the way `%%on_tpu` runs a cell; yields its RunReport, complete on exit.
 
@@ -38,24 +41,19 @@ class on_tpu:
     for work earlier cells left pending.
     """
 
-    def __init__(
-        self,
-        name: str | None = None,
-        *,
-        code: tuple = (),
-        source: str | None = None,
-        filename: str | None = None,
-        namespace: dict | None = None,
-        sync: bool = False,
-        max_graphs: int | None = None,
-        locations: bool = False,
-        device=None,
-        assigned_in=None,
-    ):
-        self.name, self.code, self.sync = name, tuple(code), sync
-        self.source, self.filename, self.namespace = source, filename, namespace
-        self.max_graphs, self.locations, self.device = max_graphs, locations, device
-        self.assigned_in = assigned_in
+    name: str | None = field(default=None, kw_only=False)
+    code: tuple = ()
+    source: str | None = None
+    filename: str | None = None
+    namespace: dict | None = None
+    sync: bool = False
+    max_graphs: int | None = None
+    locations: bool = False
+    device: Any = None
+    assigned_in: Any = None
+
+    def __post_init__(self) -> None:
+        self.code = tuple(self.code)
         self._stack: ExitStack | None = None
         self._report: RunReport | None = None
 
