@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 flag = functools.partial(argument, action="store_true")  # an option that takes no value
 
 
+def options(magic):
+    """A magic's argument parser (the options decorated below this), with -h/--help first."""
+    return magic_arguments()(flag("-h", "--help", help="show this help and exit")(magic))
+
+
 @magics_class
 class TpuMagics(Magics):
     shell: InteractiveShell  # Magics types it Optional; the extension always passes one
@@ -45,8 +50,7 @@ class TpuMagics(Magics):
 
     # -- %tpu_setup -------------------------------------------------------------------------
 
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "--device",
         default="auto",
@@ -119,8 +123,7 @@ class TpuMagics(Magics):
 
     # -- %%on_tpu ---------------------------------------------------------------------------
 
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @flag("-o", dest="output", help="return the RunReport (like %%timeit -o)")
     @flag(
         "--sync",
@@ -205,8 +208,7 @@ class TpuMagics(Magics):
 
     # -- %tpu_dashboard ----------------------------------------------------------------------
 
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "--refresh",
         type=seconds("--refresh", 0.1, 3600, 0.5),
@@ -250,8 +252,7 @@ class TpuMagics(Magics):
 
     # -- %tpu_time --------------------------------------------------------------------------
 
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "-n",
         dest="number",
@@ -298,8 +299,7 @@ class TpuMagics(Magics):
 
     # -- %xla_metrics -----------------------------------------------------------------------
 
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @flag("--since-cell", help="what the previous cell did")
     @flag("--all", help="every counter and metric of the runtime")
     @flag("--reset", help="clear the runtime's counters and metrics")
@@ -345,8 +345,7 @@ class TpuMagics(Magics):
 
     # -- %xla_graph -------------------------------------------------------------------------
 
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "--by",
         choices=("auto", "module", "line", "scope"),
