@@ -24,7 +24,7 @@ MIN_STEPS = 3
 class HostError(ReplicaError):
     """A host raised; `traceback` is its traceback (the cell's lines), `host` which host."""
 
-    _unit = "host"
+    unit = "host"
 
     def __init__(self, host: int, hosts: int, summary: str, trace: str):
         self.host, self.hosts = host, hosts

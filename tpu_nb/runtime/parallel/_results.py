@@ -38,12 +38,12 @@ class ReplicaCrash(TpuNbError):
 class ReplicaError(TpuNbError):
     """A replica raised; `traceback` is its traceback, `ordinal` which replica it was."""
 
-    _unit = "replica"  # what ran it: a host, for HostError
+    unit = "replica"  # what ran it: a host, for HostError
 
     def __init__(self, ordinal: int, world: int, summary: str, trace: str):
         self.ordinal, self.world, self.traceback = ordinal, world, trace
         super().__init__(
-            f"{self._unit} {ordinal} of {world} failed: {summary} (the other {self._unit}s were "
+            f"{self.unit} {ordinal} of {world} failed: {summary} (the other {self.unit}s were "
             "stopped)"
         )
 
