@@ -19,13 +19,12 @@ import sys
 import tempfile
 import threading
 import time
-from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.frame import StackWalkError, walk_stack
-from tpu_nb.runtime.parallel._results import user_traceback
+from tpu_nb.runtime.parallel._results import SyncTimes, user_traceback
 
 RUN_PREFIX = "tpu_nb-host-"
 
@@ -63,7 +62,7 @@ class HostWorker:
         self.thread: threading.Thread | None = None
         self.capture = _Capture()
         self.result: dict | None = None
-        self.syncs = 0
+        self.sync_times: SyncTimes | None = None
         self.filename = ""
         # Its own reader of the compile log (the tracked run has another): what compiled
         # while the work runs, for the launch to compare hosts before the run ends.
@@ -113,7 +112,7 @@ class HostWorker:
         done = self.thread is not None and not self.thread.is_alive()
         report = {
             "output": self.capture.take(),
-            "syncs": self.syncs,
+            "syncs": len(self.sync_times.times) if self.sync_times is not None else 0,
             "line": self._current_line(),
             "graphs": self._new_graphs(),
             "result": self.result if done else None,
@@ -185,17 +184,7 @@ class HostWorker:
         from tpu_nb.runtime.parallel._cell import CellFunction
         from tpu_nb.runtime.tracking import track
 
-        runtime = backend()
-        syncs: list[float] = []
-        counting = [True]  # the work's own syncs, not tracking's final one
-
-        def on_sync():
-            if counting[0]:
-                syncs.append(time.perf_counter())
-                self.syncs = len(syncs)
-                runtime.syncs.after_next(on_sync)
-
-        runtime.syncs.after_next(on_sync)
+        self.sync_times = syncs = SyncTimes(backend())
         cell = isinstance(fn, CellFunction)
         codes = fn.compiled() if cell else (fn.__code__,)
         if not cell and source:  # tracebacks show the function's lines on this host too
@@ -208,15 +197,15 @@ class HostWorker:
                     value = fn.run(codes, self.host, host=self.host, hosts=self.hosts)
                 else:
                     value = fn(self.host, *args)
-                counting[0] = False
+                syncs.counting = False
             result["value"] = _sendable(value, result)
         except BaseException as exc:  # the host's own error: reported, the launch stops all
-            counting[0] = False
+            syncs.counting = False
             result["error"] = f"{type(exc).__name__}: {exc}"
             result["traceback"] = user_traceback(exc, __file__)
         result["wall_seconds"] = time.perf_counter() - start
-        result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
-        result["syncs"] = len(syncs)
+        result["step_seconds"] = syncs.steps(start)
+        result["syncs"] = len(syncs.times)
         if report is not None and report.complete:
             _report_facts(report, filename, result)
 

@@ -49,7 +49,7 @@ from tpu_nb.runtime.parallel._pod import (
     host_list,
     sync_divergences,
 )
-from tpu_nb.runtime.parallel._results import not_sent_back, record_of
+from tpu_nb.runtime.parallel._results import Lines, not_sent_back, record_of
 
 NO_RAY = (
     "launching on a slice's hosts needs Ray, which is not installed here. "
@@ -196,7 +196,6 @@ class _Hosts:
         self.ray, self.slice, self.stream = ray, reserved, stream
         self.stall_seconds = stall_seconds
         self.actors: list = []
-        self.partial: dict[int, str] = {}
         self.results: dict[int, dict] = {}
         self.progress: dict[int, tuple[int, float]] = {}  # host -> (syncs, when it changed)
         self.stalled: set[int] = set()
@@ -265,6 +264,7 @@ class _Hosts:
                     "module on every host"
                 ) from None
         running = dict(enumerate(self.actors))
+        output = {h: Lines(self.stream, f"[host {h}] ") for h in running}
         now = time.monotonic()
         self.progress = {h: (0, now) for h in running}
         while running:
@@ -280,14 +280,14 @@ class _Hosts:
                 except ray.exceptions.RayActorError as exc:
                     self.lost.add(host)
                     raise HostLost(host, "died", str(exc)) from None
-                self._show(host, report["output"])
+                output[host].add(report["output"])
                 self._watch(host, report)
                 at[host] = report["line"]
                 self.live_graphs.setdefault(host, []).extend(
                     GraphRecord(line, graph_hash) for line, graph_hash in report["graphs"]
                 )
                 if report["result"] is not None:
-                    self._flush(host)
+                    output[host].end()
                     result = report["result"]
                     if result.get("error"):
                         raise HostError(
@@ -318,19 +318,6 @@ class _Hosts:
                     f"[tpu_nb] {d.what}: on a real slice, a collective after it waits "
                     "forever (what differs: in the view when the cell ends)"
                 )
-
-    def _show(self, host: int, text: str) -> None:
-        if not text:
-            return
-        text = self.partial.get(host, "") + text
-        *lines, self.partial[host] = text.split("\n")
-        for line in lines:
-            self.stream(f"[host {host}] {line}")
-
-    def _flush(self, host: int) -> None:
-        rest = self.partial.pop(host, "")
-        if rest:
-            self.stream(f"[host {host}] {rest}")
 
     def _watch(self, host: int, report: dict) -> None:
         """Say once, while it runs, that a host stopped syncing while others went on."""

@@ -33,7 +33,6 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import suppress
-from itertools import pairwise
 from typing import cast
 
 from tpu_nb.runtime.backend import current as backend
@@ -52,9 +51,11 @@ from tpu_nb.runtime.errors import (
 from tpu_nb.runtime.parallel._results import (
     CollectiveRefused,
     LaunchResult,
+    Lines,
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
+    SyncTimes,
     not_sent_back,
     record_of,
     user_traceback,
@@ -161,16 +162,10 @@ def _replica(index: int, rundir: str) -> None:
     ordinal = runtime.launch.ordinal()
     with open(announce, "a") as f:
         f.write(f"{ordinal}\n")
-    syncs: list[float] = []
-
-    def on_sync():
-        syncs.append(time.perf_counter())
-        runtime.syncs.after_next(on_sync)
-
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
         for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
             cast(_ReplicaStreams, stream).local.file = out
-        runtime.syncs.after_next(on_sync)
+        syncs = SyncTimes(runtime)
         before, start = _snapshot(), time.perf_counter()
         result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
         fn, args = _work[rundir]
@@ -184,7 +179,7 @@ def _replica(index: int, rundir: str) -> None:
             result["traceback"] = user_traceback(exc, __file__)
         result["wall_seconds"] = time.perf_counter() - start
         result["metrics"] = _snapshot().since(before)
-        result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
+        result["step_seconds"] = syncs.steps(start)
         _write_result(rundir, ordinal, result)
     if "error" in result:
         os.killpg(os.getpgrp(), signal.SIGTERM)  # stop the other replicas and the launcher
@@ -356,7 +351,8 @@ class _Run:
         # this process dies without removing it.
         self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
         _active_runs[self.rundir] = os.getpid()
-        self.n, self.stream = n, stream
+        self.n = n
+        self.lines = [Lines(stream, f"[{i}] ") for i in range(n)]
         env = {"PJRT_DEVICE": device_type}
         level = backend().process.settings().get("PT_XLA_DEBUG_LEVEL")
         if level:  # the replicas' compile log, not ours
@@ -367,7 +363,6 @@ class _Run:
         refuse = device_type == "CPU" and n > 1
         self.proc: _ForkedProcess | subprocess.Popen
         self.offsets = [0] * n
-        self.partial = [""] * n
         try:
             if not runtime_initialized():
                 self.path = "fork"
@@ -396,10 +391,7 @@ class _Run:
                     self.offsets[i] = f.tell()
             except FileNotFoundError:
                 continue
-            text = self.partial[i] + text
-            *lines, self.partial[i] = text.split("\n")
-            for line in lines:
-                self.stream(f"[{i}] {line}")
+            self.lines[i].add(text)
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -413,9 +405,8 @@ class _Run:
                 )
             time.sleep(0.02)
         self.pump()
-        for i, rest in enumerate(self.partial):
-            if rest:
-                self.stream(f"[{i}] {rest}")
+        for lines in self.lines:
+            lines.end()
         return status
 
     def kill(self) -> None:

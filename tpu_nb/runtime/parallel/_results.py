@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.errors import TpuNbError
@@ -125,6 +128,42 @@ def not_sent_back(who: str, error: str) -> str:
         f"{who}'s return value could not be sent back ({error}), so its value is None. Fix: "
         "return plain data (numbers, lists, tensors moved with .cpu())."
     )
+
+
+class Lines:
+    """Output arriving in pieces, passed on line by line with a prefix ("[2] ", "[host 1] ")."""
+
+    def __init__(self, stream: Callable[[str], None], prefix: str):
+        self.stream, self.prefix, self.rest = stream, prefix, ""
+
+    def add(self, text: str) -> None:
+        *lines, self.rest = (self.rest + text).split("\n")
+        for line in lines:
+            self.stream(self.prefix + line)
+
+    def end(self) -> None:
+        """Pass on the last line, unfinished."""
+        if self.rest:
+            self.stream(self.prefix + self.rest)
+        self.rest = ""
+
+
+class SyncTimes:
+    """When the work synced: a callback after the runtime's next sync, set again at each one,
+    until `counting` is False (a tracked run's own final sync is not the work's)."""
+
+    def __init__(self, runtime):
+        self.runtime, self.times, self.counting = runtime, [], True
+        runtime.syncs.after_next(self._on_sync)
+
+    def _on_sync(self) -> None:
+        if self.counting:
+            self.times.append(time.perf_counter())
+            self.runtime.syncs.after_next(self._on_sync)
+
+    def steps(self, start: float) -> tuple[float, ...]:
+        """The time between syncs, the first from `start`."""
+        return tuple(b - a for a, b in pairwise([start, *self.times]))
 
 
 def _median(steps) -> str:
