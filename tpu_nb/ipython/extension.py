@@ -196,7 +196,7 @@ def load_ipython_extension(shell) -> None:
     watcher = CellWatcher(settings, shell)
     notice = InterruptNotice()
     state = _Loaded(
-        settings, watcher, notice, functools.partial(cell_name, shell, watcher)
+        settings, watcher, notice, functools.partial(cell_name, shell, watcher.cell_files)
     )
     _loaded[id(shell)] = state
     for event in ("pre_run_cell", "post_run_cell"):
