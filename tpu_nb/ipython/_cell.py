@@ -91,13 +91,10 @@ def cell_name(shell, files: dict[str, int], path: str) -> str | None:
     return f"In [{number}]" if number is not None else None
 
 
-def show_last_change(args, names):
-    """`%xla_graph --diff`: the two latest graphs of the line that changed last, the later
-    drawn with its changed nodes outlined inside their groups (its modules, under --graph)."""
-    from IPython.display import display
-
-    from tpu_nb.display.graph_view import GraphView
-    from tpu_nb.runtime.graph import NODE_BUDGET
+def last_change():
+    """`%xla_graph --diff`: the later of the two latest graphs of the line that changed last,
+    its diff (drawn as its changed nodes outlined inside their groups, its modules under
+    --graph) and the line; (None, None, "") after saying why when no line changed."""
     from tpu_nb.runtime.tracking import store
 
     found = store.last_change()
@@ -106,15 +103,6 @@ def show_last_change(args, names):
             "nothing to compare: no line has captured two different graphs in a tracked run "
             "(%%on_tpu) yet"
         )
-        return None
+        return None, None, ""
     (path, line), before, after = found
-    diff = after.diff(before)
-    if args.output:
-        return diff
-    print(f"the last two graphs of {format_place(short_path(path), line)}")
-    budget = args.budget or NODE_BUDGET
-    view = GraphView(
-        after, by=args.by, budget=budget, expand=args.expand, diff=diff, source_names=names
-    )
-    display(view)
-    return None
+    return after, after.diff(before), format_place(short_path(path), line)

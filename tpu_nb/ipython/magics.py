@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from tpu_nb.ipython._args import evaluate_tensors, parse, seconds, user_mistake, whole
-from tpu_nb.ipython._cell import CellCode, show_last_change
+from tpu_nb.ipython._cell import CellCode, last_change
 from tpu_nb.ipython._on_tpu import launch_cell, run_tracked, start_dashboard
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
@@ -381,17 +381,27 @@ class TpuMagics(Magics):
         from tpu_nb.display.graph_view import GraphView
         from tpu_nb.runtime.graph import NODE_BUDGET, pending_graph
 
+        diff = None
         if args.diff:
-            return show_last_change(args, self.state.namer)
-        source = " ".join(args.expression).strip()
-        found = pending_graph(evaluate_tensors(self.shell, source)) if source else pending_graph()
-        if found is None:
-            print(
-                "nothing pending: no XLA tensor here has work waiting (it ran at a sync or "
-                "a value read)"
+            found, diff, where = last_change()
+        else:
+            source = " ".join(args.expression).strip()
+            found = (
+                pending_graph(evaluate_tensors(self.shell, source)) if source else pending_graph()
             )
+            if found is None:
+                print(
+                    "nothing pending: no XLA tensor here has work waiting (it ran at a sync or "
+                    "a value read)"
+                )
+        if found is None:
             return
         if args.output:
-            return found
+            return diff if args.diff else found
+        if args.diff:
+            print(f"the last two graphs of {where}")
         budget, names = args.budget or NODE_BUDGET, self.state.namer
-        display(GraphView(found, by=args.by, budget=budget, expand=args.expand, source_names=names))
+        view = GraphView(
+            found, by=args.by, budget=budget, expand=args.expand, diff=diff, source_names=names
+        )
+        display(view)
