@@ -1,7 +1,5 @@
-"""The magics. Each parses its arguments, calls a public tpu_nb function, shows the result.
-
-User mistakes raise UsageError (one line, no traceback); `-h/--help` prints the help.
-"""
+"""The magics. Each parses its arguments (_args.py), calls a public tpu_nb function, shows
+the result."""
 
 from __future__ import annotations
 
@@ -47,8 +45,6 @@ class TpuMagics(Magics):
     def __init__(self, shell, state):
         super().__init__(shell)
         self.state = state
-
-    # -- %tpu_setup -------------------------------------------------------------------------
 
     @options
     @argument(
@@ -120,8 +116,6 @@ class TpuMagics(Magics):
                 target=args.target,
             )
         display(env)
-
-    # -- %%on_tpu ---------------------------------------------------------------------------
 
     @options
     @flag("-o", dest="output", help="return the RunReport (like %%timeit -o)")
@@ -206,8 +200,6 @@ class TpuMagics(Magics):
             return launch_cell(self.shell, self.state, code, plan, args)
         return run_tracked(self.shell, self.state, code, plan, args)
 
-    # -- %tpu_dashboard ----------------------------------------------------------------------
-
     @options
     @argument(
         "--refresh",
@@ -249,8 +241,6 @@ class TpuMagics(Magics):
             charts=not args.no_charts,
         )
         dash.stop_at_cell_end()
-
-    # -- %tpu_time --------------------------------------------------------------------------
 
     @options
     @argument(
@@ -297,8 +287,6 @@ class TpuMagics(Magics):
             return timing
         display(timing)
 
-    # -- %xla_metrics -----------------------------------------------------------------------
-
     @options
     @flag("--since-cell", help="what the previous cell did")
     @flag("--all", help="every counter and metric of the runtime")
@@ -342,8 +330,6 @@ class TpuMagics(Magics):
         now = snapshot()
         delta = now.since(MetricsSnapshot({}, {}, now.taken_at, now.generation))
         display(MetricsView("XLA work since the kernel started (or the last --reset)", delta=delta))
-
-    # -- %xla_graph -------------------------------------------------------------------------
 
     @options
     @argument(
