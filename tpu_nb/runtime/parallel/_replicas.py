@@ -1,14 +1,11 @@
 """`launch()`: run a function on every XLA device from a notebook, where xmp.spawn fails.
 
-Two modes:
-  replicas  one replica per device with torch_xla's launcher (on TPU a process per chip; on
-            XLA:CPU one process with a thread per device). The launcher runs in its own process
-            group: forked from this process when it has not touched the XLA runtime yet (so
-            notebook-defined functions and variables just work), or a fresh worker process that
-            receives the function and its arguments by value (cloudpickle) when it has — never
-            "Runtime is already initialized". Each replica's prints come back prefixed with its
-            ordinal; a failing replica ends the whole group and its traceback is shown.
-  spmd      one process, all devices: the function gets a 1-D data mesh and `shard_batch`.
+In replicas mode, one replica per device runs under torch_xla's launcher (on TPU a process per
+chip; on XLA:CPU one process with a thread per device). The launcher runs in its own process
+group: forked from this process when it has not touched the XLA runtime yet (so
+notebook-defined functions and variables just work), or a fresh worker process that receives
+the function and its arguments by value (cloudpickle) when it has — never "Runtime is already
+initialized". SPMD mode runs in this process (_spmd.py).
 
 On XLA:CPU with several devices, collectives between replicas hang in torch_xla 2.9
 (pytorch/xla #5005, #9089): in that case every collective raises CollectiveRefused at once.
@@ -61,9 +58,6 @@ from tpu_nb.runtime.parallel._results import (
     user_traceback,
 )
 from tpu_nb.runtime.parallel._spmd import run_spmd
-
-MODES = ("replicas", "spmd")
-
 
 # -- inside the launcher process --------------------------------------------------------------
 
@@ -361,15 +355,11 @@ class _Run:
         if device_type == "CPU":
             env["CPU_NUM_DEVICES"] = str(n)
         refuse = device_type == "CPU" and n > 1
-        self.proc: _ForkedProcess | subprocess.Popen
         self.offsets = [0] * n
+        self.path = "worker" if runtime_initialized() else "fork"
+        start = _spawn_worker if self.path == "worker" else _fork
         try:
-            if not runtime_initialized():
-                self.path = "fork"
-                self.proc = _fork(self.rundir, fn, args, env, refuse)
-            else:
-                self.path = "worker"
-                self.proc = _spawn_worker(self.rundir, fn, args, env, refuse)
+            self.proc: _ForkedProcess | subprocess.Popen = start(self.rundir, fn, args, env, refuse)
         except BaseException:
             self.remove()
             raise
@@ -528,9 +518,7 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
     fd = os.open(os.path.join(rundir, "payload.pkl"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with open(fd, "wb") as f:
         f.write(payload)
-    package_parent = os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    )
+    package_parent = os.path.abspath(os.path.join(__file__, "../../../.."))  # holds tpu_nb/
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_parent, os.getcwd(), os.environ.get("PYTHONPATH")) if p
@@ -545,7 +533,7 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
         )
 
 
-def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
+def _collect(run: _Run, status: int, start: float) -> LaunchResult:
     __tracebackhide__ = True  # noqa: F841  (IPython: the error is the replica's, not ours)
     raw = run.results()
     failed = [r for r in raw if r is not None and r.get("error")]
@@ -576,7 +564,7 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         for r in raw
         if r.get("value_error")
     )
-    return LaunchResult(mode, run.path, run.n, replicas, time.perf_counter() - start, notes)
+    return LaunchResult("replicas", run.path, run.n, replicas, time.perf_counter() - start, notes)
 
 
 _FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
@@ -680,7 +668,7 @@ def launch(
     Processes the replicas started are stopped when the launch ends, whatever its outcome.
     """
     __tracebackhide__ = True  # noqa: F841
-    if mode not in MODES:
+    if mode not in ("replicas", "spmd"):
         raise TpuNbUsageError(f"unknown mode {mode!r}. Fix: mode='replicas' or mode='spmd'.")
     if not callable(fn):
         raise TpuNbUsageError(
@@ -724,6 +712,6 @@ def launch(
             run.kill()
             raise
         run.end_group()  # what the replicas started and left running
-        return _collect(run, status, start, "replicas")
+        return _collect(run, status, start)
     finally:
         run.remove()

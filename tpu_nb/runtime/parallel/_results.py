@@ -111,7 +111,9 @@ class LaunchResult:
 
     def summary(self) -> str:
         m = self.merged()
-        steps = [f"[{r.ordinal}] {_median(r.step_seconds)}" for r in self.replicas]
+        steps = [
+            f"[{r.ordinal}] {format_seconds(quantile(r.step_seconds, 0.5))}" for r in self.replicas
+        ]
         return (
             f"{self.mode} on {self.devices} device{'s' if self.devices != 1 else ''} "
             f"({self.path}): {format_seconds(self.wall_seconds)}, {m.compiles} compiled, "
@@ -123,7 +125,6 @@ class LaunchResult:
 
 
 def not_sent_back(who: str, error: str) -> str:
-    """The launch's note on a return value that could not travel back."""
     return (
         f"{who}'s return value could not be sent back ({error}), so its value is None. Fix: "
         "return plain data (numbers, lists, tensors moved with .cpu())."
@@ -164,10 +165,6 @@ class SyncTimes:
     def steps(self, start: float) -> tuple[float, ...]:
         """The time between syncs, the first from `start`."""
         return tuple(b - a for a, b in pairwise([start, *self.times]))
-
-
-def _median(steps) -> str:
-    return format_seconds(quantile(steps, 0.5)) if steps else "-"
 
 
 def quantile(values, q: float) -> float | None:
