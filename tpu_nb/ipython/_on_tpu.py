@@ -119,7 +119,6 @@ def _shown_as_the_cells(exc: BaseException, number) -> None:
 
 
 def start_dashboard(**options):
-    """A started live dashboard; a bad option or environment is a one-line UsageError."""
     from tpu_nb.display.dashboard import Dashboard
 
     with user_mistake():

@@ -274,7 +274,6 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
 
 
 def worker_main(rundir: str) -> None:
-    """Entry of a fresh worker process (`python -m tpu_nb.runtime.parallel RUNDIR`)."""
     import cloudpickle
 
     payload = os.path.join(rundir, "payload.pkl")

@@ -175,7 +175,6 @@ def quantile(values, q: float) -> float | None:
 
 
 def record_of(cls, data: dict):
-    """An instance of dataclass `cls` from the entries of `data` named after its fields."""
     return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
