@@ -3,6 +3,7 @@ UsageError (no traceback), as IPython shows user mistakes."""
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,27 +47,23 @@ def parse(magic, line: str, *, code: bool = False):
     return args
 
 
-def whole(option: str, low: int, high: int, example: int):
-    """An argparse type: a whole number from low to high, else the library's one-line message
-    (a huge number would otherwise reach torch_xla's C++ and fail there)."""
-    fix = f"e.g. {option} {example}"
-    return _checked(check_whole_number, option, low=low, high=high, fix=fix)
-
-
-def seconds(option: str, low: float, high: float, example: float):
-    """An argparse type: finite seconds from low to high (NaN and inf are refused)."""
-    return _checked(check_seconds, option, low=low, high=high, fix=f"e.g. {option} {example:g}")
-
-
-def _checked(check, option: str, **bounds):
-    """An option's text checked by the library's validator; its message raised as UsageError,
-    which argparse lets through (it catches only its own kinds), so it reads as the library's."""
+def _checked(check, option: str, low: float, high: float, example: float):
+    """An argparse type: an option's text checked by the library's validator; its message
+    raised as UsageError, which argparse lets through (it catches only its own kinds), so it
+    reads as the library's."""
+    fix = f"e.g. {option} {example:g}"
 
     def parse(text: str):
         with user_mistake():
-            return check_given(text, option, check, **bounds)
+            return check_given(text, option, check, low=low, high=high, fix=fix)
 
     return parse
+
+
+# A whole number from low to high (a huge number would otherwise reach torch_xla's C++ and
+# fail there), and finite seconds from low to high (NaN and inf are refused).
+whole = functools.partial(_checked, check_whole_number)
+seconds = functools.partial(_checked, check_seconds)
 
 
 @contextmanager

@@ -11,19 +11,13 @@ from tpu_nb.runtime.sources import caller, innermost_frame, short_path
 from tpu_nb.runtime.units import format_place
 
 
-def _running_cell_number(shell) -> int:
+def _running_cell_number(shell, files: dict[str, int]) -> int:
     """The execution number of the cell running this magic: the cell file of the nearest
     calling frame. (`shell.execution_count` is already the next cell's number on IPython >= 8
     while a cell runs, which made tracebacks say In [n+1].)"""
-    names = getattr(shell.compile, "_filename_map", {})  # IPython >= 8
 
     def number(frame: FrameType) -> int | None:
-        path = frame.f_code.co_filename
-        if path in names:
-            return int(names[path])
-        if match := re.match(r"<ipython-input-(\d+)-", path):  # IPython 7
-            return int(match.group(1))
-        return None
+        return cell_number(shell, files, frame.f_code.co_filename)
 
     cell = innermost_frame(caller(), lambda frame: number(frame) is not None)
     found = number(cell) if cell is not None else None
@@ -52,12 +46,11 @@ class CellCode:
     tracebacks say "Cell In[n], line k" with k the line in the whole cell (the magic line is 1).
     """
 
-    def __init__(self, shell, body: str, magic_lines: int = 1, files: dict | None = None):
+    def __init__(self, shell, body: str, magic_lines: int = 1, *, files: dict[str, int]):
         self.source = "\n" * magic_lines + shell.transform_cell(body)
-        self.number = _running_cell_number(shell)
+        self.number = _running_cell_number(shell, files)
         self.filename = shell.compile.cache(self.source, self.number, raw_code=self.source)
-        if files is not None:
-            files[self.filename] = self.number
+        files[self.filename] = self.number
         # Registered AST transformers run, as for any cell (IPython's own run_cell does this).
         tree = shell.transform_ast(ast.parse(self.source, filename=self.filename))
         last = None
@@ -76,28 +69,32 @@ class CellCode:
         return None
 
 
-def cell_name(shell, watcher, path: str) -> str | None:
-    """'In [3]' for the file IPython compiled cell 3 into (labels say the cell, not a
-    temp file); None for any other file."""
-    files = getattr(shell.compile, "_filename_map", {})  # IPython >= 8
-    number = files.get(path)
+def cell_number(shell, files: dict[str, int], path: str) -> int | None:
+    """The execution number of the cell IPython compiled into the file `path`; None for any
+    other file. `files`: the cell files IPython keeps no map of, noted by the watcher."""
+    names = getattr(shell.compile, "_filename_map", {})  # IPython >= 8
+    number = names.get(path)
     if number is None:  # IPython 7 under ipykernel 6: temp files, noted by the watcher
-        number = watcher.cell_files.get(path)
+        number = files.get(path)
     if number is None and os.sep not in path:  # a bare name (IR debug's locations)
-        known = [*files.items(), *watcher.cell_files.items()]
+        known = [*names.items(), *files.items()]
         number = next((n for f, n in known if os.path.basename(f) == path), None)
     if number is None and (match := re.match(r"<ipython-input-(\d+)-", path)):
-        number = match.group(1)  # IPython 7
+        number = int(match.group(1))  # IPython 7
+    return number
+
+
+def cell_name(shell, files: dict[str, int], path: str) -> str | None:
+    """'In [3]' for the file IPython compiled cell 3 into (labels say the cell, not a
+    temp file); None for any other file."""
+    number = cell_number(shell, files, path)
     return f"In [{number}]" if number is not None else None
 
 
-def show_last_change(args, names):
-    """`%xla_graph --diff`: the two latest graphs of the line that changed last, the later
-    drawn with its changed nodes outlined inside their groups (its modules, under --graph)."""
-    from IPython.display import display
-
-    from tpu_nb.display.graph_view import GraphView
-    from tpu_nb.runtime.graph import NODE_BUDGET
+def last_change():
+    """`%xla_graph --diff`: the later of the two latest graphs of the line that changed last,
+    its diff (drawn as its changed nodes outlined inside their groups, its modules under
+    --graph) and the line; (None, None, "") after saying why when no line changed."""
     from tpu_nb.runtime.tracking import store
 
     found = store.last_change()
@@ -106,15 +103,6 @@ def show_last_change(args, names):
             "nothing to compare: no line has captured two different graphs in a tracked run "
             "(%%on_tpu) yet"
         )
-        return None
+        return None, None, ""
     (path, line), before, after = found
-    diff = after.diff(before)
-    if args.output:
-        return diff
-    print(f"the last two graphs of {format_place(short_path(path), line)}")
-    budget = args.budget or NODE_BUDGET
-    view = GraphView(
-        after, by=args.by, budget=budget, expand=args.expand, diff=diff, source_names=names
-    )
-    display(view)
-    return None
+    return after, after.diff(before), format_place(short_path(path), line)

@@ -22,7 +22,7 @@ def launch_cell(shell, state, code: CellCode, plan: Plan, args):
     host's) traceback printed before its error is raised."""
     __tracebackhide__ = True  # noqa: F841
     from tpu_nb.display.pod_view import PodView
-    from tpu_nb.runtime.parallel import CellFunction, HostError, ReplicaError, launch, launch_hosts
+    from tpu_nb.runtime.parallel import CellFunction, ReplicaError, launch, launch_hosts
 
     cell = CellFunction.from_namespace(code.source, code.filename, shell.user_ns, code.codes)
     state.watcher.reported_by_magic = True
@@ -33,13 +33,8 @@ def launch_cell(shell, state, code: CellCode, plan: Plan, args):
                 display(PodView(pod))
             return pod if args.output else None
         result = launch(cell, devices=plan.replicas or "all", timeout=plan.timeout)
-    except (ReplicaError, HostError) as exc:
-        where = (  # a HostError is a ReplicaError too
-            f"host {exc.host} of {exc.hosts}"
-            if isinstance(exc, HostError)
-            else f"replica {exc.ordinal} of {exc.world}"
-        )
-        print(f"--- {where}: traceback ---")
+    except ReplicaError as exc:  # a HostError too: its unit is a host
+        print(f"--- {exc.unit} {exc.ordinal} of {exc.world}: traceback ---")
         print(exc.traceback.rstrip())
         raise
     except TpuNbError as exc:
@@ -124,7 +119,6 @@ def _shown_as_the_cells(exc: BaseException, number) -> None:
 
 
 def start_dashboard(**options):
-    """A started live dashboard; a bad option or environment is a one-line UsageError."""
     from tpu_nb.display.dashboard import Dashboard
 
     with user_mistake():

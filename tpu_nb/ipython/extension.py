@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,8 +51,8 @@ class CellWatcher:
     Never imports torch_xla: a cell that has not touched it costs a dict lookup.
     """
 
-    def __init__(self, settings: TpuNb):
-        self.settings = settings
+    def __init__(self, settings: TpuNb, shell):
+        self.settings, self.shell = settings, shell
         self.before: MetricsSnapshot | None = None
         self.last_delta: MetricsDelta | None = None
         self.reported_by_magic = False  # %%on_tpu shows its own, fuller report
@@ -65,7 +66,6 @@ class CellWatcher:
         # The files cells were compiled into -> their execution numbers, where IPython keeps
         # no such map (IPython 7 under ipykernel 6: /tmp/ipykernel_<pid>/<hash>.py).
         self.cell_files: dict[str, int] = {}
-        self.shell: Any = None  # the InteractiveShell, set when the extension loads
 
     def pre_run_cell(self, info=None) -> None:
         self.reported_by_magic = False
@@ -143,11 +143,10 @@ def _snapshot_if_loaded(wait: bool = False) -> MetricsSnapshot | None:
 class _Loaded:
     settings: TpuNb
     watcher: CellWatcher
-    notice: InterruptNotice | None = None
-    magic_names: dict[str, list[str]] = field(default_factory=dict)
+    notice: InterruptNotice
+    namer: Callable[[str], str | None]  # "In [n]" for a cell's file, not its temp file
     formatter_types: list[type] = field(default_factory=list)
-    namer: object = None
-    magics: object = None  # the TpuMagics instance IPython also lists in shell.configurables
+    magics: Any = None  # the TpuMagics instance IPython also lists in shell.configurables
 
 
 _loaded: dict[int, _Loaded] = {}
@@ -194,26 +193,23 @@ def load_ipython_extension(shell) -> None:
 
     settings = TpuNb(parent=shell)
     shell.configurables.append(settings)
-    watcher = CellWatcher(settings)
-    watcher.shell = shell
-    state = _Loaded(settings, watcher)
+    watcher = CellWatcher(settings, shell)
+    notice = InterruptNotice()
+    state = _Loaded(
+        settings, watcher, notice, functools.partial(cell_name, shell, watcher.cell_files)
+    )
     _loaded[id(shell)] = state
-    shell.events.register("pre_run_cell", watcher.pre_run_cell)
-    shell.events.register("post_run_cell", watcher.post_run_cell)
-    state.notice = InterruptNotice()  # after the watcher: also covers its final wait
-    shell.events.register("pre_run_cell", state.notice.pre_run_cell)
-    shell.events.register("post_run_cell", state.notice.post_run_cell)
-    magics = TpuMagics(shell, state)
-    shell.register_magics(magics)
-    state.magics = magics
-    state.namer = functools.partial(cell_name, shell, watcher)  # "In [n]", not temp files
+    for event in ("pre_run_cell", "post_run_cell"):
+        shell.events.register(event, getattr(watcher, event))
+        shell.events.register(event, getattr(notice, event))  # after the watcher: covers its wait
+    state.magics = TpuMagics(shell, state)
+    shell.register_magics(state.magics)
     add_file_namer(state.namer)
     install_legacy_names()  # old tutorials' names say their replacement
     if backend().process.is_loaded():  # else at the first snapshot, once torch_xla is imported
         from tpu_nb.runtime.metrics import watch_counter_resets
 
         watch_counter_resets()
-    state.magic_names = {kind: list(names) for kind, names in magics.magics.items()}
     _register_formatters(shell, state)
 
 
@@ -225,14 +221,12 @@ def unload_ipython_extension(shell) -> None:
     from tpu_nb.runtime.metrics import stop_watching_counter_resets
     from tpu_nb.runtime.sources import remove_file_namer
 
-    shell.events.unregister("pre_run_cell", state.watcher.pre_run_cell)
-    shell.events.unregister("post_run_cell", state.watcher.post_run_cell)
-    if state.notice is not None:
-        state.notice.post_run_cell()  # a running cell's watcher stops with the extension
-        shell.events.unregister("pre_run_cell", state.notice.pre_run_cell)
-        shell.events.unregister("post_run_cell", state.notice.post_run_cell)
+    state.notice.post_run_cell()  # a running cell's watcher stops with the extension
+    for event in ("pre_run_cell", "post_run_cell"):
+        shell.events.unregister(event, getattr(state.watcher, event))
+        shell.events.unregister(event, getattr(state.notice, event))
     manager = shell.magics_manager
-    for kind, names in state.magic_names.items():
+    for kind, names in state.magics.magics.items():
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop("TpuMagics", None)

@@ -42,8 +42,12 @@ class InterruptNotice:
         self._watch: _Watch | None = None
 
     def pre_run_cell(self, info=None) -> None:
-        if self._watch is None and backend().process.is_loaded():
-            self._watch = _Watch.start(sys.stdout)
+        if self._watch is not None or not backend().process.is_loaded():
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        # Signals go to the main thread only; SIG_IGN/DFL: leave them.
+        if threading.current_thread() is threading.main_thread() and callable(previous):
+            self._watch = _Watch(sys.stdout, previous)
 
     def post_run_cell(self, result=None) -> None:
         watch, self._watch = self._watch, None
@@ -53,13 +57,6 @@ class InterruptNotice:
 
 class _Watch:
     """One cell's watcher: the wakeup pipe, the SIGINT handler that counts, the thread."""
-
-    @classmethod
-    def start(cls, stream) -> _Watch | None:
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is not threading.main_thread() or not callable(previous):
-            return None  # signals go to the main thread only; SIG_IGN/DFL: leave them
-        return cls(stream, previous)
 
     def __init__(self, stream, previous_handler):
         self.stream = stream

@@ -1,7 +1,5 @@
-"""The magics. Each parses its arguments, calls a public tpu_nb function, shows the result.
-
-User mistakes raise UsageError (one line, no traceback); `-h/--help` prints the help.
-"""
+"""The magics. Each parses its arguments (_args.py), calls a public tpu_nb function, shows
+the result."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from tpu_nb.ipython._args import evaluate_tensors, parse, seconds, user_mistake, whole
-from tpu_nb.ipython._cell import CellCode, show_last_change
+from tpu_nb.ipython._cell import CellCode, last_change
 from tpu_nb.ipython._on_tpu import launch_cell, run_tracked, start_dashboard
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
@@ -35,6 +33,11 @@ if TYPE_CHECKING:
 flag = functools.partial(argument, action="store_true")  # an option that takes no value
 
 
+def options(magic):
+    """A magic's argument parser (the options decorated below this), with -h/--help first."""
+    return magic_arguments()(flag("-h", "--help", help="show this help and exit")(magic))
+
+
 @magics_class
 class TpuMagics(Magics):
     shell: InteractiveShell  # Magics types it Optional; the extension always passes one
@@ -43,10 +46,7 @@ class TpuMagics(Magics):
         super().__init__(shell)
         self.state = state
 
-    # -- %tpu_setup -------------------------------------------------------------------------
-
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "--device",
         default="auto",
@@ -117,10 +117,7 @@ class TpuMagics(Magics):
             )
         display(env)
 
-    # -- %%on_tpu ---------------------------------------------------------------------------
-
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @flag("-o", dest="output", help="return the RunReport (like %%timeit -o)")
     @flag(
         "--sync",
@@ -203,10 +200,7 @@ class TpuMagics(Magics):
             return launch_cell(self.shell, self.state, code, plan, args)
         return run_tracked(self.shell, self.state, code, plan, args)
 
-    # -- %tpu_dashboard ----------------------------------------------------------------------
-
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "--refresh",
         type=seconds("--refresh", 0.1, 3600, 0.5),
@@ -248,10 +242,7 @@ class TpuMagics(Magics):
         )
         dash.stop_at_cell_end()
 
-    # -- %tpu_time --------------------------------------------------------------------------
-
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "-n",
         dest="number",
@@ -296,10 +287,7 @@ class TpuMagics(Magics):
             return timing
         display(timing)
 
-    # -- %xla_metrics -----------------------------------------------------------------------
-
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @flag("--since-cell", help="what the previous cell did")
     @flag("--all", help="every counter and metric of the runtime")
     @flag("--reset", help="clear the runtime's counters and metrics")
@@ -343,10 +331,7 @@ class TpuMagics(Magics):
         delta = now.since(MetricsSnapshot({}, {}, now.taken_at, now.generation))
         display(MetricsView("XLA work since the kernel started (or the last --reset)", delta=delta))
 
-    # -- %xla_graph -------------------------------------------------------------------------
-
-    @magic_arguments()
-    @flag("-h", "--help", help="show this help and exit")
+    @options
     @argument(
         "--by",
         choices=("auto", "module", "line", "scope"),
@@ -382,17 +367,27 @@ class TpuMagics(Magics):
         from tpu_nb.display.graph_view import GraphView
         from tpu_nb.runtime.graph import NODE_BUDGET, pending_graph
 
+        diff = None
         if args.diff:
-            return show_last_change(args, self.state.namer)
-        source = " ".join(args.expression).strip()
-        found = pending_graph(evaluate_tensors(self.shell, source)) if source else pending_graph()
-        if found is None:
-            print(
-                "nothing pending: no XLA tensor here has work waiting (it ran at a sync or "
-                "a value read)"
+            found, diff, where = last_change()
+        else:
+            source = " ".join(args.expression).strip()
+            found = (
+                pending_graph(evaluate_tensors(self.shell, source)) if source else pending_graph()
             )
+            if found is None:
+                print(
+                    "nothing pending: no XLA tensor here has work waiting (it ran at a sync or "
+                    "a value read)"
+                )
+        if found is None:
             return
         if args.output:
-            return found
+            return diff if args.diff else found
+        if args.diff:
+            print(f"the last two graphs of {where}")
         budget, names = args.budget or NODE_BUDGET, self.state.namer
-        display(GraphView(found, by=args.by, budget=budget, expand=args.expand, source_names=names))
+        view = GraphView(
+            found, by=args.by, budget=budget, expand=args.expand, diff=diff, source_names=names
+        )
+        display(view)

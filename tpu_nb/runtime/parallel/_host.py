@@ -19,15 +19,18 @@ import sys
 import tempfile
 import threading
 import time
-from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
 from tpu_nb.runtime.frame import StackWalkError, walk_stack
-from tpu_nb.runtime.parallel._results import user_traceback
+from tpu_nb.runtime.parallel._results import SyncTimes, user_traceback
 
 RUN_PREFIX = "tpu_nb-host-"
+SAME_INSTALL = (
+    "install the same tpu_nb, torch and torch_xla on every host of the slice "
+    '(pip install "tpu_nb[pod]")'
+)
 
 
 class _Capture:
@@ -63,7 +66,7 @@ class HostWorker:
         self.thread: threading.Thread | None = None
         self.capture = _Capture()
         self.result: dict | None = None
-        self.syncs = 0
+        self.sync_times: SyncTimes | None = None
         self.filename = ""
         # Its own reader of the compile log (the tracked run has another): what compiled
         # while the work runs, for the launch to compare hosts before the run ends.
@@ -71,9 +74,7 @@ class HostWorker:
         self.live_offset = 0
 
     def prepare(self, host: int, hosts: int, device: str) -> dict:
-        """Set up this host's process for the work: run directory, XLA device, compile-cause
-        analysis; torch_xla imported and its device started. Returns where it runs, or
-        `error` (with `fix`) when the host cannot start: the launch says so and stops."""
+        """{} when ready; `error` and `fix` when the host cannot start (the launch stops)."""
         private_files.sweep_dead_runs(RUN_PREFIX)
         self.host, self.hosts = host, hosts
         self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
@@ -82,16 +83,16 @@ class HostWorker:
         os.environ["TPU_NB_HOST_INDEX"], os.environ["TPU_NB_HOST_COUNT"] = str(host), str(hosts)
         from tpu_nb.runtime.environment import setup
 
-        info: dict = {"pid": os.getpid(), "device": "unknown"}
+        chosen = "unknown"
         try:
             env = setup(device, debug_file=os.path.join(self.rundir, "compile-analysis.log"))
-            info["device"] = env.pjrt_device or ""
+            chosen = env.pjrt_device or ""
             # Starting the device here, not in the work's thread: a device that cannot start
             # (no libtpu, a broken install) is one clear error before any host runs the work.
             backend().devices.device()
         except Exception as exc:
-            info.update(_start_failure(exc, device, info["device"]))
-        return info
+            return _start_failure(exc, device, chosen)
+        return {}
 
     def start(self, work, started_at: float) -> None:
         """Run `work` (fn, args, source, filename) in a thread; poll() reports on it."""
@@ -108,12 +109,11 @@ class HostWorker:
         self.thread.start()
 
     def poll(self) -> dict:
-        """What the work printed since the last poll, its progress, and its result once done
-        (then the run directory is gone)."""
+        """Once the work is done, its run directory is removed."""
         done = self.thread is not None and not self.thread.is_alive()
         report = {
             "output": self.capture.take(),
-            "syncs": self.syncs,
+            "syncs": len(self.sync_times.times) if self.sync_times is not None else 0,
             "line": self._current_line(),
             "graphs": self._new_graphs(),
             "result": self.result if done else None,
@@ -185,17 +185,7 @@ class HostWorker:
         from tpu_nb.runtime.parallel._cell import CellFunction
         from tpu_nb.runtime.tracking import track
 
-        runtime = backend()
-        syncs: list[float] = []
-        counting = [True]  # the work's own syncs, not tracking's final one
-
-        def on_sync():
-            if counting[0]:
-                syncs.append(time.perf_counter())
-                self.syncs = len(syncs)
-                runtime.syncs.after_next(on_sync)
-
-        runtime.syncs.after_next(on_sync)
+        self.sync_times = syncs = SyncTimes(backend())
         cell = isinstance(fn, CellFunction)
         codes = fn.compiled() if cell else (fn.__code__,)
         if not cell and source:  # tracebacks show the function's lines on this host too
@@ -208,15 +198,15 @@ class HostWorker:
                     value = fn.run(codes, self.host, host=self.host, hosts=self.hosts)
                 else:
                     value = fn(self.host, *args)
-                counting[0] = False
+                syncs.counting = False
             result["value"] = _sendable(value, result)
         except BaseException as exc:  # the host's own error: reported, the launch stops all
-            counting[0] = False
+            syncs.counting = False
             result["error"] = f"{type(exc).__name__}: {exc}"
             result["traceback"] = user_traceback(exc, __file__)
         result["wall_seconds"] = time.perf_counter() - start
-        result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
-        result["syncs"] = len(syncs)
+        result["step_seconds"] = syncs.steps(start)
+        result["syncs"] = len(syncs.times)
         if report is not None and report.complete:
             _report_facts(report, filename, result)
 
@@ -226,16 +216,12 @@ def _start_failure(exc: BaseException, asked: str, chosen: str) -> dict:
     said = str(exc).strip().splitlines()
     error = f"{type(exc).__name__}: {said[0] if said else ''}".rstrip(": ")
     why = f"device {asked!r}" + (f" chose {chosen}" if chosen and asked == "auto" else "")
+    fix = SAME_INSTALL
     if chosen == "TPU":
         fix = (
             "install the TPU runtime on every host (pip install 'torch_xla[tpu]'), or run "
             "the hosts on their CPUs: PJRT_DEVICE=CPU in their environment, or "
             "%tpu_setup --device cpu (tpu_nb.setup('cpu')) before the launch"
-        )
-    else:
-        fix = (
-            "install the same tpu_nb, torch and torch_xla on every host of the slice "
-            '(pip install "tpu_nb[pod]")'
         )
     return {"error": f"{error} ({why})", "fix": fix}
 
@@ -270,6 +256,6 @@ def _report_facts(report, filename: str, result: dict) -> None:
         return frame.line if frame is not None and frame.file == filename else 0
 
     result["graphs"] = tuple(
-        GraphRecord(line_of(e), e.graph_hash, e.cause, e.inputs, e.outputs, store.captured_graph(e))
+        GraphRecord(line_of(e), e.graph_hash, e.inputs, e.outputs, store.captured_graph(e))
         for e in report.compile_events
     )

@@ -8,14 +8,9 @@ running on the slice's hosts (`ray.init(address=...)`). It reserves the slice th
 group with one bundle per host, the first on the `TPU-<pod type>-head` resource), starts one
 actor per host (`_host.HostWorker`, a new process serving only this launch), sends the work
 once through Ray's object store (the cell and the variables it uses, as the replicas' worker
-path does) and polls every host a few times a second from the calling thread: what each host
-printed comes back prefixed `[host k]`, a host that raises stops the others (HostError, with
-its traceback), an interrupt stops every host, and in every case the actors are killed and the
-placement group removed; each host removes its own run directory. Every wait has a timeout.
-
-The result lines the hosts up (PodResult) and says what tpu_nb judges from all of them
-together (see _pod.py): a host that compiled a different graph at a line than the others,
-a host that synced a different number of times, the straggler.
+path does) and polls every host a few times a second from the calling thread. However the
+launch ends, the actors are killed and the placement group removed; each host removes its own
+run directory. What tpu_nb judges from all the hosts together is in _pod.py.
 
 Ray is imported only here, only when a launch asks for hosts: `import tpu_nb` never imports it.
 """
@@ -49,7 +44,7 @@ from tpu_nb.runtime.parallel._pod import (
     host_list,
     sync_divergences,
 )
-from tpu_nb.runtime.parallel._results import not_sent_back, record_of
+from tpu_nb.runtime.parallel._results import Lines, not_sent_back, record_of
 
 NO_RAY = (
     "launching on a slice's hosts needs Ray, which is not installed here. "
@@ -160,8 +155,7 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
     if not ready:
         release()
         raise EnvironmentProblem(_not_reserved(description, timeout, None))
-    placed = _placements(ray, group, nodes)
-    chosen = placed if wanted is None else placed[:wanted]
+    chosen = _placements(ray, group, nodes)[:wanted]
     addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in nodes}
     return _Slice(description, len(nodes), chosen, chips, group, release, addresses)
 
@@ -196,7 +190,6 @@ class _Hosts:
         self.ray, self.slice, self.stream = ray, reserved, stream
         self.stall_seconds = stall_seconds
         self.actors: list = []
-        self.partial: dict[int, str] = {}
         self.results: dict[int, dict] = {}
         self.progress: dict[int, tuple[int, float]] = {}  # host -> (syncs, when it changed)
         self.stalled: set[int] = set()
@@ -209,26 +202,23 @@ class _Hosts:
     def start_actors(self, timeout: float, device: str) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from tpu_nb.runtime.parallel._host import HostWorker
+        from tpu_nb.runtime.parallel._host import SAME_INSTALL, HostWorker
 
         remote = self.ray.remote(HostWorker)
         n = len(self.slice.placements)
-        for _host, bundle, _node in self.slice.placements:
+        refs = []
+        for host, bundle, _node in self.slice.placements:
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=self.slice.group, placement_group_bundle_index=bundle
             )
-            self.actors.append(
-                remote.options(
-                    num_cpus=0,
-                    resources={"TPU": self.slice.chips},
-                    scheduling_strategy=strategy,
-                    max_restarts=0,
-                ).remote()
-            )
-        refs = [
-            a.prepare.remote(h, n, device)
-            for (h, _, _), a in zip(self.slice.placements, self.actors, strict=True)
-        ]
+            actor = remote.options(
+                num_cpus=0,
+                resources={"TPU": self.slice.chips},
+                scheduling_strategy=strategy,
+                max_restarts=0,
+            ).remote()
+            self.actors.append(actor)
+            refs.append(actor.prepare.remote(host, n, device))
         ready, _ = self.ray.wait(refs, num_returns=n, timeout=timeout)
         for host, ref in enumerate(refs):
             if ref not in ready:
@@ -240,11 +230,7 @@ class _Hosts:
             try:
                 info = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:
-                info = {
-                    "error": _last_line(exc),
-                    "fix": "install the same tpu_nb, torch and torch_xla on every host of "
-                    'the slice (pip install "tpu_nb[pod]")',
-                }
+                info = {"error": _last_line(exc), "fix": SAME_INSTALL}
             if "error" in info:
                 raise HostError(
                     host, n, f"could not start: {info['error']}. Fix: {info['fix']}", ""
@@ -265,6 +251,7 @@ class _Hosts:
                     "module on every host"
                 ) from None
         running = dict(enumerate(self.actors))
+        output = {h: Lines(self.stream, f"[host {h}] ") for h in running}
         now = time.monotonic()
         self.progress = {h: (0, now) for h in running}
         while running:
@@ -280,14 +267,14 @@ class _Hosts:
                 except ray.exceptions.RayActorError as exc:
                     self.lost.add(host)
                     raise HostLost(host, "died", str(exc)) from None
-                self._show(host, report["output"])
+                output[host].add(report["output"])
                 self._watch(host, report)
                 at[host] = report["line"]
                 self.live_graphs.setdefault(host, []).extend(
                     GraphRecord(line, graph_hash) for line, graph_hash in report["graphs"]
                 )
                 if report["result"] is not None:
-                    self._flush(host)
+                    output[host].end()
                     result = report["result"]
                     if result.get("error"):
                         raise HostError(
@@ -319,19 +306,6 @@ class _Hosts:
                     "forever (what differs: in the view when the cell ends)"
                 )
 
-    def _show(self, host: int, text: str) -> None:
-        if not text:
-            return
-        text = self.partial.get(host, "") + text
-        *lines, self.partial[host] = text.split("\n")
-        for line in lines:
-            self.stream(f"[host {host}] {line}")
-
-    def _flush(self, host: int) -> None:
-        rest = self.partial.pop(host, "")
-        if rest:
-            self.stream(f"[host {host}] {rest}")
-
     def _watch(self, host: int, report: dict) -> None:
         """Say once, while it runs, that a host stopped syncing while others went on."""
         now = time.monotonic()
@@ -346,12 +320,11 @@ class _Hosts:
         if waited >= self.stall_seconds and moved:
             self.stalled.add(host)
             at = f" (it is at line {report['line']})" if report["line"] else ""
-            note = (
+            self._say(
                 f"host {host} has not synced for {waited:.0f} s{at} while "
                 f"{host_list(moved)} went on syncing: in a slice, their next collective "
                 f"waits for host {host}"
             )
-            self._say(note)
 
     def _watch_all(self, running: dict, lines: dict[int, int]) -> None:
         """Say once when every running host has stopped syncing (after syncing at least
@@ -370,7 +343,6 @@ class _Hosts:
             self._say(f"no host has synced for {waited:.0f} s ({where})")
 
     def _say(self, note: str) -> None:
-        """A note of the launch: shown now, and kept for its result."""
         self.notes.append(note)
         self.stream(f"[tpu_nb] {note}")
 
@@ -410,7 +382,6 @@ class _Hosts:
 
 
 def _last_line(exc: BaseException) -> str:
-    """The last line of what Ray said, else the error's type."""
     said = str(exc).strip().splitlines()
     return said[-1] if said else type(exc).__name__
 

@@ -24,7 +24,7 @@ MIN_STEPS = 3
 class HostError(ReplicaError):
     """A host raised; `traceback` is its traceback (the cell's lines), `host` which host."""
 
-    _unit = "host"
+    unit = "host"
 
     def __init__(self, host: int, hosts: int, summary: str, trace: str):
         self.host, self.hosts = host, hosts
@@ -48,12 +48,11 @@ class HostLost(ReplicaCrash):
 @dataclass(frozen=True)
 class GraphRecord:
     """One graph a host compiled: the cell line that compiled it (0: not a line of the
-    cell), torch_xla's hash, the compile log's cause and input/output counts, and the pending
-    graph tpu_nb captured just before it (a runtime Graph) when it did."""
+    cell), torch_xla's hash, the compile log's input/output counts, and the pending graph
+    tpu_nb captured just before it (a runtime Graph) when it did."""
 
     line: int
     graph_hash: str
-    cause: str = ""
     inputs: int | None = None
     outputs: int | None = None
     graph: Any = field(default=None, compare=False, repr=False)

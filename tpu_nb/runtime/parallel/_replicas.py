@@ -1,14 +1,11 @@
 """`launch()`: run a function on every XLA device from a notebook, where xmp.spawn fails.
 
-Two modes:
-  replicas  one replica per device with torch_xla's launcher (on TPU a process per chip; on
-            XLA:CPU one process with a thread per device). The launcher runs in its own process
-            group: forked from this process when it has not touched the XLA runtime yet (so
-            notebook-defined functions and variables just work), or a fresh worker process that
-            receives the function and its arguments by value (cloudpickle) when it has — never
-            "Runtime is already initialized". Each replica's prints come back prefixed with its
-            ordinal; a failing replica ends the whole group and its traceback is shown.
-  spmd      one process, all devices: the function gets a 1-D data mesh and `shard_batch`.
+In replicas mode, one replica per device runs under torch_xla's launcher (on TPU a process per
+chip; on XLA:CPU one process with a thread per device). The launcher runs in its own process
+group: forked from this process when it has not touched the XLA runtime yet (so
+notebook-defined functions and variables just work), or a fresh worker process that receives
+the function and its arguments by value (cloudpickle) when it has — never "Runtime is already
+initialized". SPMD mode runs in this process (_spmd.py).
 
 On XLA:CPU with several devices, collectives between replicas hang in torch_xla 2.9
 (pytorch/xla #5005, #9089): in that case every collective raises CollectiveRefused at once.
@@ -33,7 +30,6 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import suppress
-from itertools import pairwise
 from typing import cast
 
 from tpu_nb.runtime.backend import current as backend
@@ -52,17 +48,16 @@ from tpu_nb.runtime.errors import (
 from tpu_nb.runtime.parallel._results import (
     CollectiveRefused,
     LaunchResult,
+    Lines,
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
+    SyncTimes,
     not_sent_back,
     record_of,
     user_traceback,
 )
 from tpu_nb.runtime.parallel._spmd import run_spmd
-
-MODES = ("replicas", "spmd")
-
 
 # -- inside the launcher process --------------------------------------------------------------
 
@@ -161,16 +156,10 @@ def _replica(index: int, rundir: str) -> None:
     ordinal = runtime.launch.ordinal()
     with open(announce, "a") as f:
         f.write(f"{ordinal}\n")
-    syncs: list[float] = []
-
-    def on_sync():
-        syncs.append(time.perf_counter())
-        runtime.syncs.after_next(on_sync)
-
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
         for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
             cast(_ReplicaStreams, stream).local.file = out
-        runtime.syncs.after_next(on_sync)
+        syncs = SyncTimes(runtime)
         before, start = _snapshot(), time.perf_counter()
         result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
         fn, args = _work[rundir]
@@ -184,7 +173,7 @@ def _replica(index: int, rundir: str) -> None:
             result["traceback"] = user_traceback(exc, __file__)
         result["wall_seconds"] = time.perf_counter() - start
         result["metrics"] = _snapshot().since(before)
-        result["step_seconds"] = tuple(b - a for a, b in pairwise([start, *syncs]))
+        result["step_seconds"] = syncs.steps(start)
         _write_result(rundir, ordinal, result)
     if "error" in result:
         os.killpg(os.getpgrp(), signal.SIGTERM)  # stop the other replicas and the launcher
@@ -285,7 +274,6 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
 
 
 def worker_main(rundir: str) -> None:
-    """Entry of a fresh worker process (`python -m tpu_nb.runtime.parallel RUNDIR`)."""
     import cloudpickle
 
     payload = os.path.join(rundir, "payload.pkl")
@@ -356,7 +344,8 @@ class _Run:
         # this process dies without removing it.
         self.rundir = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-")
         _active_runs[self.rundir] = os.getpid()
-        self.n, self.stream = n, stream
+        self.n = n
+        self.lines = [Lines(stream, f"[{i}] ") for i in range(n)]
         env = {"PJRT_DEVICE": device_type}
         level = backend().process.settings().get("PT_XLA_DEBUG_LEVEL")
         if level:  # the replicas' compile log, not ours
@@ -365,16 +354,11 @@ class _Run:
         if device_type == "CPU":
             env["CPU_NUM_DEVICES"] = str(n)
         refuse = device_type == "CPU" and n > 1
-        self.proc: _ForkedProcess | subprocess.Popen
         self.offsets = [0] * n
-        self.partial = [""] * n
+        self.path = "worker" if runtime_initialized() else "fork"
+        start = _spawn_worker if self.path == "worker" else _fork
         try:
-            if not runtime_initialized():
-                self.path = "fork"
-                self.proc = _fork(self.rundir, fn, args, env, refuse)
-            else:
-                self.path = "worker"
-                self.proc = _spawn_worker(self.rundir, fn, args, env, refuse)
+            self.proc: _ForkedProcess | subprocess.Popen = start(self.rundir, fn, args, env, refuse)
         except BaseException:
             self.remove()
             raise
@@ -396,10 +380,7 @@ class _Run:
                     self.offsets[i] = f.tell()
             except FileNotFoundError:
                 continue
-            text = self.partial[i] + text
-            *lines, self.partial[i] = text.split("\n")
-            for line in lines:
-                self.stream(f"[{i}] {line}")
+            self.lines[i].add(text)
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -413,9 +394,8 @@ class _Run:
                 )
             time.sleep(0.02)
         self.pump()
-        for i, rest in enumerate(self.partial):
-            if rest:
-                self.stream(f"[{i}] {rest}")
+        for lines in self.lines:
+            lines.end()
         return status
 
     def kill(self) -> None:
@@ -537,9 +517,7 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
     fd = os.open(os.path.join(rundir, "payload.pkl"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with open(fd, "wb") as f:
         f.write(payload)
-    package_parent = os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    )
+    package_parent = os.path.abspath(os.path.join(__file__, "../../../.."))  # holds tpu_nb/
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
     child_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_parent, os.getcwd(), os.environ.get("PYTHONPATH")) if p
@@ -554,7 +532,7 @@ def _spawn_worker(rundir, fn, args, env, refuse) -> subprocess.Popen:
         )
 
 
-def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
+def _collect(run: _Run, status: int, start: float) -> LaunchResult:
     __tracebackhide__ = True  # noqa: F841  (IPython: the error is the replica's, not ours)
     raw = run.results()
     failed = [r for r in raw if r is not None and r.get("error")]
@@ -585,7 +563,7 @@ def _collect(run: _Run, status: int, start: float, mode: str) -> LaunchResult:
         for r in raw
         if r.get("value_error")
     )
-    return LaunchResult(mode, run.path, run.n, replicas, time.perf_counter() - start, notes)
+    return LaunchResult("replicas", run.path, run.n, replicas, time.perf_counter() - start, notes)
 
 
 _FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
@@ -689,7 +667,7 @@ def launch(
     Processes the replicas started are stopped when the launch ends, whatever its outcome.
     """
     __tracebackhide__ = True  # noqa: F841
-    if mode not in MODES:
+    if mode not in ("replicas", "spmd"):
         raise TpuNbUsageError(f"unknown mode {mode!r}. Fix: mode='replicas' or mode='spmd'.")
     if not callable(fn):
         raise TpuNbUsageError(
@@ -733,6 +711,6 @@ def launch(
             run.kill()
             raise
         run.end_group()  # what the replicas started and left running
-        return _collect(run, status, start, "replicas")
+        return _collect(run, status, start)
     finally:
         run.remove()

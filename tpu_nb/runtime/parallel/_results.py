@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from itertools import pairwise
 from typing import Any
 
 from tpu_nb.runtime.errors import TpuNbError
@@ -38,12 +41,12 @@ class ReplicaCrash(TpuNbError):
 class ReplicaError(TpuNbError):
     """A replica raised; `traceback` is its traceback, `ordinal` which replica it was."""
 
-    _unit = "replica"  # what ran it: a host, for HostError
+    unit = "replica"  # what ran it: a host, for HostError
 
     def __init__(self, ordinal: int, world: int, summary: str, trace: str):
         self.ordinal, self.world, self.traceback = ordinal, world, trace
         super().__init__(
-            f"{self._unit} {ordinal} of {world} failed: {summary} (the other {self._unit}s were "
+            f"{self.unit} {ordinal} of {world} failed: {summary} (the other {self.unit}s were "
             "stopped)"
         )
 
@@ -108,7 +111,9 @@ class LaunchResult:
 
     def summary(self) -> str:
         m = self.merged()
-        steps = [f"[{r.ordinal}] {_median(r.step_seconds)}" for r in self.replicas]
+        steps = [
+            f"[{r.ordinal}] {format_seconds(quantile(r.step_seconds, 0.5))}" for r in self.replicas
+        ]
         return (
             f"{self.mode} on {self.devices} device{'s' if self.devices != 1 else ''} "
             f"({self.path}): {format_seconds(self.wall_seconds)}, {m.compiles} compiled, "
@@ -120,15 +125,46 @@ class LaunchResult:
 
 
 def not_sent_back(who: str, error: str) -> str:
-    """The launch's note on a return value that could not travel back."""
     return (
         f"{who}'s return value could not be sent back ({error}), so its value is None. Fix: "
         "return plain data (numbers, lists, tensors moved with .cpu())."
     )
 
 
-def _median(steps) -> str:
-    return format_seconds(quantile(steps, 0.5)) if steps else "-"
+class Lines:
+    """Output arriving in pieces, passed on line by line with a prefix ("[2] ", "[host 1] ")."""
+
+    def __init__(self, stream: Callable[[str], None], prefix: str):
+        self.stream, self.prefix, self.rest = stream, prefix, ""
+
+    def add(self, text: str) -> None:
+        *lines, self.rest = (self.rest + text).split("\n")
+        for line in lines:
+            self.stream(self.prefix + line)
+
+    def end(self) -> None:
+        """Pass on the last line, unfinished."""
+        if self.rest:
+            self.stream(self.prefix + self.rest)
+        self.rest = ""
+
+
+class SyncTimes:
+    """When the work synced: a callback after the runtime's next sync, set again at each one,
+    until `counting` is False (a tracked run's own final sync is not the work's)."""
+
+    def __init__(self, runtime):
+        self.runtime, self.times, self.counting = runtime, [], True
+        runtime.syncs.after_next(self._on_sync)
+
+    def _on_sync(self) -> None:
+        if self.counting:
+            self.times.append(time.perf_counter())
+            self.runtime.syncs.after_next(self._on_sync)
+
+    def steps(self, start: float) -> tuple[float, ...]:
+        """The time between syncs, the first from `start`."""
+        return tuple(b - a for a, b in pairwise([start, *self.times]))
 
 
 def quantile(values, q: float) -> float | None:
@@ -139,7 +175,6 @@ def quantile(values, q: float) -> float | None:
 
 
 def record_of(cls, data: dict):
-    """An instance of dataclass `cls` from the entries of `data` named after its fields."""
     return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 

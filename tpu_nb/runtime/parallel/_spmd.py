@@ -50,12 +50,14 @@ def _on_cpu() -> bool:
     return os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU"
 
 
-def _expected_devices() -> int | None:
+def _expected_devices(wanted: int | None) -> int | None:
     """The device count the runtime will start with, when it can be known without starting
-    it (XLA:CPU: CPU_NUM_DEVICES); None otherwise."""
+    it (XLA:CPU: `wanted`, which spmd_context sets up, else CPU_NUM_DEVICES); None otherwise."""
     if runtime_initialized():
         return backend().devices.global_count()
     if _on_cpu():
+        if wanted is not None:
+            return wanted
         try:
             return int(os.environ.get("CPU_NUM_DEVICES") or 1)
         except ValueError:
@@ -63,19 +65,19 @@ def _expected_devices() -> int | None:
     return None
 
 
-def _started_with(wanted: int, count: int) -> RuntimeStateError:
-    return RuntimeStateError(
-        f"SPMD over {wanted} devices, but the runtime started with {count}. Fix: restart the "
-        f"kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', num_devices="
-        f"{wanted})) before the first XLA computation."
-    )
-
-
-def _mesh_needs(shape: tuple[int, int], count: int) -> TpuNbUsageError:
-    return TpuNbUsageError(
-        f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
-        f"this runtime has {count}. Fix: --spmd {count}."
-    )
+def _check_count(wanted: int | None, shape: tuple[int, int] | None, count: int) -> None:
+    """Refuse `count` devices when the request or the mesh wants another number."""
+    if wanted is not None and wanted != count:
+        raise RuntimeStateError(
+            f"SPMD over {wanted} devices, but the runtime started with {count}. Fix: restart "
+            f"the kernel and run %tpu_setup --devices {wanted} (tpu_nb.setup('cpu', "
+            f"num_devices={wanted})) before the first XLA computation."
+        )
+    if shape and shape[0] * shape[1] != count:
+        raise TpuNbUsageError(
+            f"a {shape[0]}x{shape[1]} mesh needs {shape[0] * shape[1]} devices; "
+            f"this runtime has {count}. Fix: --spmd {count}."
+        )
 
 
 def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | None:
@@ -110,14 +112,11 @@ def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | Non
             "--spmd, or launch(..., mode='spmd')) before any other XLA work, right after "
             "%tpu_setup."
         )
-    will_have = _expected_devices()
-    if _on_cpu() and wanted is not None and not runtime_initialized():
-        will_have = wanted
-    if wanted is not None and will_have is not None and wanted != will_have:
-        raise _started_with(wanted, will_have)
-    count = wanted or will_have
-    if shape and count is not None and shape[0] * shape[1] != count:
-        raise _mesh_needs(shape, count)
+    count = _expected_devices(wanted)
+    if count is None:
+        count = wanted
+    if count is not None:
+        _check_count(wanted, shape, count)
     return wanted
 
 
@@ -131,12 +130,9 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
     runtime = backend()
     runtime.launch.use_spmd()
     n = runtime.devices.global_count()
-    if wanted is not None and wanted != n:  # only where the count was not knowable before
-        raise _started_with(wanted, n)
-    shape = parse_mesh(mesh) or (n, 1)
-    if shape[0] * shape[1] != n:
-        raise _mesh_needs(shape, n)
-    return Spmd(runtime.launch.mesh(n, shape, ("data", "model")), n)
+    shape = parse_mesh(mesh)
+    _check_count(wanted, shape, n)  # fails only where the count was not knowable before
+    return Spmd(runtime.launch.mesh(n, shape or (n, 1), ("data", "model")), n)
 
 
 def run_spmd(fn: Callable, args: tuple, devices: int | str = "all", mesh: str | None = None):
