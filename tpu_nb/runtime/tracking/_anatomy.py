@@ -37,7 +37,6 @@ input-bound verdicts name the lines that took the time.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -50,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpu_nb.runtime.backend import Backend
 from tpu_nb.runtime.backend import current as current_backend
+from tpu_nb.runtime.graph import gc_paused
 from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.tracking._cost import Busy, judged_chip, union
 from tpu_nb.runtime.tracking._libraries import sync_role
@@ -639,13 +639,8 @@ def build(collector: Collector, end: float | None, last: int | None = None) -> A
 
     Without the garbage collector: building allocates many small objects, and in a process
     holding a model, a collection they trigger walks the whole heap (0.3 s measured)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _build(collector, end, last)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy:
