@@ -125,6 +125,20 @@ def test_a_step_that_does_not_fit_says_how_much_and_what_is_biggest():
     assert MemoryFit(CHIPS["v6e"], 21.9e9, resident, 5.9e9).fits
 
 
+def test_a_step_whose_temporaries_are_unknown_is_not_said_to_fit():
+    resident = Residency(params=80_000)
+    unknown = MemoryFit(CHIPS["v5e"], 80_000.0, resident, None)
+    assert unknown.fits is None
+    text = unknown.describe()
+    assert text.startswith("needs at least 80 KB, a v5e has 16 GB (resident 80 KB")
+    assert "temporaries not known: tpu_nb did not see it compile" in text
+    assert "fits:" not in text and "temporaries 0 B" not in text
+    assert MemoryFit(CHIPS["v5e"], 80_000.0, resident, 0.0).describe().startswith("fits: ")
+    too_big = MemoryFit(CHIPS["v5e"], 21.9e9, resident, None)
+    assert too_big.fits is False
+    assert too_big.describe().startswith("does not fit: needs at least 21.9 GB")
+
+
 COMPILE_OOM = """\
 RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. \
 Used 21.95G of 15.48G hbm. Exceeded hbm capacity by 6.47G.
@@ -427,6 +441,41 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
     assert "at the user's line: True" in out
     assert "report: False True" in out
     assert "does not fit: needs " in out
+
+
+def test_a_graph_compiled_before_the_run_leaves_its_temporaries_unknown(py):
+    """The compile log gives a graph's temporaries when it compiles: a step whose graph
+    compiled outside the tracked run (a plain cell first) says what it does not know, where
+    the same step compiled inside a tracked run gets the figure."""
+    step = textwrap.dedent(
+        """
+        def steps():
+            for _ in range(3):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward(); opt.step(); opt.zero_grad()
+                torch_xla.sync()
+        """
+    )
+    head = textwrap.dedent(
+        """
+        import torch, torch_xla, tpu_nb
+        tpu_nb.setup()
+        dev = tpu_nb.device()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 10)).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(32, 64).to(dev), torch.randint(0, 10, (32,)).to(dev)
+        """
+    )
+    show = 'print("memory:", str(report).split("memory on a v5e: ")[1].splitlines()[0])\n'
+    tracked = py(head + step + 'with tpu_nb.track("t") as report:\n    steps()\n' + show).stdout
+    before = py(
+        head + step + 'steps()\nwith tpu_nb.track("t") as report:\n    steps()\n' + show
+    ).stdout
+    assert "memory: fits: needs " in tracked and "temporaries not known" not in tracked, tracked
+    assert "memory: needs at least " in before, before
+    assert "the graph's temporaries not known: tpu_nb did not see it compile" in before
+    assert "temporaries 0 B" not in before
 
 
 def test_the_card_and_the_cost_are_escaped_in_html(shell):

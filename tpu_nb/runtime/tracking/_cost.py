@@ -102,16 +102,25 @@ class GraphCost:
 @dataclass(frozen=True)
 class MemoryFit:
     """Whether a step fits the chip's HBM: resident tensors plus the graph's temporaries
-    and the outputs it does not write in place."""
+    and the outputs it does not write in place. `temporaries` None: not known (tpu_nb did
+    not see the graph compile, so the compile log gave no sizes): `needed` is then a lower
+    bound, and a step that fits it is not said to fit."""
 
     chip: Chip
     needed: float
     resident: Residency | None
-    temporaries: float
+    temporaries: float | None
+    unknown: str = (
+        "tpu_nb did not see it compile (it compiled outside a tracked run, or without the "
+        "compile log that setup() or %tpu_setup switches on)"
+    )
 
     @property
-    def fits(self) -> bool:
-        return self.needed <= self.chip.per_device().hbm_bytes
+    def fits(self) -> bool | None:
+        """True or False; None where only the lower bound fits."""
+        if self.needed > self.chip.per_device().hbm_bytes:
+            return False
+        return None if self.temporaries is None else True
 
     def describe(self) -> str:
         device = " device" if self.chip.devices > 1 else ""
@@ -123,8 +132,14 @@ class MemoryFit:
                 f"resident {format_bytes(r.total)} (parameters {format_bytes(r.params)}, "
                 f"gradients {format_bytes(r.grads)}, optimizer state {format_bytes(r.optimizer)})"
             )
-        parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
-        head = f"needs {format_bytes(self.needed)}, {have}"
+        if self.temporaries is None:
+            parts.append(f"the graph's temporaries not known: {self.unknown}")
+            head = f"needs at least {format_bytes(self.needed)}, {have}"
+        else:
+            parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
+            head = f"needs {format_bytes(self.needed)}, {have}"
+        if self.fits is None:
+            return f"{head} ({'; '.join(parts)})"
         if self.fits:
             return f"fits: {head} ({'; '.join(parts)})"
         largest = self.resident.largest if self.resident else ()
@@ -263,8 +278,8 @@ def note_compiled(own_hash: str, event) -> None:
 def _warn_if_it_cannot_fit(resident: Residency) -> None:
     """Said before the graph runs: what the tracked code holds already exceeds the chip."""
     chip, _ = judged_chip()
-    fit = MemoryFit(chip, float(resident.total), resident, 0.0)
-    if not fit.fits:
+    fit = MemoryFit(chip, float(resident.total), resident, None, "it has not compiled yet")
+    if fit.fits is False:
         warnings.warn(
             f"tpu_nb: this step {fit.describe()}. Fix: a smaller model or batch, bf16 "
             "weights, or sharding over more chips.",
@@ -395,7 +410,7 @@ def _fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
     # what the tracked code holds; when it holds no module or optimizer, the graph's inputs
     # (device data it reads: at least that much is resident)
     held = float(resident.total) if resident and resident.total else (worst.input_bytes or 0.0)
-    return MemoryFit(chip, held + extra, resident, worst.temp_bytes or 0.0)
+    return MemoryFit(chip, held + extra, resident, worst.temp_bytes)
 
 
 def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
