@@ -102,18 +102,16 @@ class GraphCost:
 @dataclass(frozen=True)
 class MemoryFit:
     """Whether a step fits the chip's HBM: resident tensors plus the graph's temporaries
-    and the outputs it does not write in place. `temporaries` None: not known (tpu_nb did
-    not see the graph compile, so the compile log gave no sizes): `needed` is then a lower
-    bound, and a step that fits it is not said to fit."""
+    and the outputs it does not write in place. `temporaries` None: not known (the compile
+    log gave no sizes for the graph: it compiled outside a tracked run, without the log, or
+    as a graph tpu_nb did not link to this one): `needed` is then a lower bound, and a step
+    that fits it is not said to fit."""
 
     chip: Chip
     needed: float
     resident: Residency | None
     temporaries: float | None
-    unknown: str = (
-        "tpu_nb did not see it compile (it compiled outside a tracked run, or without the "
-        "compile log that setup() or %tpu_setup switches on)"
-    )
+    unknown: str = "the compile log gave tpu_nb no sizes for this graph"
 
     @property
     def fits(self) -> bool | None:
