@@ -5,6 +5,8 @@ On the same graphs, in one run:
     on XLA:CPU, source locations on), and a synthetic 20,000-node training-step graph
     (`graph_fixtures.synthetic_ir`); `--deep` adds real 2- and 40-block transformer
     steps (about 1,000 and 21,000 nodes);
+  - first, the parse and summary of a synthetic 100,000-node graph, against its target of
+    5 CPU seconds (the notebook's page: `Graph.from_ir_text` then `render_html`);
   - ours, every node drawn (`render_svg` with no grouping): what dot does;
   - ours, the summary a notebook shows (`render_html`: groups above 500 nodes, panels);
   - `dot -Tsvg` on the DOT text of the same graph: torch_xla's `_get_xla_tensors_dot` for the
@@ -272,6 +274,23 @@ def measure(name: str, graph, dot_text: str, dot_timeout: float, have_dot: bool)
     print(f"  ours / dot           CPU time {full_s / dot_s:.3f}x, crossings {ratio}")
 
 
+def big_parse_and_summary(nodes: int = 100_000, target_s: float = 5.0) -> None:
+    from graph_fixtures import synthetic_ir
+
+    from tpu_nb.display.graph_view import render_html
+    from tpu_nb.runtime.graph import Graph
+
+    text = synthetic_ir(nodes)
+    start = time.process_time()
+    g = Graph.from_ir_text(text)
+    page = render_html(g)
+    took = time.process_time() - start
+    print(
+        f"\nsynthetic {len(g.nodes):,}-node graph, parse + summary: {took:.2f} s CPU "
+        f"(target {target_s:.0f} s: {took / target_s:.2f} of it), page {len(page.encode()):,} bytes"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dot-timeout", type=float, default=300.0)
@@ -295,6 +314,7 @@ def main() -> None:
         f"graph viewer vs Graphviz ({version}); dot timeout {args.dot_timeout:.0f} s; "
         "times are CPU seconds"
     )
+    big_parse_and_summary()
     cases = [
         ("2-layer MLP training step (SGD)", mlp_step),
         ("transformer-block training step (AdamW)", transformer_step),

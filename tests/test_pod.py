@@ -29,6 +29,9 @@ from tpu_nb.display.pod_view import PodView  # noqa: E402
 from tpu_nb.runtime.parallel import HostError, PodResult  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
+# A host that sleeps this long outlasts the test's timeout: a call that returns at all shows
+# that the host was stopped, on a machine of any speed.
+_OUTLASTS = 900
 
 # The hosts cannot import this test module, as they could not import a notebook: its
 # functions travel by value, as a notebook's do.
@@ -158,9 +161,10 @@ def test_cell_magic_sets_host_and_prints_prefixed(fake_slice, shell, capsys):
 )
 def test_a_value_the_hosts_cannot_receive_is_named_in_one_line(fake_slice, shell, made, kind):
     from IPython.core.error import UsageError
+    from ray.util.placement_group import placement_group_table
 
+    groups = set(placement_group_table())  # a host starts only in a group reserved for it
     shell.run_cell(f"import threading\nunsendable = {made}\nfine = [1, 2]")
-    started = time.monotonic()
     outcome = shell.run_cell("%%on_tpu --hosts 2\nprint(fine, unsendable)\n")
     error = outcome.error_in_exec
     assert isinstance(error, UsageError), error
@@ -168,7 +172,7 @@ def test_a_value_the_hosts_cannot_receive_is_named_in_one_line(fake_slice, shell
     assert "\n" not in message  # one line, not Ray's serializer dump
     assert message.startswith("`unsendable` (") and kind in message
     assert "cannot be sent to the hosts" in message and "Fix: create it inside the cell" in message
-    assert time.monotonic() - started < 10  # refused before any host started
+    assert set(placement_group_table()) == groups  # refused before any host started
     assert _run_dirs() == set()
 
 
@@ -204,7 +208,6 @@ def test_every_hostile_hosts_input_is_one_line_before_any_host_starts(fake_slice
 
     groups = set(placement_group_table())  # a host starts only in a group reserved for it
     for given, expected in _hostile(_steps):
-        started = time.monotonic()
         if callable(given):
             with pytest.raises(tpu_nb.TpuNbError) as caught:
                 given()
@@ -220,18 +223,15 @@ def test_every_hostile_hosts_input_is_one_line_before_any_host_starts(fake_slice
         message = str(error)
         assert expected in message and "Fix: " in message, (given, message)
         assert "\n" not in message, (given, message)  # one line, no serializer dump
-        assert time.monotonic() - started < 5, given  # refused, not tried
         assert set(placement_group_table()) == groups, given  # nothing reserved, no host
         assert _run_dirs() == set(), given
 
 
 def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, shell, capsys):
-    started = time.monotonic()
-    outcome = shell.run_cell(
+    outcome = shell.run_cell(  # returns only if host 0's sleep is cut short
         "%%on_tpu --hosts 2\nimport time\nif host == 1:\n"
-        "    raise ValueError(f'bad shard on host {host}')\ntime.sleep(120)\n"
+        f"    raise ValueError(f'bad shard on host {{host}}')\ntime.sleep({_OUTLASTS})\n"
     )
-    elapsed = time.monotonic() - started
     error = outcome.error_in_exec
     assert isinstance(error, HostError) and error.host == 1 and error.hosts == 2
     assert "host 1 of 2 failed: ValueError: bad shard on host 1" in str(error)
@@ -240,7 +240,6 @@ def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, s
     assert "line 4" in error.traceback and "raise ValueError(f'bad shard on host {host}')" in (
         error.traceback
     )
-    assert elapsed < 100  # host 0's sleep was cut short
     _assert_nothing_left([])
     assert _run_dirs() == set()
 
@@ -262,13 +261,11 @@ def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice):
         time.sleep(1)
         if host == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # as a native crash or the OOM killer
-        time.sleep(120)
+        time.sleep(_OUTLASTS)
 
     lines = []
-    started = time.monotonic()
-    with pytest.raises(HostLost) as caught:
+    with pytest.raises(HostLost) as caught:  # raised only if host 0's sleep is cut short
         tpu_nb.launch_hosts(dies, hosts=2, stream=lines.append)
-    assert time.monotonic() - started < 100
     assert caught.value.host == 1 and str(caught.value).startswith("host 1's process died")
     pids = [int(x.split()[-1]) for x in lines if " pid " in x]
     assert len(pids) == 2
@@ -295,12 +292,10 @@ def test_hosts_that_all_stop_syncing_are_said_and_an_interrupt_stops_every_host(
         torch.ones(2, device=torch_xla.device()).add_(1)
         torch_xla.sync()
         print("running", os.getpid(), flush=True)
-        time.sleep(120)  # as hosts stuck in one collective: no more syncs
+        time.sleep(_OUTLASTS)  # as hosts stuck in one collective: no more syncs
 
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # raised only if both hosts are stopped
         tpu_nb.launch_hosts(stuck, hosts=2, stream=stream, stall_seconds=1)
-    assert time.monotonic() - started < 100
     said = [x for x in lines if x.startswith("[tpu_nb] no host has synced")]
     assert len(said) == 1 and "host 0 at line" in said[0] and "host 1 at line" in said[0]
     assert len(pids) == 2

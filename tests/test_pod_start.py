@@ -49,7 +49,6 @@ def test_hosts_run_on_the_device_the_kernel_chose(tpu_vm_slice):
 
 
 def test_a_host_that_cannot_start_its_device_is_one_host_error(tpu_vm_slice, capsys):
-    started = time.monotonic()
     with pytest.raises(HostError) as caught:
         tpu_nb.launch_hosts(_device, hosts="all", device="auto", stream=print)
     message = str(caught.value)
@@ -59,7 +58,6 @@ def test_a_host_that_cannot_start_its_device_is_one_host_error(tpu_vm_slice, cap
     assert "PJRT_DEVICE=CPU" in message and "pip install 'torch_xla[tpu]'" in message
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err and "[host" not in out.out
-    assert time.monotonic() - started < 120
     # Everything released: the slice's bundles free again, no host folder left.
     time.sleep(1)
     assert _left_behind() == set()
