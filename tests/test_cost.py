@@ -139,6 +139,22 @@ def test_a_step_whose_temporaries_are_unknown_is_not_said_to_fit():
     assert too_big.describe().startswith("does not fit: needs at least 21.9 GB")
 
 
+def test_a_step_with_one_graph_of_unknown_size_is_not_said_to_fit():
+    from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit
+
+    resident = Residency(params=80_000)
+    sized = GraphCost(input_bytes=80_000, output_bytes=4, aliased_bytes=0, temp_bytes=1e6)
+    both = memory_fit([sized, GraphCost(resident=resident)], CHIPS["v5e"])
+    assert both is not None and both.fits is None
+    text = both.describe()
+    assert text.startswith("needs at least 1.08 MB, a v5e has 16 GB"), text
+    assert "the largest known graph's temporaries 1 MB" in text
+    assert "those of the step's 1 other graph not known" in text and "fits:" not in text
+    alone = memory_fit([sized, sized], CHIPS["v5e"])
+    assert alone is not None and alone.fits and alone.describe().startswith("fits: needs 1")
+    assert memory_fit([GraphCost(), GraphCost()], CHIPS["v5e"]) is None
+
+
 COMPILE_OOM = """\
 RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. \
 Used 21.95G of 15.48G hbm. Exceeded hbm capacity by 6.47G.

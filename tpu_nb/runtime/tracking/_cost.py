@@ -104,21 +104,24 @@ class MemoryFit:
     """Whether a step fits the chip's HBM: resident tensors plus the graph's temporaries
     and the outputs it does not write in place. `temporaries` None: not known (the compile
     log gave no sizes for the graph: it compiled outside a tracked run, without the log, or
-    as a graph tpu_nb did not link to this one): `needed` is then a lower bound, and a step
-    that fits it is not said to fit."""
+    as a graph tpu_nb did not link to this one). `unsized`: how many of the step's other
+    graphs have no sizes where one has (`temporaries` is then the largest known). With
+    anything not known, `needed` is a lower bound, and a step that fits it is not said to
+    fit."""
 
     chip: Chip
     needed: float
     resident: Residency | None
     temporaries: float | None
     unknown: str = "the compile log gave tpu_nb no sizes for this graph"
+    unsized: int = 0
 
     @property
     def fits(self) -> bool | None:
         """True or False; None where only the lower bound fits."""
         if self.needed > self.chip.per_device().hbm_bytes:
             return False
-        return None if self.temporaries is None else True
+        return None if self.temporaries is None or self.unsized else True
 
     def describe(self) -> str:
         device = " device" if self.chip.devices > 1 else ""
@@ -132,10 +135,17 @@ class MemoryFit:
             )
         if self.temporaries is None:
             parts.append(f"the graph's temporaries not known: {self.unknown}")
-            head = f"needs at least {format_bytes(self.needed)}, {have}"
+        elif self.unsized:
+            graphs = "graph" if self.unsized == 1 else "graphs"
+            parts.append(
+                f"the largest known graph's temporaries {format_bytes(self.temporaries)}; "
+                f"those of the step's {self.unsized} other {graphs} not known: the compile "
+                "log gave tpu_nb no sizes for them"
+            )
         else:
             parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
-            head = f"needs {format_bytes(self.needed)}, {have}"
+        at_least = " at least" if self.temporaries is None or self.unsized else ""
+        head = f"needs{at_least} {format_bytes(self.needed)}, {have}"
         if self.fits is None:
             return f"{head} ({'; '.join(parts)})"
         if self.fits:
@@ -367,7 +377,7 @@ def step_cost(
         moved_bytes=sum(moved) if moved else None,
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
-        memory=_fit(graphs, chip),
+        memory=memory_fit(graphs, chip),
         notes=(note,) if note else (),
     )
 
@@ -396,7 +406,9 @@ def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
     )
 
 
-def _fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
+def memory_fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
+    """What a step of these graphs needs of the chip: the graph of the largest known
+    temporaries, with the most the tracked code held (None: no graph has sizes)."""
     sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
     if not sized:
         return None
@@ -408,7 +420,8 @@ def _fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
     # what the tracked code holds; when it holds no module or optimizer, the graph's inputs
     # (device data it reads: at least that much is resident)
     held = float(resident.total) if resident and resident.total else (worst.input_bytes or 0.0)
-    return MemoryFit(chip, held + extra, resident, worst.temp_bytes)
+    unsized = sum(1 for g in graphs if g.temp_bytes is None) if worst.temp_bytes is not None else 0
+    return MemoryFit(chip, held + extra, resident, worst.temp_bytes, unsized=unsized)
 
 
 def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
