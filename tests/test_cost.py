@@ -139,6 +139,20 @@ def test_a_step_whose_temporaries_are_unknown_is_not_said_to_fit():
     assert too_big.describe().startswith("does not fit: needs at least 21.9 GB")
 
 
+def test_bytes_read_in_whole_units_at_every_size():
+    from tpu_nb.runtime.tracking import format_bytes
+
+    sizes = [999, 999_600, 1.5e9, 16e9, 4e12, 3e18]
+    assert [format_bytes(n) for n in sizes] == [
+        "999 B",
+        "1 MB",
+        "1.5 GB",
+        "16 GB",
+        "4 TB",
+        "3,000,000 TB",
+    ]
+
+
 def test_a_step_with_one_graph_of_unknown_size_is_not_said_to_fit():
     from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit
 

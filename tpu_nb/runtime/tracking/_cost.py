@@ -48,14 +48,17 @@ def _format(n: float | None, unit: str, prefixes: str) -> str:
         return "-"
     for prefix in prefixes:  # the largest first
         scale = 1000.0 ** ("KMGTP".index(prefix) + 1)
-        if n >= scale:
-            return f"{n / scale:.3g} {prefix}{unit}"
+        if n >= scale * 0.9995:  # what rounds to 1 at three digits is 1 of this prefix
+            value = n / scale  # past 999 of the largest prefix: whole, not 1.23e+03
+            return (
+                f"{value:.3g} {prefix}{unit}" if value < 999.5 else f"{value:,.0f} {prefix}{unit}"
+            )
     return f"{n:.0f} {unit}"
 
 
 def format_bytes(n: float | None) -> str:
-    """Bytes in B, KB, MB or GB (powers of 1000, as the Cloud TPU pages give HBM)."""
-    return _format(n, "B", "GMK")
+    """Bytes in B, KB, MB, GB or TB (powers of 1000, as the Cloud TPU pages give HBM)."""
+    return _format(n, "B", "TGMK")
 
 
 def format_flops(n: float | None) -> str:
