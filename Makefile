@@ -27,23 +27,23 @@ demo:
 	$(RUN) tools/run_notebook.py notebooks/00_getting_started.ipynb
 
 ## The whole test suite: the library and extension on the current notebook stack, the
-## extension again on Colab's stack, and every notebook with nbval. It runs in two lanes
-## side by side, one per core (a pytest process keeps about one core busy); each lane's
-## output is printed when the lane ends. Ray's fake slices all start in lane 1. The
-## environment is set up once, before the lanes start (ENV=... passed down).
+## extension again on Colab's stack, every notebook with nbval, and the views in a real
+## browser. It runs in two lanes side by side, one per core (a pytest process keeps about one
+## core busy); each lane's output is printed when the lane ends. Ray's fake slices all start
+## in lane 1. The environment is set up once, before the lanes start (ENV=... passed down).
 test:
 	@echo "make test: two lanes side by side; each lane's output is printed when it ends"
 	@$(MAKE) --no-print-directory -j2 --output-sync=recurse ENV=$(ENV) test-lane-1 test-lane-2
 
 test-lane-1:
-	@$(MAKE) --no-print-directory -j1 -k test-current-1 test-colab
+	@$(MAKE) --no-print-directory -j1 -k test-current-1 test-colab test-browser
 test-lane-2:
 	@$(MAKE) --no-print-directory -j1 -k test-current-2 test-notebooks
 
 # The library's tests, in two parts of about the same length: the files named here, and
 # every other (a new test file joins part 2).
 CURRENT_1 = tests/test_pod.py tests/test_pod_start.py tests/test_real_models.py tests/test_kernel.py \
-    tests/test_cost.py tests/test_interrupts.py
+    tests/test_cost.py
 
 test-current: test-current-1 test-current-2
 
@@ -60,10 +60,11 @@ test-colab:
 test-notebooks:
 	$(FRESH) $(RUN) -m pytest -q --nbval notebooks --nbval-sanitize-with tools/nbval-sanitize.cfg -p no:randomly
 
-## The live dashboard in a real browser: JupyterLab headless on localhost, driven through
-## Debian's chromium + chromium-driver (apt-get install chromium chromium-driver; .ci/run
-## installs them). Screenshots: tests/artifacts/.
+## The live dashboard and the views in a real browser: JupyterLab headless on localhost,
+## driven through Debian's chromium + chromium-driver (tools/setup-browser installs them with
+## apt-get when they are missing). Screenshots: tests/artifacts/.
 test-browser:
+	tools/setup-browser
 	$(FRESH) TPU_NB_REQUIRE_BROWSER=1 $(RUN) -m pytest tests/browser -q -rs
 
 bench:

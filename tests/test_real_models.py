@@ -838,9 +838,18 @@ print(sched.rates, round(out.item(), 6))""",
 }
 
 
+def _same_numbers_cells() -> dict[str, str]:
+    """The cells to compare. On Colab's notebook stack, the ones without a real model: what
+    that stack changes is how the magic runs a cell, which those cells show; the real models
+    run on the same torch as on the current stack, where they are compared in full."""
+    if os.environ.get("TPU_NB_STACK") == "colab":
+        return {k: v for k, v in SAME_NUMBERS_CELLS.items() if k in ("three lines", "timm-style")}
+    return SAME_NUMBERS_CELLS
+
+
 def _same_numbers_notebook(prefix: str) -> list[str]:
     sources = [SAME_NUMBERS_SETUP]
-    for cell in SAME_NUMBERS_CELLS.values():
+    for cell in _same_numbers_cells().values():
         sources += ["before = raw()", prefix + cell, "print(json.dumps(since(before)))"]
     return sources
 
@@ -865,7 +874,7 @@ def test_placed_code_prints_the_plain_kernels_numbers_and_does_its_work():
     def stdout(cell) -> str:
         return "".join(o.text for o in cell.outputs if o.get("name") == "stdout")
 
-    for i, name in enumerate(SAME_NUMBERS_CELLS):
+    for i, name in enumerate(_same_numbers_cells()):
         at = 1 + 3 * i + 1
         printed = [stdout(nb.cells[at + k]) for nb, k in ((plain, 0), (magic, offset))]
         assert printed[0] == printed[1] and printed[0].strip(), (name, printed)
