@@ -1,0 +1,113 @@
+"""What on_tpu() adds to each sync, and which of its parts adds it.
+
+Two loops, each run plain and inside on_tpu(), in alternating rounds:
+  - a tiny step (`x = x + 1`, `torch_xla.sync()`): almost all of its time is the sync, so
+    what tpu_nb adds per sync stands out;
+  - the eager MLP training step of bench_compiled.py.
+Inside on_tpu(), the same loop is also run with one of the probe's sync subscribers left out
+at a time (the recorder, the step anatomy's collector, the run's sync watch), with none of
+them (the probe's own hook alone), and with the host sampler stopped; each one's share is
+the full run's time less the time without it. The subscribers are left out by taking them
+off the probe's lists for the loop and putting them back after: the figures say what each
+costs, not a way to run tpu_nb.
+
+Medians over the rounds, in microseconds per step; the spread is the 25th-75th percentile
+range. The target is the issue's: <= 1 % of a ~1 ms eager step, so about 10 us per sync.
+
+    PYTHONPATH=. PJRT_DEVICE=CPU python benchmarks/bench_per_sync.py
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+ROUNDS, STEPS = int(os.environ.get("ROUNDS", 7)), int(os.environ.get("STEPS", 1000))
+
+
+def _tiny(dev):
+    import torch
+    import torch_xla
+
+    held = [torch.zeros(8, device=dev)]
+
+    def step():
+        held[0] = held[0] + 1
+        torch_xla.sync()
+
+    return step
+
+
+def _timed(step, steps: int) -> float:
+    import torch_xla.core.xla_model as xm
+
+    xm.wait_device_ops()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    xm.wait_device_ops()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def _measure(step, label: str, steps: int) -> None:
+    import tpu_nb
+    from tpu_nb.runtime.probe import probe
+    from tpu_nb.runtime.tracking import current_run
+
+    times: dict[str, list[float]] = {}
+
+    def keep(name: str, value: float) -> None:
+        times.setdefault(name, []).append(value)
+
+    _timed(step, 20)
+    for _ in range(ROUNDS):
+        keep("plain", _timed(step, steps))
+        with tpu_nb.on_tpu(sync=False):
+            p = probe()
+            befores, afters = p.befores["sync"], p.afters["sync"]
+            _timed(step, 20)
+            keep("on_tpu", _timed(step, steps))
+            for name in sorted({type(s).__name__ for s, _ in befores + afters}):
+                p.befores["sync"] = tuple(e for e in befores if type(e[0]).__name__ != name)
+                p.afters["sync"] = tuple(e for e in afters if type(e[0]).__name__ != name)
+                keep(f"without {name}", _timed(step, steps))
+            p.befores["sync"], p.afters["sync"] = (), ()
+            keep("the probe's hook alone", _timed(step, steps))
+            p.befores["sync"], p.afters["sync"] = befores, afters
+            run = current_run()
+            sampler = run.collector.sampler if run and run.collector else None
+            if sampler is not None:
+                sampler.stop()
+                keep("without the host sampler", _timed(step, steps))
+    plain, full = statistics.median(times["plain"]), statistics.median(times["on_tpu"])
+    print(f"\n{label}: us per step, median of {ROUNDS} rounds of {steps} steps")
+    for name, values in times.items():
+        med = statistics.median(values)
+        q = statistics.quantiles(values, n=4) if len(values) > 1 else [med, med, med]
+        share = ""
+        if name.startswith("without") or name.startswith("the probe"):
+            share = f"  its share {full - med:7.1f} us"
+        print(
+            f"  {name:32} {med:8.1f}  (spread {q[0]:.1f}-{q[2]:.1f})  "
+            f"+{med - plain:7.1f} us, {100 * (med / plain - 1):+6.1f} % vs plain{share}"
+        )
+
+
+def main() -> None:
+    import torch_xla
+    from bench_compiled import _steps
+
+    import tpu_nb
+
+    tpu_nb.setup("cpu")
+    dev = torch_xla.device()
+    _measure(_tiny(dev), "tiny step (x + 1, sync)", STEPS)
+    _measure(_steps(dev, "eager"), "eager MLP training step", max(STEPS // 10, 50))
+
+
+if __name__ == "__main__":
+    main()
