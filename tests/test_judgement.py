@@ -117,9 +117,13 @@ for step in range(40):
     header = f"host time by line (sampled, the {steady} steady steps):"
     assert header in slow.text, slow.text
     table = slow.text.split(header, 1)[1].split("the cell, annotated:")[0]
-    # the helper's line: its sleep is the largest host time of the steady steps
+    # the helper's line, whose sleep is most of each steady step's host time, is listed. (It
+    # is listed first on a quiet machine; where other processes hold both cores, the sampler
+    # thread wakes late and its samples lean to the CPU-bound lines: 26 % against the
+    # optimizer's 58 % in one CI run.)
+    rows = [x.strip() for x in table.splitlines()[1:] if x.strip().startswith("In [")]
     assert table.splitlines()[1].strip().startswith("In ["), table
-    assert "line 4" in table.splitlines()[1] or "line 9" in table.splitlines()[1], table
+    assert any(" line 4" in x or " line 9" in x for x in rows), table
     assert any(h.where in slow.text.split("verdict:")[1] for h in slow.verdict.lines)
 
 
