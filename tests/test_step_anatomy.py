@@ -130,10 +130,12 @@ def test_mp_device_loader_wait_is_input():
     assert a.verdict.kind == "input-bound", str(a)
     # Its __next__ syncs (ending the previous step), then waits for the next batch: the
     # wait, not the sync, is the input. Its thread sends batches in groups, so some steps
-    # wait for several and the next ones for none; the loop itself is quick, so the waits add
-    # up to the loader's sleep (plus its threads' start).
+    # wait for several and the next ones for none. The loader sleeps 10 * DELAY in all; what
+    # the loop did not wait for, it overlapped with the loop's own work (which grows on a
+    # loaded machine) or with the first batch, fetched before the first step began.
     waited = sum(s.input for s in a.steps)
-    assert 10 * DELAY * 0.9 <= waited <= 10 * DELAY * 2, waited
+    busy = sum(s.wall - s.input for s in a.steps)
+    assert 10 * DELAY * 0.95 - busy - DELAY <= waited <= 10 * DELAY * 2, (waited, busy)
     assert a.share("input") > 0.7
     assert all(s.sync < 0.02 for s in a.steps[1:]), [s.sync for s in a.steps]
 
