@@ -131,7 +131,7 @@ def test_a_step_whose_temporaries_are_unknown_is_not_said_to_fit():
     assert unknown.fits is None
     text = unknown.describe()
     assert text.startswith("needs at least 80 KB, a v5e has 16 GB (resident 80 KB")
-    assert "temporaries not known: the compile log gave tpu_nb no sizes" in text
+    assert "temporaries not known: tpu_nb has no compile-log sizes" in text
     assert "fits:" not in text and "temporaries 0 B" not in text
     assert MemoryFit(CHIPS["v5e"], 80_000.0, resident, 0.0).describe().startswith("fits: ")
     too_big = MemoryFit(CHIPS["v5e"], 21.9e9, resident, None)
@@ -504,7 +504,7 @@ def test_a_graph_compiled_before_the_run_leaves_its_temporaries_unknown(py):
     ).stdout
     assert "memory: fits: needs " in tracked and "temporaries not known" not in tracked, tracked
     assert "memory: needs at least " in before, before
-    assert "the graph's temporaries not known: the compile log gave tpu_nb no sizes" in before
+    assert "the graph's temporaries not known: tpu_nb has no compile-log sizes" in before
     assert "temporaries 0 B" not in before
 
 

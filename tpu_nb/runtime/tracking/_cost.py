@@ -105,9 +105,9 @@ class GraphCost:
 @dataclass(frozen=True)
 class MemoryFit:
     """Whether a step fits the chip's HBM: resident tensors plus the graph's temporaries
-    and the outputs it does not write in place. `temporaries` None: not known (the compile
-    log gave no sizes for the graph: it compiled outside a tracked run, without the log, or
-    as a graph tpu_nb did not link to this one). `unsized`: how many of the step's other
+    and the outputs it does not write in place. `temporaries` None: not known (tpu_nb has
+    no compile-log sizes for the graph: it compiled outside a tracked run, without the log,
+    or tpu_nb could not match the graph it captured to the compile that wrote them). `unsized`: how many of the step's other
     graphs have no sizes where one has (`temporaries` is then the largest known). With
     anything not known, `needed` is a lower bound, and a step that fits it is not said to
     fit."""
@@ -116,7 +116,7 @@ class MemoryFit:
     needed: float
     resident: Residency | None
     temporaries: float | None
-    unknown: str = "the compile log gave tpu_nb no sizes for this graph"
+    unknown: str = "tpu_nb has no compile-log sizes for this graph"
     unsized: int = 0
 
     @property
@@ -142,8 +142,8 @@ class MemoryFit:
             graphs = "graph" if self.unsized == 1 else "graphs"
             parts.append(
                 f"the largest known graph's temporaries {format_bytes(self.temporaries)}; "
-                f"those of the step's {self.unsized} other {graphs} not known: the compile "
-                "log gave tpu_nb no sizes for them"
+                f"those of the step's {self.unsized} other {graphs} not known: tpu_nb has "
+                "no compile-log sizes for them"
             )
         else:
             parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
