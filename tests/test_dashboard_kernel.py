@@ -112,7 +112,7 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
         kc,
         "%%on_tpu --live\n"
         "start = time.perf_counter()\n"
-        "while time.perf_counter() - start < 4:\n"
+        "while time.perf_counter() - start < 6:\n"
         "    step()\n",
     )
     assert reply["status"] == "ok", reply
@@ -131,7 +131,8 @@ def test_live_cell_updates_while_running_then_leaves_a_static_view(kernel):
     assert len(updates) == 1
     assert updates[0]["content"]["transient"]["display_id"] == display_id
     # Trait updates of the header (the step counter) arrived while the cell ran, at most
-    # two a second.
+    # two a second (fewer on a loaded machine, where each refresh takes longer: the cell
+    # runs 6 s for the 4 asked).
     steps = []
     for at, m in messages:
         if m["msg_type"] == "comm_msg":

@@ -115,13 +115,15 @@ def test_an_interrupt_python_handles_at_once_gets_no_message(shell, capsys):
     import signal
     import threading
 
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    # The interrupt is sent from the cell, once it runs: the shell's and the extension's
+    # work before a cell can take longer than the delay on a loaded machine.
     result = shell.run_cell(
-        "import signal, time\narmed = signal.getsignal(signal.SIGINT)\n"
+        "import os, signal, threading, time\narmed = signal.getsignal(signal.SIGINT)\n"
+        "timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))\n"
+        "timer.start()\n"
         "for _ in range(100):\n    time.sleep(0.05)"
     )
-    timer.join()
+    shell.user_ns["timer"].join()
     # The watcher's thread has ended (after its grace period): it can say nothing more.
     wait_until(
         lambda: not any(t.name == "tpu_nb-interrupt-notice" for t in threading.enumerate()),

@@ -75,8 +75,9 @@ def _assert_nothing_left(pids) -> None:
     assert _run_dirs() == set()
 
 
-def _steps(host, hosts, pause=0.1, n=5):
-    # Steps long enough that a loaded machine's noise stays well below the straggler ratio.
+def _steps(host, hosts, pause=0.25, n=5):
+    # Steps long enough that a loaded machine's noise (a starved host late by tens of ms in
+    # a step) stays well below the straggler ratio.
     import time
 
     import torch

@@ -17,7 +17,7 @@ import torch_xla.debug.metrics as met
 from conftest import line_of, wait_until
 
 import tpu_nb
-from tpu_nb.runtime.tracking import Anatomy, current_run
+from tpu_nb.runtime.tracking import HOST_PARTS, Anatomy, current_run
 from tpu_nb.runtime.tracking._anatomy import Collector
 from tpu_nb.runtime.tracking._sampler import HostLine, Sampler
 
@@ -136,6 +136,10 @@ def _tracked(loop, **kwargs) -> tuple[tpu_nb.RunReport, Anatomy]:
     return report, report.anatomy
 
 
+def _largest_part(a: Anatomy) -> str:
+    return max(HOST_PARTS, key=a.share)
+
+
 def _samplers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "tpu_nb-sampler"]
 
@@ -151,10 +155,12 @@ def test_a_slow_iterator_is_input_bound_whatever_the_iterable(loop, via):
     # Named on the loop's `for` line, with the iterator's function under it.
     top = v.lines[0]
     assert top.kind == "input" and top.line.line == line_of("# the loop's for", loop), top
-    assert top.via.endswith(via) and top.share > 0.5, top
+    # (The loop's own work per step grows on a loaded machine, the sleep does not: shares
+    # are bounded loosely, the wait asked to be the largest part.)
+    assert top.via.endswith(via) and top.share > 0.4, top
     assert f"in the iterator of {top.where}" in str(v)
     # The wait is the steps' input part: most of each step, about the sleep.
-    assert a.share("input") > 0.6, str(a)
+    assert a.share("input") > 0.5 and _largest_part(a) == "input", str(a)
     assert a.parts["input"].median > DELAY * 0.6, str(a)
     assert a.parts["input"].median > 3 * a.parts["trace"].median, str(a)
 
@@ -194,15 +200,20 @@ def test_a_loop_over_a_list_and_a_device_bound_loop_get_no_input():
 
 
 class SleepyData(torch.utils.data.Dataset):
+    spent: list[float] = []  # each __getitem__'s time, its sleep and waking from it
+
     def __len__(self):
         return 1000
 
     def __getitem__(self, i):
+        start = time.perf_counter()
         time.sleep(DELAY)
+        self.spent.append(time.perf_counter() - start)
         return torch.ones(16)
 
 
 def loader_loop(steps: int = 8):
+    SleepyData.spent.clear()
     dev, w = _model()
     for i, x in enumerate(torch.utils.data.DataLoader(SleepyData(), batch_size=1)):
         w = _step(w, x.to(dev))  # the loader's loop
@@ -216,13 +227,17 @@ def test_a_data_loader_wait_seen_by_both_counts_once(monkeypatch):
     assert a.verdict is not None and a.verdict.kind == "input-bound", str(a)
     assert "num_workers" in a.verdict.fix, a.verdict.fix  # the DataLoader's fix
     assert "torch/utils/data/" in a.verdict.lines[0].via, a.verdict.lines
-    with_sampler = [s.input for s in a.steps]
+    with_sampler = [s.input for s in a.steps], list(SleepyData.spent)
     monkeypatch.setattr(Collector, "sample_interval", None)
     _, b = _tracked(loader_loop)
-    alone = [s.input for s in b.steps]  # the loader's wrapper alone
-    # Each step's wait is about one sleep either way, never two (counted twice).
-    for waits in (with_sampler, alone):
-        assert all(DELAY * 0.9 <= w < DELAY * 1.8 for w in waits[1:]), waits
+    alone = [s.input for s in b.steps], list(SleepyData.spent)  # the loader's wrapper alone
+    # Each step's wait is one fetch either way, never two (counted twice): at least the
+    # sleep, and in all about what the fetches took (on a loaded machine, waking from a
+    # sleep takes longer: measured, not assumed).
+    for waits, spent in (with_sampler, alone):
+        assert len(spent) == len(waits), (waits, spent)
+        assert all(w >= DELAY * 0.9 for w in waits[1:]), waits
+        assert sum(waits[1:]) < 1.5 * sum(spent[1:]), (waits, spent)
 
 
 def test_an_iterator_that_runs_the_steps_is_not_input():

@@ -7,6 +7,7 @@ by a wide margin.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -136,8 +137,12 @@ def test_mp_device_loader_wait_is_input():
     waited = sum(s.input for s in a.steps)
     busy = sum(s.wall - s.input for s in a.steps)
     assert 10 * DELAY * 0.95 - busy - DELAY <= waited <= 10 * DELAY * 2, (waited, busy)
-    assert a.share("input") > 0.7
-    assert all(s.sync < 0.02 for s in a.steps[1:]), [s.sync for s in a.steps]
+    # The wait is most of the steps; the syncs are short beside it (a sync counted with the
+    # wait would be about DELAY each).
+    assert a.share("input") > 0.5 and max(HOST_PARTS, key=a.share) == "input", str(a)
+    syncs = [s.sync for s in a.steps[1:]]
+    assert statistics.median(syncs) < DELAY / 3, syncs
+    assert sum(syncs) < 0.25 * waited, (syncs, waited)
 
 
 def test_thousands_of_tiny_ops_are_host_bound():
