@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(180)
@@ -203,8 +204,14 @@ launch(replica)
     assert group is not None and group != os.getpgrp()
     proc.send_signal(signal.SIGINT)  # what a kernel interrupt delivers
     proc.wait(timeout=30)
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(group, 0)  # no process of the launch is left
+
+    def group_gone() -> bool:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(group_gone, timeout=30, what="no process of the launch to be left")
     leftover = subprocess.run(["pgrep", "-g", str(group)], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""

@@ -245,8 +245,10 @@ def test_exception_on_one_host_stops_the_others_with_its_traceback(fake_slice, s
     assert _run_dirs() == set()
 
 
-def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice):
+def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice, tmp_path):
     from tpu_nb.runtime.parallel import HostLost
+
+    seen = tmp_path / "both pids seen"  # the hosts run on this machine: a file reaches them
 
     def dies(host):
         import os
@@ -259,14 +261,23 @@ def test_host_whose_process_dies_is_named_and_the_others_stopped(fake_slice):
         torch.ones(2, device=torch_xla.device()).add_(1)
         torch_xla.sync()
         print("pid", os.getpid(), flush=True)
-        time.sleep(1)
+        waited = 0.0
+        while not os.path.exists(seen) and waited < 120:  # until the driver has both lines
+            time.sleep(0.05)
+            waited += 0.05
         if host == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # as a native crash or the OOM killer
         time.sleep(_OUTLASTS)
 
     lines = []
+
+    def stream(line):
+        lines.append(line)
+        if sum(" pid " in x for x in lines) == 2:
+            seen.touch()
+
     with pytest.raises(HostLost) as caught:  # raised only if host 0's sleep is cut short
-        tpu_nb.launch_hosts(dies, hosts=2, stream=lines.append)
+        tpu_nb.launch_hosts(dies, hosts=2, stream=stream)
     assert caught.value.host == 1 and str(caught.value).startswith("host 1's process died")
     pids = [int(x.split()[-1]) for x in lines if " pid " in x]
     assert len(pids) == 2

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 
 import pytest
+from conftest import wait_until
 from fake_slice import fake_slice
 
 ray = pytest.importorskip("ray")
@@ -58,9 +58,9 @@ def test_a_host_that_cannot_start_its_device_is_one_host_error(tpu_vm_slice, cap
     assert "PJRT_DEVICE=CPU" in message and "pip install 'torch_xla[tpu]'" in message
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err and "[host" not in out.out
-    # Everything released: the slice's bundles free again, no host folder left.
-    time.sleep(1)
-    assert _left_behind() == set()
+    # Everything released: the slice's bundles free again, no host folder left (the folders
+    # are removed by a call the driver does not wait for).
+    wait_until(lambda: _left_behind() == set(), timeout=30, what="the host folders to go")
     assert tpu_nb.launch_hosts(_device, hosts="all", stream=None).values == ["CPU", "CPU"]
 
 

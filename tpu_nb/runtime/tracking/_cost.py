@@ -107,10 +107,10 @@ class MemoryFit:
     """Whether a step fits the chip's HBM: resident tensors plus the graph's temporaries
     and the outputs it does not write in place. `temporaries` None: not known (tpu_nb has
     no compile-log sizes for the graph: it compiled outside a tracked run, without the log,
-    or tpu_nb could not match the graph it captured to the compile that wrote them). `unsized`: how many of the step's other
-    graphs have no sizes where one has (`temporaries` is then the largest known). With
-    anything not known, `needed` is a lower bound, and a step that fits it is not said to
-    fit."""
+    or tpu_nb could not match the graph it captured to the compile that wrote them).
+    `unsized`: how many of the step's other graphs have no sizes where one has
+    (`temporaries` is then the largest known). With anything not known, `needed` is a lower
+    bound, and a step that fits it is not said to fit."""
 
     chip: Chip
     needed: float
