@@ -508,6 +508,46 @@ def test_a_graph_compiled_before_the_run_leaves_its_temporaries_unknown(py):
     assert "temporaries 0 B" not in before
 
 
+def test_a_live_cell_compiling_the_process_s_first_graph_keeps_its_sizes(py):
+    """torch_xla reads PT_XLA_DEBUG_FILE for a compile's sizes as that compile ends, apart
+    from its cause; the live dashboard's thread polls the counters while the first compile
+    runs. The sizes must still reach the log (not stderr, for the whole process) and the
+    report: the same step tracked with and without --live says the same about memory."""
+    out = py(
+        """
+        from IPython.testing.globalipapp import start_ipython
+        ip = start_ipython()
+        import tpu_nb
+        ip.run_line_magic("load_ext", "tpu_nb")
+        ip.run_line_magic("tpu_setup", "--device cpu")
+        ip.run_cell(
+            "import time, torch, torch_xla\\n"
+            "dev = torch_xla.device()\\n"
+            "torch.manual_seed(0)\\n"
+            "model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),"
+            " torch.nn.Linear(512, 10)).to(dev)\\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.01)\\n"
+            "x, y = torch.randn(64, 256, device=dev), torch.randint(0, 10, (64,), device=dev)"
+        )
+        body = (
+            "start = time.perf_counter()\\n"
+            "while time.perf_counter() - start < 2:\\n"
+            "    torch.nn.functional.cross_entropy(model(x), y).backward()\\n"
+            "    opt.step(); opt.zero_grad(); torch_xla.sync()\\n"
+        )
+        for flags in ("--live", ""):
+            ip.run_cell(f"%%on_tpu {flags}\\n" + body)
+            text = str(tpu_nb.last_report())
+            print("MEMORY", flags or "plain", text.split("memory on a v5e: ")[1].splitlines()[0])
+        """
+    )
+    memory = [line for line in out.stdout.splitlines() if line.startswith("MEMORY")]
+    assert len(memory) == 2, out.stdout[-3000:]
+    for line in memory:
+        assert " fits: needs " in line and "temporaries not known" not in line, line
+    assert "Post Compilation Analysis" not in out.stdout + out.stderr
+
+
 def test_the_card_and_the_cost_are_escaped_in_html(shell):
     from tpu_nb.display.reports import RunView
 

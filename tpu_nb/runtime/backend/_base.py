@@ -103,7 +103,8 @@ class Process(ABC):
         """Once the backend has latched its compile-log settings, take them out of
         `os.environ`, so that child processes do not append to this process's log. True once
         they are latched (out of `os.environ` from then on), False before.
-        torch_xla: PT_XLA_DEBUG_LEVEL/_FILE are read at the process's first compile."""
+        torch_xla: PT_XLA_DEBUG_LEVEL/_FILE are read as the process's first compile starts
+        (for its cause) and again as it ends (for its sizes)."""
 
     @abstractmethod
     def source_lines(self) -> bool:

@@ -38,6 +38,8 @@ _BRIDGE = "torch_xla._dynamo.dynamo_bridge"
 _METRICS = "torch_xla.debug.metrics"
 # Read by torch_xla at its first compile, then fixed for the life of the process.
 _LATCHED_AT_COMPILE = ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE")
+# The first compile's sizes block follows its cause block; a log longer than this holds it.
+_POST_BLOCK, _LATCH_SCAN = b"Post Compilation Analysis: ", 1 << 16
 _RESTORED_BY_BRIDGE = frozenset({"UncachedCompile", "DynamoExtractCompiledGraph"})
 
 
@@ -131,16 +133,32 @@ class _Process(base.Process):
         return {**os.environ, **self._hidden}
 
     def hide_latched_settings(self) -> bool:
-        # Until the first compile they must stay in the environment (torch_xla has no call
-        # that reads them sooner). A child process inherits them until then; the log is
-        # given as /proc/self/task/<our pid>/fd/N, which no other process can open, so the
+        # Until the first compile has ended they must stay in the environment (torch_xla has
+        # no call that reads them sooner). A child process inherits them until then; the log
+        # is given as /proc/self/task/<our pid>/fd/N, which no other process can open, so the
         # child's compile analysis goes nowhere. After it, children are not handed them.
-        if not self.compiled_yet():
+        if not self.compiled_yet() or not self._sizes_latched():
             return False
         for name in _LATCHED_AT_COMPILE:
             if name in os.environ:
                 self._hidden[name] = os.environ.pop(name)
         return True
+
+    def _sizes_latched(self) -> bool:
+        """Whether torch_xla has read PT_XLA_DEBUG_FILE for its post-compilation analysis
+        (the sizes): it latches the file apart from the compile analysis, at the first
+        compile's end. The counters move as that compile starts: a thread hiding the file
+        then (the live dashboard's, polling while the first compile runs) sent every
+        compile's sizes of the process to stderr. Latched once the log holds the block."""
+        path = self.compile_log_path()
+        if path is None:
+            return True  # no log asked for: nothing to send elsewhere
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_LATCH_SCAN)
+        except OSError:
+            return True  # the log is gone: torch_xla writes nowhere we read either way
+        return _POST_BLOCK in head or len(head) == _LATCH_SCAN
 
     def source_lines(self) -> bool:
         return bool(_extension()._get_ir_debug())
