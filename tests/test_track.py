@@ -141,7 +141,9 @@ def test_track_without_wait_does_not_block():
 def test_track_makes_no_sync_of_its_own_and_names_the_work_it_leaves_pending():
     dev = tpu_nb.device()
     x = torch.randn(32, 32, device=dev)
-    torch_xla.sync()
+    # wait: an execution still in flight from before the block (this one, or an earlier
+    # test's wait=False block) is counted by the block it finishes in
+    torch_xla.sync(wait=True)
     with tpu_nb.track() as report:
         kept = (x @ x).sum()  # never synced, never read: left pending, as without tpu_nb
     assert report.metrics.syncs == report.metrics.executions == 0
