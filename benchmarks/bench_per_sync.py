@@ -9,7 +9,7 @@ at a time (the recorder, the step anatomy's collector, the run's sync watch), wi
 them (the probe's own hook alone), and with the host sampler stopped; each one's share is
 the full run's time less the time without it. The subscribers are left out by taking them
 off the probe's lists for the loop and putting them back after: the figures say what each
-costs, not a way to run tpu_nb.
+costs, not a way to run tpu_nb. First, the calls each step makes, counted (no clock).
 
 Medians over the rounds, in microseconds per step; the spread is the 25th-75th percentile
 range. The target is the issue's: <= 1 % of a ~1 ms eager step, so about 10 us per sync.
@@ -97,6 +97,48 @@ def _measure(step, label: str, steps: int) -> None:
         )
 
 
+def _calls(step, label: str, steps: int = 200) -> None:
+    """Python calls and C calls (`sys.setprofile`'s "call" and "c_call" events) per step,
+    plain and inside on_tpu(), its loop warmed first: a count that other processes on the
+    machine cannot move, beside the timings they do. tpu_nb's own functions are listed."""
+    import collections
+
+    import tpu_nb
+
+    counts: collections.Counter = collections.Counter()
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            code = frame.f_code
+            counts[(code.co_filename, code.co_name)] += 1
+        elif event == "c_call":
+            counts[("C", getattr(arg, "__qualname__", "?"))] += 1
+
+    def loop(n: int, counted: int) -> None:
+        for i in range(n):
+            if i == n - counted:
+                sys.setprofile(profile)
+            step()
+        sys.setprofile(None)
+
+    loop(steps + 20, steps)
+    plain = sum(counts.values()) / steps
+    counts.clear()
+    with tpu_nb.on_tpu(sync=False):
+        loop(steps + 20, steps)  # one loop line: its first and third syncs' captures are warm-up
+    tracked = sum(counts.values()) / steps
+    package = os.path.dirname(tpu_nb.__file__)
+    ours = sorted(
+        ((n / steps, name) for (path, name), n in counts.items() if path.startswith(package)),
+        reverse=True,
+    )
+    print(
+        f"\n{label}: calls per step (Python and C), {steps} steps: plain {plain:.0f}, "
+        f"on_tpu {tracked:.0f} (+{tracked - plain:.0f}); tpu_nb's functions per step:\n  "
+        + ", ".join(f"{name} {n:g}" for n, name in ours)
+    )
+
+
 def main() -> None:
     import torch_xla
     from bench_compiled import _steps
@@ -105,6 +147,8 @@ def main() -> None:
 
     tpu_nb.setup("cpu")
     dev = torch_xla.device()
+    for step, label in ((_tiny(dev), "tiny step"), (_steps(dev, "eager"), "eager MLP step")):
+        _calls(step, label)
     _measure(_tiny(dev), "tiny step (x + 1, sync)", STEPS)
     _measure(_steps(dev, "eager"), "eager MLP training step", max(STEPS // 10, 50))
 

@@ -295,6 +295,8 @@ def test_a_cpu_fallback_is_named_and_counted(b):
     b.syncs.sync()
     assert b.counters.read([name])[name] == before + 1
     assert name in b.counters.fallbacks()
+    listed = b.counters.fallbacks_reader()  # what the hooks call at every sync
+    assert listed() == b.counters.fallbacks()
     assert h.cpu().sum().item() == 50
 
 

@@ -304,7 +304,7 @@ class Probe:
         self.last_run: Any = None
         self._counter: Any = None
         self._fallbacks: Any = None
-        self._compiling: Any = None
+        self._compiler: Any = None  # its `_is_compiling_flag`: see _compiling_state
 
     # -- subscribing ---------------------------------------------------------------------------
 
@@ -432,8 +432,8 @@ class Probe:
         runtime = current_backend()
         if self._counter is None:
             self._counter = runtime.counters.reader()
-            self._fallbacks = runtime.counters.fallbacks
-            self._compiling = torch.compiler.is_compiling
+            self._fallbacks = runtime.counters.fallbacks_reader()
+            self._compiler = _compiling_state(torch)
         if kind == "sync":
             for owner, name, inner in runtime.syncs.entry_points():
                 self._patch("sync", owner, name, lambda o, i=inner: self._sync_hook(o, inner=i))
@@ -500,14 +500,14 @@ class Probe:
         # Every sync of a tracked run passes here: what it looks up is bound once (installed
         # after _install set the counter and the compiling check).
         probe, local, clock = self, self.local, time.time
-        counter, compiling, plumbing_codes = self._counter, self._compiling, _plumbing_codes
+        counter, compiler, plumbing_codes = self._counter, self._compiler, _plumbing_codes
 
         @functools.wraps(original)
         def sync(*args, **kwargs):
             __tracebackhide__ = True  # noqa: F841
             frame = caller()
             settle_walks()  # no frame held by a stack walk keeps a tensor in this graph
-            if not probe.listeners["sync"] or compiling():
+            if not probe.listeners["sync"] or compiler._is_compiling_flag:
                 return as_caller(frame)(original, args, kwargs)
             entry, compiles = clock(), counter("UncachedCompile")
             known = plumbing_codes.get(id(frame.f_code))  # _sync_kind's cache, inlined
@@ -553,7 +553,11 @@ class Probe:
             local = probe.local
             tensor = None
             # A CPU tensor's read cannot move XLA's counters: nothing to report.
-            if probe.listeners["read"] and not local.depth and not probe._compiling():
+            if (
+                probe.listeners["read"]
+                and not local.depth
+                and not probe._compiler._is_compiling_flag
+            ):
                 if copies:
                     tensor = _first_xla_tensor(args)
                 elif args and getattr(args[0], "is_xla", False):
@@ -597,7 +601,11 @@ class Probe:
             __tracebackhide__ = True  # noqa: F841
             local = probe.local
             frame = caller()
-            if not probe.listeners["fallback"] or local.in_fallback or probe._compiling():
+            if (
+                not probe.listeners["fallback"]
+                or local.in_fallback
+                or probe._compiler._is_compiling_flag
+            ):
                 return as_caller(frame)(original, args, kwargs)
             compiles = probe._counter("UncachedCompile")
             # Every training step's backward passes here. While no op of this process has
@@ -646,6 +654,31 @@ class Probe:
 
         __next__.__wrapped__ = original
         return __next__
+
+
+class _CompilingCall:
+    """`torch.compiler.is_compiling()` as the attribute `_is_compiling_flag`, for a torch
+    that keeps no such module flag."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Callable[[], bool]):
+        self._call = call
+
+    @property
+    def _is_compiling_flag(self) -> bool:
+        return self._call()
+
+
+def _compiling_state(torch) -> Any:
+    """What the hooks read `_is_compiling_flag` of, to leave alone what torch.export traces.
+    In eager code torch 2.9's `torch.compiler.is_compiling()` returns that module's flag
+    (`torch.jit.is_scripting()` is False there): the module itself, one attribute read at
+    every sync, read and fallback call where the function is two calls."""
+    compiler = torch.compiler
+    if isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
+        return compiler
+    return _CompilingCall(compiler.is_compiling)
 
 
 def _first_xla_tensor(args: tuple) -> Any:

@@ -147,10 +147,14 @@ class Counters(ABC):
         """One time metric with the recent samples the backend keeps; None before its
         first. torch_xla: `_XLAC._xla_metric_data`."""
 
-    @abstractmethod
     def fallbacks(self) -> list[str]:
-        """Ops this process has run on the CPU instead of the device so far.
-        torch_xla: `_XLAC._get_executed_fallback_ops()`."""
+        """Ops this process has run on the CPU instead of the device so far."""
+        return self.fallbacks_reader()()
+
+    @abstractmethod
+    def fallbacks_reader(self) -> Callable[[], list[str]]:
+        """A function listing what `fallbacks()` lists, cheap enough for a hook that runs at
+        every sync; imports the backend. torch_xla: `_XLAC._get_executed_fallback_ops`."""
 
     @abstractmethod
     def clear(self) -> None:

@@ -209,8 +209,8 @@ class _Counters(base.Counters):
         samples = data[2] if type(data[2]) is tuple else tuple(map(tuple, data[2]))
         return base.MetricSamples(int(data[0]), float(data[1]), samples)
 
-    def fallbacks(self) -> list[str]:
-        return _extension()._get_executed_fallback_ops()  # a new list at each call
+    def fallbacks_reader(self) -> Callable[[], list[str]]:
+        return _extension()._get_executed_fallback_ops  # a new list at each call
 
     def clear(self) -> None:
         clear = _extension()._clear_xla_counters

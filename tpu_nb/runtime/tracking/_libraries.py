@@ -112,7 +112,9 @@ def housekeeping_sync(frame) -> bool:
     """Whether a sync called from `frame` (the sync's caller) is a library's logging: a
     rendezvous or Trainer's log step, a sync between two training steps that is no step of
     its own (the step count is that of the optimizer's steps). A few dict lookups."""
-    answer = _housekeeping_answer(frame.f_code)  # the caller itself, mostly: no walk
+    code = frame.f_code  # the caller itself, mostly: no walk, and known (inlined lookup)
+    known = _housekeeping.get(id(code))
+    answer = known[1] if known is not None and known[0] is code else _housekeeping_answer(code)
     if answer is None:  # a pass-through (xm.mark_step): ask the frames outside it
         found = innermost_frame(frame, lambda f: _housekeeping_answer(f.f_code) is not None, 4)
         answer = found is not None and _housekeeping_answer(found.f_code)

@@ -247,7 +247,7 @@ class Recorder:
 
         runtime = current_backend()
         self._counter = runtime.counters.reader()
-        self._fallback_ops = runtime.counters.fallbacks
+        self._fallback_ops = runtime.counters.fallbacks_reader()
         global _TENSOR_TYPES
         _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
         self._started = time.perf_counter()
@@ -309,7 +309,8 @@ class Recorder:
             # function (its compiles are still anchored), a library's logging sync inside a
             # step, a data loader's before its first batch (it runs what the code set up
             # before the loop: part of the first step), as the step anatomy counts
-            role = sync_role(event, self.loaders)
+            loaders = self.loaders  # the step anatomy asked first: its answer, inlined
+            role = event.role if event.role_of is loaders else sync_role(event, loaders)
             self._after_sync(event, graph, site, counted=role == "step")
         elif kind is ReadEvent:
             if event.counters_after != event.counters_before or event.copied:
