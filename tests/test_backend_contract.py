@@ -310,6 +310,7 @@ def test_unknown_counters_read_zero_and_unknown_metrics_none(b):
 def test_compile_and_execute_times_are_recorded_per_event(b):
     n = b.counters.facts
     names = (n.compile_time, n.execute_times[0])
+    b.syncs.wait()  # an earlier execution's time, recorded late, is not this one's
     before = {name: b.counters.metric(name) or MetricSamples(0, 0.0) for name in names}
     y = new_graph(b)
     b.syncs.sync()

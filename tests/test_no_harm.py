@@ -55,7 +55,7 @@ def test_a_read_in_an_on_tpu_cell_does_the_plain_cells_work_and_no_more(shell, c
     # each run on a fresh size, so that each compiles what it asks for (no cache in between)
     for size, how in ((11, "plain"), (12, "%%on_tpu"), (13, "%%on_tpu -o")):
         shell.run_cell(f"x = torch.arange({size}.0, device=torch_xla.device())")
-        counted(shell, "torch_xla.sync()")
+        counted(shell, "torch_xla.sync()", settle=True)
         prefix = "" if how == "plain" else f"{how}\n"
         result, work[how] = counted(shell, prefix + cell)
         assert f"{size - 1:.1f}" in capsys.readouterr().out.splitlines()
