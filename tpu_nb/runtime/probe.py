@@ -31,8 +31,11 @@ The other hooks are kinds their owners define (`define(kind, install)`), install
 the same way while anyone subscribes to them: "factories" (default_device's torch factories
 and module registration hooks, while a block is open), "legacy-names" (the finder and notes
 for XRT-era names, while the extension is loaded), "counter-resets" (the backend's counter
-reset carrying the counts, from the first snapshot until unload) and "dynamo-trace" (one
-handler on Dynamo's structured trace, handing its records to the runs' Dynamo watches).
+reset carrying the counts, from the first snapshot until unload), "dynamo-trace" (one
+handler on Dynamo's structured trace, handing its records to the runs' Dynamo watches),
+"datasets" (DataLoader's map-style fetch: a dataset on the device indexed sample by sample)
+and "collectives-refused" (in a replica forked on XLA:CPU, for its life: xm's collectives
+raise instead of hanging).
 `installed()` lists them all. Two registrations with Dynamo have no removal in torch and are
 not hooks: tpu_nb's files and call trampolines are on Dynamo's skip lists, so that Dynamo
 never compiles tpu_nb's code as the user's.

@@ -332,8 +332,9 @@ class Launch(ABC):
         """This replica's rank among all replicas (0 outside a launch)."""
 
     @abstractmethod
-    def block_collectives(self, refusal: Callable[[str], Callable[..., Any]]) -> None:
-        """Replace each of `collectives` with `refusal(name)` in this process."""
+    def collective_functions(self) -> tuple[tuple[Any, str], ...]:
+        """(owner, attribute) of each of `collectives` this backend has (launch may replace
+        them: probe hooks); imports the backend."""
 
     @abstractmethod
     def spmd_active(self) -> bool:

@@ -405,11 +405,9 @@ class _Launch(base.Launch):
     def ordinal(self) -> int:
         return int(_xr().global_ordinal())
 
-    def block_collectives(self, refusal: Callable[[str], Callable[..., Any]]) -> None:
+    def collective_functions(self) -> tuple[tuple[Any, str], ...]:
         xla_model = _xla_model()
-        for name in self.collectives:
-            if hasattr(xla_model, name):
-                setattr(xla_model, name, refusal(name))
+        return tuple((xla_model, name) for name in self.collectives if hasattr(xla_model, name))
 
     def spmd_active(self) -> bool:
         # never imports torch_xla

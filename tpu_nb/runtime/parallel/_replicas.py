@@ -58,6 +58,7 @@ from tpu_nb.runtime.parallel._results import (
     user_traceback,
 )
 from tpu_nb.runtime.parallel._spmd import run_spmd
+from tpu_nb.runtime.probe import Hooks, probe
 
 # -- inside the launcher process --------------------------------------------------------------
 
@@ -83,18 +84,30 @@ class _ReplicaStreams:
         return False
 
 
+def _refusal(name: str) -> Callable[[Callable], Callable[..., None]]:
+    """What replaces xm.`name` (the original is not called)."""
+
+    def collective(*args, **kwargs):
+        raise CollectiveRefused(
+            f"xm.{name} between XLA:CPU replicas would hang in torch_xla 2.9 "
+            "(pytorch/xla #5005, #9089), so tpu_nb stops it. Fix: use SPMD (launch(..., "
+            "mode='spmd') or %%on_tpu --spmd), one device, or run on a TPU."
+        )
+
+    return lambda original: collective
+
+
+def _install_refusals(hooks: Hooks) -> None:
+    """The probe's "collectives-refused" kind: in a replica, for the rest of its life."""
+    for owner, name in backend().launch.collective_functions():
+        hooks.patch(owner, name, _refusal(name))
+
+
+probe().define("collectives-refused", _install_refusals)
+
+
 def _refuse_collectives() -> None:
-    def refuse(name):
-        def collective(*args, **kwargs):
-            raise CollectiveRefused(
-                f"xm.{name} between XLA:CPU replicas would hang in torch_xla 2.9 "
-                "(pytorch/xla #5005, #9089), so tpu_nb stops it. Fix: use SPMD (launch(..., "
-                "mode='spmd') or %%on_tpu --spmd), one device, or run on a TPU."
-            )
-
-        return collective
-
-    backend().launch.block_collectives(refuse)
+    probe().subscribe(_refusal, ("collectives-refused",), of_run=False)
 
 
 # The function and arguments the launcher process runs. torch_xla's launcher pickles what it
