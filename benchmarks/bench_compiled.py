@@ -33,16 +33,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 ROUNDS, STEPS = int(os.environ.get("ROUNDS", 15)), int(os.environ.get("STEPS", 40))
 
 
-def _steps(dev, compiled: str):
+def _steps(dev, compiled: str, width: int = 256):
     import torch
     import torch_xla
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        torch.nn.Linear(width, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
     ).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(64, 256, device=dev)
+    x = torch.randn(64, width, device=dev)
     y = torch.randint(0, 10, (64,), device=dev)
     torch_xla.sync()
 

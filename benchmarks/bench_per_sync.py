@@ -97,10 +97,13 @@ def _measure(step, label: str, steps: int) -> None:
         )
 
 
-def _calls(step, label: str, steps: int = 200) -> None:
+def _calls(step, label: str, steps: int = 200, fresh=None) -> None:
     """Python calls and C calls (`sys.setprofile`'s "call" and "c_call" events) per step,
     plain and inside on_tpu(), its loop warmed first: a count that other processes on the
-    machine cannot move, beside the timings they do. tpu_nb's own functions are listed."""
+    machine cannot move, beside the timings they do. tpu_nb's own functions are listed.
+    `fresh`: the step on_tpu() runs instead, one whose graph compiles inside the run (as a
+    notebook's training cell does): its line then compares its variables' shapes at each
+    sync, to name a recompile."""
     import collections
 
     import tpu_nb
@@ -124,6 +127,7 @@ def _calls(step, label: str, steps: int = 200) -> None:
     loop(steps + 20, steps)
     plain = sum(counts.values()) / steps
     counts.clear()
+    step = fresh or step
     with tpu_nb.on_tpu(sync=False):
         loop(steps + 20, steps)  # one loop line: its first and third syncs' captures are warm-up
     tracked = sum(counts.values()) / steps
@@ -149,6 +153,11 @@ def main() -> None:
     dev = torch_xla.device()
     for step, label in ((_tiny(dev), "tiny step"), (_steps(dev, "eager"), "eager MLP step")):
         _calls(step, label)
+    _calls(
+        _steps(dev, "eager"),
+        "eager MLP step compiled inside the run",
+        fresh=_steps(dev, "eager", width=320),
+    )
     _measure(_tiny(dev), "tiny step (x + 1, sync)", STEPS)
     _measure(_steps(dev, "eager"), "eager MLP training step", max(STEPS // 10, 50))
 
