@@ -8,6 +8,7 @@ Fast tests on constructed facts first; then runs on XLA:CPU.
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -167,6 +168,29 @@ def test_a_step_with_one_graph_of_unknown_size_is_not_said_to_fit():
     alone = memory_fit([sized, sized], CHIPS["v5e"])
     assert alone is not None and alone.fits and alone.describe().startswith("fits: needs 1")
     assert memory_fit([GraphCost(), GraphCost()], CHIPS["v5e"]) is None
+
+
+def test_a_graph_reading_more_than_the_cell_holds_counts_its_inputs():
+    """A Trainer holds its optimizer, not the cell: the state tpu_nb finds is less than the
+    step's graph reads, and the graph's inputs are what is resident at least."""
+    from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit
+
+    found = Residency(params=55_600)  # the model the cell holds; the optimizer not found
+    step = GraphCost(
+        input_bytes=159_000, output_bytes=0, aliased_bytes=0, temp_bytes=777_000, resident=found
+    )
+    fit = memory_fit([step], CHIPS["v5e"])
+    assert fit is not None and fit.needed == 159_000 + 777_000
+    text = fit.describe()
+    assert "the graph's inputs 159 KB, all resident while it runs (your variables hold " in text
+    assert "55.6 KB of device data: parameters 55.6 KB" in text, text
+    assert "optimizer state 0 B)" in text and "resident 55.6 KB" not in text
+    # where the cell holds more than the graph reads, that is what counts, as before
+    held = memory_fit([GraphCost(input_bytes=1_000, temp_bytes=0.0, resident=found)], CHIPS["v5e"])
+    assert held is not None and held.needed == 55_600 and "resident 55.6 KB" in held.describe()
+    # and a chip the inputs and temporaries overflow is told so
+    tiny = replace(CHIPS["v5e"], hbm_bytes=900_000)
+    assert memory_fit([step], tiny).fits is False
 
 
 COMPILE_OOM = """\

@@ -118,6 +118,10 @@ class MemoryFit:
     temporaries: float | None
     unknown: str = "tpu_nb has no compile-log sizes for this graph"
     unsized: int = 0
+    # The graph's inputs (device data it reads, all resident while it runs), where they are
+    # more than what tpu_nb found the tracked code holding (a library's optimizer, held by
+    # an object rather than a name, is not found): they are then what is counted as held.
+    inputs: float | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -130,12 +134,24 @@ class MemoryFit:
         device = " device" if self.chip.devices > 1 else ""
         have = f"a {self.chip.name}{device} has {format_bytes(self.chip.per_device().hbm_bytes)}"
         parts = []
-        if self.resident is not None and self.resident.total:
-            r = self.resident
+        r = self.resident
+        found = (
+            f"parameters {format_bytes(r.params)}, gradients {format_bytes(r.grads)}, "
+            f"optimizer state {format_bytes(r.optimizer)}"
+            if r is not None and r.total
+            else ""
+        )
+        if self.inputs is not None:
             parts.append(
-                f"resident {format_bytes(r.total)} (parameters {format_bytes(r.params)}, "
-                f"gradients {format_bytes(r.grads)}, optimizer state {format_bytes(r.optimizer)})"
+                f"the graph's inputs {format_bytes(self.inputs)}, all resident while it runs"
+                + (
+                    f" (your variables hold {format_bytes(r.total)} of device data: {found})"
+                    if found and r is not None
+                    else ""
+                )
             )
+        elif found and r is not None:
+            parts.append(f"resident {format_bytes(r.total)} ({found})")
         if self.temporaries is None:
             parts.append(f"the graph's temporaries not known: {self.unknown}")
         elif self.unsized:
@@ -420,11 +436,20 @@ def memory_fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
     extra = (worst.temp_bytes or 0.0) + max(
         0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0)
     )
-    # what the tracked code holds; when it holds no module or optimizer, the graph's inputs
-    # (device data it reads: at least that much is resident)
-    held = float(resident.total) if resident and resident.total else (worst.input_bytes or 0.0)
+    # what the tracked code holds, or the graph's inputs (device data it reads: at least that
+    # much is resident) where they are more: a Trainer's optimizer state is held by the
+    # Trainer, not by a name of the cell
+    held = float(resident.total) if resident and resident.total else 0.0
+    inputs = worst.input_bytes if (worst.input_bytes or 0.0) > held else None
     unsized = sum(1 for g in graphs if g.temp_bytes is None) if worst.temp_bytes is not None else 0
-    return MemoryFit(chip, held + extra, resident, worst.temp_bytes, unsized=unsized)
+    return MemoryFit(
+        chip,
+        max(held, inputs or 0.0) + extra,
+        resident,
+        worst.temp_bytes,
+        unsized=unsized,
+        inputs=inputs,
+    )
 
 
 def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
