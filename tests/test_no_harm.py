@@ -356,3 +356,16 @@ def test_work_an_earlier_cell_left_pending_is_named_at_the_first_sync(shell):
     )
     assert result.result.earlier is None
     assert not [f for f in result.result.findings if f.kind == "earlier"]
+    # Pending again, but the cell rebinds its only holder before its first sync: that work is
+    # dropped, never run, and the first step is not blamed on it.
+    assert shell.run_cell("w = (x.exp() * 5).mean()").success
+    result, work = counted(
+        shell,
+        "%%on_tpu -o\nw = x.sum()\nfor t in sentences[:2]:\n    y = embed(t.to(dev))\n"
+        "    torch_xla.sync()\n",
+        settle=True,
+    )
+    assert result.result.earlier is None and work["executions"] == 2
+    said = [f.what for f in result.result.findings]
+    assert not [f for f in result.result.findings if f.kind == "earlier"], said
+    assert "earlier cells" not in str(result.result)

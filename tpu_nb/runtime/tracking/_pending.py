@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,14 +93,16 @@ def _walk_order(value) -> int:
     return 2
 
 
-def find_earlier(namespace: dict, assigned_in=None) -> EarlierWork | None:
+def find_earlier(namespace: dict, assigned_in=None, keep: list | None = None) -> EarlierWork | None:
     """The pending work held by `namespace`'s variables as a block starts (None: none).
-    `assigned_in(name)` names where a variable was last assigned (a notebook's cell)."""
+    `assigned_in(name)` names where a variable was last assigned (a notebook's cell); `keep`
+    gets a weak reference to each pending tensor (a block that rebinds every one of them
+    before its first sync drops that work: it never runs)."""
     names = tuple(n for n in list(namespace) if not n.startswith("_") and n not in _NOT_VARIABLES)
     # Tensors, modules and optimizers first, each name with a share of the walk: a dataset
     # of a million examples costs its share, and hides nothing behind it.
     names = tuple(sorted(names, key=lambda n: _walk_order(namespace[n])))
-    found = find_pending([namespace], names, per_name=_PER_NAME)
+    found = find_pending([namespace], names, per_name=_PER_NAME, keep=keep)
     if found is None:
         return None
     cells = []
@@ -112,12 +115,15 @@ def find_earlier(namespace: dict, assigned_in=None) -> EarlierWork | None:
 
 
 def find_pending(
-    namespaces: list[dict], names: tuple[str, ...], per_name: int = _WALK_BUDGET
+    namespaces: list[dict],
+    names: tuple[str, ...],
+    per_name: int = _WALK_BUDGET,
+    keep: list | None = None,
 ) -> PendingWork | None:
     """The pending work reachable from `names` in `namespaces` (first match per name wins);
     None when none of them holds any. `per_name`: objects looked at, at most, from one name
-    (a big dataset list must not use up what the other names need). Never runs anything;
-    never raises."""
+    (a big dataset list must not use up what the other names need); `keep` gets a weak
+    reference to each pending tensor. Never runs anything; never raises."""
     start = time.perf_counter()
     try:
         import torch
@@ -140,6 +146,8 @@ def find_pending(
                 holders.append(name)
         if not found:
             return None
+        if keep is not None:
+            keep.extend(weakref.ref(t) for t in found.values())
         return _described(tuple(holders), list(found.values()), start)
     except Exception:
         log.debug("tpu_nb: describing the work left pending", exc_info=True)

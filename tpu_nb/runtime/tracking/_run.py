@@ -84,8 +84,12 @@ class _SyncWatch:
     priority = 3  # after max_graphs' check: a sync it stopped never returned
     before = None
 
-    def __init__(self, runtime: Backend):
+    def __init__(self, runtime: Backend, earlier: list | None = None):
         self._value = runtime.counters.reader()
+        # weak references to the tensors earlier cells left pending: whether any is still
+        # alive at the run's first sync, which then runs their work (None once looked)
+        self._earlier = earlier or None
+        self.earlier_joined: bool | None = None
         names = runtime.counters.facts
         self._created, self._syncs = names.tensors_created, names.syncs
         self.active = True
@@ -98,6 +102,9 @@ class _SyncWatch:
     def after(self, event, state) -> None:
         if self.active:  # _now(), inlined: every sync passes here
             self.seen = self._value(self._created), self._value(self._syncs)
+            if self._earlier is not None:  # the run's first sync
+                self.earlier_joined = any(ref() is not None for ref in self._earlier)
+                self._earlier = None
 
     def close(self) -> None:
         self.active = False
@@ -159,14 +166,15 @@ class Run:
     # -- begin and end -------------------------------------------------------------------------
 
     def begin(self, caller) -> None:
+        earlier_tensors: list = []
         if isinstance(self.namespace, dict):  # a notebook's: what earlier cells left pending
-            self._earlier = find_earlier(self.namespace, self.assigned_in)
+            self._earlier = find_earlier(self.namespace, self.assigned_in, earlier_tensors)
         self._log = compile_log()
         self._offset = self._log.size() if self._log is not None else 0
         self._frame = caller if self.namespace is None else None
         run_probe().begin_run(self)
         try:
-            self._watch = _SyncWatch(current_backend())
+            self._watch = _SyncWatch(current_backend(), earlier_tensors)
             if self.record:
                 recorder = self.recorder = provenance.Recorder(
                     root_codes=self.code, root_frame=caller, log=self._log
@@ -307,7 +315,10 @@ class Run:
             waited=waited,
             synced_at_end=synced,
             pending=pending,
-            earlier=self._earlier,
+            # rebound before the run's first sync: that work was dropped, not run here
+            earlier=None
+            if self._watch is not None and self._watch.earlier_joined is False
+            else self._earlier,
             compile_analysis=self._log is not None,
             compiled=compiled,
             anatomy=steps,
