@@ -18,8 +18,7 @@ TRAINER_PAD_FIX = (
     "Trainer's batches change shape from step to step (the data collator pads each batch to "
     "its longest sequence), so each step compiles a new graph: pad to a few fixed sizes, "
     "e.g. DataCollatorWithPadding(tokenizer, pad_to_multiple_of=64), or to one fixed length "
-    '(the tokenizer\'s padding="max_length", max_length=...); a shorter last batch: '
-    "TrainingArguments(dataloader_drop_last=True)"
+    '(the tokenizer\'s padding="max_length", max_length=...)'
 )
 TRAINER_LAST_BATCH_FIX = (
     "only the last step compiled a new graph: when that is Trainer's shorter last batch, "
