@@ -497,8 +497,37 @@ def device_loader_loop(steps: int = 12):
     for (x,) in MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=1), dev):
         for _ in range(12):
             x = torch.tanh(x.expand(384, 384) @ w)
-        w = w + x.mean() * 1e-4
+        w.sub_(x.mean() * 1e-4)  # in place: the next sync waits for this step's execution
     return w
+
+
+def device_bound_loop(steps: int = 8):
+    # each step heavy for XLA:CPU and updating its weight in place, its sync called from the
+    # tracked code itself: the sync waits for the previous step's execution, which holds the
+    # weight's buffer (torch_xla donates it to the update)
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    w = torch.randn(384, 384, device=dev) / 384**0.5
+    x = torch.randn(384, 384, device=dev)
+    for _ in range(steps):
+        y = x
+        for _ in range(24):
+            y = torch.tanh(y @ w)
+        w.sub_(y.mean() * 1e-4)
+        torch_xla.sync()  # SYNC-LINE
+    return w
+
+
+def test_time_in_a_sync_the_tracked_code_calls_is_the_syncs_not_host_work():
+    # tpu_nb calls the original sync from a trampoline named like the calling line (so that
+    # warnings name the user's line): that frame is not the tracked code's line
+    _, a = _tracked(device_bound_loop)
+    line = line_of("SYNC-LINE", device_bound_loop)
+    at_sync = [h for h in a.host_lines if h.line.line == line]
+    assert at_sync and at_sync[0].kind == "sync", a.host_lines
+    assert not [h for h in at_sync if h.kind == "host" and "torch_xla" in h.via], a.host_lines
+    # nor is the run's own wait for the device, after the tracked code ended, a line's time
+    assert not [h for h in a.host_lines if "wait_device_ops" in h.via], a.host_lines
 
 
 def test_a_device_loaders_own_sync_is_the_steps_sync_not_input():

@@ -351,6 +351,14 @@ _trampolines: dict[tuple[str, int, str], FunctionType] = {}
 _by_instruction: dict[tuple[int, int], tuple] = {}
 
 
+def is_trampoline(code) -> bool:
+    """Whether `code` is a trampoline's (named like the line that called a hook, but
+    tpu_nb's: a walk that places time or events on the tracked code's lines skips it)."""
+    return code.co_code == _TRAMPOLINE_CODE.co_code and code.co_varnames == (
+        _TRAMPOLINE_CODE.co_varnames
+    )
+
+
 def as_caller(frame):
     """A function `f(fn, args, kwargs)` that calls `fn(*args, **kwargs)` from a frame that
     warnings attribute as `frame` (the wrapper's caller): see the comment above. Returned,

@@ -193,6 +193,9 @@ class Run:
         """The block ended (with `exc`, or None): finish its work as asked, and complete the
         report. Re-raises a failure of tpu_nb's own end sync or wait (the run failed)."""
         synced, pending, waited = False, None, False
+        sampler = self.collector.sampler if self.collector is not None else None
+        if sampler is not None:  # the tracked code has ended: tpu_nb's end sync and wait below
+            sampler.stop()  # are no line's host time (a `with track():` line's, in a script)
         try:
             if exc is None:
                 try:

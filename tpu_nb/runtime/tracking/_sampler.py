@@ -51,7 +51,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tpu_nb.runtime.frame import Frame, walk_stack
-from tpu_nb.runtime.sources import frames_to_tracked, short_path
+from tpu_nb.runtime.sources import frames_to_tracked, is_trampoline, short_path
 from tpu_nb.runtime.units import format_place, format_seconds
 
 log = logging.getLogger("tpu_nb")
@@ -380,11 +380,13 @@ class Sampler:
         """What a frame of `code` is, once per code object: [code, the tracked code's,
         tpu_nb hook kind, tpu_nb's own, passes calls along, FOR_ITER offsets, name]."""
         path = code.co_filename.replace("\\", "/")
-        ours = any(f"/{p}" in path for p in _TPU_NB)
+        # a trampoline carries the calling line's file name, yet is tpu_nb's
+        trampoline = is_trampoline(code)
+        ours = trampoline or any(f"/{p}" in path for p in _TPU_NB)
         info = [
             code,
-            code.co_filename == self._file,
-            _HOOK_KINDS.get(code.co_name) if ours else None,
+            code.co_filename == self._file and not trampoline,
+            _HOOK_KINDS.get(code.co_name) if ours and not trampoline else None,
             ours,
             code.co_name in _PASS_FUNCTIONS or path.endswith(_PASS_FILES),
             None,  # FOR_ITER offsets, when first needed
