@@ -417,6 +417,26 @@ def test_a_run_longer_than_the_sample_buffers_keeps_every_step_sample():
     assert sum(s.executions for s in a.steps) >= steps
 
 
+def test_an_execution_still_running_as_the_run_begins_is_not_its_first_steps():
+    """A sync does not wait: work launched before the run can complete inside it. Its
+    execution is not the run's first step's, and every step keeps its own execution, not
+    the one of the step before it."""
+    dev = torch_xla.device()
+    x = torch.zeros(8, device=dev)
+    for _ in range(3):  # compiled before the run
+        x = x + 1
+        torch_xla.sync()
+    big = torch.randn(1500, 1500, device=dev)
+    for _ in range(2):
+        big = big @ big / 1500
+    torch_xla.sync()  # still running as the run begins
+    with tpu_nb.track(wait=True) as report:
+        for _ in range(40):
+            x = x + 1
+            torch_xla.sync()
+    assert [s.executions for s in report.anatomy.steps] == [1] * 40
+
+
 def test_host_line_shares_of_a_run_longer_than_the_steps_kept_add_up(monkeypatch):
     """A run keeps its last steps only; the host sampler saw all of them: the steady lines'
     shares are of the time the sampler counted, so they add up to at most the whole."""

@@ -529,6 +529,17 @@ def _spans(samples: Iterable[tuple]) -> list[tuple[float, float]]:
     return sorted(((end - dur, end) for end, dur, _ in samples), key=lambda s: s[1])
 
 
+def _in_launch_order(samples: list) -> list:
+    """The runtime numbers execution samples as they complete; graphs run in the order they
+    were built, but on XLA:CPU one can complete after those launched after it: the k-th
+    launched is the k-th graph's."""
+    if any(ordinal is None for _, _, ordinal in samples):
+        return samples
+    ordinals = sorted(ordinal for _, _, ordinal in samples)
+    launched = sorted(samples, key=lambda s: s[0] - s[1])
+    return [(end, dur, k) for (end, dur, _), k in zip(launched, ordinals, strict=True)]
+
+
 def _device_spans(samples) -> list[tuple[float, float, float, int | None]]:
     """Executions as (launch, device start, end, ordinal): one device runs them one after
     another, so an execution starts at its launch or at the previous one's completion,
@@ -602,8 +613,9 @@ def _owners(executions, graphs: dict, origin: float, bounds, windows) -> list[in
     Otherwise (its graph not seen): the last sync or read called before the launch."""
     times, points = _launch_points(windows)
     owners: list[int | None] = []
+    shift = _in_flight(executions, graphs)
     for launch, _, _, ordinal in executions:
-        built = graphs.get(ordinal)
+        built = graphs.get(ordinal - shift) if ordinal is not None else None
         if built is not None and built <= launch + 1e-3:
             owners.append(
                 min(bisect_left(bounds, built), len(windows) - 1) if built > origin else None
@@ -612,6 +624,24 @@ def _owners(executions, graphs: dict, origin: float, bounds, windows) -> list[in
         at = bisect_left(times, launch + 1e-9) - 1
         owners.append(points[at] if at >= 0 and launch >= origin else None)
     return owners
+
+
+def _in_flight(executions, graphs: dict, most: int = 16, first: int = 256) -> int:
+    """How many executions the run's first samples hold of graphs built before it began.
+    Graphs are counted as they are built, executions as they complete: an execution still
+    running when the run began (a sync's, which does not wait) is the run's first sample,
+    and every later one would pair with the graph after its own. No graph runs before it is
+    built: the fewest such executions for which every pairing of the first samples keeps
+    that order."""
+    pairs = sorted(
+        ((ordinal, launch) for launch, _, _, ordinal in executions if ordinal is not None),
+    )[:first]
+    for shift in range(most + 1):
+        if all(
+            graphs.get(ordinal - shift, float("-inf")) <= launch + 1e-3 for ordinal, launch in pairs
+        ):
+            return shift
+    return 0
 
 
 def _launch_points(windows: list[_Window]) -> tuple[list[float], list[int]]:
@@ -655,7 +685,7 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
     single, replicated = samples["ExecuteTime"], samples["ExecuteReplicatedTime"]
     if single and replicated:  # both kinds in one run: ordinals do not pair with graphs
         single = [(e, d, None) for e, d, _ in single + replicated]
-    executions = _device_spans(single or replicated)
+    executions = _device_spans(_in_launch_order(single or replicated))
     windows = [
         _Window(bounds[i - 1] if i else origin, bounds[i], syncs[i][1:], overhead=[syncs[i][:2]])
         for i in range(len(syncs))
