@@ -185,6 +185,34 @@ def test_a_loop_still_compiling_in_its_steady_steps_is_compile_bound_with_the_pa
     assert "pad or bucket" in judgement.verdict.fix and "recompiling at" in judgement.verdict.reason
 
 
+def test_the_one_time_cost_names_only_the_compiles_it_counts():
+    # Trainer with dynamic padding: its loader's sync compiles the steady step's graph at
+    # step 1 (state appeared), while the attention mask's read recompiles at every step; step
+    # 1 recompiled, so it is a steady step, its loader graph with it: the one-time cost is
+    # the first step's graphs alone, and says so
+    from dataclasses import replace
+
+    from tpu_nb.display.reports import one_time_cost
+
+    events = []
+    for step in range(8):
+        loader = _compile(2 * step, step=step, call=step)
+        events.append(replace(loader, inputs=10 if step == 0 else 12, outputs=3))
+        events.append(_compile(2 * step + 1, step=step, call=step, line=READ_LINE))
+    facts = _facts(
+        events,
+        8,
+        line_calls={(CELL, LOOP_LINE.line): 8, (CELL, READ_LINE.line): 8},
+        anatomy=_steps(8, set(range(8)), host=0.001, device=0.01),
+    )
+    judgement = _policy.judge(facts)
+    assert _policy.WARM_UP in judgement.compile_kinds  # the loader's graph at step 1
+    assert judgement.one_time_compiles == 2 and judgement.one_time_events == (0, 1)
+    text = one_time_cost(judgement, facts)
+    assert text.startswith("one-time cost: 2 compiles") and "steady step's" not in text, text
+    assert "the first step's graph (2)" in text, text
+
+
 def test_a_graph_compiled_after_the_loop_is_no_steady_steps_time():
     # nine steady steps of device work, then a read after the loop that compiles for 2 s
     # while the host also waits 0.05 s for the last steps' work: the read's compile is no

@@ -220,37 +220,38 @@ def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
     assert "read from the device" in listing[read + 1], listing
 
 
-def test_one_time_cost_counts_each_kind_only_when_the_counts_add_up():
+def test_one_time_cost_names_each_kind_it_counts():
     from types import SimpleNamespace
 
-    def one_time(kinds, n):
+    def one_time(kinds, counted, report=None):
         judgement = SimpleNamespace(
             compile_kinds=kinds,
-            one_time_compiles=n,
+            one_time_compiles=len(counted),
+            one_time_events=counted,
             one_time_seconds=1.0,
             verdict=None,
             steady_steps=0,
         )
-        return one_time_cost(judgement)
+        return one_time_cost(judgement, report)
 
-    assert one_time(["first", "first", "warm-up"], 3) == (
+    assert one_time(["first", "first", "warm-up"], (0, 1, 2)) == (
         "one-time cost: 3 compiles (1.00 s): the first step's graph (2), the steady step's"
     )
-    # a library's sites compiled such graphs after the first steps too: 5 named, 3 one-time
-    text = one_time(["first"] * 3 + ["warm-up"] * 2, 3)
-    assert text == "one-time cost: 3 compiles (1.00 s): the first step's graph, the steady step's"
+    # a library's sites compiled such graphs in steps that also recompiled: not counted,
+    # not named
+    text = one_time(["first"] * 3 + ["warm-up"] * 2, (0, 1, 2))
+    assert text == "one-time cost: 3 compiles (1.00 s): the first step's graph (3)"
     # a line's first graph compiled after the loop's last sync (step 5 of 5 steps) is no step's
+    # a site first reached in a later step (a Trainer's logging step): not the first step's
+    report = SimpleNamespace(syncs=8, compile_events=[SimpleNamespace(step=s) for s in (0, 1, 3)])
+    assert one_time(["first", "warm-up", "first"], (0, 1, 2), report) == (
+        "one-time cost: 3 compiles (1.00 s): the first step's graph, the steady step's, "
+        "a graph first needed in a later step"
+    )
     report = SimpleNamespace(
         syncs=5, compile_events=[SimpleNamespace(step=s) for s in (0, 1, 5, 5)]
     )
-    judgement = SimpleNamespace(
-        compile_kinds=["first", "warm-up", "first", "first"],
-        one_time_compiles=4,
-        one_time_seconds=1.0,
-        verdict=None,
-        steady_steps=0,
-    )
-    assert one_time_cost(judgement, report) == (
+    assert one_time(["first", "warm-up", "first", "first"], (0, 1, 2, 3), report) == (
         "one-time cost: 4 compiles (1.00 s): the first step's graph, the steady step's, "
         "graphs after the loop's last sync (2)"
     )

@@ -717,6 +717,7 @@ class TimingView:
 _ONE_TIME = {
     "first": "the first step's graph",
     "warm-up": "the steady step's",
+    "later": "graphs first needed in a later step",
     "variant": "other graphs, each compiled once",
     "earlier": "work earlier cells left pending",
     "after": "graphs after the loop's last sync",
@@ -724,31 +725,35 @@ _ONE_TIME = {
 
 
 def one_time_cost(judgement, report=None) -> str:
-    """ "one-time cost: 2 compiles (444 ms), the first step's graph and the steady
-    step's; the verdict is about the 18 steady steps". `report`: the RunReport the
-    judgement's compile kinds are of (its compile events' steps against its steps)."""
-    # A line's first graph compiled after the loop's last sync (a read of the result) is
-    # no step's graph
+    """ "one-time cost: 2 compiles (444 ms): the first step's graph, the steady step's; the
+    verdict is about the 18 steady steps": the compiles the judgement counted as one-time
+    (`Judgement.one_time_events`), by kind. A step that also recompiled is a steady step,
+    its first-of-a-kind compiles with it: they are the verdict's, not named here. `report`:
+    the RunReport those events index (a line's first graph compiled after the loop's last
+    sync, a read of the result, is no step's graph)."""
     steps = getattr(report, "syncs", 0) or 0
-    events = getattr(report, "compile_events", ()) or ((None,) * len(judgement.compile_kinds))
-    kinds = [
-        "after" if kind == "first" and steps and (getattr(e, "step", 0) or 0) >= steps else kind
-        for e, kind in zip(events, judgement.compile_kinds, strict=False)
-        if kind
+    events = getattr(report, "compile_events", ()) or ()
+    step_of = [getattr(e, "step", 0) or 0 for e in events]
+    counted = [
+        (judgement.compile_kinds[i], step_of[i] if i < len(step_of) else 0)
+        for i in judgement.one_time_events
     ]
+    first_step = min((step for kind, step in counted if kind == "first"), default=0)
+    kinds = []
+    for kind, step in counted:
+        if kind == "first" and steps and step >= steps:
+            kind = "after"
+        elif kind == "first" and step > first_step:  # a site first reached later (logging)
+            kind = "later"
+        kinds.append(kind)
     n = judgement.one_time_compiles
-    counted = {kind: kinds.count(kind) for kind in _ONE_TIME}
-    # counts per kind only when they add up to the one-time compiles (a library's sites
-    # also compile such graphs after the first steps: then the kinds alone are named)
-    exact = sum(counted.values()) == n
     named = []
     for kind, words in _ONE_TIME.items():
-        count = counted[kind]
-        if kind == "after" and count == 1:
-            words = "a graph after the loop's last sync"
+        count = kinds.count(kind)
+        if kind in ("after", "later") and count == 1:
+            words = "a graph" + words.removeprefix("graphs")
         if count:
-            plain = count == 1 or kind == "variant" or not exact
-            named.append(words if plain else f"{words} ({count})")
+            named.append(words if count == 1 or kind == "variant" else f"{words} ({count})")
     text = f"one-time cost: {_count(n, 'compile')} ({format_seconds(judgement.one_time_seconds)})"
     if named:
         text += ": " + ", ".join(named)

@@ -126,6 +126,8 @@ class Judgement:
     verdict: Any = None  # anatomy.Verdict of the steady state, or None
     note: str = ""  # why there is no verdict, or what the verdict leaves out
     one_time_compiles: int = 0
+    # the compile events (RunReport.compile_events indexes) counted in one_time_compiles
+    one_time_events: tuple[int, ...] = ()
     one_time_seconds: float = 0.0  # compile time of the warm-up and the settled variants
     steady_steps: int = 0
     # the host sampler's lines over the steady steps alone (what the verdict names); () when
@@ -477,12 +479,22 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         if event.step is not None and kind:
             by_step.setdefault(event.step, []).append(kind)
     one_time_steps = {step for step, kinds in by_step.items() if all(k in ONE_TIME for k in kinds)}
-    one_time = sum(len(by_step[s]) for s in one_time_steps)
+    one_time_events = tuple(
+        i
+        for i, (event, kind) in enumerate(zip(events, judgement.compile_kinds, strict=True))
+        if kind and event.step in one_time_steps
+    )
+    one_time = len(one_time_events)
     a = report.anatomy
     steps = getattr(a, "steps", ())
     ran = (*steps, a.tail) if getattr(a, "tail", None) else tuple(steps)
     seconds = sum(s.compile for s in ran if s.index in one_time_steps)
-    judgement = replace(judgement, one_time_compiles=one_time, one_time_seconds=seconds)
+    judgement = replace(
+        judgement,
+        one_time_compiles=one_time,
+        one_time_events=one_time_events,
+        one_time_seconds=seconds,
+    )
     growing = [p for p in judgement.lines.values() if p.kind == "growing"]
     if growing:
         grown = report.cost
