@@ -8,6 +8,7 @@ gets the facts that must trigger it and the nearest facts that must not.
 from __future__ import annotations
 
 import sysconfig
+from dataclasses import replace
 
 from tpu_nb.runtime.metrics import CompileEvent, Frame, MetricsDelta
 from tpu_nb.runtime.tracking import RunReport, _policy
@@ -190,8 +191,6 @@ def test_the_one_time_cost_names_only_the_compiles_it_counts():
     # step 1 (state appeared), while the attention mask's read recompiles at every step; step
     # 1 recompiled, so it is a steady step, its loader graph with it: the one-time cost is
     # the first step's graphs alone, and says so
-    from dataclasses import replace
-
     from tpu_nb.display.reports import one_time_cost
 
     events = []
@@ -208,9 +207,24 @@ def test_the_one_time_cost_names_only_the_compiles_it_counts():
     judgement = _policy.judge(facts)
     assert _policy.WARM_UP in judgement.compile_kinds  # the loader's graph at step 1
     assert judgement.one_time_compiles == 2 and judgement.one_time_events == (0, 1)
-    text = one_time_cost(judgement, facts)
+    text = one_time_cost(judgement)
     assert text.startswith("one-time cost: 2 compiles") and "steady step's" not in text, text
     assert "the first step's graph (2)" in text, text
+
+
+def test_a_sites_first_graph_in_a_later_step_of_its_line_is_not_the_first_steps():
+    # one line (a Trainer's train()): its step's graph at step 0, cached after; at step 3
+    # its logging site compiles its first graph. Another line's first graph at step 1,
+    # after a sync before the loop (step 0), is that line's first step's graph
+    logging = Frame("transformers/trainer.py", 3195, "_maybe_log_save_evaluate")
+    events = [
+        _compile(0, step=0, call=0, line=Frame(CELL, 3, "<module>")),
+        _compile(1, step=1, call=0),
+        replace(_compile(2, step=3, call=0), site=Site(LOOP_LINE, library=logging)),
+    ]
+    facts = _facts(events, 10, anatomy=_steps(10, {0, 1, 3}, host=0.001, device=0.1))
+    judgement = _policy.judge(facts)
+    assert judgement.one_time_kinds == ("first", "first", "later"), judgement.compile_kinds
 
 
 def test_a_graph_compiled_after_the_loop_is_no_steady_steps_time():

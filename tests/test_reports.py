@@ -223,35 +223,24 @@ def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
 def test_one_time_cost_names_each_kind_it_counts():
     from types import SimpleNamespace
 
-    def one_time(kinds, counted, report=None):
+    def one_time(*kinds):
         judgement = SimpleNamespace(
-            compile_kinds=kinds,
-            one_time_compiles=len(counted),
-            one_time_events=counted,
+            one_time_kinds=kinds,
+            one_time_compiles=len(kinds),
             one_time_seconds=1.0,
             verdict=None,
             steady_steps=0,
         )
-        return one_time_cost(judgement, report)
+        return one_time_cost(judgement)
 
-    assert one_time(["first", "first", "warm-up"], (0, 1, 2)) == (
+    assert one_time("first", "first", "warm-up") == (
         "one-time cost: 3 compiles (1.00 s): the first step's graph (2), the steady step's"
     )
-    # a library's sites compiled such graphs in steps that also recompiled: not counted,
-    # not named
-    text = one_time(["first"] * 3 + ["warm-up"] * 2, (0, 1, 2))
-    assert text == "one-time cost: 3 compiles (1.00 s): the first step's graph (3)"
-    # a line's first graph compiled after the loop's last sync (step 5 of 5 steps) is no step's
-    # a site first reached in a later step (a Trainer's logging step): not the first step's
-    report = SimpleNamespace(syncs=8, compile_events=[SimpleNamespace(step=s) for s in (0, 1, 3)])
-    assert one_time(["first", "warm-up", "first"], (0, 1, 2), report) == (
+    assert one_time("first", "warm-up", "later") == (
         "one-time cost: 3 compiles (1.00 s): the first step's graph, the steady step's, "
         "a graph first needed in a later step"
     )
-    report = SimpleNamespace(
-        syncs=5, compile_events=[SimpleNamespace(step=s) for s in (0, 1, 5, 5)]
-    )
-    assert one_time(["first", "warm-up", "first", "first"], (0, 1, 2, 3), report) == (
+    assert one_time("first", "warm-up", "after", "after") == (
         "one-time cost: 4 compiles (1.00 s): the first step's graph, the steady step's, "
         "graphs after the loop's last sync (2)"
     )

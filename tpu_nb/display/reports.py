@@ -360,7 +360,7 @@ class RunView:
             notes.append(f"compile causes unknown for this cell: {problem}")
         judgement = getattr(self.report, "judgement", None)
         if judgement is not None and judgement.one_time_compiles and self._is_loop():
-            notes.append(one_time_cost(judgement, self.report))
+            notes.append(one_time_cost(judgement))
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
             if judgement is not None and judgement.note:  # what the verdict leaves out
@@ -724,28 +724,12 @@ _ONE_TIME = {
 }
 
 
-def one_time_cost(judgement, report=None) -> str:
+def one_time_cost(judgement) -> str:
     """ "one-time cost: 2 compiles (444 ms): the first step's graph, the steady step's; the
-    verdict is about the 18 steady steps": the compiles the judgement counted as one-time
-    (`Judgement.one_time_events`), by kind. A step that also recompiled is a steady step,
-    its first-of-a-kind compiles with it: they are the verdict's, not named here. `report`:
-    the RunReport those events index (a line's first graph compiled after the loop's last
-    sync, a read of the result, is no step's graph)."""
-    steps = getattr(report, "syncs", 0) or 0
-    events = getattr(report, "compile_events", ()) or ()
-    step_of = [getattr(e, "step", 0) or 0 for e in events]
-    counted = [
-        (judgement.compile_kinds[i], step_of[i] if i < len(step_of) else 0)
-        for i in judgement.one_time_events
-    ]
-    first_step = min((step for kind, step in counted if kind == "first"), default=0)
-    kinds = []
-    for kind, step in counted:
-        if kind == "first" and steps and step >= steps:
-            kind = "after"
-        elif kind == "first" and step > first_step:  # a site first reached later (logging)
-            kind = "later"
-        kinds.append(kind)
+    verdict is about the 18 steady steps": the compiles the judgement counted as one-time,
+    by what each is (`Judgement.one_time_kinds`). A step that also recompiled is a steady
+    step, its first-of-a-kind compiles with it: they are the verdict's, not named here."""
+    kinds = judgement.one_time_kinds
     n = judgement.one_time_compiles
     named = []
     for kind, words in _ONE_TIME.items():

@@ -126,8 +126,10 @@ class Judgement:
     verdict: Any = None  # anatomy.Verdict of the steady state, or None
     note: str = ""  # why there is no verdict, or what the verdict leaves out
     one_time_compiles: int = 0
-    # the compile events (RunReport.compile_events indexes) counted in one_time_compiles
+    # the compile events (RunReport.compile_events indexes) counted in one_time_compiles, and
+    # what each is, as the one-time cost names it (_one_time_kinds)
     one_time_events: tuple[int, ...] = ()
+    one_time_kinds: tuple[str, ...] = ()
     one_time_seconds: float = 0.0  # compile time of the warm-up and the settled variants
     steady_steps: int = 0
     # the host sampler's lines over the steady steps alone (what the verdict names); () when
@@ -457,6 +459,28 @@ def judge(report) -> Judgement:
     return judged
 
 
+def _one_time_kinds(events, kinds, counted: tuple[int, ...], report) -> tuple[str, ...]:
+    """What each one-time compile is: its kind, except for a line's first graph compiled
+    after the loop's last sync ("after": a read of the result, no step's graph) and a first
+    graph of a site whose line had compiled in an earlier step ("later": a Trainer's first
+    logging step, not its first step)."""
+    earliest: dict = {}
+    for e in events:
+        if e.step is not None:
+            key = line_key(e)
+            earliest[key] = min(earliest.get(key, e.step), e.step)
+    syncs = report.syncs or 0
+    out = []
+    for i in counted:
+        kind, e = kinds[i], events[i]
+        if kind == FIRST and syncs and e.step >= syncs:
+            kind = "after"
+        elif kind == FIRST and e.step > earliest.get(line_key(e), e.step):
+            kind = "later"
+        out.append(kind)
+    return tuple(out)
+
+
 def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
     """The compiles of the run's first sync when earlier work was pending as the run started:
     that sync ran it with the run's first step, in one graph unlike the line's own."""
@@ -493,6 +517,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         judgement,
         one_time_compiles=one_time,
         one_time_events=one_time_events,
+        one_time_kinds=_one_time_kinds(events, judgement.compile_kinds, one_time_events, report),
         one_time_seconds=seconds,
     )
     growing = [p for p in judgement.lines.values() if p.kind == "growing"]
