@@ -206,7 +206,7 @@ def test_the_one_time_cost_names_only_the_compiles_it_counts():
     )
     judgement = _policy.judge(facts)
     assert _policy.WARM_UP in judgement.compile_kinds  # the loader's graph at step 1
-    assert judgement.one_time_compiles == 2 and judgement.one_time_events == (0, 1)
+    assert judgement.one_time_compiles == 2 and judgement.one_time_kinds == ("first", "first")
     text = one_time_cost(judgement)
     assert text.startswith("one-time cost: 2 compiles") and "steady step's" not in text, text
     assert "the first step's graph (2)" in text, text

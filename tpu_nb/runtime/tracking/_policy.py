@@ -126,9 +126,7 @@ class Judgement:
     verdict: Any = None  # anatomy.Verdict of the steady state, or None
     note: str = ""  # why there is no verdict, or what the verdict leaves out
     one_time_compiles: int = 0
-    # the compile events (RunReport.compile_events indexes) counted in one_time_compiles, and
-    # what each is, as the one-time cost names it (_one_time_kinds)
-    one_time_events: tuple[int, ...] = ()
+    # what each compile counted in one_time_compiles is, as the one-time cost names it
     one_time_kinds: tuple[str, ...] = ()
     one_time_seconds: float = 0.0  # compile time of the warm-up and the settled variants
     steady_steps: int = 0
@@ -516,7 +514,6 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     judgement = replace(
         judgement,
         one_time_compiles=one_time,
-        one_time_events=one_time_events,
         one_time_kinds=_one_time_kinds(events, judgement.compile_kinds, one_time_events, report),
         one_time_seconds=seconds,
     )
