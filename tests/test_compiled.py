@@ -691,7 +691,7 @@ def test_max_graphs_stops_where_the_reports_count_for_the_line_passes_it(shell, 
     from tpu_nb.display.reports import group_findings
 
     rows = [g for g in group_findings(list(report.findings)) if g.line == 4]
-    own = ("compile", "warm-up", "variant", "recompile", "growing")
+    own = ("compile", "warm-up", "state", "variant", "recompile", "growing")
     assert sum(g.count for g in rows if g.kind in own) == len(graphs), rows
     inputs = [e for e in report.compile_events if inputs_sync(e) and e.site is not None]
     assert sum(g.count for g in rows if g.kind == "inputs") == len(inputs), rows

@@ -481,8 +481,8 @@ def test_without_the_compile_log_a_warm_up_is_not_assumed(py):
 
 def test_the_first_steps_graph_gets_the_cause_its_graphs_show(cell):
     """A target computed before the loop runs with the first step: the report names its op,
-    not optimizer state. SGD with momentum creates state the second step reads: that is said
-    only there."""
+    not optimizer state. SGD with momentum creates state the second step reads, AdamW fills
+    its moment estimates in its first step: that is said only there."""
     pending = cell(
         """
 model = make_mlp(43); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -509,7 +509,21 @@ for step in range(6):
     )
     line = next(t for t in momentum.text.splitlines() if "this line:" in t)
     assert "created state" in line and "pending when the loop" not in line, momentum.text
-    for report in (pending, momentum):
+    adam = cell(
+        """
+model = make_mlp(46); opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randn(32, 46); y = torch.randint(0, 10, (32,))
+torch_xla.sync()
+for step in range(6):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    line = next(t for t in adam.text.splitlines() if "this line:" in t)
+    assert "created state" in line and "filled new tensors (aten::expand" in line, adam.text
+    assert "pending when the loop" not in line
+    for report in (pending, momentum, adam):
         assert "warm-up" not in report.text and "state created on the way" not in report.text
 
 

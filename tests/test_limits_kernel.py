@@ -20,7 +20,7 @@ SETUP = """\
 %tpu_setup --device cpu
 import torch, torch_xla, tpu_nb
 from tpu_nb.display.reports import group_findings
-OWN = ("compile", "warm-up", "variant", "recompile", "growing")
+OWN = ("compile", "warm-up", "state", "variant", "recompile", "growing")
 
 def line_count(line):
     # what the report's rows say line `line` compiled (its inputs' graphs are a row apart)

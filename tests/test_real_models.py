@@ -561,7 +561,7 @@ def test_kaggle_mp_device_loader_in_a_helper_names_the_cells_line(shell, monkeyp
         "    train_loop(loader, model, opt)\n",
     )
     assert_report_is_raw(ran)
-    compiles = ran.of_kind("compile", "warm-up", "variant", "recompile", "growing")
+    compiles = ran.of_kind("compile", "warm-up", "state", "variant", "recompile", "growing")
     assert len(compiles) == ran.raw["compiles"] > 0
     call = ran.line("train_loop(loader")
     for finding in compiles:
@@ -619,7 +619,7 @@ def test_kaggle_parallel_loader_and_mark_step_name_the_cells_lines(shell, monkey
         "    xm.mark_step()\n",
     )
     assert_report_is_raw(ran)
-    compiles = ran.of_kind("compile", "warm-up", "variant", "recompile", "growing")
+    compiles = ran.of_kind("compile", "warm-up", "state", "variant", "recompile", "growing")
     assert len(compiles) == ran.raw["compiles"] > 0
     # the steps' graphs at the user's mark_step; what was pending when the loop started ran
     # at the loader's own sync, on the `for` line

@@ -90,6 +90,7 @@ class EnvironmentView:
 KIND_WORDS = {
     "compile": "compiled",
     "warm-up": "compiled the steady step's graph",
+    "state": "compiled a graph as state appeared",
     "variant": "compiled another graph",
     "earlier": "compiled, with earlier cells' work",
     "recompile": "recompiled",
@@ -103,6 +104,7 @@ KIND_WORDS = {
 _KIND_COLOURS = {
     "compile": ACCENT,
     "warm-up": MUTED,
+    "state": MUTED,
     "variant": MUTED,
     "earlier": MUTED,
     "recompile": RED,
@@ -717,6 +719,7 @@ class TimingView:
 _ONE_TIME = {
     "first": "the first step's graph",
     "warm-up": "the steady step's",
+    "state": "graphs as state appeared",
     "later": "graphs first needed in a later step",
     "variant": "other graphs, each compiled once",
     "earlier": "work earlier cells left pending",
@@ -734,7 +737,7 @@ def one_time_cost(judgement) -> str:
     named = []
     for kind, words in _ONE_TIME.items():
         count = kinds.count(kind)
-        if kind in ("after", "later") and count == 1:
+        if kind in ("after", "later", "state") and count == 1:
             words = "a graph" + words.removeprefix("graphs")
         if count:
             named.append(words if count == 1 or kind == "variant" else f"{words} ({count})")

@@ -339,6 +339,8 @@ def _compile_kind(kind: str, pattern, allowed: int, datasets: bool) -> tuple[Fin
     site, ops = (pattern.site, pattern.ops) if pattern is not None else (None, frozenset())
     if kind == policy.WARM_UP:
         return "warm-up", ""
+    if kind == policy.STATE:
+        return "state", ""
     if kind in (policy.VARIANT, policy.UNSETTLED):
         return "variant", ""
     if kind == policy.GROWING:

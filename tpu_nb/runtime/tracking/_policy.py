@@ -58,9 +58,12 @@ _PER_STEP_READS = 3  # a read in at least this many steps (and a quarter of them
 # What a compile of a line is, as the policy sees it.
 FIRST, WARM_UP, VARIANT = "first", "warm-up", "variant"
 RECOMPILE, GROWING, UNSETTLED = "recompile", "growing", "unsettled"
+# A graph of state appearing that the next step compiled again: a line that never settled
+# has no steady step's graph.
+STATE = "state"
 # The run's first sync also ran work earlier cells left pending: its graph is not the line's.
 EARLIER = "earlier"
-ONE_TIME = frozenset((FIRST, WARM_UP, VARIANT, EARLIER))
+ONE_TIME = frozenset((FIRST, WARM_UP, STATE, VARIANT, EARLIER))
 
 
 @dataclass(frozen=True)
@@ -182,8 +185,12 @@ def classify_line(
         later = UNSETTLED
     else:
         later = RECOMPILE
+    # a warm-up graph the next step did not run again (it compiled another) is no steady
+    # step's; buckets in rotation come back to it
+    unused = {m for m in warm if m + 1 in moments and m + 1 not in warm and later != VARIANT}
     kinds = tuple(
-        FIRST if m == first_moment else (WARM_UP if m in warm else later) for m in moments
+        FIRST if m == first_moment else (STATE if m in unused else WARM_UP if m in warm else later)
+        for m in moments
     )
     # the line's kind: its most telling compile
     kind = next((name for k, name in _LINE_KINDS if k in kinds), "once")
@@ -211,14 +218,24 @@ _LINE_KINDS = (
 
 def first_step_why(a, b) -> str:
     """Why a line's first step compiled a graph unlike its next step's, in the words the
-    graphs' facts allow: ops only the first graph ran (work that was pending when the loop
-    started, or code only the first step runs), state the first step created (more inputs
-    and ops that use them), values the first graph computed that later steps read as data
-    (more inputs, the same ops); "" when the graphs do not say."""
+    graphs' facts allow: state the first step created (more inputs later, and either new
+    tensors only the first graph filled, as an optimizer's first step() makes its moment
+    estimates, or ops only the later graphs run, as a momentum buffer's update), ops only the
+    first graph ran (work that was pending when the loop started, or code only the first
+    step runs: the graphs cannot tell which), values the first graph computed that later
+    steps read as data (more inputs, the same ops); "" when the graphs do not say."""
     if a is None or b is None:
         return ""
     only_first, only_later = op_counts(a) - op_counts(b), op_counts(b) - op_counts(a)
     n = data_inputs(b) - data_inputs(a)  # more inputs in the later graph
+    more = f"{n} more graph input{'s' if n != 1 else ''}"
+    if n > 0 and only_first and set(only_first) <= _FILLS:
+        return (
+            "the first step created state that later steps read and update: its graph "
+            f"filled new tensors ({_counted(only_first, 3)}) that later steps' graphs read: "
+            f"{more} (optimizer state such as Adam's moment estimates, made at its first "
+            "step())"
+        )
     if only_first:
         return (
             f"the first step's graph also ran {_counted(only_first, 3)}, which later steps do "
@@ -226,8 +243,8 @@ def first_step_why(a, b) -> str:
         )
     if n > 0 and only_later:
         return (
-            "the first step created state that later steps read and update (more graph "
-            "inputs, and ops only they run: optimizer state such as momentum buffers)"
+            f"the first step created state that later steps read and update ({more}, and "
+            "ops only they run: optimizer state such as momentum buffers)"
         )
     if n > 0:
         return (
@@ -236,6 +253,11 @@ def first_step_why(a, b) -> str:
             "before the loop and still pending when it started, such as a torch.zeros)"
         )
     return ""
+
+
+# Ops that fill a new tensor from a value (torch.zeros_like, torch.full): in torch_xla's IR a
+# constant expanded to the tensor's shape.
+_FILLS = frozenset({"aten::expand", "aten::full", "aten::fill", "aten::zeros", "aten::ones"})
 
 
 def _warm_up_moments(events, moments, graphs) -> set[int]:

@@ -23,6 +23,7 @@ from tpu_nb.runtime.units import format_seconds
 FindingKind = Literal[
     "compile",
     "warm-up",
+    "state",
     "variant",
     "earlier",
     "recompile",
