@@ -79,6 +79,41 @@ def test_a_function_named_like_a_script_tag_renders_as_text():
     tip = next(t for t in _titles(svg) if "aten::mul" in t)
     assert '<script>alert(1)</script>@we"ird&<file>.py:2' in tip  # shown as text
     ET.fromstring(page)
+    # the picture an untrusted notebook shows is the same SVG, escaped the same way
+    assert "<script>alert" not in _picture(page) and "&lt;script&gt;alert" in _picture(page)
+
+
+def _picture(page: str) -> str:
+    from base64 import b64decode
+
+    root = ET.fromstring(page)
+    (img,) = [e for e in root.iter("img") if e.get("class") == "tpunb-graph-picture"]
+    return b64decode(img.get("src").removeprefix("data:image/svg+xml;base64,")).decode()
+
+
+def test_where_a_sanitizer_strips_svg_and_styles_the_picture_shows_and_nothing_loose():
+    """JupyterLab's untrusted outputs lose every <svg> and <style>, keep inline styles and an
+    <img> with a data: URI, and leave the SVG's text behind: the view then shows the same
+    picture as an image, hides that text, and hides the zoom buttons that need the styles.
+    With the styles, the stylesheet hides the image and shows the buttons."""
+    g = _small_graph()
+    page, svg = render_html(g), render_svg(g)
+    assert _picture(page) == svg
+    root = ET.fromstring(page)
+    (view,) = [e for e in root.iter("div") if e.get("class") == "tpunb-graph-view"]
+    frame = next(e for e in view if e.get("class") == "tpunb-frame")
+    assert "font-size:0" in frame.get("style")  # the stripped SVG's text: not shown
+    img = frame.find("img")
+    assert (img.get("width"), img.get("height")) == (
+        ET.fromstring(svg).get("width"),
+        ET.fromstring(svg).get("height"),
+    )
+    zoom = [e for e in view if "tpunb-zoom" in (e.get("class") or "").split()]
+    assert len(zoom) == 9 and all("display:none" in e.get("style") for e in zoom)
+    rules = "".join(e.text for e in view.iter("style"))
+    view_id = view.get("id")
+    assert f"#{view_id} .tpunb-graph-picture{{display:none!important}}" in rules
+    assert f"#{view_id} .tpunb-zoom{{display:inline!important}}" in rules
 
 
 def test_graph_view_has_a_stable_plain_repr_and_html():
@@ -150,7 +185,7 @@ def test_a_real_training_step_is_an_overview_of_at_most_40_boxes_at_natural_size
         # Drawn at its natural size (front ends shrink SVG to the output width otherwise),
         # in a scrolling frame with zoom buttons; text no smaller than 10 px.
         assert "max-width:none" in svg.get("style")
-        assert "overflow:auto" in page and 'class="tpunb-zoom-fit"' in page
+        assert "overflow:auto" in page and 'class="tpunb-zoom-fit tpunb-zoom"' in page
         sizes = {
             float(m)
             for m in __import__("re").findall(

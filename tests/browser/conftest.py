@@ -169,8 +169,8 @@ function luminance(c) {
 }
 const low = [], misaligned = [], broken = [];
 let cells = 0, texts = 0, images = 0, minLabel = Infinity, labels = 0, charts = 0;
-let shownCharts = 0;
-const pictures = [];
+let shownCharts = 0, zoomShown = 0;
+const pictures = [], graphPictures = [];
 function contrast(el, colour) {
   const bg = background(el);
   const fg = over(rgba(colour), bg);
@@ -241,9 +241,23 @@ for (const root of roots) {
       p.left = loose.map(n => n.textContent).join(' ').slice(0, 60);
     pictures.push(p);
   }
+  for (const img of root.querySelectorAll('img.tpunb-graph-picture')) {
+    const box = img.getBoundingClientRect(), frame = img.parentElement;
+    const walk = document.createTreeWalker(frame, NodeFilter.SHOW_TEXT);
+    let loose = '';
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      const shown = parseFloat(getComputedStyle(n.parentElement).fontSize) > 0;
+      if (n.textContent.trim() && shown && !n.parentElement.closest('svg'))
+        loose += n.textContent.trim().slice(0, 30) + ' ';
+    }
+    graphPictures.push({width: Math.round(box.width), height: Math.round(box.height),
+                        natural: img.naturalWidth, loose: loose.slice(0, 60)});
+  }
+  for (const el of root.querySelectorAll('.tpunb-zoom'))
+    if (el.getBoundingClientRect().width > 0) zoomShown++;
 }
 return {roots: roots.length, low, misaligned, broken, cells, texts, images, labels, charts,
-        shownCharts, pictures,
+        shownCharts, pictures, graphPictures, zoomShown,
         minLabel: labels ? minLabel : null,
         jpLight: document.body.dataset.jpThemeLight || null,
         colorScheme: getComputedStyle(roots[0] || document.body).colorScheme};

@@ -9,7 +9,8 @@ outputs of a trusted notebook, rendered by the front end's own output renderer a
 JupyterLab also of an untrusted one, whose HTML its sanitizer strips of SVG and stylesheets.
 Checked from computed styles: table cells left-aligned, text contrast at least 4.5:1 (WCAG AA)
 against the background it is drawn on, no broken image, graph labels at least 10 px on screen,
-the dashboard's final charts on screen (as SVG, or where it was stripped as their pictures).
+the graph and the dashboard's final charts on screen (as SVG, or where it was stripped as
+their pictures, with none of its text left loose).
 Screenshots: tests/artifacts/views-<front end>-<theme>-<view>.png.
 """
 
@@ -158,15 +159,21 @@ _SELECTOR = ", ".join(f".{c}" for c in VIEW_CLASSES)
 
 def _check(driver, style_checks, charts_shown, picture: bool = True) -> dict:
     """`picture`: the SVG is shown (the graph picture, the dashboard's SVG charts); else it
-    was stripped, and the dashboard's charts show as their pictures."""
+    was stripped, and the graph and the dashboard's charts show as their pictures, with none
+    of the stripped SVG's text left loose and no zoom buttons (they need the stylesheet)."""
     result = style_checks(driver, _SELECTOR)
     assert result["roots"] == len(VIEW_CLASSES), result
     assert result["texts"] > 100 and result["cells"] > 40, result
     assert not result["misaligned"], result["misaligned"][:10]
     assert not result["low"], result["low"][:10]
     assert not result["broken"], result["broken"]
+    (graph,) = result["graphPictures"]
     if picture:
         assert result["labels"] > 40 and result["minLabel"] >= 10, result
+        assert graph["width"] == 0 and result["zoomShown"] == 9, result  # the SVG, zoomable
+    else:
+        assert graph["width"] >= 300 and graph["height"] >= 300 and graph["natural"], graph
+        assert not graph["loose"] and result["zoomShown"] == 0, result
     charts_shown(result, inline=picture)  # the dashboard's step and compile charts
     return result
 
@@ -293,8 +300,7 @@ def test_views_in_jupyter_front_ends(
         time.sleep(1)  # fonts and images settle
         # Untrusted: JupyterLab sanitizes the notebook's HTML: no <style>, no <svg>, no
         # script. Layout (inline) stays, and the colours fall back to the theme's own text
-        # colour. The graph picture is not shown there; the dashboard's charts show as
-        # their pictures.
+        # colour. The graph and the dashboard's charts show as their pictures.
         result = _check(browser, style_checks, charts_shown, picture=trusted)
         # The pictures follow the page's colour scheme (JupyterLab sets its theme's as CSS
         # color-scheme, which chromium passes into an SVG <img>), not the system's.

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import os
 import re
+from base64 import b64encode
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -692,14 +693,21 @@ _PAN = (
 def _frame(scene: _Scene, picture: str) -> str:
     """The picture at its natural size in a scrolling frame, with zoom buttons (radio inputs
     and CSS: no script, so Colab, nbviewer and exported HTML zoom too), hover highlights, and
-    drag-to-pan where scripts run.
+    drag-to-pan where scripts run. After the SVG, the same SVG as an <img>, which the view's
+    stylesheet hides: JupyterLab's sanitizer (an untrusted notebook: one downloaded, or run
+    by someone else) strips the inline SVG and every <style>, keeps an <img> with a data: URI,
+    and leaves the SVG's text behind, which the frame's font size of 0 hides; the zoom
+    buttons, which need the stylesheet, show only with it.
     The frame's id comes from the picture, so the same graph gives the same HTML."""
     # The id is masked by the nbval sanitizer (a hex word): cell names inside the picture
     # differ between a recording and a test run.
     view = "tpunb-g-" + hashlib.sha1(picture.encode()).hexdigest()[:10]
     scope = f"#{view}"
-    w = max(scene.layout.width, 60)
-    rules, buttons = [], []
+    w, h = max(scene.layout.width, 60), max(scene.layout.height, 40)
+    rules = [f"{scope} .tpunb-graph-picture{{display:none!important}}"]
+    rules.append(f"{scope} .tpunb-zoom{{display:inline!important}}")
+    buttons = []
+    hidden = "display:none;vertical-align:middle"  # shown by the rule above
     for label, z in _ZOOMS:
         cls = "tpunb-zoom-" + ("fit" if z is None else str(int(z * 100)))
         size = f"{w * z:.0f}px" if z else "100%!important;max-width:100%"
@@ -710,17 +718,21 @@ def _frame(scene: _Scene, picture: str) -> str:
         checked = ' checked="checked"' if z == 1.0 else ""
         buttons.append(
             f'<input type="radio" name="{view}-zoom" id="{view}-{cls}" '
-            f'class="{cls}"{checked} style="margin:0 2px 0 8px;'
-            'vertical-align:middle"/>'
-            f'<label for="{view}-{cls}" style="font-size:11px;cursor:pointer;'
-            f'vertical-align:middle">{label}</label>'
+            f'class="{cls} tpunb-zoom"{checked} style="margin:0 2px 0 8px;{hidden}"/>'
+            f'<label for="{view}-{cls}" class="tpunb-zoom" style="font-size:11px;'
+            f'cursor:pointer;{hidden}">{label}</label>'
         )
+    alt = esc(f"XLA graph: {len(scene.boxes)} boxes")
     return (
         f'<div id="{view}" class="tpunb-graph-view" style="margin:4px 0">'
         f"<style>{''.join(rules)}</style>{_hover_css(scene, scope)}"
-        f'<span style="font-size:11px;color:{style.MUTED}">zoom</span>{"".join(buttons)}'
+        f'<span class="tpunb-zoom" style="font-size:11px;color:{style.MUTED};{hidden}">'
+        f"zoom</span>{''.join(buttons)}"
         f'<div class="tpunb-frame" style="overflow:auto;max-height:640px;max-width:100%;'
-        f'border:1px solid {style.LINE};margin:4px 0">{picture}</div>'
+        f'border:1px solid {style.LINE};margin:4px 0;font-size:0;line-height:0">{picture}'
+        f'<img class="tpunb-graph-picture" alt="{alt}" width="{w:.0f}" height="{h:.0f}" '
+        'style="display:block;max-width:none" '
+        f'src="data:image/svg+xml;base64,{b64encode(picture.encode()).decode()}"/></div>'
         f"<script>{_PAN.replace('VIEW', view)}</script></div>"
     )
 
