@@ -114,6 +114,7 @@ for step in range(40):
     assert slow.verdict is not None and slow.verdict.kind == "host-bound", slow.text
     steady = slow.report.judgement.steady_steps
     assert steady == 38, slow.text  # the first step's and the warm-up's graphs left out
+    assert not slow.report.judgement.syncs_left_out  # they waited for nothing
     header = f"host time by line (sampled, the {steady} steady steps):"
     assert header in slow.text, slow.text
     table = slow.text.split(header, 1)[1].split("the cell, annotated:")[0]
@@ -374,6 +375,33 @@ for step in range(8):
     assert big.verdict.reason.startswith("judged for a v5e: tracing "), big.text
     assert "judged for a v5e (this machine has no TPU)" in big.text
     assert not big.advice
+
+
+def test_syncs_waiting_for_xla_cpu_are_no_host_lines_under_the_targets_verdict(cell):
+    """Each step updates the weights the next one reads, so each sync waits while XLA:CPU
+    runs the step before: host time here, the chip's device time on a v5e. Under the v5e's
+    host-bound verdict the host lines are the tracing's, and say the syncs were left out
+    (the slow helper's loop above, whose syncs wait for nothing, keeps them)."""
+    wide = cell(
+        """
+model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                      nn.Linear(1024, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(512, 1024); y = torch.randint(0, 10, (512,))
+torch_xla.sync()
+for step in range(10):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert wide.verdict is not None and wide.verdict.kind == "host-bound", wide.text
+    assert wide.verdict.reason.startswith("judged for a v5e: tracing "), wide.text
+    assert wide.report.judgement.syncs_left_out, wide.text
+    assert all(h.kind != "sync" for h in wide.report.anatomy.host_lines), wide.text
+    assert all(h.kind != "sync" for h in wide.verdict.lines), wide.text
+    header = next(t for t in wide.text.splitlines() if "host time by line" in t)
+    assert "without the syncs: XLA:CPU running the steps, which a v5e runs" in header
 
 
 def test_a_ragged_last_batch_is_named_as_that(cell):

@@ -401,6 +401,10 @@ def test_a_line_with_time_of_two_kinds_says_which_is_which():
     )
     one_kind = Verdict("host-bound", "", "", (HostLine(line, via, 0.7, 0.7),) * 2)
     assert "tracing" not in one_kind.where  # the verdict's kind already says it
+    # a sync line says "sync" once: after its own line, or after torch_xla's sync under it
+    assert str(HostLine(line, "", 0.3, 0.3, kind="sync")) == "train.py:4 (sync): 300 ms (30%)"
+    under = HostLine(line, "torch_xla/torch_xla.py:78 sync", 0.3, 0.3, kind="sync")
+    assert str(under) == "train.py:4 \u2192 torch_xla/torch_xla.py:78 sync: 300 ms (30%)"
 
 
 def test_both_forms_of_the_device_loaders_copy_failure_are_named():

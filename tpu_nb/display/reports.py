@@ -340,11 +340,20 @@ class RunView:
         return f"{head}: {what}" if what else head
 
     def _scope(self) -> str:
-        """Which steps the host lines cover, when the verdict left the warm-up out."""
+        """Which steps the host lines cover, when the verdict left the warm-up out, and
+        whether the syncs' wait for XLA:CPU was left out."""
         judgement = getattr(self.report, "judgement", None)
-        steps = getattr(self.report.anatomy, "steps", ())
         if judgement is None or judgement.verdict is None:
             return ""
+        steps = self._steps_scope(judgement)
+        if not judgement.syncs_left_out:
+            return steps
+        chip = getattr(getattr(judgement.cost, "chip", None), "name", "TPU")
+        syncs = f"the syncs: XLA:CPU running the steps, which a {chip} runs on the chip"
+        return f"{steps}; without {syncs}" if steps else f"without {syncs}"
+
+    def _steps_scope(self, judgement) -> str:
+        steps = getattr(self.report.anatomy, "steps", ())
         if not 0 < judgement.steady_steps < len(steps):
             return ""
         if getattr(self.report.anatomy, "dropped_steps", 0):  # the first steps are not kept:

@@ -507,6 +507,13 @@ class Busy:
         return max(0.0, total)
 
 
+def sync_waits(steps: Sequence[Any]) -> tuple[float, float]:
+    """The steps' seconds in syncs, and of those the seconds the device was running."""
+    busy = Busy(union(span for s in steps for span in s.device_spans))
+    synced = sum(s.sync for s in steps)
+    return synced, synced - sum(_own_sync(s, busy) for s in steps)
+
+
 def _own_sync(step, busy: Busy) -> float:
     """The host's own time in the step's syncs: less the time they waited while the device
     ran (the runtime holds the host a step behind a busy device; on XLA:CPU, the CPU's)."""

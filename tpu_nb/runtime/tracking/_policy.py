@@ -136,6 +136,9 @@ class Judgement:
     # the host sampler's lines over the steady steps alone (what the verdict names); () when
     # the verdict is about every step, or there is none
     steady_lines: tuple = ()
+    # judged for a target chip off it: the syncs' time here was mostly XLA:CPU running the
+    # steps, which the target runs on the chip; their lines are left out of the host lines
+    syncs_left_out: bool = False
     cost: Any = None  # cost.StepCost of a steady step, with its times
 
     @property
@@ -586,16 +589,23 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
     verdict, timed = _for_target(verdict, report.cost, steady)
+    waiting = _syncs_waiting(verdict, timed, steady)
+    if waiting:
+        kept = tuple(h for h in kept if h.kind != "sync")
+        verdict = replace(verdict, lines=tuple(h for h in verdict.lines if h.kind != "sync"))
     stalled = _stall_verdict(report, judgement, lines, steady, syncs=len(steps))
     if stalled is not None and (verdict is None or verdict.kind != "compile-bound"):
         verdict, kept = stalled, ()
     if verdict is not None and verdict.kind == "host-bound" and _in_trainer(report):
         # torch_xla.compile(step_fn) is no fix a Trainer user can apply: Trainer's own is
         verdict = replace(verdict, fix=libraries.TRAINER_HOST_FIX)
-    return replace(judgement, verdict=verdict, steady_lines=kept, cost=timed)
+    return replace(
+        judgement, verdict=verdict, steady_lines=kept, syncs_left_out=waiting, cost=timed
+    )
 
 
 _STALL_SHARE = 0.25  # per-step reads and fallbacks taking this share of the steady time
+_WAITING_SHARE = 0.1  # syncs waiting for XLA:CPU this share of it: left out of host lines
 
 
 def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
@@ -678,6 +688,17 @@ def _for_target(verdict, step_cost, steady):
     cpu = format_seconds(timed.measured_device_seconds)
     reason = f"judged for a {timed.chip.name}: {reason}; XLA:CPU ran it in {cpu}, the CPU's time"
     return replace(verdict, kind=kind, reason=reason, fix=anatomy.FIXES[kind], lines=lines), timed
+
+
+def _syncs_waiting(verdict, timed, steady) -> bool:
+    """Whether a host-bound verdict judged for a target chip, off it, sees syncs that mostly
+    waited while XLA:CPU ran the steps' graphs, for a tenth of the steady steps' time or more
+    (less is no line worth leaving out): host time here, the target chip's device time
+    there, and the verdict counts only their own part."""
+    if verdict is None or verdict.kind != "host-bound" or timed is None or timed.on_chip:
+        return False
+    synced, waited = cost.sync_waits(steady)
+    return waited > synced / 2 and waited > _WAITING_SHARE * sum(s.wall for s in steady)
 
 
 def _steady_lines(a, steady, steps) -> tuple:

@@ -443,6 +443,8 @@ def _judged(facts: RunReport, judgement: Judgement | None) -> RunReport:
     # no line)
     left_out = 0 < judgement.steady_steps < len(a.steps)
     lines = judgement.steady_lines if left_out else a.host_lines
+    if judgement.syncs_left_out:
+        lines = tuple(h for h in lines if h.kind != "sync")
     return replace(judged, anatomy=replace(a, verdict=judgement.verdict, host_lines=lines))
 
 

@@ -105,6 +105,8 @@ class HostLine:
     def __str__(self) -> str:
         via = f" \u2192 {self.via}" if self.via else ""
         what = {"sync": " (sync)", "input": " (waiting for its iterator)"}.get(self.kind, "")
+        if self.kind == "sync" and self.via.endswith((" sync", " mark_step")):
+            what = ""  # "torch_xla/torch_xla.py:78 sync" says it already
         return f"{self.where}{via}{what}: {format_seconds(self.seconds)} ({self.share:.0%})"
 
 
