@@ -524,30 +524,15 @@ for step in range(6):
     line = next(t for t in pending.text.splitlines() if "this line:" in t)
     assert "the first step's and the steady step's" in line, pending.text
     assert "aten::sum" in line and "created state" not in line, line
-    momentum = cell(
-        """
-model = make_mlp(44); opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-x = torch.randn(32, 44); y = torch.randint(0, 10, (32,))
-torch_xla.sync()
-for step in range(6):
-    loss = F.cross_entropy(model(x), y)
-    loss.backward(); opt.step(); opt.zero_grad()
-    torch_xla.sync()
-"""
-    )
+
+    def trained(width: int, optimizer: str) -> Cell:  # the data on the device before the loop
+        loop = TRAIN.format(width=width, steps=6, optimizer=optimizer)
+        return cell(loop.replace("for step", "torch_xla.sync()\nfor step", 1))
+
+    momentum = trained(44, "torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)")
     line = next(t for t in momentum.text.splitlines() if "this line:" in t)
     assert "created state" in line and "pending when the loop" not in line, momentum.text
-    adam = cell(
-        """
-model = make_mlp(46); opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x = torch.randn(32, 46); y = torch.randint(0, 10, (32,))
-torch_xla.sync()
-for step in range(6):
-    loss = F.cross_entropy(model(x), y)
-    loss.backward(); opt.step(); opt.zero_grad()
-    torch_xla.sync()
-"""
-    )
+    adam = trained(46, "torch.optim.AdamW(model.parameters(), lr=1e-3)")
     line = next(t for t in adam.text.splitlines() if "this line:" in t)
     assert "created state" in line and "filled new tensors (aten::expand" in line, adam.text
     assert "pending when the loop" not in line
