@@ -380,16 +380,19 @@ for step in range(8):
 def test_syncs_waiting_for_xla_cpu_are_no_host_lines_under_the_targets_verdict(cell):
     """Each step updates the weights the next one reads, so each sync waits while XLA:CPU
     runs the step before: host time here, the chip's device time on a v5e. Under the v5e's
-    host-bound verdict the host lines are the tracing's, and say the syncs were left out
-    (the slow helper's loop above, whose syncs wait for nothing, keeps them)."""
+    host-bound verdict the host lines are the host's own work, and say the syncs were left
+    out (the slow helper's loop above, whose syncs wait for nothing, keeps them). The sleep
+    is host work a sampler sees even where other processes hold both cores."""
     wide = cell(
         """
+import time
 model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
                       nn.Linear(1024, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(512, 1024); y = torch.randint(0, 10, (512,))
 torch_xla.sync()
 for step in range(10):
+    time.sleep(0.008)
     loss = F.cross_entropy(model(x), y)
     loss.backward(); opt.step(); opt.zero_grad()
     torch_xla.sync()
