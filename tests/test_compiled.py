@@ -58,6 +58,32 @@ def test_a_clear_nobody_announced_is_noticed():
     assert snapshot().since(start).executions == first + second
 
 
+def test_a_compiled_functions_runs_are_counted_once_across_an_unseen_clear():
+    # A compiled function's cached graph runs move torch_xla's execution samples and no
+    # execution counter: across a reset tpu_nb did not see, where executions are counted
+    # from those samples, they are not counted a second time.
+    dev = tpu_nb.device()
+    f = torch.compile(lambda x: (x * 2).sin() + 1, backend="openxla")
+    x = torch.ones(8, device=dev)
+    for _ in range(2):
+        f(x)  # compiled: later calls run its cached graph
+    wait_device_ops()
+    start = snapshot()  # the reset watch is installed: the raw reset is a reference from before
+    unseen = getattr(X._clear_xla_counters, "__wrapped__", X._clear_xla_counters)
+    runs_before = met.metric_data("RunCachedGraphOutputData")[0]
+    for _ in range(3):
+        f(x)
+    unseen()
+    for _ in range(3):
+        f(x)
+    wait_device_ops()
+    delta = snapshot().since(start)
+    runs = met.metric_data("RunCachedGraphOutputData")[0] - runs_before
+    assert "compile cache hits" in delta.unknown  # the reset was noticed only afterwards
+    assert runs == 6 == delta.compiled_code_executions
+    assert delta.executions == runs
+
+
 def test_reset_metrics_still_starts_from_zero():
     dev = tpu_nb.device()
     _executions_then_clear(dev, 2)

@@ -79,6 +79,7 @@ class MetricsSnapshot:
     taken_at: float  # time.perf_counter()
     generation: int = 0  # reset_metrics() calls before this snapshot
     unseen_resets: int = 0  # counter resets tpu_nb noticed only afterwards (_reset_watch)
+    seen_resets: int = 0  # and those it carried as they happened
 
     def counter(self, name: str) -> int:
         return self.counters.get(name, 0)
@@ -229,6 +230,7 @@ def snapshot(*, full: bool = False) -> MetricsSnapshot:
         time.perf_counter(),
         _generation,
         reset_watch.unseen_resets,
+        reset_watch.seen_resets,
     )
 
 
@@ -279,11 +281,14 @@ def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
     n_from, from_s = _metric_delta(earlier, later, _NAMES.from_device_time)
     executions = sum(moved.get(name, 0) for name in _NAMES.executions)
     compiles = moved.get(_NAMES.compiles, 0)
-    # Time metrics survive counter resets: across one tpu_nb did not see, their samples are
-    # the better figure for executions and compiles.
+    # Time metrics survive counter resets: across one, their samples are the better figure
+    # for executions (an execution ending in the runtime's threads between a carried read
+    # and the clear moves only its samples; a compiled function's cached graph runs move
+    # the samples and no execution counter), and across one tpu_nb did not see, compiles.
     unseen = later.unseen_resets != earlier.unseen_resets
+    if unseen or later.seen_resets != earlier.seen_resets:
+        executions = max(executions, sum(n for n, _ in timed) - bridge)
     if unseen:
-        executions = max(executions, sum(n for n, _ in timed))
         compiles = max(compiles, n_compile)
     return MetricsDelta(
         compiles=compiles,

@@ -10,7 +10,10 @@ A reset is noticed in one of two ways:
 - seen: the backend's reset itself is wrapped (`counters.watch_clears`: torch_xla's
   `_XLAC._clear_xla_counters`, which `torch_xla.debug.metrics.clear_counters` calls), so
   that the counters' values are carried just before it clears them. The wrapper then calls
-  the original: torch_xla's own readers see exactly what they saw before. Installed when the
+  the original: torch_xla's own readers see exactly what they saw before. An execution
+  that ends between the read and the clear is lost to the counter (executions end in the
+  runtime's threads), not to its time samples: across any reset, executions are counted
+  from those (see _counters.py). Installed when the
   extension loads or at the first snapshot, removed by `uninstall()` (`%unload_ext`).
 - unseen (a reference to the reset taken before the wrapper was installed): a counter read
   smaller than at the previous read, or fewer counter names listed (a reset drops them all).
@@ -40,6 +43,7 @@ _carried: Counter[str] = Counter()
 _last_raw: dict[str, int] = {}
 _last_names = 0  # how many counters the backend listed at the previous read
 unseen_resets = 0  # resets noticed by a counter going down
+seen_resets = 0  # resets carried by _on_clear
 
 
 def _install(hooks: Hooks) -> None:
@@ -75,8 +79,9 @@ def _on_clear(restored: frozenset[str], clear: Callable[[], None]) -> None:
     # The backend is about to clear its counters: carry their values first, under the lock,
     # then clear; its own readers see exactly what they saw before. `restored`: counters the
     # backend puts back after clearing (carrying them too would count them twice).
-    global _last_raw, _last_names
+    global _last_raw, _last_names, seen_resets
     with lock:
+        seen_resets += 1
         counters = backend().counters
         counts = counters.read(counters.names())
         _carried.update({n: c for n, c in counts.items() if n not in restored and c})
