@@ -304,6 +304,11 @@ def make_parts():
     data = torch.utils.data.TensorDataset(torch.randn(60, 16), torch.randint(0, 2, (60,)))
     return net, opt, torch.utils.data.DataLoader(data, batch_size=8)
 
+def make_adamw_parts():  # an optimizer with state, made at its first step(); whole batches
+    net, _, loader = make_parts()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    return net, opt, torch.utils.data.DataLoader(loader.dataset, batch_size=8, drop_last=True)
+
 torch_xla.sync()  # nothing an earlier cell left pending runs in the loops' cells
 """
 ACCELERATE_LOOP = """
@@ -349,11 +354,23 @@ def test_an_accelerate_loop_is_judged_as_the_same_loop_in_the_cell(run, shell):
     # the shorter last batch: its graph is the loop's last, and the fix is the loader's
     assert "drop_last=True" in _advice(text), text
     assert "the recompiles are the library's" not in text, text
+    assert "created state" not in text, text  # plain SGD keeps none
     accelerate = _judged(report, text)
     cell_text, _ = run(CELL_LOOP, tracked=True)
     assert accelerate == _judged(tpu_nb.last_report(), cell_text), (text, cell_text)
     _, plain = run(ACCELERATE_LOOP, tracked=False)
     _same_work(raw, plain)
+
+
+def test_an_accelerate_loops_first_step_is_told_from_the_graph_its_loader_ran(run, shell):
+    # The device loader's first sync has nothing to run; its second runs the first step,
+    # whose graph tells why the steady step's differs: the state AdamW made at its first step
+    assert shell.run_cell(LOOP_PARTS).success
+    text, raw = run(ACCELERATE_LOOP.replace("make_parts", "make_adamw_parts"), tracked=True)
+    assert _figures(tpu_nb.last_report()) == raw
+    assert "RECOMPILED" not in text.splitlines()[0], text
+    assert "why they differ is not known" not in text, text
+    assert "the first step created state that later steps read and update" in text, text
 
 
 PEFT_LOOP = """

@@ -568,6 +568,10 @@ class Recorder:
             )
             self.recording.capture_seconds += time.perf_counter() - start
             self.recording.captures += 1
+            if graph is None and tensor is None:
+                # Nothing pending (a device loader's sync before its first batch): the
+                # site's first graph is its next sync's, which is then due as well.
+                self._capture_next.add(site)
             store.note_line_capture(key, graph)
             if graph is not None and graph.hash:
                 self.recording.line_graphs[site] = graph.hash
