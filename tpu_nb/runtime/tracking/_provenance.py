@@ -218,6 +218,7 @@ class Recorder:
         self._forwards: dict[str, Frame | None] = {}
         self._started = 0.0
         self._capture_next: set[tuple] = set()
+        self._empty_at: set[tuple] = set()  # sites whose last capture found nothing pending
         # Lines captured at every sync, whatever the budget (max_graphs: lines at their
         # limit, whose next graph is an error that should name what changed).
         self.force_capture: set[tuple[str, int]] = set()
@@ -538,6 +539,7 @@ class Recorder:
             due = (
                 forced
                 or site in self._capture_next
+                or site in self._empty_at
                 or site not in self._captured_here
                 or by_site[site] == _STEADY_CALL
                 or store.line_captures.get(key) is None
@@ -559,6 +561,7 @@ class Recorder:
             if (not forced and taken >= 16) or not (after_compile or self._within_budget()):
                 return None, None
             self._capture_next.discard(site)
+            self._empty_at.discard(site)
             self._captured_here[site] = taken + 1
             start = time.perf_counter()
             graph = (
@@ -571,7 +574,7 @@ class Recorder:
             if graph is None and tensor is None:
                 # Nothing pending (a device loader's sync before its first batch): the
                 # site's first graph is its next sync's, which is then due as well.
-                self._capture_next.add(site)
+                self._empty_at.add(site)
             store.note_line_capture(key, graph)
             if graph is not None and graph.hash:
                 self.recording.line_graphs[site] = graph.hash
