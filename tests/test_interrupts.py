@@ -136,6 +136,34 @@ def test_an_interrupt_python_handles_at_once_gets_no_message(shell, capsys):
     assert signal.set_wakeup_fd(-1) == -1  # the cell's wakeup fd is gone again
 
 
+@pytest.mark.stack
+@pytest.mark.timeout(120)
+def test_an_interrupt_at_a_loops_jump_back_is_shown_on_the_loops_line(shell, capsys):
+    """A loop that calls nothing is interrupted at its jump back, an instruction Python 3.11
+    gives no line when it follows an `if`: Colab's IPython 7.34 then failed to format the
+    traceback (in a kernel: no error sent at all). The cell's frame is on the loop's line."""
+    result = shell.run_cell(
+        "%%on_tpu --quiet\n"
+        "import os, signal, threading\n"
+        "timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))\n"
+        "timer.start()\n"
+        "for i in range(10**10):\n"  # line 5
+        "    if i < 0:\n"
+        "        i = 0\n"
+    )
+    shell.user_ns["timer"].join()
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    tb, lines = result.error_in_exec.__traceback__, []
+    while tb is not None:
+        lines.append((tb.tb_frame.f_code.co_name, tb.tb_lineno))
+        tb = tb.tb_next
+    assert [line for name, line in lines if name == "<module>"][-1] == 5, lines  # the cell's
+    assert all(line is not None for _, line in lines), lines
+    shown = capsys.readouterr()
+    assert "KeyboardInterrupt" in shown.out + shown.err
+    assert "TypeError" not in shown.out + shown.err
+
+
 # The first `--live` cell of a fresh kernel, interrupted (a real SIGINT to the kernel) while
 # the dashboard's modules are first imported; then more `--live` cells must work.
 FIRST_LIVE = "%%on_tpu --live\nx = (torch.ones(3, device=torch_xla.device()) * 2).sum().item()"
