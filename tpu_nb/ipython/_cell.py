@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import ast
-import dis
 import os
 import re
-from types import FrameType, TracebackType
+from types import FrameType
 
-from tpu_nb.runtime.sources import caller, innermost_frame, short_path
+from tpu_nb.runtime.sources import caller, innermost_frame, numbered_traceback, short_path
 from tpu_nb.runtime.units import format_place
 
 
@@ -69,43 +68,9 @@ class CellCode:
             if self.expression is not None:
                 return eval(self.expression, shell.user_global_ns, shell.user_ns)
         except BaseException as exc:
-            exc.with_traceback(_numbered(exc.__traceback__))
+            exc.with_traceback(numbered_traceback(exc.__traceback__))
             raise
         return None
-
-
-def _numbered(tb: TracebackType | None) -> TracebackType | None:
-    """`tb` with a line for every frame. Python 3.11 gives some instructions none (a loop's
-    jump back after an `if`, where an interrupt lands when the loop calls nothing), and
-    Colab's IPython 7.34 then fails to format the traceback: the kernel sends no error at
-    all. Such a frame gets the line its instruction belongs to: a jump back, the loop's."""
-    entries = []
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
-    if all(e.tb_lineno is not None for e in entries):
-        return entries[0] if entries else None
-    rebuilt = None
-    for e in reversed(entries):
-        line = e.tb_lineno if e.tb_lineno is not None else _line_of(e.tb_frame.f_code, e.tb_lasti)
-        rebuilt = TracebackType(rebuilt, e.tb_frame, e.tb_lasti, line)
-    return rebuilt
-
-
-def _line_of(code, offset: int) -> int:
-    """The source line of the instruction at `offset`: for a jump back, its target's."""
-    for ins in dis.get_instructions(code):
-        if ins.offset == offset:
-            if ins.opname.startswith("JUMP_BACKWARD") and isinstance(ins.argval, int):
-                offset = ins.argval
-            break
-    found = code.co_firstlineno
-    for start, _, line in code.co_lines():
-        if start > offset:
-            break
-        if line is not None:
-            found = line
-    return found
 
 
 def cell_number(shell, files: dict[str, int], path: str) -> int | None:

@@ -14,12 +14,13 @@ checkout of the user's project that no distribution names — is user code.
 
 from __future__ import annotations
 
+import dis
 import logging
 import os
 import sys
 import sysconfig
 from functools import lru_cache
-from types import FunctionType
+from types import FunctionType, TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -265,6 +266,40 @@ def traceback_from(tb, test):
     while tb is not None and not test(tb.tb_frame):
         tb = tb.tb_next
     return tb
+
+
+def numbered_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """`tb` with a line for every frame. Python 3.11 gives some instructions none (a loop's
+    jump back after an `if`, where an interrupt lands when the loop calls nothing), and
+    Colab's IPython 7.34 then fails to format the traceback: the kernel sends no error at
+    all. Such a frame gets the line its instruction belongs to: a jump back, the loop's."""
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    if all(e.tb_lineno is not None for e in entries):
+        return entries[0] if entries else None
+    rebuilt = None
+    for e in reversed(entries):
+        line = e.tb_lineno if e.tb_lineno is not None else _line_of(e.tb_frame.f_code, e.tb_lasti)
+        rebuilt = TracebackType(rebuilt, e.tb_frame, e.tb_lasti, line)
+    return rebuilt
+
+
+def _line_of(code, offset: int) -> int:
+    """The source line of the instruction at `offset`: for a jump back, its target's."""
+    for ins in dis.get_instructions(code):
+        if ins.offset == offset:
+            if ins.opname.startswith("JUMP_BACKWARD") and isinstance(ins.argval, int):
+                offset = ins.argval
+            break
+    found = code.co_firstlineno
+    for start, _, line in code.co_lines():
+        if start > offset:
+            break
+        if line is not None:
+            found = line
+    return found
 
 
 def cut_at_user_code(tb) -> None:
