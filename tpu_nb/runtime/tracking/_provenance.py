@@ -622,8 +622,13 @@ _HELD = 16  # a dict, list or tuple holding more is no batch: not looked into at
 _TENSOR = object()  # _watch_kind of a tensor
 
 
-def _dict_values(held) -> tuple:
-    return tuple(dict.values(held)) if dict.__len__(held) <= _HELD else ()
+def _items(size, values):
+    """A reader of the values a container of one built-in type holds, from its storage;
+    () when it holds more than _HELD."""
+    return lambda held: tuple(values(held)) if size(held) <= _HELD else ()
+
+
+_dict_values = _items(dict.__len__, dict.values)
 
 
 def _user_dict_values(held) -> tuple:
@@ -631,12 +636,12 @@ def _user_dict_values(held) -> tuple:
     return _dict_values(data) if type(data) is dict else ()
 
 
-def _list_items(held) -> tuple:
-    return tuple(list.__iter__(held)) if list.__len__(held) <= _HELD else ()
-
-
-def _tuple_items(held) -> tuple:
-    return tuple.__getitem__(held, slice(None)) if tuple.__len__(held) <= _HELD else ()
+_BATCHES = (
+    (dict, _dict_values),
+    (UserDict, _user_dict_values),
+    (list, _items(list.__len__, list.__iter__)),
+    (tuple, _items(tuple.__len__, tuple.__iter__)),
+)
 
 
 def _watch_kind(value):
@@ -646,15 +651,7 @@ def _watch_kind(value):
     None for anything else."""
     if type(value) in _TENSOR_TYPES:
         return _TENSOR
-    for kind, values in (
-        (dict, _dict_values),
-        (UserDict, _user_dict_values),
-        (list, _list_items),
-        (tuple, _tuple_items),
-    ):
-        if isinstance(value, kind):
-            return values
-    return None
+    return next((values for kind, values in _BATCHES if isinstance(value, kind)), None)
 
 
 def _capture_pending(frame, names: tuple = (), caller=None):
