@@ -464,15 +464,11 @@ class Recorder:
     def site_of(self, frame) -> Site:
         """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
         line, user, library, entry = call_site(frame, self._code_ids, self.root_frame, _plumbing)
-        placed = _frame(line) if line is not None else None
+        placed = frame_of(line)
         if placed is None and threading.get_ident() != getattr(self, "_thread", None):
             placed = self._waiting_in_backward()
-        return Site(
-            placed,
-            _frame(user) if user is not None else None,
-            _frame(library) if library is not None else None,
-            entry=_frame(entry) if entry is not None and line is not None else None,
-        )
+        entry = entry if line is not None else None
+        return Site(placed, frame_of(user), frame_of(library), entry=frame_of(entry))
 
     def _waiting_in_backward(self) -> Frame | None:
         """The tracked code's line, when the tracked thread is waiting in an autograd
@@ -487,7 +483,7 @@ class Recorder:
         def line_of_backward(frame):
             called = innermost_frame(frame, in_backward)
             line = call_site(called, code_ids, root)[0] if called is not None else None
-            return _frame(line) if line is not None else None
+            return frame_of(line)
 
         try:
             return walk_stack(self._thread, line_of_backward, None)
@@ -800,7 +796,10 @@ _READS = frozenset(("LOAD_NAME", "LOAD_GLOBAL"))
 _NOT_TENSORS = (type(logging), type(names_bound), type(len), type)
 
 
-def _frame(frame) -> Frame:
+def frame_of(frame) -> Frame | None:
+    """A Python frame's place as a Frame (None for None)."""
+    if frame is None:
+        return None
     code = frame.f_code
     return Frame(code.co_filename, frame.f_lineno, code.co_name)
 
