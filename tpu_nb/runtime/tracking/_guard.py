@@ -30,12 +30,13 @@ from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.errors import TpuNbError, check_whole_number
-from tpu_nb.runtime.metrics._compile_log import Frame, compile_log
+from tpu_nb.runtime.metrics._compile_log import compile_log
 from tpu_nb.runtime.probe import Subscription, own_sync, probe
 from tpu_nb.runtime.sources import caller, cut_at_user_code, innermost_frame, short_path, user_frame
 from tpu_nb.runtime.tracking import _attribution as attribution
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _policy as policy
+from tpu_nb.runtime.tracking._provenance import frame_of
 from tpu_nb.runtime.tracking._store import add_graph, store
 from tpu_nb.runtime.units import format_place
 
@@ -186,10 +187,7 @@ class max_graphs:
             return
         events = log.events_since(self._read)
         self._read = log.size()
-        found = user_frame(frame)
-        site = (
-            Frame(found.f_code.co_filename, found.f_lineno, found.f_code.co_name) if found else None
-        )
+        site = frame_of(user_frame(frame))
         for event in events:
             where = site if event.kind != "value-access" else event.user_frame
             if where is None or dynamo.inputs_sync(event):  # not the function's own graph

@@ -336,7 +336,6 @@ class Recorder:
                 log_start = anchors[-1].log_end if anchors else self._log_at_start
                 same = self._same_shapes.get(_key(site.line)) if site.line else None
                 self._anchor("sync", site, compiles, graph, same == self.recording.syncs)
-                self._note_compiled(site)
                 if event.frame.f_code.co_name == "_compile":  # torch_xla.compile's own sync
                     self._compiled_inputs(event.frame, site, log_start)
             self._notice_new_fallbacks()
@@ -354,7 +353,6 @@ class Recorder:
             compiled = (self._counter("UncachedCompile") or 0) - (event.compiles_before or 0)
             if compiled > 0:
                 self._anchor("read", site, compiled, graph)
-                self._note_compiled(site)
         except Exception:
             self._failed()
 
@@ -371,7 +369,6 @@ class Recorder:
                 occurrences[0].compiles += compiled
             if compiled > 0:
                 self._anchor("fallback", site, compiled, graph)
-                self._note_compiled(site)
             self._notice_new_fallbacks()
         except Exception:
             self._failed()
@@ -435,6 +432,10 @@ class Recorder:
         return occ
 
     def _anchor(self, kind: str, site: Site, compiles: int, graph, same: bool = False) -> None:
+        """A compile at `site`: anchored in the log, and its line watched (see _maybe_capture)."""
+        if site.line is not None:
+            self._capture_next.add(site.key)
+            self._compiled_at.add(_key(site.line))
         log_end = self._log.size() if self._log is not None else 0
         anchors = self.recording.anchors
         if len(anchors) < 100_000:
@@ -463,15 +464,11 @@ class Recorder:
     def site_of(self, frame) -> Site:
         """The Site of the code running in `frame` (the hook's caller), by sources' rule."""
         line, user, library, entry = call_site(frame, self._code_ids, self.root_frame, _plumbing)
-        placed = _frame(line) if line is not None else None
+        placed = frame_of(line)
         if placed is None and threading.get_ident() != getattr(self, "_thread", None):
             placed = self._waiting_in_backward()
-        return Site(
-            placed,
-            _frame(user) if user is not None else None,
-            _frame(library) if library is not None else None,
-            entry=_frame(entry) if entry is not None and line is not None else None,
-        )
+        entry = entry if line is not None else None
+        return Site(placed, frame_of(user), frame_of(library), entry=frame_of(entry))
 
     def _waiting_in_backward(self) -> Frame | None:
         """The tracked code's line, when the tracked thread is waiting in an autograd
@@ -486,7 +483,7 @@ class Recorder:
         def line_of_backward(frame):
             called = innermost_frame(frame, in_backward)
             line = call_site(called, code_ids, root)[0] if called is not None else None
-            return _frame(line) if line is not None else None
+            return frame_of(line)
 
         try:
             return walk_stack(self._thread, line_of_backward, None)
@@ -611,12 +608,6 @@ class Recorder:
         self._shapes_at[key] = shapes
         return None if before is None else before != shapes
 
-    def _note_compiled(self, site: Site) -> None:
-        if site.line is not None:
-            key = _key(site.line)
-            self._capture_next.add(site.key)
-            self._compiled_at.add(key)
-
     def _within_budget(self) -> bool:
         spent = self.recording.capture_seconds
         elapsed = time.perf_counter() - self._started
@@ -627,8 +618,13 @@ _HELD = 16  # a dict, list or tuple holding more is no batch: not looked into at
 _TENSOR = object()  # _watch_kind of a tensor
 
 
-def _dict_values(held) -> tuple:
-    return tuple(dict.values(held)) if dict.__len__(held) <= _HELD else ()
+def _items(size, values):
+    """A reader of the values a container of one built-in type holds, from its storage;
+    () when it holds more than _HELD."""
+    return lambda held: tuple(values(held)) if size(held) <= _HELD else ()
+
+
+_dict_values = _items(dict.__len__, dict.values)
 
 
 def _user_dict_values(held) -> tuple:
@@ -636,12 +632,12 @@ def _user_dict_values(held) -> tuple:
     return _dict_values(data) if type(data) is dict else ()
 
 
-def _list_items(held) -> tuple:
-    return tuple(list.__iter__(held)) if list.__len__(held) <= _HELD else ()
-
-
-def _tuple_items(held) -> tuple:
-    return tuple.__getitem__(held, slice(None)) if tuple.__len__(held) <= _HELD else ()
+_BATCHES = (
+    (dict, _dict_values),
+    (UserDict, _user_dict_values),
+    (list, _items(list.__len__, list.__iter__)),
+    (tuple, _items(tuple.__len__, tuple.__iter__)),
+)
 
 
 def _watch_kind(value):
@@ -651,15 +647,7 @@ def _watch_kind(value):
     None for anything else."""
     if type(value) in _TENSOR_TYPES:
         return _TENSOR
-    for kind, values in (
-        (dict, _dict_values),
-        (UserDict, _user_dict_values),
-        (list, _list_items),
-        (tuple, _tuple_items),
-    ):
-        if isinstance(value, kind):
-            return values
-    return None
+    return next((values for kind, values in _BATCHES if isinstance(value, kind)), None)
 
 
 def _capture_pending(frame, names: tuple = (), caller=None):
@@ -755,16 +743,27 @@ def _describe_change(before: tuple, after: tuple) -> str:
     return change.describe(len(shape), shown)
 
 
+def _nested(codes):
+    """The code objects and, recursively, those of the functions they define."""
+    for code in codes:
+        yield code
+        yield from _nested(c for c in code.co_consts if hasattr(c, "co_names"))
+
+
+def _ops(codes, opnames) -> set[str]:
+    """The names the code objects' instructions of `opnames` take."""
+    return {
+        op.argval for code in codes for op in dis.get_instructions(code) if op.opname in opnames
+    }
+
+
 def names_in(codes) -> set[str]:
     """Names a code object and the functions it defines refer to (globals and locals)."""
-    names: set[str] = set()
-    for code in codes:
-        names.update(code.co_names, code.co_varnames)
-        names |= names_in(c for c in code.co_consts if hasattr(c, "co_names"))
-    return names
+    return {name for code in _nested(codes) for name in (*code.co_names, *code.co_varnames)}
 
 
 _BINDS = frozenset(("STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"))
+_INNER_BINDS = frozenset(("STORE_GLOBAL", "STORE_DEREF"))  # a defined function's, in its caller
 _CO_OPTIMIZED = 0x0001  # a function's code: its variables are its locals
 
 
@@ -774,32 +773,22 @@ def names_watched(codes, namespace: dict) -> tuple[str, ...]:
     are not bound to a module, function or class in `namespace` (a batch a helper of an
     earlier cell assigns with `global`). Attribute names and the modules and functions a
     cell reads are most of its names, none a tensor: comparing them all cost ~20 us a sync."""
-    read = _names_read([c for c in codes if not c.co_flags & _CO_OPTIMIZED])
+    read = _ops(_nested(c for c in codes if not c.co_flags & _CO_OPTIMIZED), _READS)
     value = lambda n: namespace[n] if n in namespace else getattr(builtins, n, None)  # noqa: E731
     kept = {n for n in read if not isinstance(value(n), _NOT_TENSORS)}
     return tuple(sorted(names_bound(codes) | kept))
 
 
-def _names_read(codes) -> set[str]:
-    """Whole names (globals) the code objects, and the functions they define, read."""
-    names: set[str] = set()
-    for code in codes:
-        names.update(op.argval for op in dis.get_instructions(code) if op.opname in _READS)
-        names |= _names_read([c for c in code.co_consts if hasattr(c, "co_names")])
-    return names
-
-
-def names_bound(codes, inner: bool = False) -> set[str]:
+def names_bound(codes) -> set[str]:
     """Names a code object binds in the frame that runs it (assignments, loop targets,
     imports; a function's every local), and those the functions it defines bind there
     (`global`, and the closure cells they share)."""
     names: set[str] = set()
     for code in codes:
-        if code.co_flags & _CO_OPTIMIZED and not inner:
+        if code.co_flags & _CO_OPTIMIZED:
             names.update(code.co_varnames, code.co_cellvars)
-        binds = ("STORE_GLOBAL", "STORE_DEREF") if inner else _BINDS
-        names.update(op.argval for op in dis.get_instructions(code) if op.opname in binds)
-        names |= names_bound((c for c in code.co_consts if hasattr(c, "co_names")), True)
+        names |= _ops([code], _BINDS)
+        names |= _ops(_nested(c for c in code.co_consts if hasattr(c, "co_names")), _INNER_BINDS)
     return names
 
 
@@ -807,7 +796,10 @@ _READS = frozenset(("LOAD_NAME", "LOAD_GLOBAL"))
 _NOT_TENSORS = (type(logging), type(names_bound), type(len), type)
 
 
-def _frame(frame) -> Frame:
+def frame_of(frame) -> Frame | None:
+    """A Python frame's place as a Frame (None for None)."""
+    if frame is None:
+        return None
     code = frame.f_code
     return Frame(code.co_filename, frame.f_lineno, code.co_name)
 
@@ -869,12 +861,12 @@ def backward_base(counter: str) -> str:
     """The forward op of a backward's fallback counter ("aten::upsample_nearest2d_backward"
     -> "upsample_nearest2d"); "" for other counters."""
     base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
-    return base[: -len("_backward")] if base.endswith("_backward") else ""
+    return base.removesuffix("_backward") if base.endswith("_backward") else ""
 
 
 def user_op(counter: str) -> str:
     """The op the user wrote for a fallback counter: "aten::_unique2" -> "torch.unique"."""
+    if backward_base(counter) in USER_OPS:
+        return f"the backward of {USER_OPS[backward_base(counter)]}"
     base = counter.split("::", 1)[-1].split(".", 1)[0].strip("_")
-    if base.endswith("_backward") and base[: -len("_backward")] in USER_OPS:
-        return f"the backward of {USER_OPS[base[: -len('_backward')]]}"
     return USER_OPS.get(base, f"aten::{counter.split('::', 1)[-1]}")

@@ -205,15 +205,12 @@ class Run:
                     with contextlib.suppress(AttributeError, TypeError):  # a C type's instance
                         failure.tpu_nb_at_end = True  # type: ignore[attr-defined]
                     raise
-            else:
-                if self._watch is not None:
-                    self._watch.close()
-                if self.wait and not isinstance(exc, KeyboardInterrupt):
-                    try:
-                        current_backend().syncs.wait()
-                        waited = True
-                    except Exception:  # the run already failed; its own error is the one to show
-                        log.debug("waiting for the device after a failed run", exc_info=True)
+            elif self.wait and not isinstance(exc, KeyboardInterrupt):
+                try:
+                    current_backend().syncs.wait()
+                    waited = True
+                except Exception:  # the run already failed; its own error is the one to show
+                    log.debug("waiting for the device after a failed run", exc_info=True)
             self._complete(exc, synced, pending, waited)
         finally:
             # Whatever happened above (an interrupt while the report was built), the hooks go.

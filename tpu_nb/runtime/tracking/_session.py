@@ -55,7 +55,6 @@ class on_tpu:
     def __post_init__(self) -> None:
         self.code = tuple(self.code)
         self._stack: ExitStack | None = None
-        self._report: RunReport | None = None
 
     def __enter__(self) -> RunReport:
         from tpu_nb.runtime.environment._defaults import default_device
@@ -68,12 +67,11 @@ class on_tpu:
         dev = self.device if self.device is not None else xla_device()
         guard = max_graphs(self.max_graphs) if self.max_graphs is not None else None
         source = self.source
-        if source is None:
-            source = "".join(linecache.getlines(self.filename))
+        source = source if source is not None else "".join(linecache.getlines(self.filename))
         stack = ExitStack()
         try:
             where = self.namespace if self.namespace is not None else caller
-            self._report = stack.enter_context(
+            report = stack.enter_context(
                 track(
                     self.name,
                     sync=self.sync,
@@ -96,7 +94,7 @@ class on_tpu:
             stack.close()
             raise
         self._stack = stack
-        return self._report
+        return report
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         __tracebackhide__ = True  # noqa: F841

@@ -68,13 +68,11 @@ class GraphStore:
         _keep(self.by_own_hash, own_hash, graph, 48)
 
     def note_line_capture(self, key: tuple[str, int], graph) -> None:
-        kept = self.line_captures.setdefault(key, [])
-        self.line_captures.move_to_end(key)
+        kept = self.line_captures.get(key, [])
         if graph is not None and not any(g.hash == graph.hash for g in kept):
             kept.append(graph)
             del kept[:-4]
-        while len(self.line_captures) > 64:
-            self.line_captures.popitem(last=False)
+        _keep(self.line_captures, key, kept, 64)
 
     def last_change(self):
         """The line that most recently captured a graph unlike its previous one:
@@ -100,12 +98,10 @@ class GraphStore:
             if key is None or not event.graph_hash:
                 continue
             new = add_graph(self.line_events, key, event)
-            self.line_events.move_to_end(key)
             graphs = self.line_events[key]
             if new and len(graphs) > 32:  # keep the first two and the latest
                 del graphs[2]
-            while len(self.line_events) > 256:
-                self.line_events.popitem(last=False)
+            _keep(self.line_events, key, graphs, 256)
             if len(graphs) > 1:
                 out[key] = tuple(g.graph_hash for g in graphs)
         return out
