@@ -17,6 +17,7 @@ import atexit
 import errno
 import faulthandler
 import glob
+import io
 import os
 import pickle
 import re
@@ -63,7 +64,7 @@ from tpu_nb.runtime.probe import Hooks, probe
 # -- inside the launcher process --------------------------------------------------------------
 
 
-class _ReplicaStreams:
+class _ReplicaStreams(io.TextIOBase):
     """sys.stdout/sys.stderr that send each replica thread's writes to its own file."""
 
     def __init__(self, fallback):
@@ -79,9 +80,6 @@ class _ReplicaStreams:
     def flush(self) -> None:
         target = getattr(self.local, "file", None) or self.fallback
         target.flush()
-
-    def isatty(self) -> bool:
-        return False
 
 
 def _refusal(name: str) -> Callable[[Callable], Callable[..., None]]:
@@ -162,12 +160,10 @@ def _replica(index: int, rundir: str) -> None:
     """One replica: its prints to its own file; its result (value or error, timings,
     counters) to a pickle."""
     runtime = backend()
-    announce = os.path.join(rundir, f"proc-{os.getpid()}")
-    with open(announce, "a"):  # the launcher watches how this process ends
-        pass
     _first_use_alone()
     ordinal = runtime.launch.ordinal()
-    with open(announce, "a") as f:
+    # The ordinals each process ran, for a process that ends abruptly (abrupt_ends).
+    with open(os.path.join(rundir, f"proc-{os.getpid()}"), "a") as f:
         f.write(f"{ordinal}\n")
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
         for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
