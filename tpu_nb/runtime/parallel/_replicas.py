@@ -104,10 +104,6 @@ def _install_refusals(hooks: Hooks) -> None:
 probe().define("collectives-refused", _install_refusals)
 
 
-def _refuse_collectives() -> None:
-    probe().subscribe(_refusal, ("collectives-refused",), of_run=False)
-
-
 # The function and arguments the launcher process runs. torch_xla's launcher pickles what it
 # is given (its process pool does, even with fork), and a notebook's function need not be
 # picklable: the replicas find it here instead, in memory forked from the launcher.
@@ -270,7 +266,7 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
     runtime = backend()
     runtime.process.load()
     if refuse:
-        _refuse_collectives()
+        probe().subscribe(_refusal, ("collectives-refused",), of_run=False)
     _work[rundir] = (fn, args)
     processes = _record_processes()
     try:
