@@ -327,9 +327,8 @@ class SyncProbe:
     def close(self) -> None:
         """Leave the probe (its hooks go when no one else listens)."""
         self._armed.clear()
-        subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            subscription.close()
+        if self._subscription is not None:
+            self._subscription.close()
 
     def _capture(self, frame) -> None:
         site = None
@@ -387,9 +386,7 @@ class ClosureReads:
             self.count += event.counters_after[0] - event.counters_before[0]
 
     def close(self) -> None:
-        subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            subscription.close()
+        self._subscription.close()
 
 
 @dataclass(frozen=True)
@@ -687,22 +684,12 @@ class LiveMonitor:
                 return fresh
         return event
 
-    def _captured_pair(self, site: tuple[str, int], events: list[CompileEvent]) -> tuple[list, str]:
-        """The line's last two graphs as captured, and by whom: "recorded" when a tracked run
-        (as %%on_tpu) read the pending graph just before each of these two compiles (keyed by
-        the compile log's hash: exactly the pair the alert names); else the probe's."""
-        before, after = (store.captured_graph(e) for e in events[-2:])
-        if before is not None and after is not None:
-            return [before, after], "recorded"
-        return (self._probe.graphs(site) if self._probe is not None else []), "graphs"
-
     def _refresh_alerts(self) -> None:
         for site, events in self._lines.items():
             if len(events) <= self.alert_graphs:
                 continue
             hashes = tuple(e.graph_hash for e in events)
             settled = self._marks[-1][1] - self._new_graph_at.get(site, 0) >= 2
-            captured, captured_by = self._captured_pair(site, events)
             old = self._alerts.get(site)
             if (
                 old is not None
@@ -722,9 +709,16 @@ class LiveMonitor:
                 )
             elif steps := progression(recorded):
                 differs, source = (steps,), "recorded"
-            elif len(captured) >= 2:
+            else:
+                # The tracked run's graphs of these two compiles (the module docstring), else
+                # the sync probe's last two captures.
+                captured, source = recorded[-2:], "recorded"
+                if any(g is None for g in captured):
+                    captured = self._probe.graphs(site) if self._probe is not None else []
+                    source = "graphs"
                 try:
-                    differs, source = graph_facts(captured[-2], captured[-1]), captured_by
+                    if len(captured) >= 2:
+                        differs = graph_facts(captured[-2], captured[-1])
                 except Exception:  # fall back to the compile log, never fail
                     log.debug("diffing the alert's two graphs failed", exc_info=True)
             if not differs and guard_facts(events[-1]):  # Dynamo compiled a function again

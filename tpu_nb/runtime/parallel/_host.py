@@ -12,6 +12,7 @@ here: the launch wraps the class with `ray.remote`.
 
 from __future__ import annotations
 
+import io
 import linecache
 import os
 import shutil
@@ -33,7 +34,7 @@ SAME_INSTALL = (
 )
 
 
-class _Capture:
+class _Capture(io.TextIOBase):
     """sys.stdout/sys.stderr of the host process while the work runs: kept until polled."""
 
     def __init__(self) -> None:
@@ -44,12 +45,6 @@ class _Capture:
         with self.lock:
             self.parts.append(text)
         return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
 
     def take(self) -> str:
         with self.lock:

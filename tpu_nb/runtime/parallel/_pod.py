@@ -25,10 +25,8 @@ class HostError(ReplicaError):
     """A host raised; `traceback` is its traceback (the cell's lines), `host` which host."""
 
     unit = "host"
-
-    def __init__(self, host: int, hosts: int, summary: str, trace: str):
-        self.host, self.hosts = host, hosts
-        super().__init__(host, hosts, summary, trace)
+    host = property(lambda self: self.ordinal)
+    hosts = property(lambda self: self.world)
 
 
 class HostLost(ReplicaCrash):

@@ -17,6 +17,7 @@ import atexit
 import errno
 import faulthandler
 import glob
+import io
 import os
 import pickle
 import re
@@ -63,7 +64,7 @@ from tpu_nb.runtime.probe import Hooks, probe
 # -- inside the launcher process --------------------------------------------------------------
 
 
-class _ReplicaStreams:
+class _ReplicaStreams(io.TextIOBase):
     """sys.stdout/sys.stderr that send each replica thread's writes to its own file."""
 
     def __init__(self, fallback):
@@ -79,9 +80,6 @@ class _ReplicaStreams:
     def flush(self) -> None:
         target = getattr(self.local, "file", None) or self.fallback
         target.flush()
-
-    def isatty(self) -> bool:
-        return False
 
 
 def _refusal(name: str) -> Callable[[Callable], Callable[..., None]]:
@@ -104,10 +102,6 @@ def _install_refusals(hooks: Hooks) -> None:
 
 
 probe().define("collectives-refused", _install_refusals)
-
-
-def _refuse_collectives() -> None:
-    probe().subscribe(_refusal, ("collectives-refused",), of_run=False)
 
 
 # The function and arguments the launcher process runs. torch_xla's launcher pickles what it
@@ -162,12 +156,10 @@ def _replica(index: int, rundir: str) -> None:
     """One replica: its prints to its own file; its result (value or error, timings,
     counters) to a pickle."""
     runtime = backend()
-    announce = os.path.join(rundir, f"proc-{os.getpid()}")
-    with open(announce, "a"):  # the launcher watches how this process ends
-        pass
     _first_use_alone()
     ordinal = runtime.launch.ordinal()
-    with open(announce, "a") as f:
+    # The ordinals each process ran, for a process that ends abruptly (abrupt_ends).
+    with open(os.path.join(rundir, f"proc-{os.getpid()}"), "a") as f:
         f.write(f"{ordinal}\n")
     with open(os.path.join(rundir, f"out-{ordinal}.txt"), "w", buffering=1) as out:
         for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
@@ -274,7 +266,7 @@ def _launcher(rundir: str, fn: Callable, args: tuple, env: dict, refuse: bool, p
     runtime = backend()
     runtime.process.load()
     if refuse:
-        _refuse_collectives()
+        probe().subscribe(_refusal, ("collectives-refused",), of_run=False)
     _work[rundir] = (fn, args)
     processes = _record_processes()
     try:

@@ -100,9 +100,7 @@ class LaunchResult:
         for r in self.replicas:
             if r.metrics is not None:
                 by_pid.setdefault(r.pid, r.metrics)
-        fallbacks: Counter[str] = Counter()
-        for d in by_pid.values():
-            fallbacks.update(d.fallbacks)
+        fallbacks = sum((Counter(d.fallbacks) for d in by_pid.values()), Counter())
         empty = MetricsDelta()
         sums = {
             n: sum((getattr(d, n) for d in by_pid.values()), getattr(empty, n)) for n in _SUMMED

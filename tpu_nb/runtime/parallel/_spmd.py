@@ -113,8 +113,6 @@ def check_spmd(devices: int | str = "all", mesh: str | None = None) -> int | Non
             "%tpu_setup."
         )
     count = _expected_devices(wanted)
-    if count is None:
-        count = wanted
     if count is not None:
         _check_count(wanted, shape, count)
     return wanted
@@ -135,9 +133,9 @@ def spmd_context(devices: int | str = "all", mesh: str | None = None) -> Spmd:
     return Spmd(runtime.launch.mesh(n, shape or (n, 1), ("data", "model")), n)
 
 
-def run_spmd(fn: Callable, args: tuple, devices: int | str = "all", mesh: str | None = None):
+def run_spmd(fn: Callable, args: tuple, devices: int | str):
     """`launch(..., mode="spmd")`: fn(spmd, *args) once, over every device."""
-    spmd = spmd_context(devices, mesh)
+    spmd = spmd_context(devices)
     start = time.perf_counter()
     with track("spmd") as report:
         value = fn(spmd, *args)
