@@ -158,6 +158,20 @@ def test_track_makes_no_sync_of_its_own_and_names_the_work_it_leaves_pending():
     assert kept.item() == pytest.approx(float((x.cpu() @ x.cpu()).sum()), rel=1e-4)
 
 
+def test_on_tpu_in_a_script_names_the_work_it_leaves_pending():
+    """on_tpu() without a namespace looks where track() does: the block's frame."""
+    dev = tpu_nb.device()
+    x = torch.randn(16, 16, device=dev)
+    torch_xla.sync(wait=True)
+    with tpu_nb.on_tpu() as report:
+        kept = (x @ x).sum()  # left pending, never synced nor read
+    pending = report.pending
+    assert pending is not None and pending.holders == ("kept",), report
+    assert "kept" in str(report) and "not run here" in str(report)
+    torch_xla.sync()
+    assert kept.item() == pytest.approx(float((x.cpu() @ x.cpu()).sum()), rel=1e-4)
+
+
 def test_sync_skipped_when_the_block_already_synced_and_done_when_work_is_pending():
     dev = tpu_nb.device()
     x = torch.randn(16, 16, device=dev)

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field, fields, replace
-from types import MappingProxyType
+from types import FrameType, MappingProxyType
 from typing import Any, Literal
 
 from tpu_nb.runtime.backend import Backend
@@ -171,7 +171,10 @@ class Run:
             self._earlier = find_earlier(self.namespace, self.assigned_in, earlier_tensors)
         self._log = compile_log()
         self._offset = self._log.size() if self._log is not None else 0
-        self._frame = caller if self.namespace is None else None
+        if isinstance(self.namespace, FrameType):  # held only while the block runs
+            self._frame, self.namespace = self.namespace, None
+        else:
+            self._frame = caller if self.namespace is None else None
         run_probe().begin_run(self)
         try:
             self._watch = _SyncWatch(current_backend(), earlier_tensors)

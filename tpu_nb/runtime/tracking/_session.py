@@ -70,7 +70,7 @@ class on_tpu:
         source = source if source is not None else "".join(linecache.getlines(self.filename))
         stack = ExitStack()
         try:
-            where = self.namespace if self.namespace is not None else caller
+            where = self.namespace if self.namespace is not None else caller()
             report = stack.enter_context(
                 track(
                     self.name,
