@@ -12,14 +12,13 @@ and the summary text are pure functions of it (display/dashboard_html.py).
 
 The thread shares the interpreter with the training loop, so its Python time is the loop's
 loss: a panel or chart is written only when its part of the state changed (the state's
-version counters), and the live charts are SVG text (display/live_charts.py: a fraction of a
-millisecond, where a matplotlib update cost ~6 ms and a full redraw ~20-40 ms), at most every
-`chart_refresh` seconds. When the cell ends, fails or is interrupted, the thread is joined,
-the final state is drawn (the same SVG charts, once more, their axes fitted to the data), and
-the live view is replaced in place by a static one (HTML with the charts, and a plain-text
-summary without timings):
-the cell's prints keep their place below it, and with the widgets closed a notebook that ran
-100 live cells holds no widget comms for them and saves no widget state.
+version counters), and the live charts are SVG text (display/live_charts.py says what a
+matplotlib chart cost), at most every `chart_refresh` seconds. When the cell ends, fails or
+is interrupted, the thread is joined, the final state is drawn (the same SVG charts, once
+more, their axes fitted to the data), and the live view is replaced in place by a static one
+(HTML with the charts, and a plain-text summary without timings): the cell's prints keep
+their place below it, and with the widgets closed a notebook that ran 100 live cells holds
+no widget comms for them and saves no widget state.
 
 nbval ignores display updates, so it sees the live view (an empty text/plain, a one-line HTML
 placeholder) where the saved notebook has the final view. tools/nbval-sanitize.cfg masks the

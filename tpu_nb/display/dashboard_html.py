@@ -53,10 +53,6 @@ def _bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def _rate(per_second: float) -> str:
-    return f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:.0f}/s"
-
-
 def header_html(
     state: LiveState | None,
     status: str,
@@ -213,7 +209,10 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
             f"<span style='color:{_GREY}'>step time: no step completed"
             f"{'' if final else ' yet'}</span>"
         )
-    rate = m.executions / state.elapsed if final and state.elapsed > 0 else state.execution_rate
+    per_second = state.execution_rate
+    if final and state.elapsed > 0:
+        per_second = m.executions / state.elapsed
+    rate = f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:.0f}/s"
     body = (
         f"syncs <b>{state.steps}</b> <span style='color:{_GREY}' title='torch_xla.sync() "
         "and mark_step calls: one per training step, plus any sync tpu_nb adds at the "
@@ -225,7 +224,7 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
             else "(torch_xla.sync calls: one per training step)"
         )
         + "</span><br>"
-        f"executions <b>{m.executions}</b> · {_rate(rate)}"
+        f"executions <b>{m.executions}</b> · {rate}"
         f"{' on average' if final else ''}<br>{steps}<br>"
         f"on device {format_seconds(m.execute_seconds)}"
     )
@@ -356,19 +355,6 @@ def anatomy_html(state: LiveState | None) -> str:
     return _panel("where the steps' time went", body, height=_ANATOMY_HEIGHT)
 
 
-def svg_chart_html(svg: str | None, caption: str, width: int | None = None) -> str:
-    """An SVG chart with its caption (none without the chart), `width` CSS pixels wide at
-    most: the caption wraps at the chart's width, so the two charts fit side by side. The
-    chart comes with its picture, shown where a sanitizer strips the SVG (`with_picture`)."""
-    if not svg:
-        return ""
-    size = f"width:{width}px;" if width else ""
-    return (
-        f"<div style='margin:2px 6px 2px 0;{size}max-width:100%'>{caption_html(caption)}"
-        f"{with_picture(svg)}</div>"
-    )
-
-
 def static_html(
     state: LiveState | None,
     status: str,
@@ -383,7 +369,16 @@ def static_html(
     svgs = svgs or {}
 
     def chart(name: str, caption: str) -> str:
-        return svg_chart_html(svgs.get(name), caption, CHART_SIZES[name][0])
+        """A chart with its caption (none without the chart), as wide as the chart at most:
+        the caption wraps at its width, so the two charts fit side by side. The chart comes
+        with its picture, shown where a sanitizer strips the SVG (`with_picture`)."""
+        svg = svgs.get(name)
+        if not svg:
+            return ""
+        return (
+            f"<div style='margin:2px 6px 2px 0;width:{CHART_SIZES[name][0]}px;max-width:100%'>"
+            f"{caption_html(caption)}{with_picture(svg)}</div>"
+        )
 
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = _counter_panels(state, final=True)
