@@ -120,9 +120,7 @@ def alert_html(state: LiveState | None) -> str:
     return f"<div class='tpunb' style='{css}'>{''.join(parts)}</div>"
 
 
-def compile_html(state: LiveState | None, final: bool = False) -> str:
-    if state is None:
-        return _panel("Compiles", "-", height=_TOP_HEIGHT)
+def compile_html(state: LiveState, final: bool = False) -> str:
     m = state.metrics
     head = (
         f"graphs compiled <b>{m.compiles}</b> ({format_seconds(m.compile_seconds)}) · "
@@ -193,9 +191,7 @@ def _short_cause(event: CompileEvent) -> str:
     return event.cause if len(event.cause) <= 24 else event.cause[:23] + "\u2026"
 
 
-def execution_html(state: LiveState | None, final: bool = False) -> str:
-    if state is None:
-        return _panel("Execution", "-", height=_TOP_HEIGHT)
+def execution_html(state: LiveState, final: bool = False) -> str:
     m = state.metrics
     if state.step_median is not None:
         measured = "" if final else f", {state.steps_measured} measured"
@@ -231,9 +227,7 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
     return _panel("Execution", body, height=_TOP_HEIGHT)
 
 
-def transfers_html(state: LiveState | None) -> str:
-    if state is None:
-        return _panel("Transfers", "-", height=_TOP_HEIGHT)
+def transfers_html(state: LiveState) -> str:
     m = state.metrics
     body = (
         f"to device <b>{m.to_device_transfers}</b> ({format_seconds(m.to_device_seconds)})<br>"
@@ -242,9 +236,7 @@ def transfers_html(state: LiveState | None) -> str:
     return _panel("Transfers", body, height=_TOP_HEIGHT)
 
 
-def fallbacks_html(state: LiveState | None) -> str:
-    if state is None:
-        return _panel("CPU fallbacks and scalar reads", "-", height=_BOTTOM_HEIGHT)
+def fallbacks_html(state: LiveState) -> str:
     m = state.metrics
     if m.fallbacks:
         fall = "".join(
@@ -285,9 +277,7 @@ def _in_the_loop(reads: int, state: LiveState) -> str:
     return f"{reads} {steps}{closures}"
 
 
-def memory_html(state: LiveState | None) -> str:
-    if state is None:
-        return _panel("Memory", "-", height=_BOTTOM_HEIGHT)
+def memory_html(state: LiveState) -> str:
     mem = state.memory
     if mem.device_note:
         device = f"<span style='color:{_GREY}'>{escape(mem.device_note)}</span>"
@@ -315,7 +305,14 @@ COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
 def _counter_panels(state: LiveState | None, final: bool = False) -> list[str]:
-    """The counters' panels, in the order both views show them."""
+    """The counters' panels, in the order both views show them (their titles only before
+    the first poll)."""
+    if state is None:
+        titles = ("Compiles", "Execution", "Transfers", "CPU fallbacks and scalar reads", "Memory")
+        return [
+            _panel(t, "-", height=_BOTTOM_HEIGHT if i > 2 else _TOP_HEIGHT)
+            for i, t in enumerate(titles)
+        ]
     return [
         compile_html(state, final),
         execution_html(state, final),
