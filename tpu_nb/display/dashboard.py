@@ -274,13 +274,13 @@ class Dashboard:
             return
         from IPython.display import display
 
-        final = _FinalView(self)
+        final = self._final_data()
         if self._handle is not None:
             # In place of the live view: the cell's prints stay below it, in their order.
-            self._handle.update(final)
+            self._handle.update(final, raw=True)
             self._handle = None
         else:
-            display(final)
+            display(final, raw=True)
         self._shown = True
 
     def __enter__(self) -> Dashboard:
@@ -493,6 +493,10 @@ class Dashboard:
             "text/html": _marked(f"<div class='tpunb-dashboard-live'>{note}</div>"),
         }
 
+    def _final_data(self) -> dict[str, str]:
+        """The final state as a plain output (no widgets)."""
+        return {"text/plain": self.summary(), "text/html": _marked(self._repr_html_())}
+
     def _ipython_display_(self) -> None:
         """Shown once: `tpu_nb.dashboard()` as a cell's last line does not show it twice."""
         if self._shown:
@@ -503,21 +507,7 @@ class Dashboard:
         if self.running and self._root is not None:
             self._handle = display(self._live_data(), raw=True, display_id=True)
         else:
-            display(_FinalView(self))
-
-
-class _FinalView:
-    """The dashboard's final state as a plain output (no widgets)."""
-
-    def __init__(self, dash: Dashboard):
-        self.text = dash.summary()
-        self.html = dash._repr_html_()
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def _repr_html_(self) -> str:
-        return _marked(self.html)
+            display(self._final_data(), raw=True)
 
 
 def _marked(html: str) -> str:
