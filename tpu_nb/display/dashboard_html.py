@@ -1,10 +1,6 @@
-"""The dashboard's HTML and text, as pure functions of the runtime's plain data.
-
-Each renderer turns a `LiveState` (the runtime's `LiveMonitor.poll()`), a status and a title
-into one self-contained HTML block or a line of text; none holds state, starts a thread or
-touches a widget. The controller (display/dashboard.py) puts these strings into its widgets
-while a cell runs and into the final view when it ends; tests call them on a state directly.
-"""
+"""The dashboard's HTML and text, as pure functions of a `LiveState`, a status and a title:
+none holds state, starts a thread or touches a widget (display/dashboard.py does), so tests
+call them on a state directly."""
 
 from __future__ import annotations
 
