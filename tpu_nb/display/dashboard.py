@@ -155,10 +155,9 @@ class Dashboard:
         if chart_refresh is None:
             chart_refresh = max(1.0, self.refresh)
         self.chart_refresh = _check_seconds("chart_refresh", chart_refresh, self.refresh)
-        check_whole_number(
+        self.alert_graphs = check_whole_number(
             alert_graphs, "alert_graphs", high=MAX_ALERT_GRAPHS, fix="e.g. alert_graphs=3"
         )
-        self.alert_graphs = alert_graphs
         self.charts = bool(charts)
         self.title = str(title)
         self._want_widgets = widgets
