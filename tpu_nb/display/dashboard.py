@@ -12,14 +12,13 @@ and the summary text are pure functions of it (display/dashboard_html.py).
 
 The thread shares the interpreter with the training loop, so its Python time is the loop's
 loss: a panel or chart is written only when its part of the state changed (the state's
-version counters), and the live charts are SVG text (display/live_charts.py: a fraction of a
-millisecond, where a matplotlib update cost ~6 ms and a full redraw ~20-40 ms), at most every
-`chart_refresh` seconds. When the cell ends, fails or is interrupted, the thread is joined,
-the final state is drawn (the same SVG charts, once more, their axes fitted to the data), and
-the live view is replaced in place by a static one (HTML with the charts, and a plain-text
-summary without timings):
-the cell's prints keep their place below it, and with the widgets closed a notebook that ran
-100 live cells holds no widget comms for them and saves no widget state.
+version counters), and the live charts are SVG text (display/live_charts.py says what a
+matplotlib chart cost), at most every `chart_refresh` seconds. When the cell ends, fails or
+is interrupted, the thread is joined, the final state is drawn (the same SVG charts, once
+more, their axes fitted to the data), and the live view is replaced in place by a static one
+(HTML with the charts, and a plain-text summary without timings): the cell's prints keep
+their place below it, and with the widgets closed a notebook that ran 100 live cells holds
+no widget comms for them and saves no widget state.
 
 nbval ignores display updates, so it sees the live view (an empty text/plain, a one-line HTML
 placeholder) where the saved notebook has the final view. tools/nbval-sanitize.cfg masks the
@@ -156,10 +155,9 @@ class Dashboard:
         if chart_refresh is None:
             chart_refresh = max(1.0, self.refresh)
         self.chart_refresh = _check_seconds("chart_refresh", chart_refresh, self.refresh)
-        check_whole_number(
+        self.alert_graphs = check_whole_number(
             alert_graphs, "alert_graphs", high=MAX_ALERT_GRAPHS, fix="e.g. alert_graphs=3"
         )
-        self.alert_graphs = alert_graphs
         self.charts = bool(charts)
         self.title = str(title)
         self._want_widgets = widgets
@@ -275,13 +273,13 @@ class Dashboard:
             return
         from IPython.display import display
 
-        final = _FinalView(self)
+        final = self._final_data()
         if self._handle is not None:
             # In place of the live view: the cell's prints stay below it, in their order.
-            self._handle.update(final)
+            self._handle.update(final, raw=True)
             self._handle = None
         else:
-            display(final)
+            display(final, raw=True)
         self._shown = True
 
     def __enter__(self) -> Dashboard:
@@ -415,13 +413,15 @@ class Dashboard:
             return {}
         drawn, cost = {}, 0.0
         for name, chart in self._svg_charts.items():
+            began = time.perf_counter()
             svg = chart.update(state)
             if svg is None:
                 continue  # its data did not change
-            cost += chart.last_cost
+            seconds = time.perf_counter() - began
+            cost += seconds
             if counted and chart.last_full:
                 self.stats.chart_full_draws += 1
-                self.stats.chart_full_seconds += chart.last_cost
+                self.stats.chart_full_seconds += seconds
             self._svgs[name] = drawn[name] = svg
         if drawn:
             if counted:
@@ -492,6 +492,10 @@ class Dashboard:
             "text/html": _marked(f"<div class='tpunb-dashboard-live'>{note}</div>"),
         }
 
+    def _final_data(self) -> dict[str, str]:
+        """The final state as a plain output (no widgets)."""
+        return {"text/plain": self.summary(), "text/html": _marked(self._repr_html_())}
+
     def _ipython_display_(self) -> None:
         """Shown once: `tpu_nb.dashboard()` as a cell's last line does not show it twice."""
         if self._shown:
@@ -502,21 +506,7 @@ class Dashboard:
         if self.running and self._root is not None:
             self._handle = display(self._live_data(), raw=True, display_id=True)
         else:
-            display(_FinalView(self))
-
-
-class _FinalView:
-    """The dashboard's final state as a plain output (no widgets)."""
-
-    def __init__(self, dash: Dashboard):
-        self.text = dash.summary()
-        self.html = dash._repr_html_()
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def _repr_html_(self) -> str:
-        return _marked(self.html)
+            display(self._final_data(), raw=True)
 
 
 def _marked(html: str) -> str:

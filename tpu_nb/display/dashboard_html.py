@@ -1,10 +1,6 @@
-"""The dashboard's HTML and text, as pure functions of the runtime's plain data.
-
-Each renderer turns a `LiveState` (the runtime's `LiveMonitor.poll()`), a status and a title
-into one self-contained HTML block or a line of text; none holds state, starts a thread or
-touches a widget. The controller (display/dashboard.py) puts these strings into its widgets
-while a cell runs and into the final view when it ends; tests call them on a state directly.
-"""
+"""The dashboard's HTML and text, as pure functions of a `LiveState`, a status and a title:
+none holds state, starts a thread or touches a widget (display/dashboard.py does), so tests
+call them on a state directly."""
 
 from __future__ import annotations
 
@@ -51,10 +47,6 @@ def _bytes(n: int | None) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n} B"
-
-
-def _rate(per_second: float) -> str:
-    return f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:.0f}/s"
 
 
 def header_html(
@@ -124,9 +116,7 @@ def alert_html(state: LiveState | None) -> str:
     return f"<div class='tpunb' style='{css}'>{''.join(parts)}</div>"
 
 
-def compile_html(state: LiveState | None, final: bool = False) -> str:
-    if state is None:
-        return _panel("Compiles", "-", height=_TOP_HEIGHT)
+def compile_html(state: LiveState, final: bool = False) -> str:
     m = state.metrics
     head = (
         f"graphs compiled <b>{m.compiles}</b> ({format_seconds(m.compile_seconds)}) · "
@@ -197,9 +187,7 @@ def _short_cause(event: CompileEvent) -> str:
     return event.cause if len(event.cause) <= 24 else event.cause[:23] + "\u2026"
 
 
-def execution_html(state: LiveState | None, final: bool = False) -> str:
-    if state is None:
-        return _panel("Execution", "-", height=_TOP_HEIGHT)
+def execution_html(state: LiveState, final: bool = False) -> str:
     m = state.metrics
     if state.step_median is not None:
         measured = "" if final else f", {state.steps_measured} measured"
@@ -213,7 +201,10 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
             f"<span style='color:{_GREY}'>step time: no step completed"
             f"{'' if final else ' yet'}</span>"
         )
-    rate = m.executions / state.elapsed if final and state.elapsed > 0 else state.execution_rate
+    per_second = state.execution_rate
+    if final and state.elapsed > 0:
+        per_second = m.executions / state.elapsed
+    rate = f"{per_second:.1f}/s" if per_second < 100 else f"{per_second:.0f}/s"
     body = (
         f"syncs <b>{state.steps}</b> <span style='color:{_GREY}' title='torch_xla.sync() "
         "and mark_step calls: one per training step, plus any sync tpu_nb adds at the "
@@ -225,16 +216,14 @@ def execution_html(state: LiveState | None, final: bool = False) -> str:
             else "(torch_xla.sync calls: one per training step)"
         )
         + "</span><br>"
-        f"executions <b>{m.executions}</b> · {_rate(rate)}"
+        f"executions <b>{m.executions}</b> · {rate}"
         f"{' on average' if final else ''}<br>{steps}<br>"
         f"on device {format_seconds(m.execute_seconds)}"
     )
     return _panel("Execution", body, height=_TOP_HEIGHT)
 
 
-def transfers_html(state: LiveState | None) -> str:
-    if state is None:
-        return _panel("Transfers", "-", height=_TOP_HEIGHT)
+def transfers_html(state: LiveState) -> str:
     m = state.metrics
     body = (
         f"to device <b>{m.to_device_transfers}</b> ({format_seconds(m.to_device_seconds)})<br>"
@@ -243,9 +232,7 @@ def transfers_html(state: LiveState | None) -> str:
     return _panel("Transfers", body, height=_TOP_HEIGHT)
 
 
-def fallbacks_html(state: LiveState | None) -> str:
-    if state is None:
-        return _panel("CPU fallbacks and scalar reads", "-", height=_BOTTOM_HEIGHT)
+def fallbacks_html(state: LiveState) -> str:
     m = state.metrics
     if m.fallbacks:
         fall = "".join(
@@ -286,9 +273,7 @@ def _in_the_loop(reads: int, state: LiveState) -> str:
     return f"{reads} {steps}{closures}"
 
 
-def memory_html(state: LiveState | None) -> str:
-    if state is None:
-        return _panel("Memory", "-", height=_BOTTOM_HEIGHT)
+def memory_html(state: LiveState) -> str:
     mem = state.memory
     if mem.device_note:
         device = f"<span style='color:{_GREY}'>{escape(mem.device_note)}</span>"
@@ -316,7 +301,14 @@ COMPILE_CAPTION = "compile seconds per graph (the last 10)"
 
 
 def _counter_panels(state: LiveState | None, final: bool = False) -> list[str]:
-    """The counters' panels, in the order both views show them."""
+    """The counters' panels, in the order both views show them (their titles only before
+    the first poll)."""
+    if state is None:
+        titles = ("Compiles", "Execution", "Transfers", "CPU fallbacks and scalar reads", "Memory")
+        return [
+            _panel(t, "-", height=_BOTTOM_HEIGHT if i > 2 else _TOP_HEIGHT)
+            for i, t in enumerate(titles)
+        ]
     return [
         compile_html(state, final),
         execution_html(state, final),
@@ -356,19 +348,6 @@ def anatomy_html(state: LiveState | None) -> str:
     return _panel("where the steps' time went", body, height=_ANATOMY_HEIGHT)
 
 
-def svg_chart_html(svg: str | None, caption: str, width: int | None = None) -> str:
-    """An SVG chart with its caption (none without the chart), `width` CSS pixels wide at
-    most: the caption wraps at the chart's width, so the two charts fit side by side. The
-    chart comes with its picture, shown where a sanitizer strips the SVG (`with_picture`)."""
-    if not svg:
-        return ""
-    size = f"width:{width}px;" if width else ""
-    return (
-        f"<div style='margin:2px 6px 2px 0;{size}max-width:100%'>{caption_html(caption)}"
-        f"{with_picture(svg)}</div>"
-    )
-
-
 def static_html(
     state: LiveState | None,
     status: str,
@@ -383,7 +362,16 @@ def static_html(
     svgs = svgs or {}
 
     def chart(name: str, caption: str) -> str:
-        return svg_chart_html(svgs.get(name), caption, CHART_SIZES[name][0])
+        """A chart with its caption (none without the chart), as wide as the chart at most:
+        the caption wraps at its width, so the two charts fit side by side. The chart comes
+        with its picture, shown where a sanitizer strips the SVG (`with_picture`)."""
+        svg = svgs.get(name)
+        if not svg:
+            return ""
+        return (
+            f"<div style='margin:2px 6px 2px 0;width:{CHART_SIZES[name][0]}px;max-width:100%'>"
+            f"{caption_html(caption)}{with_picture(svg)}</div>"
+        )
 
     row = "display:flex;flex-wrap:wrap;align-items:stretch"
     panels = _counter_panels(state, final=True)

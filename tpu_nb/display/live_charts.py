@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from base64 import b64encode
 
 from tpu_nb.display import style
@@ -141,7 +140,6 @@ class StepTimeSvg:
         self._median: list[str] = []  # formatted points, one per StepPoint drawn
         self._p90: list[str] = []
         self._last_point: StepPoint | None = None
-        self.last_cost = 0.0
         self.last_full = False  # whether the last render rewrote the frame
 
     # -- the coordinates --
@@ -169,7 +167,6 @@ class StepTimeSvg:
 
     def render(self, series: tuple[StepPoint, ...], compile_steps, *, final: bool = False) -> str:
         """The chart's SVG. `final`: the final view's, its axes fitted to the data."""
-        start = time.perf_counter()
         self.limits = grow_limits(self.limits, series, compile_steps, final)
         self.last_full = self.limits != self._framed
         if self.last_full:
@@ -202,10 +199,7 @@ class StepTimeSvg:
                 f"text-anchor='middle' style='fill:{style.MUTED}'>{style.esc(note)}</text>"
             )
         title = _step_title(series, compile_steps, final)
-        svg = _svg_open("steps", self.width, self.height, title)
-        out = svg + "".join(parts) + "</svg>"
-        self.last_cost = time.perf_counter() - start
-        return out
+        return _svg_open("steps", self.width, self.height, title) + "".join(parts) + "</svg>"
 
     def _extend(self, series) -> None:
         """Format the points not drawn yet; start over if the series is not an extension of
@@ -270,7 +264,6 @@ class CompileSvg:
     def __init__(self, size: tuple[int, int] = CHART_SIZES["compile"]) -> None:
         self.width, self.height = size
         self._key: int | None = None
-        self.last_cost = 0.0
         self.last_full = True  # drawn whole each time (only when a graph compiled)
 
     def update(self, state: LiveState) -> str | None:
@@ -282,7 +275,6 @@ class CompileSvg:
 
     def render(self, compiles: tuple[LiveCompile, ...], *, final: bool = False) -> str:
         """The chart's SVG. `final`: the final view's (an empty chart speaks of the run)."""
-        start = time.perf_counter()
         shown = [c for c in compiles if c.seconds is not None][-self.SHOWN :]
         title = f"{len(compiles)} graph{'' if len(compiles) == 1 else 's'} compiled"
         if shown:
@@ -322,7 +314,6 @@ class CompileSvg:
                 f"<g style='fill:{style.FG}'>{''.join(texts)}</g>"
             )
         parts.append("</svg>")
-        self.last_cost = time.perf_counter() - start
         return "".join(parts)
 
 

@@ -5,6 +5,7 @@ notebooks."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 
 from tpu_nb.display.style import MUTED, PRE, RED, WARN, root, span, table, text_table
@@ -38,11 +39,11 @@ def _row(h: HostResult) -> tuple[str, ...]:
     )
 
 
+@dataclass(eq=False)
 class PodView:
     """Every host of a pod launch in one view."""
 
-    def __init__(self, result: PodResult):
-        self.result = result
+    result: PodResult
 
     def _line_text(self, line: int) -> str:
         lines = self.result.source.splitlines()

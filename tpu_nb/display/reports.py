@@ -38,11 +38,11 @@ from tpu_nb.runtime.units import format_seconds
 # -- environment ------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class EnvironmentView:
     """`%tpu_setup`'s report: an HTML table in notebooks, text in a terminal."""
 
-    def __init__(self, env: Environment):
-        self.env = env
+    env: Environment
 
     def __repr__(self) -> str:
         return self.env.report()
@@ -101,21 +101,13 @@ KIND_WORDS = {
     "inputs": "compiled its inputs' pending work",
     "device-data": "built data on the device",
 }
-_KIND_COLOURS = {
-    "compile": ACCENT,
-    "warm-up": MUTED,
-    "state": MUTED,
-    "variant": MUTED,
-    "earlier": MUTED,
-    "recompile": RED,
-    "growing": RED,
-    "fallback": WARN,
-    "host-read": WARN,
-    "pending": MUTED,
-    "inputs": MUTED,
-    "device-data": WARN,
-}
 _FLAGGED = ("recompile", "growing", "fallback", "host-read", "device-data")
+_KIND_COLOURS = {
+    **dict.fromkeys(KIND_WORDS, MUTED),
+    **dict.fromkeys(_FLAGGED[:2], RED),
+    **dict.fromkeys(_FLAGGED[2:], WARN),
+    "compile": ACCENT,
+}
 _SHOWN_WHATS = 3  # distinct descriptions listed per group before "and N more"
 _NOT_CAPTURED = "tpu_nb did not capture both graphs"
 _CONTEXT = 2  # source lines shown around a marked line of a long cell
@@ -334,11 +326,6 @@ class RunView:
             notes += [("this line:", pattern, MUTED) for pattern in g.patterns]
         return notes
 
-    def _group_line(self, g: FindingGroup) -> str:
-        head = f"{g.where}: {g.marker()}"
-        what = g.description()
-        return f"{head}: {what}" if what else head
-
     def _scope(self) -> str:
         """Which steps the host lines cover, when the verdict left the warm-up out, and
         whether the syncs' wait for XLA:CPU was left out."""
@@ -404,7 +391,8 @@ class RunView:
         if self.groups:
             lines.append("what happened, in order:")
             for g in self.groups:
-                lines.append(f"  {self._group_line(g)}")
+                what = g.description()
+                lines.append(f"  {g.where}: {g.marker()}" + (f": {what}" if what else ""))
                 lines += [
                     f"      {label} {text}" if label else f"      {text}"
                     for label, text, _ in self._group_notes(g)
@@ -597,13 +585,13 @@ class RunView:
 # -- metrics ----------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class MetricsView:
     """`%xla_metrics`: a delta (since the last cell, or since the start) or a full snapshot."""
 
-    def __init__(
-        self, title: str, delta: MetricsDelta | None = None, full: MetricsSnapshot | None = None
-    ):
-        self.title, self.delta, self.full = title, delta, full
+    title: str
+    delta: MetricsDelta | None = None
+    full: MetricsSnapshot | None = None
 
     @staticmethod
     def _full_rows(snap: MetricsSnapshot) -> list[tuple[str, str, str]]:
@@ -657,8 +645,11 @@ class MetricsView:
         return root("".join(parts), "tpunb-metrics")
 
 
+@dataclass(eq=False)
 class CellsView:
     """`%xla_metrics --cells`: one row per cell that did XLA work."""
+
+    history: list[tuple[int, str, MetricsDelta]]
 
     # Timings last: their width varies, and nothing after them must move when they change.
     HEADER = (
@@ -672,9 +663,6 @@ class CellsView:
         "code",
         "compile / execute time",
     )
-
-    def __init__(self, history: list[tuple[int, str, MetricsDelta]]):
-        self.history = history
 
     def rows(self) -> list[tuple[str, ...]]:
         out: list[tuple[str, ...]] = []
@@ -707,11 +695,11 @@ class CellsView:
         )
 
 
+@dataclass(eq=False)
 class TimingView:
     """`%tpu_time`'s result."""
 
-    def __init__(self, timing: DeviceTiming):
-        self.timing = timing
+    timing: DeviceTiming
 
     def __repr__(self) -> str:
         return self.timing.summary()

@@ -70,15 +70,14 @@ def _chain(names: tuple[str, ...], fallback: str) -> str:
     return out
 
 
-def _variables(which: int) -> str:
-    decl = [
-        f"--tpunb-{name}:{pair[which]}"
-        for name, pair in PALETTE.items()
-        if name not in ("fg", "bg")
-    ]
-    decl.append(f"--tpunb-fg:{_chain(_FG, PALETTE['fg'][which])}")
-    decl.append(f"--tpunb-bg:{_chain(_BG, PALETTE['bg'][which])}")
-    return ";".join(decl)
+def _variables(which: int, fixed: bool = False) -> str:
+    """The palette as CSS variables; unless `fixed`, the text and background follow the
+    front end's own (`_FG`, `_BG`), declared last."""
+    decl = {name: pair[which] for name, pair in PALETTE.items()}
+    if not fixed:
+        fg, bg = decl.pop("fg"), decl.pop("bg")
+        decl |= {"fg": _chain(_FG, fg), "bg": _chain(_BG, bg)}
+    return ";".join(f"--tpunb-{name}:{value}" for name, value in decl.items())
 
 
 def _stylesheet() -> str:
@@ -102,15 +101,12 @@ def _stylesheet() -> str:
 STYLE = _stylesheet()
 
 
-def _fixed(which: int) -> str:
-    return ";".join(f"--tpunb-{name}:{pair[which]}" for name, pair in PALETTE.items())
-
-
 # The palette inside an SVG drawn as a picture of its own (an <img>, which the page's
 # stylesheet and variables do not reach): its light set, or its dark one where the system
 # prefers dark, each with its background (`--tpunb-bg`) for the picture to paint.
 PICTURE_STYLE = (
-    f"<style>:root{{{_fixed(0)}}}@media (prefers-color-scheme:dark){{:root{{{_fixed(1)}}}}}</style>"
+    f"<style>:root{{{_variables(0, True)}}}"
+    f"@media (prefers-color-scheme:dark){{:root{{{_variables(1, True)}}}}}</style>"
 )
 
 
