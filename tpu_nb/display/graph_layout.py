@@ -421,11 +421,7 @@ def count_layer_crossings(net: _Layered) -> int:
     for r in range(len(net.layers) - 1):
         sequence = []
         for u in net.layers[r]:
-            below = net.down[u]
-            if len(below) == 1:
-                sequence.append(pos[below[0]])
-            elif below:
-                sequence.extend(sorted(pos[v] for v in below))
+            sequence.extend(sorted(pos[v] for v in net.down[u]))
         total += _inversions(sequence, len(net.layers[r + 1]))
     return total
 

@@ -72,8 +72,7 @@ def xla_tensors(objects: Sequence[Any]) -> list:
             found.setdefault(id(obj), obj)
         elif _is_container(obj, torch):
             # any depth and size: the caller named these objects (-1 levels: no limit)
-            walk = walk_limited(obj, torch, -1, set(), [sys.maxsize], grads=False)
-            for t in walk:
+            for t in walk_limited(obj, torch, -1, set(), [sys.maxsize], grads=False):
                 found.setdefault(id(t), t)
         else:
             raise TpuNbUsageError(
