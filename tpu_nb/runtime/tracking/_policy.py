@@ -531,14 +531,13 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         for i, (event, kind) in enumerate(zip(events, judgement.compile_kinds, strict=True))
         if kind and event.step in one_time_steps
     )
-    one_time = len(one_time_events)
     a = report.anatomy
     steps = getattr(a, "steps", ())
     ran = (*steps, a.tail) if getattr(a, "tail", None) else tuple(steps)
     seconds = sum(s.compile for s in ran if s.index in one_time_steps)
     judgement = replace(
         judgement,
-        one_time_compiles=one_time,
+        one_time_compiles=len(one_time_events),
         one_time_kinds=_one_time_kinds(events, judgement.compile_kinds, one_time_events, report),
         one_time_seconds=seconds,
     )
@@ -661,9 +660,8 @@ def _stall_name(occ, syncs: int) -> str:
 
 def _in_trainer(report) -> bool:
     """Whether the run's steps are transformers Trainer's (its syncs, reads or compiles)."""
-    sites = [e.site for e in report.compile_events]
-    sites += [o.site for o in report.occurrences]
-    return any(libraries.in_trainer(site) for site in sites if site is not None)
+    sites = [*(e.site for e in report.compile_events), *(o.site for o in report.occurrences)]
+    return any(map(libraries.in_trainer, sites))
 
 
 def _for_target(verdict, step_cost, steady):
