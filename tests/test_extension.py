@@ -535,6 +535,23 @@ def test_cell_history_is_bounded(shell, capsys):
     assert f"the last {MAX_HISTORY} of {watcher.cells_seen} cells that did XLA work" in out
 
 
+def test_xla_graph_diff_names_the_line_that_changed_last_not_the_one_captured_last(shell, capsys):
+    # the sync on line 6 changes its graph at the second step, the one on line 4 at the
+    # fifth; with --max-graphs, line 6 is captured again after it, with the same graph
+    run(
+        shell,
+        "%%on_tpu --max-graphs 3\nfor i in range(6):\n"
+        "    a = torch.ones(4 if i < 4 else 5, device=torch_xla.device()) * 2\n"
+        "    torch_xla.sync()\n"
+        "    b = torch.ones(4 if i < 1 else 5, device=torch_xla.device()).sin()\n"
+        "    torch_xla.sync()\n",
+    )
+    capsys.readouterr()
+    shell.run_line_magic("xla_graph", "--diff")
+    out = capsys.readouterr().out
+    assert re.search(r"the last two graphs of In \[\d+\], line 4", out), out
+
+
 def test_xla_graph_diff_draws_the_latest_change_with_what_changed(shell, capsys):
     run(
         shell,

@@ -68,11 +68,17 @@ class GraphStore:
         _keep(self.by_own_hash, own_hash, graph, 48)
 
     def note_line_capture(self, key: tuple[str, int], graph) -> None:
-        kept = self.line_captures.get(key, [])
-        if graph is not None and not any(g.hash == graph.hash for g in kept):
-            kept.append(graph)
-            del kept[:-4]
-        _keep(self.line_captures, key, kept, 64)
+        """A capture at `key`'s sync. The table is ordered by change, for last_change: a
+        line moves to its end when it is new or captures a graph unlike those it kept, not
+        when it captures its same graph again or nothing."""
+        kept = self.line_captures.get(key)
+        new = graph is not None and not any(g.hash == graph.hash for g in kept or ())
+        if kept is None or new:
+            kept = kept if kept is not None else []
+            if new:
+                kept.append(graph)
+                del kept[:-4]
+            _keep(self.line_captures, key, kept, 64)
 
     def last_change(self):
         """The line that most recently captured a graph unlike its previous one:
