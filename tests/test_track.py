@@ -420,3 +420,26 @@ def test_the_shape_watch_reads_a_batch_in_a_container_without_running_its_method
     many = Batch({str(i): tensor for i in range(_HELD + 1)})
     assert _watch_kind(many)(many) == ()
     assert _watch_kind("a string") is None and _watch_kind(3) is None
+
+
+def _new_shape_every_step(shapes, limit):
+    dev = tpu_nb.device()
+    with tpu_nb.on_tpu(max_graphs=limit) as report:
+        for n in shapes:
+            x = torch.ones(n, 3, device=dev) * 2
+            torch_xla.sync()  # a new graph at every call
+    assert x.shape[0] == shapes[-1]
+    return report
+
+
+def test_graphs_within_max_graphs_are_no_recompilation_in_the_summary_or_the_verdict():
+    # must fire: no limit, a line compiling a new graph at each of 8 steps recompiles
+    free = _new_shape_every_step(range(61, 69), None)
+    assert free.recompiled and "RECOMPILED at 1 line(s)" in free.summary()
+    assert "recompiling at" in free.judgement.verdict.reason, free.judgement.verdict
+    # must not: --max-graphs 8 says 8 graphs are expected, and the fix is not to say so
+    allowed = _new_shape_every_step(range(41, 49), 8)
+    assert not allowed.recompiled and "RECOMPILED" not in allowed.summary()
+    verdict = allowed.judgement.verdict
+    assert verdict is None or "recompiling" not in verdict.reason, verdict
+    assert verdict is None or "--max-graphs" not in verdict.fix, verdict

@@ -583,7 +583,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     lines = _steady_lines(a, steady, steps)
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
-        verdict = _recompile_verdict(verdict, judgement, report.device_datasets)
+        verdict = _recompile_verdict(verdict, judgement, report)
         if blind:
             verdict = replace(verdict, fix=BLIND_COMPILE_FIX)
     kept = lines if verdict is not None else ()
@@ -717,13 +717,17 @@ def _steady_lines(a, steady, steps) -> tuple:
     return a.sampler.lines(wall, without=tuple(left_out))
 
 
-def _recompile_verdict(verdict, judgement: Judgement, device_datasets):
-    flagged = [p for p in judgement.lines.values() if p.kind == "recompiling"]
+def _recompile_verdict(verdict, judgement: Judgement, report):
+    # a line within the graphs --max-graphs allows compiles what the user said to expect
+    allowed = report.allowed_graphs
+    flagged = [
+        p for p in judgement.lines.values() if p.kind == "recompiling" and p.graphs > allowed
+    ]
     if not flagged:
         return verdict
     where = ", ".join(_line_name(p) for p in flagged[:3])
     last_call = all(p.last_call_only for p in flagged)
-    fix = recompile_fix(flagged[0], bool(device_datasets), last_call=last_call)
+    fix = recompile_fix(flagged[0], bool(report.device_datasets), last_call=last_call)
     return replace(verdict, reason=f"{verdict.reason}; recompiling at {where}", fix=fix)
 
 

@@ -144,8 +144,9 @@ class RunReport:
 
     @property
     def recompiled(self) -> bool:
-        """Whether a line kept compiling new graphs after its warm-up (or its graph grows)."""
-        return bool(self.recompiled_lines())
+        """Whether a line kept compiling new graphs after its warm-up, beyond the graphs
+        --max-graphs allows it (or its graph grows)."""
+        return bool(self.recompiled_lines(self.allowed_graphs))
 
     def recompiled_lines(self, allowed: int = 1) -> dict[tuple[str, int], int]:
         """Lines that kept compiling new graphs in this run (beyond their warm-up, not a
@@ -162,7 +163,7 @@ class RunReport:
         head = f"{self.name}: " if self.name else ""
         line = f"{head}{format_seconds(self.wall_seconds)} wall, {self.metrics.summary()}"
         if self.recompiled:
-            line += f", RECOMPILED at {len(self.recompiled_lines())} line(s)"
+            line += f", RECOMPILED at {len(self.recompiled_lines(self.allowed_graphs))} line(s)"
         if self.error is not None:
             line += f", failed: {type(self.error).__name__}"
         return line

@@ -297,9 +297,7 @@ class Run:
             found = attribution.findings(
                 report, judgement, self.source, self.filename or "", self.allowed_graphs
             )
-            report = replace(
-                report, findings=found, source=self.source, allowed_graphs=self.allowed_graphs
-            )
+            report = replace(report, findings=found, source=self.source)
         _become(self.report, replace(report, complete=True))
 
     def _facts(self, error, synced: bool, pending, waited: bool) -> RunReport:
@@ -312,6 +310,7 @@ class Run:
         metrics = snapshot().since(self._before)
         facts = RunReport(
             name=self.report.name,
+            allowed_graphs=self.allowed_graphs,
             wall_seconds=wall,
             metrics=metrics,
             error=error,
