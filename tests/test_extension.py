@@ -427,6 +427,14 @@ def test_xla_line_counts_executions_still_running_at_cell_end(shell, capsys):
     assert len(line) == 1 and "1 executed" in line[0], line
 
 
+def test_an_empty_cells_table_says_why_in_html_as_in_text():
+    from tpu_nb.display.reports import CellsView
+
+    view = CellsView([])
+    assert "no cell did XLA work yet" in repr(view)
+    assert "no cell did XLA work yet" in view._repr_html_()
+
+
 def test_cells_table_layout_does_not_depend_on_timings():
     import re
 

@@ -690,9 +690,10 @@ class CellsView:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        return root(
-            table([tuple(escape(c) for c in r) for r in self.rows()], self.HEADER), "tpunb-cells"
-        )
+        html = table([tuple(escape(c) for c in r) for r in self.rows()], self.HEADER)
+        if not self.history:
+            html += span("no cell did XLA work yet", MUTED)
+        return root(html, "tpunb-cells")
 
 
 @dataclass(eq=False)
