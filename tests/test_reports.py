@@ -91,6 +91,20 @@ def test_findings_are_grouped_by_line_and_kind_in_time_order():
     assert recompile.changed == ["input 0 shape [3] -> [4]", "input 0 shape [4] -> [5]"]
 
 
+def test_a_row_says_a_description_once_when_another_only_extends_it():
+    at_sync = "at torch_xla.sync(), the end of the step"
+    within = f"{at_sync}; another graph of this line, within the 8 --max-graphs allows"
+    findings = [
+        LineFinding(4, "compile", what, order=o) for o, what in enumerate((at_sync, within, within))
+    ]
+    findings.append(LineFinding(4, "compile", "at print(loss)", order=3))
+    (group,) = group_findings(findings)
+    assert group.description() == f"{within}; at print(loss)"
+    # A description that only shares words with another is kept.
+    apart = [LineFinding(4, "compile", w, order=o) for o, w in enumerate((at_sync, at_sync + "s"))]
+    assert group_findings(apart)[0].description() == f"{at_sync}; {at_sync}s"
+
+
 def test_text_report_one_hint_per_kind_and_an_annotated_listing():
     text = repr(RunView(_report(_findings(), compiles=5, host_reads=64), label="In[5]"))
     lines = text.splitlines()

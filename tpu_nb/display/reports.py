@@ -201,7 +201,9 @@ class FindingGroup:
         )
 
     def description(self) -> str:
-        whats = self.whats
+        # A what that another only extends ("at torch_xla.sync(), …" and "at
+        # torch_xla.sync(), …; another graph of this line") is said once, by the longer.
+        whats = [w for w in self.whats if not any(o.startswith(w + "; ") for o in self.whats)]
         text = "; ".join(whats[:_SHOWN_WHATS])
         if len(whats) > _SHOWN_WHATS:
             text += f"; and {len(whats) - _SHOWN_WHATS} more"
