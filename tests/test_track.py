@@ -432,6 +432,29 @@ def _new_shape_every_step(shapes, limit):
     return report
 
 
+def test_the_sync_max_graphs_makes_as_it_starts_is_no_step_of_the_loop():
+    """A loop of 6 steps is 6 steps under --max-graphs too, whether its own sync as it
+    starts has nothing to run or runs work left pending before the block."""
+    dev = tpu_nb.device()
+
+    def loop(max_graphs, rows):  # new rows each time: each run compiles its own graphs
+        with tpu_nb.on_tpu(max_graphs=max_graphs) as report:
+            w = torch.zeros(rows, 3, device=dev)
+            for _ in range(6):
+                w = w * 0.5 + 1
+                torch_xla.sync()
+        assert w.sum().item() == pytest.approx(rows * 3 * (2 - 0.5**5))
+        return report
+
+    for rows, pending in ((31, None), (37, torch.full((7, 2), 3.0, device=dev) * 2)):
+        plain, limited = loop(None, rows), loop(4, rows + 1)
+        assert plain.syncs == limited.syncs == 6, pending
+        assert len(plain.steps) == len(limited.steps) == 6, pending
+        assert limited.judgement.steady_steps == plain.judgement.steady_steps > 0, pending
+        if pending is not None:
+            assert pending[0, 0].item() == 6.0
+
+
 def test_graphs_within_max_graphs_are_no_recompilation_in_the_summary_or_the_verdict():
     # must fire: no limit, a line compiling a new graph at each of 8 steps recompiles
     free = _new_shape_every_step(range(61, 69), None)

@@ -123,21 +123,23 @@ def housekeeping_sync(frame) -> bool:
 def sync_role(event, loaders) -> str:
     """What a sync is to a run, found once for the run's subscribers (the recorder's step
     count and the step anatomy agree): "loader" (a device loader's, with nothing to run),
-    "empty" (nothing else to run: a library's after its loop), "plumbing" (the runtime's own
-    around a compiled function), "inner" (a loader's before its first batch, which runs what
-    the code set up before the loop, or a library's logging between two steps: work of a
-    step, no step) or "step". `loaders`: the run's device loader iterators seen so far (a
-    weakref.WeakSet, added to). The caller tells tpu_nb's own end-of-run sync apart."""
+    "empty" (nothing else to run: a library's after its loop, max_graphs' as it starts with
+    nothing pending), "plumbing" (the runtime's own around a compiled function), "inner" (a
+    loader's before its first batch, which runs what the code set up before the loop,
+    max_graphs' as it starts, which runs what was pending before it, or a library's logging
+    between two steps: work of a step, no step) or "step". `loaders`: the run's device
+    loader iterators seen so far (a weakref.WeakSet, added to). The caller tells tpu_nb's
+    own end-of-run sync apart."""
     if event.role_of is loaders:
         return event.role
     first_batch = event.loader and first_loader_sync(event.frame, loaders)
     if event.launched == 0 and event.loader:
         role = "loader"
-    elif event.launched == 0 and not event.own:
+    elif event.launched == 0:
         role = "empty"
     elif event.plumbing:
         role = "plumbing"
-    elif first_batch or housekeeping_sync(event.frame):
+    elif first_batch or event.own == "guard-start" or housekeeping_sync(event.frame):
         role = "inner"
     else:
         role = "step"
