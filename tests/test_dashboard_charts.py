@@ -286,3 +286,33 @@ def test_the_final_view_draws_the_svg_charts_without_matplotlib(py):
     # picture (no PNG).
     assert "FINAL ['compile', 'step'] 2 2 False False" in out, out
     assert "MATPLOTLIB False" in out, out  # the dashboard never imports it
+
+
+def test_compiles_beyond_those_kept_are_still_counted(monkeypatch):
+    """The monitor keeps only its most recent compiles: the panel's "earlier" line and the
+    charts' titles count every graph the run compiled, not the ones kept."""
+    from tpu_nb.display import dashboard_html as H
+    from tpu_nb.runtime.live import _monitor
+
+    monkeypatch.setattr(_monitor, "_SHOWN_COMPILES", 4)
+    monitor = LiveMonitor()
+    w = torch.randn(23, 23, device=tpu_nb.device())
+    torch_xla.sync()
+    for n in range(1, 10):  # nine new graphs
+        _kept = (torch.ones(n, 23, device=tpu_nb.device()) @ w).sum()
+        torch_xla.sync()
+        monitor.poll()
+    xm.wait_device_ops()
+    state = monitor.poll(final=True)
+    monitor.close()
+    compiled = state.metrics.compiles
+    assert compiled >= 9 and len(state.compiles) == 4
+    assert state.compiles[-1].index == compiled
+    for final in (False, True):
+        assert f"\u2026 {compiled - 4} earlier" in H.compile_html(state, final)
+    compile_title = ET.fromstring(CompileSvg().render(state.compiles, final=True)).find(
+        f"{SVG}title"
+    )
+    assert compile_title.text.startswith(f"{compiled} graphs compiled;"), compile_title.text
+    step_title = ET.fromstring(StepTimeSvg().update(state)).find(f"{SVG}title").text
+    assert step_title.endswith(f"; {compiled} compiles"), step_title

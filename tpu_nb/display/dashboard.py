@@ -46,7 +46,13 @@ from tpu_nb.display.dashboard_html import (
     static_html,
     summary_text,
 )
-from tpu_nb.display.live_charts import CHART_SIZES, CompileSvg, StepTimeSvg, wrap
+from tpu_nb.display.live_charts import (
+    CHART_SIZES,
+    CompileSvg,
+    StepTimeSvg,
+    compiled_count,
+    wrap,
+)
 from tpu_nb.display.style import STYLE
 from tpu_nb.runtime.errors import RuntimeStateError, check_seconds, check_whole_number
 from tpu_nb.runtime.live import LiveMonitor, LiveState
@@ -437,7 +443,9 @@ class Dashboard:
         charts, their axes fitted to the data (the live ones only grew)."""
         steps = [c.step for c in state.compiles]
         self._svgs = {
-            "step": StepTimeSvg().render(state.series, steps, final=True),
+            "step": StepTimeSvg().render(
+                state.series, steps, final=True, compiled=compiled_count(state.compiles)
+            ),
             "compile": CompileSvg().render(state.compiles, final=True),
         }
 

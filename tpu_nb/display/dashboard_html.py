@@ -8,7 +8,7 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.display.anatomy_view import panel_html as anatomy_panel_html
-from tpu_nb.display.live_charts import CHART_SIZES, with_picture
+from tpu_nb.display.live_charts import CHART_SIZES, compiled_count, with_picture
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import CompileEvent
 from tpu_nb.runtime.sources import place_text
@@ -140,7 +140,8 @@ def compile_html(state: LiveState, final: bool = False) -> str:
         )
     body = head
     if rows:
-        earlier = len(state.compiles) - min(len(state.compiles), shown)
+        # The monitor keeps the last compiles only: count the earlier ones by number.
+        earlier = compiled_count(state.compiles) - len(rows)
         more = f"<br><span style='color:{_GREY}'>… {earlier} earlier</span>" if earlier else ""
         head_row = _row("#", "line", "cause", "graph", "time", tag="th")
         body += (

@@ -163,10 +163,19 @@ class StepTimeSvg:
         if key == self._key:
             return None
         self._key = key
-        return self.render(state.series, [c.step for c in state.compiles])
+        steps = [c.step for c in state.compiles]
+        return self.render(state.series, steps, compiled=compiled_count(state.compiles))
 
-    def render(self, series: tuple[StepPoint, ...], compile_steps, *, final: bool = False) -> str:
-        """The chart's SVG. `final`: the final view's, its axes fitted to the data."""
+    def render(
+        self,
+        series: tuple[StepPoint, ...],
+        compile_steps,
+        *,
+        final: bool = False,
+        compiled: int | None = None,
+    ) -> str:
+        """The chart's SVG. `final`: the final view's, its axes fitted to the data.
+        `compiled`: the graphs compiled in the run (default: one per compile step given)."""
         self.limits = grow_limits(self.limits, series, compile_steps, final)
         self.last_full = self.limits != self._framed
         if self.last_full:
@@ -198,7 +207,8 @@ class StepTimeSvg:
                 f"<text x='{(_LEFT + self.width - _RIGHT) / 2:.0f}' y='{self.height / 2:.0f}' "
                 f"text-anchor='middle' style='fill:{style.MUTED}'>{style.esc(note)}</text>"
             )
-        title = _step_title(series, compile_steps, final)
+        count = len(compile_steps) if compiled is None else compiled
+        title = _step_title(series, count, final)
         return _svg_open("steps", self.width, self.height, title) + "".join(parts) + "</svg>"
 
     def _extend(self, series) -> None:
@@ -243,9 +253,9 @@ class StepTimeSvg:
         )
 
 
-def _step_title(series, compile_steps, final: bool = False) -> str:
+def _step_title(series, compiled: int, final: bool = False) -> str:
     """What the chart shows, in words (its tooltip and its accessible name)."""
-    compiles = f"{len(compile_steps)} compile{'' if len(compile_steps) == 1 else 's'}"
+    compiles = f"{compiled} compile{'' if compiled == 1 else 's'}"
     if not series:
         return f"step time: no step measured{'' if final else ' yet'}; {compiles}"
     last = series[-1]
@@ -276,7 +286,8 @@ class CompileSvg:
     def render(self, compiles: tuple[LiveCompile, ...], *, final: bool = False) -> str:
         """The chart's SVG. `final`: the final view's (an empty chart speaks of the run)."""
         shown = [c for c in compiles if c.seconds is not None][-self.SHOWN :]
-        title = f"{len(compiles)} graph{'' if len(compiles) == 1 else 's'} compiled"
+        count = compiled_count(compiles)
+        title = f"{count} graph{'' if count == 1 else 's'} compiled"
         if shown:
             title += "; the last: " + ", ".join(
                 f"#{c.index} {format_seconds(c.seconds)}" for c in shown[-3:]
@@ -315,6 +326,12 @@ class CompileSvg:
             )
         parts.append("</svg>")
         return "".join(parts)
+
+
+def compiled_count(compiles: tuple[LiveCompile, ...]) -> int:
+    """The graphs compiled since the monitor started: the monitor keeps only the most recent
+    compiles, numbered from its start, so the count is the last one's number."""
+    return max((c.index for c in compiles), default=0)
 
 
 def compile_label(c: LiveCompile, room: int) -> str:
