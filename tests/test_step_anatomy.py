@@ -551,3 +551,28 @@ def test_a_run_tracked_inside_another_leaves_the_outer_one_whole():
         x = x * 2
         torch_xla.sync()
     assert len(outer.steps) == 3 and inner.anatomy.verdict is None
+
+
+def _slow_then_fast_loop(steps: int = 70, slow: int = 40, delay: float = 0.01):
+    x = torch.zeros(4, device=torch_xla.device())
+    for i in range(steps):
+        if i < slow:
+            time.sleep(delay)
+        x = x + 1e-3
+        torch_xla.sync()
+    return x
+
+
+def test_view_gives_the_median_of_the_steps_it_names():
+    """The view's head names the last BAR_STEPS steps: its median is theirs, not the run's."""
+    import re
+
+    from tpu_nb.display.anatomy_view import BAR_STEPS, AnatomyView
+    from tpu_nb.runtime.units import format_seconds, percentile
+
+    _report, a = _tracked(_slow_then_fast_loop, warm={"slow": 0})
+    assert len(a.steps) > BAR_STEPS
+    last = percentile(sorted(s.wall for s in a.steps[-BAR_STEPS:]), 0.5)
+    assert last < a.step_median / 3, (last, a.step_median)  # the run's differs
+    head = re.search(r"last (\d+) steps, median ([^<]+)<", AnatomyView(a)._repr_html_())
+    assert head.groups() == (str(BAR_STEPS), format_seconds(last))

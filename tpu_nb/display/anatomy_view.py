@@ -13,7 +13,7 @@ from html import escape
 
 from tpu_nb.display import style
 from tpu_nb.runtime.tracking import HOST_PARTS, Anatomy
-from tpu_nb.runtime.units import format_seconds
+from tpu_nb.runtime.units import format_seconds, percentile
 
 # What each part is called on screen, and its colour (a palette colour: light and dark sets).
 LABELS = {
@@ -181,9 +181,10 @@ def anatomy_html(
             "the first sync of a tracked run (%%on_tpu)</span>"
         )
     shown = min(len(a.steps), SHOWN_STEPS)
+    barred = sorted(s.wall for s in a.steps[-BAR_STEPS:])  # the steps the head names
     head = (
-        f"{escape(title)}: last {min(len(a.steps), BAR_STEPS)} steps, median "
-        f"{escape(format_seconds(a.step_median))}"
+        f"{escape(title)}: last {len(barred)} steps, median "
+        f"{escape(format_seconds(percentile(barred, 0.5)))}"
     )
     return (
         f"<div style='font-size:11px;color:{style.MUTED}'>{head}</div>{bar_html(a)}"
