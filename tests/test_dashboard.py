@@ -85,6 +85,37 @@ def test_step_times_steps_and_rate_follow_a_training_loop():
     assert state.execution_rate > 0 and state.elapsed > 0
 
 
+def test_a_device_loaders_empty_syncs_do_not_split_the_step_time():
+    """MpDeviceLoader syncs at each batch, with nothing to run after the loop's own sync: a
+    step of a loop with a read in it runs two graphs in two syncs, and its time spans both."""
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = tpu_nb.device()
+    w = torch.randn(24, 24, device=dev)
+    torch_xla.sync()
+    loader = MpDeviceLoader(DataLoader(TensorDataset(torch.randn(240, 24)), batch_size=4), dev)
+    delay = 0.02
+    monitor = LiveMonitor()
+    for i, (x,) in enumerate(loader):
+        y = (x @ w).tanh().sum()
+        _ = y.item()  # runs the forward's graph
+        w = w + 1e-6 * y
+        torch_xla.sync()  # runs the update's graph
+        time.sleep(delay)  # every step lasts at least this long
+        if i % 10 == 9:
+            xm.wait_device_ops()
+            monitor.poll()
+    xm.wait_device_ops()
+    state = monitor.poll()
+    monitor.close()
+    assert state.steps > 60 and state.metrics.executions >= 120  # loader syncs: none ran
+    # Each interval the median is taken over spans a whole step, not one graph's part (an
+    # update still running when the sleep began may end a few ms into it).
+    shortest = min(monitor._recent)
+    assert shortest > delay / 2 and state.step_median > delay / 2, shortest
+
+
 @pytest.mark.skipif(
     tpu_nb.detect().accelerator.kind != "tpu",
     reason="HBM used/limit/peak need a TPU: XLA:CPU reports no device memory",

@@ -373,16 +373,20 @@ class ClosureReads:
     """Counts the scalar reads made inside a sync: a step closure's (`xm.add_step_closure`),
     which run after the step's graph and are the fix for per-step reads, not the problem.
     A subscriber of the probe's read events until `close()` (and of its syncs: the probe
-    marks a read made inside a sync only while someone listens to syncs)."""
+    marks a read made inside a sync only while someone listens to syncs). It counts the
+    syncs that had nothing to run too (a device loader's after the loop's own sync)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.empty_syncs = 0
         self._subscription: Any = probe().subscribe(self, ("sync", "read"))
 
     before = None
 
     def after(self, event, state) -> None:
-        if getattr(event, "in_sync", False):  # a ReadEvent in a step closure
+        if getattr(event, "launched", None) == 0:  # a SyncEvent that ran no graph
+            self.empty_syncs += 1
+        elif getattr(event, "in_sync", False):  # a ReadEvent in a step closure
             self.count += event.counters_after[0] - event.counters_before[0]
 
     def close(self) -> None:
@@ -451,6 +455,7 @@ class LiveMonitor:
         self._log = CompileLog.following(shared) if shared else None
         self._probe = SyncProbe() if probe and self._log is not None else None
         self._closure_reads = ClosureReads()
+        self._empty_before = 0  # the empty syncs counted at the last poll
         self._start_wall = time.time()
         self._start = snapshot()
         self._previous = self._start
@@ -603,7 +608,12 @@ class LiveMonitor:
     # -- steps --
 
     def _measure_steps(self, window: MetricsDelta, steps: int) -> None:
-        per_step = max(1, round(window.executions / window.syncs)) if window.syncs else 1
+        # Executions per step, over the syncs that ran something: a device loader's sync
+        # after the loop's own has nothing to run, and counting it would halve the steps.
+        empty = self._closure_reads.empty_syncs
+        ran = window.syncs - (empty - self._empty_before)
+        self._empty_before = empty
+        per_step = max(1, round(window.executions / ran)) if ran > 0 else 1
         intervals = self._clock.new_intervals(per_step)
         if not intervals:
             return
