@@ -116,6 +116,26 @@ def test_a_device_loaders_empty_syncs_do_not_split_the_step_time():
     assert shortest > delay / 2 and state.step_median > delay / 2, shortest
 
 
+def test_outside_a_tracked_run_a_loaders_empty_syncs_are_no_steps():
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = tpu_nb.device()
+    w = torch.randn(26, 26, device=dev)
+    torch_xla.sync()
+    loader = MpDeviceLoader(DataLoader(TensorDataset(torch.randn(40, 26)), batch_size=4), dev)
+    monitor = LiveMonitor()
+    for (x,) in loader:
+        w = w + (x @ w).sum() * 1e-6
+        torch_xla.sync()  # the loop's own: the loader's next sync has nothing to run
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert state.steps > 10 and state.steps - state.loader_syncs == 10, state
+    assert H.summary_text(state, "finished").startswith("XLA dashboard (finished): 10 steps,")
+    html = H.execution_html(state, final=True)
+    assert f"(10 steps; {state.steps - 10} no steps" in html
+
+
 @pytest.mark.skipif(
     tpu_nb.detect().accelerator.kind != "tpu",
     reason="HBM used/limit/peak need a TPU: XLA:CPU reports no device memory",

@@ -534,7 +534,9 @@ class LiveMonitor:
         if collector is not None:
             return collector.loader_syncs + collector.other_syncs
         anatomy = self._anatomy
-        return anatomy.loader_syncs + anatomy.other_syncs if anatomy is not None else 0
+        if anatomy is not None:
+            return anatomy.loader_syncs + anatomy.other_syncs
+        return self._closure_reads.empty_syncs  # no tracked run: the syncs that ran nothing
 
     def close(self) -> None:
         """Restore anything the monitor installed (the sync probe, the read count)."""
