@@ -136,6 +136,27 @@ def test_outside_a_tracked_run_a_loaders_empty_syncs_are_no_steps():
     assert f"(10 steps; {state.steps - 10} no steps" in html
 
 
+def test_per_step_reads_are_counted_against_steps_not_a_loaders_syncs():
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = tpu_nb.device()
+    w = torch.randn(27, 27, device=dev)
+    torch_xla.sync()
+    loader = MpDeviceLoader(DataLoader(TensorDataset(torch.randn(40, 27)), batch_size=4), dev)
+    monitor = LiveMonitor()
+    for (x,) in loader:
+        w = w + (x @ w).sum() * 1e-6
+        torch_xla.sync()
+        _ = w.sum().item()  # a read per step
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert state.metrics.host_reads == 10 and state.steps > 10
+    html = H.fallbacks_html(state)
+    assert "10 in 10 steps" in html, html
+    assert "10 in 10 steps" in H.summary_text(state, "finished")
+
+
 @pytest.mark.skipif(
     tpu_nb.detect().accelerator.kind != "tpu",
     reason="HBM used/limit/peak need a TPU: XLA:CPU reports no device memory",

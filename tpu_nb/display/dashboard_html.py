@@ -265,12 +265,14 @@ def _per_step_reads(state: LiveState) -> int:
     if state.per_step_reads is not None:
         return state.per_step_reads
     in_loop = state.metrics.host_reads - state.closure_reads  # a step closure's read is the fix
-    return in_loop if state.steps >= 3 and reads_repeat(in_loop, state.steps) else 0
+    steps = state.steps - state.loader_syncs  # a loader's syncs with nothing to run: no steps
+    return in_loop if steps >= 3 and reads_repeat(in_loop, steps) else 0
 
 
 def _in_the_loop(reads: int, state: LiveState) -> str:
     closures = f", {state.closure_reads} more in step closures" if state.closure_reads else ""
-    steps = f"in {state.steps} steps" if state.steps else "with no sync in between"
+    steps = state.steps - state.loader_syncs
+    steps = f"in {steps} steps" if state.steps else "with no sync in between"
     return f"{reads} {steps}{closures}"
 
 
