@@ -89,6 +89,20 @@ def test_on_tpu_live_shows_the_final_state_and_the_report(shell, capsys):
     assert not _dashboard_threads()
 
 
+def test_on_tpu_live_sync_does_not_count_tpu_nbs_own_sync_as_a_step(shell, capsys):
+    capsys.readouterr()
+    r = shell.run_cell(
+        "%%on_tpu --live --sync -o\n"
+        "lin = torch.nn.Linear(7, 2)\n"
+        "for _ in range(5):\n"
+        "    lin(torch.ones(3, 7)).sum().backward()\n"
+        "    torch_xla.sync()\n"
+        "pending = lin.weight * 2\n"  # run by %%on_tpu's own sync at the cell's end
+    )
+    assert r.error_in_exec is None and len(r.result.steps) == 5
+    assert "XLA dashboard (finished): 5 steps" in capsys.readouterr().out
+
+
 def test_on_tpu_live_recompiling_loop_raises_the_alert_and_buckets_settle(shell, capsys):
     capsys.readouterr()
     r = shell.run_cell(

@@ -374,17 +374,21 @@ class ClosureReads:
     which run after the step's graph and are the fix for per-step reads, not the problem.
     A subscriber of the probe's read events until `close()` (and of its syncs: the probe
     marks a read made inside a sync only while someone listens to syncs). It counts the
-    syncs that had nothing to run too (a device loader's after the loop's own sync)."""
+    syncs that are no steps too: tpu_nb's own (a tracked run's last, with --sync) and those
+    that had nothing to run (a device loader's after the loop's own sync)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.own_syncs = 0
         self.empty_syncs = 0
         self._subscription: Any = probe().subscribe(self, ("sync", "read"))
 
     before = None
 
     def after(self, event, state) -> None:
-        if getattr(event, "launched", None) == 0:  # a SyncEvent that ran no graph
+        if getattr(event, "own", None):  # a SyncEvent of tpu_nb's own
+            self.own_syncs += 1
+        elif getattr(event, "launched", None) == 0:  # a SyncEvent that ran no graph
             self.empty_syncs += 1
         elif getattr(event, "in_sync", False):  # a ReadEvent in a step closure
             self.count += event.counters_after[0] - event.counters_before[0]
@@ -530,13 +534,14 @@ class LiveMonitor:
         )
 
     def _loader_syncs(self) -> int:
+        own = self._closure_reads.own_syncs  # tpu_nb's own syncs are no steps either
         collector = self._collecting()
         if collector is not None:
-            return collector.loader_syncs + collector.other_syncs
+            return collector.loader_syncs + collector.other_syncs + own
         anatomy = self._anatomy
         if anatomy is not None:
-            return anatomy.loader_syncs + anatomy.other_syncs
-        return self._closure_reads.empty_syncs  # no tracked run: the syncs that ran nothing
+            return anatomy.loader_syncs + anatomy.other_syncs + own
+        return self._closure_reads.empty_syncs + own  # no tracked run: those that ran nothing
 
     def close(self) -> None:
         """Restore anything the monitor installed (the sync probe, the read count)."""
