@@ -60,6 +60,7 @@ from tpu_nb.runtime.sources import (
     frames_between,
     inner_frame,
     innermost_frame,
+    line_of,
     short_path,
     tracked_frame,
 )
@@ -522,11 +523,11 @@ class Recorder:
             root = tracked_frame(frame, self._code_ids, self.root_frame)
             if root is None:
                 return None, None
-            key = (root.f_code.co_filename, root.f_lineno)
+            key = (root.f_code.co_filename, line_of(root))
             inner = inner_frame(frame, self._code_ids, self.root_frame, _plumbing)
             site = key
             if inner is not None and inner is not root:
-                site = (*key, inner.f_code.co_filename, inner.f_lineno)
+                site = (*key, inner.f_code.co_filename, line_of(inner))
             by_site = self.recording.site_calls
             by_site[site] = by_site.get(site, 0) + 1
             forced = key in self.force_capture
