@@ -19,7 +19,7 @@ import tpu_nb
 from tpu_nb.runtime.environment import CHIPS, Chip, chip, set_target, target_chip
 from tpu_nb.runtime.graph import hlo_flops
 from tpu_nb.runtime.tracking import MemoryFit, Residency, out_of_memory
-from tpu_nb.runtime.tracking._cost import roofline_seconds
+from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit, roofline_seconds
 
 # -- the chip table and the target -------------------------------------------------------
 
@@ -692,6 +692,65 @@ def test_a_step_holding_no_module_needs_at_least_its_inputs():
     memory = report.cost.memory
     assert memory is not None and memory.needed >= 256 * 256 * 4, memory
     assert "needs 0 B" not in "\n".join(report.cost.lines())
+
+
+def test_what_is_held_is_the_most_of_each_part_at_any_moment_of_the_run():
+    """Gradients live from backward() to zero_grad(), an optimizer's state from its first
+    step() on, and a step holds all three at once: the need adds the most of each part."""
+    at_capture = Residency(params=100, grads=100, optimizer=0, largest=(("model", 200),))
+    at_end = Residency(params=100, grads=0, optimizer=200, largest=(("model", 300),))
+    most = at_capture.most(at_end)
+    assert (most.params, most.grads, most.optimizer) == (100, 100, 200)
+    assert most.largest == (("model", 300),)
+    sized = GraphCost(temp_bytes=50.0, resident=at_capture)
+    fit = memory_fit([sized], CHIPS["v5e"], at_end)
+    assert fit is not None and fit.needed == 100 + 100 + 200 + 50, fit
+    # nothing held at the end (the cell deleted its model): the captures' figure stands
+    assert memory_fit([sized], CHIPS["v5e"], Residency()).needed == 250
+
+
+def _accumulating(every: int, optimizer: bool = True):
+    """A training loop stepping its AdamW optimizer every `every` micro-batches, under
+    track(); returns (the report, its parameters' bytes)."""
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)
+    ).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3) if optimizer else None
+    data = [(torch.randn(8, 32), torch.randint(0, 4, (8,))) for _ in range(12)]
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        for i, (x, y) in enumerate(data):
+            loss = torch.nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
+            loss.backward()
+            if opt is not None and (i + 1) % every == 0:
+                opt.step()
+                opt.zero_grad()
+            torch_xla.sync()
+    return report, sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_an_optimizers_state_counts_also_when_it_steps_after_the_captures(every):
+    """With gradient accumulation the optimizer first steps after the captures of the
+    loop's first syncs: its state (AdamW: two moments per parameter) is still what a step
+    holds on the chip, beside the gradients held from one sync to the next. Stepping at
+    every sync, the same state; the gradients are then the step graph's own temporaries
+    (zero_grad() lets them go before the sync)."""
+    report, params = _accumulating(every)
+    memory = report.cost.memory
+    assert memory is not None and memory.resident is not None, report.cost
+    held = memory.resident
+    grads = params if every > 1 else 0
+    assert (held.params, held.grads, held.optimizer) == (params, grads, 2 * params), held
+    assert memory.needed >= held.total, memory
+
+
+def test_a_loop_without_an_optimizer_holds_no_optimizer_state():
+    report, params = _accumulating(1, optimizer=False)
+    held = report.cost.memory.resident
+    assert (held.params, held.optimizer) == (params, 0), held
 
 
 def test_a_sharded_model_counts_one_devices_part(py):

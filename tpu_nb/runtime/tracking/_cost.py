@@ -79,6 +79,22 @@ class Residency:
     def total(self) -> int:
         return self.params + self.grads + self.optimizer
 
+    def most(self, other: Residency | None) -> Residency:
+        """The most held of each part, here or in `other` (another moment of the same run):
+        an optimizer's state appears at its first step(), gradients live from backward() to
+        zero_grad(), and a training step holds all three at once."""
+        if other is None:
+            return self
+        largest = dict(self.largest)
+        for part, size in other.largest:
+            largest[part] = max(largest.get(part, 0), size)
+        return Residency(
+            max(self.params, other.params),
+            max(self.grads, other.grads),
+            max(self.optimizer, other.optimizer),
+            tuple(sorted(largest.items(), key=lambda kv: -kv[1])[:3]),
+        )
+
 
 @dataclass(frozen=True)
 class GraphCost:
@@ -377,10 +393,12 @@ def step_cost(
     line_calls: dict,
     steps: int,
     live_tensors: Sequence[tuple[int, int]] = (),
+    held: Residency | None = None,
 ) -> StepCost:
     """The cost of a steady step: the last graph captured at each site (a line, or a frame
     below it: provenance.Site.key) that synced or read in at least half the run's steps (a
-    loop's sites, not a read after it), each graph once. `line_calls`: each site's calls."""
+    loop's sites, not a read after it), each graph once. `line_calls`: each site's calls;
+    `held`: what the tracked code held as the run ended."""
     chip, on_chip = judged_chip()
     loop_lines = [key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= steps]
     hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
@@ -396,7 +414,7 @@ def step_cost(
         moved_bytes=sum(moved) if moved else None,
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
-        memory=memory_fit(graphs, chip),
+        memory=memory_fit(graphs, chip, held),
         notes=(note,) if note else (),
     )
 
@@ -425,14 +443,20 @@ def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
     )
 
 
-def memory_fit(graphs: Sequence[GraphCost], chip: Chip) -> MemoryFit | None:
+def memory_fit(
+    graphs: Sequence[GraphCost], chip: Chip, held: Residency | None = None
+) -> MemoryFit | None:
     """What a step of these graphs needs of the chip: the graph of the largest known
-    temporaries, with the most the tracked code held (None: no graph has sizes)."""
+    temporaries, with the most the tracked code held, at the graphs' captures or as the run
+    ended (`held`: the state an optimizer made at a step after the captures, as with
+    gradient accumulation); None: no graph has sizes."""
     sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
     if not sized:
         return None
     worst = max(sized, key=lambda g: g.temp_bytes or 0.0)
     resident = max((g.resident for g in graphs if g.resident), key=lambda r: r.total, default=None)
+    if held is not None and held.total:
+        resident = held.most(resident)
     extra = (worst.temp_bytes or 0.0) + max(
         0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0)
     )

@@ -154,6 +154,7 @@ class Run:
         self._before: Any = None
         self._start = 0.0
         self._earlier: EarlierWork | None = None
+        self._held: cost.Residency | None = None  # what the tracked code held at its end
 
     def __enter__(self) -> RunReport:
         self.begin(None if self.code else caller())
@@ -199,6 +200,7 @@ class Run:
         sampler = self.collector.sampler if self.collector is not None else None
         if sampler is not None:  # the tracked code has ended: tpu_nb's end sync and wait below
             sampler.stop()  # are no line's host time (a `with track():` line's, in a script)
+        self._held = self._held_at_end()
         try:
             if exc is None:
                 try:
@@ -252,20 +254,40 @@ class Run:
             current_backend().syncs.wait()
         return synced, pending, self.wait
 
+    def _spaces(self) -> list[dict]:
+        """The tracked code's variables: the notebook's namespace, or the frame's locals
+        and then its globals (none once the frame is let go)."""
+        where = self.namespace if self.namespace is not None else self._frame
+        if isinstance(where, dict):
+            return [where]
+        return [frame_variables(where), where.f_globals] if where is not None else []
+
     def _left_pending(self) -> PendingWork | None:
         """What the block left pending, named by the variables of its code that hold it."""
-        frame, self._frame = self._frame, None
         try:
+            frame = self._frame
             codes = self.code or ((frame.f_code,) if frame is not None else ())
             names = tuple(sorted(provenance.names_in(c for c in codes if c is not None)))
-            where = self.namespace if self.namespace is not None else frame
-            if isinstance(where, dict):
-                return find_pending([where], names)
-            if where is not None:  # a frame
-                return find_pending([frame_variables(where), where.f_globals], names)
+            spaces = self._spaces()
+            return find_pending(spaces, names) if spaces else None
         except Exception:  # describing it must never fail the run
             log.debug("finding the work left pending", exc_info=True)
-        return None
+            return None
+        finally:
+            self._frame = None
+
+    def _held_at_end(self) -> cost.Residency | None:
+        """The parameters, gradients and optimizer state the tracked code holds as the block
+        ends, when the run captured a graph whose step cost the report gives."""
+        recording = self.recorder.recording if self.recorder is not None else None
+        if recording is None or not recording.line_graphs:
+            return None
+        try:
+            spaces = self._spaces()
+            return cost.residency(spaces) if spaces else None
+        except Exception:  # the report's memory line must never fail the run
+            log.debug("tpu_nb: what the code holds at the end", exc_info=True)
+            return None
 
     # -- while it runs ---------------------------------------------------------------------------
 
@@ -355,7 +377,7 @@ class Run:
                 syncs=recording.syncs,
                 line_calls=MappingProxyType(_per_line(recording.site_calls)),
                 site_calls=MappingProxyType(dict(recording.site_calls)),
-                cost=_step_cost(recording, metrics),
+                cost=_step_cost(recording, metrics, self._held),
             )
         return facts
 
@@ -408,10 +430,14 @@ def _per_line(site_calls: dict[tuple, int]) -> dict[tuple[str, int], int]:
     return lines
 
 
-def _step_cost(recording, metrics) -> StepCost | None:
+def _step_cost(recording, metrics, held: cost.Residency | None) -> StepCost | None:
     try:
         counted = cost.step_cost(
-            recording.line_graphs, recording.site_calls, recording.syncs, recording.live_tensors
+            recording.line_graphs,
+            recording.site_calls,
+            recording.syncs,
+            recording.live_tensors,
+            held,
         )
         # the Dynamo bridge ran compiled functions' graphs: tpu_nb captured the rest
         return replace(counted, partial=metrics.compiled_code_executions > 0)
