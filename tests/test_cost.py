@@ -709,6 +709,18 @@ def test_what_is_held_is_the_most_of_each_part_at_any_moment_of_the_run():
     assert memory_fit([sized], CHIPS["v5e"], Residency()).needed == 250
 
 
+def test_gradients_counted_whole_while_pending_take_their_laid_out_size():
+    """A sharded parameter's gradient seen before its step's sync has no layout yet and is
+    counted whole; read again laid out (as the run ends), one device's part is the figure.
+    Counted whole at every moment, it stays whole: tpu_nb does not guess a layout."""
+    pending = Residency(params=100, grads=400, optimizer=200, grads_whole=True)
+    laid_out = Residency(params=100, grads=100, optimizer=200)
+    for most in (pending.most(laid_out), laid_out.most(pending)):
+        assert (most.grads, most.grads_whole, most.total) == (100, False, 400), most
+    gone = Residency(params=100, grads=0, optimizer=200)  # zero_grad() before the end
+    assert (pending.most(gone).grads, pending.most(gone).grads_whole) == (400, True)
+
+
 def _accumulating(every: int, optimizer: bool = True):
     """A training loop stepping its AdamW optimizer every `every` micro-batches, under
     track(); returns (the report, its parameters' bytes)."""
@@ -751,6 +763,39 @@ def test_a_loop_without_an_optimizer_holds_no_optimizer_state():
     report, params = _accumulating(1, optimizer=False)
     held = report.cost.memory.resident
     assert (held.params, held.optimizer) == (params, 0), held
+
+
+def test_a_sharded_models_gradients_are_one_devices_part_in_the_report(py):
+    # The gradients of weights sharded 4 ways over 4 CPU devices, pending at the captures
+    # before each sync, are a quarter on each device once laid out: the report says so.
+    out = py(
+        """
+        import numpy as np, torch, torch_xla, tpu_nb
+        import torch_xla.runtime as xr
+        import torch_xla.distributed.spmd as xs
+        xr.use_spmd()
+        mesh = xs.Mesh(np.arange(4), (4, 1), ("fsdp", "model"))
+        dev = torch_xla.device()
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 8)).to(dev)
+        for p in model.parameters():
+            xs.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
+        opt = torch.optim.AdamW(model.parameters())
+        x, y = torch.randn(16, 64).to(dev), torch.randint(0, 8, (16,)).to(dev)
+        with tpu_nb.track() as report:
+            for _ in range(4):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                torch_xla.sync()
+        held = report.cost.memory.resident
+        full = sum(p.numel() * p.element_size() for p in model.parameters())
+        print("RESULT", [held.params * 4, held.grads * 4, held.optimizer * 2, full])
+        """,
+        env={"CPU_NUM_DEVICES": "4"},
+        timeout=180,
+    ).stdout
+    params, grads, state, full = eval(out.split("RESULT")[-1].strip())
+    assert params == grads == state == full, (params, grads, state, full)
 
 
 def test_a_sharded_model_counts_one_devices_part(py):

@@ -172,12 +172,12 @@ STATED_FACTS: dict[str, list[tuple[int, str]]] = {
     # the bucketed loop under --max-graphs 2 compiles its two graphs once each
     "03_lazy_tensors": [(7, "2 graphs, each compiled once")],
     # the lesson reads the memory line as 16 bytes per parameter (300,040 of them), then one
-    # device's quarter of the sharded parameters and AdamW state, the still pending
-    # gradients counted whole
+    # device's quarter of the sharded parameters, gradients (laid out as the cell ends) and
+    # AdamW state
     "11_scaling": [
         (0, "parameters 1.2 MB, gradients 1.2 MB, optimizer state 2.4 MB"),
-        (1, "parameters 300 KB, gradients 1.2 MB, optimizer state 600 KB"),
-        (2, "parameters 300 KB, gradients 1.2 MB, optimizer state 600 KB"),
+        (1, "parameters 300 KB, gradients 300 KB, optimizer state 600 KB"),
+        (2, "parameters 300 KB, gradients 300 KB, optimizer state 600 KB"),
     ],
 }
 

@@ -74,6 +74,8 @@ class Residency:
     grads: int = 0
     optimizer: int = 0
     largest: tuple[tuple[str, int], ...] = ()
+    # a sharded parameter's gradient was still pending, its layout not decided: counted whole
+    grads_whole: bool = False
 
     @property
     def total(self) -> int:
@@ -85,14 +87,25 @@ class Residency:
         zero_grad(), and a training step holds all three at once."""
         if other is None:
             return self
-        largest = dict(self.largest)
-        for part, size in other.largest:
-            largest[part] = max(largest.get(part, 0), size)
+        grads = max(self.grads, other.grads)
+        whole = self.grads_whole if self.grads >= other.grads else other.grads_whole
+        sure, unsure = (other, self) if self.grads_whole else (self, other)
+        largest: dict[str, int] = {}
+        if sure.grads and unsure.grads and unsure.grads_whole and not sure.grads_whole:
+            # the same gradients, counted whole while pending and laid out at another moment:
+            # the laid-out size, and the parts as that moment held them
+            grads, whole = sure.grads, False
+            largest.update(unsure.largest)
+            largest.update(sure.largest)
+        else:
+            for part, size in (*self.largest, *other.largest):
+                largest[part] = max(largest.get(part, 0), size)
         return Residency(
             max(self.params, other.params),
-            max(self.grads, other.grads),
+            grads,
             max(self.optimizer, other.optimizer),
             tuple(sorted(largest.items(), key=lambda kv: -kv[1])[:3]),
+            whole,
         )
 
 
@@ -352,6 +365,7 @@ def residency(spaces: Sequence[dict]) -> Residency:
     owner: dict[int, str] = {}
     by_part: dict[str, int] = {}
     params = grads = state = 0
+    whole = False
 
     def size(t) -> int:
         if not isinstance(t, torch.Tensor) or t.device.type != device_type or id(t) in seen:
@@ -367,6 +381,12 @@ def residency(spaces: Sequence[dict]) -> Residency:
             owner[id(p)] = part
             got, grad = size(p), size(p.grad)
             params, grads = params + got, grads + grad
+            whole = whole or bool(
+                grad
+                and grad == p.grad.numel() * p.grad.element_size()
+                and backend.graphs.is_pending(p.grad)
+                and backend.devices.shards(p) > 1
+            )
             by_part[part] = by_part.get(part, 0) + got + grad
     for opt in optimizers:
         for param, values in opt.state.items():
@@ -376,7 +396,7 @@ def residency(spaces: Sequence[dict]) -> Residency:
                 state += got
                 by_part[part] = by_part.get(part, 0) + got
     largest = tuple(sorted(by_part.items(), key=lambda kv: -kv[1])[:3])
-    return Residency(params, grads, state, largest)
+    return Residency(params, grads, state, largest, whole)
 
 
 # -- per step, when the run ends ------------------------------------------------------------
