@@ -709,16 +709,45 @@ def test_what_is_held_is_the_most_of_each_part_at_any_moment_of_the_run():
     assert memory_fit([sized], CHIPS["v5e"], Residency()).needed == 250
 
 
-def test_gradients_counted_whole_while_pending_take_their_laid_out_size():
-    """A sharded parameter's gradient seen before its step's sync has no layout yet and is
-    counted whole; read again laid out (as the run ends), one device's part is the figure.
-    Counted whole at every moment, it stays whole: tpu_nb does not guess a layout."""
-    pending = Residency(params=100, grads=400, optimizer=200, grads_whole=True)
+def test_tensors_counted_whole_while_pending_take_their_laid_out_size():
+    """A sharded parameter's gradient (or optimizer state) seen before its step's sync has
+    no layout yet and is counted whole; read again laid out (at a later capture, or as the
+    run ends), one device's part is the figure. Counted whole at every moment, it stays
+    whole: tpu_nb does not guess a layout."""
+    pending = Residency(
+        params=100, grads=400, optimizer=800, whole=frozenset({"grads", "optimizer"})
+    )
     laid_out = Residency(params=100, grads=100, optimizer=200)
     for most in (pending.most(laid_out), laid_out.most(pending)):
-        assert (most.grads, most.grads_whole, most.total) == (100, False, 400), most
+        assert (most.grads, most.optimizer, most.whole, most.total) == (100, 200, set(), 400)
     gone = Residency(params=100, grads=0, optimizer=200)  # zero_grad() before the end
-    assert (pending.most(gone).grads, pending.most(gone).grads_whole) == (400, True)
+    most = pending.most(gone)
+    assert (most.grads, most.optimizer, most.whole) == (400, 200, {"grads"}), most
+
+
+def test_the_need_takes_what_every_capture_of_the_run_saw_held():
+    """A loop accumulating gradients over two syncs, whose last capture (the optimizer's
+    step, after zero_grad()) saw no gradient: the gradients another capture of the same
+    run saw held count too."""
+    from tpu_nb.runtime.tracking._cost import step_cost
+    from tpu_nb.runtime.tracking._store import store
+
+    costs = {
+        "accumulating": GraphCost(temp_bytes=10.0, resident=Residency(params=100, grads=100)),
+        "stepping": GraphCost(temp_bytes=10.0, resident=Residency(params=100, optimizer=200)),
+    }
+    for name, graph_cost in costs.items():
+        store.keep_cost(name, graph_cost)
+    try:
+        site = ("cell", 5)
+        alone = step_cost({site: "stepping"}, {site: 4}, 4)
+        both = step_cost({site: "stepping"}, {site: 4}, 4, captured=sorted(costs))
+    finally:
+        for name in costs:
+            store.costs.pop(name, None)
+    assert alone.memory is not None and alone.memory.resident.total == 300, alone.memory
+    assert both.memory is not None and both.memory.resident.total == 400, both.memory
+    assert both.memory.needed == 410, both.memory
 
 
 def _accumulating(every: int, optimizer: bool = True):
@@ -743,7 +772,7 @@ def _accumulating(every: int, optimizer: bool = True):
     return report, sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-@pytest.mark.parametrize("every", [1, 4])
+@pytest.mark.parametrize("every", [1, 2, 4])
 def test_an_optimizers_state_counts_also_when_it_steps_after_the_captures(every):
     """With gradient accumulation the optimizer first steps after the captures of the
     loop's first syncs: its state (AdamW: two moments per parameter) is still what a step

@@ -74,8 +74,9 @@ class Residency:
     grads: int = 0
     optimizer: int = 0
     largest: tuple[tuple[str, int], ...] = ()
-    # a sharded parameter's gradient was still pending, its layout not decided: counted whole
-    grads_whole: bool = False
+    # the parts ("grads", "optimizer") of which a sharded parameter's tensor was still
+    # pending, its layout not decided yet: counted whole
+    whole: frozenset[str] = frozenset()
 
     @property
     def total(self) -> int:
@@ -87,25 +88,28 @@ class Residency:
         zero_grad(), and a training step holds all three at once."""
         if other is None:
             return self
-        grads = max(self.grads, other.grads)
-        whole = self.grads_whole if self.grads >= other.grads else other.grads_whole
-        sure, unsure = (other, self) if self.grads_whole else (self, other)
+        sizes: dict[str, int] = {}
+        whole: set[str] = set()
+        for part in ("params", "grads", "optimizer"):
+            mine, theirs = getattr(self, part), getattr(other, part)
+            if mine and theirs and (part in self.whole) != (part in other.whole):
+                # the same tensors, counted whole while pending and laid out at another
+                # moment: their laid-out size
+                sizes[part] = theirs if part in self.whole else mine
+            else:
+                sizes[part] = max(mine, theirs)
+                if part in (self.whole if mine >= theirs else other.whole):
+                    whole.add(part)
         largest: dict[str, int] = {}
-        if sure.grads and unsure.grads and unsure.grads_whole and not sure.grads_whole:
-            # the same gradients, counted whole while pending and laid out at another moment:
-            # the laid-out size, and the parts as that moment held them
-            grads, whole = sure.grads, False
-            largest.update(unsure.largest)
-            largest.update(sure.largest)
-        else:
-            for part, size in (*self.largest, *other.largest):
-                largest[part] = max(largest.get(part, 0), size)
+        for r in [r for r in (self, other) if not r.whole] or (self, other):
+            for name, size in r.largest:
+                largest[name] = max(largest.get(name, 0), size)
         return Residency(
-            max(self.params, other.params),
-            grads,
-            max(self.optimizer, other.optimizer),
+            sizes["params"],
+            sizes["grads"],
+            sizes["optimizer"],
             tuple(sorted(largest.items(), key=lambda kv: -kv[1])[:3]),
-            whole,
+            frozenset(whole),
         )
 
 
@@ -365,7 +369,15 @@ def residency(spaces: Sequence[dict]) -> Residency:
     owner: dict[int, str] = {}
     by_part: dict[str, int] = {}
     params = grads = state = 0
-    whole = False
+    whole: set[str] = set()
+
+    def counted_whole(t, got: int, param) -> bool:
+        """A sharded parameter's gradient or state still pending, its size counted whole."""
+        return (
+            got == t.numel() * t.element_size()
+            and backend.graphs.is_pending(t)
+            and backend.devices.shards(param) > 1
+        )
 
     def size(t) -> int:
         if not isinstance(t, torch.Tensor) or t.device.type != device_type or id(t) in seen:
@@ -381,12 +393,8 @@ def residency(spaces: Sequence[dict]) -> Residency:
             owner[id(p)] = part
             got, grad = size(p), size(p.grad)
             params, grads = params + got, grads + grad
-            whole = whole or bool(
-                grad
-                and grad == p.grad.numel() * p.grad.element_size()
-                and backend.graphs.is_pending(p.grad)
-                and backend.devices.shards(p) > 1
-            )
+            if grad and "grads" not in whole and counted_whole(p.grad, grad, p):
+                whole.add("grads")
             by_part[part] = by_part.get(part, 0) + got + grad
     for opt in optimizers:
         for param, values in opt.state.items():
@@ -395,8 +403,10 @@ def residency(spaces: Sequence[dict]) -> Residency:
                 got = size(value)
                 state += got
                 by_part[part] = by_part.get(part, 0) + got
+                if got and "optimizer" not in whole and counted_whole(value, got, param):
+                    whole.add("optimizer")
     largest = tuple(sorted(by_part.items(), key=lambda kv: -kv[1])[:3])
-    return Residency(params, grads, state, largest, whole)
+    return Residency(params, grads, state, largest, frozenset(whole))
 
 
 # -- per step, when the run ends ------------------------------------------------------------
@@ -414,11 +424,13 @@ def step_cost(
     steps: int,
     live_tensors: Sequence[tuple[int, int]] = (),
     held: Residency | None = None,
+    captured: Sequence[str] = (),
 ) -> StepCost:
     """The cost of a steady step: the last graph captured at each site (a line, or a frame
     below it: provenance.Site.key) that synced or read in at least half the run's steps (a
     loop's sites, not a read after it), each graph once. `line_calls`: each site's calls;
-    `held`: what the tracked code held as the run ended."""
+    `held`: what the tracked code held as the run ended; `captured`: every graph the run
+    captured, by hash, and what the code held at each."""
     chip, on_chip = judged_chip()
     loop_lines = [key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= steps]
     hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
@@ -427,6 +439,9 @@ def step_cost(
     flops = sum(g.flops or 0 for g in counted) if counted else None
     moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]
     note = kept_step_over_step(live_tensors)
+    for h in captured:
+        at = store.costs[h].resident if h in store.costs else None
+        held = at.most(held) if at is not None else held
     return StepCost(
         chip=chip,
         on_chip=on_chip,

@@ -189,6 +189,9 @@ class Recording:
     # its steady state: what a step costs; a library's loop under one line of the cell runs
     # its step's graph at one site and its logging's at others)
     line_graphs: dict[tuple, str] = field(default_factory=dict)
+    # every graph captured in the run, by hash: what the code held at each capture (a
+    # gradient accumulation's syncs between two optimizer steps hold the gradients)
+    graphs: set[str] = field(default_factory=set)
     # (syncs made, live device tensors) at each capture and at the run's end: a loop that
     # keeps tensors step over step (read only then, never on a cached step)
     live_tensors: list[tuple[int, int]] = field(default_factory=list)
@@ -576,6 +579,7 @@ class Recorder:
             store.note_line_capture(key, graph)
             if graph is not None and graph.hash:
                 self.recording.line_graphs[site] = graph.hash
+                self.recording.graphs.add(graph.hash)
             self._note_live_tensors()
             return graph, self.site_of(frame)
         except Exception:
