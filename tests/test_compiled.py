@@ -349,6 +349,28 @@ def test_torch_xla_compile_fixed_shape_is_no_recompile(shell, capsys):
 
 
 @pytest.mark.stack
+def test_torch_xla_compile_runs_earlier_work_apart_from_the_first_steps_graph(shell, capsys):
+    # torch_xla.compile runs all pending work in a graph of its own before the function's:
+    # work an earlier cell left pending is that graph, and the function's first graph is the
+    # line's first step's, not one "with this step's"
+    assert shell.run_cell(STEP_CELL.format(name="step_e")).success
+    assert shell.run_cell("left_over = torch.ones(3, device=dev) * 2").success
+    capsys.readouterr()
+    cell = "%%on_tpu -o\n" + STEP_LOOP.format(sizes="(5, 5, 5, 5, 5)", name="step_e")
+    report, raw, out = _run_counted(shell, capsys, cell)
+    assert _figures_are_raw(report, raw), raw
+    assert "`left_over`, left pending before this cell" in out, out
+    assert "in a graph of its own before the function's" in out, out
+    assert "one graph with this step's" not in out, out
+    assert "the first step's graph, work earlier cells left pending" in out, out
+    assert "at the sync torch_xla.compile makes after the function runs" in out, out
+    assert "why is not known" not in out, out
+    # the second call's inputs (its `xb` alone) compiled a graph once: no steady compile
+    assert "a graph of a compiled function's inputs" in out, out
+    assert "compile-bound" not in out.splitlines()[0], out
+
+
+@pytest.mark.stack
 def test_max_graphs_counts_the_compiled_functions_graphs(shell, capsys):
     from tpu_nb.runtime.tracking import RecompilationError
 

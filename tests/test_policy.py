@@ -169,6 +169,17 @@ def test_no_verdict_with_too_few_steady_steps_and_the_note_says_how_many_more():
     assert "judge: 1 step, which compiled its graph; a verdict needs 3" in one.note
 
 
+def test_the_note_names_a_later_step_that_compiled_as_no_cache_hit():
+    # 3 batches, the last one shorter: its step compiled another graph, none ran cached
+    assert _policy._which_compiled(3, 2, 1) == (
+        "3 steps: the first 2 compiled their graphs, 1 compiled another graph"
+    )
+    assert _policy._which_compiled(5, 1, 2) == (
+        "5 steps: the first step compiled its graph, 2 ran from the cache, 2 compiled other graphs"
+    )
+    assert _policy._which_compiled(4, 0, 0) == "4 steps, all run from the cache"
+
+
 def test_the_verdict_leaves_the_warm_up_out():
     # a slow first step (its compile) and nine steady steps: the verdict is about the nine
     events = [_compile(0, step=0, call=0)]

@@ -723,6 +723,7 @@ _ONE_TIME = {
     "later": "graphs first needed in a later step",
     "variant": "other graphs, each compiled once",
     "earlier": "work earlier cells left pending",
+    "inputs": "graphs of a compiled function's inputs",
     "after": "graphs after the loop's last sync",
 }
 
@@ -737,7 +738,7 @@ def one_time_cost(judgement) -> str:
     named = []
     for kind, words in _ONE_TIME.items():
         count = kinds.count(kind)
-        if kind in ("after", "later", "state") and count == 1:
+        if kind in ("after", "later", "state", "inputs") and count == 1:
             words = "a graph" + words.removeprefix("graphs")
         if count:
             named.append(words if count == 1 or kind == "variant" else f"{words} ({count})")

@@ -292,6 +292,9 @@ _PLAIN_CAUSES = {
     "dynamo is compiling": "the graph torch.compile captured from the function, compiled by "
     "torch_xla",
     "torch_xla.sync": "at torch_xla.sync(), the end of the step",
+    "prior calling the target function": "the pending work of a compiled function's inputs, "
+    "run before the function",
+    "torch_xla.compile": "at the sync torch_xla.compile makes after the function runs",
     "mark_step": "at xm.mark_step(), the end of the step",
 }
 
@@ -326,11 +329,17 @@ def _site_pattern(pattern) -> str:
 
 def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> LineFinding:
     pending = earlier.pending
-    ops = f" ({counted_ops(pending.ops)})" if pending.nodes else ""
-    what = (
-        f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "
-        "one graph with this step's, not this line's own (its next graphs are)"
-    )
+    ops = f" ({counted_ops(pending.ops)})" if pending.ops else ""
+    if dynamo.pending_first(event):  # torch_xla.compile ran it apart, before the function
+        what = (
+            f"the compiled function's first call ran {earlier.names()}, left pending before "
+            f"this cell{ops}, in a graph of its own before the function's"
+        )
+    else:
+        what = (
+            f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "
+            "one graph with this step's, not this line's own (its next graphs are)"
+        )
     return LineFinding(line, "earlier", what, via=_via(event), order=order)
 
 

@@ -598,6 +598,13 @@ def _same_line(event: CompileEvent, line: Frame) -> bool:
 _PENDING_FIRST = "clear the pending graph prior calling the target function"
 
 
+def pending_first(event: CompileEvent) -> bool:
+    """Whether `event` is torch_xla.compile's sync before the function: every pending
+    tensor's work, the function's inputs' and any other (the Dynamo bridge runs only its
+    inputs')."""
+    return _PENDING_FIRST in event.cause
+
+
 def inputs_sync(event: CompileEvent) -> bool:
     """Whether `event` is the graph of a compiled function's inputs (their pending work, run
     by torch_xla.compile or the Dynamo bridge before the function's graph), not the

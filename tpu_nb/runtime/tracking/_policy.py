@@ -63,7 +63,10 @@ RECOMPILE, GROWING, UNSETTLED = "recompile", "growing", "unsettled"
 STATE = "state"
 # The run's first sync also ran work earlier cells left pending: its graph is not the line's.
 EARLIER = "earlier"
-ONE_TIME = frozenset((FIRST, WARM_UP, STATE, VARIANT, EARLIER))
+# A compiled function's first graph of its inputs' pending work (torch_xla.compile runs it
+# before the function's): compiled once, then cached as the function's graph is.
+INPUTS = "inputs"
+ONE_TIME = frozenset((FIRST, WARM_UP, STATE, VARIANT, EARLIER, INPUTS))
 
 
 @dataclass(frozen=True)
@@ -449,11 +452,12 @@ def judge(report) -> Judgement:
     # logging sync inside a step: tracking._anatomy's steps)
     syncs = report.syncs
     by_line: dict[tuple, list[int]] = {}
+    inputs: dict[tuple, list[int]] = {}  # a compiled function's inputs' graphs, per site
     joined = _joined_by_earlier(report, events)
     for i, e in enumerate(events):
         key = site_key(e)
-        if key is not None and i not in joined and e.kind != "dynamo" and not dynamo.inputs_sync(e):
-            by_line.setdefault(key, []).append(i)
+        if key is not None and i not in joined and e.kind != "dynamo":
+            (inputs if dynamo.inputs_sync(e) else by_line).setdefault(key, []).append(i)
     # A compiled function's graphs (torch.compile): one-time, unless Dynamo compiled the
     # frame again because a guard failed (what it saw change is the finding's fact).
     kinds = [
@@ -470,6 +474,11 @@ def judge(report) -> Judgement:
         lines[key] = replace(pattern, site=events[indexes[-1]].site, ops=ops)
         for i, kind in zip(indexes, pattern.kinds, strict=True):
             kinds[i] = kind
+    for key, indexes in inputs.items():  # as a line's own graphs are, apart from them
+        calls = report.site_calls.get(key, report.line_calls.get(key, 0) if len(key) == 2 else 0)
+        pattern = classify_line(key, [events[i] for i in indexes], calls, by_call=syncs == 0)
+        for i, kind in zip(indexes, pattern.kinds, strict=True):
+            kinds[i] = INPUTS if kind == FIRST else kind
     reads = {
         occ.order: classify_read(occ, syncs) for occ in report.occurrences if occ.kind == "read"
     }
@@ -511,7 +520,10 @@ def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
     if report.earlier is None or not steps:
         return set()
     first = min(steps)
-    return {i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first}
+    joined = {i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first}
+    # torch_xla.compile(fn) ran that work apart, in its inputs' graph: fn's own is the line's
+    apart = {i for i in joined if dynamo.pending_first(events[i])}
+    return apart or joined
 
 
 def _guard_failed(event: CompileEvent) -> bool:
@@ -576,7 +588,8 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     if len(steady) < MIN_STEADY_STEPS:
         first, more = len(steps) - len(steady), MIN_STEADY_STEPS - len(steady)
         note = (
-            f"too few steady steps to judge: {_which_compiled(len(steps), first)}; a "
+            f"too few steady steps to judge: "
+            f"{_which_compiled(len(steps), first, sum(1 for s in steady if s.compiles))}; a "
             f"verdict needs {MIN_STEADY_STEPS} steady steps (run {more} more)"
         )
         return replace(judgement, note=note)
@@ -827,16 +840,25 @@ def describe_pattern(p: LinePattern) -> str:
     return f"{graphs}{cached}"
 
 
-def _which_compiled(steps: int, compiled: int) -> str:
+def _which_compiled(steps: int, compiled: int, recompiled: int = 0) -> str:
     """ "4 steps: the first 2 compiled their graphs, 2 ran from the cache", in words that
-    count (one step, none compiled, none cached)."""
+    count (one step, none compiled, none cached; `recompiled`: later steps that compiled
+    another graph)."""
     if steps == 1:
-        return "1 step, which compiled its graph" if compiled else "1 step, run from the cache"
+        ran = "which compiled its graph" if compiled or recompiled else "run from the cache"
+        return f"1 step, {ran}"
     if compiled == steps:
         return f"{steps} steps, each compiling its graph"
-    if compiled == 0:
+    if compiled == recompiled == 0:
         return f"{steps} steps, all run from the cache"
-    first = f"the first {compiled} compiled their graphs"
-    if compiled == 1:
-        first = "the first step compiled its graph"
-    return f"{steps} steps: {first}, {steps - compiled} ran from the cache"
+    cached = steps - compiled - recompiled
+    parts = [f"the first {compiled} compiled their graphs"] if compiled > 1 else []
+    parts += ["the first step compiled its graph"] if compiled == 1 else []
+    parts += [f"{cached} ran from the cache"] if cached else []
+    if recompiled:
+        parts.append(
+            f"{recompiled} compiled another graph"
+            if recompiled == 1
+            else f"{recompiled} compiled other graphs"
+        )
+    return f"{steps} steps: " + ", ".join(parts)
