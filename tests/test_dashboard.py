@@ -136,6 +136,18 @@ def test_outside_a_tracked_run_a_loaders_empty_syncs_are_no_steps():
     assert f"(10 steps; {state.steps - 10} no steps" in html
 
 
+def test_outside_a_tracked_run_the_anatomy_panel_does_not_say_no_step_yet():
+    step = _mlp_step(width=41)
+    monitor = LiveMonitor()
+    for _ in range(4):
+        step()
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert state.steps == 4 and state.anatomy is None
+    html = H.anatomy_html(state)
+    assert "no step yet" not in html and "tracked run" in html, html
+
+
 def test_per_step_reads_are_counted_against_steps_not_a_loaders_syncs():
     from torch.utils.data import DataLoader, TensorDataset
     from torch_xla.distributed.parallel_loader import MpDeviceLoader

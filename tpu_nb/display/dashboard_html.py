@@ -348,6 +348,12 @@ def live_panels_html(
 def anatomy_html(state: LiveState | None) -> str:
     """The step anatomy panel: the anatomy the monitor published (display/anatomy_view.py)."""
     body = anatomy_panel_html(state.anatomy if state is not None else None)
+    if state is not None and state.anatomy is None and state.steps > state.loader_syncs:
+        # Steps ran, but outside a tracked run: "no step yet" would be false.
+        body = (
+            f"<span style='color:{_GREY}'>no step anatomy: only a tracked run that starts "
+            "inside the dashboard (%%on_tpu, tpu_nb.track()) times its steps' parts</span>"
+        )
     return _panel("where the steps' time went", body, height=_ANATOMY_HEIGHT)
 
 
