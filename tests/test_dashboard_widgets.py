@@ -195,3 +195,26 @@ def test_tpu_dashboard_help_and_mistakes(shell, capsys):
         shell.run_cell_magic("on_tpu", "--live --replicas 2", "raise AssertionError('no')")
     shell.run_cell("%%on_tpu --help\nraise AssertionError('must not run')")
     assert "--live" in capsys.readouterr().out
+
+
+def test_a_failing_final_poll_still_shows_the_last_state_and_says_so(shell, capsys):
+    step = _step_fn(width=29)
+    capsys.readouterr()
+    dash = tpu_nb.Dashboard(widgets=True, refresh=0.2)
+    dash.start()
+    for _ in range(3):
+        step()
+    dash.refresh_now()
+    real = dash._monitor.poll
+
+    def poll(*, final=False):
+        if final:
+            raise RuntimeError("the final read failed")
+        return real()
+
+    dash._monitor.poll = poll
+    dash.stop()
+    out = capsys.readouterr().out
+    assert "XLA dashboard (finished): 3 steps" in out, out
+    assert "the dashboard stopped updating: RuntimeError" in out, out
+    assert isinstance(dash.error, RuntimeError) and not _dashboard_threads()

@@ -273,7 +273,10 @@ class Dashboard:
             self.status = "interrupted"
         else:
             self.status = f"failed: {type(error).__name__}"
-        self._refresh_once(final=True)
+        try:
+            self._refresh_once(final=True)
+        except Exception as exc:  # the last state polled is shown, with a line saying so
+            self.error = self.error or exc
         ip = _ipython()
         if ip is None:
             return
