@@ -21,7 +21,7 @@ from tpu_nb.runtime.live import LiveMonitor
 from tpu_nb.runtime.live._monitor import StepClock
 from tpu_nb.runtime.metrics import CompileEvent, Frame, describe_difference
 from tpu_nb.runtime.sources import place_text
-from tpu_nb.runtime.units import percentile
+from tpu_nb.runtime.units import format_seconds, percentile
 
 
 def _mlp_step(width=48):
@@ -519,6 +519,17 @@ def test_dashboard_polls_in_a_thread_joined_on_exit_and_prints_nothing(capfd):
     # IPython shell exists in the process (another test module's), else nowhere.
     out, err = capfd.readouterr()
     assert out in ("", f"{dash!r}\n") and err == ""
+
+
+def test_a_tracked_block_among_other_work_is_not_the_dashboards_wall_time():
+    step = _mlp_step(width=43)
+    with tpu_nb.Dashboard(widgets=False) as dash:
+        time.sleep(0.5)  # the cell's other work: loading data, building the model
+        with tpu_nb.track() as report:
+            step()
+    assert dash.state.run_wall_seconds == report.wall_seconds
+    assert dash.elapsed >= 0.5 + report.wall_seconds, (dash.elapsed, report.wall_seconds)
+    assert f"syncs in {format_seconds(dash.elapsed)}" in dash._repr_html_()
 
 
 @pytest.mark.parametrize(

@@ -189,6 +189,9 @@ class Dashboard:
         self._anatomy_drawn: int | None = None  # the anatomy version the panel shows
         self._code_start: float | None = None
         self._code_end: float | None = None
+        # True when the dashboard watches one tracked run and nothing else (%%on_tpu --live):
+        # it then shows that run's wall time, the figure of its report.
+        self.same_as_run = False
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -480,12 +483,18 @@ class Dashboard:
     @property
     def elapsed(self) -> float | None:
         """Wall seconds of the work watched: from the end of `start()` to `stop()` (not the
-        dashboard's own set-up and final drawing). When a tracked run (an %%on_tpu cell)
-        completed inside, its wall time: the report and the dashboard then show one figure."""
+        dashboard's own set-up and final drawing). With `same_as_run` (an %%on_tpu --live
+        cell), the wall time of the tracked run it watched: the report and the dashboard then
+        show one figure. A tracked block among other work inside is not the whole span."""
         if self._code_start is None:
             return None
         state = self.state
-        if self._code_end is not None and state is not None and state.run_wall_seconds is not None:
+        if (
+            self.same_as_run
+            and self._code_end is not None
+            and state is not None
+            and state.run_wall_seconds is not None
+        ):
             return state.run_wall_seconds
         return (self._code_end or time.perf_counter()) - self._code_start
 

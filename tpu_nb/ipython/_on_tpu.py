@@ -73,7 +73,7 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
     try:
         with ExitStack() as stack:
             if plan.live:  # outermost: its final state includes the cell's last work
-                stack.enter_context(start_dashboard())
+                stack.enter_context(start_dashboard(same_as_run=True))
             report = stack.enter_context(session)
             if plan.profile:  # inside the tracked run: it counts the run's syncs
                 with user_mistake():
@@ -118,11 +118,13 @@ def _shown_as_the_cells(exc: BaseException, number) -> None:
         exc._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
 
 
-def start_dashboard(**options):
+def start_dashboard(*, same_as_run: bool = False, **options):
     from tpu_nb.display.dashboard import Dashboard
 
     with user_mistake():
-        return Dashboard(**options).start()
+        dash = Dashboard(**options)
+        dash.same_as_run = same_as_run  # the cell's tracked run is all it watches
+        return dash.start()
 
 
 def _show_pending_graph(shell, state, value, sync: bool) -> None:
