@@ -175,6 +175,22 @@ def test_dashboard_as_a_cells_last_expression_is_shown_once(shell, capsys):
     assert not _dashboard_threads()
 
 
+def test_a_finished_dashboard_shows_again_in_a_later_cell(shell, capsys):
+    capsys.readouterr()
+    shell.run_cell(
+        "dash = tpu_nb.dashboard()\n(torch.ones(5, device=torch_xla.device()) * 2).sum()",
+        store_history=True,
+    )
+    assert capsys.readouterr().out.count("XLA dashboard (finished)") == 1
+    shell.run_cell("dash", store_history=True)
+    assert "XLA dashboard (finished): 0 steps" in capsys.readouterr().out
+    shell.run_cell("with tpu_nb.Dashboard() as dash2:\n    pass", store_history=True)
+    assert capsys.readouterr().out.count("XLA dashboard (finished)") == 1
+    shell.run_cell("dash2", store_history=True)
+    assert "XLA dashboard (finished)" in capsys.readouterr().out
+    assert not _dashboard_threads()
+
+
 def test_tpu_dashboard_help_and_mistakes(shell, capsys):
     from IPython.core.error import UsageError
 

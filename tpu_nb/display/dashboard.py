@@ -178,7 +178,7 @@ class Dashboard:
         self._widgets: list = []
         self._root: Any = None  # an ipywidgets VBox (ipywidgets has no types)
         self._handle = None
-        self._shown = False
+        self._shown_in: int | None = None  # the cell (execution count) it was shown in
         self._hooks: list = []
         self._svg_charts: dict[str, StepTimeSvg | CompileSvg] = {
             "step": StepTimeSvg(),
@@ -223,7 +223,7 @@ class Dashboard:
                 from IPython.display import display
 
                 self._handle = display(self._live_data(), raw=True, display_id=True)
-                self._shown = True
+                self._shown_in = _cell()
         except BaseException:
             self._close_widgets()
             monitor.close()
@@ -292,7 +292,7 @@ class Dashboard:
             self._handle = None
         else:
             display(final, raw=True)
-        self._shown = True
+            self._shown_in = _cell()
 
     def __enter__(self) -> Dashboard:
         return self.start()
@@ -311,6 +311,7 @@ class Dashboard:
             self.stop(
                 getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
             )
+            self._shown_in = None  # its cell is over: a later cell may show it again
 
         def next_cell(*args):
             self.stop()
@@ -517,16 +518,22 @@ class Dashboard:
         return {"text/plain": self.summary(), "text/html": _marked(self._repr_html_())}
 
     def _ipython_display_(self) -> None:
-        """Shown once: `tpu_nb.dashboard()` as a cell's last line does not show it twice."""
-        if self._shown:
+        """Shown once per cell: `tpu_nb.dashboard()` as a cell's last line does not show it
+        twice; a later cell shows it again."""
+        if self._shown_in is not None and self._shown_in == _cell():
             return
         from IPython.display import display
 
-        self._shown = True
+        self._shown_in = _cell()
         if self.running and self._root is not None:
             self._handle = display(self._live_data(), raw=True, display_id=True)
         else:
             display(self._final_data(), raw=True)
+
+
+def _cell() -> int | None:
+    """The running cell's execution count (None outside IPython)."""
+    return getattr(_ipython(), "execution_count", None)
 
 
 def _marked(html: str) -> str:
