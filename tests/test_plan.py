@@ -29,8 +29,8 @@ def test_each_combination_that_runs_says_how(options, mode):
 
 
 def test_counts_given_as_a_command_lines_text_are_read_as_numbers():
-    plan = Plan(replicas="4", timeout="0.5e3", max_graphs="2")
-    assert (plan.replicas, plan.timeout, plan.max_graphs) == (4, 500.0, 2)
+    plan = Plan(replicas="4", timeout="0.5e3")
+    assert (plan.replicas, plan.timeout, Plan(max_graphs="2").max_graphs) == (4, 500.0, 2)
     assert Plan(hosts="2").hosts == 2 and Plan(hosts="all").hosts == "all"
     assert Plan(replicas=3) == Plan(replicas="3")  # a script and the magic build the same plan
 
@@ -68,6 +68,16 @@ MISTAKES = [
         {"replicas": "all", "live": True},
         "--live watches this kernel's XLA runtime, and --replicas runs the cell elsewhere. "
         "Fix: drop --live (each replica reports), or use --spmd --live",
+    ),
+    (
+        {"replicas": "2", "max_graphs": "1"},
+        "--max-graphs works on this kernel's device, and --replicas runs the cell elsewhere. "
+        "Fix: drop --max-graphs, or use --spmd --max-graphs N",
+    ),
+    (
+        {"replicas": "all", "graph": True},
+        "--graph works on this kernel's device, and --replicas runs the cell elsewhere. "
+        "Fix: drop --graph, or use --spmd --graph",
     ),
     (
         {"replicas": "all", "profile": 2},

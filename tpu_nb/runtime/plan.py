@@ -112,6 +112,15 @@ def _check_combination(plan: Plan) -> None:
                 f"{option} works on this kernel's device, and --hosts runs the cell on the "
                 f"slice's hosts. Fix: drop {option} (each host reports to the view of every host)"
             )
+    # Each replica runs the cell as a plain function in another process: no graph guard,
+    # no pending graph shown there, so these would be silently ignored.
+    for name, value in (("max_graphs", " N"), ("graph", "")) if plan.replicas is not None else ():
+        if getattr(plan, name) not in (None, False):
+            option = "--" + name.replace("_", "-")
+            raise TpuNbUsageError(
+                f"{option} works on this kernel's device, and --replicas runs the cell "
+                f"elsewhere. Fix: drop {option}, or use --spmd {option}{value}"
+            )
     if plan.live and plan.replicas is not None:
         raise TpuNbUsageError(
             "--live watches this kernel's XLA runtime, and --replicas runs the cell elsewhere. "
