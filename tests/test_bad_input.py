@@ -217,6 +217,15 @@ MAGICS = [
     ),
     (
         "tpu_setup",
+        "--check --devices 2",
+        "%tpu_setup: --check only checks the environment and sets nothing up, so --devices "
+        "would be ignored. Fix: %tpu_setup --check alone, then %tpu_setup without --check",
+    ),
+    ("tpu_setup", "--install --dry-run --device cpu", "--install only installs"),
+    ("tpu_setup", "--check --target v6e", "so --target would be ignored"),
+    ("tpu_setup", "--install --check", "choose one of --install and --check. Fix:"),
+    (
+        "tpu_setup",
         "--nope",
         "%tpu_setup: unrecognized arguments: --nope. Fix: see %tpu_setup --help",
     ),

@@ -92,6 +92,32 @@ class TpuMagics(Magics):
                 "%tpu_setup: --dry-run shows what --install would do, and changes "
                 "nothing on its own. Fix: %tpu_setup --install --dry-run"
             )
+        if args.install and args.check:
+            raise UsageError(
+                "%tpu_setup: choose one of --install and --check. Fix: %tpu_setup --install, "
+                "then %tpu_setup --check"
+            )
+        only = "--install" if args.install else "--check"
+        does = "installs torch and torch_xla" if args.install else "checks the environment"
+        setting = next(
+            (
+                option
+                for option, given in (
+                    ("--device", args.device != "auto"),
+                    ("--devices", args.devices is not None),
+                    ("--ir-debug", args.ir_debug),
+                    ("--cache", args.cache is not None),
+                    ("--target", args.target is not None),
+                )
+                if given
+            ),
+            None,
+        )
+        if (args.install or args.check) and setting:
+            raise UsageError(
+                f"%tpu_setup: {only} only {does} and sets nothing up, so {setting} would be "
+                f"ignored. Fix: %tpu_setup {only} alone, then %tpu_setup without {only}"
+            )
         if args.install:
             status, restart = install_pair(dry_run=args.dry_run)
             if status != 0:
