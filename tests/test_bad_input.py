@@ -108,6 +108,11 @@ LIBRARY = [
     ),
     (lambda: tpu_nb.launch(42), "launch needs a function to run; got int 42"),
     (
+        lambda: tpu_nb.launch(lambda spmd: 1, mode="spmd", timeout=60),
+        "timeout= bounds a replicas launch; mode='spmd' runs fn in this process, which "
+        "nothing stops. Fix: drop timeout=, or use mode='replicas'",
+    ),
+    (
         lambda: Dashboard(refresh=math.nan),
         "refresh must be a number of seconds from 0.1 to 3600; got nan",
     ),

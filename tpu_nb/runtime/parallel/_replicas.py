@@ -679,6 +679,11 @@ def launch(
             f"launch needs a function to run; got {type(fn).__name__} "
             f"{fn!r:.40}. Fix: launch(train), with train(index) defined first."
         )
+    if timeout is not None and mode == "spmd":
+        raise TpuNbUsageError(
+            "timeout= bounds a replicas launch; mode='spmd' runs fn in this process, which "
+            "nothing stops. Fix: drop timeout=, or use mode='replicas'"
+        )
     if timeout is not None:
         check_seconds(
             timeout,
