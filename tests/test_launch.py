@@ -68,6 +68,23 @@ def test_fork_path_runs_notebook_style_closures_with_prefixed_output(py):
     assert all("lock" in n and "Fix: return plain data" in n for n in notes), notes
 
 
+def test_replica_steps_are_its_own_syncs_not_the_launchs(py):
+    out = _run(
+        py,
+        """
+        def replica(index):
+            import torch, torch_xla
+            t = torch.ones(3, device=torch_xla.device())
+            for _ in range(3):
+                t = t * 2
+                torch_xla.sync()
+        result = launch(replica, devices=2)
+        print("STEPS", json.dumps([len(r.step_seconds) for r in result.replicas]))
+    """,
+    ).stdout
+    assert json.loads(out.split("STEPS")[1]) == [3, 3]  # tpu_nb's final sync is no step
+
+
 def test_worker_path_after_the_kernel_used_the_device(py):
     out = _run(
         py,

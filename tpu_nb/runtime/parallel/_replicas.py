@@ -170,6 +170,7 @@ def _replica(index: int, rundir: str) -> None:
         fn, args = _work[rundir]
         try:
             value = fn(index, *args)
+            syncs.counting = False  # tpu_nb's own sync below is no step of the replica
             runtime.syncs.sync()
             runtime.syncs.wait()
             result["value"] = value
