@@ -85,6 +85,23 @@ def test_replica_steps_are_its_own_syncs_not_the_launchs(py):
     assert json.loads(out.split("STEPS")[1]) == [3, 3]  # tpu_nb's final sync is no step
 
 
+def test_merged_counters_hold_every_replicas_work_not_the_first_to_end(py):
+    out = _run(
+        py,
+        """
+        def replica(index):
+            import torch, torch_xla
+            time.sleep(0.5 * index)  # replica 0 ends first, replica 3 last
+            t = torch.ones(3 + index, device=torch_xla.device()) * 2  # a shape of its own
+            torch_xla.sync()
+        merged = launch(replica).merged()
+        print("MERGED", json.dumps([merged.compiles, merged.executions]))
+    """,
+    ).stdout
+    compiles, executions = json.loads(out.split("MERGED")[1])
+    assert compiles >= 4 and executions >= 4  # four graphs of four shapes, each run
+
+
 def test_worker_path_after_the_kernel_used_the_device(py):
     out = _run(
         py,

@@ -152,6 +152,19 @@ def _snapshot():
         return snapshot()
 
 
+# The first snapshot of each process's replicas. Replica threads of one process share its
+# counters, so each replica's are its process's from there: the last replica to end holds
+# the work of all (LaunchResult.merged), not only what ran before the first one ended.
+_process_before: dict[int, object] = {}
+
+
+def _process_start():
+    with _first_use:
+        if os.getpid() not in _process_before:
+            _process_before[os.getpid()] = _snapshot()
+        return _process_before[os.getpid()]
+
+
 def _replica(index: int, rundir: str) -> None:
     """One replica: its prints to its own file; its result (value or error, timings,
     counters) to a pickle."""
@@ -165,7 +178,7 @@ def _replica(index: int, rundir: str) -> None:
         for stream in (sys.stdout, sys.stderr):  # as _launcher installed them
             cast(_ReplicaStreams, stream).local.file = out
         syncs = SyncTimes(runtime)
-        before, start = _snapshot(), time.perf_counter()
+        before, start = _process_start(), time.perf_counter()
         result: dict[str, object] = {"ordinal": ordinal, "pid": os.getpid()}
         fn, args = _work[rundir]
         try:

@@ -97,9 +97,12 @@ class LaunchResult:
     def merged(self) -> MetricsDelta:
         """Counters summed over processes (on XLA:CPU the replicas share one process)."""
         by_pid: dict[int, MetricsDelta] = {}
-        for r in self.replicas:
-            if r.metrics is not None:
-                by_pid.setdefault(r.pid, r.metrics)
+        for r in self.replicas:  # a process's replicas count from one start: the last to end
+            kept = by_pid.get(r.pid)
+            if r.metrics is not None and (
+                kept is None or r.metrics.wall_seconds > kept.wall_seconds
+            ):
+                by_pid[r.pid] = r.metrics
         fallbacks = sum((Counter(d.fallbacks) for d in by_pid.values()), Counter())
         empty = MetricsDelta()
         sums = {
