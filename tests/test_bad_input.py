@@ -266,6 +266,12 @@ MAGICS = [
     ),
     ("xla_graph", "--budget 99999999999999999999999 x", "--budget must be a whole"),
     ("xla_graph", "'x", "%xla_graph: cannot split"),
+    (
+        "xla_graph",
+        "--diff loss",
+        "%xla_graph: --diff draws the last two graphs of the line that changed last, and "
+        "takes no expression (got 'loss'). Fix: %xla_graph --diff, or %xla_graph loss",
+    ),
     ("xla_metrics", '--cells "', "%xla_metrics: cannot split"),
     (
         "xla_metrics",

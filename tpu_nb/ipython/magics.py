@@ -394,6 +394,13 @@ class TpuMagics(Magics):
         from tpu_nb.runtime.graph import NODE_BUDGET, pending_graph
 
         diff = None
+        if args.diff and args.expression:
+            given = " ".join(args.expression)
+            raise UsageError(
+                "%xla_graph: --diff draws the last two graphs of the line that changed last, "
+                f"and takes no expression (got {given!r}). Fix: %xla_graph --diff, or "
+                f"%xla_graph {given}"
+            )
         if args.diff:
             found, diff, where = last_change()
         else:
