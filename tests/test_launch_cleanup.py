@@ -202,6 +202,17 @@ def test_native_crash_in_a_replica_is_reported_as_such(py, tmpdir_env):
     assert "\n" not in message and "BrokenProcessPool" not in message
 
 
+@pytest.mark.stack
+def test_native_crash_in_a_replicas_cell_keeps_the_stack_it_points_to(shell):
+    result = shell.run_cell(
+        "%%on_tpu --replicas 2\nimport ctypes, time\nif index == 1:\n    ctypes.string_at(0)\n"
+        "time.sleep(30)"
+    )
+    error = result.error_in_exec
+    assert "the stacks are in this error's .stack attribute" in str(error)
+    assert "string_at" in error.stack  # the attribute the message sends the user to
+
+
 @pytest.mark.parametrize("devices", [0, -3, 2.5, "4", True, MAX_CPU_DEVICES + 1, 10**11])
 def test_device_count_out_of_bounds_is_one_line(devices):
     with pytest.raises(TpuNbError) as info:

@@ -22,7 +22,13 @@ def launch_cell(shell, state, code: CellCode, plan: Plan, args):
     host's) traceback printed before its error is raised."""
     __tracebackhide__ = True  # noqa: F841
     from tpu_nb.display.pod_view import PodView
-    from tpu_nb.runtime.parallel import CellFunction, ReplicaError, launch, launch_hosts
+    from tpu_nb.runtime.parallel import (
+        CellFunction,
+        ReplicaCrash,
+        ReplicaError,
+        launch,
+        launch_hosts,
+    )
 
     cell = CellFunction.from_namespace(code.source, code.filename, shell.user_ns, code.codes)
     state.watcher.reported_by_magic = True
@@ -36,6 +42,8 @@ def launch_cell(shell, state, code: CellCode, plan: Plan, args):
     except ReplicaError as exc:  # a HostError too: its unit is a host
         print(f"--- {exc.unit} {exc.ordinal} of {exc.world}: traceback ---")
         print(exc.traceback.rstrip())
+        raise
+    except ReplicaCrash:  # not a mistake: its message sends the user to its .stack
         raise
     except TpuNbError as exc:
         raise UsageError(str(exc)) from None
