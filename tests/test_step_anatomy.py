@@ -520,6 +520,31 @@ def test_on_tpu_profile_n_draws_the_trace_of_n_steps(py):
     assert first and " | " in first[0], out[-2000:]  # the report still shows
 
 
+_PROFILE_BUSY = """
+import glob, os, tempfile
+from IPython.testing.globalipapp import start_ipython
+ip = start_ipython()
+ip.run_line_magic("load_ext", "tpu_nb")
+ip.run_cell("import tempfile, torch, torch_xla, tpu_nb\\n"
+            "import torch_xla.debug.profiler as xp\\n"
+            "xp.start_trace(tempfile.mkdtemp())")  # another trace: --profile cannot start
+folders = os.path.join(tempfile.gettempdir(), "tpu_nb-profile-*")
+before = set(glob.glob(folders))
+result = ip.run_cell("%%on_tpu --profile 1\\nran = True\\n")
+left = set(glob.glob(folders)) - before
+print("RESULT", type(result.error_in_exec).__name__, "ran" in ip.user_ns, len(left))
+"""
+
+
+@pytest.mark.stack
+def test_on_tpu_profile_that_cannot_start_reports_no_run_and_leaves_no_folder(py):
+    done = py(_PROFILE_BUSY, timeout=300)
+    out = done.stdout
+    assert "the torch_xla profiler did not start" in out + done.stderr, done.stderr[-2000:]
+    assert "XLA: " not in out, out[-2000:]  # no report of a cell that never ran
+    assert out.split("RESULT")[1].split() == ["UsageError", "False", "0"]
+
+
 def test_on_tpu_profile_needs_a_whole_number_of_steps(shell, capsys):
     capsys.readouterr()
     result = shell.run_cell("%%on_tpu --profile 0\nx = 1\n")

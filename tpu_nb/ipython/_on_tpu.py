@@ -78,6 +78,7 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
         assigned_in=functools.partial(assigned_in, shell, code.number),
     )
     report = capture = None
+    ran = False  # a profiler that cannot start stops the cell before it runs: no report then
     try:
         with ExitStack() as stack:
             if plan.live:  # outermost: its final state includes the cell's last work
@@ -86,6 +87,7 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
             if plan.profile:  # inside the tracked run: it counts the run's syncs
                 with user_mistake():
                     capture = stack.enter_context(profile(plan.profile))
+            ran = True
             value = code.run(shell)
             if plan.graph:  # before --sync runs it
                 _show_pending_graph(shell, state, value, plan.sync)
@@ -102,7 +104,7 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
             raise
         raise exc.with_traceback(cut)  # noqa: B904 (the same error, its context kept)
     finally:
-        if report is not None and report.complete:
+        if ran and report is not None and report.complete:
             _show_report(state, report, args)
             state.watcher.report_shown()
         if capture is not None and capture.trace is not None:

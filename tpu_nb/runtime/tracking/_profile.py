@@ -135,6 +135,8 @@ class profile:
             current_backend().profiler.start(self.logdir)
         except Exception as exc:  # a trace already running, a profiler that cannot start
             self._unhook()
+            if self._own_dir:
+                shutil.rmtree(self.logdir, ignore_errors=True)
             raise RuntimeStateError(
                 f"the torch_xla profiler did not start: {exc}. Fix: stop the "
                 "other trace first (torch_xla.debug.profiler.stop_trace())."
