@@ -272,8 +272,8 @@ def _per_step_reads(state: LiveState) -> int:
 def _in_the_loop(reads: int, state: LiveState) -> str:
     closures = f", {state.closure_reads} more in step closures" if state.closure_reads else ""
     steps = state.steps - state.loader_syncs
-    steps = f"in {steps} steps" if state.steps else "with no sync in between"
-    return f"{reads} {steps}{closures}"
+    among = f"in {steps} steps" if steps else "with no sync in between"
+    return f"{reads} {among}{closures}"
 
 
 def memory_html(state: LiveState) -> str:

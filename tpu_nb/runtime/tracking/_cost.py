@@ -479,19 +479,19 @@ def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
 
 
 def memory_fit(
-    graphs: Sequence[GraphCost], chip: Chip, held: Residency | None = None
+    graphs: Sequence[GraphCost], chip: Chip, at_end: Residency | None = None
 ) -> MemoryFit | None:
     """What a step of these graphs needs of the chip: the graph of the largest known
     temporaries, with the most the tracked code held, at the graphs' captures or as the run
-    ended (`held`: the state an optimizer made at a step after the captures, as with
+    ended (`at_end`: the state an optimizer made at a step after the captures, as with
     gradient accumulation); None: no graph has sizes."""
     sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
     if not sized:
         return None
     worst = max(sized, key=lambda g: g.temp_bytes or 0.0)
     resident = max((g.resident for g in graphs if g.resident), key=lambda r: r.total, default=None)
-    if held is not None and held.total:
-        resident = held.most(resident)
+    if at_end is not None and at_end.total:
+        resident = at_end.most(resident)
     extra = (worst.temp_bytes or 0.0) + max(
         0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0)
     )
