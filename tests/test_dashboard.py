@@ -148,6 +148,32 @@ def test_outside_a_tracked_run_the_anatomy_panel_does_not_say_no_step_yet():
     assert "no step yet" not in html and "tracked run" in html, html
 
 
+def test_a_loaders_empty_syncs_before_a_tracked_run_are_no_steps_either():
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = tpu_nb.device()
+    w = torch.randn(25, 25, device=dev)
+    torch_xla.sync()
+
+    def epoch(w):
+        for (x,) in MpDeviceLoader(
+            DataLoader(TensorDataset(torch.randn(40, 25)), batch_size=4), dev
+        ):
+            w = w + (x @ w).sum() * 1e-6
+            torch_xla.sync()  # the loop's own: the loader's next sync has nothing to run
+        return w
+
+    monitor = LiveMonitor()
+    w = epoch(w)  # untracked
+    with tpu_nb.track():
+        w = epoch(w)
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert state.steps - state.loader_syncs == 20, state
+    assert H.summary_text(state, "finished").startswith("XLA dashboard (finished): 20 steps,")
+
+
 def test_per_step_reads_are_counted_against_steps_not_a_loaders_syncs():
     from torch.utils.data import DataLoader, TensorDataset
     from torch_xla.distributed.parallel_loader import MpDeviceLoader

@@ -381,6 +381,7 @@ class ClosureReads:
         self.count = 0
         self.own_syncs = 0
         self.empty_syncs = 0
+        self.empty_outside_runs = 0  # of those, made while no tracked run was running
         self._subscription: Any = probe().subscribe(self, ("sync", "read"))
 
     before = None
@@ -390,6 +391,8 @@ class ClosureReads:
             self.own_syncs += 1
         elif getattr(event, "launched", None) == 0:  # a SyncEvent that ran no graph
             self.empty_syncs += 1
+            if current_run() is None:  # a tracked run's step collector counts its own
+                self.empty_outside_runs += 1
         elif getattr(event, "in_sync", False):  # a ReadEvent in a step closure
             self.count += event.counters_after[0] - event.counters_before[0]
 
@@ -534,14 +537,18 @@ class LiveMonitor:
         )
 
     def _loader_syncs(self) -> int:
-        own = self._closure_reads.own_syncs  # tpu_nb's own syncs are no steps either
+        reads = self._closure_reads
+        own = reads.own_syncs  # tpu_nb's own syncs are no steps either
+        # The run's anatomy counts its loader's syncs; those outside it (an untracked epoch
+        # before the tracked one) are the syncs that ran nothing there.
+        outside = reads.empty_outside_runs + own
         collector = self._collecting()
         if collector is not None:
-            return collector.loader_syncs + collector.other_syncs + own
+            return collector.loader_syncs + collector.other_syncs + outside
         anatomy = self._anatomy
         if anatomy is not None:
-            return anatomy.loader_syncs + anatomy.other_syncs + own
-        return self._closure_reads.empty_syncs + own  # no tracked run: those that ran nothing
+            return anatomy.loader_syncs + anatomy.other_syncs + outside
+        return reads.empty_syncs + own  # no tracked run: those that ran nothing
 
     def close(self) -> None:
         """Restore anything the monitor installed (the sync probe, the read count)."""
