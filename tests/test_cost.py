@@ -750,6 +750,20 @@ def test_the_need_takes_what_every_capture_of_the_run_saw_held():
     assert both.memory.needed == 410, both.memory
 
 
+def test_sizes_from_the_compile_log_are_read_as_gib():
+    """torch_xla's compile log gives a graph's sizes in "GB" that are GiB: a graph reading
+    16 MiB reads 16,777,216 bytes, which the memory line gives as 16.8 MB."""
+    dev = torch_xla.device()
+    x = torch.zeros(2**24 + 64, dtype=torch.uint8).to(dev)  # a shape no other test compiles
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        for _ in range(3):
+            x = x + 1
+            torch_xla.sync()
+    inputs = [g.input_bytes for g in report.cost.graphs if g.input_bytes]
+    assert inputs and inputs[0] == pytest.approx(2**24 + 64, rel=1e-4), report.cost.graphs
+
+
 def _accumulating(every: int, optimizer: bool = True):
     """A training loop stepping its AdamW optimizer every `every` micro-batches, under
     track(); returns (the report, its parameters' bytes)."""

@@ -367,7 +367,7 @@ def test_describe_difference_from_compile_log_blocks():
     )
     same = describe_difference(a, b)
     assert same[0].startswith("same number of graph inputs (4) and outputs (2)")
-    assert same[1] == "sizes: graph input 0.5 GB -> 0.75 GB"
+    assert same[1] == "sizes: graph input 0.5 GiB -> 0.75 GiB"
     other = describe_difference(b, c)
     assert other[0].startswith("graph inputs 4 -> 5, outputs 2 -> 3")
     assert any(line.startswith("cause: user torch_xla.sync -> most likely") for line in other)

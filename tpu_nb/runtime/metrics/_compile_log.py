@@ -53,7 +53,8 @@ class CompileEvent:
     outputs: int | None = None
     graph_name: str | None = None  # set by torch_xla.compile(name=...)
     computation_hash: str | None = None
-    sizes_gb: dict[str, float] = field(default_factory=dict)  # input, output, aliased, ...
+    # input, output, aliased, ...: in what torch_xla calls GB, which are GiB (2**30 bytes)
+    sizes_gb: dict[str, float] = field(default_factory=dict)
     offset: int = 0  # byte offset of the block in the log
     # Where it came from, recorded by tpu_nb itself (a provenance.Site: the tracked code's
     # line, the helper and library function in between), when a tracked run saw it; the
@@ -125,7 +126,7 @@ def describe_difference(before: CompileEvent, after: CompileEvent) -> tuple[str,
 
 
 def _gb(value: float | None) -> str:
-    return "?" if value is None else f"{value:g} GB"
+    return "?" if value is None else f"{value:g} GiB"
 
 
 def parse_block(lines: list[str], offset: int = 0) -> CompileEvent:

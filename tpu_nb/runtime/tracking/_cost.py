@@ -330,7 +330,7 @@ def note_compiled(own_hash: str, event) -> None:
     known = store.costs.get(own_hash)
     if known is not None and event.sizes_gb:
         sizes: dict[str, Any] = {
-            _SIZE_KEYS[k]: v * 1e9 for k, v in event.sizes_gb.items() if k in _SIZE_KEYS
+            _SIZE_KEYS[k]: v * 2**30 for k, v in event.sizes_gb.items() if k in _SIZE_KEYS
         }
         store.keep_cost(own_hash, replace(known, graph_hash=event.graph_hash, **sizes))
 
