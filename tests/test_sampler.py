@@ -546,3 +546,56 @@ def test_a_device_loaders_own_sync_is_the_steps_sync_not_input():
         h.share for h in loader if h.kind == "input"
     ), loader
     assert a.verdict is None or a.verdict.kind != "input-bound", str(a)
+
+
+# Two library functions (another file's: a sample names them as the function under the line),
+# each busy in Python long against the sampling interval.
+_LIBRARY: dict = {}
+exec(  # noqa: S102 - the test's own source, compiled under another file's name
+    compile(
+        "import time\n"
+        "def spin_first(seconds):\n"
+        "    end = time.perf_counter() + seconds\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n"
+        "def spin_second(seconds):\n"
+        "    end = time.perf_counter() + seconds\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n",
+        "spin_library.py",
+        "exec",
+    ),
+    _LIBRARY,
+)
+
+
+def two_library_calls(steps: int = 10):
+    dev, w = _model()
+    for _ in range(steps):
+        _LIBRARY["spin_first"](SPIN)  # FIRST-CALL
+        _LIBRARY["spin_second"](SPIN)  # SECOND-CALL
+        w = _step(w, torch.ones(4, 16, device=dev))
+    return w
+
+
+def test_a_walk_that_loses_the_gil_names_the_line_the_stack_was_at(monkeypatch):
+    """A sample's walk can lose the GIL (a loaded machine preempts the sampling thread, and
+    the tracked thread takes the GIL back after the switch interval); the tracked thread then
+    runs on to a later line while the sampler still reads the stack it took. The sample is
+    the stack as it was taken: a library function is placed on the line that called it, not
+    on the line the thread had reached when the walk read it (every later sample of that
+    stack reuses the first answer). Here every first walk of a stack lets the GIL go."""
+
+    def preempted(self, *args):
+        time.sleep(0.008)  # the tracked thread runs on while this walk holds its stack
+        return walk(self, *args)
+
+    walk = Sampler._walk
+    monkeypatch.setattr(Sampler, "_walk", preempted)
+    _, a = _tracked(two_library_calls)
+    first = line_of("# FIRST-CALL", two_library_calls)
+    second = line_of("# SECOND-CALL", two_library_calls)
+    lines = _sampled(a)
+    placed = {(h.line.line, h.via.split()[-1]) for h in lines if "spin_library" in h.via}
+    assert (first, "spin_first") in placed and (second, "spin_second") in placed, lines
+    assert placed <= {(first, "spin_first"), (second, "spin_second")}, lines

@@ -393,14 +393,19 @@ _lines: dict[tuple[int, int], tuple] = {}
 
 
 def line_of(frame) -> int:
-    """`frame.f_lineno`, looked up by the instruction the frame is at after its first time."""
-    code = frame.f_code
-    at = (id(code), frame.f_lasti)
+    """`frame.f_lineno`, looked up by the instruction the frame is at."""
+    return line_at(frame.f_code, frame.f_lasti)
+
+
+def line_at(code, lasti: int) -> int:
+    """The line of `code`'s instruction at `lasti` (a frame's `f_lasti`, read once: another
+    thread's frame moves on while its stack is read); 0 when it has none."""
+    at = (id(code), lasti)
     known = _lines.get(at)
     if known is not None and known[0] is code:
         return known[1]
-    line = frame.f_lineno
-    if len(_lines) >= 4096:  # bounded: one per instruction a hook was called from
+    line = next((n or 0 for start, end, n in code.co_lines() if start <= lasti < end), 0)
+    if len(_lines) >= 4096:  # bounded: one per instruction a hook or a sample stopped at
         _lines.clear()
     _lines[at] = (code, line)
     return line

@@ -51,7 +51,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tpu_nb.runtime.frame import Frame, walk_stack
-from tpu_nb.runtime.sources import frames_to_tracked, is_trampoline, short_path
+from tpu_nb.runtime.sources import frames_to_tracked, is_trampoline, line_at, line_of, short_path
 from tpu_nb.runtime.units import format_place, format_seconds
 
 log = logging.getLogger("tpu_nb")
@@ -300,7 +300,7 @@ class Sampler:
                         self.loops.add(waiting)
                         self.check = True
                     return key
-            key = self._walk(path)
+            key = self._walk(path, signature)
             classified = self._classified
             if len(classified) >= _MAX_STACKS:
                 classified.clear()
@@ -311,8 +311,14 @@ class Sampler:
         finally:
             path.clear()
 
-    def _walk(self, path: list) -> tuple | None:
-        chain = [(frame, self._info_of(frame.f_code)) for frame in path]  # innermost first
+    def _walk(self, path: list, signature: tuple) -> tuple | None:
+        """The answer for `path`, at the instructions its frames were at in `signature`: read
+        once, as the walk itself may lose the GIL and the thread run on (its frames' lines and
+        instructions now would not be the ones the answer is kept for)."""
+        chain = [  # innermost first
+            (frame.f_code, self._info_of(frame.f_code), at)
+            for frame, (_, at) in zip(path, signature, strict=True)
+        ]
         self._waiting = None
         try:
             # The tracked code's frames, outermost first (the root, then functions it defines)
@@ -331,12 +337,12 @@ class Sampler:
             for i in ours:  # the outermost `for` waiting for its iterator
                 if i == 0:
                     break
-                frame, info = chain[i]
+                code, info, lasti = chain[i]
                 loops = info[5]
                 if loops is None:
                     loops = self._loops(info)
-                if frame.f_lasti in loops:
-                    where = (info[0].co_filename, frame.f_lineno or 0)
+                if lasti in loops:
+                    where = (code.co_filename, line_at(code, lasti))
                     if loader_sync:  # a data loop (check_at_sync tells it apart)
                         break
                     if kind in ("sync", "read"):  # its iterator runs the steps
@@ -348,10 +354,9 @@ class Sampler:
                             self.loops.add(where)
                             self.check = True
                         break
-            line = chain[at][0]
+            code, _, lasti = chain[at]
             via = self._via(chain, at)
-            code = line.f_code
-            return (kind, code.co_filename, line.f_lineno or 0, code.co_name, via)
+            return (kind, code.co_filename, line_at(code, lasti), code.co_name, via)
         finally:
             chain.clear()
 
@@ -370,7 +375,7 @@ class Sampler:
             elif info[1]:
                 loops = info[5] if info[5] is not None else self._loops(info)
                 if outer.f_lasti in loops and not loader:
-                    self.stepping.add((info[0].co_filename, outer.f_lineno or 0))
+                    self.stepping.add((info[0].co_filename, line_of(outer)))
                 loader = False
         self.checked.update(seen)
 
