@@ -429,6 +429,15 @@ def test_an_xla_cpu_allocation_failure_in_a_tracked_run_becomes_the_card():
     oom = report.out_of_memory
     assert oom is not None and oom.requested == 2**46
     assert str(report).count("Fix: a smaller batch") == 1
+    # The runtime timed the execution that failed and counted none: not "0 (… on device)"
+    from tpu_nb.display.reports import RunView
+
+    executions = next(v for k, v in RunView(report).figures() if k == "executions")
+    assert executions.startswith("0, and 1 that failed ("), executions
+    assert " on device" in executions, executions
+    # nor is it told to run more steps for a verdict: more would fail alike
+    assert report.judgement.note == "the run failed after 1 step, which compiled its graph"
+    assert "run 3 more" not in str(report)
 
 
 def test_a_compile_time_oom_in_a_cell_shows_the_card_with_its_line(shell, tmp_path, capsys):
@@ -479,7 +488,7 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
                 x = torch.randn(16, 128, device=dev)
                 before = counter()
-                for _ in range(3):
+                for _ in range(6):
                     model(x).sum().backward(); opt.step(); opt.zero_grad()
                     torch_xla.sync()
             message, executed, filename = seen[0]
@@ -487,6 +496,14 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
             print("at the user's line:", filename == __file__)
             print("report:", report.cost.memory.fits, report.cost.memory.temporaries > 0)
             print(str(report).split("memory on a tiny: ")[1].splitlines()[0][:40])
+            print("warning's fix:", message.split("Fix: ")[1])
+            print("verdict:", report.judgement.verdict)
+            tpu_nb.setup(target="v5e")  # the same steps, on a chip they fit
+            with tpu_nb.track("fits") as report:
+                for _ in range(6):
+                    model(x).sum().backward(); opt.step(); opt.zero_grad()
+                    torch_xla.sync()
+            print("on a v5e:", report.cost.memory.fits, report.judgement.verdict.kind)
             """
         )
     ).stdout
@@ -495,6 +512,18 @@ def test_a_tiny_target_warns_before_the_first_step_runs_and_the_report_says_it(p
     assert "at the user's line: True" in out
     assert "report: False True" in out
     assert "does not fit: needs " in out
+    # A step that cannot run on the target is judged by that: not by how fast it would go,
+    # and with no fix (a larger batch, for a host-bound step) that makes it bigger. The model
+    # alone is more than the chip has: no batch size is the fix.
+    verdict = out.split("verdict: ")[1].splitlines()[0]
+    assert verdict.startswith("does-not-fit: judged for a tiny: the step needs "), verdict
+    assert "of HBM, a tiny has 50 KB: it would not run there" in verdict, verdict
+    fix = verdict.split("Fix: ")[1]
+    assert "whatever the batch" in fix and "smaller batch" not in fix, fix
+    assert "larger batch" not in verdict
+    assert "whatever the batch" in out.split("warning's fix: ")[1].splitlines()[0]
+    on_v5e = out.split("on a v5e: ")[1].split()
+    assert on_v5e[0] == "True" and on_v5e[1] != "does-not-fit", out
 
 
 def test_a_graph_compiled_before_the_run_leaves_its_temporaries_unknown(py):
@@ -880,3 +909,21 @@ def test_a_syncs_own_time_leaves_out_its_wait_for_the_device():
     # waited 0.5 (1.0-1.5) + 0.5 (3.0-3.5) + 0.5 (6.5-7.0); the trace span is not a sync's
     assert _own_sync(step, Busy(busy)) == pytest.approx(4.0 - 1.5)
     assert _own_sync(SimpleNamespace(sync=1.0, host_spans=[("sync", 1.5, 2.5)]), Busy(busy)) == 1.0
+
+
+def test_the_fix_for_a_step_that_does_not_fit_follows_what_takes_the_room():
+    """The model and its optimizer's state over the chip: no batch size helps. Temporaries
+    over it: a smaller batch or recomputed activations do."""
+    small = replace(CHIPS["v5e"], hbm_bytes=1_000_000)
+    model_too_big = memory_fit(
+        [GraphCost(input_bytes=10, temp_bytes=10.0, resident=Residency(params=2_000_000))], small
+    )
+    assert model_too_big is not None and model_too_big.fits is False
+    assert "keeps on the chip (2 MB: parameters" in model_too_big.fix
+    assert "whatever the batch" in model_too_big.fix and "smaller batch" not in model_too_big.fix
+    activations = memory_fit(
+        [GraphCost(input_bytes=10, temp_bytes=3e6, resident=Residency(params=400_000))], small
+    )
+    assert activations is not None and activations.fits is False
+    assert activations.fix.startswith("the graph's temporaries (3 MB: activations"), activations.fix
+    assert "a smaller batch" in activations.fix and "whatever the batch" not in activations.fix

@@ -17,7 +17,14 @@ import pytest
 from tpu_nb.display.reports import KIND_WORDS
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-VERDICTS = ("device-bound", "host-bound", "input-bound", "compile-bound", "read-bound")
+VERDICTS = (
+    "device-bound",
+    "host-bound",
+    "input-bound",
+    "compile-bound",
+    "read-bound",
+    "does-not-fit",
+)
 
 # notebook -> one entry per %%on_tpu report, in order: (the verdict on the summary line, or
 # "no verdict yet", or "" for a cell that is not a loop — "a|b" where the run decides which;
@@ -67,11 +74,11 @@ EXPECTED: dict[str, list[tuple[str, bool, set[str]]]] = {
         ("compile-bound", True, {"recompile"}),
         ("", False, set()),
     ],
-    # the same step judged for a v5e, then for a 5 MB chip (the memory verdict is not a
-    # bound); the out-of-memory cell is no loop
+    # the same step judged for a v5e, then for a 5 MB chip it does not fit (no speed is
+    # judged for a step that cannot run); the out-of-memory cell is no loop
     "08_memory": [
         ("host-bound", False, set()),
-        ("host-bound", False, set()),
+        ("does-not-fit", False, set()),
         ("", False, set()),
     ],
     # trainer.train() with dynamic padding: recompiling, told Trainer's padding setting and

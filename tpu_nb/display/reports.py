@@ -299,11 +299,17 @@ class RunView:
         r, m = self.report, self.report.metrics
         fallbacks = ", ".join(f"aten::{op} \u00d7{n}" for op, n in sorted(m.fallbacks.items()))
         incomplete = "" if r.waited else "; some may still run: their time is incomplete"
+        executions = _timed(m.executions, m.execute_seconds, f" on device{incomplete}")
+        if r.error is not None and m.unfinished_executions:  # timed, not counted: failed
+            executions = (
+                f"{m.executions}, and {m.unfinished_executions} that failed "
+                + (executions[len(str(m.executions)) + 1 :])
+            )
         return [
             ("wall time", format_seconds(r.wall_seconds) + _wall_parts(r)),
             ("graphs compiled", _timed(m.compiles, m.compile_seconds)),
             ("compile cache hits", str(m.cache_hits)),
-            ("executions", _timed(m.executions, m.execute_seconds, f" on device{incomplete}")),
+            ("executions", executions),
             ("transfers to device", _timed(m.to_device_transfers, m.to_device_seconds)),
             ("transfers to host", _timed(m.from_device_transfers, m.from_device_seconds)),
             ("scalar reads (.item(), bool(), float())", str(m.host_reads)),

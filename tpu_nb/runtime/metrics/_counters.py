@@ -101,6 +101,9 @@ class MetricsDelta:
     # torch_xla's Dynamo bridge runs them without its execution counter.
     compiled_code_executions: int = 0
     execute_seconds: float = 0.0  # complete once device ops were waited for
+    # executions timed but not counted: the runtime times one that fails (out of memory as
+    # it allocates) and counts only those that complete
+    unfinished_executions: int = 0
     to_device_transfers: int = 0
     to_device_seconds: float = 0.0
     from_device_transfers: int = 0
@@ -297,6 +300,7 @@ def _delta(earlier: MetricsSnapshot, later: MetricsSnapshot) -> MetricsDelta:
         executions=executions + bridge,
         compiled_code_executions=bridge,
         execute_seconds=sum(seconds for _, seconds in timed),
+        unfinished_executions=max(0, sum(n for n, _ in timed) - executions - bridge),
         to_device_transfers=n_to,
         to_device_seconds=to_s,
         from_device_transfers=n_from,

@@ -139,7 +139,8 @@ class Verdict:
     """What bounds the loop, why (with figures) and what to do about it."""
 
     kind: str  # device-bound, host-bound, input-bound, compile-bound, read-bound, cpu-bound
-    # (XLA:CPU busy: the CPU's time; off a TPU, host- and device-bound are about the target)
+    # (XLA:CPU busy: the CPU's time; off a TPU, host- and device-bound are about the target),
+    # does-not-fit (off a TPU: the step needs more HBM than the target chip has)
     reason: str
     fix: str
     # host-bound or input-bound: the lines that took the time, largest first (HostLine:

@@ -163,6 +163,27 @@ class MemoryFit:
             return False
         return None if self.temporaries is None or self.unsized else True
 
+    @property
+    def fix(self) -> str:
+        """What to do when the step does not fit, by what takes the room: what the step
+        keeps on the chip between steps (no batch size changes it), or the temporaries."""
+        r = self.resident
+        held = self.inputs if self.inputs is not None else (r.total if r is not None else 0)
+        if held > self.chip.per_device().hbm_bytes:
+            return (
+                f"what the step keeps on the chip ({format_bytes(held)}: parameters, "
+                "gradients, optimizer state) is already more than it has, whatever the batch: "
+                "bf16 weights (model.to(torch.bfloat16)), an optimizer with less state (SGD "
+                "keeps none or one buffer per parameter, AdamW two), or the model sharded over "
+                "more chips (FSDP, SPMD)"
+            )
+        return (
+            f"the graph's temporaries ({format_bytes(self.temporaries or 0)}: activations "
+            "above all) take it over: a smaller batch (accumulate gradients over several to "
+            "keep the batch the optimizer sees), activations recomputed in the backward "
+            "(torch_xla.utils.checkpoint.checkpoint around each block), or bf16 activations"
+        )
+
     def describe(self) -> str:
         device = " device" if self.chip.devices > 1 else ""
         have = f"a {self.chip.name}{device} has {format_bytes(self.chip.per_device().hbm_bytes)}"
@@ -341,8 +362,7 @@ def _warn_if_it_cannot_fit(resident: Residency) -> None:
     fit = MemoryFit(chip, float(resident.total), resident, None, "it has not compiled yet")
     if fit.fits is False:
         warnings.warn(
-            f"tpu_nb: this step {fit.describe()}. Fix: a smaller model or batch, bf16 "
-            "weights, or sharding over more chips.",
+            f"tpu_nb: this step {fit.describe()}. Fix: {fit.fix}.",
             UserWarning,
             stacklevel=user_stacklevel(),
         )

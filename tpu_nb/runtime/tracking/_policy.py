@@ -587,10 +587,12 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     judgement = replace(judgement, steady_steps=len(steady))
     if len(steady) < MIN_STEADY_STEPS:
         first, more = len(steps) - len(steady), MIN_STEADY_STEPS - len(steady)
+        so_far = _which_compiled(len(steps), first, sum(1 for s in steady if s.compiles))
         note = (
-            f"too few steady steps to judge: "
-            f"{_which_compiled(len(steps), first, sum(1 for s in steady if s.compiles))}; a "
-            f"verdict needs {MIN_STEADY_STEPS} steady steps (run {more} more)"
+            f"too few steady steps to judge: {so_far}; a verdict needs {MIN_STEADY_STEPS} "
+            f"steady steps (run {more} more)"
+            if report.error is None
+            else f"the run failed after {so_far}"  # more steps would fail alike
         )
         return replace(judgement, note=note)
     lines = _steady_lines(a, steady, steps)
@@ -611,6 +613,9 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     if verdict is not None and verdict.kind == "host-bound" and _in_trainer(report):
         # torch_xla.compile(step_fn) is no fix a Trainer user can apply: Trainer's own is
         verdict = replace(verdict, fix=libraries.TRAINER_HOST_FIX)
+    too_big = _memory_verdict(timed)
+    if too_big is not None:  # how fast a step that cannot run goes is beside the point
+        verdict, kept = too_big, ()
     return replace(
         judgement, verdict=verdict, steady_lines=kept, syncs_left_out=waiting, cost=timed
     )
@@ -699,6 +704,24 @@ def _for_target(verdict, step_cost, steady):
     cpu = format_seconds(timed.measured_device_seconds)
     reason = f"judged for a {timed.chip.name}: {reason}; XLA:CPU ran it in {cpu}, the CPU's time"
     return replace(verdict, kind=kind, reason=reason, fix=anatomy.FIXES[kind], lines=lines), timed
+
+
+def _memory_verdict(timed) -> anatomy.Verdict | None:
+    """Off a TPU, a step that does not fit the target chip's HBM: it would stop there at its
+    first compile or allocation, so its speed is not judged (a host-bound step's fix, a
+    larger batch, would make it worse)."""
+    fit = timed.memory if timed is not None and not timed.on_chip else None
+    if fit is None or fit.fits is not False:
+        return None
+    chip = fit.chip
+    device = " device" if chip.devices > 1 else ""
+    at_least = " at least" if fit.temporaries is None or fit.unsized else ""
+    reason = (
+        f"judged for a {chip.name}: the step needs{at_least} {cost.format_bytes(fit.needed)} "
+        f"of HBM, a {chip.name}{device} has {cost.format_bytes(chip.per_device().hbm_bytes)}: "
+        "it would not run there, so its speed is not judged"
+    )
+    return anatomy.Verdict("does-not-fit", reason, fit.fix)
 
 
 def _syncs_waiting(verdict, timed, steady) -> bool:
