@@ -927,3 +927,53 @@ def test_the_fix_for_a_step_that_does_not_fit_follows_what_takes_the_room():
     assert activations is not None and activations.fits is False
     assert activations.fix.startswith("the graph's temporaries (3 MB: activations"), activations.fix
     assert "a smaller batch" in activations.fix and "whatever the batch" not in activations.fix
+
+
+def test_a_loop_with_a_ragged_last_batch_costs_the_step_it_runs_most():
+    """200 examples in batches of 48 make four of 48 and one of 8 per epoch: the last batch
+    is a graph of its own, and the last one run. A step's cost is that of the 48's graph,
+    which most steps run (torch's FlopCounterMode counts the same step), not the 8's."""
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)
+        )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    features = torch.randn(200, 32, device=dev)
+    labels = (torch.arange(200, device=dev) % 2).long()
+    torch_xla.sync()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    with tpu_nb.track("ragged") as report:
+        for _ in range(3):
+            for x, y in zip(features.split(48), labels.split(48), strict=True):
+                loss = step(x, y)
+                torch_xla.sync()
+    with FlopCounterMode(display=False) as counter:
+        loss = step(features[:48], labels[:48])
+    torch_xla.sync()
+    del loss
+    assert report.cost is not None
+    assert report.cost.flops == counter.get_total_flops(), (report.cost.flops, counter)
+
+
+def test_the_parts_a_memory_line_lists_add_up_to_what_it_needs():
+    step = GraphCost(
+        input_bytes=10,
+        output_bytes=5_000,
+        aliased_bytes=1_000,  # an updated weight written over its input
+        temp_bytes=2_000.0,
+        resident=Residency(params=100_000),
+    )
+    fit = memory_fit([step], CHIPS["v5e"])
+    assert fit is not None and fit.needed == 100_000 + 2_000 + 4_000
+    text = fit.describe()
+    assert text.startswith("fits: needs 106 KB, a v5e has 16 GB (resident 100 KB"), text
+    assert "the graph's temporaries 2 KB; its outputs not written in place 4 KB)" in text, text

@@ -155,6 +155,8 @@ class MemoryFit:
     # more than what tpu_nb found the tracked code holding (a library's optimizer, held by
     # an object rather than a name, is not found): they are then what is counted as held.
     inputs: float | None = None
+    # the graph's outputs that do not take an input's place (a new tensor the step returns)
+    outputs: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -217,6 +219,8 @@ class MemoryFit:
             )
         else:
             parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
+        if self.outputs:
+            parts.append(f"its outputs not written in place {format_bytes(self.outputs)}")
         at_least = " at least" if self.temporaries is None or self.unsized else ""
         head = f"needs{at_least} {format_bytes(self.needed)}, {have}"
         if self.fits is None:
@@ -446,8 +450,8 @@ def step_cost(
     held: Residency | None = None,
     captured: Sequence[str] = (),
 ) -> StepCost:
-    """The cost of a steady step: the last graph captured at each site (a line, or a frame
-    below it: provenance.Site.key) that synced or read in at least half the run's steps (a
+    """The cost of a steady step: the graph each site ran most (`line_graphs`: a line, or a
+    frame below it: provenance.Site.key) that synced or read in at least half the run's steps (a
     loop's sites, not a read after it), each graph once. `line_calls`: each site's calls;
     `held`: what the tracked code held as the run ended; `captured`: every graph the run
     captured, by hash, and what the code held at each."""
@@ -512,9 +516,8 @@ def memory_fit(
     resident = max((g.resident for g in graphs if g.resident), key=lambda r: r.total, default=None)
     if at_end is not None and at_end.total:
         resident = at_end.most(resident)
-    extra = (worst.temp_bytes or 0.0) + max(
-        0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0)
-    )
+    outputs = max(0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0))
+    extra = (worst.temp_bytes or 0.0) + outputs
     # what the tracked code holds, or the graph's inputs (device data it reads: at least that
     # much is resident) where they are more: a Trainer's optimizer state is held by the
     # Trainer, not by a name of the cell
@@ -528,6 +531,7 @@ def memory_fit(
         worst.temp_bytes,
         unsized=unsized,
         inputs=inputs,
+        outputs=outputs,
     )
 
 

@@ -189,12 +189,26 @@ class Recording:
     # its steady state: what a step costs; a library's loop under one line of the cell runs
     # its step's graph at one site and its logging's at others)
     line_graphs: dict[tuple, str] = field(default_factory=dict)
+    # Site.key -> {graph hash: the site's calls that ran it}: a call not captured runs the
+    # site's last captured graph (a line that compiled has its shapes compared at each
+    # call, and a change is captured). A loop over 4 batches of 48 and one of 8 runs the
+    # 48's graph most, whichever was captured last.
+    graph_calls: dict[tuple, dict[str, int]] = field(default_factory=dict)
     # every graph captured in the run, by hash: what the code held at each capture (a
     # gradient accumulation's syncs between two optimizer steps hold the gradients)
     graphs: set[str] = field(default_factory=set)
     # (syncs made, live device tensors) at each capture and at the run's end: a loop that
     # keeps tensors step over step (read only then, never on a cached step)
     live_tensors: list[tuple[int, int]] = field(default_factory=list)
+
+    def steady_graphs(self) -> dict[tuple, str]:
+        """Site.key -> the graph the site ran at most of its calls (the last captured of
+        those that tie): what a steady step of the loop runs there."""
+        out = {}
+        for site, last in self.line_graphs.items():
+            calls = self.graph_calls.get(site, {})
+            out[site] = max(calls, key=lambda h: (calls[h], h == last), default=last)
+        return out
 
 
 class Recorder:
@@ -551,6 +565,7 @@ class Recorder:
                     self._same_shapes[key] = self.recording.syncs
                 due = bool(changed)
             if not due:
+                self._ran_again(site)
                 return None, None
             taken = self._captured_here.get(site, 0)
             # A capture after a compile at this site is what names the next recompile's
@@ -560,6 +575,7 @@ class Recorder:
             # which compiles graphs of its own.
             after_compile = site in self._capture_next
             if (not forced and taken >= 16) or not (after_compile or self._within_budget()):
+                self._ran_again(site)
                 return None, None
             self._capture_next.discard(site)
             self._empty_at.discard(site)
@@ -580,11 +596,19 @@ class Recorder:
             if graph is not None and graph.hash:
                 self.recording.line_graphs[site] = graph.hash
                 self.recording.graphs.add(graph.hash)
+                self._ran_again(site)
             self._note_live_tensors()
             return graph, self.site_of(frame)
         except Exception:
             self._failed()
             return None, None
+
+    def _ran_again(self, site) -> None:
+        """A call at `site` ran its last captured graph (see Recording.graph_calls)."""
+        last = self.recording.line_graphs.get(site)
+        if last is not None:
+            calls = self.recording.graph_calls.setdefault(site, {})
+            calls[last] = calls.get(last, 0) + 1
 
     def _note_live_tensors(self) -> None:
         names = current_backend().counters.facts

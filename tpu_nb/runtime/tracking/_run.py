@@ -433,7 +433,7 @@ def _per_line(site_calls: dict[tuple, int]) -> dict[tuple[str, int], int]:
 def _step_cost(recording, metrics, held: cost.Residency | None) -> StepCost | None:
     try:
         counted = cost.step_cost(
-            recording.line_graphs,
+            recording.steady_graphs(),
             recording.site_calls,
             recording.syncs,
             recording.live_tensors,
