@@ -120,6 +120,52 @@ def test_work_left_pending_is_named_by_its_variables_and_counted_where_it_runs(s
 
 
 @pytest.mark.stack
+def test_an_attribute_named_like_a_pending_variable_names_no_variable(shell):
+    """`t.view(2, 2)` calls a method: an earlier cell's variable `view`, holding work of its
+    own, is not the cell's, and its work is not this cell's to report."""
+    shell.run_cell("view = torch.arange(6.0, device=torch_xla.device()) * 3")
+    result, _ = counted(
+        shell,
+        "%%on_tpu -o\nt = torch.ones(4, device=torch_xla.device())\nt.add_(1)\n"
+        "flat = t.view(2, 2)\n",
+    )
+    pending = [f.what for f in result.result.findings if f.kind == "pending"]
+    assert not [w for w in pending if w.startswith("view")], pending
+    assert any(w.startswith("flat holds work not run yet") for w in pending), pending
+    (graph,) = [w for w in pending if "IR nodes" in w]
+    assert "aten::mul" not in graph, graph  # `view`'s multiplication is the earlier cell's
+    shell.run_cell("del view")
+
+
+@pytest.mark.stack
+def test_a_cells_value_no_variable_holds_is_named_with_its_pending_work(shell):
+    """`conv1d(signal, edge)` on a cell's last line: its result is pending until IPython
+    shows it, after the report; the report names it with the rest, and counts no more work
+    than the plain cell does. A value a variable holds is named by the variable alone."""
+    setup = (
+        "signal = torch.arange(16.0, device=torch_xla.device()).reshape(1, 1, 16)\n"
+        "edge = torch.tensor([[[1.0, 0.0, -1.0]]], device=torch_xla.device())\n"
+    )
+    _, plain = counted(shell, setup + "torch.nn.functional.conv1d(signal, edge)\n", settle=True)
+    result, work = counted(
+        shell, "%%on_tpu\n" + setup + "torch.nn.functional.conv1d(signal, edge)\n", settle=True
+    )
+    # the plain cell compiled the graph the tracked one finds in the cache
+    looked_up = [w["compiles"] + w["cache_hits"] for w in (work, plain)]
+    assert looked_up[0] == looked_up[1] and work["executions"] == plain["executions"], work
+    assert work["syncs"] == plain["syncs"] and work["host_reads"] == plain["host_reads"]
+    report = tpu_nb.last_report()
+    pending = [f.what for f in report.findings if f.kind == "pending"]
+    assert any(w.startswith("the cell's value holds work not run yet") for w in pending), pending
+    (graph,) = [w for w in pending if "IR nodes" in w]
+    assert "aten::convolution" in graph or "aten::conv" in graph, graph
+    counted(shell, "%%on_tpu\n" + setup + "out = torch.nn.functional.conv1d(signal, edge)\nout\n")
+    pending = [f.what for f in tpu_nb.last_report().findings if f.kind == "pending"]
+    assert not [w for w in pending if "the cell's value" in w], pending
+    assert any(w.startswith("out holds work not run yet") for w in pending), pending
+
+
+@pytest.mark.stack
 def test_a_plain_cell_waits_for_the_device_only_for_the_line_it_prints(shell, monkeypatch, capsys):
     import tpu_nb.runtime.environment as environment
 

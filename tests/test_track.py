@@ -225,6 +225,24 @@ def test_new_shapes_after_the_warm_up_are_a_recompilation():
     assert not report.recompiled_lines(allowed=6)  # accepted when six are allowed
 
 
+def test_a_new_shape_after_a_cached_one_is_named_in_the_progression():
+    """Sentences of 5, 9, 5, 12, 9 and 7 tokens: the 12 comes after a 5 the cache held (a
+    call captured for another reason); its graph is compared too, and named."""
+    dev = tpu_nb.device()
+    torch.manual_seed(0)
+    # its own size: graphs no other test of the process has compiled
+    embed = torch.nn.Embedding(100, 11).to(dev)
+    sentences = [torch.arange(n) % 100 for n in (5, 9, 5, 12, 9, 7)]
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        for tokens in sentences:
+            vector = embed(tokens.to(dev)).mean(dim=0)  # noqa: F841
+            torch_xla.sync()
+    (pattern,) = [p for p in report.judgement.lines.values() if p.graphs > 1]
+    assert pattern.graphs == 4
+    assert "dim 0: 5 \u2192 9 \u2192 12 \u2192 7 (4 shapes)" in pattern.progression, pattern
+
+
 def test_the_warm_up_and_a_bounded_set_of_shapes_are_not_a_recompilation():
     warm = _train_loop([4] * 8, width=23)
     assert not warm.recompiled

@@ -89,6 +89,7 @@ def run_tracked(shell, state, code: CellCode, plan: Plan, args):
                     capture = stack.enter_context(profile(plan.profile))
             ran = True
             value = code.run(shell)
+            session.holds(value)
             if plan.graph:  # before --sync runs it
                 _show_pending_graph(shell, state, value, plan.sync)
     except Exception as exc:

@@ -19,7 +19,7 @@ from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
-from tpu_nb.runtime.tracking._pending import assigned_lines, counted_ops
+from tpu_nb.runtime.tracking._pending import VALUE, assigned_lines, counted_ops
 from tpu_nb.runtime.tracking._policy import Judgement
 from tpu_nb.runtime.tracking._provenance import user_op
 from tpu_nb.runtime.tracking._report import FindingKind, LineFinding, RunReport
@@ -467,8 +467,15 @@ def _pending_findings(report: RunReport, source: str, filename: str) -> list[Lin
         return []
     out = []
     for i, name in enumerate(pending.holders):
-        lines = assigned_lines(source, name)
-        if len(lines) == 1:
+        lines = assigned_lines(source, name) if name != VALUE else []
+        if name == VALUE:  # shown below the report: showing it runs its work
+            found = LineFinding(
+                0,
+                "pending",
+                f"{name} holds work not run yet (showing it, after this report, runs it)",
+                place="end of cell",
+            )
+        elif len(lines) == 1:
             found = LineFinding(lines[0], "pending", f"{name} holds work not run yet")
         else:
             where = "not assigned in this code"

@@ -114,6 +114,9 @@ def find_earlier(namespace: dict, assigned_in=None, keep: list | None = None) ->
     return EarlierWork(found.holders, tuple(cells), found)
 
 
+VALUE = "the cell's value"  # the holder name of a block's value no variable holds
+
+
 def find_pending(
     namespaces: list[dict],
     names: tuple[str, ...],

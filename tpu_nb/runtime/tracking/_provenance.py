@@ -559,11 +559,12 @@ class Recorder:
                 or by_site[site] == _STEADY_CALL
                 or store.line_captures.get(key) is None
             )
+            changed_now = False  # the shapes were compared (and kept) at this call
             if not due and key in self._compiled_at:  # a new shape: capture, to name it
                 changed = self._shapes_changed(root, key)  # None: nothing to compare yet
                 if changed is False:
                     self._same_shapes[key] = self.recording.syncs
-                due = bool(changed)
+                due = changed_now = bool(changed)
             if not due:
                 self._ran_again(site)
                 return None, None
@@ -580,6 +581,11 @@ class Recorder:
             self._capture_next.discard(site)
             self._empty_at.discard(site)
             self._captured_here[site] = taken + 1
+            if key in self._compiled_at and not changed_now:
+                # the shapes this capture's graph has: what the next call's are compared with
+                # (a call captured for another reason is no baseline otherwise, and the next
+                # new shape would go unnamed)
+                self._shapes_changed(root, key)
             start = time.perf_counter()
             graph = (
                 _capture_tensor(tensor)
@@ -781,14 +787,19 @@ def _nested(codes):
 
 def _ops(codes, opnames) -> set[str]:
     """The names the code objects' instructions of `opnames` take."""
-    return {
-        op.argval for code in codes for op in dis.get_instructions(code) if op.opname in opnames
-    }
+    names: set[str] = set()
+    for code in codes:
+        for op in dis.get_instructions(code):
+            if op.opname in opnames:  # a pair of names on 3.13's LOAD_FAST_LOAD_FAST
+                names.update(op.argval if isinstance(op.argval, tuple) else (op.argval,))
+    return names
 
 
 def names_in(codes) -> set[str]:
-    """Names a code object and the functions it defines refer to (globals and locals)."""
-    return {name for code in _nested(codes) for name in (*code.co_names, *code.co_varnames)}
+    """The variables a code object and the functions it defines refer to by name (globals
+    and locals), not the attributes they read (`t.view(...)` names no variable `view`)."""
+    nested = list(_nested(codes))
+    return {n for code in nested for n in code.co_varnames} | _ops(nested, _WHOLE_NAMES)
 
 
 _BINDS = frozenset(("STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"))
@@ -822,6 +833,16 @@ def names_bound(codes) -> set[str]:
 
 
 _READS = frozenset(("LOAD_NAME", "LOAD_GLOBAL"))
+_WHOLE_NAMES = _READS | {
+    "STORE_NAME",
+    "DELETE_NAME",
+    "STORE_GLOBAL",
+    "LOAD_DEREF",
+    "STORE_DEREF",
+    "LOAD_CLASSDEREF",
+    "LOAD_FROM_DICT_OR_GLOBALS",
+    "LOAD_FROM_DICT_OR_DEREF",
+}
 _NOT_TENSORS = (type(logging), type(names_bound), type(len), type)
 
 

@@ -43,7 +43,13 @@ from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._cost import StepCost
 from tpu_nb.runtime.tracking._device_data import DeviceDataWatch
 from tpu_nb.runtime.tracking._oom import out_of_memory
-from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork, find_earlier, find_pending
+from tpu_nb.runtime.tracking._pending import (
+    VALUE,
+    EarlierWork,
+    PendingWork,
+    find_earlier,
+    find_pending,
+)
 from tpu_nb.runtime.tracking._policy import Judgement
 from tpu_nb.runtime.tracking._report import RunReport
 from tpu_nb.runtime.tracking._store import store
@@ -155,6 +161,7 @@ class Run:
         self._start = 0.0
         self._earlier: EarlierWork | None = None
         self._held: cost.Residency | None = None  # what the tracked code held at its end
+        self.value: Any = None  # the block's value (a cell's last expression), set by its runner
 
     def __enter__(self) -> RunReport:
         self.begin(None if self.code else caller())
@@ -269,6 +276,11 @@ class Run:
             codes = self.code or ((frame.f_code,) if frame is not None else ())
             names = tuple(sorted(provenance.names_in(c for c in codes if c is not None)))
             spaces = self._spaces()
+            value = self.value
+            if value is not None and not any(s.get(n) is value for s in spaces for n in names):
+                # a cell's value no variable holds (`conv1d(signal, edge)` on its last line):
+                # its work is left pending too, until IPython shows it after the report
+                spaces, names = [{VALUE: value}, *spaces], (VALUE, *names)
             return find_pending(spaces, names) if spaces else None
         except Exception:  # describing it must never fail the run
             log.debug("finding the work left pending", exc_info=True)

@@ -55,6 +55,7 @@ class on_tpu:
     def __post_init__(self) -> None:
         self.code = tuple(self.code)
         self._stack: ExitStack | None = None
+        self._run: Any = None
 
     def __enter__(self) -> RunReport:
         from tpu_nb.runtime.environment._defaults import default_device
@@ -71,18 +72,17 @@ class on_tpu:
         stack = ExitStack()
         try:
             where = self.namespace if self.namespace is not None else caller()
-            report = stack.enter_context(
-                track(
-                    self.name,
-                    sync=self.sync,
-                    code=code,
-                    namespace=where,
-                    assigned_in=self.assigned_in,
-                    source=source,
-                    filename=self.filename,
-                    allowed_graphs=self.max_graphs or 1,
-                )
+            self._run = track(
+                self.name,
+                sync=self.sync,
+                code=code,
+                namespace=where,
+                assigned_in=self.assigned_in,
+                source=source,
+                filename=self.filename,
+                allowed_graphs=self.max_graphs or 1,
             )
+            report = stack.enter_context(self._run)
             stack.enter_context(default_device(dev, code=code))
             if guard is not None:
                 stack.enter_context(guard)
@@ -95,6 +95,12 @@ class on_tpu:
             raise
         self._stack = stack
         return report
+
+    def holds(self, value) -> None:
+        """The block's value (a cell's last expression, which IPython shows after the
+        report): its pending work is named with the variables' as the block ends."""
+        if self._run is not None:
+            self._run.value = value
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         __tracebackhide__ = True  # noqa: F841
