@@ -787,12 +787,9 @@ def _nested(codes):
 
 def _ops(codes, opnames) -> set[str]:
     """The names the code objects' instructions of `opnames` take."""
-    names: set[str] = set()
-    for code in codes:
-        for op in dis.get_instructions(code):
-            if op.opname in opnames:  # a pair of names on 3.13's LOAD_FAST_LOAD_FAST
-                names.update(op.argval if isinstance(op.argval, tuple) else (op.argval,))
-    return names
+    return {
+        op.argval for code in codes for op in dis.get_instructions(code) if op.opname in opnames
+    }
 
 
 def names_in(codes) -> set[str]:
