@@ -927,6 +927,22 @@ def test_the_fix_for_a_step_that_does_not_fit_follows_what_takes_the_room():
     assert activations is not None and activations.fits is False
     assert activations.fix.startswith("the graph's temporaries (3 MB: activations"), activations.fix
     assert "a smaller batch" in activations.fix and "whatever the batch" not in activations.fix
+    # new outputs, not activations, over the room left: no batch advice for them
+    written = memory_fit(
+        [
+            GraphCost(
+                input_bytes=10,
+                output_bytes=5e5,
+                aliased_bytes=0,
+                temp_bytes=1e5,
+                resident=Residency(params=600_000),
+            )
+        ],
+        small,
+    )
+    assert written is not None and written.fits is False
+    assert written.fix.startswith("what the graph writes anew (500 KB of outputs"), written.fix
+    assert "batch" not in written.fix
 
 
 def test_a_loop_with_a_ragged_last_batch_costs_the_step_it_runs_most():

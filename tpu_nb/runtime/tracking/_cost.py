@@ -179,10 +179,18 @@ class MemoryFit:
                 "keeps none or one buffer per parameter, AdamW two), or the model sharded over "
                 "more chips (FSDP, SPMD)"
             )
+        temporaries = self.temporaries or 0.0
+        if self.outputs > temporaries:  # what the step writes anew, not its activations
+            return (
+                f"what the graph writes anew ({format_bytes(self.outputs)} of outputs not "
+                f"written in place, beside {format_bytes(temporaries)} of temporaries) takes "
+                "it over: bf16 weights and optimizer state halve it, the model sharded over "
+                "more chips (FSDP, SPMD) divides it"
+            )
         return (
-            f"the graph's temporaries ({format_bytes(self.temporaries or 0)}: activations "
-            "above all) take it over: a smaller batch (accumulate gradients over several to "
-            "keep the batch the optimizer sees), activations recomputed in the backward "
+            f"the graph's temporaries ({format_bytes(temporaries)}: activations above all) "
+            "take it over: a smaller batch (accumulate gradients over several to keep the "
+            "batch the optimizer sees), activations recomputed in the backward "
             "(torch_xla.utils.checkpoint.checkpoint around each block), or bf16 activations"
         )
 
