@@ -779,6 +779,73 @@ def test_the_need_takes_what_every_capture_of_the_run_saw_held():
     assert both.memory.needed == 410, both.memory
 
 
+def test_every_graph_a_loop_site_ran_must_fit_not_only_the_one_it_ran_most():
+    """Gradient accumulation runs a backward-only graph at most syncs and the optimizer's
+    step at one in k: the step's memory is that of the graph which needs most, whichever
+    ran most; its FLOPs stay those of the graph run most."""
+    from tpu_nb.runtime.tracking._cost import step_cost
+    from tpu_nb.runtime.tracking._store import store
+
+    costs = {
+        "accumulating": GraphCost(flops=1000, temp_bytes=10.0, output_bytes=0.0),
+        "stepping": GraphCost(flops=1000, temp_bytes=500.0, output_bytes=300.0),
+    }
+    for name, graph_cost in costs.items():
+        store.keep_cost(name, graph_cost)
+    try:
+        site = ("cell", 5)
+        calls = {site: {"accumulating": 6, "stepping": 2}}
+        most = step_cost({site: "accumulating"}, {site: 8}, 8)
+        every = step_cost({site: "accumulating"}, {site: 8}, 8, site_graphs=calls)
+        # a graph that ran only before the loop (another site, called once) is not the step's
+        warm = step_cost(
+            {site: "accumulating", ("cell", 2): "stepping"},
+            {site: 8, ("cell", 2): 1},
+            8,
+            site_graphs={site: {"accumulating": 8}, ("cell", 2): {"stepping": 1}},
+        )
+    finally:
+        for name in costs:
+            store.costs.pop(name, None)
+    assert most.memory is not None and most.memory.needed == 10, most.memory
+    assert every.memory is not None and every.memory.needed == 800, every.memory
+    assert every.flops == 1000 and every.memory.graphs == 2
+    assert "of the step's 2 graphs, the one that needs most: its temporaries 500 B" in (
+        every.memory.describe()
+    )
+    assert warm.memory is not None and warm.memory.needed == 10
+    assert "graphs, the one" not in warm.memory.describe()
+
+
+def test_a_loop_whose_rarer_graph_writes_more_is_judged_on_that_graph():
+    """Every fourth step also keeps a 4 MB copy of a weight: a graph run once in four that
+    needs 4 MB more than the loop's other. The memory line counts it (it read 0 B, from the
+    graph run most) and says which of the two graphs its figures are."""
+    dev = torch_xla.device()
+    x = torch.zeros(41, device=dev)  # shapes no other test compiles
+    w = torch.ones(1000, 1007, device=dev)
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        for i in range(8):
+            x = x + 1
+            if i % 4 == 3:
+                snapshot = w * 2
+            torch_xla.sync()
+    assert snapshot.shape == w.shape
+    memory = report.cost.memory
+    assert memory is not None and memory.graphs == 2, memory
+    copy = w.numel() * w.element_size()
+    assert memory.outputs >= 0.99 * copy and memory.needed >= 0.99 * copy, memory
+    assert "of the step's 2 graphs, the one that needs most" in memory.describe()
+    # a loop of one graph: its own figures, no word of others
+    with tpu_nb.track() as single:
+        for _ in range(8):
+            x = x + 1
+            torch_xla.sync()
+    assert single.cost.memory is not None and single.cost.memory.graphs == 1
+    assert "graphs, the one" not in single.cost.memory.describe()
+
+
 def test_sizes_from_the_compile_log_are_read_as_gib():
     """torch_xla's compile log gives a graph's sizes in "GB" that are GiB: a graph reading
     16 MiB reads 16,777,216 bytes, which the memory line gives as 16.8 MB."""

@@ -157,6 +157,7 @@ class MemoryFit:
     inputs: float | None = None
     # the graph's outputs that do not take an input's place (a new tensor the step returns)
     outputs: float = 0.0
+    graphs: int = 1  # the step's graphs: the figures are those of the one that needs most
 
     @property
     def fits(self) -> bool | None:
@@ -224,6 +225,11 @@ class MemoryFit:
                 f"the largest known graph's temporaries {format_bytes(self.temporaries)}; "
                 f"those of the step's {self.unsized} other {graphs} not known: tpu_nb has "
                 "no compile-log sizes for them"
+            )
+        elif self.graphs > 1:  # the figures are one graph's: say which
+            parts.append(
+                f"of the step's {self.graphs} graphs, the one that needs most: its temporaries "
+                f"{format_bytes(self.temporaries)}"
             )
         else:
             parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
@@ -457,16 +463,20 @@ def step_cost(
     live_tensors: Sequence[tuple[int, int]] = (),
     held: Residency | None = None,
     captured: Sequence[str] = (),
+    site_graphs: dict[tuple, Any] | None = None,
 ) -> StepCost:
     """The cost of a steady step: the graph each site ran most (`line_graphs`: a line, or a
     frame below it: provenance.Site.key) that synced or read in at least half the run's steps (a
     loop's sites, not a read after it), each graph once. `line_calls`: each site's calls;
     `held`: what the tracked code held as the run ended; `captured`: every graph the run
-    captured, by hash, and what the code held at each."""
+    captured, by hash, and what the code held at each; `site_graphs`: every graph each site
+    ran (its memory is that of the one that needs most)."""
     chip, on_chip = judged_chip()
     loop_lines = [key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= steps]
     hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
     graphs = tuple(store.costs[h] for h in hashes if h in store.costs)
+    ran = dict.fromkeys(h for k in loop_lines for h in (site_graphs or {}).get(k, ()))
+    every = graphs + tuple(store.costs[h] for h in ran if h in store.costs and h not in hashes)
     counted = [g for g in graphs if g.flops is not None]
     flops = sum(g.flops or 0 for g in counted) if counted else None
     moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]
@@ -481,7 +491,7 @@ def step_cost(
         moved_bytes=sum(moved) if moved else None,
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
-        memory=memory_fit(graphs, chip, held),
+        memory=memory_fit(every, chip, held),
         notes=(note,) if note else (),
     )
 
@@ -513,34 +523,40 @@ def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
 def memory_fit(
     graphs: Sequence[GraphCost], chip: Chip, at_end: Residency | None = None
 ) -> MemoryFit | None:
-    """What a step of these graphs needs of the chip: the graph of the largest known
-    temporaries, with the most the tracked code held, at the graphs' captures or as the run
-    ended (`at_end`: the state an optimizer made at a step after the captures, as with
-    gradient accumulation); None: no graph has sizes."""
+    """What a step of these graphs needs of the chip: that of the graph which needs most
+    (every graph a loop runs must fit: a gradient accumulation's optimizer step is one of
+    several), with the most the tracked code held, at the graphs' captures or as the run
+    ended (`at_end`: the state an optimizer made at a step after the captures); None: no
+    graph has sizes."""
     sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
     if not sized:
         return None
-    worst = max(sized, key=lambda g: g.temp_bytes or 0.0)
     resident = max((g.resident for g in graphs if g.resident), key=lambda r: r.total, default=None)
     if at_end is not None and at_end.total:
         resident = at_end.most(resident)
-    outputs = max(0.0, (worst.output_bytes or 0.0) - (worst.aliased_bytes or 0.0))
-    extra = (worst.temp_bytes or 0.0) + outputs
     # what the tracked code holds, or the graph's inputs (device data it reads: at least that
     # much is resident) where they are more: a Trainer's optimizer state is held by the
     # Trainer, not by a name of the cell
     held = float(resident.total) if resident and resident.total else 0.0
-    inputs = worst.input_bytes if (worst.input_bytes or 0.0) > held else None
-    unsized = sum(1 for g in graphs if g.temp_bytes is None) if worst.temp_bytes is not None else 0
-    return MemoryFit(
-        chip,
-        max(held, inputs or 0.0) + extra,
-        resident,
-        worst.temp_bytes,
-        unsized=unsized,
-        inputs=inputs,
-        outputs=outputs,
-    )
+    unknown = sum(1 for g in graphs if g.temp_bytes is None)
+    fits = []
+    for g in sized:
+        outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))
+        inputs = g.input_bytes if (g.input_bytes or 0.0) > held else None
+        fits.append(
+            MemoryFit(
+                chip,
+                max(held, inputs or 0.0) + (g.temp_bytes or 0.0) + outputs,
+                resident,
+                g.temp_bytes,
+                unsized=unknown if g.temp_bytes is not None else 0,
+                inputs=inputs,
+                outputs=outputs,
+                graphs=len({g.graph_hash or id(g) for g in graphs}),
+            )
+        )
+    # the graph that needs most; of those that tie, one whose temporaries are known
+    return max(fits, key=lambda m: (m.needed, m.temporaries is not None))
 
 
 def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:

@@ -451,6 +451,7 @@ def _step_cost(recording, metrics, held: cost.Residency | None) -> StepCost | No
             recording.live_tensors,
             held,
             sorted(recording.graphs),
+            recording.graph_calls,
         )
         # the Dynamo bridge ran compiled functions' graphs: tpu_nb captured the rest
         return replace(counted, partial=metrics.compiled_code_executions > 0)
