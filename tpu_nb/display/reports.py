@@ -365,7 +365,7 @@ class RunView:
         if problem:
             notes.append(f"compile causes unknown for this cell: {problem}")
         judgement = getattr(self.report, "judgement", None)
-        if judgement is not None and judgement.one_time_compiles and self._is_loop():
+        if judgement is not None and judgement.one_time_compiles and judgement.loop:
             notes.append(one_time_cost(judgement))
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
@@ -381,14 +381,6 @@ class RunView:
                 "here"
             )
         return notes
-
-    def _is_loop(self) -> bool:
-        """Whether the run was a loop whose steady steps the report judges (or says it cannot
-        yet): only then are its first steps' compiles a one-time cost worth a line."""
-        judgement = self.report.judgement
-        return judgement is not None and (
-            judgement.verdict is not None or judgement.note.startswith("too few steady")
-        )
 
     # -- text --
 

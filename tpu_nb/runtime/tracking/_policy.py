@@ -143,6 +143,9 @@ class Judgement:
     # steps, which the target runs on the chip; their lines are left out of the host lines
     syncs_left_out: bool = False
     cost: Any = None  # cost.StepCost of a steady step, with its times
+    # a loop whose steady steps are judged (or would be, with more steps): only then are its
+    # first steps' compiles a one-time cost worth a line
+    loop: bool = False
 
     @property
     def recompiled(self) -> bool:
@@ -558,7 +561,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         grown = report.cost
         if grown is not None:
             grown = replace(grown, notes=(*grown.notes, cost.SPANS_STEPS))
-        return replace(judgement, verdict=_growing_verdict(growing[0]), cost=grown)
+        return replace(judgement, verdict=_growing_verdict(growing[0]), cost=grown, loop=True)
     if not isinstance(a, anatomy.Anatomy) or not steps:
         return judgement
     if type(report.error).__name__ == "RecompilationError":
@@ -594,7 +597,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
             if report.error is None
             else f"the run failed after {so_far}"  # more steps would fail alike
         )
-        return replace(judgement, note=note)
+        return replace(judgement, note=note, loop=report.error is None)
     lines = _steady_lines(a, steady, steps)
     verdict = anatomy.steady_verdict(steady, lines, a.tail)
     if verdict is not None and verdict.kind == "compile-bound":
@@ -617,7 +620,7 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     if too_big is not None:  # how fast a step that cannot run goes is beside the point
         verdict, kept = too_big, ()
     return replace(
-        judgement, verdict=verdict, steady_lines=kept, syncs_left_out=waiting, cost=timed
+        judgement, verdict=verdict, steady_lines=kept, syncs_left_out=waiting, cost=timed, loop=True
     )
 
 
