@@ -499,3 +499,21 @@ def test_view_groups_the_hosts_verdicts_by_kind():
     text = PodView(result).text()
     assert "verdict (hosts 0 and 1; figures of host 0): host-bound: x took 60%" in text
     assert "verdict (host 2): read-bound" in text
+
+
+def test_a_straggler_is_measured_against_the_median_of_the_other_hosts():
+    """Constructed hosts: an even number of steps has the mean of its two middle ones as
+    its median, and the slowest host is compared with the median of the others."""
+    from tpu_nb.runtime.parallel._pod import HostResult, find_straggler
+
+    hosts = tuple(
+        HostResult(host=i, step_seconds=steps)
+        for i, steps in enumerate([(1.0, 1.0, 2.0, 2.0), (1.0, 1.2, 1.2, 1.0), (3.5, 3.5, 3.5)])
+    )
+    assert hosts[0].step_median == 1.5 and hosts[1].step_median == 1.1
+    slowest, why = find_straggler(hosts)
+    assert slowest == 2, why
+    assert "median step 3.50 s vs 1.30 s on the other hosts (2.7×)" in why, why
+    # within the ratio of the others' median: no straggler, though above the faster one
+    close = (*hosts[:2], HostResult(host=2, step_seconds=(1.6, 1.6, 1.6)))
+    assert find_straggler(close)[0] is None

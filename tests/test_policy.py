@@ -496,3 +496,21 @@ def test_state_appearing_is_the_steady_steps_graph_only_when_the_next_steps_reus
     text = one_time_cost(every)
     assert "the first step's graph, a graph as state appeared" in text, text
     assert "steady step's" not in text
+
+
+def test_steps_run_as_several_graphs_only_when_most_steady_steps_did():
+    """A read in every step cuts each step in two graphs: read-bound, by that fact alone.
+    Where only every other step ran two (the read's graph in half of them), most steps did
+    not, and no such verdict is earned from it."""
+
+    def judged(executions):
+        a = _steps(10, set(), host=0.001, device=0.01)
+        steps = tuple(replace(s, executions=n) for s, n in zip(a.steps, executions, strict=True))
+        facts = _facts([], 10, occurrences=[_read(10)], anatomy=replace(a, steps=steps))
+        return _policy.judge(replace(facts, compile_analysis=True))
+
+    every = judged([2] * 10).verdict
+    assert every is not None and every.kind == "read-bound", every
+    assert "each steady step ran as 2 graphs" in every.reason, every.reason
+    half = judged([1, 2] * 5).verdict
+    assert half is None or half.kind != "read-bound", half

@@ -275,8 +275,7 @@ def find_straggler(hosts: tuple[HostResult, ...]) -> tuple[int | None, str]:
         return None, f"too few steps (syncs) to compare hosts (fewer than {MIN_STEPS})"
     medians = {h.host: h.step_median or 0.0 for h in hosts}
     slowest = max(medians, key=lambda k: medians[k])
-    rest = sorted(v for k, v in medians.items() if k != slowest)
-    typical = rest[len(rest) // 2]
+    typical = quantile([v for k, v in medians.items() if k != slowest], 0.5) or 0.0
     if typical <= 0 or medians[slowest] < STRAGGLER_RATIO * typical:
         return None, (
             f"no straggler: median steps within {STRAGGLER_RATIO - 1:.0%} of each other "

@@ -14,7 +14,7 @@ from tpu_nb.runtime.errors import TpuNbError
 from tpu_nb.runtime.metrics._counters import MetricsDelta
 from tpu_nb.runtime.parallel import _cell
 from tpu_nb.runtime.sources import traceback_from
-from tpu_nb.runtime.units import format_seconds
+from tpu_nb.runtime.units import format_seconds, percentile
 
 
 class CollectiveRefused(TpuNbError):
@@ -169,10 +169,8 @@ class SyncTimes:
 
 
 def quantile(values, q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """The q-quantile of `values`, interpolated as the step anatomy's (None: no values)."""
+    return percentile(sorted(values), q) if values else None
 
 
 def record_of(cls, data: dict):

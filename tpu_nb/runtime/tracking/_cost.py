@@ -220,16 +220,19 @@ class MemoryFit:
         if self.temporaries is None:
             parts.append(f"the graph's temporaries not known: {self.unknown}")
         elif self.unsized:
-            graphs = "graph" if self.unsized == 1 else "graphs"
+            others = (
+                "1 other graph its steps ran has"
+                if self.unsized == 1
+                else (f"{self.unsized} other graphs its steps ran have")
+            )
             parts.append(
-                f"the largest known graph's temporaries {format_bytes(self.temporaries)}; "
-                f"those of the step's {self.unsized} other {graphs} not known: tpu_nb has "
-                "no compile-log sizes for them"
+                "the graph that needs most of those with compile-log sizes: temporaries "
+                f"{format_bytes(self.temporaries)}; {others} none"
             )
         elif self.graphs > 1:  # the figures are one graph's: say which
             parts.append(
-                f"of the step's {self.graphs} graphs, the one that needs most: its temporaries "
-                f"{format_bytes(self.temporaries)}"
+                f"of the {self.graphs} graphs its steps ran, the one that needs most: "
+                f"temporaries {format_bytes(self.temporaries)}"
             )
         else:
             parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
@@ -475,7 +478,7 @@ def step_cost(
     loop_lines = [key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= steps]
     hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
     graphs = tuple(store.costs[h] for h in hashes if h in store.costs)
-    ran = dict.fromkeys(h for k in loop_lines for h in (site_graphs or {}).get(k, ()))
+    ran = dict.fromkeys(h for k in loop_lines for h in _steady_ran((site_graphs or {}).get(k, {})))
     every = graphs + tuple(store.costs[h] for h in ran if h in store.costs and h not in hashes)
     counted = [g for g in graphs if g.flops is not None]
     flops = sum(g.flops or 0 for g in counted) if counted else None
@@ -494,6 +497,15 @@ def step_cost(
         memory=memory_fit(every, chip, held),
         notes=(note,) if note else (),
     )
+
+
+def _steady_ran(calls: dict[str, int]) -> list[str]:
+    """The graphs a site ran (`calls`: hash -> calls, in the order first captured), less its
+    first where it ran once and others followed: the first step's, in which an optimizer
+    makes its state. Its outputs are that state, which tpu_nb also finds held: counted twice,
+    it would need more than any step does."""
+    hashes = list(calls)
+    return hashes[1:] if len(hashes) > 1 and calls[hashes[0]] == 1 else hashes
 
 
 _GROWTH_STEPS = 10  # steps a growth is read over, at least

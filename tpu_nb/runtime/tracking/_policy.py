@@ -655,7 +655,8 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
     else:
         wall = sum(s.wall for s in steady)
         share = sum(s.read for s in steady) / wall if wall > 0 else 0.0
-    graphs = sorted(s.executions for s in steady)[len(steady) // 2]
+    # graphs that at least half the steady steps ran (the lower median of an even count)
+    graphs = sorted(s.executions for s in steady)[(len(steady) - 1) // 2]
     if share < _STALL_SHARE and graphs < 2:
         return None
     named = "; ".join(_stall_name(o, syncs) for o in stalls[:3])
