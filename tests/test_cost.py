@@ -821,6 +821,41 @@ def test_every_graph_a_loop_site_ran_must_fit_not_only_the_one_it_ran_most():
     assert "graphs, the one" not in warm.memory.describe()
 
 
+def test_the_optimizer_state_a_graph_makes_is_counted_once():
+    """Gradient accumulation: the first backward is captured before AdamW has any state;
+    the optimizer's first step writes its state anew (outputs not written in place), and
+    tpu_nb finds that state held as well. Counted as both, that step would need more than
+    any step does (tutorial-sized ResNet-18: 292 MB where the steady step needs 270)."""
+    params, state = 100_000, 200_000
+    backward = GraphCost(
+        temp_bytes=1_000.0, output_bytes=params, aliased_bytes=0, resident=Residency(params)
+    )
+    making = GraphCost(
+        temp_bytes=5_000.0,
+        output_bytes=params + state,
+        aliased_bytes=params,  # the weights written over, the state anew
+        resident=Residency(params, optimizer=state),
+    )
+    steady = GraphCost(
+        temp_bytes=50_000.0,
+        output_bytes=params + state,
+        aliased_bytes=params + state,
+        resident=Residency(params, params, state),
+    )
+    fit = memory_fit([making, steady], CHIPS["v5e"], earlier=[backward])
+    assert fit is not None and fit.needed == params + params + state + 50_000, fit
+    alone = memory_fit([making], CHIPS["v5e"], earlier=[backward])
+    assert alone is not None and alone.made == state
+    assert alone.needed == params + 5_000 + state, alone  # the state once
+    assert "the optimizer state it makes among them (counted once" in alone.describe()
+    # a state made before the run (no capture without it) is held, not made here
+    before = memory_fit([making], CHIPS["v5e"], earlier=[steady])
+    assert (
+        before is not None and before.made == 0 and before.needed == params + state + 5_000 + state
+    )
+    assert "counted once" not in before.describe()
+
+
 def test_a_loop_whose_rarer_graph_writes_more_is_judged_on_that_graph():
     """Every fourth step also keeps a 4 MB copy of a weight: a graph run once in four that
     needs 4 MB more than the loop's other. The memory line counts it (it read 0 B, from the

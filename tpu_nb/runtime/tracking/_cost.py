@@ -158,6 +158,8 @@ class MemoryFit:
     # the graph's outputs that do not take an input's place (a new tensor the step returns)
     outputs: float = 0.0
     graphs: int = 1  # the step's graphs: the figures are those of the one that needs most
+    # the optimizer's state the graph makes: among its outputs, so not counted as held too
+    made: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -171,7 +173,7 @@ class MemoryFit:
         """What to do when the step does not fit, by what takes the room: what the step
         keeps on the chip between steps (no batch size changes it), or the temporaries."""
         r = self.resident
-        held = self.inputs if self.inputs is not None else (r.total if r is not None else 0)
+        held = self.inputs if self.inputs is not None else (r.total - self.made if r else 0)
         if held > self.chip.per_device().hbm_bytes:
             return (
                 f"what the step keeps on the chip ({format_bytes(held)}: parameters, "
@@ -237,7 +239,14 @@ class MemoryFit:
         else:
             parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
         if self.outputs:
-            parts.append(f"its outputs not written in place {format_bytes(self.outputs)}")
+            parts.append(
+                f"its outputs not written in place {format_bytes(self.outputs)}"
+                + (
+                    ", the optimizer state it makes among them (counted once, not also as resident)"
+                    if self.made
+                    else ""
+                )
+            )
         at_least = " at least" if self.temporaries is None or self.unsized else ""
         head = f"needs{at_least} {format_bytes(self.needed)}, {have}"
         if self.fits is None:
@@ -484,8 +493,8 @@ def step_cost(
     flops = sum(g.flops or 0 for g in counted) if counted else None
     moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]
     note = kept_step_over_step(live_tensors)
-    for h in captured:
-        at = store.costs[h].resident if h in store.costs else None
+    others = tuple(store.costs[h] for h in captured if h in store.costs)
+    for at in (g.resident for g in others):
         held = at.most(held) if at is not None else held
     return StepCost(
         chip=chip,
@@ -494,7 +503,7 @@ def step_cost(
         moved_bytes=sum(moved) if moved else None,
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
-        memory=memory_fit(every, chip, held),
+        memory=memory_fit(every, chip, held, others),
         notes=(note,) if note else (),
     )
 
@@ -533,13 +542,16 @@ def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
 
 
 def memory_fit(
-    graphs: Sequence[GraphCost], chip: Chip, at_end: Residency | None = None
+    graphs: Sequence[GraphCost],
+    chip: Chip,
+    at_end: Residency | None = None,
+    earlier: Sequence[GraphCost] = (),
 ) -> MemoryFit | None:
     """What a step of these graphs needs of the chip: that of the graph which needs most
     (every graph a loop runs must fit: a gradient accumulation's optimizer step is one of
     several), with the most the tracked code held, at the graphs' captures or as the run
-    ended (`at_end`: the state an optimizer made at a step after the captures); None: no
-    graph has sizes."""
+    ended (`at_end`: the state an optimizer made at a step after the captures); `earlier`:
+    the run's other captured graphs; None: no graph has sizes."""
     sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
     if not sized:
         return None
@@ -551,20 +563,29 @@ def memory_fit(
     # Trainer, not by a name of the cell
     held = float(resident.total) if resident and resident.total else 0.0
     unknown = sum(1 for g in graphs if g.temp_bytes is None)
+    # The optimizer made its state in this run when a graph was captured without any (a
+    # gradient accumulation's first backward): a graph writing at least that much anew is
+    # the one that made it, and the state is counted once, as its outputs, not also as held.
+    state = float(resident.optimizer) if resident else 0.0
+    made_here = state > 0 and any(
+        g.resident is not None and not g.resident.optimizer for g in (*graphs, *earlier)
+    )
     fits = []
     for g in sized:
         outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))
-        inputs = g.input_bytes if (g.input_bytes or 0.0) > held else None
+        made = state if made_here and outputs >= state else 0.0
+        inputs = g.input_bytes if (g.input_bytes or 0.0) > held - made else None
         fits.append(
             MemoryFit(
                 chip,
-                max(held, inputs or 0.0) + (g.temp_bytes or 0.0) + outputs,
+                max(held - made, inputs or 0.0) + (g.temp_bytes or 0.0) + outputs,
                 resident,
                 g.temp_bytes,
                 unsized=unknown if g.temp_bytes is not None else 0,
                 inputs=inputs,
                 outputs=outputs,
                 graphs=len({g.graph_hash or id(g) for g in graphs}),
+                made=made,
             )
         )
     # the graph that needs most; of those that tie, one whose temporaries are known
