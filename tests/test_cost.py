@@ -848,6 +848,16 @@ def test_the_optimizer_state_a_graph_makes_is_counted_once():
     assert alone is not None and alone.made == state
     assert alone.needed == params + 5_000 + state, alone  # the state once
     assert "the optimizer state it makes among them (counted once" in alone.describe()
+    # a steady step whose gradients are new outputs as large as the state (SGD with
+    # momentum after zero_grad()) writes the state in place: it read it, it did not make it
+    momentum = GraphCost(
+        temp_bytes=5_000.0,
+        output_bytes=params + params + params,
+        aliased_bytes=params + params,  # weights and momentum in place, gradients anew
+        resident=Residency(params, params, params),
+    )
+    sgd = memory_fit([momentum], CHIPS["v5e"], earlier=[backward])
+    assert sgd is not None and sgd.made == 0 and sgd.needed == 3 * params + 5_000 + params
     # a state made before the run (no capture without it) is held, not made here
     before = memory_fit([making], CHIPS["v5e"], earlier=[steady])
     assert (

@@ -564,16 +564,19 @@ def memory_fit(
     held = float(resident.total) if resident and resident.total else 0.0
     unknown = sum(1 for g in graphs if g.temp_bytes is None)
     # The optimizer made its state in this run when a graph was captured without any (a
-    # gradient accumulation's first backward): a graph writing at least that much anew is
-    # the one that made it, and the state is counted once, as its outputs, not also as held.
+    # gradient accumulation's first backward): a graph writing at least that much anew, and
+    # less than that in place (one that updates the state in place read it), is the one that
+    # made it, and the state is counted once, as its outputs, not also as held.
     state = float(resident.optimizer) if resident else 0.0
     made_here = state > 0 and any(
         g.resident is not None and not g.resident.optimizer for g in (*graphs, *earlier)
     )
+    count = len({g.graph_hash or id(g) for g in graphs})
     fits = []
     for g in sized:
         outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))
-        made = state if made_here and outputs >= state else 0.0
+        makes = made_here and outputs >= state > (g.aliased_bytes or 0.0)
+        made = state if makes else 0.0
         inputs = g.input_bytes if (g.input_bytes or 0.0) > held - made else None
         fits.append(
             MemoryFit(
@@ -584,7 +587,7 @@ def memory_fit(
                 unsized=unknown if g.temp_bytes is not None else 0,
                 inputs=inputs,
                 outputs=outputs,
-                graphs=len({g.graph_hash or id(g) for g in graphs}),
+                graphs=count,
                 made=made,
             )
         )
