@@ -487,7 +487,7 @@ def step_cost(
     loop_lines = [key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= steps]
     hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
     graphs = tuple(store.costs[h] for h in hashes if h in store.costs)
-    ran = dict.fromkeys(h for k in loop_lines for h in _steady_ran((site_graphs or {}).get(k, {})))
+    ran = dict.fromkeys(h for k in loop_lines for h in (site_graphs or {}).get(k, {}))
     every = graphs + tuple(store.costs[h] for h in ran if h in store.costs and h not in hashes)
     counted = [g for g in graphs if g.flops is not None]
     flops = sum(g.flops or 0 for g in counted) if counted else None
@@ -503,18 +503,9 @@ def step_cost(
         moved_bytes=sum(moved) if moved else None,
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
-        memory=memory_fit(every, chip, held, others),
+        memory=memory_fit(every, chip, held),
         notes=(note,) if note else (),
     )
-
-
-def _steady_ran(calls: dict[str, int]) -> list[str]:
-    """The graphs a site ran (`calls`: hash -> calls, in the order first captured), less its
-    first where it ran once and others followed: the first step's, in which an optimizer
-    makes its state. Its outputs are that state, which tpu_nb also finds held: counted twice,
-    it would need more than any step does."""
-    hashes = list(calls)
-    return hashes[1:] if len(hashes) > 1 and calls[hashes[0]] == 1 else hashes
 
 
 _GROWTH_STEPS = 10  # steps a growth is read over, at least
@@ -545,13 +536,12 @@ def memory_fit(
     graphs: Sequence[GraphCost],
     chip: Chip,
     at_end: Residency | None = None,
-    earlier: Sequence[GraphCost] = (),
 ) -> MemoryFit | None:
     """What a step of these graphs needs of the chip: that of the graph which needs most
     (every graph a loop runs must fit: a gradient accumulation's optimizer step is one of
     several), with the most the tracked code held, at the graphs' captures or as the run
-    ended (`at_end`: the state an optimizer made at a step after the captures); `earlier`:
-    the run's other captured graphs; None: no graph has sizes."""
+    ended (`at_end`: the state an optimizer made at a step after the captures); None: no
+    graph has sizes."""
     sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
     if not sized:
         return None
@@ -563,19 +553,15 @@ def memory_fit(
     # Trainer, not by a name of the cell
     held = float(resident.total) if resident and resident.total else 0.0
     unknown = sum(1 for g in graphs if g.temp_bytes is None)
-    # The optimizer made its state in this run when a graph was captured without any (a
-    # gradient accumulation's first backward): a graph writing at least that much anew, and
-    # less than that in place (one that updates the state in place read it), is the one that
-    # made it, and the state is counted once, as its outputs, not also as held.
+    # A graph writing at least the optimizer's state anew, and less than that in place (one
+    # that updates the state in place read it), is the step that made it (the first step's,
+    # wherever it ran): the state is counted once, as its outputs, not also as held.
     state = float(resident.optimizer) if resident else 0.0
-    made_here = state > 0 and any(
-        g.resident is not None and not g.resident.optimizer for g in (*graphs, *earlier)
-    )
     count = len({g.graph_hash or id(g) for g in graphs})
     fits = []
     for g in sized:
         outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))
-        makes = made_here and outputs >= state > (g.aliased_bytes or 0.0)
+        makes = outputs >= state > (g.aliased_bytes or 0.0)
         made = state if makes else 0.0
         inputs = g.input_bytes if (g.input_bytes or 0.0) > held - made else None
         fits.append(
