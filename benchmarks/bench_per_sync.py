@@ -9,7 +9,8 @@ at a time (the recorder, the step anatomy's collector, the run's sync watch), wi
 them (the probe's own hook alone), and with the host sampler stopped; each one's share is
 the full run's time less the time without it. The subscribers are left out by taking them
 off the probe's lists for the loop and putting them back after: the figures say what each
-costs, not a way to run tpu_nb. First, the calls each step makes, counted (no clock).
+costs, not a way to run tpu_nb. First, the calls each step makes, counted (no clock); then
+what a run costs once, at its start and end.
 
 Medians over the rounds, in microseconds per step; the spread is the 25th-75th percentile
 range. The target is the issue's: <= 1 % of a ~1 ms eager step, so about 10 us per sync.
@@ -143,6 +144,43 @@ def _calls(step, label: str, steps: int = 200, fresh=None) -> None:
     )
 
 
+def _per_run(step, label: str, runs: int = 40) -> None:
+    """What on_tpu() costs once per run, apart from its steps: an empty block and one of 5
+    steps, each timed by the thread's CPU clock (the hooks installed and removed, the
+    recorder, step anatomy and host sampler started and stopped, the report built), with the
+    calls it makes counted as in _calls (a figure other processes cannot move)."""
+    import tpu_nb
+
+    def block(n: int) -> None:
+        with tpu_nb.on_tpu(sync=False):
+            for _ in range(n):
+                step()
+
+    calls = [0]
+
+    def profile(frame, event, arg) -> None:
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    print(f"\n{label}: once per run, median of {runs} runs")
+    for n in (0, 5):
+        for _ in range(3):
+            block(n)
+        sys.setprofile(profile)
+        block(n)
+        sys.setprofile(None)
+        counted, calls[0] = calls[0], 0
+        cpu = []
+        for _ in range(runs):
+            start = time.thread_time()
+            block(n)
+            cpu.append(time.thread_time() - start)
+        print(
+            f"  on_tpu() block of {n} steps: {statistics.median(cpu) * 1e3:.2f} ms of the "
+            f"thread's CPU (best {min(cpu) * 1e3:.2f}); {counted} calls"
+        )
+
+
 def main() -> None:
     import torch_xla
     from bench_compiled import _steps
@@ -158,6 +196,7 @@ def main() -> None:
         "eager MLP step compiled inside the run",
         fresh=_steps(dev, "eager", width=320),
     )
+    _per_run(_tiny(dev), "tiny step")
     _measure(_tiny(dev), "tiny step (x + 1, sync)", STEPS)
     _measure(_steps(dev, "eager"), "eager MLP training step", max(STEPS // 10, 50))
 

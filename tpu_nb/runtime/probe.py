@@ -299,6 +299,8 @@ class Probe:
         self.befores: dict[str, tuple] = {k: () for k in KINDS}
         self.afters: dict[str, tuple] = {k: () for k in KINDS}
         self._hooks: dict[str, list[_Hook | _Undo]] = {k: [] for k in KINDS}
+        self._patched: set[tuple[int, str]] = set()  # (id(owner), name) of each _Hook listed
+        self._wrappers: dict[tuple[int, str], tuple] = {}  # see _patch
         self._defined: dict[str, Callable[[Hooks], None]] = {}
         self.local = _Local()
         # The tracked runs now running, in the order they began (any thread), and the last
@@ -475,16 +477,22 @@ class Probe:
 
     def _patch(self, kind: str, owner, name: str, make) -> None:
         original = getattr(owner, name, None)
-        if original is None or any(
-            isinstance(h, _Hook) and h.owner is owner and h.name == name
-            for hooks in self._hooks.values()
-            for h in hooks
-        ):
+        at = (id(owner), name)  # the owner is kept alive by its hook: its id is not reused
+        if original is None or at in self._patched:
             return
-        wrapper = make(original)
-        wrapper.__tpu_nb_hook__ = kind
+        # An event kind's wrapper depends on the original alone: made once, put back in place
+        # run after run (a defined kind's `make` may close over its install's state).
+        made = self._wrappers.get(at) if kind in KINDS else None
+        if made is not None and made[1] is original and made[2].__tpu_nb_hook__ == kind:
+            wrapper = made[2]
+        else:
+            wrapper = make(original)
+            wrapper.__tpu_nb_hook__ = kind
+            if kind in KINDS:
+                self._wrappers[at] = (owner, original, wrapper)  # the owner kept: ids unique
         hook = _Hook(owner, name, original, name in vars(owner), wrapper)
         self._hooks[kind].append(hook)  # listed first: a removal never misses it
+        self._patched.add(at)
         setattr(owner, name, wrapper)
 
     def _uninstall(self, kind: str) -> None:
@@ -495,6 +503,8 @@ class Probe:
                 hook.restore()
             except Exception:  # one that cannot be undone must not keep the rest in place
                 log.debug("tpu_nb: could not restore %s", hook.name, exc_info=True)
+            if isinstance(hook, _Hook):  # before the pop: an interrupt leaves it listed
+                self._patched.discard((id(hook.owner), hook.name))
             hooks.pop()
 
     # -- the hooks -----------------------------------------------------------------------------

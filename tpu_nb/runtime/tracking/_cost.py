@@ -493,8 +493,8 @@ def step_cost(
     flops = sum(g.flops or 0 for g in counted) if counted else None
     moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]
     note = kept_step_over_step(live_tensors)
-    others = tuple(store.costs[h] for h in captured if h in store.costs)
-    for at in (g.resident for g in others):
+    for h in captured:  # the most the code held, at any capture or as the run ended
+        at = store.costs[h].resident if h in store.costs else None
         held = at.most(held) if at is not None else held
     return StepCost(
         chip=chip,

@@ -236,7 +236,8 @@ class Recorder:
         self._forwards: dict[str, Frame | None] = {}
         self._started = 0.0
         self._capture_next: set[tuple] = set()
-        self._empty_at: set[tuple] = set()  # sites whose last capture found nothing pending
+        # site -> its captures in a row that found nothing pending: one more is tried
+        self._empty_at: dict[tuple, int] = {}
         # Lines captured at every sync, whatever the budget (max_graphs: lines at their
         # limit, whose next graph is an error that should name what changed).
         self.force_capture: set[tuple[str, int]] = set()
@@ -249,7 +250,7 @@ class Recorder:
         # line -> the syncs made when its watch last found the shapes unchanged
         self._same_shapes: dict[tuple[str, int], int] = {}
         named = self.root_codes or ((root_frame.f_code,) if root_frame is not None else ())
-        self._names = tuple(sorted(names_in(named)))
+        self._names = names_in(named)
         self._named = named
         self._watched: tuple[str, ...] | None = None  # names_watched, at the first compare
         self._kinds: dict[type, Any] = {}  # a watched value's type -> _watch_kind
@@ -554,7 +555,7 @@ class Recorder:
             due = (
                 forced
                 or site in self._capture_next
-                or site in self._empty_at
+                or self._empty_at.get(site) == 1
                 or site not in self._captured_here
                 or by_site[site] == _STEADY_CALL
                 or store.line_captures.get(key) is None
@@ -579,7 +580,6 @@ class Recorder:
                 self._ran_again(site)
                 return None, None
             self._capture_next.discard(site)
-            self._empty_at.discard(site)
             self._captured_here[site] = taken + 1
             if key in self._compiled_at and not changed_now:
                 # the shapes this capture's graph has: what the next call's are compared with
@@ -596,8 +596,12 @@ class Recorder:
             self.recording.captures += 1
             if graph is None and tensor is None:
                 # Nothing pending (a device loader's sync before its first batch): the
-                # site's first graph is its next sync's, which is then due as well.
-                self._empty_at.add(site)
+                # site's first graph is its next sync's, which is then due as well. Found
+                # twice in a row, the site's tensors are out of reach (a step function's
+                # closure): not looked for again at every sync.
+                self._empty_at[site] = self._empty_at.get(site, 0) + 1
+            else:
+                self._empty_at.pop(site, None)
             store.note_line_capture(key, graph)
             if graph is not None and graph.hash:
                 self.recording.line_graphs[site] = graph.hash
@@ -792,11 +796,24 @@ def _ops(codes, opnames) -> set[str]:
     }
 
 
-def names_in(codes) -> set[str]:
-    """The variables a code object and the functions it defines refer to by name (globals
-    and locals), not the attributes they read (`t.view(...)` names no variable `view`)."""
+def names_in(codes) -> tuple[str, ...]:
+    """The variables code objects and the functions they define refer to by name (globals
+    and locals), not the attributes they read (`t.view(...)` names no variable `view`),
+    sorted. Read once per code objects (a script's module, tracked run after run: ~1 ms)."""
+    codes = tuple(codes)
+    key = tuple(map(id, codes))
+    known = _names_of.get(key)
+    if known is not None and all(a is b for a, b in zip(known[0], codes, strict=True)):
+        return known[1]
     nested = list(_nested(codes))
-    return {n for code in nested for n in code.co_varnames} | _ops(nested, _WHOLE_NAMES)
+    names = {n for code in nested for n in code.co_varnames} | _ops(nested, _WHOLE_NAMES)
+    if len(_names_of) >= 64:  # bounded: a notebook compiles each cell's code anew
+        _names_of.clear()
+    _names_of[key] = (codes, tuple(sorted(names)))  # the codes kept: their ids not reused
+    return _names_of[key][1]
+
+
+_names_of: dict[tuple[int, ...], tuple] = {}
 
 
 _BINDS = frozenset(("STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"))

@@ -103,6 +103,7 @@ class RunReport:
     # function in between), aggregated per line, in time order.
     occurrences: tuple[Occurrence, ...] = ()
     capture_seconds: float = 0.0  # spent capturing pending graphs (recompile diffs)
+    captures: int = 0  # pending graphs looked for (at syncs and reads), found or not
     record_errors: int = 0  # recording hooks that failed (logged by "tpu_nb")
     # Why some compile causes of this run are unknown (the compile log was deleted, replaced,
     # truncated or could not be written), or "" when the log holds them all.

@@ -274,7 +274,7 @@ class Run:
         try:
             frame = self._frame
             codes = self.code or ((frame.f_code,) if frame is not None else ())
-            names = tuple(sorted(provenance.names_in(c for c in codes if c is not None)))
+            names = provenance.names_in(c for c in codes if c is not None)
             spaces = self._spaces()
             value = self.value
             if value is not None and not any(s.get(n) is value for s in spaces for n in names):
@@ -385,6 +385,7 @@ class Run:
                 facts,
                 occurrences=tuple(sorted(recording.occurrences.values(), key=lambda o: o.order)),
                 capture_seconds=recording.capture_seconds,
+                captures=recording.captures,
                 record_errors=recording.hook_errors,
                 syncs=recording.syncs,
                 line_calls=MappingProxyType(_per_line(recording.site_calls)),
