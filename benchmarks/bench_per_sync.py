@@ -10,7 +10,8 @@ them (the probe's own hook alone), and with the host sampler stopped; each one's
 the full run's time less the time without it. The subscribers are left out by taking them
 off the probe's lists for the loop and putting them back after: the figures say what each
 costs, not a way to run tpu_nb. First, the calls each step makes, counted (no clock); then
-what a run costs once, at its start and end.
+what the same few reads cost right after a sync and in a warm loop; then what a run costs
+once, at its start and end.
 
 Medians over the rounds, in microseconds per step; the spread is the 25th-75th percentile
 range. The target is the issue's: <= 1 % of a ~1 ms eager step, so about 10 us per sync.
@@ -181,6 +182,49 @@ def _per_run(step, label: str, runs: int = 40) -> None:
         )
 
 
+def _cold(dev, steps: int = 2000) -> None:
+    """Why a hook costs more in a loop than in a micro-benchmark: the same four counter reads
+    and a clock read, timed right after each sync of the tiny step, right after it and a wait
+    for the device (no runtime thread is then busy), and back to back in a warm loop. Code
+    that ran a while ago runs from cold caches, whatever the device is doing."""
+    import torch
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    from tpu_nb.runtime.backend import current
+
+    read = current().counters.reader()
+    clock = time.perf_counter_ns
+    held = [torch.zeros(8, device=dev)]
+
+    def reads() -> int:
+        start = clock()
+        read("UncachedCompile")
+        read("CachedCompile")
+        read("CreateXlaTensor")
+        read("UncachedCompile")
+        time.time()
+        return clock() - start
+
+    def after_syncs(wait: bool) -> float:
+        times = []
+        for _ in range(steps):
+            held[0] = held[0] + 1
+            torch_xla.sync()
+            if wait:
+                xm.wait_device_ops()
+            times.append(reads())
+        return statistics.median(times) / 1e3
+
+    after_syncs(False)
+    warm = statistics.median(reads() for _ in range(steps)) / 1e3
+    print(
+        f"\nfour counter reads and a clock, median of {steps}: right after a sync "
+        f"{after_syncs(False):.2f} us; after a sync and wait_device_ops {after_syncs(True):.2f} "
+        f"us; back to back {warm:.2f} us"
+    )
+
+
 def main() -> None:
     import torch_xla
     from bench_compiled import _steps
@@ -196,6 +240,7 @@ def main() -> None:
         "eager MLP step compiled inside the run",
         fresh=_steps(dev, "eager", width=320),
     )
+    _cold(dev)
     _per_run(_tiny(dev), "tiny step")
     _measure(_tiny(dev), "tiny step (x + 1, sync)", STEPS)
     _measure(_steps(dev, "eager"), "eager MLP training step", max(STEPS // 10, 50))
