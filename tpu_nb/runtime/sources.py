@@ -243,21 +243,39 @@ def call_site(frame, code_ids: frozenset = frozenset(), root=None, passes=None):
     return None, user, library, None
 
 
-def inner_frame(frame, code_ids: frozenset = frozenset(), root=None, passes=None):
-    """The frame `call_site` would name as the one that did it, found without walking to the
-    tracked code: the first frame outwards that is the tracked code's, user code, or a library
-    function that does not only pass the call along. Cheap enough for every sync and read."""
+def site_key(frame, code_ids: frozenset, root, passes, known: dict):
+    """One walk, cheap enough for every sync and read: (the tracked code's frame, its (file,
+    line), the site's key), the key being that (file, line) followed by the file and line of
+    the frame `call_site` would name as the one that did it, when that is not the tracked
+    frame itself — the first frame outwards that is user code or a library function that does
+    not only pass the call along (`passes(path, function)`); (None, None, None) when the stack
+    does not reach the tracked code. `known`: the caller's dict of id(code) -> (code, whether
+    its frames only pass the call along), filled as the walk meets new code."""
+    inner = None
     depth = 0
     while frame is not None and depth < MAX_DEPTH:
         code = frame.f_code
         if id(code) in code_ids or frame is root:
-            return frame
-        path = code.co_filename
-        if not (passes and passes(path, code.co_name)) or not is_library(path):
-            return frame
+            key = (code.co_filename, line_at(code, frame.f_lasti))
+            if inner is None:
+                return frame, key, key
+            return (
+                frame,
+                key,
+                (*key, inner.f_code.co_filename, line_at(inner.f_code, inner.f_lasti)),
+            )
+        if inner is None:
+            seen = known.get(id(code))
+            if seen is None or seen[0] is not code:
+                path = code.co_filename
+                if len(known) >= 4096:  # bounded: one per function between a hook and the code
+                    known.clear()
+                seen = known[id(code)] = (code, passes(path, code.co_name) and is_library(path))
+            if not seen[1]:
+                inner = frame
         frame = frame.f_back
         depth += 1
-    return None
+    return None, None, None
 
 
 def traceback_from(tb, test):

@@ -58,10 +58,9 @@ from tpu_nb.runtime.probe import ReadEvent, Subscription, SyncEvent, probe
 from tpu_nb.runtime.sources import (
     call_site,
     frames_between,
-    inner_frame,
     innermost_frame,
-    line_of,
     short_path,
+    site_key,
     tracked_frame,
 )
 from tpu_nb.runtime.tracking import _cost as cost
@@ -236,6 +235,7 @@ class Recorder:
         self._forwards: dict[str, Frame | None] = {}
         self._started = 0.0
         self._capture_next: set[tuple] = set()
+        self._passing: dict[int, tuple] = {}  # site_key's: which functions pass a call along
         # site -> its captures in a row that found nothing pending: one more is tried
         self._empty_at: dict[tuple, int] = {}
         # Lines captured at every sync, whatever the budget (max_graphs: lines at their
@@ -538,14 +538,11 @@ class Recorder:
         """Before a sync (or a read of `tensor`): the pending graph, when this line is due a
         capture; else (None, None) after a walk that allocates nothing (the steady state)."""
         try:
-            root = tracked_frame(frame, self._code_ids, self.root_frame)
+            root, key, site = site_key(
+                frame, self._code_ids, self.root_frame, _plumbing, self._passing
+            )
             if root is None:
                 return None, None
-            key = (root.f_code.co_filename, line_of(root))
-            inner = inner_frame(frame, self._code_ids, self.root_frame, _plumbing)
-            site = key
-            if inner is not None and inner is not root:
-                site = (*key, inner.f_code.co_filename, line_of(inner))
             by_site = self.recording.site_calls
             by_site[site] = by_site.get(site, 0) + 1
             forced = key in self.force_capture
@@ -807,10 +804,11 @@ def names_in(codes) -> tuple[str, ...]:
         return known[1]
     nested = list(_nested(codes))
     names = {n for code in nested for n in code.co_varnames} | _ops(nested, _WHOLE_NAMES)
+    found = tuple(sorted(names))
     if len(_names_of) >= 64:  # bounded: a notebook compiles each cell's code anew
         _names_of.clear()
-    _names_of[key] = (codes, tuple(sorted(names)))  # the codes kept: their ids not reused
-    return _names_of[key][1]
+    _names_of[key] = (codes, found)  # the codes kept: their ids are not reused
+    return found
 
 
 _names_of: dict[tuple[int, ...], tuple] = {}
