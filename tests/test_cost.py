@@ -817,6 +817,71 @@ def test_every_graph_a_loop_site_ran_must_fit_not_only_the_one_it_ran_most():
     assert "graphs, the one" not in warm.memory.describe()
 
 
+def test_graphs_compiled_at_a_loops_line_count_whether_captured_or_not():
+    """A capture can miss a graph its line compiled (no variable reaches its tensors): each
+    compiled graph at the loop's line must fit, with the compile log's sizes, and counts
+    beside the captured ones, but not twice: a captured graph tpu_nb could not match to its
+    compile may be one of those compiled."""
+    from tpu_nb.runtime.metrics._compile_log import CompileEvent
+    from tpu_nb.runtime.tracking._cost import step_cost
+    from tpu_nb.runtime.tracking._store import store
+
+    class At:  # a provenance.Site's key is all step_cost reads of it
+        def __init__(self, key):
+            self.key = key
+
+    site = ("cell", 6)
+    gib = 2**30
+
+    def compiled(graph_hash: str, temporaries: float, at=site) -> CompileEvent:
+        sizes = {"graph input": 100 / gib, "intermediate tensor": temporaries / gib}
+        return CompileEvent("user mark_step", graph_hash, (), sizes_gb=sizes, site=At(at))
+
+    costs = {  # captured: two known by the compile that wrote their sizes, one not
+        "steady": GraphCost(graph_hash="log-steady", input_bytes=100.0, temp_bytes=50.0),
+        "cached": GraphCost(graph_hash="log-earlier-run", input_bytes=100.0, temp_bytes=0.0),
+        "unmatched": GraphCost(input_bytes=100.0),
+    }
+    for name, graph_cost in costs.items():
+        store.keep_cost(name, graph_cost)
+    try:
+        # a Trainer's loader line: a graph an earlier cell compiled (cached here), the first
+        # step's, compiled but never captured, and the steady step's
+        missed = step_cost(
+            {site: "steady"},
+            {site: 8},
+            8,
+            site_graphs={site: {"steady": 6, "cached": 2}},
+            compiles=[compiled("log-first", 900.0), compiled("log-steady", 50.0)],
+        )
+        # a capture tpu_nb could not match to a compile may be the one compiled here
+        seen_twice = step_cost(
+            {site: "steady"},
+            {site: 8},
+            8,
+            site_graphs={site: {"steady": 6, "unmatched": 2}},
+            compiles=[compiled("log-first", 20.0), compiled("log-steady", 50.0)],
+        )
+        # a graph compiled before the loop, at another line, is not the step's
+        before = step_cost(
+            {site: "steady"},
+            {site: 8},
+            8,
+            site_graphs={site: {"steady": 8}},
+            compiles=[compiled("log-setup", 5000.0, ("cell", 2))],
+        )
+    finally:
+        for name in costs:
+            store.costs.pop(name, None)
+    assert missed.memory is not None and missed.memory.needed == 100 + 900, missed.memory
+    assert missed.memory.graphs == 3, missed.memory
+    assert "of the 3 graphs its steps ran" in missed.memory.describe()
+    assert seen_twice.memory is not None and seen_twice.memory.graphs == 2, seen_twice.memory
+    assert seen_twice.memory.needed == 100 + 50, seen_twice.memory
+    assert before.memory is not None and before.memory.needed == 100 + 50, before.memory
+    assert before.memory.graphs == 1, before.memory
+
+
 def test_the_optimizer_state_a_graph_makes_is_counted_once():
     """The optimizer's first step writes its state anew (outputs not written in place), and
     tpu_nb finds that state held as well. Counted as both, that step would need more than any

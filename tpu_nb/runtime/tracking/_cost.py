@@ -380,10 +380,12 @@ def note_compiled(own_hash: str, event) -> None:
     """The captured graph compiled as `event`: its sizes from the compile log."""
     known = store.costs.get(own_hash)
     if known is not None and event.sizes_gb:
-        sizes: dict[str, Any] = {
-            _SIZE_KEYS[k]: v * 2**30 for k, v in event.sizes_gb.items() if k in _SIZE_KEYS
-        }
-        store.keep_cost(own_hash, replace(known, graph_hash=event.graph_hash, **sizes))
+        store.keep_cost(own_hash, replace(known, graph_hash=event.graph_hash, **_sizes(event)))
+
+
+def _sizes(event) -> dict[str, Any]:
+    """A compile event's sizes, as GraphCost fields, in bytes."""
+    return {_SIZE_KEYS[k]: v * 2**30 for k, v in event.sizes_gb.items() if k in _SIZE_KEYS}
 
 
 def _warn_if_it_cannot_fit(resident: Residency) -> None:
@@ -476,19 +478,33 @@ def step_cost(
     held: Residency | None = None,
     captured: Sequence[str] = (),
     site_graphs: dict[tuple, Any] | None = None,
+    compiles: Sequence[Any] = (),
 ) -> StepCost:
     """The cost of a steady step: the graph each site ran most (`line_graphs`: a line, or a
     frame below it: provenance.Site.key) that synced or read in at least half the run's steps (a
     loop's sites, not a read after it), each graph once. `line_calls`: each site's calls;
     `held`: what the tracked code held as the run ended; `captured`: every graph the run
     captured, by hash, and what the code held at each; `site_graphs`: every graph each site
-    ran (its memory is that of the one that needs most)."""
+    ran; `compiles`: the run's compile events, placed on their sites (its memory is that of
+    the graph that needs most of all these: one compiled at a loop's site that tpu_nb did not
+    capture has its sizes from the compile log)."""
     chip, on_chip = judged_chip()
     loop_lines = [key for key in line_graphs if steps and line_calls.get(key, 0) * 2 >= steps]
     hashes = dict.fromkeys(line_graphs[k] for k in loop_lines)  # in order, each once
     graphs = tuple(store.costs[h] for h in hashes if h in store.costs)
     ran = dict.fromkeys(h for k in loop_lines for h in (site_graphs or {}).get(k, {}))
     every = graphs + tuple(store.costs[h] for h in ran if h in store.costs and h not in hashes)
+    # The graphs compiled at the loop's sites: a capture can miss one (no variable reaches
+    # its tensors), so each counts, with its sizes from the compile log. A captured graph
+    # known by its compile (in this run or an earlier one: then another graph, cached) is
+    # told apart by that compile's hash; one not known so may be one of those compiled here.
+    loops = set(loop_lines)
+    compiled = {e.graph_hash: e for e in compiles if e.site is not None and e.site.key in loops}
+    known = {g.graph_hash for g in every if g.graph_hash}
+    unknown = sum(1 for g in every if not g.graph_hash)
+    missed = [h for h in compiled if h not in known]
+    count = len(known) + len(missed) + max(0, unknown - len(missed))
+    every += tuple(GraphCost(graph_hash=h, **_sizes(compiled[h])) for h in missed)
     counted = [g for g in graphs if g.flops is not None]
     flops = sum(g.flops or 0 for g in counted) if counted else None
     moved = [g.moved_bytes for g in graphs if g.moved_bytes is not None]
@@ -503,7 +519,7 @@ def step_cost(
         moved_bytes=sum(moved) if moved else None,
         graphs=graphs,
         left_out=next((g.left_out for g in counted), ""),
-        memory=memory_fit(every, chip, held),
+        memory=memory_fit(every, chip, held, count),
         notes=(note,) if note else (),
     )
 
@@ -536,12 +552,14 @@ def memory_fit(
     graphs: Sequence[GraphCost],
     chip: Chip,
     at_end: Residency | None = None,
+    count: int = 0,
 ) -> MemoryFit | None:
     """What a step of these graphs needs of the chip: that of the graph which needs most
     (every graph a loop runs must fit: a gradient accumulation's optimizer step is one of
     several), with the most the tracked code held, at the graphs' captures or as the run
     ended (`at_end`: the state an optimizer made at a step after the captures); None: no
-    graph has sizes."""
+    graph has sizes. `count`: how many graphs the step ran, when known better than by
+    telling `graphs` apart (one may be seen twice: captured, and compiled)."""
     sized = [g for g in graphs if g.temp_bytes is not None or g.resident is not None]
     if not sized:
         return None
@@ -557,7 +575,7 @@ def memory_fit(
     # that updates the state in place read it), is the step that made it (the first step's,
     # wherever it ran): the state is counted once, as its outputs, not also as held.
     state = float(resident.optimizer) if resident else 0.0
-    count = len({g.graph_hash or id(g) for g in graphs})
+    count = count or len({g.graph_hash or id(g) for g in graphs})
     fits = []
     for g in sized:
         outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))

@@ -390,7 +390,7 @@ class Run:
                 syncs=recording.syncs,
                 line_calls=MappingProxyType(_per_line(recording.site_calls)),
                 site_calls=MappingProxyType(dict(recording.site_calls)),
-                cost=_step_cost(recording, metrics, self._held),
+                cost=_step_cost(recording, metrics, self._held, facts.compile_events),
             )
         return facts
 
@@ -443,7 +443,7 @@ def _per_line(site_calls: dict[tuple, int]) -> dict[tuple[str, int], int]:
     return lines
 
 
-def _step_cost(recording, metrics, held: cost.Residency | None) -> StepCost | None:
+def _step_cost(recording, metrics, held: cost.Residency | None, compiles: tuple) -> StepCost | None:
     try:
         counted = cost.step_cost(
             recording.steady_graphs(),
@@ -453,6 +453,7 @@ def _step_cost(recording, metrics, held: cost.Residency | None) -> StepCost | No
             held,
             sorted(recording.graphs),
             recording.graph_calls,
+            compiles,
         )
         # the Dynamo bridge ran compiled functions' graphs: tpu_nb captured the rest
         return replace(counted, partial=metrics.compiled_code_executions > 0)
