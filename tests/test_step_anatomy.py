@@ -137,12 +137,13 @@ def test_mp_device_loader_wait_is_input():
     waited = sum(s.input for s in a.steps)
     busy = sum(s.wall - s.input for s in a.steps)
     assert 10 * DELAY * 0.95 - busy - DELAY <= waited <= 10 * DELAY * 2, (waited, busy)
-    # The wait is most of the steps; the syncs are short beside it (a sync counted with the
-    # wait would be about DELAY each).
+    # The wait is most of the steps; the syncs are short beside it. A sync counted with the
+    # wait would be about DELAY each, and the syncs together would then outweigh the wait; a
+    # loaded machine stretches each sync to a few milliseconds, which is still well under.
     assert a.share("input") > 0.5 and max(HOST_PARTS, key=a.share) == "input", str(a)
     syncs = [s.sync for s in a.steps[1:]]
     assert statistics.median(syncs) < DELAY / 3, syncs
-    assert sum(syncs) < 0.25 * waited, (syncs, waited)
+    assert sum(syncs) < 0.5 * waited, (syncs, waited)
 
 
 def test_thousands_of_tiny_ops_are_host_bound():
