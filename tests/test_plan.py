@@ -1,7 +1,9 @@
-"""The plan of an %%on_tpu cell: options in, how the cell runs (or the one-line mistake) out.
+"""The plan of an %%on_tpu cell, and what a %tpu_setup asks for: options in, what runs (or the
+one-line mistake) out.
 
-The rules are the library's (tpu_nb.runtime.plan); the magic only parses its line into them, so
-a script building the same Plan gets the same answer, and the magic's message is the plan's.
+The rules are the library's (tpu_nb.runtime.plan, environment.setup_action); the magics only
+parse their line into them, so a script gets the same answer, and the magic's message is the
+library's.
 """
 
 import dataclasses
@@ -9,6 +11,7 @@ import dataclasses
 import pytest
 from IPython.core.error import UsageError
 
+from tpu_nb.runtime.environment import setup_action
 from tpu_nb.runtime.errors import TpuNbUsageError
 from tpu_nb.runtime.plan import Plan
 
@@ -155,3 +158,71 @@ def test_on_tpu_help_leads_with_an_example(shell):
     magic = shell.find_cell_magic("on_tpu")
     assert "%%on_tpu --max-graphs 2" in magic.__doc__
     assert "%%on_tpu --spmd 2x2 -o" in magic.__doc__
+
+
+@pytest.mark.parametrize(
+    "options, action",
+    [
+        ({}, "setup"),
+        ({"device": "cpu", "num_devices": 4, "ir_debug": True, "target": "v6e"}, "setup"),
+        ({"cache_dir": "~/cache"}, "setup"),
+        ({"check": True}, "check"),
+        ({"install": True}, "install"),
+        ({"install": True, "dry_run": True}, "install"),
+    ],
+)
+def test_a_tpu_setup_asks_for_one_action(options, action):
+    assert setup_action(**options) == action
+
+
+SETUP_MISTAKES = [
+    (
+        {"dry_run": True},
+        "--dry-run shows what --install would do, and changes nothing on its own. Fix: "
+        "%tpu_setup --install --dry-run",
+    ),
+    (
+        {"install": True, "check": True},
+        "choose one of --install and --check. Fix: %tpu_setup --install, then %tpu_setup --check",
+    ),
+    (
+        {"check": True, "num_devices": 2},
+        "--check only checks the environment and sets nothing up, so --devices would be "
+        "ignored. Fix: %tpu_setup --check alone, then %tpu_setup without --check",
+    ),
+    (
+        {"install": True, "dry_run": True, "device": "cpu"},
+        "--install only installs torch and torch_xla and sets nothing up, so --device would be "
+        "ignored. Fix: %tpu_setup --install alone, then %tpu_setup without --install",
+    ),
+    ({"check": True, "ir_debug": True}, "so --ir-debug would be ignored"),
+    ({"check": True, "cache_dir": "/tmp/c"}, "so --cache would be ignored"),
+    ({"install": True, "target": "v6e"}, "so --target would be ignored"),
+]
+SETUP_OPTIONS = {"num_devices": "--devices", "cache_dir": "--cache"}
+
+
+@pytest.mark.parametrize(
+    "options, message", SETUP_MISTAKES, ids=[m[:40] for _, m in SETUP_MISTAKES]
+)
+def test_each_tpu_setup_that_cannot_be_done_is_one_line_with_the_fix(options, message):
+    with pytest.raises(TpuNbUsageError) as info:
+        setup_action(**options)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize(
+    "options, message", SETUP_MISTAKES, ids=[m[:40] for _, m in SETUP_MISTAKES]
+)
+def test_the_setup_magic_says_what_the_library_says(shell, options, message):
+    with pytest.raises(TpuNbUsageError) as library:
+        setup_action(**options)
+    line = " ".join(
+        SETUP_OPTIONS.get(name, "--" + name.replace("_", "-"))
+        + ("" if value is True else f" {value}")
+        for name, value in options.items()
+    )
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("tpu_setup", line)
+    assert str(info.value) == f"%tpu_setup: {library.value}"

@@ -85,40 +85,22 @@ class TpuMagics(Magics):
         args = parse(self.tpu_setup, line)
         if args is None:
             return
-        from tpu_nb.runtime.environment import detect, install_pair, setup
+        from tpu_nb.runtime.environment import detect, install_pair, setup, setup_action
 
-        if args.dry_run and not args.install:
-            raise UsageError(
-                "%tpu_setup: --dry-run shows what --install would do, and changes "
-                "nothing on its own. Fix: %tpu_setup --install --dry-run"
-            )
-        if args.install and args.check:
-            raise UsageError(
-                "%tpu_setup: choose one of --install and --check. Fix: %tpu_setup --install, "
-                "then %tpu_setup --check"
-            )
-        only = "--install" if args.install else "--check"
-        does = "installs torch and torch_xla" if args.install else "checks the environment"
-        setting = next(
-            (
-                option
-                for option, given in (
-                    ("--device", args.device != "auto"),
-                    ("--devices", args.devices is not None),
-                    ("--ir-debug", args.ir_debug),
-                    ("--cache", args.cache is not None),
-                    ("--target", args.target is not None),
-                )
-                if given
-            ),
-            None,
+        settings = dict(
+            device=args.device,
+            num_devices=args.devices,
+            ir_debug=args.ir_debug,
+            cache_dir=args.cache,
+            target=args.target,
         )
-        if (args.install or args.check) and setting:
-            raise UsageError(
-                f"%tpu_setup: {only} only {does} and sets nothing up, so {setting} would be "
-                f"ignored. Fix: %tpu_setup {only} alone, then %tpu_setup without {only}"
+        with user_mistake("%tpu_setup"):
+            action = setup_action(
+                install=args.install, check=args.check, dry_run=args.dry_run, **settings
             )
-        if args.install:
+        if action == "check":
+            return display(detect(check_import=True))
+        if action == "install":
             status, restart = install_pair(dry_run=args.dry_run)
             if status != 0:
                 raise UsageError(
@@ -131,17 +113,8 @@ class TpuMagics(Magics):
                     "(Colab: Runtime > Restart session) for the new install to take effect."
                 )
             return display(detect())
-        if args.check:
-            return display(detect(check_import=True))
         with user_mistake():
-            env = setup(
-                args.device,
-                num_devices=args.devices,
-                ir_debug=args.ir_debug,
-                cache_dir=args.cache,
-                target=args.target,
-            )
-        display(env)
+            display(setup(**settings))
 
     @options
     @flag("-o", dest="output", help="return the RunReport (like %%timeit -o)")

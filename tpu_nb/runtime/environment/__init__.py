@@ -11,6 +11,7 @@ from tpu_nb.runtime.environment._configure import (
     chosen_device,
     ensure_setup,
     setup,
+    setup_action,
     undo_debug_settings,
 )
 from tpu_nb.runtime.environment._defaults import default_device
@@ -49,6 +50,7 @@ __all__ = [
     "install_legacy_names",
     "install_pair",
     "setup",
+    "setup_action",
     "sync",
     "undo_debug_settings",
     "uninstall_legacy_names",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Literal
 
 from tpu_nb.runtime.backend import current as backend
 from tpu_nb.runtime.environment import _private_files as private_files
@@ -35,6 +36,7 @@ DEVICES = ("auto", "tpu", "cpu")
 # Samples kept per metric: enough for percentiles of recent steps, while a metric read (a copy
 # of the buffer) stays ~2 µs instead of ~38 µs at torch_xla's default of 1,024.
 METRICS_SAMPLES = "128"
+SetupAction = Literal["setup", "install", "check"]  # what a %tpu_setup asks for
 
 
 def _check_device(device: str, accelerator) -> str:
@@ -172,6 +174,56 @@ def _make_cache_dir(path: str) -> None:
             f"the compile cache {path} cannot be created ({exc.strerror}). Fix: "
             "choose a directory of yours, e.g. cache_dir='~/.cache/xla'."
         ) from None
+
+
+def setup_action(
+    *,
+    install: bool = False,
+    check: bool = False,
+    dry_run: bool = False,
+    device: str = "auto",
+    num_devices: int | None = None,
+    ir_debug: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    target: str | Chip | None = None,
+) -> SetupAction:
+    """What a `%tpu_setup` asks for, checked before anything runs: "install" the pinned
+    torch/torch_xla pair (`install_pair`; dry_run: only show what pip would do), "check" the
+    environment (`detect(check_import=True)`), or "setup" this process (`setup()` with the
+    same device, num_devices, ir_debug, cache_dir and target).
+
+    Installing and checking set nothing up, so a setting given beside them is a mistake:
+    TpuNbUsageError names the option as %tpu_setup spells it, with the fix.
+    """
+    if dry_run and not install:
+        raise TpuNbUsageError(
+            "--dry-run shows what --install would do, and changes nothing on its own. "
+            "Fix: %tpu_setup --install --dry-run"
+        )
+    if install and check:
+        raise TpuNbUsageError(
+            "choose one of --install and --check. Fix: %tpu_setup --install, "
+            "then %tpu_setup --check"
+        )
+    if not (install or check):
+        return "setup"
+    only, does = "--install", "installs torch and torch_xla"
+    if check:
+        only, does = "--check", "checks the environment"
+    given = (
+        ("--device", device != "auto"),
+        ("--devices", num_devices is not None),
+        ("--ir-debug", ir_debug),
+        ("--cache", cache_dir is not None),
+        ("--target", target is not None),
+    )
+    option = next((option for option, value in given if value), None)
+    if option is not None:
+        raise TpuNbUsageError(
+            f"{only} only {does} and sets nothing up, so {option} would be ignored. "
+            f"Fix: %tpu_setup {only} alone, then %tpu_setup without {only}"
+        )
+    return "install" if install else "check"
 
 
 def setup(

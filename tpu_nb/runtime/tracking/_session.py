@@ -65,8 +65,10 @@ class on_tpu:
         code = self.code or (caller().f_code,)
         if self.filename is None:
             self.filename = code[0].co_filename
-        dev = self.device if self.device is not None else xla_device()
-        guard = max_graphs(self.max_graphs) if self.max_graphs is not None else None
+        guard = (
+            max_graphs(self.max_graphs) if self.max_graphs is not None else None
+        )  # checked first
+        dev = self.device if self.device is not None else xla_device()  # may set up the process
         source = self.source
         source = source if source is not None else "".join(linecache.getlines(self.filename))
         stack = ExitStack()
