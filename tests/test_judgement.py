@@ -9,6 +9,7 @@ not the speed, is under test.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -174,6 +175,13 @@ for step in range(7):
     # that also holds the model's initialisation is not compared).
     assert "dim 0: " in pattern.progression and "\u2192 14 (" in pattern.progression, pattern
     assert shapes.text.count("changed:") <= 2  # the warm-up's facts; not one pair per step
+    # The verdict counts the steady steps' compiles and the one-time cost the others: together
+    # every compile of the run, in the cell's view and in a script's str(report) alike.
+    judgement = shapes.report.judgement
+    counted = re.search(r"of the steady steps' time \((\d+) compiles?\)", shapes.verdict.reason)
+    assert counted is not None, shapes.verdict.reason
+    assert int(counted[1]) + judgement.one_time_compiles == shapes.report.metrics.compiles
+    assert judgement.one_time_compiles and judgement.one_time_cost() in str(shapes.report)
 
 
 FIT_MODULE = """

@@ -202,7 +202,6 @@ def test_the_one_time_cost_names_only_the_compiles_it_counts():
     # at step 1 as state appeared, while the attention mask's read recompiles at every step;
     # step 1 recompiled, so it is a steady step, its loader graph with it: the one-time cost
     # is the first step's graphs alone, and says so
-    from tpu_nb.display.reports import one_time_cost
 
     events = []
     for step in range(8):
@@ -218,7 +217,7 @@ def test_the_one_time_cost_names_only_the_compiles_it_counts():
     judgement = _policy.judge(facts)
     assert judgement.compile_kinds[2] == _policy.STATE  # the loader's graph at step 1
     assert judgement.one_time_compiles == 2 and judgement.one_time_kinds == ("first", "first")
-    text = one_time_cost(judgement)
+    text = judgement.one_time_cost()
     assert text.startswith("one-time cost: 2 compiles") and "appeared" not in text, text
     assert "the first step's graph (2)" in text, text
 
@@ -475,7 +474,6 @@ def test_state_appearing_is_the_steady_steps_graph_only_when_the_next_steps_reus
     # a loop whose second step's graph has the optimizer's state as new inputs: the steady
     # step's graph when the next steps run it from the cache, even if a ragged last batch
     # compiles once more at the end ...
-    from tpu_nb.display.reports import one_time_cost
 
     def loop(compiled_steps, steps):
         events = [
@@ -493,7 +491,7 @@ def test_state_appearing_is_the_steady_steps_graph_only_when_the_next_steps_reus
     every = loop(range(12), 12)
     assert every.compile_kinds[:3] == (_policy.FIRST, _policy.STATE, _policy.RECOMPILE)
     assert every.one_time_kinds == ("first", "state")
-    text = one_time_cost(every)
+    text = every.one_time_cost()
     assert "the first step's graph, a graph as state appeared" in text, text
     assert "steady step's" not in text
 

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from tpu_nb.display.reports import EnvironmentView, RunView, group_findings, one_time_cost
+from tpu_nb.display.reports import EnvironmentView, RunView, group_findings
 from tpu_nb.runtime.metrics import MetricsDelta
 from tpu_nb.runtime.tracking import LineFinding, RunReport
 from tpu_nb.runtime.units import format_seconds
@@ -235,17 +235,13 @@ def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
 
 
 def test_one_time_cost_names_each_kind_it_counts():
-    from types import SimpleNamespace
+    from tpu_nb.runtime.tracking import Judgement
 
     def one_time(*kinds):
-        judgement = SimpleNamespace(
-            one_time_kinds=kinds,
-            one_time_compiles=len(kinds),
-            one_time_seconds=1.0,
-            verdict=None,
-            steady_steps=0,
+        judgement = Judgement(
+            one_time_kinds=kinds, one_time_compiles=len(kinds), one_time_seconds=1.0
         )
-        return one_time_cost(judgement)
+        return judgement.one_time_cost()
 
     assert one_time("first", "first", "warm-up") == (
         "one-time cost: 3 compiles (1.00 s): the first step's graph (2), the steady step's"

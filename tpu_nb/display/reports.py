@@ -366,7 +366,7 @@ class RunView:
             notes.append(f"compile causes unknown for this cell: {problem}")
         judgement = getattr(self.report, "judgement", None)
         if judgement is not None and judgement.one_time_compiles and judgement.loop:
-            notes.append(one_time_cost(judgement))
+            notes.append(judgement.one_time_cost())
         verdict = getattr(self.report.anatomy, "verdict", None)
         if verdict is not None:
             if judgement is not None and judgement.note:  # what the verdict leaves out
@@ -711,38 +711,3 @@ class TimingView:
             span(escape(t.summary()), RED if t.recompiles else OK, bold=t.recompiles),
             "tpunb-timing",
         )
-
-
-# The kinds of one-time compiles, as the one-time cost names them.
-_ONE_TIME = {
-    "first": "the first step's graph",
-    "warm-up": "the steady step's",
-    "state": "graphs as state appeared",
-    "later": "graphs first needed in a later step",
-    "variant": "other graphs, each compiled once",
-    "earlier": "work earlier cells left pending",
-    "inputs": "graphs of a compiled function's inputs",
-    "after": "graphs after the loop's last sync",
-}
-
-
-def one_time_cost(judgement) -> str:
-    """ "one-time cost: 2 compiles (444 ms): the first step's graph, the steady step's; the
-    verdict is about the 18 steady steps": the compiles the judgement counted as one-time,
-    by what each is (`Judgement.one_time_kinds`). A step that also recompiled is a steady
-    step, its first-of-a-kind compiles with it: they are the verdict's, not named here."""
-    kinds = judgement.one_time_kinds
-    n = judgement.one_time_compiles
-    named = []
-    for kind, words in _ONE_TIME.items():
-        count = kinds.count(kind)
-        if kind in ("after", "later", "state", "inputs") and count == 1:
-            words = "a graph" + words.removeprefix("graphs")
-        if count:
-            named.append(words if count == 1 or kind == "variant" else f"{words} ({count})")
-    text = f"one-time cost: {_count(n, 'compile')} ({format_seconds(judgement.one_time_seconds)})"
-    if named:
-        text += ": " + ", ".join(named)
-    if judgement.verdict is not None and judgement.steady_steps:
-        text += f"; the verdict is about the {judgement.steady_steps} steady steps"
-    return text

@@ -921,7 +921,7 @@ def _judge_shares(a: Anatomy) -> Verdict | None:
         "host-bound": f"the host's Python tracing and syncs took {pct(host)} of the time; the "
         f"device was busy {pct(a.device_share)}",
         "input-bound": f"waiting for the data loader took {pct(share('input'))} of the time",
-        "compile-bound": f"compiling took {pct(share('compile'))} of the time",
+        "compile-bound": f"compiling took {pct(share('compile'))} of the steady steps' time",
         "read-bound": f"value reads took {pct(share('read'))} of the time",
         "device-bound": f"the device was busy {pct(a.device_share)} of the time",
     }

@@ -151,6 +151,40 @@ class Judgement:
     def recompiled(self) -> bool:
         return any(p.flagged for p in self.lines.values())
 
+    def one_time_cost(self) -> str:
+        """ "one-time cost: 2 compiles (444 ms): the first step's graph, the steady step's; the
+        verdict is about the 18 steady steps": the compiles counted as one-time, by what each
+        is (`one_time_kinds`). A step that also recompiled is a steady step, its
+        first-of-a-kind compiles with it: they are the verdict's, not named here."""
+        named = []
+        for kind, words in _ONE_TIME.items():
+            count = self.one_time_kinds.count(kind)
+            if kind in ("after", "later", "state", "inputs") and count == 1:
+                words = "a graph" + words.removeprefix("graphs")
+            if count:
+                named.append(words if count == 1 or kind == "variant" else f"{words} ({count})")
+        n = self.one_time_compiles
+        text = f"one-time cost: {n} compile{'' if n == 1 else 's'}"
+        text += f" ({format_seconds(self.one_time_seconds)})"
+        if named:
+            text += ": " + ", ".join(named)
+        if self.verdict is not None and self.steady_steps:
+            text += f"; the verdict is about the {self.steady_steps} steady steps"
+        return text
+
+
+# The kinds of one-time compiles, as the one-time cost names them.
+_ONE_TIME = {
+    "first": "the first step's graph",
+    "warm-up": "the steady step's",
+    "state": "graphs as state appeared",
+    "later": "graphs first needed in a later step",
+    "variant": "other graphs, each compiled once",
+    "earlier": "work earlier cells left pending",
+    "inputs": "graphs of a compiled function's inputs",
+    "after": "graphs after the loop's last sync",
+}
+
 
 # -- compiles per line ---------------------------------------------------------------------
 

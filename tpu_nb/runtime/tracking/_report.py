@@ -192,6 +192,8 @@ class RunReport:
                 where = f"{key[0]}:{key[1]}" + (f" \u2192 {pattern.via}" if pattern.via else "")
                 lines.append(f"  {where}: {describe_pattern(pattern)}")
         verdict = getattr(self.anatomy, "verdict", None)
+        if judgement is not None and judgement.one_time_compiles and judgement.loop:
+            lines.append(f"  {judgement.one_time_cost()}")
         if verdict is not None:
             if judgement is not None and judgement.note:  # what the verdict leaves out
                 lines.append(f"  {judgement.note}")
