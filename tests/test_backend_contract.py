@@ -442,7 +442,7 @@ def test_the_backends_own_counter_reset_goes_through_the_hook(b, py):
 def test_the_pending_graph_of_a_tensor_names_its_ops(b):
     x = torch.ones(fresh_size(), 4, device=b.devices.device())
     y = (x * 2).relu()
-    assert b.graphs.is_pending(y)
+    assert b.graphs.pending(y) == "new"
     text = b.graphs.text([y])
     assert "aten::mul" in text and "aten::relu" in text
     assert "aten::relu" not in b.graphs.text([x * 2])
@@ -451,7 +451,12 @@ def test_the_pending_graph_of_a_tensor_names_its_ops(b):
     proto = b.graphs.hlo_proto([y])
     assert isinstance(proto, bytes) and len(proto) > 0
     b.syncs.sync()
-    assert not b.graphs.is_pending(y)  # after the sync it is device data
+    assert b.graphs.pending(y) == ""  # after the sync it is device data
+    y.mul_(2)  # an update in place: the next graph writes over y's buffer
+    assert b.graphs.pending(y) == "in place"
+    z = y * 1  # a new tensor: a buffer of its own
+    assert b.graphs.pending(z) == "new"
+    b.syncs.sync()
 
 
 @BACKENDS

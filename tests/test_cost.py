@@ -921,6 +921,73 @@ def test_the_optimizer_state_a_graph_makes_is_counted_once():
     assert sgd is not None and sgd.made == 0 and sgd.needed == 3 * params + 5_000 + params
 
 
+def test_new_gradients_count_once_and_never_more_than_are_held():
+    """Constructed facts: gradients the graph computes anew leave what is held for its
+    outputs, up to the outputs not written in place and to the gradients held (a sharded
+    parameter's gradient seen whole while pending counts its device's part)."""
+    steady = GraphCost(
+        temp_bytes=50.0,
+        output_bytes=300.0,
+        aliased_bytes=200.0,  # weights and state in place; the gradients anew
+        resident=Residency(params=100, grads=100, optimizer=200, new_grads=100),
+    )
+    fit = memory_fit([steady], CHIPS["v5e"])
+    assert fit is not None and fit.new_grads == 100 and fit.needed == 300 + 50 + 100, fit
+    assert "the gradients it computes among them (counted once" in fit.describe()
+    in_place = replace(steady, resident=replace(steady.resident, new_grads=0))
+    assert memory_fit([in_place], CHIPS["v5e"]).needed == 400 + 50 + 100  # accumulated
+    # SPMD over 4 devices: the gradients pending whole at the capture, laid out at the end;
+    # the graph also writes 200 of other new outputs
+    sharded = GraphCost(
+        temp_bytes=50.0,
+        output_bytes=500.0,
+        aliased_bytes=200.0,
+        resident=Residency(
+            params=100, grads=400, optimizer=200, whole=frozenset({"grads"}), new_grads=400
+        ),
+    )
+    laid_out = Residency(params=100, grads=100, optimizer=200)
+    fit = memory_fit([sharded], CHIPS["v5e"], laid_out)
+    assert fit is not None and fit.new_grads == 100 and fit.needed == 300 + 50 + 300, fit
+    # never more than the outputs not written in place
+    few = replace(steady, output_bytes=240.0)
+    assert memory_fit([few], CHIPS["v5e"]).new_grads == 40
+
+
+def test_gradients_a_step_computes_anew_are_counted_once():
+    """zero_grad() lets the last gradients go, so backward() computes them anew: held by
+    .grad when the step is captured, still pending, and among the graph's new outputs.
+    Counted as both, the step needed its gradients twice over. XLA's own sizes of the
+    graph (its inputs, temporaries and outputs not written in place, all on the chip while
+    it runs) are the oracle."""
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(  # shapes no other test compiles
+        torch.nn.Linear(47, 93), torch.nn.ReLU(), torch.nn.Linear(93, 47)
+    ).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 47, device=dev)
+    torch_xla.sync()
+    with tpu_nb.track() as report:
+        for _ in range(5):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            torch_xla.sync()
+    memory = report.cost.memory
+    assert memory is not None and memory.resident is not None, report.cost
+    grads = memory.resident.grads
+    assert grads == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert memory.new_grads == grads, memory
+    on_chip = max(
+        g.input_bytes + g.temp_bytes + g.output_bytes - g.aliased_bytes
+        for g in report.cost.graphs
+        if None not in (g.input_bytes, g.temp_bytes, g.output_bytes, g.aliased_bytes)
+    )
+    assert on_chip <= memory.needed < on_chip + grads / 2, (memory, on_chip)
+    assert "the gradients it computes among them (counted once" in memory.describe()
+
+
 def test_a_loop_whose_rarer_graph_writes_more_is_judged_on_that_graph():
     """Every fourth step also keeps a 4 MB copy of a weight: a graph run once in four that
     needs 4 MB more than the loop's other. The memory line counts it (it read 0 B, from the

@@ -15,7 +15,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+# What a tensor is waiting for (Graphs.pending): "" nothing, it is device data.
+Pending = Literal["", "new", "in place"]
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,11 @@ class Graphs(ABC):
         """That graph lowered to a serialized HloModuleProto (with its stack-frame index)."""
 
     @abstractmethod
-    def is_pending(self, tensor: Any) -> bool:
-        """Whether the tensor has operations waiting for a sync (not only device data)."""
+    def pending(self, tensor: Any) -> Pending:
+        """Whether the tensor has operations waiting for a sync: "" (no: device data),
+        "new" (the next graph computes it into a buffer of its own, one of its outputs) or
+        "in place" (the next graph writes it over the buffer of the tensor it updates in
+        place, e.g. a parameter an optimizer steps)."""
 
     @abstractmethod
     def open_scope(self, name: str) -> Any:

@@ -266,11 +266,19 @@ class _Graphs(base.Graphs):
     def hlo_proto(self, tensors: Sequence[Any]) -> bytes:
         return _extension()._get_xla_tensors_hlo_proto(list(tensors))
 
-    def is_pending(self, tensor: Any) -> bool:
-        # ~2 µs: torch_xla's debug line for the tensor's IR value.
-        info = _extension()._get_xla_tensor_debug_info(tensor)
-        ir = next((line[4:] for line in info.splitlines() if line.startswith("IR: ")), "None")
-        return ir != "None" and "xla::device_data" not in ir
+    def pending(self, tensor: Any) -> base.Pending:
+        # ~2 µs: torch_xla's debug lines for the tensor: its IR value, and its alias id,
+        # which differs from its own id when the tensor was updated in place (the id of the
+        # tensor whose buffer the graph's output then takes: torch_xla's input/output alias).
+        fields = dict(
+            line.split(": ", 1)
+            for line in _extension()._get_xla_tensor_debug_info(tensor).splitlines()
+            if ": " in line
+        )
+        ir = fields.get("IR", "None")
+        if ir == "None" or "xla::device_data" in ir:
+            return ""
+        return "new" if fields.get("AliasID") == fields.get("TensorID") else "in place"
 
     def open_scope(self, name: str) -> Any:
         # What torch_xla.debug.profiler.Trace holds: the scope closes when it is freed.

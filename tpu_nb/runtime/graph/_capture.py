@@ -107,7 +107,7 @@ def _children(obj: Any, torch) -> Iterable[Any]:
 def is_pending(tensor: Any) -> bool:
     """Whether an XLA tensor has operations waiting for a sync (not just device data).
     ~2 us: reads torch_xla's debug line for the tensor's IR value."""
-    return backend().graphs.is_pending(tensor)
+    return backend().graphs.pending(tensor) != ""
 
 
 def pending_graph(*objects: Any, hlo: bool = True, max_items: int = 100_000) -> Graph | None:

@@ -77,6 +77,10 @@ class Residency:
     # the parts ("grads", "optimizer") of which a sharded parameter's tensor was still
     # pending, its layout not decided yet: counted whole
     whole: frozenset[str] = frozenset()
+    # of `grads`, those the pending graph computes anew, as seen at a capture (backward()
+    # after zero_grad() let the last ones go): that graph's outputs, not on the chip before
+    # it runs. Not a part of what the code holds at other moments (`most` keeps none).
+    new_grads: int = 0
 
     @property
     def total(self) -> int:
@@ -158,8 +162,10 @@ class MemoryFit:
     # the graph's outputs that do not take an input's place (a new tensor the step returns)
     outputs: float = 0.0
     graphs: int = 1  # the step's graphs: the figures are those of the one that needs most
-    # the optimizer's state the graph makes: among its outputs, so not counted as held too
+    # the optimizer's state the graph makes, and the gradients it computes anew: among its
+    # outputs, so not counted as held too
     made: float = 0.0
+    new_grads: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -173,7 +179,9 @@ class MemoryFit:
         """What to do when the step does not fit, by what takes the room: what the step
         keeps on the chip between steps (no batch size changes it), or the temporaries."""
         r = self.resident
-        held = self.inputs if self.inputs is not None else (r.total - self.made if r else 0)
+        # the gradients count here even when the step computes them anew: they stay on the
+        # chip from one step to the next, whatever the batch
+        held = max(self.inputs or 0.0, r.total - self.made if r else 0.0)
         if held > self.chip.per_device().hbm_bytes:
             return (
                 f"what the step keeps on the chip ({format_bytes(held)}: parameters, "
@@ -195,6 +203,20 @@ class MemoryFit:
             "take it over: a smaller batch (accumulate gradients over several to keep the "
             "batch the optimizer sees), activations recomputed in the backward "
             "(torch_xla.utils.checkpoint.checkpoint around each block), or bf16 activations"
+        )
+
+    def _once(self) -> str:
+        """What the outputs hold that the code was also found holding (counted once)."""
+        made = [
+            what
+            for what, size in (("gradients", self.new_grads), ("optimizer state", self.made))
+            if size
+        ]
+        if not made:
+            return ""
+        verb = "computes" if made == ["gradients"] else "makes"
+        return (
+            f", the {' and '.join(made)} it {verb} among them (counted once, not also as resident)"
         )
 
     def describe(self) -> str:
@@ -240,12 +262,7 @@ class MemoryFit:
             parts.append(f"the graph's temporaries {format_bytes(self.temporaries)}")
         if self.outputs:
             parts.append(
-                f"its outputs not written in place {format_bytes(self.outputs)}"
-                + (
-                    ", the optimizer state it makes among them (counted once, not also as resident)"
-                    if self.made
-                    else ""
-                )
+                f"its outputs not written in place {format_bytes(self.outputs)}" + self._once()
             )
         at_least = " at least" if self.temporaries is None or self.unsized else ""
         head = f"needs{at_least} {format_bytes(self.needed)}, {have}"
@@ -420,14 +437,14 @@ def residency(spaces: Sequence[dict]) -> Residency:
     seen: set[int] = set()
     owner: dict[int, str] = {}
     by_part: dict[str, int] = {}
-    params = grads = state = 0
+    params = grads = state = new_grads = 0
     whole: set[str] = set()
 
     def counted_whole(t, got: int, param) -> bool:
         """A sharded parameter's gradient or state still pending, its size counted whole."""
         return (
             got == t.numel() * t.element_size()
-            and backend.graphs.is_pending(t)
+            and backend.graphs.pending(t) != ""
             and backend.devices.shards(param) > 1
         )
 
@@ -445,6 +462,8 @@ def residency(spaces: Sequence[dict]) -> Residency:
             owner[id(p)] = part
             got, grad = size(p), size(p.grad)
             params, grads = params + got, grads + grad
+            if grad and backend.graphs.pending(p.grad) == "new":
+                new_grads += min(grad, got)  # a sharded one's part, as its parameter's
             if grad and "grads" not in whole and counted_whole(p.grad, grad, p):
                 whole.add("grads")
             by_part[part] = by_part.get(part, 0) + got + grad
@@ -458,7 +477,7 @@ def residency(spaces: Sequence[dict]) -> Residency:
                 if got and "optimizer" not in whole and counted_whole(value, got, param):
                     whole.add("optimizer")
     largest = tuple(sorted(by_part.items(), key=lambda kv: -kv[1])[:3])
-    return Residency(params, grads, state, largest, frozenset(whole))
+    return Residency(params, grads, state, largest, frozenset(whole), new_grads)
 
 
 # -- per step, when the run ends ------------------------------------------------------------
@@ -581,11 +600,20 @@ def memory_fit(
         outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))
         makes = outputs >= state > (g.aliased_bytes or 0.0)
         made = state if makes else 0.0
-        inputs = g.input_bytes if (g.input_bytes or 0.0) > held - made else None
+        # Gradients the graph computes anew are among its new outputs, though the code holds
+        # them when it is captured: counted once, as outputs.
+        fresh = (
+            min(outputs - made, g.resident.new_grads, resident.grads)
+            if g.resident and resident
+            else 0.0
+        )
+        fresh = max(0.0, fresh)
+        once = made + fresh
+        inputs = g.input_bytes if (g.input_bytes or 0.0) > held - once else None
         fits.append(
             MemoryFit(
                 chip,
-                max(held - made, inputs or 0.0) + (g.temp_bytes or 0.0) + outputs,
+                max(held - once, inputs or 0.0) + (g.temp_bytes or 0.0) + outputs,
                 resident,
                 g.temp_bytes,
                 unsized=unknown if g.temp_bytes is not None else 0,
@@ -593,6 +621,7 @@ def memory_fit(
                 outputs=outputs,
                 graphs=count,
                 made=made,
+                new_grads=fresh,
             )
         )
     # the graph that needs most; of those that tie, one whose temporaries are known
