@@ -234,6 +234,22 @@ def test_on_tpu_report_end_to_end_names_the_lines_of_the_cell(shell, capsys):
     assert "read from the device" in listing[read + 1], listing
 
 
+def test_cache_hits_loaded_from_disk_are_told_apart():
+    """A TPU restarted with the persistent compile cache finds its graphs on disk: cache
+    hits, of which the report says how many came from there (the counters alone cannot be
+    moved on XLA:CPU, which cannot load what it writes: constructed figures)."""
+    restarted = _report(compiles=1, cache_hits=3, persistent_cache_hits=2, executions=4)
+    view = RunView(restarted)
+    assert "3 cache hits (2 from disk)" in view.summary()
+    assert ("compile cache hits", "3 (2 from disk)") in view.figures()
+    rows = str(restarted.metrics).splitlines()
+    hits = next(i for i, row in enumerate(rows) if row.split()[:3] == ["compile", "cache", "hits"])
+    assert rows[hits + 1].split() == ["from", "disk", "2"], rows  # under the cache hits
+    assert "3 cache hits (2 from disk)" in restarted.metrics.summary()
+    warm = _report(compiles=1, cache_hits=3, executions=4)  # all found in memory
+    assert "disk" not in RunView(warm).summary() + str(warm.metrics) + str(warm.metrics.summary())
+
+
 def test_one_time_cost_names_each_kind_it_counts():
     from tpu_nb.runtime.tracking import Judgement
 

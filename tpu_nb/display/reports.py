@@ -279,7 +279,7 @@ class RunView:
             f"{m.executions} executed",
         ]
         if m.cache_hits:
-            bits.append(_count(m.cache_hits, "cache hit"))
+            bits.append(_count(m.cache_hits, "cache hit") + m.from_disk())
         if m.host_reads:
             bits.append(_count(m.host_reads, "host read"))
         if m.fallbacks:
@@ -308,7 +308,7 @@ class RunView:
         return [
             ("wall time", format_seconds(r.wall_seconds) + _wall_parts(r)),
             ("graphs compiled", _timed(m.compiles, m.compile_seconds)),
-            ("compile cache hits", str(m.cache_hits)),
+            ("compile cache hits", f"{m.cache_hits}{m.from_disk()}"),
             ("executions", executions),
             ("transfers to device", _timed(m.to_device_transfers, m.to_device_seconds)),
             ("transfers to host", _timed(m.from_device_transfers, m.from_device_seconds)),

@@ -94,7 +94,7 @@ class MetricsDelta:
     """What the XLA runtime did between two snapshots. Seconds are wall seconds."""
 
     compiles: int = 0  # graphs compiled (not found in the in-memory cache)
-    cache_hits: int = 0  # graphs found in the in-memory compile cache
+    cache_hits: int = 0  # graphs found in the compile cache (in memory, or on disk: below)
     compile_seconds: float = 0.0
     executions: int = 0  # graph executions (single-device and SPMD, compiled code's too)
     # Of those, runs of compiled functions' cached graphs (torch.compile, torch_xla.compile):
@@ -116,6 +116,8 @@ class MetricsDelta:
     # from_device_transfers (as every read is), not here.
     host_reads: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)  # op -> calls run on the CPU
+    # of the cache hits, executables the persistent compile cache loaded from disk (a TPU's,
+    # after a restart; XLA:CPU writes them but cannot load them)
     persistent_cache_hits: int = 0
     wall_seconds: float = 0.0  # time between the two snapshots
     counters: dict[str, int] = field(default_factory=dict)  # every counter that moved
@@ -150,7 +152,7 @@ class MetricsDelta:
         if not parts:
             parts.append("nothing compiled or executed")
         if self.cache_hits:
-            parts.append(count(self.cache_hits, "cache hit"))
+            parts.append(count(self.cache_hits, "cache hit") + self.from_disk())
         parts.append(f"{self.to_device_transfers}\u2192dev {self.from_device_transfers}\u2192host")
         if self.host_reads:
             parts.append(count(self.host_reads, "host read"))
@@ -162,6 +164,12 @@ class MetricsDelta:
         if self.unknown:
             parts.append(self.unknown_note())
         return ", ".join(parts)
+
+    def from_disk(self) -> str:
+        """ " (2 from disk)": of the cache hits, the executables the persistent compile cache
+        loaded (a TPU's, after a restart: XLA:CPU cannot load them); "" when none."""
+        n = self.persistent_cache_hits
+        return f" ({n} from disk)" if n else ""
 
     def unknown_note(self) -> str:
         """What a reset tpu_nb did not see left uncertain, in words ('' when nothing)."""
@@ -187,8 +195,13 @@ class MetricsDelta:
 
     def __str__(self) -> str:
         rows = self.rows()
+        if self.persistent_cache_hits:
+            rows.insert(2, ("  from disk", self.persistent_cache_hits, None))
         if self.compiled_code_executions:
-            rows.insert(3, ("  compiled functions'", self.compiled_code_executions, None))
+            rows.insert(
+                rows.index(next(r for r in rows if r[0] == "executions")) + 1,
+                ("  compiled functions'", self.compiled_code_executions, None),
+            )
         lines = [
             f"  {name:22}{count:>8}  {'' if secs is None else format_seconds(secs)}".rstrip()
             for name, count, secs in rows
