@@ -7,6 +7,7 @@ device count) run a subprocess with `run_python` — torch_xla reads those once 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import subprocess
@@ -53,11 +54,131 @@ def execute_when_ready(kc, code: str, *, timeout: float = 120.0) -> dict:
         time.sleep(0.05)
 
 
+class _Zygote:
+    """The warm start of run_python's processes (tests/_zygote.py): started at the first
+    call, in this process's environment; None when it cannot start (then every call is a
+    plain subprocess)."""
+
+    proc: subprocess.Popen | None = None
+    env: dict = {}  # the zygote's environment
+    failed = False
+
+    @classmethod
+    def get(cls, env: dict) -> subprocess.Popen | None:
+        if cls.failed or os.environ.get("TPU_NB_TEST_ZYGOTE") == "0":
+            return None
+        if cls.proc is None or cls.proc.poll() is not None:
+            cls.env = env
+            cls.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "_zygote.py")],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=str(ROOT),
+            )
+            if not cls._reply(cls.proc, 300).get("ready"):
+                cls.stop()
+                cls.failed = True
+                return None
+        return cls.proc
+
+    @staticmethod
+    def _reply(proc: subprocess.Popen, timeout: float) -> dict:
+        import json
+        import select
+
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else ""
+        return json.loads(line) if line else {}
+
+    @classmethod
+    def run(cls, script: str, env: dict, base: dict, timeout: float) -> subprocess.CompletedProcess:
+        """`python script` forked from the zygote (started in `base`, the environment every
+        script gets before its own changes); raises subprocess.TimeoutExpired as
+        subprocess.run does."""
+        import json
+        import signal
+
+        proc = cls.get(base)
+        if proc is None:
+            raise LookupError("no zygote")
+        if any(  # a variable read as those modules were imported, other than the zygote's
+            name.startswith(_IMPORT_TIME) and env.get(name) != cls.env.get(name)
+            for name in {*env, *cls.env}
+        ):
+            raise LookupError("a variable the zygote's imports read differs")
+        assert proc.stdin is not None
+        with tempfile.TemporaryDirectory(prefix="tpu_nb_test_out_") as out:
+            request = dict(
+                script=script,
+                env=env,
+                cwd=str(ROOT),
+                out=os.path.join(out, "stdout"),
+                err=os.path.join(out, "stderr"),
+            )
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            pid = cls._reply(proc, 60).get("pid")
+            if pid is None:
+                cls.stop()
+                raise LookupError("the zygote did not fork")
+            try:
+                reply = cls._reply(proc, timeout)
+            except BaseException:  # pytest-timeout, ^C: the script goes, as with subprocess
+                os.kill(pid, signal.SIGKILL)
+                cls.stop()
+                raise
+            if "code" not in reply:
+                os.kill(pid, signal.SIGKILL)
+                cls._reply(proc, 60)
+                raise subprocess.TimeoutExpired([sys.executable, script], timeout)
+
+            def read(name: str) -> str:
+                with open(os.path.join(out, name), encoding="utf-8", errors="replace") as f:
+                    return f.read()
+
+            return subprocess.CompletedProcess(
+                [sys.executable, script], reply["code"], read("stdout"), read("stderr")
+            )
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.proc is not None:
+            try:
+                cls.proc.stdin.close()  # type: ignore[union-attr]
+                cls.proc.wait(timeout=30)
+            except Exception:
+                cls.proc.kill()
+            cls.proc = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _Zygote.stop()
+
+
+# What a fresh interpreter reads as it imports torch and the modules the zygote holds
+# already imported: a script given another of these runs as a plain subprocess.
+_IMPORT_TIME = ("PYTHON", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA", "LD_")
+
+
 def run_python(
-    code: str, *, env: dict | None = None, timeout: float = 240, check: bool = True
+    code: str,
+    *,
+    env: dict | None = None,
+    timeout: float = 240,
+    check: bool = True,
+    cold: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run `code` in a fresh Python process (tpu_nb importable, PJRT_DEVICE=CPU unless `env`
-    says otherwise; XLA debug variables of this process are not inherited)."""
+    says otherwise; XLA debug variables of this process are not inherited).
+
+    The process is forked from a zygote that has imported torch and what torch_xla imports
+    of other libraries, but not torch_xla nor tpu_nb (tests/_zygote.py): ~0.5 s instead of
+    ~10. A variable read while those import (`_IMPORT_TIME`) changed by `env` runs a plain
+    `python script` instead; so does `cold=True` (a test of what gets imported) and every call
+    with TPU_NB_TEST_ZYGOTE=0."""
     full_env = {
         k: v
         for k, v in os.environ.items()
@@ -67,6 +188,7 @@ def run_python(
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p
     )
+    base = dict(full_env)
     for name, value in (env or {}).items():  # a value of None removes the variable
         if value is None:
             full_env.pop(name, None)
@@ -77,14 +199,19 @@ def run_python(
     ) as script:  # a file: tracebacks quote it
         script.write(textwrap.dedent(code))
     try:
-        proc = subprocess.run(
-            [sys.executable, script.name],
-            capture_output=True,
-            text=True,
-            env=full_env,
-            timeout=timeout,
-            cwd=str(ROOT),
-        )
+        proc = None
+        if not cold:
+            with contextlib.suppress(LookupError):
+                proc = _Zygote.run(script.name, full_env, base, timeout)
+        if proc is None:
+            proc = subprocess.run(
+                [sys.executable, script.name],
+                capture_output=True,
+                text=True,
+                env=full_env,
+                timeout=timeout,
+                cwd=str(ROOT),
+            )
     finally:
         os.unlink(script.name)
     if check and proc.returncode != 0:

@@ -21,12 +21,15 @@ def test_detect_on_this_machine():
 
 
 def test_detect_works_without_torch_xla_imported(py):
-    out = py("""
+    out = py(
+        """
         import sys, tpu_nb
         env = tpu_nb.detect()
         assert "torch_xla" not in sys.modules and "torch" not in sys.modules, sorted(sys.modules)
         print(env.versions["torch_xla"], env.torch_xla_imported, env.runtime_initialized)
-    """).stdout
+    """,
+        cold=True,
+    ).stdout
     assert out.split() == ["2.9.0", "False", "False"]
 
 

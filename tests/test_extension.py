@@ -33,14 +33,17 @@ def test_expected_stack():
 
 def test_load_ext_does_not_import_torch_xla(py):
     out = (
-        py("""
+        py(
+            """
         import sys, time
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_line_magic("load_ext", "tpu_nb")
         print("RESULT", "torch_xla" in sys.modules, "torch" in sys.modules,
               sorted(ip.magics_manager.magics["cell"]).count("on_tpu"))
-    """)
+    """,
+            cold=True,
+        )
         .stdout.split("RESULT")[-1]
         .split()
     )  # IPython 7 writes a terminal-title escape

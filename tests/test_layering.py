@@ -11,12 +11,15 @@ NOTEBOOK_LIBS = ("IPython", "ipywidgets", "matplotlib", "ipykernel")
 
 
 def test_import_tpu_nb_imports_no_notebook_library_and_no_torch_xla(py):
-    out = py(f"""
+    out = py(
+        f"""
         import json, sys
         import tpu_nb, tpu_nb.runtime
         print(json.dumps(sorted(m for m in {list(NOTEBOOK_LIBS) + ["torch_xla", "torch"]!r}
                                 if m in sys.modules)))
-    """).stdout
+    """,
+        cold=True,
+    ).stdout
     assert json.loads(out) == []
 
 
