@@ -921,6 +921,22 @@ def test_the_optimizer_state_a_graph_makes_is_counted_once():
     assert sgd is not None and sgd.made == 0 and sgd.needed == 3 * params + 5_000 + params
 
 
+def test_the_state_a_graph_makes_is_told_apart_through_the_logs_rounding():
+    """The compile log gives sizes in GiB to six decimals: a first AdamW step making 88,160
+    bytes of state reads as writing 88,047 anew, less than the state, and was taken for a
+    step that reads the state, counting it twice (254 KB where the loop needs 211)."""
+    params, state = 44_080, 88_160
+    making = GraphCost(
+        temp_bytes=30_000.0,
+        output_bytes=params + state - 113.0,
+        aliased_bytes=params,
+        resident=Residency(params, optimizer=state),
+    )
+    fit = memory_fit([making], CHIPS["v5e"])
+    assert fit is not None and fit.made == state, fit
+    assert fit.needed == params + 30_000 + state - 113, fit
+
+
 def test_new_gradients_count_once_and_never_more_than_are_held():
     """Constructed facts: gradients the graph computes anew leave what is held for its
     outputs, up to the outputs not written in place and to the gradients held (a sharded

@@ -66,6 +66,26 @@ def make_trainer(padding, steps=6, logging_steps=100):
         disable_tqdm=True, dataloader_pin_memory=False,
     )
     return Trainer(model=model, args=args, train_dataset=data, data_collator=collate)
+
+# A causal LM, the most common fine-tuning: Trainer counts each batch's tokens
+# (num_items_in_batch) and gathers the count through accelerate at every step.
+def make_lm_trainer(steps=6):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
+    config._attn_implementation = "eager"  # no mask check read: the sync is the question
+    model = GPT2LMHeadModel(config)
+    g = torch.Generator().manual_seed(2)
+    data = [
+        {"input_ids": ids, "attention_mask": [1] * 24, "labels": ids}
+        for ids in torch.randint(2, 64, (4 * steps, 24), generator=g).tolist()
+    ]
+    args = TrainingArguments(
+        output_dir="trainer-out", per_device_train_batch_size=4, max_steps=steps,
+        logging_steps=100, report_to=[], save_strategy="no", optim="adamw_torch",
+        disable_tqdm=True, dataloader_pin_memory=False,
+    )
+    return Trainer(model=model, args=args, train_dataset=data)
 """
 
 # What the report calls each figure -> torch_xla's own counter for it.
@@ -209,6 +229,19 @@ def test_trainer_with_fixed_padding_is_not_recompiled(run):
     assert report.metrics.cache_hits > 0
     _, plain = run('make_trainer("fixed", logging_steps=2).train()', tracked=False)
     _same_work(raw, plain)
+
+
+def test_a_causal_lm_trainers_token_count_gather_is_no_step(run):
+    """Trainer gathers each batch's token count through accelerate (a sync of its own) before
+    every step of a causal LM: work of the step, not a step. Counted as steps, the run had
+    twice its optimizer steps, and each figure per step was a median of half-steps."""
+    text, raw = run("make_lm_trainer().train()", tracked=True)
+    report = tpu_nb.last_report()
+    assert _figures(report) == raw
+    _optimizer_steps(report, 6)
+    assert report.anatomy.other_syncs >= 6, report.anatomy  # a gather's in each step
+    # Trainer's own settings only: no Dynamo backend accelerate refuses
+    assert "torch_compile" not in text, text
 
 
 def test_trainer_with_bucketed_padding_compiles_each_bucket_once(run):

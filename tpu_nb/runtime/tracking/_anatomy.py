@@ -202,12 +202,22 @@ FIXES = {
     "device",
     "compile-bound": "the steady steps still compile: see the compile findings "
     "for the lines that do, and what changed between their graphs",
-    "read-bound": "value reads (.item(), print(tensor), bool(tensor)) and CPU fallbacks make "
-    "the host wait for the device every step, so tracing and execution no longer overlap: "
-    "accumulate values on the device and read them after the loop, every N steps or in a "
-    "step closure (xm.add_step_closure), and replace ops that fall back to the CPU with ones "
-    "XLA lowers (what to do, above, names them); then each step is one graph the host "
-    "does not wait for",
+    "read-bound": "value reads (.item(), print(tensor), bool(tensor)) make the host wait for "
+    "the device every step, so tracing and execution no longer overlap: accumulate values "
+    "on the device and read them after the loop, every N steps or in a step closure "
+    "(xm.add_step_closure); then each step is one graph the host does not wait for",
+    # read-bound by CPU fallbacks (an op XLA does not lower runs on the CPU, its inputs read),
+    # and by both
+    "fallback-bound": "CPU fallbacks make the host wait for the device every step, so "
+    "tracing and execution no longer overlap: replace the ops that fall back to the CPU "
+    "with ones XLA lowers (what to do, above, names them); then each step is one graph the "
+    "host does not wait for",
+    "read-and-fallback-bound": "value reads (.item(), print(tensor), bool(tensor)) and CPU "
+    "fallbacks make the host wait for the device every step, so tracing and execution no "
+    "longer overlap: accumulate values on the device and read them after the loop, every N "
+    "steps or in a step closure (xm.add_step_closure), and replace the ops that fall back "
+    "to the CPU with ones XLA lowers (what to do, above, names them); then each step is one "
+    "graph the host does not wait for",
 }
 
 

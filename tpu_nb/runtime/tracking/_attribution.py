@@ -27,9 +27,9 @@ from tpu_nb.runtime.tracking._store import store
 
 HOST_READ_HINT = (
     "a device value read on the host runs the graph that value needs, waits for it and "
-    "copies it: keep values on the device (accumulate losses in a tensor, with a "
-    "torch_xla.sync() after each step) and read once after the loop, or log with "
-    "xm.add_step_closure (it runs at the next sync)"
+    "copies it: keep values on the device (accumulate losses in a tensor, total += "
+    "loss.detach()) and read once after the loop, or log with xm.add_step_closure (it "
+    "runs at the next sync)"
 )
 # How a report names the sync tpu_nb runs at the end of a run when asked (`--sync`).
 END_SYNC = "tpu_nb's end-of-cell sync (--sync)"

@@ -400,6 +400,11 @@ def note_compiled(own_hash: str, event) -> None:
         store.keep_cost(own_hash, replace(known, graph_hash=event.graph_hash, **_sizes(event)))
 
 
+# The compile log gives sizes in GiB to six decimals: each may be off by half of 1e-6 GiB, and
+# a difference of two by twice that (537 bytes each).
+_LOG_ROUNDING = 1e-6 * 2**30
+
+
 def _sizes(event) -> dict[str, Any]:
     """A compile event's sizes, as GraphCost fields, in bytes."""
     return {_SIZE_KEYS[k]: v * 2**30 for k, v in event.sizes_gb.items() if k in _SIZE_KEYS}
@@ -598,7 +603,7 @@ def memory_fit(
     fits = []
     for g in sized:
         outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))
-        makes = outputs >= state > (g.aliased_bytes or 0.0)
+        makes = outputs + _LOG_ROUNDING >= state > (g.aliased_bytes or 0.0)
         made = state if makes else 0.0
         # Gradients the graph computes anew are among its new outputs, though the code holds
         # them when it is captured: counted once, as outputs.

@@ -25,10 +25,9 @@ TRAINER_LAST_BATCH_FIX = (
     "TrainingArguments(dataloader_drop_last=True) drops it"
 )
 TRAINER_HOST_FIX = (
-    "the host's Python tracing of Trainer's step takes longer than the device's work: trace "
-    "it once with Dynamo, TrainingArguments(torch_compile=True, "
-    'torch_compile_backend="openxla"), or do more work per step (a larger '
-    "per_device_train_batch_size)"
+    "the host's Python tracing of Trainer's step takes longer than the device's work: give "
+    "each step more work, a larger TrainingArguments(per_device_train_batch_size=...) (the "
+    "tracing stays the same, the device's work grows with the batch)"
 )
 TRAINER_LOG_FIX = (
     "Trainer reads the loss on the host to log it: a larger "
@@ -87,10 +86,13 @@ _STATIC_CACHE_OP = "aten::index_copy"
 
 
 # A library's logging, which syncs between two training steps: torch_xla's host rendezvous
-# (xm.mesh_reduce, xm.rendezvous: Trainer gathers the loss through them) and Trainer's log
-# step. Their syncs are work of the step they are in, not steps: (file, function) of the
-# function that called the sync (through xm.mark_step or torch_xla.sync).
+# (xm.mesh_reduce, xm.rendezvous: Trainer gathers the loss through them), Trainer's log
+# step, and accelerate's gather (Trainer's count of a causal LM batch's tokens,
+# num_items_in_batch, at each step). Their syncs are work of the step they are in, not
+# steps: (file, function) of the function that called the sync (through xm.mark_step or
+# torch_xla.sync).
 _HOUSEKEEPING = (
+    ("accelerate/utils/operations.py", "_tpu_gather"),
     ("torch_xla/core/xla_model.py", "xla_rendezvous"),
     ("torch_xla/core/xla_model.py", "rendezvous"),
     ("torch_xla/core/xla_model.py", "mesh_reduce"),

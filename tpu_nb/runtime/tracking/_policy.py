@@ -696,15 +696,22 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
     named = "; ".join(_stall_name(o, syncs) for o in stalls[:3])
     m = report.metrics
     split = f"each steady step ran as {graphs} graphs and " if graphs >= 2 else ""
+    kinds = {o.kind for o in stalls}
+    what = {"read": "value reads", "fallback": "CPU fallbacks"}
+    stop = " and ".join(what[k] for k in ("read", "fallback") if k in kinds)
     reason = (
-        f"value reads or CPU fallbacks stop the steps: {named}. The host waits for the "
+        f"{stop} stop the steps: {named}. The host waits for the "
         f"device at each, so {split}tracing cannot overlap the device's work "
         f"({m.executions} executions and {m.from_device_transfers} transfers to the host in "
         f"{syncs} steps); on a TPU each wait is also a round trip to the chip"
     )
     # a library's read (transformers' mask check) is fixed with the library's setting
     fixes = [libraries.read_fix(o.site) for o in stalls if o.kind == "read"]
-    fix = next((f for f in fixes if f), anatomy.FIXES["read-bound"])
+    mine = {"read": "read-bound", "fallback": "fallback-bound"}
+    fix = next(
+        (f for f in fixes if f),
+        anatomy.FIXES[mine[kinds.pop()] if len(kinds) == 1 else "read-and-fallback-bound"],
+    )
     return anatomy.Verdict("read-bound", reason, fix)
 
 
