@@ -19,7 +19,7 @@ import tpu_nb
 from tpu_nb.runtime.environment import CHIPS, Chip, chip, set_target, target_chip
 from tpu_nb.runtime.graph import hlo_flops
 from tpu_nb.runtime.tracking import MemoryFit, Residency, out_of_memory
-from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit, roofline_seconds
+from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit, residency, roofline_seconds
 
 # -- the chip table and the target -------------------------------------------------------
 
@@ -919,6 +919,30 @@ def test_the_optimizer_state_a_graph_makes_is_counted_once():
     )
     sgd = memory_fit([momentum], CHIPS["v5e"])
     assert sgd is not None and sgd.made == 0 and sgd.needed == 3 * params + 5_000 + params
+
+
+def test_the_module_and_optimizer_an_object_holds_are_found():
+    """A Trainer holds the model and its optimizer (and the optimizer's state) as attributes:
+    what the cell's variables hold on the device counts them, named by the variable."""
+    dev = torch_xla.device()
+    model = torch.nn.Linear(7, 3).to(dev)  # shapes no other test compiles
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 7, device=dev)).sum().backward()
+    optimizer.step()
+    torch_xla.sync()
+
+    class Holder:
+        pass
+
+    trainer = Holder()
+    trainer.model, trainer.optimizer = model, optimizer
+    found = residency([{"trainer": trainer, "Holder": Holder, "torch": torch}])
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert (found.params, found.grads, found.optimizer) == (params, params, 2 * params), found
+    assert found.largest[0][0] == "trainer.model", found
+    # a variable of the module itself keeps its own name, and nothing is counted twice
+    both = residency([{"model": model, "trainer": trainer}])
+    assert both.total == found.total and both.largest[0][0] == "model", both
 
 
 def test_the_state_a_graph_makes_is_told_apart_through_the_logs_rounding():

@@ -22,6 +22,7 @@ import warnings
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from types import FunctionType, ModuleType
 from typing import Any
 
 from tpu_nb.runtime.backend import current as current_backend
@@ -422,6 +423,19 @@ def _warn_if_it_cannot_fit(resident: Residency) -> None:
         )
 
 
+def _attributes(obj) -> list[tuple[str, Any]]:
+    """An instance's own attributes, read from its __dict__ (no __getattr__ runs); none for
+    classes, modules and functions."""
+    kind = type(obj)
+    if not kind.__dictoffset__ or issubclass(kind, (type, ModuleType, FunctionType)):
+        return []
+    try:
+        attributes = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return []
+    return list(attributes.items()) if type(attributes) is dict else []
+
+
 def residency(spaces: Sequence[dict]) -> Residency:
     """Parameters, gradients and optimizer state of the modules and optimizers the
     variables of `spaces` (locals, then globals) hold, by top-level module: what one device
@@ -431,12 +445,19 @@ def residency(spaces: Sequence[dict]) -> Residency:
     backend = current_backend()
     device_type = backend.device_type
     named: dict[int, tuple[str, Any]] = {}
+    held = (torch.nn.Module, torch.optim.Optimizer)
     for space in spaces:
         for n, v in space.items():
             # type(), not isinstance(): isinstance reads __class__, which some objects of a
             # big namespace answer with a warning
-            if issubclass(type(v), (torch.nn.Module, torch.optim.Optimizer)):
+            if issubclass(type(v), held):
                 named.setdefault(id(v), (n, v))
+    # and those an object of theirs holds (a Trainer's model and optimizer), by its name
+    for space in spaces:
+        for n, v in space.items():
+            for attribute, w in _attributes(v):
+                if issubclass(type(w), held):
+                    named.setdefault(id(w), (f"{n}.{attribute}", w))
     modules = [(n, v) for n, v in named.values() if isinstance(v, torch.nn.Module)]
     optimizers = [v for _, v in named.values() if isinstance(v, torch.optim.Optimizer)]
     seen: set[int] = set()
