@@ -240,6 +240,8 @@ def test_a_causal_lm_trainers_token_count_gather_is_no_step(run):
     assert _figures(report) == raw
     _optimizer_steps(report, 6)
     assert report.anatomy.other_syncs >= 6, report.anatomy  # a gather's in each step
+    # what compiled at the gather's sync did not compile at the end of a step of the cell's
+    assert "a library made (named below)" in text and "the end of the step" not in text, text
     # Trainer's own settings only: no Dynamo backend accelerate refuses
     assert "torch_compile" not in text, text
 

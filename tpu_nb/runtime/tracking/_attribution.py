@@ -299,6 +299,14 @@ _PLAIN_CAUSES = {
 }
 
 
+# A sync a library made (Trainer's logging, accelerate's gather): no end of a step of the
+# code's, necessarily.
+_LIBRARY_SYNCS = {
+    "torch_xla.sync": "at a torch_xla.sync() a library made (named below)",
+    "mark_step": "at an xm.mark_step() a library made (named below)",
+}
+
+
 def plain_cause(event: CompileEvent) -> str:
     """Why `event`'s graph compiled, in plain words (torch_xla's own are in `raw_detail`)."""
     if event.trigger == "fallback":
@@ -307,9 +315,10 @@ def plain_cause(event: CompileEvent) -> str:
             "work compiled and ran first"
         )
     low = event.cause.lower()
+    by_library = event.site is not None and getattr(event.site, "library", None) is not None
     for needle, words in _PLAIN_CAUSES.items():
         if needle in low:
-            return words
+            return _LIBRARY_SYNCS.get(needle, words) if by_library else words
     words = " (torch_xla's words are in the details)" if event.cause else ""
     return f"why is not known{words}"
 
