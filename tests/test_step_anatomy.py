@@ -579,7 +579,7 @@ def test_a_run_tracked_inside_another_leaves_the_outer_one_whole():
     assert len(outer.steps) == 3 and inner.anatomy.verdict is None
 
 
-def _slow_then_fast_loop(steps: int = 70, slow: int = 40, delay: float = 0.01):
+def _slow_then_fast_loop(steps: int = 70, slow: int = 40, delay: float = 0.05):
     x = torch.zeros(4, device=torch_xla.device())
     for i in range(steps):
         if i < slow:

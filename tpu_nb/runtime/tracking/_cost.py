@@ -624,7 +624,8 @@ def memory_fit(
     fits = []
     for g in sized:
         outputs = max(0.0, (g.output_bytes or 0.0) - (g.aliased_bytes or 0.0))
-        makes = outputs + _LOG_ROUNDING >= state > (g.aliased_bytes or 0.0)
+        # (within the log's rounding, or a hundredth of a state smaller than that allows)
+        makes = outputs + min(_LOG_ROUNDING, 0.01 * state) >= state > (g.aliased_bytes or 0.0)
         made = state if makes else 0.0
         # Gradients the graph computes anew are among its new outputs, though the code holds
         # them when it is captured: counted once, as outputs.
