@@ -68,12 +68,13 @@ class _Zygote:
         if cls.failed or os.environ.get("TPU_NB_TEST_ZYGOTE") == "0":
             return None
         if cls.proc is None or cls.proc.poll() is not None:
-            cls.env = env
+            cls.env, cls.unread = env, b""
             cls.proc = subprocess.Popen(
                 [sys.executable, str(ROOT / "tests" / "_zygote.py")],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
+                bufsize=1,
                 env=env,
                 cwd=str(ROOT),
             )
@@ -83,15 +84,28 @@ class _Zygote:
                 return None
         return cls.proc
 
-    @staticmethod
-    def _reply(proc: subprocess.Popen, timeout: float) -> dict:
+    unread = b""  # what the zygote wrote past the last whole line read
+
+    @classmethod
+    def _reply(cls, proc: subprocess.Popen, timeout: float) -> dict:
+        """The zygote's next line, within `timeout` ({} if none): read from the pipe with a
+        buffer of this class's own, so that a line already read in stays found (the fork's
+        pid and the script's exit may come in one read)."""
         import json
         import select
 
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        line = proc.stdout.readline() if ready else ""
-        return json.loads(line) if line else {}
+        fd, deadline = proc.stdout.fileno(), time.monotonic() + timeout
+        while b"\n" not in cls.unread:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return {}
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:  # the zygote is gone
+                return {}
+            cls.unread += chunk
+        line, cls.unread = cls.unread.split(b"\n", 1)
+        return json.loads(line)
 
     @classmethod
     def run(cls, script: str, env: dict, base: dict, timeout: float) -> subprocess.CompletedProcess:
