@@ -710,7 +710,7 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
     mine = {"read": "read-bound", "fallback": "fallback-bound"}
     fix = next(
         (f for f in fixes if f),
-        anatomy.FIXES[mine[kinds.pop()] if len(kinds) == 1 else "read-and-fallback-bound"],
+        anatomy.FIXES[mine[next(iter(kinds))] if len(kinds) == 1 else "read-and-fallback-bound"],
     )
     return anatomy.Verdict("read-bound", reason, fix)
 
