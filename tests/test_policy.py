@@ -219,7 +219,7 @@ def test_the_one_time_cost_names_only_the_compiles_it_counts():
     assert judgement.one_time_compiles == 2 and judgement.one_time_kinds == ("first", "first")
     text = judgement.one_time_cost()
     assert text.startswith("one-time cost: 2 compiles") and "appeared" not in text, text
-    assert "the first step's graph (2)" in text, text
+    assert "the first step's graphs (2)" in text, text
 
 
 def test_a_sites_first_graph_in_a_later_step_of_its_line_is_not_the_first_steps():

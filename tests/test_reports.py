@@ -260,7 +260,7 @@ def test_one_time_cost_names_each_kind_it_counts():
         return judgement.one_time_cost()
 
     assert one_time("first", "first", "warm-up") == (
-        "one-time cost: 3 compiles (1.00 s): the first step's graph (2), the steady step's"
+        "one-time cost: 3 compiles (1.00 s): the first step's graphs (2), the steady step's"
     )
     assert one_time("first", "warm-up", "later") == (
         "one-time cost: 3 compiles (1.00 s): the first step's graph, the steady step's, "
@@ -269,4 +269,12 @@ def test_one_time_cost_names_each_kind_it_counts():
     assert one_time("first", "warm-up", "after", "after") == (
         "one-time cost: 4 compiles (1.00 s): the first step's graph, the steady step's, "
         "graphs after the loop's last sync (2)"
+    )
+    # one of a kind is said in the singular, several in the plural: never "other graphs" for one
+    assert one_time("first", "variant") == (
+        "one-time cost: 2 compiles (1.00 s): the first step's graph, another graph, compiled once"
+    )
+    assert one_time("first", "warm-up", "warm-up", "variant", "variant") == (
+        "one-time cost: 5 compiles (1.00 s): the first step's graph, the steady step's graphs "
+        "(2), other graphs, each compiled once"
     )

@@ -187,8 +187,8 @@ FIXES = {
     "tpu_nb judges the step for the target chip when it has counted the step's FLOPs "
     "(track the loop from its first step)",
     "host-bound": "the host's Python tracing takes longer than the device's work: do more "
-    "work per trace (a larger batch, fewer and larger ops, no Python loops over tensor "
-    "elements), or skip tracing with torch.compile(step_fn, backend='openxla') "
+    "work per trace (a larger batch, fewer and larger ops), or skip tracing with "
+    "torch.compile(step_fn, backend='openxla') "
     "(torch_xla.compile still traces every call)",
     "input-bound": "the device waits for data: raise the DataLoader's num_workers (with "
     "persistent_workers), wrap it in "

@@ -157,12 +157,12 @@ class Judgement:
         is (`one_time_kinds`). A step that also recompiled is a steady step, its
         first-of-a-kind compiles with it: they are the verdict's, not named here."""
         named = []
-        for kind, words in _ONE_TIME.items():
+        for kind, (one, many) in _ONE_TIME.items():
             count = self.one_time_kinds.count(kind)
-            if kind in ("after", "later", "state", "inputs") and count == 1:
-                words = "a graph" + words.removeprefix("graphs")
             if count:
-                named.append(words if count == 1 or kind == "variant" else f"{words} ({count})")
+                named.append(
+                    one if count == 1 else many if kind == "variant" else f"{many} ({count})"
+                )
         n = self.one_time_compiles
         text = f"one-time cost: {n} compile{'' if n == 1 else 's'}"
         text += f" ({format_seconds(self.one_time_seconds)})"
@@ -174,15 +174,15 @@ class Judgement:
 
 
 # The kinds of one-time compiles, as the one-time cost names them.
-_ONE_TIME = {
-    "first": "the first step's graph",
-    "warm-up": "the steady step's",
-    "state": "graphs as state appeared",
-    "later": "graphs first needed in a later step",
-    "variant": "other graphs, each compiled once",
-    "earlier": "work earlier cells left pending",
-    "inputs": "graphs of a compiled function's inputs",
-    "after": "graphs after the loop's last sync",
+_ONE_TIME = {  # (one compile, several)
+    "first": ("the first step's graph", "the first step's graphs"),
+    "warm-up": ("the steady step's", "the steady step's graphs"),
+    "state": ("a graph as state appeared", "graphs as state appeared"),
+    "later": ("a graph first needed in a later step", "graphs first needed in a later step"),
+    "variant": ("another graph, compiled once", "other graphs, each compiled once"),
+    "earlier": ("work earlier cells left pending", "work earlier cells left pending"),
+    "inputs": ("a graph of a compiled function's inputs", "graphs of a compiled function's inputs"),
+    "after": ("a graph after the loop's last sync", "graphs after the loop's last sync"),
 }
 
 
