@@ -177,11 +177,12 @@ def test_a_unet_training_step_places_its_backward_fallback_on_backward(ran):
     # the compile the fallback forces (its inputs, inside backward) is the fallback's: no
     # "causes unknown", no advice about the compile log or the disk
     assert "compile causes unknown" not in text and "compile log" not in text, text
-    # read-bound: the host waits for the CPU's part of every step; the fix names the library's
-    # line and says the fallback is diffusers', not a line of the cell to rewrite
-    assert result["verdict"] is not None and result["verdict"][0] == "read-bound", text
+    # judged for a TPU: torch_xla lowers this backward there (it falls back on XLA:CPU only),
+    # so the report says so, and neither the verdict nor any advice rests on it
+    assert "on a TPU torch_xla lowers this op" in text, text
+    assert result["verdict"] is None or result["verdict"][0] != "read-bound", text
     advice = _advice(text)
-    assert "diffusers/models/upsampling.py" in advice and "is the library's" in advice, text
+    assert "interpolate" not in advice and "upsampling.py" not in advice, text
 
 
 SAMPLE_SETUP = """

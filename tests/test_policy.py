@@ -387,6 +387,34 @@ def test_a_per_step_read_in_a_library_names_its_knob_and_the_users_own_read_keep
     assert hint[3] == _attribution.HOST_READ_HINT
 
 
+def test_a_fallback_only_xla_cpu_makes_stops_no_step_on_a_tpu():
+    # the backward of F.interpolate falls back on XLA:CPU in every step; torch_xla lowers it
+    # on a TPU, so no verdict or fix for the chip may rest on it. torch.unique falls back on
+    # any device: the same facts for it are a stall
+    from tpu_nb.runtime.tracking import _attribution
+    from tpu_nb.runtime.tracking._provenance import ON_TPU_LOWERED
+
+    anatomy = _steps(10, {0}, host=0.001, device=0.01)
+    anatomy = replace(
+        anatomy, steps=tuple(replace(s, executions=3) for s in anatomy.steps)
+    )  # each step split into 3 graphs by the fallback's waits
+
+    def judged(op: str):
+        occ = Occurrence("fallback", op, Site(LOOP_LINE), 10, 10, 1, steps=10, last_step=9)
+        facts = _facts([_compile(0, step=0, call=0)], 10, occurrences=(occ,), anatomy=anatomy)
+        judgement = _policy.judge(facts)
+        found = _attribution.findings(facts, judgement, "x\n" * 8, CELL)
+        return judgement.verdict, next(f for f in found if f.kind == "fallback")
+
+    verdict, finding = judged("aten::upsample_nearest2d_backward")
+    assert verdict is None or "fallback" not in verdict.reason, verdict
+    assert ON_TPU_LOWERED in finding.what and finding.hint == "", finding
+    verdict, finding = judged("aten::_unique2")
+    assert verdict is not None and verdict.kind == "read-bound", verdict
+    assert "CPU fallbacks stop the steps" in verdict.reason, verdict
+    assert "XLA:CPU" not in finding.what and "one-hot" in finding.hint, finding
+
+
 def _replace(report: RunReport, **changes) -> RunReport:
     import dataclasses
 

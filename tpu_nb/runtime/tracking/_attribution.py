@@ -21,7 +21,7 @@ from tpu_nb.runtime.tracking import _libraries as libraries
 from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking._pending import VALUE, assigned_lines, counted_ops
 from tpu_nb.runtime.tracking._policy import Judgement
-from tpu_nb.runtime.tracking._provenance import user_op
+from tpu_nb.runtime.tracking._provenance import ON_TPU_LOWERED, lowered_on_tpu, user_op
 from tpu_nb.runtime.tracking._report import FindingKind, LineFinding, RunReport
 from tpu_nb.runtime.tracking._store import store
 
@@ -57,6 +57,8 @@ def fallback_hint(op: str) -> str:
     """What to do about a CPU fallback of `op` (a counter name like "_unique2", or the op the
     user wrote, like "torch.unique")."""
     wrote = op if "." in op and not op.startswith("aten") else user_op(op)
+    if lowered_on_tpu(op):
+        return f"{wrote} ran on the CPU: {ON_TPU_LOWERED}"
     fix = _FALLBACK_HINTS.get(
         wrote, "use an op with an XLA lowering, or move it out of the hot loop"
     )
@@ -450,9 +452,12 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
                 f"; copying its inputs to the host compiled {occ.compiles} "
                 f"graph{'s' if occ.compiles != 1 else ''} (the fallback's, inside backward())"
             )
-        # the op's rewrite, after the library's line when a library made it
+        # the op's rewrite, after the library's line when a library made it; none for an op
+        # only XLA:CPU runs on the CPU (a fact of this machine, not of the chip)
         library = libraries.fallback_fix(occ.site, user_op(occ.what))
         fix = f"{library}; {fallback_hint(occ.what)}" if library else fallback_hint(occ.what)
+        if lowered_on_tpu(occ.what):
+            what, fix = f"{what}; {ON_TPU_LOWERED}", ""
         out.append(_at_occurrence(occ, "fallback", what, fix, occ.count, filename, base))
     for op, count in sorted(report.metrics.fallbacks.items()):
         left = count - placed[op]
@@ -462,7 +467,10 @@ def _fallback_findings(report: RunReport, filename: str) -> list[LineFinding]:
                 "line not recorded (the first calls of an op tpu_nb had not seen fall back "
                 "yet, or a call from C++)"
             )
-            out.append(_unplaced("fallback", what, fallback_hint(op), where, left, base))
+            hint = fallback_hint(op)
+            if lowered_on_tpu(op):
+                what, hint = f"{what}; {ON_TPU_LOWERED}", ""
+            out.append(_unplaced("fallback", what, hint, where, left, base))
     return out
 
 

@@ -44,7 +44,7 @@ from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _device_data as device_data
 from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking import _libraries as libraries
-from tpu_nb.runtime.tracking._provenance import user_op
+from tpu_nb.runtime.tracking._provenance import lowered_on_tpu, user_op
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place, format_seconds
 
@@ -675,7 +675,7 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
             continue
         if occ.kind == "read":
             per_step = judgement.reads.get(occ.order, NOT_PER_STEP).per_step
-        elif occ.kind == "fallback":
+        elif occ.kind == "fallback" and not lowered_on_tpu(occ.what):  # not XLA:CPU's own
             per_step = reads_repeat(occ.steps, syncs)
         else:
             continue

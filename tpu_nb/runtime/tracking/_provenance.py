@@ -905,8 +905,25 @@ USER_OPS = {
     "upsample_nearest1d": "F.interpolate",
     "upsample_nearest2d": "F.interpolate",
     "upsample_nearest3d": "F.interpolate",
+    "upsample_bilinear2d": "F.interpolate",
     "isin": "torch.isin",
 }
+
+# Ops torch_xla lowers on a TPU and runs on the CPU on any other device: their lowering is a
+# custom call only the TPU backend has (torch_xla 2.9, torch_xla/csrc/aten_xla_type.cpp:
+# XLANativeFunctions::upsample_bilinear2d_backward and upsample_nearest2d_backward fall back
+# where the device is not a TPU). Their fallbacks on XLA:CPU say nothing of the chip.
+_LOWERED_ON_TPU = frozenset({"upsample_bilinear2d_backward", "upsample_nearest2d_backward"})
+ON_TPU_LOWERED = (
+    "on a TPU torch_xla lowers this op and it stays on the device: the fallback is XLA:CPU's, "
+    "nothing to change for a TPU"
+)
+
+
+def lowered_on_tpu(counter: str) -> bool:
+    """Whether a fallback counter's op falls back only off a TPU ("aten::upsample_nearest2d_
+    backward"): the judgement for a TPU leaves it out."""
+    return counter.split("::", 1)[-1].split(".", 1)[0] in _LOWERED_ON_TPU
 
 
 # The Python entry point (probe.FALLBACK_ENTRY_POINTS) whose call makes an op whose backward
@@ -915,6 +932,7 @@ _FORWARDS_OF = {
     "upsample_nearest1d": "interpolate",
     "upsample_nearest2d": "interpolate",
     "upsample_nearest3d": "interpolate",
+    "upsample_bilinear2d": "interpolate",
 }
 _FORWARDS = frozenset(_FORWARDS_OF.values())
 
