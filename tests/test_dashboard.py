@@ -453,6 +453,9 @@ def test_a_finished_runs_reads_are_judged_as_its_report_judges_them():
     assert state.per_step_reads == 10
     text = H.summary_text(state, "finished")
     assert "10 with no sync in between" in text and "read once after the loop" in text
+    # with no sync in the loop, dropping the read alone would leave a graph growing with every
+    # batch: the view also says to end each iteration with a sync, as the report's hint does
+    assert "end each with torch_xla.sync()" in text, text
 
     # and a read once after a loop of syncs: neither advises
     monitor = LiveMonitor()

@@ -152,8 +152,19 @@ def test_a_read_in_a_step_closure_or_every_tenth_step_is_a_fact_without_advice()
 
 
 def test_reads_of_a_loop_without_syncs_count_per_call():
+    from tpu_nb.runtime.tracking import _attribution
+
     pattern = _policy.classify_read(_read(10), 0)
     assert pattern.per_step and pattern.why == "with no sync in between"
+    # the hint: without a sync in the loop, the read is all that cuts its graph, so dropping
+    # it alone would grow one graph over every batch; a loop with syncs needs no such words
+    for syncs, hint in (
+        (0, _attribution.HOST_READ_NO_SYNC_HINT),
+        (10, _attribution.HOST_READ_HINT),
+    ):
+        facts = _facts([], syncs, occurrences=(_read(10),))
+        found = _attribution.findings(facts, _policy.judge(facts), "x\n" * 8, CELL)
+        assert [f.hint for f in found if f.kind == "host-read"] == [hint], syncs
 
 
 # -- the verdict -------------------------------------------------------------------------------

@@ -12,7 +12,12 @@ from tpu_nb.display.live_charts import CHART_SIZES, compiled_count, with_picture
 from tpu_nb.runtime.live import LiveState
 from tpu_nb.runtime.metrics import CompileEvent
 from tpu_nb.runtime.sources import place_text
-from tpu_nb.runtime.tracking import HOST_READ_HINT, fallback_hint, reads_repeat
+from tpu_nb.runtime.tracking import (
+    HOST_READ_HINT,
+    HOST_READ_NO_SYNC_HINT,
+    fallback_hint,
+    reads_repeat,
+)
 from tpu_nb.runtime.units import format_seconds
 
 _SHOWN_EVENTS = 8  # compile events listed in the final panel (newest first)
@@ -248,7 +253,7 @@ def fallbacks_html(state: LiveState) -> str:
     if per_step:
         reads += (
             f"<br>{_in_the_loop(per_step, state)}<br>"
-            f"<span style='color:{_GREY}'>{escape(HOST_READ_HINT)}</span>"
+            f"<span style='color:{_GREY}'>{escape(_read_hint(state))}</span>"
         )
     return _panel("CPU fallbacks and scalar reads", f"{fall}{reads}", height=_BOTTOM_HEIGHT)
 
@@ -267,6 +272,11 @@ def _per_step_reads(state: LiveState) -> int:
     in_loop = state.metrics.host_reads - state.closure_reads  # a step closure's read is the fix
     steps = state.steps - state.loader_syncs  # a loader's syncs with nothing to run: no steps
     return in_loop if steps >= 3 and reads_repeat(in_loop, steps) else 0
+
+
+def _read_hint(state: LiveState) -> str:
+    """The report's hint for per-step reads, for a loop with syncs or without (as it says)."""
+    return HOST_READ_HINT if state.steps - state.loader_syncs else HOST_READ_NO_SYNC_HINT
 
 
 def _in_the_loop(reads: int, state: LiveState) -> str:
@@ -441,7 +451,7 @@ def summary_text(
         lines.append(f"  CPU fallback aten::{op} x{n}: {fallback_hint(op)}")
     per_step = _per_step_reads(state)
     if per_step:
-        lines.append(f"  {_SCALAR_READS}: {_in_the_loop(per_step, state)}: {HOST_READ_HINT}")
+        lines.append(f"  {_SCALAR_READS}: {_in_the_loop(per_step, state)}: {_read_hint(state)}")
     if error is not None:
         lines.append(f"  the dashboard stopped updating: {type(error).__name__}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from tpu_nb.runtime.probe import probe
 from tpu_nb.runtime.tracking._anatomy import HOST_PARTS, Anatomy, StepRecord, Verdict
 from tpu_nb.runtime.tracking._attribution import (
     HOST_READ_HINT,
+    HOST_READ_NO_SYNC_HINT,
     LineFinding,
     fallback_hint,
     graph_facts,
@@ -50,6 +51,7 @@ __all__ = [
     "out_of_memory",
     "HOST_PARTS",
     "HOST_READ_HINT",
+    "HOST_READ_NO_SYNC_HINT",
     "Anatomy",
     "EarlierWork",
     "Judgement",

@@ -31,6 +31,13 @@ HOST_READ_HINT = (
     "loss.detach()) and read once after the loop, or log with xm.add_step_closure (it "
     "runs at the next sync)"
 )
+# The same, for a loop without a sync: the reads are all that cuts its graph.
+HOST_READ_NO_SYNC_HINT = (
+    f"{HOST_READ_HINT}. This loop has no torch_xla.sync(): without the read nothing cuts its "
+    "graph, which then grows with every iteration and compiles anew for each length, so over "
+    "more than a few iterations end each with torch_xla.sync() (MpDeviceLoader does it as it "
+    "hands out batches)"
+)
 # How a report names the sync tpu_nb runs at the end of a run when asked (`--sync`).
 END_SYNC = "tpu_nb's end-of-cell sync (--sync)"
 _FALLBACK_HINTS = {
@@ -428,7 +435,8 @@ def _read_findings(
         what += f", {pattern.why})" if pattern.why else ")"
         if occ.in_sync:
             what = f"{occ.what} in a step closure read a device value ({occ.calls}\u00d7: {reads})"
-        hint = (libraries.read_fix(occ.site) or HOST_READ_HINT) if pattern.per_step else ""
+        general = HOST_READ_HINT if report.syncs else HOST_READ_NO_SYNC_HINT
+        hint = (libraries.read_fix(occ.site) or general) if pattern.per_step else ""
         out.append(_at_occurrence(occ, "host-read", what, hint, occ.calls, filename, base))
     unplaced = report.metrics.host_reads - placed
     if unplaced > 0 and report.occurrences is not None:
