@@ -653,12 +653,15 @@ def test_host_time_leaves_out_what_the_syncs_waited_for_the_device():
 def test_a_loop_that_keeps_a_tensor_per_step_is_named():
     from tpu_nb.runtime.tracking._cost import kept_step_over_step
 
-    # constructed: (syncs made, live device tensors) at captures and at the end
-    assert kept_step_over_step([(2, 6), (14, 17)]).startswith(
+    # constructed: (steps made, live device tensors) after steps' syncs
+    assert kept_step_over_step([(2, 6), (6, 10), (10, 14), (14, 17)]).startswith(
         "device memory grows step over step: 11 more live device tensors"
     )
-    assert kept_step_over_step([(2, 6), (14, 8)]) == ""
-    assert kept_step_over_step([(2, 6), (8, 14)]) == ""  # too few steps to say
+    assert kept_step_over_step([(2, 6), (6, 7), (10, 7), (14, 8)]) == ""
+    assert kept_step_over_step([(2, 6), (4, 10), (8, 14)]) == ""  # too few steps to say
+    # a count that rises and falls (a Trainer's logging and evaluation): nothing is kept
+    assert kept_step_over_step([(2, 150), (6, 190), (10, 143), (14, 191)]) == ""
+    assert kept_step_over_step([(2, 6), (14, 17)]) == ""  # two samples cannot show a trend
 
     dev = torch_xla.device()
     with torch.device(dev):

@@ -41,7 +41,7 @@ tokenizer = PreTrainedTokenizerFast(
     pad_token="[PAD]",
 )
 
-def make_trainer(padding, steps=6, logging_steps=100):
+def make_trainer(padding, steps=6, logging_steps=100, eval_steps=None, accumulate=1):
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -49,7 +49,7 @@ def make_trainer(padding, steps=6, logging_steps=100):
     )
     model = BertForSequenceClassification(config)
     g = torch.Generator().manual_seed(1)
-    lengths = [int(n) for n in torch.randint(5, 40, (4 * steps,), generator=g)]
+    lengths = [int(n) for n in torch.randint(5, 40, (4 * steps * accumulate,), generator=g)]
     data = [
         {"input_ids": torch.randint(2, 64, (n,), generator=g).tolist(), "labels": n % 2}
         for n in lengths
@@ -63,9 +63,14 @@ def make_trainer(padding, steps=6, logging_steps=100):
     args = TrainingArguments(
         output_dir="trainer-out", per_device_train_batch_size=4, max_steps=steps,
         logging_steps=logging_steps, report_to=[], save_strategy="no", optim="adamw_torch",
-        disable_tqdm=True, dataloader_pin_memory=False,
+        disable_tqdm=True, dataloader_pin_memory=False, gradient_accumulation_steps=accumulate,
+        eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps,
+        per_device_eval_batch_size=4,
     )
-    return Trainer(model=model, args=args, train_dataset=data, data_collator=collate)
+    return Trainer(
+        model=model, args=args, train_dataset=data, data_collator=collate,
+        eval_dataset=data[:12] if eval_steps else None,
+    )
 
 # A causal LM, the most common fine-tuning: Trainer counts each batch's tokens
 # (num_items_in_batch) and gathers the count through accelerate at every step.
@@ -244,6 +249,24 @@ def test_a_causal_lm_trainers_token_count_gather_is_no_step(run):
     assert "a library made (named below)" in text and "the end of the step" not in text, text
     # Trainer's own settings only: no Dynamo backend accelerate refuses
     assert "torch_compile" not in text, text
+
+
+def test_evaluation_inside_train_is_no_step_and_each_optimizer_step_is_one(run):
+    """Trainer's evaluation every few steps runs inside train(), through its own device
+    loader: its batches are work of the step it follows, not steps (counted as steps, 3 eval
+    batches per evaluation made 12 "steps" of 6 optimizer steps). Its syncs also run the
+    step's graph and the reset of Trainer's loss, so the training loop's next sync finds
+    nothing to run: that sync still ends the step, or each evaluation cost the count one."""
+    steps = 6  # two evaluations of 3 batches each, after steps 3 and 6
+    cell = 'make_trainer("fixed", steps=6, logging_steps=3, eval_steps=3, accumulate=2).train()'
+    text, raw = run(cell, tracked=True)
+    report = tpu_nb.last_report()
+    assert _figures(report) == raw
+    _optimizer_steps(report, steps)
+    # a count of steps never exceeds the run's
+    for n, of in re.findall(r"in (\d+) of (\d+) steps", text):
+        assert int(n) <= int(of) == steps, text
+    assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
 
 
 def test_trainer_with_bucketed_padding_compiles_each_bucket_once(run):

@@ -22,6 +22,7 @@ import warnings
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from types import FunctionType, ModuleType
 from typing import Any
 
@@ -573,17 +574,22 @@ _GROWTH_STEPS = 10  # steps a growth is read over, at least
 
 
 def kept_step_over_step(samples: Sequence[tuple[int, int]]) -> str:
-    """From (syncs made, live device tensors) at captures and at the end: a loop whose
-    live device tensors grow by about one per step or more, in words ("" when not)."""
-    if len(samples) < 2:
+    """From (steps made, live device tensors) just after steps' syncs: a loop whose live
+    device tensors grow by about one per step or more, and at every sample since (a count
+    that rises and falls, as a library's logging and evaluation make it, keeps nothing), in
+    words ("" when not)."""
+    if len(samples) < 3:
         return ""
     end_step, end_live = samples[-1]
-    starts = [(s, n) for s, n in samples[:-1] if end_step - s >= _GROWTH_STEPS]
+    starts = [i for i, (s, _) in enumerate(samples[:-1]) if end_step - s >= _GROWTH_STEPS]
     if not starts:
         return ""
-    step, live = starts[-1]
+    since = samples[starts[-1] :]
+    step, live = since[0]
     grown, steps = end_live - live, end_step - step
     if grown < 0.8 * steps:  # one kept per step, give or take the variables holding one
+        return ""
+    if any(later < earlier for (_, earlier), (_, later) in pairwise(since)):
         return ""
     return (
         f"device memory grows step over step: {grown} more live device tensors at the end "

@@ -10,6 +10,8 @@ are matched by their frames' files, so nothing here imports a library.
 
 from __future__ import annotations
 
+import weakref
+
 from tpu_nb.runtime.backend import current as current_backend
 from tpu_nb.runtime.sources import innermost_frame, is_library, short_path
 from tpu_nb.runtime.units import format_place
@@ -87,17 +89,20 @@ _STATIC_CACHE_OP = "aten::index_copy"
 
 # A library's logging, which syncs between two training steps: torch_xla's host rendezvous
 # (xm.mesh_reduce, xm.rendezvous: Trainer gathers the loss through them), Trainer's log
-# step, and accelerate's gather (Trainer's count of a causal LM batch's tokens,
-# num_items_in_batch, at each step). Their syncs are work of the step they are in, not
-# steps: (file, function) of the function that called the sync (through xm.mark_step or
-# torch_xla.sync).
+# step, accelerate's gather (Trainer's count of a causal LM batch's tokens,
+# num_items_in_batch, at each step) and Trainer's evaluation loop (its sync after each
+# batch's forward; its device loader's syncs are the batches'). Their syncs are work of the
+# step they are in, not steps: (file, function) of the function that called the sync
+# (through xm.mark_step or torch_xla.sync).
 _HOUSEKEEPING = (
     ("accelerate/utils/operations.py", "_tpu_gather"),
     ("torch_xla/core/xla_model.py", "xla_rendezvous"),
     ("torch_xla/core/xla_model.py", "rendezvous"),
     ("torch_xla/core/xla_model.py", "mesh_reduce"),
     ("transformers/trainer.py", "_maybe_log_save_evaluate"),
+    ("transformers/trainer.py", "evaluation_loop"),
 )
+_LOGGING_DEPTH = 32  # frames a device loader's first sync looks out for a library's logging
 _PASS_THROUGH = (
     ("torch_xla/core/xla_model.py", "mark_step"),
     ("torch_xla/torch_xla.py", "sync"),
@@ -135,16 +140,36 @@ def sync_role(event, loaders) -> str:
     if event.role_of is loaders:
         return event.role
     first_batch = event.loader and first_loader_sync(event.frame, loaders)
-    if event.launched == 0 and event.loader:
+    if (
+        event.launched == 0
+        and getattr(loaders, "logged", False)
+        and not housekeeping_sync(event.frame)
+        and not (event.loader and _in_logging(event.frame, loaders))
+    ):
+        # a library's logging ran the step's graph and more (Trainer's log step and its
+        # evaluation, then the reset of its loss): the first sync of the loop after it that
+        # finds nothing to run ends the step that logging was part of
+        role = "step"
+    elif event.launched == 0 and event.loader:
         role = "loader"
     elif event.launched == 0:
         role = "empty"
     elif event.plumbing:
         role = "plumbing"
-    elif first_batch or event.own == "guard-start" or housekeeping_sync(event.frame):
+    elif (
+        first_batch
+        or event.own == "guard-start"
+        or housekeeping_sync(event.frame)
+        or (event.loader and _in_logging(event.frame, loaders))
+    ):
         role = "inner"
     else:
         role = "step"
+    if isinstance(loaders, Loaders):
+        if role == "step":
+            loaders.logged = False
+        elif role == "inner" and not first_batch and event.own != "guard-start":
+            loaders.logged = True
     event.role_of, event.role = loaders, role
     return role
 
@@ -168,14 +193,44 @@ def _housekeeping_answer(code) -> bool | None:
 def first_loader_sync(frame, seen) -> bool:
     """Whether a device data loader's sync called from `frame` is its iterator's first (before
     its first batch: it runs what the code set up before the loop, work of the loop's first
-    step). `seen`: a weakref.WeakSet of the iterators seen so far, added to."""
+    step). `seen`: a weakref.WeakSet of the iterators seen so far, added to; an iterator a
+    library's logging runs (Trainer's evaluation inside train()) is also put in its
+    `logging` set, found by one walk at its first sync."""
     iterator = frame.f_locals.get("self") if frame is not None else None
     try:
         if iterator is None or iterator in seen:
             return False
         seen.add(iterator)
-        return True
     except TypeError:  # not weakly referenceable: not known
+        return False
+    logging = getattr(seen, "logging", None)
+    outer = frame.f_back
+    if logging is not None and innermost_frame(
+        outer, lambda f: bool(_housekeeping_answer(f.f_code)), _LOGGING_DEPTH
+    ):
+        logging.add(iterator)
+    return True
+
+
+class Loaders(weakref.WeakSet):
+    """A run's device loader iterators (first_loader_sync), and in `logging` those a library's
+    logging runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logging: weakref.WeakSet = weakref.WeakSet()
+        self.logged = False  # a library's logging ran work since the last step's sync
+
+
+def _in_logging(frame, seen) -> bool:
+    """Whether a device loader's sync called from `frame` hands out a batch of a library's
+    logging (its iterator marked by first_loader_sync): work of a step, no step of its own."""
+    logging = getattr(seen, "logging", None)
+    if not logging:
+        return False
+    try:
+        return frame.f_locals.get("self") in logging
+    except TypeError:
         return False
 
 

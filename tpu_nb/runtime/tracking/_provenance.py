@@ -65,7 +65,7 @@ from tpu_nb.runtime.sources import (
 )
 from tpu_nb.runtime.tracking import _cost as cost
 from tpu_nb.runtime.tracking import _dynamo as dynamo
-from tpu_nb.runtime.tracking._libraries import sync_role
+from tpu_nb.runtime.tracking._libraries import Loaders, sync_role
 from tpu_nb.runtime.tracking._store import store
 from tpu_nb.runtime.units import format_place
 
@@ -73,6 +73,7 @@ log = logging.getLogger("tpu_nb")
 
 HOST_READ = "aten::_local_scalar_dense"
 _STEADY_CALL = 3  # a line's call captured again for the step's cost (see _maybe_capture)
+_LIVE_SAMPLES = 256  # samples of the live device tensors a run keeps
 _TENSOR_TYPES: tuple = ()  # torch.Tensor and Parameter, set by Recorder.start()
 # Library frames that only pass a call along: a finding names the function behind them.
 _PLUMBING_FILES = (
@@ -196,8 +197,9 @@ class Recording:
     # every graph captured in the run, by hash: what the code held at each capture (a
     # gradient accumulation's syncs between two optimizer steps hold the gradients)
     graphs: set[str] = field(default_factory=set)
-    # (syncs made, live device tensors) at each capture and at the run's end: a loop that
-    # keeps tensors step over step (read only then, never on a cached step)
+    # (steps made, live device tensors) just after a step's sync, every few steps (at most
+    # _LIVE_SAMPLES, spaced wider as the run goes on): a loop that keeps tensors step over
+    # step. Always at the same point of a step: mid-step the step's own tensors are alive.
     live_tensors: list[tuple[int, int]] = field(default_factory=list)
 
     def steady_graphs(self) -> dict[tuple, str]:
@@ -228,6 +230,7 @@ class Recorder:
         self._log = log
         self.recording = Recording()
         self._order = 0
+        self._live_every = 2  # steps between two samples of the live tensors
         self._subscription: Subscription | None = None
         self._fallback_names: tuple[str, ...] = ()
         # forward entry point ("interpolate") -> the library frame of its last call on the
@@ -255,7 +258,7 @@ class Recorder:
         self._watched: tuple[str, ...] | None = None  # names_watched, at the first compare
         self._kinds: dict[type, Any] = {}  # a watched value's type -> _watch_kind
         # device loaders' iterators seen (their first sync is no step): the run's
-        self.loaders: weakref.WeakSet = weakref.WeakSet()
+        self.loaders: weakref.WeakSet = Loaders()
         self.active = False
 
     # -- subscribing --------------------------------------------------------------------------
@@ -282,8 +285,6 @@ class Recorder:
         return self
 
     def stop(self) -> Recording:
-        if self.active:
-            self._note_live_tensors()
         self.active = False
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
@@ -362,6 +363,8 @@ class Recorder:
             self._failed()
         if counted:
             self.recording.syncs += 1
+            if self.recording.syncs % self._live_every == 0:
+                self._note_live_tensors()
 
     def _record_read(self, event, graph=None, site=None) -> None:
         try:
@@ -604,7 +607,6 @@ class Recorder:
                 self.recording.line_graphs[site] = graph.hash
                 self.recording.graphs.add(graph.hash)
                 self._ran_again(site)
-            self._note_live_tensors()
             return graph, self.site_of(frame)
         except Exception:
             self._failed()
@@ -622,7 +624,11 @@ class Recorder:
         live = (self._counter(names.tensors_created) or 0) - (
             self._counter(names.tensors_destroyed) or 0
         )
-        self.recording.live_tensors.append((self.recording.syncs, live))
+        samples = self.recording.live_tensors
+        samples.append((self.recording.syncs, live))
+        if len(samples) >= _LIVE_SAMPLES:  # bounded: every other one kept, spaced twice as far
+            samples[:] = samples[1::2]
+            self._live_every *= 2
 
     def _shapes_changed(self, root, key) -> bool | None:
         values: Any = frame_variables(root)

@@ -383,7 +383,7 @@ class Run:
         if recording is not None:
             facts = replace(
                 facts,
-                occurrences=tuple(sorted(recording.occurrences.values(), key=lambda o: o.order)),
+                occurrences=_occurrences(recording),
                 capture_seconds=recording.capture_seconds,
                 captures=recording.captures,
                 record_errors=recording.hook_errors,
@@ -441,6 +441,17 @@ def _per_line(site_calls: dict[tuple, int]) -> dict[tuple[str, int], int]:
     for site, calls in site_calls.items():
         lines[site[:2]] = lines.get(site[:2], 0) + calls
     return lines
+
+
+def _occurrences(recording) -> tuple:
+    """The run's reads and fallbacks, in order. Steps it happened in: at most the run's, the
+    tail after the last step's sync (work a library's logging sync ran, no step's end) being
+    no step of its own."""
+    steps = recording.syncs
+    return tuple(
+        replace(o, steps=min(o.steps, steps)) if steps and o.steps > steps else o
+        for o in sorted(recording.occurrences.values(), key=lambda o: o.order)
+    )
 
 
 def _step_cost(recording, metrics, held: cost.Residency | None, compiles: tuple) -> StepCost | None:
