@@ -486,7 +486,7 @@ def test_an_optimizers_first_step_filling_its_state_is_named_as_state_not_pendin
     later = _graph(5, "aten::mm", "aten::lerp")
     why = _policy.first_step_why(first, later)
     assert why.startswith("the first step created state that later steps read and update")
-    assert "aten::expand \u00d72" in why and "2 more graph inputs" in why
+    assert "aten::expand \u00d72" in why and "2 more device data nodes" in why
     assert "pending" not in why
 
 
@@ -505,7 +505,7 @@ def test_ops_only_the_first_graph_ran_without_new_inputs_stay_an_open_question()
 
 def test_a_momentum_buffer_read_by_later_steps_is_state_with_their_own_ops():
     why = _policy.first_step_why(_graph(3, "aten::mm"), _graph(4, "aten::mm", "aten::mul"))
-    assert why.startswith("the first step created state") and "1 more graph input," in why
+    assert why.startswith("the first step created state") and "1 more device data node," in why
     assert _policy.first_step_why(_graph(3, "aten::mm"), _graph(3, "aten::mm")) == ""
 
 

@@ -278,3 +278,12 @@ def test_one_time_cost_names_each_kind_it_counts():
         "one-time cost: 5 compiles (1.00 s): the first step's graph, the steady step's graphs "
         "(2), other graphs, each compiled once"
     )
+
+
+def test_several_other_graphs_of_a_line_do_not_read_as_one_compiled_again():
+    from tpu_nb.display.reports import kind_words
+
+    # "compiled another graph ×2" reads as one graph compiled twice: two are plural
+    assert kind_words("variant", 1) == "compiled another graph"
+    assert kind_words("variant", 2) == "compiled other graphs"
+    assert kind_words("recompile", 3) == "recompiled"

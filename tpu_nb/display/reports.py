@@ -101,6 +101,18 @@ KIND_WORDS = {
     "inputs": "compiled its inputs' pending work",
     "device-data": "built data on the device",
 }
+# The same, for several at once where one reads as a single thing done N times.
+_KIND_WORDS_MANY = {"variant": "compiled other graphs"}
+
+
+def kind_words(kind: str, count: int) -> str:
+    """What `count` findings of `kind` did: "compiled another graph" for one, "compiled
+    other graphs" for several (each a graph of its own, compiled once)."""
+    if count > 1 and kind in _KIND_WORDS_MANY:
+        return _KIND_WORDS_MANY[kind]
+    return KIND_WORDS.get(kind, kind)
+
+
 _FLAGGED = ("recompile", "growing", "fallback", "host-read", "device-data")
 _KIND_COLOURS = {
     **dict.fromkeys(KIND_WORDS, MUTED),
@@ -196,7 +208,7 @@ class FindingGroup:
     def marker(self) -> str:
         """A few words for the annotated listing: "recompiled ×3 (1.20 s)"."""
         secs = self.seconds
-        return f"{KIND_WORDS.get(self.kind, self.kind)} \u00d7{self.count}" + (
+        return f"{kind_words(self.kind, self.count)} \u00d7{self.count}" + (
             f" ({format_seconds(secs)})" if secs is not None else ""
         )
 
@@ -532,7 +544,7 @@ class RunView:
             rows.append(
                 (
                     e(g.where),
-                    span(e(KIND_WORDS.get(g.kind, g.kind)), colour, bold=True),
+                    span(e(kind_words(g.kind, g.count)), colour, bold=True),
                     f"\u00d7{g.count}",
                     e(format_seconds(secs)) if secs is not None else "",
                     details,

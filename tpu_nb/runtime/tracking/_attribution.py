@@ -114,7 +114,7 @@ def graph_facts(before, after) -> tuple[str, ...]:
             facts.append(_shape_change(change.before, change.after))
     d_before, d_after = policy.data_inputs(before), policy.data_inputs(after)
     if d_before != d_after:
-        facts.append(f"graph inputs (device data) {d_before} \u2192 {d_after}")
+        facts.append(f"device data nodes {d_before} \u2192 {d_after}")
     elif not diff.aligned:  # other ops: the inputs whose shapes changed still say why
         facts += _input_shape_changes(before, after)
     ops_before, ops_after = policy.op_counts(before), policy.op_counts(after)

@@ -10,7 +10,7 @@ summary line's verdict and the live dashboard all ask it.
   would on two lines; its reads after the loop are other sites again, so they cannot make the
   loop's site look settled). Each site's compiles are read in the order it ran (its syncs
   and value reads, counted by the recorder). The site's first graph, and the graphs of its
-  next steps while state appears (gradients, optimizer state: more graph inputs, or ops
+  next steps while state appears (gradients, optimizer state: more device data, or ops
   only the first step ran) are its *warm-up*, a one-time cost. A site that then ran at least
   twice without compiling has *settled*: the other graphs it compiled are a bounded set,
   each compiled once then cached (buckets, both sides of a branch, each tensor of a
@@ -271,7 +271,7 @@ def first_step_why(a, b) -> str:
         return ""
     only_first, only_later = op_counts(a) - op_counts(b), op_counts(b) - op_counts(a)
     n = data_inputs(b) - data_inputs(a)  # more inputs in the later graph
-    more = f"{n} more graph input{'s' if n != 1 else ''}"
+    more = f"{n} more device data node{'s' if n != 1 else ''}"
     if n > 0 and only_first and set(only_first) <= _FILLS:
         return (
             "the first step created state that later steps read and update: its graph "
@@ -344,7 +344,8 @@ def op_counts(graph) -> Counter:
 
 
 def data_inputs(graph) -> int:
-    """A graph's inputs (device data)."""
+    """A graph's device data nodes: the tensors on the device it reads (torch_xla's count of
+    a graph's inputs, in its compile log, can differ: this is the IR's)."""
     return sum(1 for n in graph.nodes if n.kind == "data")
 
 
