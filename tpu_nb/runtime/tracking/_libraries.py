@@ -204,9 +204,8 @@ def first_loader_sync(frame, seen) -> bool:
     except TypeError:  # not weakly referenceable: not known
         return False
     logging = getattr(seen, "logging", None)
-    outer = frame.f_back
     if logging is not None and innermost_frame(
-        outer, lambda f: bool(_housekeeping_answer(f.f_code)), _LOGGING_DEPTH
+        frame, lambda f: bool(_housekeeping_answer(f.f_code)), _LOGGING_DEPTH
     ):
         logging.add(iterator)
     return True
