@@ -22,6 +22,8 @@ import pytest
 os.environ["PJRT_DEVICE"] = "CPU"
 ROOT = Path(__file__).resolve().parents[1]
 
+from _env import without_xla_settings  # noqa: E402  (before torch_xla's import: its flags)
+
 import tpu_nb  # noqa: E402
 
 tpu_nb.setup("cpu")
@@ -193,11 +195,7 @@ def run_python(
     ~10. A variable read while those import (`_IMPORT_TIME`) changed by `env` runs a plain
     `python script` instead; so does `cold=True` (a test of what gets imported) and every call
     with TPU_NB_TEST_ZYGOTE=0."""
-    full_env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PT_XLA_DEBUG", "XLA_", "CPU_NUM_DEVICES"))
-    }
+    full_env = without_xla_settings(os.environ, ("PT_XLA_DEBUG", "XLA_", "CPU_NUM_DEVICES"))
     full_env["PJRT_DEVICE"] = "CPU"
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH", ""), str(ROOT)) if p

@@ -5,16 +5,15 @@ Marked `stack`: runs on the current stack (ipykernel 7, ipywidgets 8) and on Col
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
 import pytest
+from _env import kernel_environment
 from conftest import execute_when_ready
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
@@ -48,16 +47,6 @@ def counts():
     return {{"threads": sorted(t.name for t in threading.enumerate()),
              "comms": len(comms), "widgets": len(instances)}}
 """
-
-
-@contextmanager
-def kernel_environment():
-    """Kernels choose their own latched XLA settings (%tpu_setup), not this process's."""
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")

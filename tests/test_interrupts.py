@@ -3,12 +3,12 @@ interrupt): during the first `--live` cell's imports, and during a long torch_xl
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from _env import kernel_environment
 from conftest import execute_when_ready, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,11 +37,8 @@ MIDWAY = ["tpu_nb.display.dashboard_html", "tpu_nb.display.live_charts"]
 def _kernel():
     from jupyter_client.manager import start_new_kernel
 
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
-    try:
+    with kernel_environment():
         km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
-    finally:
-        os.environ.update(saved)
     try:
         yield km, kc
     finally:

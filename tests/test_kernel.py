@@ -3,13 +3,12 @@
 Marked `stack`: runs on the current stack and on Colab's (ipykernel 6.17, IPython 7.34).
 """
 
-import os
 import re
-from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
 import pytest
+from _env import kernel_environment
 from conftest import execute_when_ready
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
@@ -18,17 +17,6 @@ from nbclient.exceptions import CellExecutionError
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = [pytest.mark.stack, pytest.mark.kernel, pytest.mark.timeout(240)]
-
-
-@contextmanager
-def kernel_environment():
-    """Kernels inherit this process's environment, but not its latched XLA debug settings:
-    each kernel's %tpu_setup chooses its own."""
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
 
 
 def _notebook(*sources):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _env import without_xla_settings
 from conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,7 +219,7 @@ def replica(index):
 launch(replica)
 """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
+    env = without_xla_settings(os.environ)
     env.pop("PJRT_DEVICE", None)
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.Popen(

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _env import without_xla_settings
 
 from tpu_nb.runtime.environment import MAX_CPU_DEVICES
 from tpu_nb.runtime.errors import TpuNbError
@@ -88,7 +89,7 @@ def test_run_directories_removed_after_success_failure_and_worker_launches(py, t
 
 
 def _start(code: str, env: dict) -> subprocess.Popen:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
+    full = without_xla_settings(os.environ)
     full.pop("PJRT_DEVICE", None)
     full.update({k: v for k, v in env.items() if v is not None}, PYTHONPATH=str(ROOT))
     return subprocess.Popen(

@@ -26,6 +26,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing downloaded: every model from its c
 
 import pytest
 import torch_xla.debug.metrics as met
+from _env import kernel_environment
 
 from tpu_nb.display.reports import RunView
 from tpu_nb.ipython import _on_tpu as magics  # where %%on_tpu shows its views
@@ -654,8 +655,7 @@ def execute_notebook(sources: list[str], allow_errors: bool = False):
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(("PT_XLA", "XLA_"))}
-    try:  # the kernel chooses its own latched XLA settings (%tpu_setup)
+    with kernel_environment():  # the kernel chooses its own latched XLA settings (%tpu_setup)
         NotebookClient(
             nb,
             timeout=240,
@@ -663,8 +663,6 @@ def execute_notebook(sources: list[str], allow_errors: bool = False):
             allow_errors=allow_errors,
             resources={"metadata": {"path": str(Path(__file__).parents[1])}},
         ).execute()
-    finally:
-        os.environ.update(saved)
     return nb
 
 

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _env import without_xla_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("TPU_NB_CHROMIUM", "/usr/bin/chromium")
@@ -47,7 +48,7 @@ def lab(tmp_path_factory):
         '{"fetchNews": "false", "checkForUpdates": false}'
     )
     port, token = _free_port(), secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_XLA", "XLA_"))}
+    env = without_xla_settings(os.environ)
     env.update(
         PJRT_DEVICE="CPU",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
