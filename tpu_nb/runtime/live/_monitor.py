@@ -785,5 +785,5 @@ def _per_step_reads(report) -> int | None:
     return sum(
         occ.count
         for occ in report.occurrences
-        if occ.kind == "read" and getattr(judgement.reads.get(occ.order), "per_step", False)
+        if occ.kind == "read" and getattr(judgement.reads.get(occ.order), "advised", False)
     )

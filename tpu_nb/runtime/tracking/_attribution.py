@@ -436,7 +436,7 @@ def _read_findings(
         if occ.in_sync:
             what = f"{occ.what} in a step closure read a device value ({occ.calls}\u00d7: {reads})"
         general = HOST_READ_HINT if report.syncs else HOST_READ_NO_SYNC_HINT
-        hint = (libraries.read_fix(occ.site) or general) if pattern.per_step else ""
+        hint = (libraries.read_fix(occ.site) or general) if pattern.advised else ""
         out.append(_at_occurrence(occ, "host-read", what, hint, occ.calls, filename, base))
     unplaced = report.metrics.host_reads - placed
     if unplaced > 0 and report.occurrences is not None:

@@ -117,6 +117,14 @@ class ReadPattern:
 
     per_step: bool
     why: str  # "in 30 of 30 steps", "once, after the loop", "in a step closure", ...
+    # per step, but its waits cannot cost a quarter of a step on the chip judged for (the
+    # host's work and the device's are too unlike for either to hide the other): no advice
+    minor: bool = False
+
+    @property
+    def advised(self) -> bool:
+        """Whether the read earns the read advice."""
+        return self.per_step and not self.minor
 
 
 NOT_PER_STEP = ReadPattern(False, "")
@@ -645,7 +653,17 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
     if waiting:
         kept = tuple(h for h in kept if h.kind != "sync")
         verdict = replace(verdict, lines=tuple(h for h in verdict.lines if h.kind != "sync"))
-    stalled = _stall_verdict(report, judgement, lines, steady, syncs=len(steps))
+    stalls = _stalls(report, judgement, syncs=len(steps))
+    waits = sum(o.calls for o in stalls) / max(1, len(steps))  # per step
+    minor = _waits_cost_little(timed, waits) if all(o.kind == "read" for o in stalls) else ""
+    if stalls and minor:
+        reads = dict(judgement.reads)
+        for o in stalls:
+            reads[o.order] = replace(
+                reads[o.order], why=f"{reads[o.order].why}, {minor}", minor=True
+            )
+        judgement = replace(judgement, reads=reads)
+    stalled = _stall_verdict(report, stalls, lines, steady, syncs=len(steps)) if not minor else None
     if stalled is not None and (verdict is None or verdict.kind != "compile-bound"):
         verdict, kept = stalled, ()
     if verdict is not None and verdict.kind == "host-bound" and _in_trainer(report):
@@ -661,15 +679,14 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
 
 _STALL_SHARE = 0.25  # per-step reads and fallbacks taking this share of the steady time
 _WAITING_SHARE = 0.1  # syncs waiting for XLA:CPU this share of it: left out of host lines
+# What one wait may cost on a TPU beyond the device's work (launching the graph cut at the
+# read, copying the value back): an allowance far above what those take on a TPU VM, so that
+# reads are called minor only where no such cost could make them matter.
+_WAIT_ALLOWANCE = 5e-3
 
 
-def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
-    """read-bound when value reads or CPU fallbacks made in (nearly) every step stop the
-    steady steps mid-way: each makes the host wait for the device's pending work, so a step
-    runs as several graphs and tracing cannot overlap the device (on any chip; on a TPU each
-    wait is also a round trip to the chip). It takes either the facts that the steady steps
-    ran as several graphs each, or a measured share of their time (_STALL_SHARE: the host
-    time sampled on the stalling lines, else the time inside reads)."""
+def _stalls(report, judgement: Judgement, syncs: int) -> list:
+    """The value reads and CPU fallbacks made in (nearly) every step, in the loop."""
     stalls = []
     for occ in report.occurrences:
         if occ.in_sync or occ.site is None or occ.site.line is None:
@@ -682,6 +699,57 @@ def _stall_verdict(report, judgement: Judgement, lines, steady, syncs: int):
             continue
         if per_step:
             stalls.append(occ)
+    return stalls
+
+
+def _waits_cost_little(timed, waits: float) -> str:
+    """Why the `waits` per step for the device, at its value reads, cannot cost a quarter of
+    a step on the chip judged for ("": they might). A wait stops the host until the device
+    has run the step's pending work, so host and device work that could overlap run one
+    after the other: removing the waits saves at most the shorter of the two, of their sum,
+    and each wait's own cost (_WAIT_ALLOWANCE). Off a TPU the device's time is known only
+    between the roofline and XLA:CPU's time here (a TPU is taken as no slower than XLA:CPU
+    on this host): the saving is judged at its largest over that range."""
+    if timed is None or timed.host_seconds is None or timed.measured_device_seconds is None:
+        return ""
+    host = timed.host_seconds
+    low = high = timed.measured_device_seconds
+    if not timed.on_chip:
+        if timed.device_seconds is None:
+            return ""
+        low, high = sorted((timed.device_seconds, high))
+    if low <= host <= high or host <= 0:
+        return ""  # the two may be alike: overlap could halve the step
+    own = waits * _WAIT_ALLOWANCE
+    saved = max((min(host, d) + own) / (host + d) for d in (low, high))
+    if saved >= _STALL_SHARE:
+        return ""
+    device = format_seconds(low)
+    if not timed.on_chip:
+        device = f">= {device} on a {timed.chip.name} and {format_seconds(high)} on XLA:CPU here"
+    if host > high:
+        return (
+            f"but not what limits this loop: tracing takes {format_seconds(host)} per step, "
+            f"the device's work {device}, so waiting for it {_times(waits)} a step costs little"
+        )
+    return (
+        f"but not what limits this loop: the device's work takes {device} per step, tracing "
+        f"only {format_seconds(host)}, so waiting for it {_times(waits)} a step costs little"
+    )
+
+
+def _times(per_step: float) -> str:
+    n = max(1, round(per_step))
+    return {1: "once", 2: "twice"}.get(n, f"{n} times")
+
+
+def _stall_verdict(report, stalls: list, lines, steady, syncs: int):
+    """read-bound when value reads or CPU fallbacks made in (nearly) every step stop the
+    steady steps mid-way: each makes the host wait for the device's pending work, so a step
+    runs as several graphs and tracing cannot overlap the device (on any chip; on a TPU each
+    wait is also a round trip to the chip). It takes either the facts that the steady steps
+    ran as several graphs each, or a measured share of their time (_STALL_SHARE: the host
+    time sampled on the stalling lines, else the time inside reads)."""
     if not stalls or not steady:
         return None
     places = {(o.site.line.file, o.site.line.line) for o in stalls}
@@ -736,7 +804,12 @@ def _for_target(verdict, step_cost, steady):
     timed = cost.timed(step_cost, steady)
     if verdict is not None and timed.on_chip and timed.mfu is not None:
         return replace(verdict, reason=f"{verdict.reason}; MFU {timed.mfu:.0%}"), timed
-    if verdict is None or timed.on_chip or verdict.kind not in ("host-bound", "cpu-bound"):
+    # (a read-bound share measured here is mostly reads waiting for XLA:CPU to run the step)
+    if (
+        verdict is None
+        or timed.on_chip
+        or verdict.kind not in ("host-bound", "cpu-bound", "read-bound")
+    ):
         return verdict, timed
     if timed.device_seconds is None or timed.host_seconds is None:
         return verdict, timed
