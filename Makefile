@@ -52,7 +52,7 @@ test-lane-2:
 # The library's tests, in two parts of about the same length: the files named here, and
 # every other (a new test file joins part 2).
 CURRENT_1 = tests/test_pod.py tests/test_pod_start.py tests/test_real_models.py tests/test_kernel.py \
-    tests/test_cost.py tests/test_interrupts.py
+    tests/test_cost.py tests/test_interrupts.py tests/test_launch_cleanup.py
 
 test-current: test-current-1 test-current-2
 
@@ -64,7 +64,7 @@ test-current-2:
 	    --durations=10
 
 test-colab:
-	$(FRESH) $(TEST_XLA) $(COLAB) -m pytest tests -q -m stack --ignore=tests/browser
+	$(FRESH) $(TEST_XLA) $(COLAB) -m pytest tests -q -m stack --ignore=tests/browser --durations=10
 
 test-notebooks:
 	$(FRESH) $(RUN) -m pytest -q --nbval notebooks --nbval-sanitize-with tools/nbval-sanitize.cfg -p no:randomly
