@@ -417,6 +417,33 @@ def test_shares_of_a_long_run_stay_within_the_whole():
     assert sum(h.seconds for h in lines) == pytest.approx(t / 2)
 
 
+def test_code_after_the_last_sync_leaves_no_time_in_the_steps_however_late_its_sample():
+    """A sample taken late (a busy machine) after the loop's last sync splits its gap at the
+    midpoint: the line after the loop gets time from before the sync returned. The steps'
+    lines, with the time after the loop left out, hold none of that line; the sync keeps the
+    time up to its return."""
+    import threading
+
+    from tpu_nb.runtime.tracking._sampler import Sampler
+
+    sampler = Sampler(threading.get_ident(), interval=0.001)
+    step = ("host", "cell.py", 5, "<module>", "")
+    sync = ("sync", "cell.py", 7, "<module>", "")
+    after = ("host", "cell.py", 8, "<module>", "")
+    sampler._add(step, 0.0, 0.030)
+    sampler._add(sync, 0.030, 0.040)
+    # The sync returned at 0.046. The next sample, due at 0.050, came at 0.060 and saw line
+    # 8: the gap is split at its midpoint (0.045), the rest (to 0.060) is line 8's.
+    sampler._add(sync, 0.040, 0.045, (0.040, 0.040))
+    sampler._add(after, 0.045, 0.050, (0.060, 0.060))
+    sampler._add(after, 0.050, 0.060, (0.060, 0.060))
+    sampler._add(after, 0.060, 0.080)
+    lines = sampler.lines(0.046, without=((0.046, 0.080),))
+    # (cutting only the window's overlap would have left line 8 the millisecond before 0.046)
+    assert [h.line.line for h in lines] == [5, 7], lines
+    assert sum(h.seconds for h in lines) == pytest.approx(0.045)
+
+
 def test_a_long_run_is_sampled_less_and_less_often():
     """The interval starts at the asked one and grows to the run's length / _SPAN_SAMPLES:
     a long training cell is not sampled 200 times a second for minutes."""

@@ -147,10 +147,11 @@ class Sampler:
         self._waiting: tuple | None = None
         # Results, read by other threads (copies of a dict or deque hold the GIL: no torn read)
         self.totals: dict[tuple, float] = {}  # (kind, file, line, function, via) -> seconds
-        # The run's first intervals as (start, end, key): a verdict about the steady state
-        # takes the warm-up steps' time back out of the totals (bounded: the warm-up comes
-        # first).
-        self.early: list[tuple[float, float, tuple]] = []
+        # The run's first intervals as (start, end, key, first seen, last seen): a verdict
+        # about the steady state takes the warm-up steps' time back out of the totals
+        # (bounded: the warm-up comes first). An interval reaches past the samples that saw
+        # its state (the state changed somewhere between two samples): see `lines`.
+        self.early: list[tuple[float, float, tuple, float, float]] = []
         self.early_complete = True  # False: `early` filled up before the run ended
         self.input_spans: deque = deque(maxlen=_MAX_SPANS)  # (start, end, loop), merged
         # `for` lines (file, line) whose iterator syncs or reads: it runs the steps (a
@@ -243,28 +244,32 @@ class Sampler:
                 if key is not None and now > previous:
                     self._add(key, previous, now)
             else:
-                for what, lo, hi in (
-                    (last, previous, middle),
-                    (key, middle, due),
-                    (late, due, now),
+                for what, lo, hi, seen in (
+                    (last, previous, middle, previous),
+                    (key, middle, due, now),
+                    (late, due, now, now if late == key else previous),
                 ):
                     if what is not None and hi > lo:
-                        self._add(what, lo, hi)
+                        self._add(what, lo, hi, (seen, seen))
             previous, last = now, key
         if last is not None:
-            self._add(last, previous, clock())
+            self._add(last, previous, clock(), (previous, previous))
         self.cpu_seconds = time.thread_time() - cpu
 
-    def _add(self, key: tuple, start: float, end: float) -> None:
+    def _add(self, key: tuple, start: float, end: float, seen: tuple | None = None) -> None:
+        """`key`'s state from `start` to `end`, seen by the samples at `seen` (first, last;
+        by default both ends)."""
         totals = self.totals
         if key not in totals and len(totals) >= _MAX_KEYS:
             key = (key[0], key[1], 0, "", "")  # too many distinct lines: one "other" line
         totals[key] = totals.get(key, 0.0) + (end - start)
+        first, last = seen if seen is not None else (start, end)
         early = self.early
         if early and early[-1][2] == key and early[-1][1] == start:
-            early[-1] = (early[-1][0], end, key)  # the same state on: one interval
+            was = early[-1]  # the same state on: one interval
+            early[-1] = (was[0], end, key, min(was[3], first), max(was[4], last))
         elif len(early) < _EARLY:
-            early.append((start, end, key))
+            early.append((start, end, key, first, last))
         else:
             self.early_complete = False
         if key[0] == "input":
@@ -429,11 +434,23 @@ class Sampler:
         """Time per (kind, line, via) — the line's own work ("host"), its syncs ("sync"),
         its `for`'s iterator ("input"); value reads have their own findings — largest first,
         with shares of `wall` seconds. `without`: (start, end) windows left out (the
-        warm-up's steps), as far as the first intervals kept in `early` reach."""
+        warm-up's steps), as far as the first intervals kept in `early` reach.
+
+        A window's edges are where a sync returned: the state changed there, not at the
+        midpoint between two samples where an interval's guess put the change. An interval
+        whose samples all saw its state inside a window is left out whole, and one seen only
+        outside keeps its time; one seen on both sides loses its overlap (as does every
+        interval of a window no sample fell in)."""
         got: dict[tuple, float] = dict(self.totals)
+        early = self.early
         for lo, hi in without:
-            for start, end, key in self.early:
+            seen_inside = any(lo <= first and last <= hi for _, _, _, first, last in early)
+            for start, end, key, first, last in early:
                 cut = min(end, hi) - max(start, lo)
+                if seen_inside and lo <= first and last <= hi:
+                    cut = end - start
+                elif seen_inside and (last < lo or first > hi):
+                    cut = 0.0
                 if cut > 0:
                     got[key] = got.get(key, 0.0) - cut
         stepping = set(self.stepping)
