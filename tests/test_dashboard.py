@@ -472,6 +472,56 @@ def test_a_finished_runs_reads_are_judged_as_its_report_judges_them():
     assert "read once after the loop" not in H.summary_text(state, "finished")
 
 
+def _spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _reads_each_step(host_seconds, size, matmuls):
+    """A tracked loop of 8 steps that reads a device value after each sync, polled by a
+    monitor while it goes and after it ended."""
+    dev = tpu_nb.device()
+    w = torch.randn(size, size, device=dev) / size**0.5
+    torch_xla.sync()
+    monitor = LiveMonitor()
+    with tpu_nb.track() as report:
+        for _ in range(8):
+            _spin(host_seconds)
+            for _ in range(matmuls):
+                w = (w @ w).tanh()
+            torch_xla.sync()
+            float(w[0, 0])
+        live = monitor.poll(final=True)  # (final: the live anatomy is built now)
+    done = monitor.poll(final=True)
+    monitor.close()
+    return live, done, report
+
+
+def test_reads_in_every_step_get_the_hint_live_only_where_the_judgement_gives_it():
+    """While a run goes, the view advises on reads in every step only where the run's
+    judgement will: not when tracing takes far longer than the device's work (waiting for it
+    once a step costs little), but when the device's work is as long."""
+    # tracing (a 30 ms Python spin) far longer than an 8x8 matmul: no advice, live or after
+    live, done, report = _reads_each_step(0.03, 8, 1)
+    assert report.anatomy.verdict.kind == "host-bound", report
+    assert not any(p.advised for p in report.judgement.reads.values()), report
+    assert (
+        live.per_step_reads is None and "not what limits this loop so far" in live.reads_cost_little
+    )
+    for text in (H.fallbacks_html(live), H.summary_text(live, "running")):
+        assert "8 in 8 steps, but not what limits" in text and H.HOST_READ_HINT not in text, text
+    assert done.per_step_reads == 0 and H.HOST_READ_HINT not in H.summary_text(done, "finished")
+
+    # four 384x384 matmuls a step on XLA:CPU, as long as tracing or longer: advised, live too
+    live, done, report = _reads_each_step(0.0, 384, 4)
+    assert report.anatomy.verdict.kind == "read-bound", report
+    assert live.per_step_reads is None and live.reads_cost_little == "", live.reads_cost_little
+    for text in (H.fallbacks_html(live), H.summary_text(live, "running")):
+        assert H.HOST_READ_HINT in text, text
+    assert done.per_step_reads == 8 and H.HOST_READ_HINT in H.summary_text(done, "finished")
+
+
 HOSTILE = "<img src=x onerror=alert(1)>&$x$.py"
 
 

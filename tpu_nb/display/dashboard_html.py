@@ -250,7 +250,9 @@ def fallbacks_html(state: LiveState) -> str:
         fall = "CPU fallbacks: none<br>"
     reads = f"{_SCALAR_READS} <b>{m.host_reads}</b>"
     per_step = _per_step_reads(state)
-    if per_step:
+    if per_step and state.reads_cost_little:
+        reads += f"<br>{escape(_in_the_loop(per_step, state))}, {escape(state.reads_cost_little)}"
+    elif per_step:
         reads += (
             f"<br>{_in_the_loop(per_step, state)}<br>"
             f"<span style='color:{_GREY}'>{escape(_read_hint(state))}</span>"
@@ -451,7 +453,10 @@ def summary_text(
         lines.append(f"  CPU fallback aten::{op} x{n}: {fallback_hint(op)}")
     per_step = _per_step_reads(state)
     if per_step:
-        lines.append(f"  {_SCALAR_READS}: {_in_the_loop(per_step, state)}: {_read_hint(state)}")
+        why = (
+            f", {state.reads_cost_little}" if state.reads_cost_little else f": {_read_hint(state)}"
+        )
+        lines.append(f"  {_SCALAR_READS}: {_in_the_loop(per_step, state)}{why}")
     if error is not None:
         lines.append(f"  the dashboard stopped updating: {type(error).__name__}")
     return "\n".join(lines)

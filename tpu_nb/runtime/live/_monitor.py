@@ -60,6 +60,7 @@ from tpu_nb.runtime.tracking import (
     graph_facts,
     last_report,
     line_growth,
+    live_reads_cost_little,
     probe,
     progression,
     store,
@@ -439,6 +440,9 @@ class LiveState:
     # Scalar reads the finished run's judgement calls per step (tracking._policy); None while
     # the run is still going (the dashboard's own count stands in)
     per_step_reads: int | None = None
+    # While a tracked run goes: why its reads in every step so far cannot limit its loop on
+    # the chip judged for (tracking._policy), "" when they might or it cannot tell yet
+    reads_cost_little: str = ""
 
     @property
     def recompiling(self) -> bool:
@@ -512,6 +516,7 @@ class LiveMonitor:
         recent = sorted(self._recent)
         report = self._finished_report()
         self._refresh_anatomy(report, final)
+        per_step_reads = _per_step_reads(report)
         return LiveState(
             elapsed=now.taken_at - self._start.taken_at,
             metrics=total,
@@ -533,8 +538,21 @@ class LiveMonitor:
             run_cost=report.cost if report is not None and report.steps else None,
             closure_reads=self._closure_reads.count,
             loader_syncs=self._loader_syncs(),
-            per_step_reads=_per_step_reads(report),
+            per_step_reads=per_step_reads,
+            reads_cost_little=self._reads_cost_little() if per_step_reads is None else "",
         )
+
+    def _reads_cost_little(self) -> str:
+        """The judgement's reason for reads in every step not to limit the loop, from the
+        live anatomy of the tracked run now going (its steps so far)."""
+        anatomy = self._anatomy
+        if anatomy is None or self._collecting() is None:
+            return ""
+        try:
+            return live_reads_cost_little(anatomy.steps, sum(s.reads for s in anatomy.steps))
+        except Exception:  # the view keeps the count's hint
+            log.debug("judging the live run's reads failed", exc_info=True)
+            return ""
 
     def _loader_syncs(self) -> int:
         reads = self._closure_reads

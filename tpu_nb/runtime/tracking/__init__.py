@@ -30,6 +30,7 @@ from tpu_nb.runtime.tracking._policy import (
     Judgement,
     LinePattern,
     line_growth,
+    live_reads_cost_little,
     progression,
     reads_repeat,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "graph_facts",
     "last_report",
     "line_growth",
+    "live_reads_cost_little",
     "max_graphs",
     "on_tpu",
     "probe",

@@ -665,22 +665,27 @@ def timed(cost: StepCost, steps: Sequence[Any]) -> StepCost:
     """The cost with the steady steps' times: measured here, and projected or MFU."""
     if not steps:
         return cost
-    walls = sorted(s.wall for s in steps)
-    busy = Busy(union(span for s in steps for span in s.device_spans))
-    host = sorted(s.trace + s.input + _own_sync(s, busy) for s in steps)
-    device = sorted(s.device for s in steps)
-    step = percentile(walls, 0.5)
+    step = percentile(sorted(s.wall for s in steps), 0.5)
+    host, device = step_times(steps)
     timed_cost = replace(
         cost,
         step_seconds=step,
-        host_seconds=percentile(host, 0.5),
-        measured_device_seconds=percentile(device, 0.5),
+        host_seconds=host,
+        measured_device_seconds=device,
         device_seconds=roofline_seconds(cost.flops, cost.moved_bytes, cost.chip),
     )
     if cost.on_chip and cost.flops is not None and step > 0:
         peak = cost.chip.per_device().peak_flops
         timed_cost = replace(timed_cost, mfu=cost.flops / step / peak, hbm_used=_hbm_used())
     return timed_cost
+
+
+def step_times(steps: Sequence[Any]) -> tuple[float, float]:
+    """The median step's host time (tracing, input and the syncs' own time) and device time
+    (its executions, here), over `steps` (StepRecords, at least one)."""
+    busy = Busy(union(span for s in steps for span in s.device_spans))
+    host = sorted(s.trace + s.input + _own_sync(s, busy) for s in steps)
+    return percentile(host, 0.5), percentile(sorted(s.device for s in steps), 0.5)
 
 
 def union(spans) -> list[tuple[float, float]]:

@@ -718,24 +718,54 @@ def _waits_cost_little(timed, waits: float) -> str:
         if timed.device_seconds is None:
             return ""
         low, high = sorted((timed.device_seconds, high))
-    if low <= host <= high or host <= 0:
-        return ""  # the two may be alike: overlap could halve the step
-    own = waits * _WAIT_ALLOWANCE
-    saved = max((min(host, d) + own) / (host + d) for d in (low, high))
-    if saved >= _STALL_SHARE:
+    if not _waits_save_little(host, low, high, waits):
         return ""
     device = format_seconds(low)
     if not timed.on_chip:
         device = f">= {device} on a {timed.chip.name} and {format_seconds(high)} on XLA:CPU here"
+    return _cost_little_why(host, high, device, waits)
+
+
+def _waits_save_little(host: float, low: float, high: float, waits: float) -> bool:
+    """Whether removing `waits` per step saves under a quarter of a step (_STALL_SHARE) at
+    most, with `host` seconds of tracing and the device's work between `low` and `high`."""
+    if low <= host <= high or host <= 0:
+        return False  # the two may be alike: overlap could halve the step
+    own = waits * _WAIT_ALLOWANCE
+    return max((min(host, d) + own) / (host + d) for d in (low, high)) < _STALL_SHARE
+
+
+def _cost_little_why(host: float, high: float, device: str, waits: float, so_far="") -> str:
     if host > high:
         return (
-            f"but not what limits this loop: tracing takes {format_seconds(host)} per step, "
-            f"the device's work {device}, so waiting for it {_times(waits)} a step costs little"
+            f"but not what limits this loop{so_far}: tracing takes {format_seconds(host)} per "
+            f"step, the device's work {device}, so waiting for it {_times(waits)} a step "
+            "costs little"
         )
     return (
-        f"but not what limits this loop: the device's work takes {device} per step, tracing "
-        f"only {format_seconds(host)}, so waiting for it {_times(waits)} a step costs little"
+        f"but not what limits this loop{so_far}: the device's work takes {device} per step, "
+        f"tracing only {format_seconds(host)}, so waiting for it {_times(waits)} a step "
+        "costs little"
     )
+
+
+def live_reads_cost_little(steps, reads: int) -> str:
+    """For a live view while a tracked run goes: why `reads` over its `steps` so far (in
+    every step) cannot cost a quarter of a step on the chip judged for, as the run's
+    judgement will say ("": they might, or too few steps without compiles to tell). Off a
+    TPU the device's work has no roofline yet (the run's graphs are costed as it ends): it
+    is taken anywhere from none to XLA:CPU's time here, a range wider than the judgement's."""
+    steady = [s for s in steps if not s.compiles]
+    if len(steady) < 3 or not reads:
+        return ""
+    waits = reads / len(steps)
+    host, device = cost.step_times(steady)
+    on_chip = cost.judged_chip()[1]
+    low = device if on_chip else 0.0
+    if not _waits_save_little(host, low, device, waits):
+        return ""
+    where = format_seconds(device) + ("" if on_chip else " on XLA:CPU here")
+    return _cost_little_why(host, device, where, waits, " so far")
 
 
 def _times(per_step: float) -> str:
