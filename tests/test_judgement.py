@@ -551,6 +551,26 @@ for step in range(6):
         assert "warm-up" not in report.text and "state created on the way" not in report.text
 
 
+def test_a_lines_later_calls_are_said_to_compile_nothing_not_to_run_from_the_cache(cell):
+    """A sync called twice a step: the second runs nothing. The line's sentence says what
+    is known of its calls after its last compile (none compiled), not that each ran a cached
+    graph."""
+    twice = cell(
+        """
+model = make_mlp(49); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(32, 49); target = x.sum(dim=1, keepdim=True).expand(32, 10) * 0.5
+for step in range(6):
+    loss = F.mse_loss(model(x), target)
+    loss.backward(); opt.step(); opt.zero_grad()
+    for _ in range(2): torch_xla.sync()
+"""
+    )
+    line = next(t for t in twice.text.splitlines() if "this line:" in t)
+    # 12 calls, the last compile at the second step's first: 9 after it, 4 of them ran a graph
+    assert "then no compile in its next 9 calls" in line, twice.text
+    assert "cached" not in line and twice.report.metrics.cache_hits < 9, twice.text
+
+
 STALLED = """
 model = make_mlp(45); opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(32, 45); y = torch.randint(0, 10, (32,))

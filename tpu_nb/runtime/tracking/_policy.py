@@ -1003,7 +1003,9 @@ def describe_pattern(p: LinePattern) -> str:
             f"{graphs} in its first {p.calls} calls: too few calls to tell whether it keeps "
             f"compiling{shapes}"
         )
-    cached = f", then cached for its next {p.calls_after} calls" if p.calls_after else ""
+    # (its later calls compiled nothing; whether each ran a graph, the line does not know)
+    after = "call" if p.calls_after == 1 else f"{p.calls_after} calls"
+    cached = f", then no compile in its next {after}" if p.calls_after else ""
     if p.kind == "variants":
         return f"{graphs}, each compiled once{cached}{shapes}"
     if p.kind == "warm-up":
