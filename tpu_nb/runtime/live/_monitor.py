@@ -496,6 +496,7 @@ class LiveMonitor:
         self._anatomy_key: tuple | None = None
         self._anatomy_version = 0
         self._next_anatomy = 0.0
+        self._reads_judged: tuple[int, str] = (-1, "")  # (anatomy version, its reason)
         self.anatomy_builds = 0  # live anatomies built (for the benchmark and the curious)
         self.anatomy_seconds = 0.0
 
@@ -548,11 +549,14 @@ class LiveMonitor:
         anatomy = self._anatomy
         if anatomy is None or self._collecting() is None:
             return ""
-        try:
-            return live_reads_cost_little(anatomy.steps, sum(s.reads for s in anatomy.steps))
-        except Exception:  # the view keeps the count's hint
-            log.debug("judging the live run's reads failed", exc_info=True)
-            return ""
+        if self._reads_judged[0] != self._anatomy_version:  # once per anatomy built
+            try:
+                why = live_reads_cost_little(anatomy.steps, sum(s.reads for s in anatomy.steps))
+            except Exception:  # the view keeps the count's hint
+                log.debug("judging the live run's reads failed", exc_info=True)
+                why = ""
+            self._reads_judged = (self._anatomy_version, why)
+        return self._reads_judged[1]
 
     def _loader_syncs(self) -> int:
         reads = self._closure_reads

@@ -655,8 +655,9 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
         verdict = replace(verdict, lines=tuple(h for h in verdict.lines if h.kind != "sync"))
     stalls = _stalls(report, judgement, syncs=len(steps))
     waits = sum(o.calls for o in stalls) / max(1, len(steps))  # per step
-    minor = _waits_cost_little(timed, waits) if all(o.kind == "read" for o in stalls) else ""
-    if stalls and minor:
+    reads_only = stalls and all(o.kind == "read" for o in stalls)
+    minor = _waits_cost_little(timed, waits) if reads_only else ""
+    if minor:
         reads = dict(judgement.reads)
         for o in stalls:
             reads[o.order] = replace(
