@@ -478,9 +478,9 @@ def _spin(seconds):
         pass
 
 
-def _reads_each_step(host_seconds, size, matmuls):
-    """A tracked loop of 8 steps that reads a device value after each sync, polled by a
-    monitor while it goes and after it ended."""
+def _reads_each_step(host_seconds, size, matmuls, fallback=False):
+    """A tracked loop of 8 steps that reads a device value after each sync (and runs an op
+    on the CPU in each, if `fallback`), polled by a monitor while it goes and after it."""
     dev = tpu_nb.device()
     w = torch.randn(size, size, device=dev) / size**0.5
     torch_xla.sync()
@@ -490,6 +490,8 @@ def _reads_each_step(host_seconds, size, matmuls):
             _spin(host_seconds)
             for _ in range(matmuls):
                 w = (w @ w).tanh()
+            if fallback:
+                w = w + torch.histc(w, bins=4).sum() * 0
             torch_xla.sync()
             float(w[0, 0])
         live = monitor.poll(final=True)  # (final: the live anatomy is built now)
@@ -520,6 +522,17 @@ def test_reads_in_every_step_get_the_hint_live_only_where_the_judgement_gives_it
     for text in (H.fallbacks_html(live), H.summary_text(live, "running")):
         assert H.HOST_READ_HINT in text, text
     assert done.per_step_reads == 8 and H.HOST_READ_HINT in H.summary_text(done, "finished")
+
+    # the host-bound loop with an op on the CPU in every step: that stall is judged as one,
+    # so the view does not say the reads cost little
+    live, done, report = _reads_each_step(0.03, 8, 1, fallback=True)
+    assert report.metrics.fallbacks and live.reads_cost_little == "", live.reads_cost_little
+    advised = sum(
+        o.count
+        for o in report.occurrences
+        if o.kind == "read" and report.judgement.reads[o.order].advised
+    )
+    assert done.per_step_reads == advised, report
 
 
 HOSTILE = "<img src=x onerror=alert(1)>&$x$.py"

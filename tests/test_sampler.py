@@ -417,31 +417,74 @@ def test_shares_of_a_long_run_stay_within_the_whole():
     assert sum(h.seconds for h in lines) == pytest.approx(t / 2)
 
 
-def test_code_after_the_last_sync_leaves_no_time_in_the_steps_however_late_its_sample():
-    """A sample taken late (a busy machine) after the loop's last sync splits its gap at the
-    midpoint: the line after the loop gets time from before the sync returned. The steps'
-    lines, with the time after the loop left out, hold none of that line; the sync keeps the
-    time up to its return."""
+def _holding(*intervals, interval=0.001):
+    """A sampler holding `intervals` as its loop records them: (line, start, end, seen)."""
     import threading
 
     from tpu_nb.runtime.tracking._sampler import Sampler
 
-    sampler = Sampler(threading.get_ident(), interval=0.001)
-    step = ("host", "cell.py", 5, "<module>", "")
-    sync = ("sync", "cell.py", 7, "<module>", "")
-    after = ("host", "cell.py", 8, "<module>", "")
-    sampler._add(step, 0.0, 0.030)
-    sampler._add(sync, 0.030, 0.040)
-    # The sync returned at 0.046. The next sample, due at 0.050, came at 0.060 and saw line
-    # 8: the gap is split at its midpoint (0.045), the rest (to 0.060) is line 8's.
-    sampler._add(sync, 0.040, 0.045, (0.040, 0.040))
-    sampler._add(after, 0.045, 0.050, (0.060, 0.060))
-    sampler._add(after, 0.050, 0.060, (0.060, 0.060))
-    sampler._add(after, 0.060, 0.080)
-    lines = sampler.lines(0.046, without=((0.046, 0.080),))
-    # (cutting only the window's overlap would have left line 8 the millisecond before 0.046)
+    sampler = Sampler(threading.get_ident(), interval=interval)
+    for line, start, end, seen in intervals:
+        kind = "sync" if line == 7 else "host"
+        sampler._add((kind, "cell.py", line, "<module>", ""), start, end, seen)
+    return sampler
+
+
+@pytest.mark.parametrize(
+    "returned, gap",
+    [
+        # the gap split at its midpoint (0.045), before the sync returned (0.046)
+        (0.046, [(7, 0.040, 0.045, (0.040, 0.040)), (8, 0.045, 0.050, (0.060, 0.060))]),
+        # the sync returned after the sample was due (0.050): line 8's part ends before it
+        (0.052, [(7, 0.040, 0.045, (0.040, 0.040)), (8, 0.045, 0.050, (0.060, 0.060))]),
+    ],
+)
+def test_code_after_the_last_sync_leaves_no_time_in_the_steps_however_late_its_sample(
+    returned, gap
+):
+    """A sample taken late (a busy machine) after the loop's last sync: its gap was split at
+    a guess, so line 8 (after the loop) got time from before the sync returned. The steps'
+    lines, with the time after the loop left out, hold none of line 8."""
+    sampler = _holding(
+        (5, 0.0, 0.030, (0.0, 0.030)),
+        (7, 0.030, 0.040, (0.030, 0.040)),
+        *gap,
+        (8, 0.050, 0.060, (0.060, 0.060)),
+        (8, 0.060, 0.080, (0.060, 0.080)),
+    )
+    lines = sampler.lines(returned, without=((returned, 0.080),))
+    # (cutting only the window's overlap would have left line 8 the time before `returned`)
     assert [h.line.line for h in lines] == [5, 7], lines
-    assert sum(h.seconds for h in lines) == pytest.approx(0.045)
+    assert sum(h.seconds for h in lines) <= returned + 1e-12
+    assert all(0 < h.share <= 1 for h in lines), lines
+
+
+def test_time_a_late_sample_gave_the_sync_after_it_returned_is_left_out():
+    """A late sample whose thread let the lock go early gives the wait to the state seen
+    before it (the sync): the part of that wait after the sync returned is the tail's."""
+    sampler = _holding(
+        (5, 0.0, 0.030, (0.0, 0.030)),
+        (7, 0.030, 0.040, (0.030, 0.040)),
+        (7, 0.040, 0.045, (0.040, 0.040)),
+        (8, 0.045, 0.050, (0.060, 0.060)),
+        (7, 0.050, 0.060, (0.040, 0.040)),  # the wait from due (0.050) to the sample
+        (8, 0.060, 0.080, (0.060, 0.080)),
+    )
+    lines = sampler.lines(0.042, without=((0.042, 0.080),))
+    assert [h.line.line for h in lines] == [5, 7], lines
+    assert sum(h.seconds for h in lines) == pytest.approx(0.042)
+
+
+def test_steps_sharing_an_edge_take_an_interval_out_once():
+    """Warm-up steps left out share their edges, and a short one no sample fell in: an
+    interval seen in the first and reaching into the second is taken out once."""
+    sampler = _holding(
+        (5, 0.0, 0.012, (0.0, 0.009)),  # seen in the first step, reaching past its end
+        (6, 0.012, 0.040, (0.013, 0.040)),
+    )
+    lines = sampler.lines(0.028, without=((0.0, 0.010), (0.010, 0.012)))
+    assert [h.line.line for h in lines] == [6], lines
+    assert lines[0].seconds == pytest.approx(0.028)
 
 
 def test_a_long_run_is_sampled_less_and_less_often():

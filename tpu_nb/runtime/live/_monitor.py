@@ -540,18 +540,26 @@ class LiveMonitor:
             closure_reads=self._closure_reads.count,
             loader_syncs=self._loader_syncs(),
             per_step_reads=per_step_reads,
-            reads_cost_little=self._reads_cost_little() if per_step_reads is None else "",
+            reads_cost_little=(
+                self._reads_cost_little(sum(total.fallbacks.values()))
+                if per_step_reads is None
+                else ""
+            ),
         )
 
-    def _reads_cost_little(self) -> str:
+    def _reads_cost_little(self, fallbacks: int) -> str:
         """The judgement's reason for reads in every step not to limit the loop, from the
-        live anatomy of the tracked run now going (its steps so far)."""
-        anatomy = self._anatomy
-        if anatomy is None or self._collecting() is None:
+        live anatomy of the tracked run now going (its steps so far); from its last steps
+        once it ended, until its report's judgement is there."""
+        anatomy, run = self._anatomy, self._run
+        if anatomy is None or run is None:
             return ""
+        if self._collecting() is None and run.report is not None and run.report.complete:
+            return ""  # (a run whose report has no judgement: the count decides)
         if self._reads_judged[0] != self._anatomy_version:  # once per anatomy built
             try:
-                why = live_reads_cost_little(anatomy.steps, sum(s.reads for s in anatomy.steps))
+                reads = sum(s.reads for s in anatomy.steps)
+                why = live_reads_cost_little(anatomy.steps, reads, fallbacks)
             except Exception:  # the view keeps the count's hint
                 log.debug("judging the live run's reads failed", exc_info=True)
                 why = ""

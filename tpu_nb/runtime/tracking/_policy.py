@@ -715,15 +715,15 @@ def _waits_cost_little(timed, waits: float) -> str:
         return ""
     host = timed.host_seconds
     low = high = timed.measured_device_seconds
+    roofline = timed.device_seconds  # None: the graphs' FLOPs were not counted
     if not timed.on_chip:
-        if timed.device_seconds is None:
-            return ""
-        low, high = sorted((timed.device_seconds, high))
+        low, high = sorted((roofline or 0.0, high))
     if not _waits_save_little(host, low, high, waits):
         return ""
     device = format_seconds(low)
     if not timed.on_chip:
-        device = f">= {device} on a {timed.chip.name} and {format_seconds(high)} on XLA:CPU here"
+        here = f"{format_seconds(high)} on XLA:CPU here"
+        device = f">= {device} on a {timed.chip.name} and {here}" if roofline else here
     return _cost_little_why(host, high, device, waits)
 
 
@@ -750,15 +750,19 @@ def _cost_little_why(host: float, high: float, device: str, waits: float, so_far
     )
 
 
-def live_reads_cost_little(steps, reads: int) -> str:
+def live_reads_cost_little(steps, reads: int, fallbacks: int = 0) -> str:
     """For a live view while a tracked run goes: why `reads` over its `steps` so far (in
     every step) cannot cost a quarter of a step on the chip judged for, as the run's
-    judgement will say ("": they might, or too few steps without compiles to tell). Off a
+    judgement will say ("": they might, or too few steps without compiles to tell, or
+    `fallbacks` too keep pace with the steps: an op on the host is judged as a stall). Off a
     TPU the device's work has no roofline yet (the run's graphs are costed as it ends): it
     is taken anywhere from none to XLA:CPU's time here, a range wider than the judgement's."""
+    if reads_repeat(fallbacks, len(steps)):
+        return ""
     steady = [s for s in steps if not s.compiles]
     if len(steady) < 3 or not reads:
         return ""
+    # (every read counts, not only those in every step: a larger allowance for the waits)
     waits = reads / len(steps)
     host, device = cost.step_times(steady)
     on_chip = cost.judged_chip()[1]

@@ -47,6 +47,7 @@ import logging
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 
@@ -438,21 +439,24 @@ class Sampler:
 
         A window's edges are where a sync returned: the state changed there, not at the
         midpoint between two samples where an interval's guess put the change. An interval
-        whose samples all saw its state inside a window is left out whole, and one seen only
-        outside keeps its time; one seen on both sides loses its overlap (as does every
-        interval of a window no sample fell in)."""
+        whose samples all saw its state inside one window is left out whole (the code after
+        a loop, seen only after its last sync); any other loses its overlap with the windows,
+        at most its own length (steps share their edges)."""
         got: dict[tuple, float] = dict(self.totals)
-        early = self.early
-        for lo, hi in without:
-            seen_inside = any(lo <= first and last <= hi for _, _, _, first, last in early)
-            for start, end, key, first, last in early:
-                cut = min(end, hi) - max(start, lo)
-                if seen_inside and lo <= first and last <= hi:
+        windows = sorted(without)
+        ends = [hi for _, hi in windows]
+        for start, end, key, first, last in self.early:
+            cut = 0.0  # (a state can be seen past its interval: the windows up to there)
+            for lo, hi in windows[bisect_left(ends, min(start, first)) :]:
+                if lo > max(end, last):
+                    break
+                if lo <= first and last <= hi:
                     cut = end - start
-                elif seen_inside and (last < lo or first > hi):
-                    cut = 0.0
-                if cut > 0:
-                    got[key] = got.get(key, 0.0) - cut
+                    break
+                cut += max(0.0, min(end, hi) - max(start, lo))
+            cut = min(cut, end - start)
+            if cut > 0:
+                got[key] = got.get(key, 0.0) - cut
         stepping = set(self.stepping)
         merged: dict[tuple, float] = {}
         for (kind, file, line, function, via), seconds in got.items():
