@@ -565,12 +565,12 @@ def test_reads_in_every_step_earn_no_verdict_when_host_and_device_work_are_far_a
     from tpu_nb.runtime.tracking import _attribution
     from tpu_nb.runtime.tracking._cost import StepCost
 
-    def judged(host: float, device: float = 0.01):
+    def judged(host: float, device: float = 0.01, counted: bool = True):
         a = _steps(10, set(), host=host, device=device)
         steps = tuple(replace(s, executions=2) for s in a.steps)  # each cut in two by the read
         # a v5e's roofline time of these FLOPs: far under XLA:CPU's 10 ms
         chip = CHIPS["v5e"]
-        flops = int(chip.per_device().peak_flops * 1e-6)
+        flops = int(chip.per_device().peak_flops * 1e-6) if counted else None
         facts = _facts([], 10, occurrences=[_read(10)], anatomy=replace(a, steps=steps))
         facts = replace(facts, cost=StepCost(chip, False, flops=flops, moved_bytes=0.0))
         judgement = _policy.judge(facts)
@@ -593,3 +593,10 @@ def test_reads_in_every_step_earn_no_verdict_when_host_and_device_work_are_far_a
         judgement, read = judged(host, device)
         assert judgement.verdict.kind == "read-bound", (host, device, judgement.verdict)
         assert read.hint == _attribution.HOST_READ_HINT and "not what limits" not in read.what
+
+    # the graphs' FLOPs not counted: the device's time is taken from none to XLA:CPU's (as
+    # the live view takes it), and the far-apart loop is judged alike, saying what is known
+    judgement, read = judged(host=0.2, counted=False)
+    assert read.hint == "" and "the device's work 10.0 ms on XLA:CPU here," in read.what, read
+    judgement, read = judged(host=0.01, counted=False)
+    assert read.hint == _attribution.HOST_READ_HINT, read
