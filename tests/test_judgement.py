@@ -518,20 +518,23 @@ def test_without_the_compile_log_a_warm_up_is_not_assumed(py):
 # -- the first step's graph, and loops stopped by reads and fallbacks ---------------------------
 
 
+# a target computed before the loop, still pending as it starts: the first step's graph
+# computes it too
+PENDING = """
+model = make_mlp({width}); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(32, {width}); target = x.sum(dim=1, keepdim=True).expand(32, 10) * 0.5
+for step in range(6):
+    loss = F.mse_loss(model(x), target)
+    loss.backward(); opt.step(); opt.zero_grad()
+    {sync}
+"""
+
+
 def test_the_first_steps_graph_gets_the_cause_its_graphs_show(cell):
     """A target computed before the loop runs with the first step: the report names its op,
     not optimizer state. SGD with momentum creates state the second step reads, AdamW fills
     its moment estimates in its first step: that is said only there."""
-    pending = cell(
-        """
-model = make_mlp(43); opt = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(32, 43); target = x.sum(dim=1, keepdim=True).expand(32, 10) * 0.5
-for step in range(6):
-    loss = F.mse_loss(model(x), target)
-    loss.backward(); opt.step(); opt.zero_grad()
-    torch_xla.sync()
-"""
-    )
+    pending = cell(PENDING.format(width=43, sync="torch_xla.sync()"))
     line = next(t for t in pending.text.splitlines() if "this line:" in t)
     assert "the first step's and the steady step's" in line, pending.text
     assert "aten::sum" in line and "created state" not in line, line
@@ -555,16 +558,7 @@ def test_a_lines_later_calls_are_said_to_compile_nothing_not_to_run_from_the_cac
     """A sync called twice a step: the second runs nothing. The line's sentence says what
     is known of its calls after its last compile (none compiled), not that each ran a cached
     graph."""
-    twice = cell(
-        """
-model = make_mlp(49); opt = torch.optim.SGD(model.parameters(), lr=0.1)
-x = torch.randn(32, 49); target = x.sum(dim=1, keepdim=True).expand(32, 10) * 0.5
-for step in range(6):
-    loss = F.mse_loss(model(x), target)
-    loss.backward(); opt.step(); opt.zero_grad()
-    for _ in range(2): torch_xla.sync()
-"""
-    )
+    twice = cell(PENDING.format(width=49, sync="for _ in range(2): torch_xla.sync()"))
     line = next(t for t in twice.text.splitlines() if "this line:" in t)
     # 12 calls, the last compile at the second step's first: 9 after it, 4 of them ran a graph
     assert "then no compile in its next 9 calls" in line, twice.text
