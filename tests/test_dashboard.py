@@ -504,8 +504,8 @@ def test_reads_in_every_step_get_the_hint_live_only_where_the_judgement_gives_it
     """While a run goes, the view advises on reads in every step only where the run's
     judgement will: not when tracing takes far longer than the device's work (waiting for it
     once a step costs little), but when the device's work is as long."""
-    # tracing (a 30 ms Python spin) far longer than an 8x8 matmul: no advice, live or after
-    live, done, report = _reads_each_step(0.03, 8, 1)
+    # tracing (a 50 ms Python spin) far longer than an 8x8 matmul: no advice, live or after
+    live, done, report = _reads_each_step(0.05, 8, 1)
     assert report.anatomy.verdict.kind == "host-bound", report
     assert not any(p.advised for p in report.judgement.reads.values()), report
     assert (
@@ -525,7 +525,7 @@ def test_reads_in_every_step_get_the_hint_live_only_where_the_judgement_gives_it
 
     # the host-bound loop with an op on the CPU in every step: that stall is judged as one,
     # so the view does not say the reads cost little
-    live, done, report = _reads_each_step(0.03, 8, 1, fallback=True)
+    live, done, report = _reads_each_step(0.05, 8, 1, fallback=True)
     assert report.metrics.fallbacks and live.reads_cost_little == "", live.reads_cost_little
     advised = sum(
         o.count
