@@ -753,8 +753,8 @@ def _cost_little_why(host: float, high: float, device: str, waits: float, so_far
 def live_reads_cost_little(steps, reads: int, fallbacks: int = 0) -> str:
     """For a live view while a tracked run goes: why `reads` over its `steps` so far (in
     every step) cannot cost a quarter of a step on the chip judged for, as the run's
-    judgement will say ("": they might, or too few steps without compiles to tell, or
-    `fallbacks` too keep pace with the steps: an op on the host is judged as a stall). Off a
+    judgement will say ("": they might, too few steps without compiles to tell, or
+    `fallbacks` that also keep pace with the steps: an op on the host is a stall). Off a
     TPU the device's work has no roofline yet (the run's graphs are costed as it ends): it
     is taken anywhere from none to XLA:CPU's time here, a range wider than the judgement's."""
     if reads_repeat(fallbacks, len(steps)):
