@@ -413,6 +413,26 @@ def test_nodes_without_tpu_labels_get_one_bundle_per_host(fake_slice, monkeypatc
     assert placement_group_table(reserved.group)["state"] == "REMOVED"
 
 
+def test_a_reservation_that_fails_after_the_group_is_ready_is_released(fake_slice, monkeypatch):
+    """Reading where the group's bundles landed can fail (Ray's state service busy): the
+    group reserved the hosts by then, and holding them would block every later launch."""
+    from ray.util.placement_group import placement_group_table
+
+    from tpu_nb.runtime.parallel import _hosts
+
+    before = set(placement_group_table())
+
+    def unreadable(ray, group, nodes):
+        raise RuntimeError("the placement group table could not be read")
+
+    monkeypatch.setattr(_hosts, "_placements", unreadable)
+    with pytest.raises(RuntimeError, match="could not be read"):
+        _hosts._reserve(ray, 2, 30)
+    table = placement_group_table()
+    new = [g for g in table if g not in before]
+    assert new and all(table[g]["state"] == "REMOVED" for g in new), table
+
+
 def test_more_hosts_than_the_slice_has_is_one_line_with_the_fix(fake_slice):
     with pytest.raises(tpu_nb.TpuNbError, match=r"hosts=9, .* has 4 hosts\. Fix: hosts='all'"):
         tpu_nb.launch_hosts(_steps, hosts=9)

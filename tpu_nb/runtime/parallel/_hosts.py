@@ -147,15 +147,14 @@ def _reserve(ray, hosts, timeout: float) -> _Slice:
             bundles[0][head] = 1
         group = placement_group(bundles, strategy="STRICT_SPREAD")
         release = lambda: remove_placement_group(group)  # noqa: E731
-    try:
+    try:  # an interrupt while waiting, or a failed look at the group: it goes too
         ready, _ = ray.wait([group.ready()], timeout=timeout) if group is not None else ([], [])
-    except BaseException:  # an interrupt while waiting: the reservation goes too
+        if not ready:
+            raise EnvironmentProblem(_not_reserved(description, timeout, None))
+        chosen = _placements(ray, group, nodes)[:wanted]
+    except BaseException:
         release()
         raise
-    if not ready:
-        release()
-        raise EnvironmentProblem(_not_reserved(description, timeout, None))
-    chosen = _placements(ray, group, nodes)[:wanted]
     addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in nodes}
     return _Slice(description, len(nodes), chosen, chips, group, release, addresses)
 
