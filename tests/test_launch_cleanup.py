@@ -315,7 +315,8 @@ def test_timeout_option_of_the_replicas_cell(shell):
     result = shell.run_cell("%%on_tpu --replicas 2 --timeout 2\nimport time\ntime.sleep(300)")
     assert type(result.error_in_exec).__name__ == "UsageError"
     assert str(result.error_in_exec).startswith(
-        "the replicas did not finish within timeout=2 s and were stopped. Fix:"
+        "the replicas did not finish within --timeout 2 s and were stopped. Fix: a larger "
+        "--timeout, or"
     )
 
 

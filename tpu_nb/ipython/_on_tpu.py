@@ -26,6 +26,7 @@ def launch_cell(shell, state, code: CellCode, plan: Plan, args):
         CellFunction,
         ReplicaCrash,
         ReplicaError,
+        ReplicasTimedOut,
         launch,
         launch_hosts,
     )
@@ -45,6 +46,8 @@ def launch_cell(shell, state, code: CellCode, plan: Plan, args):
         raise
     except ReplicaCrash:  # not a mistake: its message sends the user to its .stack
         raise
+    except ReplicasTimedOut as exc:  # the option as the cell spells it
+        raise UsageError(exc.said_as("--timeout")) from None
     except TpuNbError as exc:
         raise UsageError(str(exc)) from None
     if not args.quiet:

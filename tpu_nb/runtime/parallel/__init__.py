@@ -13,6 +13,7 @@ from tpu_nb.runtime.parallel._results import (
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
+    ReplicasTimedOut,
 )
 from tpu_nb.runtime.parallel._spmd import Spmd, check_spmd, parse_mesh, spmd_context
 
@@ -28,6 +29,7 @@ __all__ = [
     "ReplicaCrash",
     "ReplicaError",
     "ReplicaResult",
+    "ReplicasTimedOut",
     "Spmd",
     "check_spmd",
     "launch",

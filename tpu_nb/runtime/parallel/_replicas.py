@@ -53,6 +53,7 @@ from tpu_nb.runtime.parallel._results import (
     ReplicaCrash,
     ReplicaError,
     ReplicaResult,
+    ReplicasTimedOut,
     SyncTimes,
     not_sent_back,
     record_of,
@@ -406,11 +407,7 @@ class _Run:
         while (status := self.proc.poll()) is None:
             self.pump()
             if deadline is not None and time.monotonic() > deadline:
-                raise RuntimeStateError(
-                    f"the replicas did not finish within timeout={timeout:g} s and were "
-                    "stopped. Fix: a larger timeout=, or look for a replica that waits "
-                    "forever (a collective, a queue, input())."
-                )
+                raise ReplicasTimedOut(cast(float, timeout))
             time.sleep(0.02)
         self.pump()
         for lines in self.lines:

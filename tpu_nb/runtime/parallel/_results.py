@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from itertools import pairwise
 from typing import Any
 
-from tpu_nb.runtime.errors import TpuNbError
+from tpu_nb.runtime.errors import RuntimeStateError, TpuNbError
 from tpu_nb.runtime.metrics._counters import MetricsDelta
 from tpu_nb.runtime.parallel import _cell
 from tpu_nb.runtime.sources import traceback_from
@@ -19,6 +19,23 @@ from tpu_nb.runtime.units import format_seconds, percentile
 
 class CollectiveRefused(TpuNbError):
     """A collective between XLA:CPU replicas, which torch_xla 2.9 would hang on."""
+
+
+class ReplicasTimedOut(RuntimeStateError):
+    """Replicas still running after the launch's timeout, stopped. The message names the
+    option as `launch()` spells it; `said_as(option)` as another caller does (`--timeout`)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        super().__init__(self.said_as("timeout="))
+
+    def said_as(self, option: str) -> str:
+        gap = "" if option.endswith("=") else " "
+        within = f"{option}{gap}{self.seconds:g}"
+        return (
+            f"the replicas did not finish within {within} s and were stopped. Fix: a larger "
+            f"{option}, or look for a replica that waits forever (a collective, a queue, input())."
+        )
 
 
 class ReplicaCrash(TpuNbError):
