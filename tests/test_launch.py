@@ -192,7 +192,8 @@ def _spmd_losses(py, devices):
                 losses.append(loss.item())
             return losses
         result = launch(train, mode="spmd")
-        print("RESULT", json.dumps([result.devices, result.values[0]]))
+        steps = result.replicas[0].step_seconds
+        print("RESULT", json.dumps([result.devices, result.values[0], steps, result.summary()]))
     """
     prelude = PRELUDE.replace("num_devices=4", f"num_devices={devices}")
     out = py(prelude + textwrap.dedent(code), env={"PJRT_DEVICE": None}).stdout
@@ -200,9 +201,13 @@ def _spmd_losses(py, devices):
 
 
 def test_spmd_data_parallel_loss_matches_one_device(py):
-    n4, losses4 = _spmd_losses(py, 4)
-    n1, losses1 = _spmd_losses(py, 1)
+    n4, losses4, steps4, summary4 = _spmd_losses(py, 4)
+    n1, losses1, _, _ = _spmd_losses(py, 1)
     assert (n4, n1) == (4, 1)
+    # one time per sync of the loop, as a replica's: the summary's median step is measured
+    assert len(steps4) == 4 and all(s > 0 for s in steps4), steps4
+    median = summary4.rsplit("median step [0] ", 1)[1]
+    assert median[0].isdigit(), summary4
     assert losses4[-1] < losses4[0]
     for a, b in zip(losses4, losses1, strict=True):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (losses4, losses1)

@@ -143,6 +143,7 @@ def run_spmd(fn: Callable, args: tuple, devices: int | str):
         ordinal=0,
         value=value,
         wall_seconds=report.wall_seconds,
+        step_seconds=tuple(step.wall for step in report.steps if not step.tail),
         metrics=report.metrics,
         pid=os.getpid(),
     )
