@@ -174,6 +174,34 @@ def test_a_loaders_empty_syncs_before_a_tracked_run_are_no_steps_either():
     assert H.summary_text(state, "finished").startswith("XLA dashboard (finished): 20 steps,")
 
 
+def test_a_loaders_empty_syncs_in_every_tracked_run_under_one_dashboard_are_no_steps():
+    """Three tracked epochs while one dashboard runs, polled only at its end: each epoch's
+    loader syncs that ran nothing are no steps, not only the last run's."""
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    dev = tpu_nb.device()
+    w = torch.randn(23, 23, device=dev)
+    torch_xla.sync()
+
+    def epoch(w):
+        for (x,) in MpDeviceLoader(
+            DataLoader(TensorDataset(torch.randn(40, 23)), batch_size=4), dev
+        ):
+            w = w + (x @ w).sum() * 1e-6
+            torch_xla.sync()  # the loop's own: the loader's next sync has nothing to run
+        return w
+
+    monitor = LiveMonitor()
+    for _ in range(3):
+        with tpu_nb.track():
+            w = epoch(w)
+    state = monitor.poll(final=True)
+    monitor.close()
+    assert state.steps > 30 and state.steps - state.loader_syncs == 30, state
+    assert H.summary_text(state, "finished").startswith("XLA dashboard (finished): 30 steps,")
+
+
 def test_per_step_reads_are_counted_against_steps_not_a_loaders_syncs():
     from torch.utils.data import DataLoader, TensorDataset
     from torch_xla.distributed.parallel_loader import MpDeviceLoader

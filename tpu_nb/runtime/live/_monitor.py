@@ -52,6 +52,7 @@ from tpu_nb.runtime.metrics._compile_log import (
     describe_difference,
 )
 from tpu_nb.runtime.metrics._counters import MetricsDelta, snapshot
+from tpu_nb.runtime.probe import SyncEvent
 from tpu_nb.runtime.sources import place_text, user_frame
 from tpu_nb.runtime.tracking import (
     Anatomy,
@@ -71,6 +72,7 @@ from tpu_nb.runtime.tracking._dynamo import (
     guard_facts,
     inputs_sync,
 )
+from tpu_nb.runtime.tracking._libraries import NO_STEP_ROLES
 from tpu_nb.runtime.tracking._store import add_graph
 from tpu_nb.runtime.units import percentile
 
@@ -378,11 +380,17 @@ class ClosureReads:
     syncs that are no steps too: tpu_nb's own (a tracked run's last, with --sync) and those
     that had nothing to run (a device loader's after the loop's own sync)."""
 
+    # after a tracked run's step collector (priority 0), which tells what each sync is to it
+    priority = 2
+
     def __init__(self) -> None:
         self.count = 0
         self.own_syncs = 0
         self.empty_syncs = 0
-        self.empty_outside_runs = 0  # of those, made while no tracked run was running
+        # syncs that are no steps: outside tracked runs those that ran nothing; inside one,
+        # those its step collector counts apart (a loader's, a library's logging), of every
+        # run since the monitor began, also one that began and ended between two polls
+        self.no_steps = 0
         self._subscription: Any = probe().subscribe(self, ("sync", "read"))
 
     before = None
@@ -390,10 +398,13 @@ class ClosureReads:
     def after(self, event, state) -> None:
         if getattr(event, "own", None):  # a SyncEvent of tpu_nb's own
             self.own_syncs += 1
-        elif getattr(event, "launched", None) == 0:  # a SyncEvent that ran no graph
-            self.empty_syncs += 1
-            if current_run() is None:  # a tracked run's step collector counts its own
-                self.empty_outside_runs += 1
+        elif type(event) is SyncEvent:
+            empty = event.launched == 0
+            self.empty_syncs += empty
+            if event.role_of is not None:  # a tracked run's collector placed it
+                self.no_steps += event.role in NO_STEP_ROLES
+            else:  # no run, or one without a step collector: it ran nothing
+                self.no_steps += empty
         elif getattr(event, "in_sync", False):  # a ReadEvent in a step closure
             self.count += event.counters_after[0] - event.counters_before[0]
 
@@ -568,17 +579,7 @@ class LiveMonitor:
 
     def _loader_syncs(self) -> int:
         reads = self._closure_reads
-        own = reads.own_syncs  # tpu_nb's own syncs are no steps either
-        # The run's anatomy counts its loader's syncs; those outside it (an untracked epoch
-        # before the tracked one) are the syncs that ran nothing there.
-        outside = reads.empty_outside_runs + own
-        collector = self._collecting()
-        if collector is not None:
-            return collector.loader_syncs + collector.other_syncs + outside
-        anatomy = self._anatomy
-        if anatomy is not None:
-            return anatomy.loader_syncs + anatomy.other_syncs + outside
-        return reads.empty_syncs + own  # no tracked run: those that ran nothing
+        return reads.no_steps + reads.own_syncs  # tpu_nb's own syncs are no steps either
 
     def close(self) -> None:
         """Restore anything the monitor installed (the sync probe, the read count)."""

@@ -127,6 +127,11 @@ def housekeeping_sync(frame) -> bool:
     return bool(answer)
 
 
+# The roles of syncs that a run counts apart from its steps (the step anatomy's loader and
+# other syncs); "plumbing" is the sync of a step a compiled function ran.
+NO_STEP_ROLES = frozenset({"loader", "empty", "inner"})
+
+
 def sync_role(event, loaders) -> str:
     """What a sync is to a run, found once for the run's subscribers (the recorder's step
     count and the step anatomy agree): "loader" (a device loader's, with nothing to run),
