@@ -371,7 +371,8 @@ def _compile_kind(kind: str, pattern, allowed: int, datasets: bool) -> tuple[Fin
     if kind in (policy.VARIANT, policy.UNSETTLED):
         return "variant", ""
     if kind == policy.GROWING:
-        return "growing", libraries.growing_fix(site, ops) or policy.GROWING_FIX
+        syncs = pattern is not None and pattern.user_syncs
+        return "growing", libraries.growing_fix(site, ops, syncs) or policy.GROWING_FIX
     if kind == policy.RECOMPILE:
         if pattern is not None and pattern.graphs <= allowed:
             return "compile", ""

@@ -39,17 +39,31 @@ _SYNC_PER_TOKEN = (
     "sync once per token, e.g. with a LogitsProcessor whose __call__ runs torch_xla.sync() "
     "and returns the scores (model.generate(..., logits_processor=LogitsProcessorList([...])))"
 )
-GENERATE_FIX = (
-    "generate()'s default dynamic cache grows the key/value tensors by one token per step, a "
-    "new shape (a new graph) per token, and generate() calls no torch_xla.sync() between "
-    "tokens, so each token's graph also holds the ones before it: use a static cache, "
-    'model.generate(..., cache_implementation="static") with a fixed max_new_tokens, and '
-    + _SYNC_PER_TOKEN
+_STATIC_CACHE = (
+    "generate()'s default dynamic cache grows the key/value tensors by one token per step: "
+    'use a static cache, model.generate(..., cache_implementation="static") with a fixed '
+    "max_new_tokens"
 )
-GENERATE_SYNC_FIX = (
+_NO_SYNC = (
     "generate() calls no torch_xla.sync() between tokens, so each token's graph also holds "
-    "the ones before it (the static cache fixes the cache's shape, not that): " + _SYNC_PER_TOKEN
+    "the ones before it"
 )
+# What no setting of generate() changes: what stays of its compiles once the rest is done
+GENERATE_LENGTH_FIX = (
+    "generate() appends each token to input_ids and the attention mask, a new shape per "
+    "token whatever the cache: each length compiles once, and a later generate() with the "
+    "same prompt length and max_new_tokens runs those graphs from the cache: pad the prompts "
+    'to one length (tokenizer(..., padding="max_length", max_length=...))'
+)
+# by (whether its graphs update a static cache, whether code of the user's syncs inside it)
+GENERATE_FIXES = {
+    (False, False): f"{_STATIC_CACHE}; {_NO_SYNC}: {_SYNC_PER_TOKEN}. Then {GENERATE_LENGTH_FIX}",
+    (True, False): f"{_NO_SYNC} (the static cache fixes the cache's shape, not that): "
+    f"{_SYNC_PER_TOKEN}. Then {GENERATE_LENGTH_FIX}",
+    (False, True): f"{_STATIC_CACHE}. Then {GENERATE_LENGTH_FIX}",
+    (True, True): GENERATE_LENGTH_FIX,
+}
+GENERATE_FIX = GENERATE_FIXES[(False, False)]
 MASK_CHECK_FIX = (
     "transformers' SDPA attention checks the attention mask on the host every forward "
     "(torch.all(mask == 1)), which waits for the step's work: load the model with "
@@ -292,17 +306,18 @@ def _known_loop(site) -> str:
     return ""
 
 
-def _generate_fix(ops) -> str:
-    return GENERATE_SYNC_FIX if _STATIC_CACHE_OP in ops else GENERATE_FIX
+def _generate_fix(ops, user_syncs: bool) -> str:
+    return GENERATE_FIXES[(_STATIC_CACHE_OP in ops, user_syncs)]
 
 
-def recompile_fix(site, ops=frozenset()) -> str:
+def recompile_fix(site, ops=frozenset(), user_syncs: bool = False) -> str:
     """The fix for a site that keeps compiling, when it is inside a library: its knob, else
     a sentence naming the library's line; "" for the user's own code. `ops`: those of the
-    site's graphs (a static cache needs no advice to use one)."""
+    graphs compiled under the site's line (a static cache needs no advice to use one);
+    `user_syncs`: code of the user's that the library calls back syncs (once per token)."""
     loop = _known_loop(site)
     if loop == _GENERATE:
-        return _generate_fix(ops)
+        return _generate_fix(ops, user_syncs)
     return _RECOMPILES[loop] if loop else _not_at_step_boundary("recompile", site)
 
 
@@ -315,12 +330,12 @@ def last_call_fix(site) -> str:
     return _not_at_step_boundary("last call", site)
 
 
-def growing_fix(site, ops=frozenset()) -> str:
+def growing_fix(site, ops=frozenset(), user_syncs: bool = False) -> str:
     """The fix for a site whose graph grows step after step, when a library's loop runs the
     steps: "call torch_xla.sync() at the end of each step" names code the user did not
     write. "" elsewhere: a graph that grows across a loop the user wrote (the library frame
     below its line a read such as print's) takes the user's sync."""
-    return _generate_fix(ops) if _known_loop(site) == _GENERATE else ""
+    return _generate_fix(ops, user_syncs) if _known_loop(site) == _GENERATE else ""
 
 
 def fallback_fix(site, op: str) -> str:

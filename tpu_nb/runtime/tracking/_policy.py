@@ -87,9 +87,12 @@ class LinePattern:
     # a first step's graph unlike the steady step's: why, as its graphs show it ("" : not
     # known, or no such pair)
     first_why: str = ""
-    # the ops its captured graphs ran: what a library's advice tells apart (a static cache's
-    # in-place update in generate()'s graphs)
+    # the ops the captured graphs of its tracked line ran (at every site under it): what a
+    # library's advice tells apart (a static cache's in-place update in generate()'s graphs)
     ops: frozenset = frozenset()
+    # a function of the user's that a library calls under its line synced and compiled
+    # there (a LogitsProcessor syncing once per token inside generate())
+    user_syncs: bool = False
     # its last compile came at a sync where the tracked code's tensors (and the tensors of
     # the dicts, lists and tuples it names) had the shapes of the line's sync before
     same_shapes: bool = False
@@ -341,9 +344,15 @@ def _state_appeared(first: CompileEvent, second: CompileEvent, a, b) -> bool:
 
 
 def _site_ops(events) -> frozenset:
-    """The ops of a site's captured graphs (those tpu_nb kept)."""
+    """The ops of the events' captured graphs (those tpu_nb kept)."""
     graphs = [g for g in map(store.captured_graph, events) if g is not None]
     return frozenset(n.op for g in graphs for n in g.nodes)
+
+
+def _in_user_function(site) -> bool:
+    """Whether a function of the user's (not the tracked line itself, nor a library's) did
+    what happened at `site`."""
+    return site is not None and site.user is not None and site.library is None
 
 
 def op_counts(graph) -> Counter:
@@ -513,11 +522,19 @@ def judge(report) -> Judgement:
         for i, e in enumerate(events)
     ]
     lines = {}
+    under: dict[tuple, list[int]] = {}  # tracked line -> its sites' compiles
+    for key, indexes in by_line.items():
+        under.setdefault(key[:2], []).extend(indexes)
     for key, indexes in by_line.items():
         calls = report.site_calls.get(key, report.line_calls.get(key, 0) if len(key) == 2 else 0)
         pattern = classify_line(key, [events[i] for i in indexes], calls, by_call=syncs == 0)
-        ops = _site_ops(events[i] for i in indexes)
-        lines[key] = replace(pattern, site=events[indexes[-1]].site, ops=ops)
+        line = [events[i] for i in under[key[:2]]]
+        lines[key] = replace(
+            pattern,
+            site=events[indexes[-1]].site,
+            ops=_site_ops(line),
+            user_syncs=any(e.kind == "sync" and _in_user_function(e.site) for e in line),
+        )
         for i, kind in zip(indexes, pattern.kinds, strict=True):
             kinds[i] = kind
     for key, indexes in inputs.items():  # as a line's own graphs are, apart from them
@@ -931,7 +948,8 @@ def recompile_fix(pattern: LinePattern | None, datasets: bool, *, last_call: boo
         return libraries.last_call_fix(site) or (LAST_STEP_FIX if same else LAST_CALL_FIX)
     if datasets:
         return device_data.RECOMPILE_FIX
-    return libraries.recompile_fix(site, ops) or RECOMPILE_FIX
+    syncs = pattern is not None and pattern.user_syncs
+    return libraries.recompile_fix(site, ops, syncs) or RECOMPILE_FIX
 
 
 def _growing_verdict(pattern: LinePattern):
@@ -941,7 +959,7 @@ def _growing_verdict(pattern: LinePattern):
         "compile-bound",
         f"the graph grows every step: no torch_xla.sync() cuts it, so {where} compiled "
         f"{pattern.graphs} graphs, each adding {pattern.growth}{made} to the last",
-        libraries.growing_fix(pattern.site, pattern.ops) or GROWING_FIX,
+        libraries.growing_fix(pattern.site, pattern.ops, pattern.user_syncs) or GROWING_FIX,
     )
 
 
