@@ -129,6 +129,8 @@ def test_sleeping_loader_is_input_bound_and_the_wait_is_the_sleep():
 def test_mp_device_loader_wait_is_input():
     report, a = _tracked(_mp_loader_loop, steps=10)
     assert a.verdict.kind == "input-bound", str(a)
+    # the loop's batches come from a device loader already: its DataLoader is what to speed up
+    assert "num_workers" in a.verdict.fix and "wrap it in" not in a.verdict.fix, a.verdict
     # Its __next__ syncs (ending the previous step), then waits for the next batch: the
     # wait, not the sync, is the input. Its thread sends batches in groups, so some steps
     # wait for several and the next ones for none. The loader sleeps 10 * DELAY in all; what

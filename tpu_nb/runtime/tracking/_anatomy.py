@@ -194,6 +194,11 @@ FIXES = {
     "persistent_workers), wrap it in "
     "torch_xla.distributed.parallel_loader.MpDeviceLoader (it prefetches batches "
     "to the device), or prepare the data ahead of time",
+    # input-bound, the wait in a device loader (MpDeviceLoader): it prefetches already
+    "input-device-loader": "the device waits for data: the device loader already prefetches "
+    "batches to the device, but it hands them out only as fast as its DataLoader makes them: "
+    "raise the DataLoader's num_workers (with persistent_workers), or prepare the data ahead "
+    "of time",
     # input-bound, the wait not in a DataLoader: the loop's own iterator makes the batches
     "input-iterator": "the device waits while the loop's iterator makes the next batch: make "
     "batches ahead of time or in background workers (a torch.utils.data.DataLoader "
@@ -894,7 +899,8 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
         return verdict
     if verdict.kind == "input-bound":
         sampled = sum(h.seconds for h in lines)
-        files = (*_LOADER_FILES, *current_backend().syncs.loader_paths)
+        device_loaders = current_backend().syncs.loader_paths
+        files = (*_LOADER_FILES, *device_loaders)
         loader = sum(h.seconds for h in lines if any(f in h.via for f in files))
         if loader < 0.5 * sampled:
             return replace(
@@ -903,6 +909,9 @@ def _placed(verdict: Verdict | None, a: Anatomy) -> Verdict | None:
                 fix=FIXES["input-iterator"],
                 lines=named,
             )
+        wrapped = sum(h.seconds for h in lines if any(f in h.via for f in device_loaders))
+        if wrapped >= 0.5 * sampled:  # not "wrap it in MpDeviceLoader": it is
+            return replace(verdict, fix=FIXES["input-device-loader"], lines=named)
     return replace(verdict, lines=named)
 
 
