@@ -148,22 +148,28 @@ def test_outside_a_tracked_run_the_anatomy_panel_does_not_say_no_step_yet():
     assert "no step yet" not in html and "tracked run" in html, html
 
 
-def test_a_loaders_empty_syncs_before_a_tracked_run_are_no_steps_either():
+def _loader_epochs(width: int):
+    """(w, epoch): a weight on the device, synced, and one epoch of 10 steps over a device
+    loader, each ending in the loop's own sync (the loader's next sync has nothing to run)."""
     from torch.utils.data import DataLoader, TensorDataset
     from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
     dev = tpu_nb.device()
-    w = torch.randn(25, 25, device=dev)
+    w = torch.randn(width, width, device=dev)
     torch_xla.sync()
+    data = DataLoader(TensorDataset(torch.randn(40, width)), batch_size=4)
 
     def epoch(w):
-        for (x,) in MpDeviceLoader(
-            DataLoader(TensorDataset(torch.randn(40, 25)), batch_size=4), dev
-        ):
+        for (x,) in MpDeviceLoader(data, dev):
             w = w + (x @ w).sum() * 1e-6
-            torch_xla.sync()  # the loop's own: the loader's next sync has nothing to run
+            torch_xla.sync()
         return w
 
+    return w, epoch
+
+
+def test_a_loaders_empty_syncs_before_a_tracked_run_are_no_steps_either():
+    w, epoch = _loader_epochs(25)
     monitor = LiveMonitor()
     w = epoch(w)  # untracked
     with tpu_nb.track():
@@ -177,21 +183,7 @@ def test_a_loaders_empty_syncs_before_a_tracked_run_are_no_steps_either():
 def test_a_loaders_empty_syncs_in_every_tracked_run_under_one_dashboard_are_no_steps():
     """Three tracked epochs while one dashboard runs, polled only at its end: each epoch's
     loader syncs that ran nothing are no steps, not only the last run's."""
-    from torch.utils.data import DataLoader, TensorDataset
-    from torch_xla.distributed.parallel_loader import MpDeviceLoader
-
-    dev = tpu_nb.device()
-    w = torch.randn(23, 23, device=dev)
-    torch_xla.sync()
-
-    def epoch(w):
-        for (x,) in MpDeviceLoader(
-            DataLoader(TensorDataset(torch.randn(40, 23)), batch_size=4), dev
-        ):
-            w = w + (x @ w).sum() * 1e-6
-            torch_xla.sync()  # the loop's own: the loader's next sync has nothing to run
-        return w
-
+    w, epoch = _loader_epochs(23)
     monitor = LiveMonitor()
     for _ in range(3):
         with tpu_nb.track():
