@@ -446,6 +446,35 @@ for x, y in MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=16), tor
     assert "recompile" not in loader.kinds()
 
 
+def test_earlier_work_a_device_loaders_first_sync_runs_is_no_part_of_the_first_step(cell, shell):
+    """An earlier cell left work pending; the loop's device loader syncs before its first
+    batch, which runs that work alone. The first step's graph is the line's own, and the
+    steady one follows from the momentum state, as if the earlier cell had synced."""
+    assert shell.run_cell(
+        """
+model = make_mlp(53).to(torch_xla.device())
+with torch.no_grad():
+    model[0].weight.mul_(0.5)  # pending when the next cell starts
+"""
+    ).success
+    loop = cell(
+        """
+from torch_xla.distributed.parallel_loader import MpDeviceLoader
+opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
+data = torch.utils.data.TensorDataset(
+    torch.randn(96, 53, device="cpu"), torch.randint(0, 10, (96,), device="cpu"))
+for x, y in MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=16), torch_xla.device()):
+    F.cross_entropy(model(x), y).backward(); opt.step(); opt.zero_grad()
+"""
+    )
+    earlier = [f for f in loop.report.findings if f.kind == "earlier"]
+    assert len(earlier) == 1 and earlier[0].count == 1, loop.text
+    assert "before the loop's first step" in earlier[0].what, loop.text
+    assert "one graph with this step's" not in loop.text, loop.text
+    one_time = loop.text.split("one-time cost:", 1)[1].splitlines()[0]
+    assert "the first step's graph" in one_time and "later step" not in one_time, loop.text
+
+
 def test_a_run_stopped_by_max_graphs_gets_the_error_not_a_verdict(cell):
     stopped = cell(
         """

@@ -69,6 +69,9 @@ class CompileEvent:
     # A sync's compile at a line whose shape watch had just compared the tracked code's
     # tensors and found the shapes of the line's previous sync: no batch it names changed.
     same_shapes: bool = field(default=False, compare=False)
+    # A sync's compile at a sync that ended one of the run's steps (not a device loader's
+    # before its first batch, nor a library's logging inside a step)
+    step_end: bool = field(default=False, compare=False)
 
     @property
     def kind(self) -> str:

@@ -353,6 +353,12 @@ def _earlier_compile(earlier, line: int, event: CompileEvent, order: int) -> Lin
             f"the compiled function's first call ran {earlier.names()}, left pending before "
             f"this cell{ops}, in a graph of its own before the function's"
         )
+    elif not event.step_end:  # a device loader's before its first batch: no step traced yet
+        what = (
+            f"the first sync, before the loop's first step, ran {earlier.names()}, left "
+            f"pending before this cell{ops}, in a graph of its own: not this line's (its "
+            "next graphs are)"
+        )
     else:
         what = (
             f"the first sync also ran {earlier.names()}, left pending before this cell{ops}: "

@@ -583,7 +583,11 @@ def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
     if report.earlier is None or not steps:
         return set()
     first = min(steps)
-    joined = {i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first}
+    at_first = [i for i, e in enumerate(events) if e.trigger == "sync" and e.step == first]
+    # the first sync's own: a device loader's before its first batch, then the first step's
+    # end, are two syncs of one step
+    head = events[at_first[0]]
+    joined = {i for i in at_first if events[i].call == head.call and events[i].site == head.site}
     # torch_xla.compile(fn) ran that work apart, in its inputs' graph: fn's own is the line's
     apart = {i for i in joined if dynamo.pending_first(events[i])}
     return apart or joined

@@ -166,6 +166,7 @@ class CompileAnchor:
     step: int = 0  # syncs the run had made before it
     call: int = 0  # calls (syncs and reads) its site had made before it
     same_shapes: bool = False  # see CompileEvent.same_shapes
+    step_end: bool = False  # see CompileEvent.step_end
 
 
 @dataclass
@@ -355,7 +356,8 @@ class Recorder:
                 anchors = self.recording.anchors
                 log_start = anchors[-1].log_end if anchors else self._log_at_start
                 same = self._same_shapes.get(_key(site.line)) if site.line else None
-                self._anchor("sync", site, compiles, graph, same == self.recording.syncs)
+                same = same == self.recording.syncs
+                self._anchor("sync", site, compiles, graph, same, step_end=counted)
                 if event.frame.f_code.co_name == "_compile":  # torch_xla.compile's own sync
                     self._compiled_inputs(event.frame, site, log_start)
             self._notice_new_fallbacks()
@@ -453,7 +455,9 @@ class Recorder:
             occ.last_step = step
         return occ
 
-    def _anchor(self, kind: str, site: Site, compiles: int, graph, same: bool = False) -> None:
+    def _anchor(
+        self, kind: str, site: Site, compiles: int, graph, same: bool = False, step_end=False
+    ) -> None:
         """A compile at `site`: anchored in the log, and its line watched (see _maybe_capture)."""
         if site.line is not None:
             self._capture_next.add(site.key)
@@ -466,7 +470,7 @@ class Recorder:
             # its anchor is made: `step` is the step it ends or happened in.
             call = recording.site_calls.get(site.key, 1) - 1 if site.line else 0
             anchors.append(
-                CompileAnchor(kind, site, log_end, compiles, recording.syncs, call, same)
+                CompileAnchor(kind, site, log_end, compiles, recording.syncs, call, same, step_end)
             )
         if graph is not None and compiles == 1 and self._log is not None:
             # The block this compile wrote is the last one in the log: key the graph by its

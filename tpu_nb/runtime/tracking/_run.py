@@ -525,6 +525,7 @@ def _place(events: list[CompileEvent], anchors, offset: int) -> list[CompileEven
                 step=anchor.step,
                 call=anchor.call,
                 same_shapes=anchor.same_shapes,
+                step_end=anchor.step_end,
             )
         start = max(start, anchor.log_end)
     return placed
