@@ -702,9 +702,13 @@ def _with_verdict(judgement: Judgement, report, events) -> Judgement:
 _STALL_SHARE = 0.25  # per-step reads and fallbacks taking this share of the steady time
 _WAITING_SHARE = 0.1  # syncs waiting for XLA:CPU this share of it: left out of host lines
 # What one wait may cost on a TPU beyond the device's work (launching the graph cut at the
-# read, copying the value back): an allowance far above what those take on a TPU VM, so that
-# reads are called minor only where no such cost could make them matter.
-_WAIT_ALLOWANCE = 5e-3
+# read, copying the value back, each well under a millisecond on a TPU VM): an allowance
+# above what those take, so that reads are called minor only where no such cost could make
+# them matter.
+_WAIT_ALLOWANCE = 1e-3
+# Off a TPU the chip's time for a step is known from below only (its roofline): a chip is
+# taken to run it at no less than 1 % of its peak, and no slower than XLA:CPU here.
+_SLOWEST_PACE = 100
 
 
 def _stalls(report, judgement: Judgement, syncs: int) -> list:
@@ -730,21 +734,28 @@ def _waits_cost_little(timed, waits: float) -> str:
     has run the step's pending work, so host and device work that could overlap run one
     after the other: removing the waits saves at most the shorter of the two, of their sum,
     and each wait's own cost (_WAIT_ALLOWANCE). Off a TPU the device's time is known only
-    between the roofline and XLA:CPU's time here (a TPU is taken as no slower than XLA:CPU
-    on this host): the saving is judged at its largest over that range."""
+    from its roofline up to that pace divided by _SLOWEST_PACE, and no slower than XLA:CPU
+    here (anywhere up to XLA:CPU's time when the graphs' FLOPs were not counted): the saving
+    is judged at its largest over that range."""
     if timed is None or timed.host_seconds is None or timed.measured_device_seconds is None:
         return ""
     host = timed.host_seconds
     low = high = timed.measured_device_seconds
     roofline = timed.device_seconds  # None: the graphs' FLOPs were not counted
     if not timed.on_chip:
-        low, high = sorted((roofline or 0.0, high))
+        cpu = high
+        low = min(roofline or 0.0, cpu)
+        high = min(roofline * _SLOWEST_PACE, cpu) if roofline else cpu
     if not _waits_save_little(host, low, high, waits):
         return ""
     device = format_seconds(low)
     if not timed.on_chip:
-        here = f"{format_seconds(high)} on XLA:CPU here"
-        device = f">= {device} on a {timed.chip.name} and {here}" if roofline else here
+        top = format_seconds(high)
+        device = (
+            f"{device} to {top} on a {timed.chip.name} (from its roofline to 1 % of its peak)"
+            if roofline
+            else f"up to {top}, XLA:CPU's here"
+        )
     return _cost_little_why(host, high, device, waits)
 
 
