@@ -475,6 +475,31 @@ for x, y in MpDeviceLoader(torch.utils.data.DataLoader(data, batch_size=16), tor
     assert "the first step's graph" in one_time and "later step" not in one_time, loop.text
 
 
+@pytest.mark.parametrize("every", [4, 1])
+def test_a_logging_lines_first_graph_is_named_for_the_step_that_needed_it(cell, every):
+    """A read that logs every 4th step compiles its graph in the loop's fourth iteration:
+    a graph first needed in a later step. Read in every iteration, after the step's sync,
+    the same graph is the first step's (the read counts in the next step, as it follows
+    the first step's sync)."""
+    loop = cell(
+        f"""
+model = make_mlp({56 + every}); opt = torch.optim.SGD(model.parameters(), 0.1)
+x = torch.randn(32, {56 + every}); y = torch.randint(0, 10, (32,))
+for step in range(8):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+    if step % {every} == {every - 1}:
+        logged = (model[0].weight.sum() * loss).item()
+"""
+    )
+    one_time = loop.text.split("one-time cost:", 1)[1].splitlines()[0]
+    if every == 4:
+        assert "a graph first needed in a later step" in one_time, loop.text
+    else:
+        assert "later step" not in one_time and "the first step's graphs" in one_time, loop.text
+
+
 def test_a_run_stopped_by_max_graphs_gets_the_error_not_a_verdict(cell):
     stopped = cell(
         """

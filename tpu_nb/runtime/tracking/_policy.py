@@ -557,20 +557,28 @@ def judge(report) -> Judgement:
 def _one_time_kinds(events, kinds, counted: tuple[int, ...], report) -> tuple[str, ...]:
     """What each one-time compile is: its kind, except for a line's first graph compiled
     after the loop's last sync ("after": a read of the result, no step's graph) and a first
-    graph of a site whose line had compiled in an earlier step ("later": a Trainer's first
-    logging step, not its first step)."""
+    graph compiled in a later step of the loop than its first ("later": a Trainer's first
+    logging step, a hand loop's logging line every few steps), the loop's first step being
+    the earliest of the lines it runs again (called more than once; a sync before the loop
+    is no step of it). A read after the first step's sync counts in the next step: the
+    first iteration reaches one step past the loop's first."""
     earliest: dict = {}
     for e in events:
         if e.step is not None:
             key = line_key(e)
             earliest[key] = min(earliest.get(key, e.step), e.step)
+    looping = [step for key, step in earliest.items() if report.line_calls.get(key, 0) > 1]
+    loop_start = min(looping, default=None)
     syncs = report.syncs or 0
     out = []
     for i in counted:
         kind, e = kinds[i], events[i]
         if kind == FIRST and syncs and e.step >= syncs:
             kind = "after"
-        elif kind == FIRST and e.step > earliest.get(line_key(e), e.step):
+        elif kind == FIRST and (
+            e.step > earliest.get(line_key(e), e.step)
+            or (loop_start is not None and e.step > loop_start + 1)
+        ):
             kind = "later"
         out.append(kind)
     return tuple(out)
