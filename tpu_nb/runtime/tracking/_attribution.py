@@ -34,9 +34,10 @@ HOST_READ_HINT = (
 # The same, for a loop without a sync: the reads are all that cuts its graph.
 HOST_READ_NO_SYNC_HINT = (
     f"{HOST_READ_HINT}. This loop has no torch_xla.sync(): without the read nothing cuts its "
-    "graph, which then grows with every iteration and compiles anew for each length, so over "
-    "more than a few iterations end each with torch_xla.sync() (MpDeviceLoader does it as it "
-    "hands out batches)"
+    "graph, which then grows with every iteration into one graph of the whole loop, slower "
+    "to compile the longer the loop and compiled anew when its length changes, so over more "
+    "than a few iterations end each with torch_xla.sync() (MpDeviceLoader does it as it hands "
+    "out batches)"
 )
 # How a report names the sync tpu_nb runs at the end of a run when asked (`--sync`).
 END_SYNC = "tpu_nb's end-of-cell sync (--sync)"
