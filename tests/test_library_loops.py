@@ -305,8 +305,18 @@ def test_trainer_with_bucketed_padding_compiles_each_bucket_once(run):
     _optimizer_steps(report, steps)
     _shares_at_most_100(text)
     assert "device work >= 0 s" not in text, text
-    # the loss read to log it every step: per step, and Trainer's knob says how to read less
-    assert "logging_steps" in _advice(text), text
+    # the loss read to log it every step: per step. Whether its nine waits a step limit the
+    # loop depends on how long this host takes to trace a step beside the 1 ms a wait is
+    # allowed (the rule, on constructed facts: test_policy): Trainer's knob is the advice,
+    # or the read says why it is not
+    logged = [
+        f
+        for f in report.findings
+        if f.kind == "host-read" and "in 10 of 10 steps" in f.what and "attn_mask" not in f.via
+    ]
+    assert logged, text
+    for f in logged:
+        assert ("logging_steps" in f.hint) != ("not what limits this loop" in f.what), f
     assert "RECOMPILED" not in text.splitlines()[0] and not report.recompiled, text
     assert "pad_to_multiple_of" not in _advice(text), text
     # a few graphs, fewer than the steps: each bucket's compiled once, then cached

@@ -317,6 +317,38 @@ def _library_loop(compiles: int, steps: int = 12):
     return facts, loop
 
 
+def test_trainers_log_read_in_every_step_gets_its_knob_only_where_the_waits_can_matter():
+    """Trainer logging every step reads the loss on the host (with logging_steps=1, nine
+    waits a step through xm.mesh_reduce and .item()). Beside a 4 ms step those waits' own
+    cost (1 ms each allowed) is most of it: the advice is Trainer's knob. Beside 200 ms of
+    tracing they cost little on a v5e: a fact that says why, no advice."""
+    from tpu_nb.runtime.environment import CHIPS
+    from tpu_nb.runtime.tracking import _attribution, _libraries
+    from tpu_nb.runtime.tracking._cost import StepCost
+
+    logging = Frame(f"{PURELIB}/transformers/trainer.py", 3207, "_maybe_log_save_evaluate")
+    read = replace(_read(10), site=Site(LOOP_LINE, library=logging, entry=TRAIN), calls=90)
+
+    def judged(host: float):
+        a = _steps(10, set(), host=host, device=1e-4)
+        steps = tuple(replace(s, executions=2) for s in a.steps)  # each cut in two by a read
+        facts = _facts([], 10, occurrences=[read], anatomy=replace(a, steps=steps))
+        chip = CHIPS["v5e"]  # 1 µs of the chip's work a step at its peak
+        flops = int(chip.per_device().peak_flops * 1e-6)
+        facts = replace(facts, cost=StepCost(chip, False, flops=flops, moved_bytes=0.0))
+        judgement = _policy.judge(facts)
+        found = _attribution.findings(facts, judgement, "x\n" * 8, CELL)
+        return judgement, next(f for f in found if f.kind == "host-read")
+
+    judgement, finding = judged(host=0.004)
+    assert judgement.verdict.kind == "read-bound", judgement.verdict
+    assert finding.hint == _libraries.TRAINER_LOG_FIX, finding
+    judgement, finding = judged(host=0.2)
+    assert judgement.verdict.kind == "host-bound", judgement.verdict
+    assert finding.hint == "" and "not what limits this loop" in finding.what, finding
+    assert "waiting for it 9 times a step costs little" in finding.what, finding
+
+
 def test_a_loop_inside_one_call_recompiling_every_step_is_not_settled_by_its_later_reads():
     facts, loop = _library_loop(compiles=12)
     judgement = _policy.judge(facts)
