@@ -624,6 +624,11 @@ def test_reads_in_every_step_earn_no_verdict_when_host_and_device_work_are_far_a
         pattern = judgement.reads[1]
         assert pattern.per_step and not pattern.advised
 
+    # XLA:CPU here faster than a v5e at 1 % of its peak: the slowest pace taken is XLA:CPU's
+    judgement, read = judged(host=0.2, device=1e-4, roofline=1e-5)
+    capped = "10.0 µs to 100 µs on a v5e (from its roofline to XLA:CPU's time here)"
+    assert capped in read.what, read
+
     # the chip's work as long as the tracing; a short step, where the waits' own cost counts
     for host, device, roofline in ((0.01, 0.01, 0.005), (0.002, 0.0001, 1e-6)):
         judgement, read = judged(host, device, roofline)

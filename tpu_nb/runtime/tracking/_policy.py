@@ -759,8 +759,9 @@ def _waits_cost_little(timed, waits: float) -> str:
     device = format_seconds(low)
     if not timed.on_chip:
         top = format_seconds(high)
+        slowest = "1 % of its peak" if high < cpu else "XLA:CPU's time here"
         device = (
-            f"{device} to {top} on a {timed.chip.name} (from its roofline to 1 % of its peak)"
+            f"{device} to {top} on a {timed.chip.name} (from its roofline to {slowest})"
             if roofline
             else f"up to {top}, XLA:CPU's here"
         )
