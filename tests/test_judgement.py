@@ -318,13 +318,15 @@ for step in range(8):
 
 
 def test_a_data_dependent_branch_gets_the_read_advice_not_warm_up_or_padding(cell):
+    # two reads in every step: their waits (1 ms each allowed) are most of a step that traces
+    # in a few ms, on a loaded host too
     branch = cell(
         """
 model = make_mlp(48); opt = torch.optim.SGD(model.parameters(), 0.1)
 x = torch.randn(16, 48); y = torch.randint(0, 10, (16,))
 for step in range(10):
     out = model(x)
-    if step % 2 and out.mean().item() > -100:
+    if out.mean().item() > -100 and out.abs().max().item() < 1e6 and step % 2:
         out = out.clamp(-5, 5)
     F.cross_entropy(out, y).backward(); opt.step(); opt.zero_grad()
     torch_xla.sync()
@@ -333,7 +335,8 @@ for step in range(10):
     assert "RECOMPILED" not in branch.summary and PAD_ADVICE not in branch.text
     assert READ_ADVICE in branch.advice
     # The sync line alternates between two graphs: each compiled once, then none compiled.
-    sync_line = max(branch.report.judgement.lines.values(), key=lambda p: p.calls)
+    lines = branch.report.judgement.lines.values()
+    sync_line = next(p for p in lines if p.key[:2] == (p.key[0], 9))  # torch_xla.sync()
     assert sync_line.kind in ("variants", "warm-up"), sync_line
 
 
