@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from tpu_nb.runtime.backend import Backend
@@ -752,66 +753,70 @@ def _build(collector: Collector, end: float | None, last: int | None) -> Anatomy
         other_syncs=collector.other_syncs,
         sampler=collector.sampler,
     )
-    return _with_verdict(anatomy)
+    # a finished run's one verdict is the policy's (tracking._policy): not judged here too
+    return _with_verdict(anatomy) if end is None else anatomy
 
 
 def _record(index: int, w: _Window, busy, *, tail: bool) -> StepRecord:
     # Clipped to the window: MpDeviceLoader's __next__ starts with the sync that ends the
-    # previous step, and only its wait for the next batch is this step's input.
-    reads = _overlap(w.reads, w.start, w.end)
-    inputs = _overlap(w.inputs, w.start, w.end)
-    ours = _overlap(w.overhead, w.start, w.end)
-    syncs = ([w.sync] if w.sync else []) + list(w.inner_syncs)
-    sync = _overlap(syncs, w.start, w.end) if w.inner_syncs else sum(e - s for s, e in syncs)
-    compile_in = {"sync": 0.0, "read": 0.0, "trace": 0.0}
+    # previous step, and only its wait for the next batch is this step's input. A run's
+    # steps are many and most hold a sync and nothing else: what is empty is not walked.
+    start, end = w.start, w.end
+    reads = _overlap(w.reads, start, end) if w.reads else 0.0
+    inputs = _overlap(w.inputs, start, end) if w.inputs else 0.0
+    ours = _overlap(w.overhead, start, end)
+    syncs = [w.sync, *w.inner_syncs] if w.sync else list(w.inner_syncs)
+    sync = _overlap(syncs, start, end) if w.inner_syncs else sum(e - s for s, e in syncs)
+    in_sync = in_read = in_trace = 0.0
     for s, e in w.compiles:
-        where = (
-            "sync"
-            if any(ss - 1e-4 <= s and e <= se + 1e-4 for ss, se in syncs)
-            else "read"
-            if any(rs - 1e-4 <= s and e <= re + 1e-4 for rs, re in w.reads)
-            else "trace"
-        )
-        compile_in[where] += e - s
-    compile_total = sum(compile_in.values())
-    window = max(0.0, w.end - w.start)
-    idle = window - busy.overlap(w.start, w.end)
-    host_rest = max(0.0, window - sync - reads - inputs - ours - compile_in["trace"])
+        if any(ss - 1e-4 <= s and e <= se + 1e-4 for ss, se in syncs):
+            in_sync += e - s
+        elif any(rs - 1e-4 <= s and e <= re + 1e-4 for rs, re in w.reads):
+            in_read += e - s
+        else:
+            in_trace += e - s
+    window = max(0.0, end - start)
+    idle = window - busy.overlap(start, end)
+    host_rest = max(0.0, window - sync - reads - inputs - ours - in_trace)
     wait = 0.0
     if tail:  # after the last sync: the host waited for the device where it was busy
-        wait = min(
-            host_rest, max(0.0, window - idle - _overlap([*w.reads, *w.inputs], w.start, w.end))
-        )
+        waited = _overlap([*w.reads, *w.inputs], start, end)
+        wait = min(host_rest, max(0.0, window - idle - waited))
         host_rest -= wait
-    spans = (
-        [("input", s, e) for s, e in w.inputs]
-        + [("read", s, e) for s, e in w.reads]
-        + [("sync", s, e) for s, e in syncs]
-        + [("compile", s, e) for s, e in w.compiles]
-        + [("tpu_nb", s, e) for s, e in w.overhead if e - s > 1e-5]
-    )
+    spans = [("input", s, e) for s, e in w.inputs] if w.inputs else []
+    if w.reads:
+        spans += [("read", s, e) for s, e in w.reads]
+    spans += [("sync", s, e) for s, e in syncs]
+    if w.compiles:
+        spans += [("compile", s, e) for s, e in w.compiles]
+    spans += [("tpu_nb", s, e) for s, e in w.overhead if e - s > 1e-5]
+    spans.sort(key=_span_start)
+    executions = w.executions
     return StepRecord(
-        index=index,
-        start=w.start,
-        end=w.end,
-        trace=host_rest,
-        sync=max(0.0, sync - compile_in["sync"]),
-        compile=compile_total,
-        input=inputs,
-        read=max(0.0, reads - compile_in["read"]),
-        wait=wait,
-        tpu_nb=ours,
-        device=sum(e - b for _, b, e in w.executions),
-        idle=max(0.0, idle),
-        to_device=sum(e - s for s, e in w.to_device),
-        from_device=sum(e - s for s, e in w.from_device),
-        executions=len(w.executions),
-        compiles=len(w.compiles),
-        reads=len(w.reads),
-        host_spans=tuple(sorted(spans, key=lambda x: x[1])),
-        device_spans=tuple((b, e) for _, b, e in w.executions),
-        tail=tail,
+        index,
+        start,
+        end,
+        host_rest,
+        max(0.0, sync - in_sync),
+        in_sync + in_read + in_trace,
+        inputs,
+        max(0.0, reads - in_read),
+        wait,
+        ours,
+        sum(e - b for _, b, e in executions) if executions else 0.0,
+        max(0.0, idle),
+        sum(e - s for s, e in w.to_device) if w.to_device else 0.0,
+        sum(e - s for s, e in w.from_device) if w.from_device else 0.0,
+        len(executions),
+        len(w.compiles),
+        len(w.reads),
+        tuple(spans),
+        tuple((b, e) for _, b, e in executions),
+        tail,
     )
+
+
+_span_start = itemgetter(1)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -820,12 +825,13 @@ def _quantile(values: list[float], q: float) -> float:
 
 def _summarise(steps, tail, host_lines: tuple) -> Anatomy:
     every = steps + ((tail,) if tail else ())
-    wall = sum(r.wall for r in every)
-    device_busy = sum(r.wall - r.idle for r in every)
+    wall = sum(r.end - r.start for r in every)
+    device_busy = wall - sum(r.idle for r in every)
     parts = {}
     for name in PARTS:
-        values = sorted(getattr(s, name) for s in steps)
-        total = sum(getattr(r, name) for r in every)
+        value = attrgetter(name)
+        values = sorted(map(value, steps))
+        total = sum(values) + (value(tail) if tail else 0.0)
         parts[name] = Part(
             name,
             _quantile(values, 0.5),
