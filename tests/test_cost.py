@@ -16,10 +16,12 @@ import torch_xla
 from torch.utils.flop_counter import FlopCounterMode
 
 import tpu_nb
+from tpu_nb.display.reports import RunView
 from tpu_nb.runtime.environment import CHIPS, Chip, chip, set_target, target_chip
 from tpu_nb.runtime.graph import hlo_flops
 from tpu_nb.runtime.tracking import MemoryFit, Residency, out_of_memory
 from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit, residency, roofline_seconds
+from tpu_nb.runtime.tracking._fused import fused_optimizer
 
 # -- the chip table and the target -------------------------------------------------------
 
@@ -250,6 +252,52 @@ def test_the_recorded_run_time_oom_and_other_errors():
     assert "a buffer of 196.00 MiB did not fit in the 134.44 MiB of HBM still free" in str(oom)
     assert out_of_memory(RuntimeError("shape mismatch")) is None
     assert out_of_memory(KeyError("RESOURCE_EXHAUSTED")) is None
+
+
+FUSED_XLA = (
+    "`fused=True` requires all the params to be floating point Tensors of supported devices: "
+    "['mps', 'cuda', 'xpu', 'hpu', 'cpu', 'mtia', 'privateuseone'] but torch.float32 and xla"
+)
+
+
+def test_a_fused_optimizers_refusal_on_xla_is_read_and_no_other_error_is():
+    fused = fused_optimizer(RuntimeError(FUSED_XLA))
+    assert fused is not None and fused.devices[:2] == ("mps", "cuda")
+    assert "kernels run on mps, cuda, xpu, hpu, cpu and mtia tensors" in fused.headline()
+    assert "privateuseone" not in str(fused) and "drop fused=True" in fused.fix()
+    # the same refusal of an integer parameter on the CPU is no XLA matter
+    on_cpu = FUSED_XLA.replace("torch.float32 and xla", "torch.int64 and cpu")
+    assert fused_optimizer(RuntimeError(on_cpu)) is None
+    assert fused_optimizer(ValueError(FUSED_XLA)) is None
+    assert fused_optimizer(RuntimeError("shape mismatch")) is None
+
+
+def test_an_optimizer_made_fused_on_the_device_gets_its_card_and_the_fix(shell, capsys):
+    shell.run_cell(
+        "import torch, torch_xla\nfused_model = torch.nn.Linear(4, 2).to(torch_xla.device())\n"
+        "fused_opt = torch.optim.AdamW(fused_model.parameters(), fused=True)"
+    )
+    capsys.readouterr()
+    result = shell.run_cell(
+        "%%on_tpu\nfused_model(torch.ones(3, 4, device=torch_xla.device())).sum().backward()\n"
+        "fused_opt.step()"
+    )
+    assert isinstance(result.error_in_exec, RuntimeError)
+    shown = capsys.readouterr().out
+    assert "torch.optim.AdamW was made with fused=True" in shown, shown
+    assert "Fix: drop fused=True where the optimizer is made" in shown
+    assert "TrainingArguments" not in shown  # no Trainer made this one
+    html = RunView(tpu_nb.last_report())._repr_html_()
+    assert "tpunb-error" in html and "fused=True" in html
+    # the same cell with the fix runs, and says nothing of it
+    shell.run_cell("fused_opt = torch.optim.AdamW(fused_model.parameters())")
+    capsys.readouterr()
+    result = shell.run_cell(
+        "%%on_tpu\nfused_model(torch.ones(3, 4, device=torch_xla.device())).sum().backward()\n"
+        "fused_opt.step()"
+    )
+    assert result.success and "fused=True" not in capsys.readouterr().out
+    assert tpu_nb.last_report().fused_optimizer is None
 
 
 # -- on XLA:CPU ------------------------------------------------------------------------------
@@ -609,7 +657,7 @@ def test_the_card_and_the_cost_are_escaped_in_html(shell):
     shell.run_cell("%%on_tpu --quiet\nraise ValueError(HOSTILE)")
     html = RunView(tpu_nb.last_report())._repr_html_()
     assert "&lt;b&gt;x&lt;/b&gt;.py:42" in html and "<b>x</b>" not in html
-    assert "tpunb-oom" in html
+    assert "tpunb-error" in html
 
 
 def test_tpu_setup_target_sets_the_chip_and_a_wrong_one_is_a_usage_error(shell):

@@ -55,7 +55,7 @@ class HostWork(TrainerCallback):
 
 def make_trainer(
     padding, steps=6, logging_steps=100, eval_steps=None, accumulate=1, batch=4, width=32,
-    host_work=0.0,
+    host_work=0.0, optim="adamw_torch",
 ):
     torch.manual_seed(0)
     config = BertConfig(
@@ -77,7 +77,7 @@ def make_trainer(
     }[padding]
     args = TrainingArguments(
         output_dir="trainer-out", per_device_train_batch_size=batch, max_steps=steps,
-        logging_steps=logging_steps, report_to=[], save_strategy="no", optim="adamw_torch",
+        logging_steps=logging_steps, report_to=[], save_strategy="no", optim=optim,
         disable_tqdm=True, dataloader_pin_memory=False, gradient_accumulation_steps=accumulate,
         eval_strategy="steps" if eval_steps else "no", eval_steps=eval_steps,
         per_device_eval_batch_size=4,
@@ -224,6 +224,26 @@ def test_trainer_with_dynamic_padding_is_recompiled_and_told_to_pad(run):
     assert "in 6 of 6 steps, but not what limits this loop: tracing takes" in read, read
     _, plain = run(cell, tracked=False)
     _same_work(raw, plain)
+
+
+def test_trainer_with_its_default_optimizer_is_told_the_optim_that_runs_on_xla(shell, run):
+    # With torch 2.8 and later, Trainer's default optim is torch's fused AdamW, which runs on
+    # torch's own devices only: its first optimizer step raises on an XLA device.
+    saved, sys.stdout = sys.stdout, StringIO()
+    try:
+        result = shell.run_cell(
+            "%%on_tpu\nmake_trainer('fixed', steps=2, optim=TrainingArguments.default_optim)"
+            ".train()"
+        )
+        text = sys.stdout.getvalue()
+    finally:
+        sys.stdout = saved
+    assert isinstance(result.error_in_exec, RuntimeError), result.error_in_exec
+    fused = tpu_nb.last_report().fused_optimizer
+    assert fused is not None and fused.optimizer == "AdamW", fused
+    assert fused.trainer_optim == "adamw_torch_fused", fused
+    assert 'Fix: pass optim="adamw_torch" to TrainingArguments' in text, text
+    assert "drop fused=True" not in text  # the Trainer's user made no optimizer
 
 
 def test_trainer_with_fixed_padding_is_not_recompiled(run):

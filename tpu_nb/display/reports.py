@@ -422,9 +422,8 @@ class RunView:
         if cost:
             lines.append(title + ":")
             lines += [f"  {line}" for line in cost]
-        oom = self.report.out_of_memory
-        if oom is not None:
-            lines += oom.lines()
+        for card in self.report.error_cards():
+            lines += card
         lines += self._listing_text()
         return "\n".join(lines)
 
@@ -499,12 +498,10 @@ class RunView:
         if cost:
             lines = (e(line) for line in cost)
             parts.append(bullets("tpunb-cost", e(title), lines, "margin:0;padding:0"))
-        oom = self.report.out_of_memory
-        if oom is not None:
-            head, *rest = oom.lines()
+        for head, *rest in self.report.error_cards():
             body = "".join(f"<div>{e(line)}</div>" for line in rest)
             parts.append(
-                f"<div class='tpunb-oom' style='margin:4px 0;padding:4px 8px;"
+                f"<div class='tpunb-error' style='margin:4px 0;padding:4px 8px;"
                 f"border-left:3px solid {RED}'>{span(e(head), RED, bold=True)}{body}</div>"
             )
         listing = self._listing_html()

@@ -286,6 +286,15 @@ def traceback_from(tb, test):
     return tb
 
 
+def traceback_frames(tb) -> list:
+    """The frames of traceback `tb`, outermost first."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
 def numbered_traceback(tb: TracebackType | None) -> TracebackType | None:
     """`tb` with a line for every frame. Python 3.11 gives some instructions none (a loop's
     jump back after an `if`, where an interrupt lands when the loop calls nothing), and

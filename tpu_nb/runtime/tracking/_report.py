@@ -14,6 +14,7 @@ from tpu_nb.runtime.tracking import _dynamo as dynamo
 from tpu_nb.runtime.tracking._anatomy import Anatomy
 from tpu_nb.runtime.tracking._cost import StepCost
 from tpu_nb.runtime.tracking._dynamo import DynamoCompile
+from tpu_nb.runtime.tracking._fused import FusedOptimizer
 from tpu_nb.runtime.tracking._oom import OutOfMemory
 from tpu_nb.runtime.tracking._pending import EarlierWork, PendingWork
 from tpu_nb.runtime.tracking._policy import Judgement, describe_pattern
@@ -134,6 +135,8 @@ class RunReport:
     cost: StepCost | None = None
     # A RESOURCE_EXHAUSTED the run failed with, read into its facts (the out-of-memory card)
     out_of_memory: OutOfMemory | None = None
+    # A fused optimizer (torch's fused=True) the run failed on: XLA has no such kernel
+    fused_optimizer: FusedOptimizer | None = None
     # Datasets holding XLA tensors that a DataLoader indexed sample by sample
     # (tracking._device_data.DeviceDataset: built on the device by %%on_tpu, typically)
     device_datasets: tuple = ()
@@ -142,6 +145,12 @@ class RunReport:
     def steps(self) -> tuple:
         """The run's steps (anatomy.StepRecord, one per sync); () without an anatomy."""
         return getattr(self.anatomy, "steps", ())
+
+    def error_cards(self) -> list[list[str]]:
+        """What the error the run failed with was, read into facts, and what to do: one
+        card (a headline, then its lines) per kind tpu_nb can explain."""
+        known = (self.out_of_memory, self.fused_optimizer)
+        return [card.lines() for card in known if card is not None]
 
     @property
     def recompiled(self) -> bool:
@@ -203,6 +212,6 @@ class RunReport:
         if self.cost is not None and self.steps:
             lines.append("  cost per step:")
             lines += [f"    {line}" for line in self.cost.lines()]
-        if self.out_of_memory is not None:
-            lines += [f"  {line}" for line in self.out_of_memory.lines()]
+        for card in self.error_cards():
+            lines += [f"  {line}" for line in card]
         return "\n".join(lines)

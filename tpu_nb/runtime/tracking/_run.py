@@ -42,6 +42,7 @@ from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._cost import StepCost
 from tpu_nb.runtime.tracking._device_data import DeviceDataWatch
+from tpu_nb.runtime.tracking._fused import fused_optimizer
 from tpu_nb.runtime.tracking._oom import out_of_memory
 from tpu_nb.runtime.tracking._pending import (
     VALUE,
@@ -360,6 +361,7 @@ class Run:
             anatomy=steps,
             device_datasets=datasets,
             out_of_memory=out_of_memory(error) if error is not None else None,
+            fused_optimizer=fused_optimizer(error) if error is not None else None,
         )
         if self._log is not None and metrics.compiles:
             # Compiles the run's CPU fallbacks forced inside autograd's backward: torch_xla
