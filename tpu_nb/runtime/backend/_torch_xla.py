@@ -367,8 +367,15 @@ class _Devices(base.Devices):
     def names(self) -> list[str]:
         return list(_xla_model().get_xla_supported_devices())
 
+    _kind = ""  # the runtime's device kind, kept once it has started (it cannot change then)
+
     def kind(self) -> str:
-        return str(_xr().device_type())
+        if self._kind:
+            return self._kind
+        kind = str(_xr().device_type())
+        if _Process().started():
+            self._kind = kind
+        return kind
 
     def memory(self, device: str) -> base.DeviceMemory:
         return memory_from_info(_extension()._xla_memory_info(device))

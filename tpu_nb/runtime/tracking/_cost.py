@@ -357,17 +357,13 @@ def roofline_seconds(flops: float | None, moved: float | None, chip: Chip) -> fl
 
 # -- gathered at a capture and a compile (see the module docstring) -------------------------
 
-_device_kind: list[str] = []  # the runtime's device kind, once it has started
-
 
 def judged_chip() -> tuple[Chip, bool]:
     """(the chip runs are judged for, whether this process runs on it)."""
-    if not _device_kind:
-        runtime = current_backend()
-        if not runtime.process.started():
-            return target_chip()
-        _device_kind.append(runtime.devices.kind().upper())
-    kind = _device_kind[0]
+    runtime = current_backend()
+    if not runtime.process.started():
+        return target_chip()
+    kind = runtime.devices.kind().upper()
     accelerator = detect_accelerator().tpu_type if kind == "TPU" else None
     return target_chip(kind, accelerator)
 
