@@ -19,7 +19,7 @@ import tpu_nb
 from tpu_nb.display.reports import RunView
 from tpu_nb.runtime.environment import CHIPS, Chip, chip, set_target, target_chip
 from tpu_nb.runtime.graph import hlo_flops
-from tpu_nb.runtime.tracking import MemoryFit, Residency, out_of_memory
+from tpu_nb.runtime.tracking import MemoryFit, Residency, _fused, out_of_memory
 from tpu_nb.runtime.tracking._cost import GraphCost, memory_fit, residency, roofline_seconds
 from tpu_nb.runtime.tracking._fused import fused_optimizer
 
@@ -298,6 +298,23 @@ def test_an_optimizer_made_fused_on_the_device_gets_its_card_and_the_fix(shell, 
     )
     assert result.success and "fused=True" not in capsys.readouterr().out
     assert tpu_nb.last_report().fused_optimizer is None
+
+
+def test_a_fused_optimizer_whose_frames_cannot_be_read_still_gets_its_report(monkeypatch):
+    # the card reads the user's objects in the traceback's frames: one that raises on any
+    # attribute must leave the user's own error and the rest of the report in place
+    class Hostile:
+        def __getattr__(self, name):
+            raise KeyError(name)
+
+    monkeypatch.setattr(_fused, "frame_variables", lambda frame: {"self": Hostile()})
+    model = torch.nn.Linear(4, 2).to(torch_xla.device())
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    with pytest.raises(RuntimeError, match="fused=True"), tpu_nb.track() as report:
+        model(torch.ones(3, 4, device=torch_xla.device())).sum().backward()
+        opt.step()
+    assert report.complete and isinstance(report.error, RuntimeError)
+    assert report.fused_optimizer is None
 
 
 # -- on XLA:CPU ------------------------------------------------------------------------------

@@ -240,10 +240,26 @@ def test_trainer_with_its_default_optimizer_is_told_the_optim_that_runs_on_xla(s
         sys.stdout = saved
     assert isinstance(result.error_in_exec, RuntimeError), result.error_in_exec
     fused = tpu_nb.last_report().fused_optimizer
-    assert fused is not None and fused.optimizer == "AdamW", fused
-    assert fused.trainer_optim == "adamw_torch_fused", fused
+    assert fused is not None and fused.optimizer == "torch.optim.AdamW", fused
+    assert fused.trainer_optim == "adamw_torch_fused" and fused.trainer_made, fused
     assert 'Fix: pass optim="adamw_torch" to TrainingArguments' in text, text
     assert "drop fused=True" not in text  # the Trainer's user made no optimizer
+    # an optimizer of the user's given to the same Trainer: its own fused=True is the fix
+    saved, sys.stdout = sys.stdout, StringIO()
+    try:
+        result = shell.run_cell(
+            "%%on_tpu\n"
+            "own = make_trainer('fixed', steps=2, optim=TrainingArguments.default_optim)\n"
+            "own.optimizer = torch.optim.AdamW(own.model.parameters(), lr=1e-3, fused=True)\n"
+            "own.train()"
+        )
+        text = sys.stdout.getvalue()
+    finally:
+        sys.stdout = saved
+    assert isinstance(result.error_in_exec, RuntimeError), result.error_in_exec
+    fused = tpu_nb.last_report().fused_optimizer
+    assert fused is not None and not fused.trainer_made, fused
+    assert "Fix: drop fused=True where this optimizer is made" in text, text
 
 
 def test_trainer_with_fixed_padding_is_not_recompiled(run):

@@ -48,6 +48,7 @@ def test_public_names_are_pinned():
             "MetricsDelta",
             "MetricsSnapshot",
             "OutOfMemory",
+            "FusedOptimizer",
             "Problem",
             "RecompilationError",
             "ReplicaCrash",

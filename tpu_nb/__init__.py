@@ -58,6 +58,7 @@ __all__ = [
     "Verdict",
     "StepCost",
     "OutOfMemory",
+    "FusedOptimizer",
     # Measure: the runtime's counters, a function's device time
     "snapshot",
     "reset_metrics",

@@ -66,6 +66,7 @@ from tpu_nb.runtime.parallel import (
 )
 from tpu_nb.runtime.tracking import (
     Anatomy,
+    FusedOptimizer,
     LineFinding,
     OutOfMemory,
     RecompilationError,
@@ -84,6 +85,7 @@ from tpu_nb.runtime.tracking import (
 __all__ = [
     "Accelerator",
     "Chip",
+    "FusedOptimizer",
     "OutOfMemory",
     "StepCost",
     "CollectiveRefused",

@@ -23,6 +23,7 @@ from tpu_nb.runtime.tracking._cost import (
     format_bytes,
     format_flops,
 )
+from tpu_nb.runtime.tracking._fused import FusedOptimizer
 from tpu_nb.runtime.tracking._guard import RecompilationError, max_graphs
 from tpu_nb.runtime.tracking._oom import Allocation, OutOfMemory, out_of_memory
 from tpu_nb.runtime.tracking._pending import EarlierWork, assigned_lines
@@ -44,6 +45,7 @@ __all__ = [
     "Allocation",
     "GraphCost",
     "MemoryFit",
+    "FusedOptimizer",
     "OutOfMemory",
     "Residency",
     "StepCost",

@@ -4,8 +4,9 @@ fused kernel, and what to do.
 torch has fused Adam, AdamW, SGD and Adagrad kernels for its own devices only; on an XLA
 tensor, the optimizer's first `step()` raises "`fused=True` requires all the params to be
 floating point Tensors of supported devices: ['mps', 'cuda', ...] but torch.float32 and
-xla". transformers' Trainer asks for one by default with torch 2.8 and later
-(`optim="adamw_torch_fused"`), so a Trainer with default arguments stops there on a TPU.
+xla". Recent releases of transformers' Trainer ask for one by default with torch 2.8 and
+later (`optim="adamw_torch_fused"`), so a Trainer with default arguments stops there on a
+TPU.
 """
 
 from __future__ import annotations
@@ -31,19 +32,23 @@ class FusedOptimizer:
     """An optimizer that asked for torch's fused kernel on an XLA device
     (`RunReport.fused_optimizer`)."""
 
-    optimizer: str  # its class ("AdamW"), or "" when the traceback did not show it
+    optimizer: str  # its class, "torch.optim.AdamW" ("" when the traceback did not show it)
     devices: tuple[str, ...]  # the device types torch's fused kernels run on, as it listed them
-    trainer_optim: str = ""  # TrainingArguments.optim, when Trainer's made it and asked for it
+    # TrainingArguments.optim when a Trainer ran the step and its optim is the fused AdamW
+    trainer_optim: str = ""
+    # the optimizer is the one Trainer made from that optim (its class, learning rate, betas
+    # and eps; no optimizer or optimizer class given to Trainer, no create_optimizer of
+    # a subclass's): False when it may be one the user gave it
+    trainer_made: bool = False
 
     def headline(self) -> str:
-        name = f"torch.optim.{self.optimizer}" if self.optimizer else "the optimizer"
         # (a private backend not renamed is listed as "privateuseone": no device of the user's)
         listed = [d for d in self.devices if d and d != "privateuseone"]
         devices = " and ".join(filter(None, (", ".join(listed[:-1]), *listed[-1:])))
         return (
-            f"{name} was made with fused=True: torch's fused kernels run on "
-            f"{f'{devices} tensors' if devices else 'its own devices'}, not on an XLA "
-            "device, so its first step() raised"
+            f"{self.optimizer or 'the optimizer'} was made with fused=True: torch's fused "
+            f"kernels run on {f'{devices} tensors' if devices else 'its own devices'}, not "
+            "on an XLA device, so its first step() raised"
         )
 
     def fix(self) -> str:
@@ -51,10 +56,16 @@ class FusedOptimizer:
             "on an XLA device the optimizer's ops are traced into the step's graph and "
             "compiled with it whichever implementation runs them"
         )
-        if self.trainer_optim:
+        asked = f'optim="{self.trainer_optim}", the default of recent releases with torch 2.8+'
+        if self.trainer_made:
             return (
                 f'pass optim="adamw_torch" to TrainingArguments (Trainer made it from '
-                f'optim="{self.trainer_optim}", its default with torch 2.8 and later); {traced}'
+                f"{asked}); {traced}"
+            )
+        if self.trainer_optim:
+            return (
+                "drop fused=True where this optimizer is made; if Trainer made it (from "
+                f'{asked}), pass optim="adamw_torch" to TrainingArguments instead; {traced}'
             )
         return f"drop fused=True where the optimizer is made; {traced}"
 
@@ -78,16 +89,34 @@ def fused_optimizer(error: BaseException | None) -> FusedOptimizer | None:
         devices = tuple(str(d) for d in listed) if isinstance(listed, list) else ()
     except (ValueError, SyntaxError):
         devices = ()
-    optimizer, optim = "", ""
+    optimizer, trainer = None, None
     for frame in traceback_frames(error.__traceback__):
         path = frame.f_code.co_filename.replace("\\", "/")
-        if _OPTIMIZER_FILES in path:
-            owner = frame_variables(frame).get("self")
-            if owner is not None and hasattr(owner, "param_groups"):
-                optimizer = type(owner).__name__
-        elif path.endswith(_TRAINER_FILE) and not optim:
-            args = getattr(frame_variables(frame).get("self"), "args", None)
-            value = getattr(args, "optim", None)
-            value = str(getattr(value, "value", value) or "")
-            optim = value if value == TRAINER_FUSED else ""
-    return FusedOptimizer(optimizer, devices, optim)
+        owner = frame_variables(frame).get("self")
+        if _OPTIMIZER_FILES in path and hasattr(owner, "param_groups"):
+            optimizer = owner
+        elif path.endswith(_TRAINER_FILE) and trainer is None and hasattr(owner, "args"):
+            trainer = owner
+    kind = type(optimizer)
+    name = "" if optimizer is None else f"{kind.__module__}.{kind.__qualname__}"
+    if name.startswith("torch.optim."):  # "torch.optim.adamw.AdamW": as torch exports it
+        name = f"torch.optim.{kind.__qualname__}"
+    optim = str(getattr(trainer.args.optim, "value", trainer.args.optim)) if trainer else ""
+    if optim != TRAINER_FUSED:
+        return FusedOptimizer(name, devices)
+    return FusedOptimizer(name, devices, optim, _made_by(trainer, optimizer, name))
+
+
+def _made_by(trainer, optimizer, name: str) -> bool:
+    """Whether `optimizer` is the AdamW Trainer.create_optimizer made from its arguments."""
+    args = trainer.args
+    made = type(trainer).create_optimizer.__module__ == "transformers.trainer"
+    defaults = getattr(optimizer, "defaults", {})
+    return (
+        made
+        and getattr(trainer, "optimizer_cls_and_kwargs", None) is None
+        and name == "torch.optim.AdamW"
+        and defaults.get("lr") == args.learning_rate
+        and tuple(defaults.get("betas", ())) == (args.adam_beta1, args.adam_beta2)
+        and defaults.get("eps") == args.adam_epsilon
+    )

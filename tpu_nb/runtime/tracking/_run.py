@@ -42,7 +42,7 @@ from tpu_nb.runtime.tracking import _policy as policy
 from tpu_nb.runtime.tracking import _provenance as provenance
 from tpu_nb.runtime.tracking._cost import StepCost
 from tpu_nb.runtime.tracking._device_data import DeviceDataWatch
-from tpu_nb.runtime.tracking._fused import fused_optimizer
+from tpu_nb.runtime.tracking._fused import FusedOptimizer, fused_optimizer
 from tpu_nb.runtime.tracking._oom import out_of_memory
 from tpu_nb.runtime.tracking._pending import (
     VALUE,
@@ -361,7 +361,7 @@ class Run:
             anatomy=steps,
             device_datasets=datasets,
             out_of_memory=out_of_memory(error) if error is not None else None,
-            fused_optimizer=fused_optimizer(error) if error is not None else None,
+            fused_optimizer=_fused(error),
         )
         if self._log is not None and metrics.compiles:
             # Compiles the run's CPU fallbacks forced inside autograd's backward: torch_xla
@@ -472,6 +472,14 @@ def _step_cost(recording, metrics, held: cost.Residency | None, compiles: tuple)
         return replace(counted, partial=metrics.compiled_code_executions > 0)
     except Exception:  # a bug in the cost must not cost the user the run's report
         log.debug("tpu_nb: the step's cost failed", exc_info=True)
+        return None
+
+
+def _fused(error: BaseException | None) -> FusedOptimizer | None:
+    try:
+        return fused_optimizer(error)
+    except Exception:  # the user's objects it reads must not cost them the report
+        log.debug("tpu_nb: reading the fused optimizer's error failed", exc_info=True)
         return None
 
 
