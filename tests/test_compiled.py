@@ -209,6 +209,55 @@ def test_torch_compile_batch_sizes_in_on_tpu(shell, capsys):
     assert report.metrics.syncs >= warm.metrics.syncs
 
 
+def _summary_line(out: str) -> str:
+    return next(line for line in out.splitlines() if "XLA: " in line)
+
+
+SGD_STEP_CELL = """
+torch.manual_seed(0)
+sgd_model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+sgd_model = sgd_model.to(torch_xla.device())
+sgd = torch.optim.SGD(sgd_model.parameters(), lr=0.01, momentum=0.9)
+
+def sgd_step(x, y):
+    sgd.zero_grad()
+    loss = torch.nn.functional.cross_entropy(sgd_model(x), y)
+    loss.backward()
+    sgd.step()
+    return loss
+
+csgd_step = torch.compile(sgd_step, backend="openxla")
+"""
+
+
+@pytest.mark.stack
+def test_a_compiled_step_whose_optimizer_state_appears_is_no_recompile(shell, capsys):
+    # SGD with momentum under torch.compile: its step() is compiled with the state dict empty,
+    # the first step fills it, and Dynamo's guard on its length fails once. That is a graph
+    # as state appeared, like the lazy loop's, not a recompile with padding to advise.
+    assert shell.run_cell(SGD_STEP_CELL).success
+    capsys.readouterr()
+    loop = (
+        "%%on_tpu -o\nfor n in {sizes}:\n"
+        "    loss = csgd_step(torch.randn(n, 16).to(torch_xla.device()), "
+        "torch.randint(0, 4, (n,)).to(torch_xla.device()))"
+    )
+    report = shell.run_cell(loop.format(sizes="(8,) * 6")).result
+    out = capsys.readouterr().out
+    state = [c for c in report.compiled if c.state_appeared]
+    assert len(state) == 1 and state[0].file.endswith("torch/optim/sgd.py"), report.compiled
+    assert "RECOMPILED" not in _summary_line(out), out
+    assert "compiled again: the optimizer's state appeared" in out, out
+    assert "pad or bucket" not in out and "recompiled" not in out, out
+    assert "compiled a graph as state appeared" in out, out
+    assert "recompile" not in report.judgement.compile_kinds, report.judgement
+    # the same step given a new batch size is still a recompile, with the advice to pad
+    report = shell.run_cell(loop.format(sizes="(8, 8, 5, 8)")).result
+    out = capsys.readouterr().out
+    assert "RECOMPILED" in _summary_line(out) and "pad or bucket" in out, out
+    assert report.judgement.compile_kinds.count("recompile") >= 1, report.judgement
+
+
 def test_a_compiled_forward_counts_its_own_xla_compiles_not_the_step_ends(shell, capsys):
     # A compiled forward, an eager backward and the step's sync on a later line: the sync's
     # graphs (the gradients) are the step's, not the function's.

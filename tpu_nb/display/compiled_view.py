@@ -30,6 +30,8 @@ class CompiledFunction:
     seconds: float = 0.0
     xla_compiles: int = 0
     recompiles: list[str] = field(default_factory=list)  # why, in the user's words
+    # compiled again once as the optimizer's state appeared: why, no fix to give
+    state: list[str] = field(default_factory=list)
     dynamic: list[str] = field(default_factory=list)
     breaks: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -49,6 +51,7 @@ class CompiledFunction:
             head += f", {self.xla_compiles} XLA compile{'s' if self.xla_compiles != 1 else ''}"
         out = [head]
         out += [f"recompiled: {why}" for why in self.recompiles]
+        out += [f"compiled again: {why}" for why in self.state]
         if self.dynamic:
             out.append(f"compiled as dynamic: {', '.join(self.dynamic)}")
         elif self.recompiles:
@@ -91,7 +94,7 @@ def compiled_functions(compiled) -> list[CompiledFunction]:
         group.graphs += 1
         group.xla_compiles += c.xla_compiles
         if c.recompile:
-            group.recompiles.append(c.why())
+            (group.state if c.state_appeared else group.recompiles).append(c.why())
         group.dynamic += [d for d in c.dynamic if d not in group.dynamic]
         for b in c.graph_breaks:
             at = place_text(Frame(b.file, b.line, "<module>"))  # the place, no function name

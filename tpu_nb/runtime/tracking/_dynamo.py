@@ -128,6 +128,18 @@ class DynamoCompile:
         return bool(self.guard_failures)
 
     @property
+    def state_appeared(self) -> bool:
+        """Compiled again only because the optimizer's state appeared: torch.optim's step
+        was first compiled with its state dict empty, the first step() filled it (SGD's
+        momentum buffers), and Dynamo's guard on its length failed once. A one-time
+        compile, not a recompile anything could avoid."""
+        return (
+            self.recompile
+            and "torch/optim/" in self.file.replace("\\", "/")
+            and all(_STATE_GUARD.match(g) for g in self.guard_failures)
+        )
+
+    @property
     def line(self) -> Frame | None:
         """The tracked code's line that called the function, when known."""
         return getattr(self.site, "line", None)
@@ -136,6 +148,11 @@ class DynamoCompile:
         """Why it compiled again, in the user's words; "" for a first compile."""
         if not self.recompile:
             return ""
+        if self.state_appeared:
+            return (
+                f"{STATE_APPEARED} (its first step() made it, e.g. momentum buffers), once; "
+                f"Dynamo's guard: {self.guard_failures[0]}"
+            )
         if not self.changed:
             return f"a guard failed: {self.guard_failures[0]}"
         passed = dict(self.passed)
@@ -160,6 +177,11 @@ class DynamoCompile:
         if self.xla_compiles:
             head += f" ({self.xla_compiles} XLA compile{'s' if self.xla_compiles > 1 else ''})"
         return head
+
+
+# Dynamo's guard on an optimizer's state dict that was empty when its step was compiled
+_STATE_GUARD = re.compile(r"^len\(self\.state\b.*\) != 0$")
+STATE_APPEARED = "the optimizer's state appeared"
 
 
 def _placeholder(name: str) -> str:
@@ -654,6 +676,13 @@ def note_changed(graph_hash: str, facts: tuple[str, ...]) -> None:
     guard Dynamo saw fail, or the input torch_xla.compile'd function got in a new shape."""
     if graph_hash:
         store.keep_dynamo_change(graph_hash, facts)
+
+
+def state_appeared(event: CompileEvent) -> bool:
+    """Whether `event`'s graph is that of a frame Dynamo compiled again only because the
+    optimizer's state appeared (see DynamoCompile.state_appeared)."""
+    changed = what_changed(event)
+    return bool(changed) and STATE_APPEARED in changed[0]
 
 
 def what_changed(event: CompileEvent) -> tuple[str, ...]:

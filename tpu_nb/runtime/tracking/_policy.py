@@ -514,9 +514,16 @@ def judge(report) -> Judgement:
         if key is not None and i not in joined and e.kind != "dynamo":
             (inputs if dynamo.inputs_sync(e) else by_line).setdefault(key, []).append(i)
     # A compiled function's graphs (torch.compile): one-time, unless Dynamo compiled the
-    # frame again because a guard failed (what it saw change is the finding's fact).
+    # frame again because a guard failed (what it saw change is the finding's fact), other
+    # than the one on an optimizer's state, which fails once as the first step fills it.
     kinds = [
-        (RECOMPILE if dynamo.what_changed(e)[:1] and _guard_failed(e) else FIRST)
+        (
+            STATE
+            if dynamo.state_appeared(e)
+            else RECOMPILE
+            if dynamo.what_changed(e)[:1] and _guard_failed(e)
+            else FIRST
+        )
         if e.kind == "dynamo"
         else (EARLIER if i in joined else "")
         for i, e in enumerate(events)
