@@ -541,6 +541,22 @@ def test_a_momentum_buffer_read_by_later_steps_is_state_with_their_own_ops():
     assert _policy.first_step_why(_graph(3, "aten::mm"), _graph(3, "aten::mm")) == ""
 
 
+def test_the_first_steps_graph_named_is_the_one_the_steady_graph_follows():
+    # a library's loader syncs first for work left before the loop (no inputs), then for the
+    # first step: the steady graph is compared with that step's, not the first graph at the
+    # line, so its new inputs are the optimizer's state, not all of its device data
+    earlier = _graph(0, "aten::normal")
+    first = _graph(3, "aten::mm", "aten::mul")
+    steady = _graph(5, "aten::mm", "aten::mul", "aten::lerp")
+    kinds = (_policy.FIRST, _policy.FIRST, _policy.WARM_UP)
+    a, b = _policy._first_and_steady([earlier, first, steady], kinds)
+    assert a is first and b is steady
+    assert "2 more device data nodes" in _policy.first_step_why(a, b)
+    # one first graph: that one, as before; none captured: nothing said
+    assert _policy._first_and_steady([first, steady], kinds[1:]) == (first, steady)
+    assert _policy._first_and_steady([None, steady], kinds[1:]) == (None, None)
+
+
 def test_state_appearing_is_the_steady_steps_graph_only_when_the_next_steps_reuse_it():
     # a loop whose second step's graph has the optimizer's state as new inputs: the steady
     # step's graph when the next steps run it from the cache, even if a ragged last batch

@@ -248,7 +248,7 @@ def classify_line(
     )
     # the line's kind: its most telling compile
     kind = next((name for k, name in _LINE_KINDS if k in kinds), "once")
-    why = first_step_why(graphs[0], graphs[kinds.index(WARM_UP)]) if WARM_UP in kinds else ""
+    why = first_step_why(*_first_and_steady(graphs, kinds)) if WARM_UP in kinds else ""
     return LinePattern(
         key,
         kind,
@@ -260,6 +260,18 @@ def classify_line(
         first_why=why,
         same_shapes=bool(events) and events[-1].same_shapes,
     )
+
+
+def _first_and_steady(graphs: list, kinds: tuple) -> tuple:
+    """The first step's graph that the steady step's (the first warm-up graph) is the next
+    version of, and that graph: of the first step's graphs at the line (a library's loader
+    syncs once for earlier work, then for the step), the one sharing the most ops with it."""
+    steady = graphs[kinds.index(WARM_UP)]
+    first = [g for g, k in zip(graphs, kinds, strict=True) if k == FIRST and g is not None]
+    if steady is None or not first:
+        return None, None
+    ops = op_counts(steady)
+    return max(first, key=lambda g: sum((op_counts(g) & ops).values())), steady
 
 
 _LINE_KINDS = (
