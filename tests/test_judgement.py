@@ -184,6 +184,38 @@ for step in range(7):
     assert judgement.one_time_compiles and judgement.one_time_cost() in str(shapes.report)
 
 
+def test_an_int_index_into_device_data_is_named_as_the_change_with_its_own_fix(cell):
+    # data preloaded on the device and indexed by the step's int: the graphs are the same op
+    # for op, and each index is a constant of its graph. Padding cannot help; a tensor index
+    # (an input of one graph) does.
+    indexed = cell(
+        """
+model = make_mlp(29); opt = torch.optim.SGD(model.parameters(), 0.1)
+xs = torch.randn(8, 16, 29).to(torch_xla.device())
+ys = torch.randint(0, 10, (8, 16)).to(torch_xla.device())
+for i in range(8):
+    F.cross_entropy(model(xs[i]), ys[i]).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "RECOMPILED" in indexed.summary and indexed.verdict.kind == "compile-bound"
+    assert "a Python number the graph holds changed" in indexed.text, indexed.text
+    assert "did not capture" not in indexed.text, indexed.text
+    assert "xs[idx][0] with idx = torch.tensor([i]).to(device)" in indexed.advice, indexed.text
+    assert PAD_ADVICE not in indexed.advice and PAD_ADVICE not in indexed.verdict.fix
+    # the fix it gives: one graph for every index, no recompile
+    fixed = cell(
+        """
+model = make_mlp(29); opt = torch.optim.SGD(model.parameters(), 0.1)
+for i in range(8):
+    idx = torch.tensor([i]).to(torch_xla.device())
+    F.cross_entropy(model(xs[idx][0]), ys[idx][0]).backward(); opt.step(); opt.zero_grad()
+    torch_xla.sync()
+"""
+    )
+    assert "RECOMPILED" not in fixed.summary and not fixed.report.recompiled, fixed.text
+
+
 FIT_MODULE = """
 import torch, torch_xla
 import torch.nn.functional as F

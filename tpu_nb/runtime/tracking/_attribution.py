@@ -126,7 +126,31 @@ def graph_facts(before, after) -> tuple[str, ...]:
         facts.append("ops only the later graph ran: " + counted_ops(only_after.most_common()))
     if not facts and diff:
         facts.append(diff.summary())
+    if not facts and before.hash != after.hash:
+        facts.append(baked_value_fact(after))
     return tuple(facts)
+
+
+# Ops whose Python numbers torch_xla keeps in the graph but not in its IR text: a tensor
+# indexed or sliced with an int (xs[i], x[:n]) compiles a graph per value.
+_BAKED = ("xla::generic_slice", "xla::select", "aten::slice", "aten::select", "xla::unselect")
+
+
+def baked_value_fact(graph) -> str:
+    """Why two graphs of one line differ when their IR is the same op for op: a value baked
+    into the graph that the IR text does not show, and where the graph indexes or slices."""
+    made = {
+        policy.place_name(frame)
+        for n in graph.nodes
+        if n.op in _BAKED
+        for frame in (n.user_frame if n.user_frame is not None else n.location,)
+        if frame is not None
+    }
+    where = f" (this graph indexes or slices at {', '.join(sorted(made)[:3])})" if made else ""
+    return (
+        "the same ops on the same shapes: a Python number the graph holds changed, one its "
+        "IR does not show, such as an int index or slice bound (xs[i], x[:n])" + where
+    )
 
 
 def _input_shape_changes(before, after) -> list[str]:

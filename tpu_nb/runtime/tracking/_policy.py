@@ -96,6 +96,9 @@ class LinePattern:
     # its last compile came at a sync where the tracked code's tensors (and the tensors of
     # the dicts, lists and tuples it names) had the shapes of the line's sync before
     same_shapes: bool = False
+    # its recompiles' graphs are the same op for op, shape for shape: what changed is a
+    # Python number they hold (an int index into a device tensor), not a shape
+    baked: bool = False
 
     @property
     def flagged(self) -> bool:
@@ -259,7 +262,20 @@ def classify_line(
         progression(graphs),
         first_why=why,
         same_shapes=bool(events) and events[-1].same_shapes,
+        baked=kind == "recompiling" and _only_values_changed(graphs, kinds),
     )
+
+
+def _only_values_changed(graphs: list, kinds: tuple) -> bool:
+    """Whether each recompile whose graph and the recompile's before it were both captured
+    ran the same IR, op for op and shape for shape, under another hash (at least one such
+    pair; the first step's graph can also hold work left before the loop)."""
+    pairs = [
+        (a, b)
+        for a, b, k, j in zip(graphs, graphs[1:], kinds, kinds[1:], strict=False)
+        if k == j == RECOMPILE and a is not None and b is not None
+    ]
+    return bool(pairs) and all(a.hash != b.hash and not b.diff(a) for a, b in pairs)
 
 
 def _first_and_steady(graphs: list, kinds: tuple) -> tuple:
@@ -991,6 +1007,8 @@ def recompile_fix(pattern: LinePattern | None, datasets: bool, *, last_call: boo
         return libraries.last_call_fix(site) or (LAST_STEP_FIX if same else LAST_CALL_FIX)
     if datasets:
         return device_data.RECOMPILE_FIX
+    if pattern is not None and pattern.baked:
+        return BAKED_FIX
     syncs = pattern is not None and pattern.user_syncs
     return libraries.recompile_fix(site, ops, syncs) or RECOMPILE_FIX
 
@@ -1018,6 +1036,12 @@ def place_name(frame) -> str:
     return format_place(short_path(frame.file), frame.line)
 
 
+BAKED_FIX = (
+    "the graphs differ only in a Python number they hold, such as an int index into a "
+    "device tensor (xs[i]): each new value compiles a new graph; index with a tensor on the "
+    "device instead, xs[idx][0] with idx = torch.tensor([i]).to(device) (the index is then an "
+    "input of one graph), or move each batch from the host (a DataLoader)"
+)
 RECOMPILE_FIX = (
     "keep shapes and Python values in the step fixed (pad or bucket the batch to a few "
     "fixed sizes); when a few graphs are what you expect, state how many with "
