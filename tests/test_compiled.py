@@ -258,6 +258,24 @@ def test_a_compiled_step_whose_optimizer_state_appears_is_no_recompile(shell, ca
     assert report.judgement.compile_kinds.count("recompile") >= 1, report.judgement
 
 
+@pytest.mark.stack
+def test_earlier_work_is_the_first_compiled_graphs_inputs_not_the_backwards(shell, capsys):
+    # work an earlier cell left pending runs at the Dynamo bridge's sync of the forward's
+    # inputs; the backward's own inputs' graph (its gradient seed, made by this step's
+    # backward()) is this step's work, compiled once and run at every step
+    assert shell.run_cell(SGD_STEP_CELL.replace("sgd", "pend")).success
+    assert shell.run_cell("with torch.no_grad():\n    pend_model[0].weight.mul_(0.5)").success
+    capsys.readouterr()
+    shell.run_cell(
+        "%%on_tpu\nfor n in (8,) * 4:\n"
+        "    loss = cpend_step(torch.randn(n, 16).to(torch_xla.device()), "
+        "torch.randint(0, 4, (n,)).to(torch_xla.device()))"
+    )
+    out = capsys.readouterr().out
+    assert "compiled, with earlier cells' work ×1:" in out, out
+    assert "compiled its inputs' pending work" in out, out
+
+
 def test_a_compiled_forward_counts_its_own_xla_compiles_not_the_step_ends(shell, capsys):
     # A compiled forward, an eager backward and the step's sync on a later line: the sync's
     # graphs (the gradients) are the step's, not the function's.

@@ -633,7 +633,10 @@ def _joined_by_earlier(report, events: list[CompileEvent]) -> set[int]:
     joined = {i for i in at_first if events[i].call == head.call and events[i].site == head.site}
     # torch_xla.compile(fn) ran that work apart, in its inputs' graph: fn's own is the line's
     apart = {i for i in joined if dynamo.pending_first(events[i])}
-    return apart or joined
+    # the Dynamo bridge syncs each compiled graph's inputs apart, the forward's and then the
+    # backward's (its gradient seed, made by this step's backward()): the first ran it
+    inputs = sorted(i for i in joined if dynamo.inputs_sync(events[i]))
+    return apart or set(inputs[:1]) or joined
 
 
 def _guard_failed(event: CompileEvent) -> bool:
