@@ -263,12 +263,16 @@ def test_earlier_work_is_the_first_compiled_graphs_inputs_not_the_backwards(shel
     # work an earlier cell left pending runs at the Dynamo bridge's sync of the forward's
     # inputs; the backward's own inputs' graph (its gradient seed, made by this step's
     # backward()) is this step's work, compiled once and run at every step
-    assert shell.run_cell(SGD_STEP_CELL.replace("sgd", "pend")).success
+    # (widths and a seed dtype of its own: its graphs are compiled in this cell whatever ran
+    # before)
+    made = SGD_STEP_CELL.replace("sgd", "pend").replace("16", "19").replace("32", "27")
+    made = made.replace("loss.backward()", "loss.double().backward()")
+    assert shell.run_cell(made).success
     assert shell.run_cell("with torch.no_grad():\n    pend_model[0].weight.mul_(0.5)").success
     capsys.readouterr()
     shell.run_cell(
         "%%on_tpu\nfor n in (8,) * 4:\n"
-        "    loss = cpend_step(torch.randn(n, 16).to(torch_xla.device()), "
+        "    loss = cpend_step(torch.randn(n, 19).to(torch_xla.device()), "
         "torch.randint(0, 4, (n,)).to(torch_xla.device()))"
     )
     out = capsys.readouterr().out
