@@ -259,6 +259,28 @@ def test_a_compiled_step_whose_optimizer_state_appears_is_no_recompile(shell, ca
 
 
 @pytest.mark.stack
+def test_an_optimizer_made_again_is_named_as_a_new_object_not_a_shape(shell, capsys):
+    # torch.optim's step is one code for every optimizer: Dynamo compiled it for the first
+    # SGD object, and a second one (a setup cell run again) fails its identity guard
+    made = SGD_STEP_CELL.replace("sgd", "again").replace("16", "21").replace("32", "23")
+    assert shell.run_cell(made).success
+    loop = (
+        "%%on_tpu\nfor n in (8,) * 3:\n"
+        "    loss = cagain_step(torch.randn(n, 21).to(torch_xla.device()), "
+        "torch.randint(0, 4, (n,)).to(torch_xla.device()))"
+    )
+    shell.run_cell(loop)
+    shell.run_cell("again = torch.optim.SGD(again_model.parameters(), lr=0.01, momentum=0.9)")
+    capsys.readouterr()
+    shell.run_cell(loop)
+    out = capsys.readouterr().out
+    assert "is another object than the one it was compiled for" in out, out
+    assert "make the objects once and reuse them" in out, out
+    assert "pad or bucket" not in out, out
+    assert "compiled again: the optimizer's state appeared" in out, out  # the new SGD's
+
+
+@pytest.mark.stack
 def test_earlier_work_is_the_first_compiled_graphs_inputs_not_the_backwards(shell, capsys):
     # work an earlier cell left pending runs at the Dynamo bridge's sync of the forward's
     # inputs; the backward's own inputs' graph (its gradient seed, made by this step's

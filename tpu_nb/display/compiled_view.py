@@ -32,6 +32,8 @@ class CompiledFunction:
     recompiles: list[str] = field(default_factory=list)  # why, in the user's words
     # compiled again once as the optimizer's state appeared: why, no fix to give
     state: list[str] = field(default_factory=list)
+    # compiled again for another object (an optimizer made again): why
+    objects: list[str] = field(default_factory=list)
     dynamic: list[str] = field(default_factory=list)
     breaks: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -52,6 +54,9 @@ class CompiledFunction:
         out = [head]
         out += [f"recompiled: {why}" for why in self.recompiles]
         out += [f"compiled again: {why}" for why in self.state]
+        out += [f"recompiled: {why}" for why in self.objects]
+        if self.objects:
+            out.append("each new object is a new graph: make the objects once and reuse them")
         if self.dynamic:
             out.append(f"compiled as dynamic: {', '.join(self.dynamic)}")
         elif self.recompiles:
@@ -94,7 +99,8 @@ def compiled_functions(compiled) -> list[CompiledFunction]:
         group.graphs += 1
         group.xla_compiles += c.xla_compiles
         if c.recompile:
-            (group.state if c.state_appeared else group.recompiles).append(c.why())
+            kept = group.state if c.state_appeared else group.recompiles
+            (group.objects if c.new_object else kept).append(c.why())
         group.dynamic += [d for d in c.dynamic if d not in group.dynamic]
         for b in c.graph_breaks:
             at = place_text(Frame(b.file, b.line, "<module>"))  # the place, no function name

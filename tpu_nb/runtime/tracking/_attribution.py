@@ -291,6 +291,8 @@ def _compile_findings(
         key = policy.site_key(event)
         pattern = judgement.lines.get(key) if judgement is not None and key else None
         finding_kind, hint = _compile_kind(kind, pattern, allowed, bool(report.device_datasets))
+        if finding_kind == "recompile" and dynamo.new_object(event):
+            hint = policy.NEW_OBJECT_FIX
         changed = what_changed(event) if kind != policy.FIRST else ()
         patterned = kind in (policy.VARIANT, policy.RECOMPILE, policy.GROWING)
         if pattern is not None and patterned and (pattern.progression or kind == policy.GROWING):

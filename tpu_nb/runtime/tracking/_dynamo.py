@@ -133,10 +133,12 @@ class DynamoCompile:
         was first compiled with its state dict empty, the first step() filled it (SGD's
         momentum buffers), and Dynamo's guard on its length failed once. A one-time
         compile, not a recompile anything could avoid."""
+        # (the graphs it compiled for other objects fail on theirs: an optimizer made again)
         return (
             self.recompile
             and "torch/optim/" in self.file.replace("\\", "/")
-            and all(_STATE_GUARD.match(g) for g in self.guard_failures)
+            and any(_STATE_GUARD.match(g) for g in self.guard_failures)
+            and all(_STATE_GUARD.match(g) or _OBJECT_GUARD.match(g) for g in self.guard_failures)
         )
 
     @property
@@ -144,14 +146,30 @@ class DynamoCompile:
         """The tracked code's line that called the function, when known."""
         return getattr(self.site, "line", None)
 
+    @property
+    def new_object(self) -> bool:
+        """Compiled again only because it was given another object than the one its graphs
+        were compiled for (Dynamo's guard on an object's identity: an optimizer or model
+        made again, whose class's code Dynamo compiled for the earlier one)."""
+        return self.recompile and all(_OBJECT_GUARD.match(g) for g in self.guard_failures)
+
     def why(self) -> str:
         """Why it compiled again, in the user's words; "" for a first compile."""
         if not self.recompile:
             return ""
+        if self.new_object:
+            guard = self.guard_failures[0]
+            found = _OBJECT_GUARD.match(guard)
+            name = _SOURCE.sub(r"\1", (found.group(1) or found.group(2)) if found else "")
+            return (
+                f"`{name}` is {NEW_OBJECT} (an optimizer or model made again, say), and "
+                f"Dynamo compiles per object; Dynamo's guard: {guard.split('#')[0].strip()}"
+            )
         if self.state_appeared:
+            guard = next(g for g in self.guard_failures if _STATE_GUARD.match(g))
             return (
                 f"{STATE_APPEARED} (its first step() made it, e.g. momentum buffers), once; "
-                f"Dynamo's guard: {self.guard_failures[0]}"
+                f"Dynamo's guard: {guard}"
             )
         if not self.changed:
             return f"a guard failed: {self.guard_failures[0]}"
@@ -182,6 +200,14 @@ class DynamoCompile:
 # Dynamo's guard on an optimizer's state dict that was empty when its step was compiled
 _STATE_GUARD = re.compile(r"^len\(self\.state\b.*\) != 0$")
 STATE_APPEARED = "the optimizer's state appeared"
+# Dynamo's guard on an object's identity ("___check_obj_id(self, 1401...)"), or its word
+# that the object a graph was compiled for is gone ("Cache line invalidated because
+# G['opt'] got deallocated")
+_OBJECT_GUARD = re.compile(
+    r"^(?:___check_obj_id\(([^,]+),|Cache line invalidated because (.+) got deallocated)"
+)
+_SOURCE = re.compile(r"^[LG]\['([^']+)'\]")  # Dynamo's L['self'], G['opt']: self, opt
+NEW_OBJECT = "another object than the one it was compiled for"
 
 
 def _placeholder(name: str) -> str:
@@ -683,6 +709,13 @@ def state_appeared(event: CompileEvent) -> bool:
     optimizer's state appeared (see DynamoCompile.state_appeared)."""
     changed = what_changed(event)
     return bool(changed) and STATE_APPEARED in changed[0]
+
+
+def new_object(event: CompileEvent) -> bool:
+    """Whether `event`'s graph is that of a frame Dynamo compiled again only because it was
+    given another object (see DynamoCompile.new_object)."""
+    changed = what_changed(event)
+    return bool(changed) and NEW_OBJECT in changed[0]
 
 
 def what_changed(event: CompileEvent) -> tuple[str, ...]:

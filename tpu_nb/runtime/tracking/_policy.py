@@ -1039,6 +1039,11 @@ def place_name(frame) -> str:
     return format_place(short_path(frame.file), frame.line)
 
 
+NEW_OBJECT_FIX = (
+    "the compiled function was given another object than the one it was compiled for (an "
+    "optimizer or model made again): Dynamo compiles per object, and torch.optim's step is "
+    "one code for every optimizer; make the objects once and reuse them"
+)
 BAKED_FIX = (
     "the graphs differ only in a Python number they hold, such as an int index into a "
     "device tensor (xs[i]): each new value compiles a new graph; index with a tensor on the "
