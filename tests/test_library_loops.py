@@ -226,37 +226,38 @@ def test_trainer_with_dynamic_padding_is_recompiled_and_told_to_pad(run):
     _same_work(raw, plain)
 
 
+def _failing(shell, cell: str) -> tuple[BaseException | None, str]:
+    """Run a `%%on_tpu` cell expected to raise: its error and what it printed."""
+    saved, sys.stdout = sys.stdout, StringIO()
+    try:
+        result = shell.run_cell(cell)
+        return result.error_in_exec, sys.stdout.getvalue()
+    finally:
+        sys.stdout = saved
+
+
 def test_trainer_with_its_default_optimizer_is_told_the_optim_that_runs_on_xla(shell, run):
     # With torch 2.8 and later, Trainer's default optim is torch's fused AdamW, which runs on
     # torch's own devices only: its first optimizer step raises on an XLA device.
-    saved, sys.stdout = sys.stdout, StringIO()
-    try:
-        result = shell.run_cell(
-            "%%on_tpu\nmake_trainer('fixed', steps=2, optim=TrainingArguments.default_optim)"
-            ".train()"
-        )
-        text = sys.stdout.getvalue()
-    finally:
-        sys.stdout = saved
-    assert isinstance(result.error_in_exec, RuntimeError), result.error_in_exec
+    error, text = _failing(
+        shell,
+        "%%on_tpu\nmake_trainer('fixed', steps=2, optim=TrainingArguments.default_optim).train()",
+    )
+    assert isinstance(error, RuntimeError), error
     fused = tpu_nb.last_report().fused_optimizer
     assert fused is not None and fused.optimizer == "torch.optim.AdamW", fused
     assert fused.trainer_optim == "adamw_torch_fused" and fused.trainer_made, fused
     assert 'Fix: pass optim="adamw_torch" to TrainingArguments' in text, text
     assert "drop fused=True" not in text  # the Trainer's user made no optimizer
     # an optimizer of the user's given to the same Trainer: its own fused=True is the fix
-    saved, sys.stdout = sys.stdout, StringIO()
-    try:
-        result = shell.run_cell(
-            "%%on_tpu\n"
-            "own = make_trainer('fixed', steps=2, optim=TrainingArguments.default_optim)\n"
-            "own.optimizer = torch.optim.AdamW(own.model.parameters(), lr=1e-3, fused=True)\n"
-            "own.train()"
-        )
-        text = sys.stdout.getvalue()
-    finally:
-        sys.stdout = saved
-    assert isinstance(result.error_in_exec, RuntimeError), result.error_in_exec
+    error, text = _failing(
+        shell,
+        "%%on_tpu\n"
+        "own = make_trainer('fixed', steps=2, optim=TrainingArguments.default_optim)\n"
+        "own.optimizer = torch.optim.AdamW(own.model.parameters(), lr=1e-3, fused=True)\n"
+        "own.train()",
+    )
+    assert isinstance(error, RuntimeError), error
     fused = tpu_nb.last_report().fused_optimizer
     assert fused is not None and not fused.trainer_made, fused
     assert "Fix: drop fused=True where this optimizer is made" in text, text
