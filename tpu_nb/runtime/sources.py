@@ -288,11 +288,15 @@ def traceback_from(tb, test):
 
 def traceback_frames(tb) -> list:
     """The frames of traceback `tb`, outermost first."""
-    frames = []
+    return [entry.tb_frame for entry in _entries(tb)]
+
+
+def _entries(tb) -> list:
+    entries = []
     while tb is not None:
-        frames.append(tb.tb_frame)
+        entries.append(tb)
         tb = tb.tb_next
-    return frames
+    return entries
 
 
 def numbered_traceback(tb: TracebackType | None) -> TracebackType | None:
@@ -300,10 +304,7 @@ def numbered_traceback(tb: TracebackType | None) -> TracebackType | None:
     jump back after an `if`, where an interrupt lands when the loop calls nothing), and
     Colab's IPython 7.34 then fails to format the traceback: the kernel sends no error at
     all. Such a frame gets the line its instruction belongs to: a jump back, the loop's."""
-    entries = []
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
+    entries = _entries(tb)
     if all(e.tb_lineno is not None for e in entries):
         return entries[0] if entries else None
     rebuilt = None
